@@ -1,0 +1,102 @@
+"""TensorProto <-> numpy, and tf.Example inputs -> a batch of serialized examples.
+
+Requests are decoded with `tf.make_ndarray`, which understands every way a
+client may fill a TensorProto (`tensor_content`, the typed `*_val` fields, one
+value repeated over the shape).
+
+Responses are written into the typed `*_val` fields (`float_val`, ...), not
+`tensor_content`: that is what TensorFlow Serving sends (its default
+`kAsProtoField`), and existing clients read `response.outputs["y"].float_val`
+directly. `tf.make_tensor_proto` would pack numeric arrays into
+`tensor_content`, which such clients would see as empty, so it is only the
+fallback for dtypes without a typed field.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
+from tensorflow_serving.apis import input_pb2
+
+from .status import invalid_argument
+
+# numpy dtype -> (TF DataType enum, TensorProto field, numpy dtype the field stores).
+_FIELDS: dict[np.dtype, tuple[int, str]] = {}
+
+
+def _register(np_dtype: object, tf_dtype: tf.dtypes.DType, field: str) -> None:
+    _FIELDS[np.dtype(np_dtype)] = (tf_dtype.as_datatype_enum, field)
+
+
+_register(np.float32, tf.float32, "float_val")
+_register(np.float64, tf.float64, "double_val")
+_register(np.int32, tf.int32, "int_val")
+_register(np.int16, tf.int16, "int_val")
+_register(np.int8, tf.int8, "int_val")
+_register(np.uint8, tf.uint8, "int_val")
+_register(np.uint16, tf.uint16, "int_val")
+_register(np.int64, tf.int64, "int64_val")
+_register(np.uint32, tf.uint32, "uint32_val")
+_register(np.uint64, tf.uint64, "uint64_val")
+_register(np.bool_, tf.bool, "bool_val")
+
+
+def to_ndarray(key: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
+    """Decode request tensor `key`; a malformed proto is INVALID_ARGUMENT."""
+    try:
+        return tf.make_ndarray(proto)
+    except Exception as e:  # make_ndarray raises TypeError/ValueError/… on bad protos
+        raise invalid_argument(f"tensor parsing error: {key}: {e}") from None
+
+
+def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
+    """Encode a response tensor the way TF Serving does (typed value fields)."""
+    array = np.asarray(array)
+    proto = tensor_pb2.TensorProto()
+    kind = _FIELDS.get(array.dtype)
+    if array.dtype == object or array.dtype.kind in "SU":
+        proto.dtype = tf.string.as_datatype_enum
+        proto.string_val.extend(_as_bytes(v) for v in array.ravel().tolist())
+    elif array.dtype == np.float16:
+        proto.dtype = tf.float16.as_datatype_enum
+        proto.half_val.extend(array.ravel().view(np.uint16).tolist())
+    elif kind is not None:
+        proto.dtype = kind[0]
+        getattr(proto, kind[1]).extend(array.ravel().tolist())
+    else:  # complex, bfloat16, ...: TensorFlow's own encoder
+        return tf.make_tensor_proto(array)
+    proto.tensor_shape.CopyFrom(shape_proto(array.shape))
+    return proto
+
+
+def shape_proto(shape: tuple[int, ...]) -> tensor_shape_pb2.TensorShapeProto:
+    return tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in shape])
+
+
+def _as_bytes(value: object) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode("utf-8")
+
+
+def serialized_examples(request_input: input_pb2.Input) -> np.ndarray:
+    """A classify/regress `Input` as the DT_STRING [N] tensor of serialized
+    tf.Examples the signature's `inputs` takes.
+
+    With a context, each example is the context's bytes followed by the
+    example's: protobuf parses a concatenation as a merge, so the example's
+    features are added to (and override) the context's, as TF Serving does."""
+    kind = request_input.WhichOneof("kind")
+    if kind == "example_list":
+        examples = [e.SerializeToString() for e in request_input.example_list.examples]
+    elif kind == "example_list_with_context":
+        with_context = request_input.example_list_with_context
+        context = with_context.context.SerializeToString()
+        examples = [context + e.SerializeToString() for e in with_context.examples]
+    else:
+        examples = []
+    if not examples:
+        raise invalid_argument("Input is empty.")
+    out = np.empty(len(examples), dtype=object)
+    out[:] = examples
+    return out

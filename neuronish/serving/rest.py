@@ -1,0 +1,260 @@
+"""TF Serving's HTTP/REST API on the REST port.
+
+    GET  /v1/models/{name}[/versions/{v}|/labels/{l}]              status
+    GET  /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata     metadata
+    POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict      (:classify, :regress)
+    GET  {prometheus path}                                         metrics, if enabled
+
+Why the standard library's ThreadingHTTPServer: a thread per connection is
+the simple model that fits here, because a request's time goes into the model
+call (TensorFlow and numpy release the GIL) and JSON work, not into socket
+handling; it needs no dependency beyond the project's, and keep-alive
+(HTTP/1.1) keeps clients from paying a connection per request. What it does
+not give is a bound on concurrent work, so `--rest_api_num_threads` (TF
+Serving's flag for its executor's size) bounds the requests processed at once
+here; the others wait for a slot.
+
+Errors are `{"error": "..."}` with TF Serving's status -> HTTP mapping. A body
+over `--rest_api_max_body_bytes` is refused with 413 before it is read, as
+TF Serving's libevent server does for its own limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from google.protobuf import json_format
+from tensorflow_serving.apis import get_model_metadata_pb2
+
+from . import json_codec
+from .core import ServingCore, Target
+from .metrics import Metrics
+from .signatures import Signature
+from .status import INTERNAL, OK, ServingError, http_status, invalid_argument, unavailable
+
+log = logging.getLogger("neuronish.serving")
+ENTRYPOINT = "REST"
+
+_SPEC = r"/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?"
+_PREDICT = re.compile(_SPEC + r":(classify|regress|predict)", re.IGNORECASE)
+_STATUS = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]+))?"
+                     r"(?:/(metadata))?", re.IGNORECASE)
+
+
+class PayloadTooLarge(Exception):
+    pass
+
+
+def _target(name: str | None, version: str | None, label: str | None) -> Target:
+    try:
+        number = None if version is None else int(version)
+    except ValueError:
+        raise invalid_argument(f"Failed to convert version: {version} to numeric.") from None
+    return Target(urllib.parse.unquote(name or ""), number,
+                  urllib.parse.unquote(label) if label else None)
+
+
+def _to_json(message: object) -> str:
+    return json_format.MessageToJson(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True, indent=1)
+
+
+class RestApi:
+    """Request path + body -> (HTTP status, JSON text). No sockets here."""
+
+    def __init__(self, core: ServingCore, metrics: Metrics, timeout_ms: int,
+                 metrics_path: str | None):
+        self.core = core
+        self.metrics = metrics
+        self.timeout_ms = timeout_ms
+        self.metrics_path = metrics_path
+
+    def handle(self, method: str, path: str, body: bytes) -> tuple[int, str, str]:
+        if self.metrics_path is not None and path == self.metrics_path and method == "GET":
+            return 200, self.metrics.render(), "text/plain; version=0.0.4"
+        if not path.lower().startswith("/v1/"):
+            return 404, json.dumps({"error": f"Not found: {method} {path}"}), \
+                "application/json"
+        start = time.perf_counter()
+        api, model, code = "unknown", "", OK
+        try:
+            deadline = (time.monotonic() + self.timeout_ms / 1000) if self.timeout_ms > 0 \
+                else None
+            if method == "POST" and (m := _PREDICT.fullmatch(path)):
+                target = _target(m.group(1), m.group(2), m.group(3))
+                api, model = m.group(4).lower(), target.name
+                return 200, self._infer(api, target, body, deadline), "application/json"
+            if method == "GET" and (m := _STATUS.fullmatch(path)):
+                target = _target(m.group(1), m.group(2), m.group(3))
+                model = target.name
+                if not target.name:
+                    raise invalid_argument("Missing model name in request.")
+                if m.group(4):
+                    api = "get_model_metadata"
+                    return 200, self._metadata(target), "application/json"
+                api = "get_model_status"
+                return 200, _to_json(self.core.status(target)), "application/json"
+            raise invalid_argument(f"Malformed request: {method} {path}")
+        except ServingError as e:
+            code = e.code
+            return http_status(e.code), json.dumps({"error": e.message}), "application/json"
+        except Exception as e:  # a bug must cost one request, not the connection
+            code = INTERNAL
+            log.exception("REST %s %s failed", method, path)
+            return 500, json.dumps({"error": f"{type(e).__name__}: {e}"}), "application/json"
+        finally:
+            self.metrics.record_request(model, api, ENTRYPOINT, ServingError(code, "").code_name,
+                                        (time.perf_counter() - start) * 1e6)
+
+    def _infer(self, api: str, target: Target, body: bytes, deadline: float | None) -> str:
+        doc = json_codec.parse_body(body)
+        target = Target(target.name, target.version, target.label,
+                        json_codec.signature_name(doc))
+        if api == "predict":
+            formats: list[str] = []
+
+            def decode(signature: Signature) -> dict:
+                arrays, fmt = json_codec.decode_predict(doc, signature.inputs)
+                formats.append(fmt)
+                return arrays
+
+            _, outputs = self.core.predict(target, decode, (), deadline, rest=True)
+            return json_codec.encode_predict(outputs, formats[0])
+        request_input = json_codec.decode_examples(doc, api)
+        if api == "classify":
+            return json_codec.encode_classification(
+                self.core.classify(target, request_input, deadline).result)
+        return json_codec.encode_regression(
+            self.core.regress(target, request_input, deadline).result)
+
+    def _metadata(self, target: Target) -> str:
+        response = self.core.metadata(target, ["signature_def"])
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signature_map)
+        options = {"preserving_proto_field_name": True,
+                   "always_print_fields_with_no_presence": True}
+        return json.dumps({"model_spec": json_format.MessageToDict(response.model_spec,
+                                                                   **options),
+                           "metadata": {"signature_def": json_format.MessageToDict(
+                               signature_map, **options)}}, indent=1)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+    server_version = "neuronish-model-server"
+    server: RestServer
+
+    def _read_body(self) -> bytes:
+        limit = self.server.max_body_bytes
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            parts, total = [], 0
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return b"".join(parts)
+                total += size
+                if total > limit:
+                    raise PayloadTooLarge(total)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = self.headers.get("Content-Length")
+        if not length:
+            return b""
+        size = int(length)
+        if size < 0:
+            raise ValueError(length)
+        if size > limit:
+            raise PayloadTooLarge(size)
+        return self.rfile.read(size)
+
+    def _respond(self, status: int, payload: str, content_type: str, close: bool) -> None:
+        data = payload.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _dispatch(self) -> None:
+        server = self.server
+        if not server.begin_request():
+            error = unavailable("the server is shutting down")
+            self._respond(503, json.dumps({"error": error.message}), "application/json", True)
+            return
+        try:
+            try:
+                body = self._read_body()
+            except PayloadTooLarge as e:
+                message = (f"Request body of {e.args[0]} bytes is larger than the limit of "
+                           f"{server.max_body_bytes} bytes (--rest_api_max_body_bytes)")
+                self._respond(413, json.dumps({"error": message}), "application/json", True)
+                return
+            except ValueError:
+                self._respond(400, json.dumps({"error": "Malformed Content-Length or chunked "
+                                                        "body"}), "application/json", True)
+                return
+            path = urllib.parse.urlsplit(self.path).path
+            with server.slots:
+                status, payload, content_type = server.api.handle(self.command, path, body)
+            self._respond(status, payload, content_type, server.closing)
+        finally:
+            server.end_request()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _dispatch  # noqa: N815
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (base signature)
+        log.debug("REST %s - %s", self.address_string(), format % args)
+
+
+class RestServer(ThreadingHTTPServer):
+    daemon_threads = True  # idle keep-alive connections must not hold up exit
+    request_queue_size = 128  # many clients connect at once under load
+
+    def __init__(self, port: int, api: RestApi, max_body_bytes: int, num_threads: int):
+        self.api = api
+        self.max_body_bytes = max_body_bytes
+        self.slots = threading.BoundedSemaphore(num_threads)
+        self.closing = False
+        self._active = 0
+        self._idle = threading.Condition()
+        super().__init__(("0.0.0.0", port), _Handler)
+
+    def begin_request(self) -> bool:
+        with self._idle:
+            if self.closing:
+                return False
+            self._active += 1
+            return True
+
+    def end_request(self) -> None:
+        with self._idle:
+            self._active -= 1
+            self._idle.notify_all()
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="rest", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self, grace_s: float, on_waiting: Callable[[int], None] | None = None) -> None:
+        """Stop accepting, let in-flight requests finish (up to `grace_s`), close."""
+        with self._idle:
+            self.closing = True
+        self.shutdown()
+        with self._idle:
+            if self._active and on_waiting:
+                on_waiting(self._active)
+            self._idle.wait_for(lambda: self._active == 0, grace_s)
+        self.server_close()

@@ -1,0 +1,386 @@
+"""`neuronish-model-server`: TF Serving's command line, protocols and behaviour.
+
+    neuronish-model-server --port=8500 --rest_api_port=8501 \\
+        --model_name=resnet --model_base_path=/models/resnet
+    neuronish-model-server --model_config_file=models.config --enable_batching \\
+        --batching_parameters_file=batching.config
+
+Flags are TF Serving's, with its defaults and its `--flag=value` syntax (a
+bool flag may also be given bare, `--enable_batching`). A few flags of TF
+Serving's that concern its C++ runtime (GPU memory, SSL, platform configs) are
+refused rather than silently ignored, so a deployment never believes it got
+something it did not.
+
+SIGTERM (or SIGINT): stop accepting on both ports, let the requests in flight
+finish (up to --shutdown_grace_period_seconds), unload, exit 0.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+log = logging.getLogger("neuronish.serving")
+
+
+@dataclass
+class Options:
+    port: int = 8500
+    grpc_socket_path: str = ""
+    grpc_channel_arguments: str = ""
+    grpc_max_threads: int = 256
+    rest_api_port: int = 0
+    rest_api_num_threads: int = 4 * (os.cpu_count() or 1)
+    rest_api_timeout_in_ms: int = 30000
+    rest_api_max_body_bytes: int = 64 << 20
+    model_name: str = "default"
+    model_base_path: str = ""
+    model_config_file: str = ""
+    model_config_file_poll_wait_seconds: int = 0
+    file_system_poll_wait_seconds: int = 1
+    saved_model_tags: str = "serve"
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60_000_000
+    allow_version_labels_for_unavailable_models: bool = False
+    enable_model_warmup: bool = True
+    enable_batching: bool = False
+    batching_parameters_file: str = ""
+    monitoring_config_file: str = ""
+    tensorflow_intra_op_parallelism: int = 0
+    tensorflow_inter_op_parallelism: int = 0
+    tensorflow_session_parallelism: int = 0
+    shutdown_grace_period_seconds: int = 30
+    version: bool = False
+    help: bool = False
+
+
+HELP = {
+    "port": "TCP port for gRPC (TF Serving: required unless --grpc_socket_path)",
+    "grpc_socket_path": "also serve gRPC on this UNIX socket",
+    "grpc_channel_arguments": "comma-separated gRPC server arguments, e.g. "
+                              "grpc.max_receive_message_length=1048576",
+    "grpc_max_threads": "threads serving gRPC calls (requests waiting for a batch hold one)",
+    "rest_api_port": "TCP port for HTTP/REST; 0 (default) = no REST API",
+    "rest_api_num_threads": "REST requests processed at once",
+    "rest_api_timeout_in_ms": "REST request deadline; <= 0 = none",
+    "rest_api_max_body_bytes": "largest REST request body accepted (413 above it)",
+    "model_name": "model name (ignored with --model_config_file)",
+    "model_base_path": "directory whose numeric subdirectories are the model's versions",
+    "model_config_file": "text ModelServerConfig with several models, policies, labels",
+    "model_config_file_poll_wait_seconds": "re-read --model_config_file this often; 0 = never",
+    "file_system_poll_wait_seconds": "look for new versions this often; 0 = only at start",
+    "saved_model_tags": "comma-separated tag set of the MetaGraph to load",
+    "max_num_load_retries": "retries of a failed version load",
+    "load_retry_interval_micros": "wait between load retries",
+    "allow_version_labels_for_unavailable_models": "allow labels on versions not loaded yet",
+    "enable_model_warmup": "replay assets.extra/tf_serving_warmup_requests before serving",
+    "enable_batching": "merge concurrent requests into batches",
+    "batching_parameters_file": "text BatchingParameters (with --enable_batching)",
+    "monitoring_config_file": "text MonitoringConfig; Prometheus metrics on the REST port",
+    "tensorflow_intra_op_parallelism": "TensorFlow intra-op threads; 0 = auto",
+    "tensorflow_inter_op_parallelism": "TensorFlow inter-op threads; 0 = auto",
+    "tensorflow_session_parallelism": "both of the above, if they are 0",
+    "shutdown_grace_period_seconds": "on SIGTERM, how long in-flight requests may take",
+    "version": "print the version and exit",
+    "help": "print this help and exit",
+}
+
+# TF Serving flags that change nothing here; accepted so command lines carry over.
+_NO_EFFECT = {"num_load_threads", "num_unload_threads",
+              "flush_filesystem_caches", "xla_cpu_compilation_enabled",
+              "enable_signature_method_name_check", "rest_api_enable_cors_support"}
+# TF Serving flags whose effect this server cannot give: refused.
+_REFUSED = {"per_process_gpu_memory_fraction", "ssl_config_file", "platform_config_file",
+            "use_tflite_model", "prefer_tflite_model", "remove_unused_fields_from_bundle_metagraph",
+            "use_alts_credentials", "grpc_max_receive_message_size"}
+
+
+class FlagError(ValueError):
+    pass
+
+
+def usage() -> str:
+    lines = ["usage: neuronish-model-server [--flag=value ...]", "", "Flags:"]
+    for f in fields(Options):
+        flag = f"--{f.name}={str(f.default).lower() if f.type == 'bool' else f.default}"
+        lines.append(f"  {flag:<50} {HELP.get(f.name, '')}")
+    return "\n".join(lines)
+
+
+def parse_flags(argv: Sequence[str]) -> Options:
+    options = Options()
+    types = {f.name: type(f.default) for f in fields(Options)}
+    for arg in argv:
+        if arg in ("-h", "--help", "-help"):
+            options.help = True
+            continue
+        if not arg.startswith("-"):
+            raise FlagError(f"unexpected argument {arg!r} (flags are --name=value)")
+        name, has_value, value = arg.lstrip("-").partition("=")
+        if name in _NO_EFFECT:
+            log.warning("--%s has no effect in neuronish-model-server", name)
+            continue
+        if name in _REFUSED:
+            raise FlagError(f"--{name} is not supported by neuronish-model-server")
+        if name not in types:
+            raise FlagError(f"unknown command line flag '{name}'")
+        kind = types[name]
+        if kind is bool:
+            if not has_value or value.lower() in ("true", "1"):
+                setattr(options, name, True)
+            elif value.lower() in ("false", "0"):
+                setattr(options, name, False)
+            else:
+                raise FlagError(f"--{name} takes true or false, got {value!r}")
+        elif not has_value:
+            raise FlagError(f"--{name} needs a value: --{name}=...")
+        elif kind is int:
+            try:
+                setattr(options, name, int(value))
+            except ValueError:
+                raise FlagError(f"--{name} takes an integer, got {value!r}") from None
+        else:
+            setattr(options, name, value)
+    return options
+
+
+def grpc_server_options(arguments: str) -> list[tuple[str, object]]:
+    """TF Serving's: no message size limit, plus --grpc_channel_arguments."""
+    args: dict[str, object] = {
+        "grpc.max_receive_message_length": 2**31 - 1,
+        "grpc.max_send_message_length": 2**31 - 1,
+        # Two servers must not share a port without noticing (grpcio enables reuse).
+        "grpc.so_reuseport": 0,
+    }
+    for item in filter(None, (a.strip() for a in arguments.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise FlagError(f"--grpc_channel_arguments: {item!r} is not key=value")
+        try:
+            args[key] = int(value)
+        except ValueError:
+            args[key] = value
+    return list(args.items())
+
+
+class ModelServer:
+    """Everything one server process runs, started and stopped in order."""
+
+    def __init__(self, options: Options):
+        import grpc  # noqa: F401  (fail here, not later, if gRPC is missing)
+        import tensorflow as tf
+
+        from . import config as cfg
+        from .batching import BatchScheduler
+        from .core import ServingCore
+        from .manager import ModelManager
+        from .metrics import Metrics
+
+        self.options = options
+        intra = options.tensorflow_intra_op_parallelism or options.tensorflow_session_parallelism
+        inter = options.tensorflow_inter_op_parallelism or options.tensorflow_session_parallelism
+        if intra:
+            tf.config.threading.set_intra_op_parallelism_threads(intra)
+        if inter:
+            tf.config.threading.set_inter_op_parallelism_threads(inter)
+        if options.port <= 0 and not options.grpc_socket_path:
+            raise cfg.ConfigError("At least one of --port or --grpc_socket_path must be set")
+        if options.model_config_file:
+            self.model_config = cfg.read_model_server_config(options.model_config_file)
+        elif options.model_base_path:
+            self.model_config = cfg.single_model_config(options.model_name,
+                                                        options.model_base_path)
+        else:
+            raise cfg.ConfigError("Both --model_base_path and --model_config_file are empty: "
+                                  "nothing to serve")
+        batching = None
+        if options.enable_batching:
+            batching = (cfg.read_batching_parameters(options.batching_parameters_file)
+                        if options.batching_parameters_file else cfg.BatchingOptions())
+            log.info("Batching: %s", batching)
+        elif options.batching_parameters_file:
+            log.warning("--batching_parameters_file is ignored without --enable_batching")
+        self.metrics_path = None
+        if options.monitoring_config_file:
+            self.metrics_path = cfg.read_prometheus_path(options.monitoring_config_file)
+            if self.metrics_path and options.rest_api_port <= 0:
+                log.warning("Prometheus metrics are served on the REST port; set "
+                            "--rest_api_port to expose them")
+        self.metrics = Metrics()
+        self.manager = ModelManager(
+            poll_wait_seconds=options.file_system_poll_wait_seconds,
+            tags=[t.strip() for t in options.saved_model_tags.split(",") if t.strip()],
+            max_num_load_retries=max(0, options.max_num_load_retries),
+            load_retry_interval_s=options.load_retry_interval_micros / 1e6,
+            allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
+            warmup=options.enable_model_warmup)
+        self.scheduler = BatchScheduler(batching, self.metrics) if batching else None
+        self.core = ServingCore(self.manager, self.scheduler)
+        self.grpc_server = None
+        self.rest_server = None
+        self._config_mtime = self._mtime(options.model_config_file)
+        self._stopping = threading.Event()
+        self._reload_lock = threading.Lock()
+
+    @staticmethod
+    def _mtime(path: str) -> float | None:
+        try:
+            return os.stat(path).st_mtime if path else None
+        except OSError:
+            return None
+
+    def start(self) -> None:
+        import grpc
+        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+        from .grpc_service import ModelService, PredictionService
+        from .rest import RestApi, RestServer
+
+        self.manager.set_config(self.model_config)
+        self.manager.start()
+        options = self.options
+        server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(max_workers=options.grpc_max_threads,
+                                                  thread_name_prefix="grpc"),
+            options=grpc_server_options(options.grpc_channel_arguments))
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+            PredictionService(self.core, self.metrics), server)
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+            ModelService(self.core, self.metrics, self.reload_config), server)
+        if options.port > 0:
+            server.add_insecure_port(f"0.0.0.0:{options.port}")  # raises if taken
+        if options.grpc_socket_path:
+            server.add_insecure_port(f"unix:{options.grpc_socket_path}")
+        server.start()
+        self.grpc_server = server
+        log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
+        if options.rest_api_port > 0:
+            api = RestApi(self.core, self.metrics, options.rest_api_timeout_in_ms,
+                          self.metrics_path)
+            self.rest_server = RestServer(options.rest_api_port, api,
+                                          options.rest_api_max_body_bytes,
+                                          max(1, options.rest_api_num_threads))
+            self.rest_server.start()
+            log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
+        if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+            threading.Thread(target=self._watch_config_file, name="config-poll",
+                             daemon=True).start()
+
+    def reload_config(self, model_config: object) -> None:
+        """HandleReloadConfigRequest (and the config file poller)."""
+        from . import config as cfg
+        from .status import UNKNOWN, ServingError, invalid_argument
+
+        try:
+            cfg.validate_model_server_config(model_config)  # type: ignore[arg-type]
+        except cfg.ConfigError as e:
+            raise invalid_argument(str(e)) from None
+        with self._reload_lock:
+            self.manager.set_config(model_config)  # type: ignore[arg-type]
+            names = [m.name for m in model_config.model_config_list.config]  # type: ignore
+            missing = [n for n in names if not self._available(n)]
+            if missing:
+                raise ServingError(UNKNOWN, "Some models did not become available: {"
+                                   + ", ".join(missing) + "}")
+
+    def _available(self, name: str) -> bool:
+        from .status import ServingError
+
+        try:
+            with self.manager.acquire(name):
+                return True
+        except ServingError:
+            return False
+
+    def _watch_config_file(self) -> None:
+        from . import config as cfg
+        from .status import ServingError
+
+        path = self.options.model_config_file
+        while not self._stopping.wait(self.options.model_config_file_poll_wait_seconds):
+            mtime = self._mtime(path)
+            if mtime is None or mtime == self._config_mtime:
+                continue
+            self._config_mtime = mtime
+            try:
+                self.reload_config(cfg.read_model_server_config(path))
+                log.info("Reloaded %s", path)
+            except (cfg.ConfigError, ServingError) as e:
+                log.error("Reloading %s failed: %s", path, e)
+
+    def stop(self) -> None:
+        """Stop accepting, drain in-flight requests, unload."""
+        self._stopping.set()
+        grace = max(0, self.options.shutdown_grace_period_seconds)
+        done = self.grpc_server.stop(grace) if self.grpc_server is not None else None
+        if self.rest_server is not None:
+            self.rest_server.stop(grace, lambda n: log.info("Waiting for %d REST request(s)", n))
+        if done is not None:
+            done.wait(grace + 1)
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self.manager.stop()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        options = parse_flags(sys.argv[1:] if argv is None else argv)
+    except FlagError as e:
+        print(f"neuronish-model-server: {e}\n\n{usage()}", file=sys.stderr)
+        return 2
+    if options.help:
+        print(usage())
+        return 0
+    if options.version:
+        from neuronish import __version__
+        print(f"neuronish-model-server {__version__} (TensorFlow Serving API compatible)")
+        return 0
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s.%(msecs)03d %(levelname).1s %(name)s] %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's own INFO chatter off
+
+    import neuronish  # noqa: F401  (registers the NeuronOp custom op before any load)
+
+    from .config import ConfigError
+    from .status import ServingError
+
+    stop = threading.Event()
+    started = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("Received %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+        if not started:  # still loading models: nothing is in flight, just leave
+            raise _Interrupted
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server = ModelServer(options)
+        server.start()
+        started = True
+    except _Interrupted:
+        return 0
+    except (ConfigError, ServingError, RuntimeError, OSError) as e:
+        log.error("Cannot start the model server: %s", e)
+        return 1
+    while not stop.wait(1):
+        pass
+    server.stop()
+    log.info("Server stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""A servable's signatures, and checking a request's inputs against one.
+
+Signatures come from the SavedModel's own `SignatureDef`s (what
+GetModelMetadata returns verbatim). Requests are checked here, before
+TensorFlow sees them, so a wrong request gets a message that names the input,
+what the signature expects and what arrived, instead of a kernel error from
+deep inside the graph, and so a bad request never reaches a merged batch where
+it would fail its neighbours too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from .status import failed_precondition, invalid_argument
+
+DEFAULT_SIGNATURE = "serving_default"
+PREDICT_METHOD = "tensorflow/serving/predict"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+# Key names of classification/regression signatures (signature_constants.py).
+CLASSIFY_INPUTS = "inputs"
+CLASSIFY_OUTPUT_CLASSES = "classes"
+CLASSIFY_OUTPUT_SCORES = "scores"
+REGRESS_INPUTS = "inputs"
+REGRESS_OUTPUTS = "outputs"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One signature input or output: its key, dtype and shape (-1 = any size)."""
+
+    key: str
+    dtype: tf.dtypes.DType
+    shape: tuple[int, ...] | None  # None: unknown rank
+
+    @staticmethod
+    def from_tensor_info(key: str, info: meta_graph_pb2.TensorInfo) -> TensorSpec:
+        shape = None if info.tensor_shape.unknown_rank else tuple(
+            d.size for d in info.tensor_shape.dim)
+        return TensorSpec(key, tf.dtypes.as_dtype(info.dtype), shape)
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.dtype)
+
+    @property
+    def shape_text(self) -> str:
+        return shape_text(self.shape)
+
+    def accepts_shape(self, shape: tuple[int, ...]) -> bool:
+        if self.shape is None:
+            return True
+        return len(shape) == len(self.shape) and all(
+            want < 0 or got == want for got, want in zip(shape, self.shape))
+
+
+def dtype_name(dtype: tf.dtypes.DType) -> str:
+    """TensorFlow's enum name, `DT_FLOAT`: what SignatureDefs and TF Serving print."""
+    enum = tf.dtypes.as_dtype(dtype).as_datatype_enum
+    return _DT_NAMES.get(enum, str(dtype))
+
+
+def _datatype_names() -> dict[int, str]:
+    from tensorflow.core.framework import types_pb2
+    return {v: k for k, v in types_pb2.DataType.items()}
+
+
+_DT_NAMES = _datatype_names()
+
+
+def shape_text(shape: Iterable[int] | None) -> str:
+    return "[?]" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    method_name: str
+    inputs: Mapping[str, TensorSpec]
+    outputs: Mapping[str, TensorSpec]
+
+    @staticmethod
+    def from_signature_def(name: str, sd: meta_graph_pb2.SignatureDef) -> Signature:
+        return Signature(
+            name, sd.method_name,
+            {k: TensorSpec.from_tensor_info(k, v) for k, v in sorted(sd.inputs.items())},
+            {k: TensorSpec.from_tensor_info(k, v) for k, v in sorted(sd.outputs.items())})
+
+    # -- predict ---------------------------------------------------------------
+    def check_inputs(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Raise INVALID_ARGUMENT unless `arrays` is exactly this signature's inputs,
+        with the right dtypes and shapes."""
+        if set(arrays) != set(self.inputs):
+            sent, want = sorted(arrays), sorted(self.inputs)
+            extra = sorted(set(sent) - set(want))
+            missing = sorted(set(want) - set(sent))
+            if len(sent) == len(want):
+                # TF Serving's wording for a same-size set with a wrong name.
+                raise invalid_argument(
+                    f"input tensor alias not found in signature: {extra[0]}. Inputs expected "
+                    f"to be in the set {{{','.join(want)}}}.")
+            raise invalid_argument(
+                f"input size does not match signature: {len(sent)}!={len(want)} "
+                f"len({{{','.join(sent)}}}) != len({{{','.join(want)}}}). "
+                f"Sent extra: {{{','.join(extra)}}}. Missing but required: "
+                f"{{{','.join(missing)}}}.")
+        for key, spec in self.inputs.items():
+            check_array(spec, arrays[key], self.name)
+
+    def output_keys(self, output_filter: Iterable[str] = ()) -> list[str]:
+        """The outputs to return: `output_filter` (checked) or all of them."""
+        keys: list[str] = []
+        for alias in output_filter:
+            if alias not in self.outputs:
+                raise invalid_argument(
+                    f"output tensor alias not found in signature: {alias} Outputs expected to "
+                    f"be in the set {{{','.join(sorted(self.outputs))}}}.")
+            if alias in keys:
+                raise invalid_argument(f"duplicate output tensor alias: {alias}")
+            keys.append(alias)
+        return keys or sorted(self.outputs)
+
+    # -- classify / regress ----------------------------------------------------
+    def check_classify(self) -> None:
+        """TF Serving's PreProcessClassification (without the method-name check,
+        which TF Serving also skips by default, so TF2 models can classify)."""
+        if len(self.inputs) != 1:
+            raise invalid_argument("Expected one input Tensor.")
+        if len(self.outputs) not in (1, 2):
+            raise invalid_argument(
+                f"Expected one or two output Tensors, found {len(self.outputs)}")
+        if CLASSIFY_INPUTS not in self.inputs:
+            raise invalid_argument(f"No classification inputs found in SignatureDef "
+                                   f"{self.name!r}: inputs are {sorted(self.inputs)}")
+        if CLASSIFY_OUTPUT_CLASSES not in self.outputs and \
+                CLASSIFY_OUTPUT_SCORES not in self.outputs:
+            raise invalid_argument(
+                f'Expected classification signature outputs to contain at least one of '
+                f'"classes" or "scores". Signature {self.name!r} has outputs '
+                f'{sorted(self.outputs)}')
+
+    def check_regress(self) -> None:
+        if len(self.inputs) != 1:
+            raise invalid_argument("Expected one input Tensor.")
+        if len(self.outputs) != 1:
+            raise invalid_argument("Expected one output Tensor.")
+        if REGRESS_INPUTS not in self.inputs:
+            raise invalid_argument(f"No regression inputs found in SignatureDef "
+                                   f"{self.name!r}: inputs are {sorted(self.inputs)}")
+        if REGRESS_OUTPUTS not in self.outputs:
+            raise invalid_argument(f"No regression outputs found in SignatureDef "
+                                   f"{self.name!r}: outputs are {sorted(self.outputs)}")
+
+
+def check_array(spec: TensorSpec, array: np.ndarray, signature_name: str) -> None:
+    got_dtype = array_dtype(array)
+    if got_dtype != spec.dtype:
+        raise invalid_argument(
+            f"input '{spec.key}' of signature '{signature_name}' expects dtype "
+            f"{spec.dtype_name}, but the request sent {dtype_name(got_dtype)}")
+    if not spec.accepts_shape(array.shape):
+        raise invalid_argument(
+            f"input '{spec.key}' of signature '{signature_name}' expects shape "
+            f"{spec.shape_text} (-1 = any size), but the request sent "
+            f"{shape_text(array.shape)}")
+
+
+def array_dtype(array: np.ndarray) -> tf.dtypes.DType:
+    """The TF dtype of a decoded request array (object arrays hold DT_STRING)."""
+    if array.dtype == object or array.dtype.kind in "SU":
+        return tf.string
+    try:
+        return tf.dtypes.as_dtype(array.dtype)
+    except TypeError:
+        raise invalid_argument(f"unsupported dtype {array.dtype}") from None
+
+
+def select(signatures: Mapping[str, Signature], name: str,
+           *, for_rest: bool = False) -> Signature:
+    """The signature called `name` ("" = serving_default), with TF Serving's error."""
+    key = name or DEFAULT_SIGNATURE
+    if key in signatures:
+        return signatures[key]
+    known = ", ".join(sorted(k for k in signatures if not k.startswith("__")))
+    if for_rest:  # the REST handler's own wording and code (GetInfoMap)
+        raise invalid_argument(f'Serving signature name: "{key}" not found in signature def. '
+                               f"Known signatures: {known}")
+    raise failed_precondition(f'Serving signature key "{key}" not found. '
+                              f"Known signatures: {known}")

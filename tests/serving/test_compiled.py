@@ -1,0 +1,130 @@
+"""A compiled model (NeuronOp) and its uncompiled original, side by side in one
+server with batching on: same protocol, the compiled model's own results, and
+merged batches reaching the device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+
+import neuronish
+from tests.serving.harness import (
+    Server,
+    copy_version,
+    metric_value,
+    predict_request,
+    run_clients,
+    running_server,
+    write_text,
+)
+
+COMPILED_BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def compiled_mlp(serving_dir: Path, mlp_model: str) -> str:
+    target = serving_dir / "compiled" / "mlp_neuron"
+    report = neuronish.saved_model.compile(mlp_model, str(target), batch_size=COMPILED_BATCH)
+    assert report["OnNeuronRatio"] > 0, report
+    return str(target)
+
+
+@pytest.fixture(scope="module")
+def compiled_reference(compiled_mlp: str):  # noqa: ANN201 (a ConcreteFunction)
+    return tf.saved_model.load(compiled_mlp).signatures["serving_default"]
+
+
+@pytest.fixture(scope="module")
+def server(serving_dir: Path, mlp_model: str, compiled_mlp: str) -> Iterator[Server]:
+    root = serving_dir / "compiled"
+    copy_version(mlp_model, root / "models" / "mlp", 1)
+    copy_version(compiled_mlp, root / "models" / "mlp_neuron", 1)
+    config = write_text(root / "models.config", "model_config_list {\n" + "".join(
+        f'  config {{ name: "{name}" base_path: "{root / "models" / name}" '
+        'model_platform: "tensorflow" }\n' for name in ("mlp", "mlp_neuron")) + "}\n")
+    batching = write_text(root / "batching.config", """
+max_batch_size { value: 16 }
+batch_timeout_micros { value: 2000 }
+num_batch_threads { value: 2 }
+max_enqueued_batches { value: 1000 }
+allowed_batch_sizes: 4
+allowed_batch_sizes: 8
+allowed_batch_sizes: 16
+""")
+    monitoring = write_text(root / "monitoring.config", "prometheus_config { enable: true }\n")
+    args = [f"--model_config_file={config}", "--enable_batching",
+            f"--batching_parameters_file={batching}", f"--monitoring_config_file={monitoring}"]
+    with running_server(args, root, {"mlp": [1], "mlp_neuron": [1]}) as server:
+        yield server
+
+
+def test_compiled_and_plain_predictions(server: Server, compiled_reference,
+                                        mlp_reference) -> None:
+    # A batch of exactly the allowed (and compiled) size: nothing is padded, so
+    # the server's call is the in-process call.
+    x = np.random.default_rng(2).standard_normal((COMPILED_BATCH, 32)).astype(np.float32)
+    want_compiled = compiled_reference(x=tf.constant(x))["probs"].numpy()
+    want_plain = mlp_reference(x=tf.constant(x))["probs"].numpy()
+    for model, want in (("mlp_neuron", want_compiled), ("mlp", want_plain)):
+        response = server.predictions.Predict(predict_request(model, {"x": x}), timeout=60)
+        np.testing.assert_array_equal(tf.make_ndarray(response.outputs["probs"]), want)
+        status, body = server.http("POST", f"/v1/models/{model}:predict",
+                                   {"instances": x.tolist()})
+        assert status == 200, body
+        np.testing.assert_array_equal(np.array(body["predictions"], np.float32), want)
+    # The device computes what TensorFlow computes.
+    np.testing.assert_allclose(want_compiled, want_plain, rtol=1e-4, atol=1e-6)
+
+
+def test_compiled_metadata_and_status(server: Server) -> None:
+    signatures = {}
+    for model in ("mlp", "mlp_neuron"):
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        request.model_spec.name = model
+        response = server.predictions.GetModelMetadata(request, timeout=30)
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signature_map)
+        sd = signature_map.signature_def["serving_default"]
+        signatures[model] = ({k: (v.dtype, [d.size for d in v.tensor_shape.dim])
+                              for k, v in sd.inputs.items()},
+                             {k: v.dtype for k, v in sd.outputs.items()})
+        assert server.available_versions(model) == [1]
+    # Clients written for the original model work unchanged with the compiled one.
+    assert signatures["mlp_neuron"] == signatures["mlp"]
+
+
+def test_device_sees_merged_batches(server: Server, compiled_reference) -> None:
+    rng = np.random.default_rng(3)
+    pool = [rng.standard_normal((1, 32)).astype(np.float32) for _ in range(8)]
+    want = [compiled_reference(x=tf.constant(x))["probs"].numpy() for x in pool]
+    channels = [grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") for _ in range(8)]
+
+    def call(client: int, i: int) -> None:
+        k = (client + i) % len(pool)
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channels[client % 8])
+        response = stub.Predict(predict_request("mlp_neuron", {"x": pool[k]}), timeout=60)
+        np.testing.assert_allclose(tf.make_ndarray(response.outputs["probs"]), want[k],
+                                   rtol=1e-5, atol=1e-6)
+
+    try:
+        calls, errors = run_clients(64, 3.0, call)
+    finally:
+        for channel in channels:
+            channel.close()
+    assert not errors, errors[:5]
+    _, text = server.http("GET", "/monitoring/prometheus/metrics")
+    name = ":tensorflow:serving:batching_session:batch_size"
+    batches = metric_value(text, name + "_count", model_name="mlp_neuron")
+    rows = metric_value(text, name + "_sum", model_name="mlp_neuron")
+    # Single-row requests reached the NeuronOp as merged batches of 4, 8 or 16
+    # rows (the device runs them as chunks of its compiled batch of 4).
+    assert 0 < batches < calls
+    assert rows / batches >= COMPILED_BATCH
+    merged = batches - metric_value(text, name + "_bucket", model_name="mlp_neuron", le="4")
+    assert merged > 0  # some batches held more than one compiled chunk
