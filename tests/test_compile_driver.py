@@ -8,6 +8,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,14 @@ def children() -> list[str]:
     return found
 
 
+@pytest.fixture
+def new_children() -> Callable[[], list[str]]:
+    """Our child processes started during the test and still around: processes other
+    tests' fixtures keep running (a model server, say) are not this test's leak."""
+    before = set(children())
+    return lambda: [c for c in children() if c not in before]
+
+
 def assert_gone(pids: list[int]) -> None:
     """Each pid has exited. A killed grandchild is re-parented to init and may
     linger as a zombie until init reaps it; that is not ours to reap."""
@@ -141,7 +150,8 @@ def max_concurrency(events: Path) -> int:
 # --------------------------------------------------------------------------- real compiler
 
 
-def test_compiles_in_parallel_and_the_executables_match_tensorflow(tmp_path: Path) -> None:
+def test_compiles_in_parallel_and_the_executables_match_tensorflow(
+        tmp_path: Path, new_children: Callable[[], list[str]]) -> None:
     graphs = {"dense": dense_relu(batch=4), "conv": conv_bn_relu(batch=2),
               "dense_small": dense_relu(batch=2, features=8, units=3, seed=1)}
     calls: list[tuple[int, int, str, int]] = []
@@ -175,7 +185,7 @@ def test_compiles_in_parallel_and_the_executables_match_tensorflow(tmp_path: Pat
             got = model.run(feeds)
         for key, want in g.reference(feeds).items():
             np.testing.assert_allclose(got[key], want, rtol=1e-4, atol=1e-5)
-    assert children() == []
+    assert new_children() == []
 
 
 def test_unsupported_op_is_rejected_with_the_node_named(private_tmp: Path) -> None:
@@ -213,7 +223,7 @@ def test_missing_compiler_says_how_to_choose_one(tmp_path: Path) -> None:
 
 
 def test_hung_compiler_is_killed_with_its_process_group(
-        fake_cc: Path, tmp_path: Path) -> None:
+        fake_cc: Path, tmp_path: Path, new_children: Callable[[], list[str]]) -> None:
     work = tmp_path / "work"
     results = compile_all([job("hang_0", dense_relu()), job("fine", dense_relu())],
                           compiler=[str(fake_cc)], timeout=5, workdir=work,
@@ -224,11 +234,12 @@ def test_hung_compiler_is_killed_with_its_process_group(
     assert 5 <= hung.seconds < 5 + 30  # the limit, plus slack for a loaded machine (< 60)
     assert "'hang_0'" in hung.error and "5 s" in hung.error
     assert_gone(read_pids(work / "hang_0"))  # the compiler and the child it started
-    assert children() == []
+    assert new_children() == []
 
 
 def test_crashed_compiler_from_neuronish_cc_env(
-        fake_cc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake_cc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        new_children: Callable[[], list[str]]) -> None:
     # $NEURONISH_CC is split like a shell command line.
     monkeypatch.setenv("NEURONISH_CC", f"{sys.executable} {fake_cc}")
     [result] = compile_all([job("crash_0", dense_relu())], workdir=tmp_path)
@@ -236,7 +247,7 @@ def test_crashed_compiler_from_neuronish_cc_env(
     assert result.outcome == "crashed" and not result.ok
     assert "'crash_0'" in result.error and "SIGSEGV" in result.error
     assert "fake-cc: about to crash" in result.error  # the log's tail
-    assert children() == []
+    assert new_children() == []
 
 
 @pytest.mark.parametrize("limit, num_jobs", [(1, 3), (3, 6)])
@@ -258,7 +269,8 @@ def test_at_most_max_num_compilers_run_at_once(
 
 
 def test_interrupt_kills_running_compilers(
-        fake_cc: Path, private_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake_cc: Path, private_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+        new_children: Callable[[], list[str]]) -> None:
     pids: list[int] = []
 
     def progress(done: int, total: int, result: CompileResult) -> None:
@@ -274,7 +286,7 @@ def test_interrupt_kills_running_compilers(
     assert time.monotonic() - start < 40  # not the fake compiler's 60 s
     assert len(pids) == 2
     assert_gone(pids)
-    assert children() == []
+    assert new_children() == []
     assert list(private_tmp.iterdir()) == []
 
 

@@ -16,30 +16,30 @@ from tests.serving.harness import Server, copy_version, running_server, write_te
 MAX_BODY = 1 << 20
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serving_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("serving")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def mlp_model() -> str:
     return cached_saved_model("mlp")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def toy_model_dir(serving_dir: Path) -> str:
     path = serving_dir / "toy_src"
     toy_model.build(str(path))
     return str(path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def mlp_reference(mlp_model: str):  # noqa: ANN201 (a ConcreteFunction)
     """The uncompiled mlp's serving function, in this process."""
     return tf.saved_model.load(mlp_model).signatures["serving_default"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def main_server(serving_dir: Path, mlp_model: str, toy_model_dir: str) -> Iterator[Server]:
     """mlp versions 1 and 2 (policy all, labels stable=1 and canary=2) and the toy
     model; Prometheus on; a 1 MiB limit on REST bodies and on gRPC messages."""
