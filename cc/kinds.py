@@ -116,9 +116,14 @@ def _conv_like(t: list[TensorType], a: dict, depthwise: bool) -> list[TensorType
     out_c = c * co if depthwise else co
     (sh, sw), (dh, dw), (pt, pb, pl, pr) = a["strides"], a["dilations"], a["pads"]
     oh, ow = _spatial(h, kh, sh, dh, pt, pb), _spatial(wd, kw, sw, dw, pl, pr)
+    out = TensorType((n, oh, ow, out_c), x.dtype)
+    if a.get("residual"):
+        if t[-1] != out:
+            raise NodeError(f"residual {t[-1]} must have the output's type {out}")
+        t = t[:-1]
     if len(t) == 3 and t[2].shape != (out_c,):
         raise NodeError(f"bias {t[2]} does not match the {out_c} output channels")
-    return [TensorType((n, oh, ow, out_c), x.dtype)]
+    return [out]
 
 
 @kind("conv2d")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
-from .passes.fuse import fold_scale_shift, fuse_activation
+from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
 from .verify import verify
 
@@ -31,7 +31,9 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         Pass("eliminate_dead_code", eliminate_dead_code),
         # BatchNorm-style x*a+b after conv/matmul goes into the weights and bias...
         Pass("fold_scale_shift", fold_scale_shift),
-        # ...which leaves conv/matmul directly followed by its activation.
+        # ...which leaves conv directly followed by its residual add (if any) and
+        # conv/matmul by its activation.
+        Pass("fuse_residual_add", fuse_residual_add),
         Pass("fuse_activation", fuse_activation),
         # Rounding comes after folding so folded weights are rounded once, as the
         # device would store them.

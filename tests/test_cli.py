@@ -153,7 +153,7 @@ def test_dump_dir_from_environment(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     files = sorted(p.name for p in (tmp_path / "dumps" / "dense").iterdir())
     assert "000_lowered.txt" in files and "004_fold_scale_shift.txt" in files
-    fused = (tmp_path / "dumps" / "dense" / "005_fuse_activation.txt").read_text()
+    fused = (tmp_path / "dumps" / "dense" / "006_fuse_activation.txt").read_text()
     assert "activation=relu" in fused and "# tf: MatMul, BiasAdd, Relu" in fused
 
 

@@ -37,7 +37,24 @@ def _const_chain() -> TracedGraph:
     return trace(fn, tf.TensorSpec([4, 3], tf.float32, name="x"))
 
 
-GRAPHS = {"dense": dense_relu, "conv_bn": conv_bn_relu, "const_chain": _const_chain}
+def _residual_block() -> TracedGraph:
+    """ResNet's two shortcut shapes: identity (x + conv(x)) and projection, where
+    the shortcut is itself a conv whose output the main path's conv must wait for."""
+    rng = np.random.default_rng(5)
+    w1, w2, wp = (tf.constant(rng.standard_normal(s).astype(np.float32) * 0.2)
+                  for s in ([3, 3, 8, 8], [1, 1, 8, 16], [1, 1, 8, 16]))
+    shift = tf.constant(rng.standard_normal(16).astype(np.float32))
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        h = tf.nn.relu(x + tf.nn.conv2d(x, w1, 1, "SAME"))  # identity shortcut
+        shortcut = tf.nn.conv2d(h, wp, 1, "VALID")
+        return tf.nn.relu(tf.nn.conv2d(h, w2, 1, "VALID") + shift + shortcut)
+
+    return trace(fn, tf.TensorSpec([2, 6, 6, 8], tf.float32, name="x"))
+
+
+GRAPHS = {"dense": dense_relu, "conv_bn": conv_bn_relu, "const_chain": _const_chain,
+          "residual": _residual_block}
 
 
 def _lowered(g: TracedGraph):
@@ -75,6 +92,23 @@ def test_batchnorm_and_activation_fold_into_the_conv() -> None:
     conv = graph.nodes[0]
     assert conv.attrs["activation"] == "relu" and len(conv.inputs) == 3  # bias added
     assert any("Relu" in o for o in conv.origin)  # still points at the TF nodes it absorbed
+
+
+def test_residual_add_and_activation_fuse_into_the_conv() -> None:
+    g = _residual_block()
+    graph = run_pipeline(_lowered(g), build_pipeline("none"), Dumper(None))
+    assert [n.kind for n in graph.nodes] == ["conv2d"] * 3, format_graph(graph)
+    identity, first, last = graph.nodes
+    assert identity.attrs["residual"] and identity.inputs[-1] is graph.inputs[0]
+    # The two convs of the projection block: either may take the add (a + b == b + a
+    # exactly); the one that does runs after the other, whose output it adds.
+    assert not first.attrs.get("residual") and first.attrs["activation"] == "none"
+    assert last.attrs["residual"] and last.inputs[-1] is first.outputs[0]
+    assert last.attrs["activation"] == "relu"
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        x = _feeds(g, seed=1)[0]
+        got = model.run({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(got, g.reference({"x:0": x})["Identity:0"], rtol=1e-5, atol=1e-5)
 
 
 def test_constant_subgraphs_are_folded() -> None:

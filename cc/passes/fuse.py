@@ -1,9 +1,12 @@
-"""Fold constant scale/shift chains into conv/matmul weights, then fuse activations.
+"""Fold constant scale/shift chains into conv/matmul weights, then fuse epilogues.
 
 Keras emits inference BatchNorm as `x * a + b` on constants after a convolution
 (or FusedBatchNormV3, which the lowering turns into the same two ops). Folding
 those into the producer's weights and bias removes two full passes over the
-activation per layer; fusing the activation removes one more.
+activation per layer; fusing a residual add (ResNet's shortcut) and the
+activation removes up to two more. The fused epilogue computes exactly what the
+separate instructions did, in the same order: ((conv + bias) + residual), then
+the activation.
 """
 
 from __future__ import annotations
@@ -98,6 +101,33 @@ def fold_scale_shift(graph: Graph) -> Graph:
             if user is not None and _fold_one(graph, node, user):
                 changed = True
                 uses = graph.consumers()
+    return graph
+
+
+def fuse_residual_add(graph: Graph) -> Graph:
+    """conv2d → add of another tensor of the same type becomes one conv2d whose
+    last input is that tensor (`residual`). The conv moves to the add's place in
+    the schedule, where both operands are ready."""
+    uses = graph.consumers()
+    for node in list(graph.nodes):
+        if (node.kind != "conv2d" or node.attrs.get("activation", "none") != "none"
+                or node.attrs.get("residual")):
+            continue
+        out = node.outputs[0]
+        user = _sole_consumer(graph, out, uses)
+        if user is None or user.kind != "binary" or user.attrs["fn"] != "add":
+            continue
+        a, b = user.inputs
+        other = b if a is out else a
+        if other is out or other.type != out.type or user.outputs[0].type != out.type:
+            continue  # x + x, or a broadcast add: not a plain residual
+        node.inputs = [*node.inputs, other]
+        node.attrs = {**node.attrs, "residual": True}
+        node.origin = node.origin + tuple(o for o in user.origin if o not in node.origin)
+        graph.nodes.remove(node)
+        graph.nodes[graph.nodes.index(user)] = node
+        graph.replace_uses(user.outputs[0], out)
+        uses = graph.consumers()
     return graph
 
 
