@@ -32,9 +32,12 @@ class Device:
         self._used = {c: 0 for c in config.visible_cores}
         self._lock = threading.Lock()
         # Chunks of one call run in parallel on a model's duplicates; one worker
-        # per visible core is enough to keep every core busy.
+        # per visible core is enough to keep every core busy...
         self.pool = ThreadPoolExecutor(max_workers=len(config.visible_cores),
                                        thread_name_prefix="neuronish-core")
+        # ...but the host executes only as many programs at once as it has room
+        # for (config.default_host_parallelism); the others queue here.
+        self.host_slots = threading.BoundedSemaphore(config.host_parallelism)
 
     @property
     def cores(self) -> tuple[int, ...]:

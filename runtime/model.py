@@ -135,7 +135,8 @@ class Model:
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         program = self._idle.get()
         try:
-            program.execute(inputs, outputs)
+            with self.device.host_slots:
+                program.execute(inputs, outputs)
         finally:
             self._idle.put(program)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from neuronish.runtime import (
     OutOfDeviceMemory,
     load,
 )
-from neuronish.runtime.config import ConfigError, DeviceConfig
+from neuronish.runtime.config import ConfigError, DeviceConfig, default_host_parallelism
+from neuronish.runtime.program import LoadedProgram
 from tests.graphs import conv_bn_relu, dense_relu, trace
 
 
@@ -163,6 +165,7 @@ def test_run_time_error_names_tf_node() -> None:
     ({"NEURONISH_NUM_CORES": "2", "NEURONISH_VISIBLE_CORES": "1-3"}, "NEURONISH_VISIBLE_CORES"),
     ({"NEURONISH_CORE_GROUP_SIZES": "3,3"}, "NEURONISH_CORE_GROUP_SIZES"),
     ({"NEURONISH_CORE_MEMORY": "lots"}, "NEURONISH_CORE_MEMORY"),
+    ({"NEURONISH_HOST_PARALLELISM": "0"}, "NEURONISH_HOST_PARALLELISM"),
 ])
 def test_bad_environment_is_named(env: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -174,6 +177,53 @@ def test_environment_layout() -> None:
                                "NEURONISH_CORE_GROUP_SIZES": "2x2"})
     assert c.visible_cores == (2, 3, 4, 5)
     assert c.core_groups == ((2, 3), (4, 5))
+
+
+@pytest.mark.parametrize("env, cpus, want", [
+    ({}, 2, 1),                                     # BLAS takes every CPU: one at a time
+    ({"OPENBLAS_NUM_THREADS": "1"}, 8, 8),
+    ({"OMP_NUM_THREADS": "2"}, 8, 4),
+    ({"OPENBLAS_NUM_THREADS": "4", "OMP_NUM_THREADS": "1"}, 8, 2),  # OpenBLAS's own first
+    ({"OPENBLAS_NUM_THREADS": "16"}, 8, 1),
+    ({"OMP_NUM_THREADS": "many"}, 4, 1),
+])
+def test_default_host_parallelism_follows_blas_threads(env: dict, cpus: int, want: int) -> None:
+    assert default_host_parallelism(env, cpus) == want
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_host_runs_at_most_host_parallelism_programs_at_once(
+        parallelism: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = conv_bn_relu(batch=2)
+    exe = compile_graph(g.graph_def, g.io_config)
+    running, peak, lock = 0, 0, threading.Lock()
+    real_execute = LoadedProgram.execute
+
+    def execute(self: LoadedProgram, inputs: list, outputs: list) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)  # long enough for every waiting call to pile up
+        try:
+            real_execute(self, inputs, outputs)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(LoadedProgram, "execute", execute)
+    device = _device(NEURONISH_HOST_PARALLELISM=str(parallelism))
+    x = np.random.default_rng(0).standard_normal((8, 8, 8, 3)).astype(np.float32)
+    with load(exe, duplicates=4, device=device) as model:
+        threads = [threading.Thread(target=model.run, args=({"x:0": x},)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # 3 calls of 4 chunks each on 4 duplicates: the host is the only limit.
+        assert peak == parallelism
+        np.testing.assert_allclose(model.run({"x:0": x})["Identity:0"],
+                                   g.reference({"x:0": x})["Identity:0"], rtol=1e-5, atol=1e-6)
 
 
 def test_pipeline_cores_split_the_program_over_a_core_group() -> None:
