@@ -112,6 +112,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_ROUNDS})")
     p.add_argument("--warmup", type=_non_negative_int, default=3, metavar="N",
                    help="unmeasured calls per model and setting first (default 3)")
+    p.add_argument("--inter-op-threads", type=_non_negative_int, default=0, metavar="N",
+                   help="TensorFlow's inter-op threads for both models (default 0: "
+                        "TensorFlow's choice). 1 suits models compiled whole onto the device: "
+                        "idle inter-op threads spin and take CPU from it")
+    p.add_argument("--intra-op-threads", type=_non_negative_int, default=0, metavar="N",
+                   help="TensorFlow's intra-op threads for both models (default 0: "
+                        "TensorFlow's choice)")
     p.add_argument("--signature", default="serving_default", help="signature to call")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
@@ -131,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
         report = benchmark([args.model_dir] + ([args.compare] if args.compare else []),
                            batch_sizes=args.batch_size, concurrency=args.concurrency,
                            duration=args.duration, requests=args.requests, rounds=args.rounds,
-                           warmup=args.warmup, signature=args.signature)
+                           warmup=args.warmup, signature=args.signature,
+                           inter_op_threads=args.inter_op_threads,
+                           intra_op_threads=args.intra_op_threads)
     except BenchmarkError as e:
         print(f"neuronish benchmark: error: {e}", file=sys.stderr)
         return 1
@@ -155,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: list[int],
               duration: float | None = None, requests: int | None = None,
               rounds: int = DEFAULT_ROUNDS, warmup: int = 3,
-              signature: str = "serving_default", progress: bool = True) -> dict:
+              signature: str = "serving_default", progress: bool = True,
+              inter_op_threads: int = 0, intra_op_threads: int = 0) -> dict:
     """Measure the SavedModels in `model_dirs` side by side; the report `--json` prints.
 
     Raises BenchmarkError naming the model directory or input that is wrong.
@@ -164,6 +174,7 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
         duration = DEFAULT_DURATION
     for path in model_dirs:  # before paying seconds for TensorFlow's import
         _check_saved_model_dir(path)
+    _set_tf_threads(inter_op_threads, intra_op_threads)
     models = [_load(path, label, signature) for path, label in zip(model_dirs,
                                                                      _labels(model_dirs))]
     for other in models[1:]:
@@ -186,6 +197,8 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
     return {
         "signature": signature,
         "models": [{"label": m.label, "path": m.path} for m in models],
+        # What TensorFlow was given (0: its own choice).
+        **_tf_threads(),
         "duration_s": duration, "requests": requests, "rounds": rounds, "warmup": warmup,
         "results": [asdict(r) for r in rows],
         # Per batch size: largest |other - first| / max |first| over float outputs.
@@ -259,6 +272,30 @@ def _slice(model: _Model, feeds: dict, pool: ThreadPoolExecutor, clients: int, *
 
 
 # --------------------------------------------------------------------------- models and inputs
+
+
+def _set_tf_threads(inter_op: int, intra_op: int) -> None:
+    """Size TensorFlow's thread pools (0 = leave TensorFlow's default). Only possible
+    before TensorFlow has started running anything in this process."""
+    if not inter_op and not intra_op:
+        return
+    import tensorflow as tf
+
+    try:
+        if inter_op:
+            tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+        if intra_op:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+    except RuntimeError as e:
+        raise BenchmarkError(f"cannot set TensorFlow's thread counts: {e} (TensorFlow was "
+                             "already initialized in this process)") from None
+
+
+def _tf_threads() -> dict[str, int]:
+    import tensorflow as tf
+
+    return {"inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}
 
 
 def _check_saved_model_dir(path: str) -> None:
@@ -395,6 +432,10 @@ def format_report(report: dict) -> str:
               else f"{report['requests']} requests")
     lines = [f"signature {report['signature']!r}; per model and setting: {budget} in "
              f"{report['rounds']} alternating rounds, after {report['warmup']} warm-up calls"]
+    threads = [f"{kind}-op threads {report[f'{kind}_op_threads']}"
+               for kind in ("inter", "intra") if report.get(f"{kind}_op_threads")]
+    if threads:
+        lines.append("TensorFlow " + ", ".join(threads))
     for m in models:
         lines.append(f"  {m['label']}: {m['path']}")
     width = max(len(m["label"]) for m in models)

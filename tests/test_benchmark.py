@@ -88,6 +88,25 @@ def test_single_model(tmp_path: Path) -> None:
     assert report["output_max_relative_difference"] == {}
 
 
+def test_tensorflow_thread_counts_are_set_for_the_run(mlp_pair: tuple[str, str]) -> None:
+    r = bench(mlp_pair[0], "--requests", "2", "--json")
+    assert json.loads(r.stdout)["inter_op_threads"] == 0  # TensorFlow's own choice
+    r = bench(mlp_pair[0], "--requests", "2", "--inter-op-threads", "1", "--intra-op-threads",
+              "3", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert (report["inter_op_threads"], report["intra_op_threads"]) == (1, 3)
+    r = bench(mlp_pair[0], "--requests", "2", "--inter-op-threads", "1")
+    assert "TensorFlow inter-op threads 1" in r.stdout
+
+
+def test_thread_counts_after_tensorflow_started_are_a_clear_error(
+        capsys: pytest.CaptureFixture) -> None:
+    tf.constant(1.0) + 1.0  # TensorFlow is running in this process now
+    assert main([cached_saved_model("mlp"), "--requests", "1", "--inter-op-threads", "7"]) == 1
+    assert "cannot set TensorFlow's thread counts" in capsys.readouterr().err
+
+
 def test_missing_model_dir_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_model"
     r = bench(str(missing))
