@@ -150,7 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        # The reader went away (`neuronish-cc list-operators | head`): stop quietly,
+        # as Unix tools do, and keep the interpreter's last flush from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # killed by SIGPIPE, by shell convention
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "compile":
         if args.neuroncore_pipeline_cores < 1:

@@ -10,6 +10,7 @@ TensorFlow is imported only by the subcommands that need it.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -157,7 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:
+        # The reader went away (`neuronish benchmark ... | head`): stop quietly, as
+        # Unix tools do, and keep the interpreter's last flush from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # killed by SIGPIPE, by shell convention
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "run":
         return _run(args)
     if args.command == "compile":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,21 @@ def test_list_operators_is_the_registry() -> None:
     assert r.stdout.split() == sorted(LOWERINGS)
     for op in ("Conv2D", "MatMul", "FusedBatchNormV3", "StridedSlice", "Placeholder", "Const"):
         assert op in r.stdout.split()
+
+
+def test_a_reader_that_goes_away_is_not_a_crash() -> None:
+    """`neuronish-cc list-operators | head -1`: the pipe closes before the output is
+    written. Here it is closed before the process starts, so the write always fails."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([str(BIN / "neuronish-cc"), "list-operators", "--framework",
+                            "TENSORFLOW"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                           timeout=120)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 141, r.stderr  # 128 + SIGPIPE, as `ls | head` would end
+    assert r.stderr == ""  # no traceback, no "Exception ignored" from the final flush
 
 
 def test_compile_inspect_run(tmp_path: Path) -> None:
