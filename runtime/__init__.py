@@ -12,8 +12,9 @@ from .errors import (
     ExecutionError,
     InvalidInput,
     OutOfDeviceMemory,
+    OutputBufferError,
 )
 from .model import Model, load
 
 __all__ = ["Device", "DeviceError", "ExecutableError", "ExecutionError", "InvalidInput", "Model",
-           "OutOfDeviceMemory", "get_device", "load"]
+           "OutOfDeviceMemory", "OutputBufferError", "get_device", "load"]

@@ -19,5 +19,9 @@ class InvalidInput(DeviceError):
     """A call's inputs do not match the compiled signature."""
 
 
+class OutputBufferError(DeviceError):
+    """Arrays passed to receive a call's outputs do not fit them."""
+
+
 class ExecutionError(DeviceError):
     """An instruction failed while running (e.g. an index out of range)."""

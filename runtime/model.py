@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .device import Device, Reservation, get_device
-from .errors import DeviceError, InvalidInput
+from .errors import DeviceError, InvalidInput, OutputBufferError
 from .executable import Executable, TensorSig, from_bytes
 from .program import LoadedProgram, aligned_empty, check_kernels
 
@@ -95,16 +95,44 @@ class Model:
         outs = self.run_list([feeds[n] for n in names])
         return {s.name: o for s, o in zip(self.outputs, outs)}
 
-    def run_list(self, values: list[object]) -> list[np.ndarray]:
-        """Run on inputs in signature order; returns outputs in signature order."""
+    def run_list(self, values: list[object],
+                 out: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run on inputs in signature order; returns outputs in signature order.
+
+        `out`, if given, are the arrays to write the results into (C-contiguous,
+        each output's dtype, its shape with this call's batch); they are returned.
+        At the compiled batch size the device writes into them directly."""
         if self._unloaded:
             raise DeviceError("the model was unloaded")
         arrays, batch = self._validate(values)
+        if out is not None:
+            self._check_out(out, batch)
         if batch is None or batch == self.batch_size:
-            outs = [np.empty(s.shape, s.dtype) for s in self.outputs]
+            outs = out if out is not None else [np.empty(s.shape, s.dtype) for s in self.outputs]
             self._run_one(arrays, outs)
             return outs
-        return self._run_split(arrays, batch)
+        results = self._run_split(arrays, batch)
+        if out is None:
+            return results
+        for dest, result in zip(out, results):
+            np.copyto(dest, result, casting="no")
+        return out
+
+    def _check_out(self, out: list[np.ndarray], batch: int | None) -> None:
+        if len(out) != len(self.outputs):
+            raise OutputBufferError(f"out has {len(out)} arrays; the model has {len(self.outputs)} "
+                               f"outputs {[s.name for s in self.outputs]}")
+        for sig, dest in zip(self.outputs, out):
+            shape = list(sig.shape)
+            if sig.batch_axis >= 0 and batch is not None:
+                shape[sig.batch_axis] = batch
+            if (not isinstance(dest, np.ndarray) or list(dest.shape) != shape
+                    or dest.dtype != np.dtype(sig.dtype) or not dest.flags.c_contiguous
+                    or not dest.flags.writeable):
+                got = (f"{dest.dtype}{list(dest.shape)}" if isinstance(dest, np.ndarray)
+                       else type(dest).__name__)
+                raise OutputBufferError(f"out array for output '{sig.name}' is {got}; expected a "
+                                   f"writable C-contiguous {sig.dtype}{shape}")
 
     def _validate(self, values: list[object]) -> tuple[list[np.ndarray], int | None]:
         arrays = []

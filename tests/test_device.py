@@ -15,6 +15,7 @@ from neuronish.runtime import (
     ExecutionError,
     InvalidInput,
     OutOfDeviceMemory,
+    OutputBufferError,
     load,
 )
 from neuronish.runtime.config import ConfigError, DeviceConfig, default_host_parallelism
@@ -49,6 +50,24 @@ def test_other_batch_sizes_are_split_and_padded(dense, batch: int) -> None:
         got = model.run({"x:0": x})["Identity:0"]
     assert got.shape == (batch, 8)
     np.testing.assert_allclose(got, g.reference({"x:0": x})["Identity:0"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch", [4, 6])
+def test_results_go_into_the_arrays_given(dense, batch: int) -> None:
+    g, exe = dense
+    x = np.random.default_rng(batch).standard_normal((batch, 16)).astype(np.float32)
+    out = [np.full((batch, 8), np.nan, np.float32)]
+    with load(exe, device=_device()) as model:
+        got = model.run_list([x], out=out)
+        assert got is out
+        np.testing.assert_allclose(out[0], g.reference({"x:0": x})["Identity:0"], rtol=1e-5,
+                                   atol=1e-6)
+        for bad, needle in [([np.empty((batch, 8), np.float64)], r"is float64\[\d+, 8\]"),
+                            ([np.empty((batch + 1, 8), np.float32)], r"float32\[\d+, 8\]"),
+                            ([np.empty((8, batch), np.float32).T], "C-contiguous"),
+                            ([], "out has 0 arrays")]:
+            with pytest.raises(OutputBufferError, match=needle):
+                model.run_list([x], out=bad)
 
 
 def test_empty_batch(dense) -> None:

@@ -30,6 +30,7 @@ from neuronish.neuron_op import neuron_op_node_def
 from neuronish.runtime import Device, OutOfDeviceMemory, get_device, load
 from neuronish.runtime.config import DeviceConfig
 from neuronish.runtime.executable import HEADER_SIZE, from_bytes
+from neuronish.runtime.program import LoadedProgram
 from tests.graphs import TracedGraph, dense_relu, trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -222,10 +223,21 @@ def test_inputs_and_outputs_cross_without_copies(dense, monkeypatch: pytest.Monk
         seen.update(x=x.ctypes.data, y=y.ctypes.data, x_readonly=not x.flags.writeable)
         run(handle, inputs, outputs)
 
+    execute = LoadedProgram.execute
+
+    def device_spy(program: LoadedProgram, inputs: list, outputs: list) -> None:
+        seen.update(device_x=inputs[0].ctypes.data, device_y=outputs[0].ctypes.data)
+        execute(program, inputs, outputs)
+
     monkeypatch.setattr(kernel_bridge, "run", spy)
-    x = tf.constant(rows(4))
+    monkeypatch.setattr(LoadedProgram, "execute", device_spy)
+    x = tf.constant(rows(4))  # the compiled batch: no split, so no copy anywhere
     (y,) = LIB.neuron_op([x], **_eager_attrs(node))
-    assert seen == {"x": _buffer_address(x), "y": _buffer_address(y), "x_readonly": True}
+    xa, ya = _buffer_address(x), _buffer_address(y)
+    assert seen == {"x": xa, "y": ya, "x_readonly": True, "device_x": xa, "device_y": ya}
+    g = dense[0]
+    want = g.reference({"x:0": rows(4)})[g.io_config["outputs"][0]]
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5)
 
 
 def test_eight_threads_match_serial(dense) -> None:
