@@ -181,6 +181,23 @@ def write_text(path: Path, text: str) -> str:
     return str(path)
 
 
+def batching_and_metrics_flags(root: Path) -> list[str]:
+    """Flags for batching up to 16 rows within 2 ms (padded to 4, 8 or 16) and
+    Prometheus metrics, their config files written under `root`."""
+    batching = write_text(root / "batching.config", """
+max_batch_size { value: 16 }
+batch_timeout_micros { value: 2000 }
+num_batch_threads { value: 2 }
+max_enqueued_batches { value: 1000 }
+allowed_batch_sizes: 4
+allowed_batch_sizes: 8
+allowed_batch_sizes: 16
+""")
+    monitoring = write_text(root / "monitoring.config", "prometheus_config { enable: true }\n")
+    return ["--enable_batching", f"--batching_parameters_file={batching}",
+            f"--monitoring_config_file={monitoring}"]
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """The value of one sample in Prometheus text, 0 if absent."""
     for line in text.splitlines():

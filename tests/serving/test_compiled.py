@@ -16,6 +16,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_p
 import neuronish
 from tests.serving.harness import (
     Server,
+    batching_and_metrics_flags,
     copy_version,
     metric_value,
     predict_request,
@@ -48,18 +49,7 @@ def server(serving_dir: Path, mlp_model: str, compiled_mlp: str) -> Iterator[Ser
     config = write_text(root / "models.config", "model_config_list {\n" + "".join(
         f'  config {{ name: "{name}" base_path: "{root / "models" / name}" '
         'model_platform: "tensorflow" }\n' for name in ("mlp", "mlp_neuron")) + "}\n")
-    batching = write_text(root / "batching.config", """
-max_batch_size { value: 16 }
-batch_timeout_micros { value: 2000 }
-num_batch_threads { value: 2 }
-max_enqueued_batches { value: 1000 }
-allowed_batch_sizes: 4
-allowed_batch_sizes: 8
-allowed_batch_sizes: 16
-""")
-    monitoring = write_text(root / "monitoring.config", "prometheus_config { enable: true }\n")
-    args = [f"--model_config_file={config}", "--enable_batching",
-            f"--batching_parameters_file={batching}", f"--monitoring_config_file={monitoring}"]
+    args = [f"--model_config_file={config}", *batching_and_metrics_flags(root)]
     with running_server(args, root, {"mlp": [1], "mlp_neuron": [1]}) as server:
         yield server
 

@@ -16,12 +16,12 @@ import tensorflow as tf
 
 from tests.serving.harness import (
     Server,
+    batching_and_metrics_flags,
     copy_version,
     metric_value,
     predict_request,
     run_clients,
     running_server,
-    write_text,
 )
 
 CLIENTS = 64
@@ -81,18 +81,8 @@ def test_64_clients_without_batching(main_server: Server, inputs_and_expected: l
 def batching_server(serving_dir: Path, mlp_model: str) -> Iterator[Server]:
     root = serving_dir / "batching"
     copy_version(mlp_model, root / "mlp", 1)
-    batching = write_text(root / "batching.config", """
-max_batch_size { value: 16 }
-batch_timeout_micros { value: 2000 }
-num_batch_threads { value: 2 }
-max_enqueued_batches { value: 1000 }
-allowed_batch_sizes: 4
-allowed_batch_sizes: 8
-allowed_batch_sizes: 16
-""")
-    monitoring = write_text(root / "monitoring.config", "prometheus_config { enable: true }\n")
-    args = ["--model_name=mlp", f"--model_base_path={root / 'mlp'}", "--enable_batching",
-            f"--batching_parameters_file={batching}", f"--monitoring_config_file={monitoring}"]
+    args = ["--model_name=mlp", f"--model_base_path={root / 'mlp'}",
+            *batching_and_metrics_flags(root)]
     with running_server(args, root, {"mlp": [1]}) as server:
         yield server
 
