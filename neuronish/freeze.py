@@ -26,12 +26,14 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from .errors import SavedModelError
+from .inline import InlineError, called_function, inline_calls
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.
 _VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "AssignVariableOp",
-                           "ResourceGather"})
-_UNFROZEN_OPS = _VARIABLE_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
+                           "AssignAddVariableOp", "AssignSubVariableOp", "ResourceGather",
+                           "ResourceGatherNd", "VarIsInitializedOp", "Assign"})
+_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign"})
 
 
 @dataclass(frozen=True)
@@ -109,26 +111,42 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     outputs = {k: t.name for k, t in zip(out_keys, frozen.outputs, strict=True)}
 
     graph_def = frozen.graph.as_graph_def()
-    library = {f.signature.name for f in graph_def.library.function}
-    leftover = [f"{n.name} ({n.op})" for n in graph_def.node
-                if n.op in _UNFROZEN_OPS or n.op in library]
-    if leftover:
-        raise SavedModelError(
-            f"signature {signature_def_key!r} of {model_dir} could not be fully frozen: "
-            f"{', '.join(leftover[:10])}. Variables written at serving time cannot be "
-            "compiled")
-    _keep_called_functions(graph_def)
-    in_bodies = [f"{n.name} ({n.op}) in {f.signature.name}" for f in graph_def.library.function
-                 for n in f.node_def if n.op in _VARIABLE_OPS]
-    if in_bodies:
-        raise SavedModelError(
-            f"signature {signature_def_key!r} of {model_dir} could not be fully frozen: the "
-            f"control flow bodies still hold {', '.join(in_bodies[:10])}")
+    try:
+        graph_def = inline_calls(graph_def)
+    except InlineError as e:
+        raise SavedModelError(f"signature {signature_def_key!r} of {model_dir} could not be "
+                              f"fully frozen: {e}") from None
+    _check_frozen(graph_def, f"signature {signature_def_key!r} of {model_dir}")
     renamed = _strip_call_prefixes(graph_def)
     outputs = {k: _rename_tensor(t, renamed) for k, t in outputs.items()}
     inputs = [SignatureInput(i.key, _rename_tensor(i.tensor, renamed), i.shape, i.dtype)
               for i in inputs]
     return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags))
+
+
+def _check_frozen(graph_def: graph_pb2.GraphDef, what: str) -> None:
+    """Refuse a graph that still reads or writes variables, naming each node and the cause."""
+    library = {f.signature.name for f in graph_def.library.function}
+    problems = []
+    for node in graph_def.node:
+        if node.op in _WRITES:
+            problems.append(f"{node.name} ({node.op}) writes a variable at serving time, and "
+                            "a compiled model holds its weights as constants; export a "
+                            "signature that only reads its variables")
+        elif node.op in _VARIABLE_OPS:
+            problems.append(f"{node.name} ({node.op}) reads a variable that freezing could not "
+                            "turn into a constant (is it created or initialized inside the "
+                            "signature?)")
+        elif called_function(node, library) is not None:
+            problems.append(f"{node.name} ({node.op}) is a function call left after inlining")
+    _keep_called_functions(graph_def)
+    for f in graph_def.library.function:
+        problems += [f"{n.name} ({n.op}) in the control flow body {f.signature.name} accesses "
+                     "a variable at serving time" for n in f.node_def if n.op in _VARIABLE_OPS]
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise SavedModelError(f"{what} could not be fully frozen: " + "; ".join(problems[:10])
+                              + more)
 
 
 def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:
