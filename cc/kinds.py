@@ -111,8 +111,10 @@ def _conv_like(t: list[TensorType], a: dict, depthwise: bool) -> list[TensorType
         raise NodeError(f"conv wants NHWC input and a 4-D filter, got {x} and {w}")
     n, h, wd, c = x.shape
     kh, kw, ci, co = w.shape
-    if ci != c:
-        raise NodeError(f"filter {w} expects {ci} input channels, the input {x} has {c}")
+    groups = a.get("groups", 1)
+    if ci * groups != c or co % groups:
+        raise NodeError(f"filter {w} in {groups} group(s) expects {ci * groups} input channels "
+                        f"and a multiple of {groups} output channels; the input {x} has {c}")
     out_c = c * co if depthwise else co
     (sh, sw), (dh, dw), (pt, pb, pl, pr) = a["strides"], a["dilations"], a["pads"]
     oh, ow = _spatial(h, kh, sh, dh, pt, pb), _spatial(wd, kw, sw, dw, pl, pr)

@@ -162,7 +162,10 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from neuronish import __version__
+
     p = argparse.ArgumentParser(prog="neuronish", description="neuronish tools")
+    p.add_argument("--version", action="version", version=f"neuronish {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     _add_compile_parser(sub)
     benchmark.add_parser(sub)

@@ -316,6 +316,33 @@ def test_conv2d_bias_and_activation(activation: str, ref: object) -> None:
     close(run("conv2d", [x, w, b], attrs), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("groups,xs,ws,strides,pads", [
+    (2, (2, 7, 7, 8), (3, 3, 4, 6), [1, 1], [1, 1, 1, 1]),
+    (4, (1, 9, 8, 8), (3, 3, 2, 8), [2, 2], [0, 1, 0, 1]),
+    (8, (2, 5, 5, 8), (1, 1, 1, 16), [1, 1], [0, 0, 0, 0]),   # depthwise-like, M = 2
+])
+def test_grouped_conv2d_matches_tf_per_group(groups: int, xs: tuple, ws: tuple, strides: list,
+                                             pads: list) -> None:
+    # TF's CPU Conv2D has no grouped kernel (Keras runs it under XLA), so the reference
+    # is TF's plain conv on each group's channels, concatenated.
+    x, w, b, r = randn(*xs), randn(*ws), randn(ws[3]), None
+    explicit = [[0, 0], pads[:2], pads[2:], [0, 0]]
+    cg, og = xs[3] // groups, ws[3] // groups
+    want = tf.concat([tf.nn.conv2d(x[..., k * cg:(k + 1) * cg], w[..., k * og:(k + 1) * og],
+                                   strides, explicit) for k in range(groups)], axis=-1)
+    r = randn(*want.shape)
+    attrs = {"strides": strides, "dilations": [1, 1], "pads": pads, "groups": groups,
+             "activation": "relu", "residual": True}
+    close(run("conv2d", [x, w, b, r], attrs), tf.nn.relu(want + b + r), rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_conv2d_channels_must_divide() -> None:
+    with pytest.raises(Exception, match="group"):
+        kinds.infer("conv2d", [TensorType((1, 4, 4, 6), "float32"),
+                               TensorType((1, 1, 4, 4), "float32")],
+                    {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "groups": 2})
+
+
 def test_conv2d_in_many_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     # Tiny blocks: bands of a few rows inside an image, and several images per block.
     x, w, b = randn(3, 13, 9, 4), randn(3, 3, 4, 6), randn(6)

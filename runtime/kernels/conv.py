@@ -138,15 +138,58 @@ def _conv2d_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
     return g, cd, rows, regions
 
 
+def _one_group(in_shapes: Sequence[Sequence[int]], attrs: dict
+               ) -> tuple[Geometry, tuple[int, ...], tuple[int, ...], dict]:
+    """A grouped conv2d's geometry, one group's x and w shapes, and its plain attrs."""
+    groups = attrs["groups"]
+    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
+    kh, kw, cg, o = in_shapes[1]
+    plain = {k: v for k, v in attrs.items() if k not in ("groups", "residual", "activation")}
+    return g, (g.n, g.h, g.w, cg), (kh, kw, cg, o // groups), plain
+
+
 def conv2d_scratch(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
                    attrs: dict) -> int:
+    if attrs.get("groups", 1) > 1:
+        g, x_shape, w_shape, plain = _one_group(in_shapes, attrs)
+        inner = conv2d_scratch([x_shape, w_shape], in_dtypes[:1], plain)
+        return nbytes(((*x_shape,), in_dtypes[0]), ((g.n, g.oh, g.ow, w_shape[3]), in_dtypes[0]),
+                      ((*w_shape,), in_dtypes[0]), ((inner,), np.uint8))
     return nbytes(*_conv2d_layout(in_shapes, in_dtypes, attrs)[3])
+
+
+def _grouped_conv2d(ins: list[np.ndarray], y: np.ndarray, attrs: dict,
+                    scratch: np.ndarray | None) -> None:
+    """Each group is a plain conv2d on its slice of the input channels, writing its
+    slice of the output channels; the epilogue then runs once over the whole output."""
+    x, w = ins[0], ins[1]
+    g, x_shape, w_shape, plain = _one_group([x.shape, w.shape], attrs)
+    s = Scratch(scratch)
+    xg = s.take(x_shape, x.dtype)
+    yg = s.take((g.n, g.oh, g.ow, w_shape[3]), y.dtype)
+    wg = s.take(w_shape, w.dtype)
+    inner_bytes = conv2d_scratch([x_shape, w_shape], [x.dtype.name], plain)
+    inner = s.take((inner_bytes,), np.uint8) if inner_bytes else None
+    cg, og = x_shape[3], w_shape[3]
+    for k in range(attrs["groups"]):
+        np.copyto(xg, x[..., k * cg:(k + 1) * cg])
+        np.copyto(wg, w[..., k * og:(k + 1) * og])
+        conv2d([xg, wg], [yg], plain, inner)
+        y[..., k * og:(k + 1) * og] = yg
+    if has_bias(len(ins), attrs):
+        np.add(y, ins[2], out=y)
+    if attrs.get("residual"):
+        np.add(y, ins[-1], out=y)
+    activate(y, attrs)
 
 
 @kernel("conv2d", scratch=conv2d_scratch)
 def conv2d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
     x, w, y = ins[0], ins[1], outs[0]
+    if attrs.get("groups", 1) > 1:
+        _grouped_conv2d(ins, y, attrs, scratch)
+        return
     bias = ins[2] if has_bias(len(ins), attrs) else None
     residual = ins[-1].reshape(-1, w.shape[3]) if attrs.get("residual") else None
     g, cd, rows, _ = _conv2d_layout([i.shape for i in ins], [i.dtype.name for i in ins], attrs)
