@@ -63,6 +63,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     dynamic_batch_size: bool = True,
     compiler_recovery: bool = True,
     progress: Callable[[int, int, CompileResult], None] | None = None,
+    graph: str | None = None,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
 
@@ -70,7 +71,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     `model_shape_feed_dict` (shapes), else the signature with its batch
     dimension set to `batch_size`; both dicts are keyed by signature input key.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
-    / to fuse regardless of size. Returns the compile report (see `Report`).
+    / to fuse regardless of size. `graph` names an HTML file to draw the partition
+    in (Graphviz DOT alongside; see `graph_picture`). Returns the compile report.
     """
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
@@ -134,6 +136,12 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     write_saved_model(new_graph_def, signature, outputs, new_model_dir)
+    if graph is not None:
+        from .graph_picture import placement, write_graph
+
+        write_graph(graph, graph_def, placement(graph_def, [sg for sg, _ in compiled],
+                                                part.left_on_tensorflow, excluded),
+                    title=f"{model_dir} at batch {batch_size}")
     report = build_report(signature, part, compiled, failures, excluded,
                           model_dir=model_dir, new_model_dir=new_model_dir,
                           batch_size=batch_size, seconds=time.perf_counter() - start)
