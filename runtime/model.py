@@ -19,6 +19,7 @@ import numpy as np
 from .device import Device, Reservation, get_device
 from .errors import DeviceError, ExecutableError, InvalidInput, OutputBufferError
 from .executable import Executable, TensorSig, from_bytes
+from .native import native_library
 from .program import LoadedProgram, aligned_empty
 
 
@@ -93,8 +94,10 @@ class Model:
         try:
             constants = {vid: _device_copy(a) for vid, a in exe.constants.items()}
             self._idle: queue.SimpleQueue[LoadedProgram] = queue.SimpleQueue()
+            lib = native_library()
+            self.engine = "native" if lib is not None else "numpy"
             for _ in self._reservations:
-                self._idle.put(LoadedProgram(exe, constants))
+                self._idle.put(LoadedProgram(exe, constants, lib, device.config.core_threads))
         except BaseException as e:
             # A load that fails must not keep the device memory it reserved.
             for r in self._reservations:

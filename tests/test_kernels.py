@@ -16,7 +16,10 @@ import tensorflow as tf
 
 from neuronish.cc import kinds
 from neuronish.cc.ir import TensorType
+from neuronish.runtime.errors import ExecutionError
 from neuronish.runtime.kernels import KERNELS, conv, evaluate, pool
+from neuronish.runtime.native import library
+from neuronish.runtime.program import evaluate_one
 
 RNG = np.random.default_rng(1234)
 
@@ -27,13 +30,35 @@ def frozen(x: np.ndarray) -> np.ndarray:
     return x
 
 
+@pytest.fixture(autouse=True, params=["numpy", "native"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every kernel test runs on the numpy reference and on the native engine."""
+    global ENGINE
+    ENGINE = request.param
+    if ENGINE == "native":
+        assert library.load() is not None, f"native engine unavailable: {library.why_not()}"
+    return ENGINE
+
+
+ENGINE = "numpy"
+# The weights of matmul-like kinds are program constants, as in compiled models (the
+# native engine reorders them at load); everything else arrives with the call.
+WEIGHTS = {"conv2d": frozenset({1}), "depthwise_conv2d": frozenset({1}),
+           "matmul": frozenset({1})}
+
+
 def run(kind: str, inputs: list[np.ndarray], attrs: dict) -> np.ndarray:
-    """Run one kernel on read-only copies of `inputs`; check they were not touched and
-    the output has the inferred type."""
+    """Run one kernel on read-only copies of `inputs` on this test's engine; check they
+    were not touched and the output has the inferred type."""
     ins = [frozen(np.array(x)) for x in inputs]
     before = [x.copy() for x in ins]
     types = kinds.infer(kind, [TensorType(x.shape, x.dtype.name) for x in ins], attrs)
-    outs = evaluate(kind, ins, attrs, [(t.shape, t.dtype) for t in types])
+    out_types = [(t.shape, t.dtype) for t in types]
+    if ENGINE == "numpy":
+        outs = evaluate(kind, ins, attrs, out_types)
+    else:
+        outs, _ = evaluate_one(kind, ins, attrs, out_types, constant=WEIGHTS.get(kind, frozenset()),
+                               native=library.load(), threads=2)
     for x, b in zip(ins, before, strict=True):
         np.testing.assert_array_equal(x, b)
     assert outs[0].shape == types[0].shape and outs[0].dtype == np.dtype(types[0].dtype)
@@ -558,7 +583,8 @@ def test_gather_matches_tf(ps: tuple, idx_shape: tuple, axis: int, bd: int) -> N
 
 @pytest.mark.parametrize("bad", [5, -1])
 def test_gather_out_of_range_raises(bad: int) -> None:
-    with pytest.raises(IndexError, match=f"{bad}.*out of range"):
+    # numpy raises IndexError; inside a program it reaches the caller as ExecutionError.
+    with pytest.raises((IndexError, ExecutionError), match=f"{bad}.*out of range"):
         run("gather", [randn(5, 2), np.array([0, bad], np.int32)], {"axis": 0, "batch_dims": 0})
 
 
