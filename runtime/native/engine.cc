@@ -287,10 +287,11 @@ struct Program {
     return dst;
   }
 
-  // A step that turns `r` into bf16 in an engine temporary (placed at temp offset 0 or
-  // after `after` bytes); returns the temporary's descriptor.
-  memory::desc to_bf16(Instr& ins, const Ref& r, const memory::desc& md, size_t after) {
-    memory::desc bmd(md.get_dims(), dt::bf16, md.get_strides());
+  // A step that converts `r` to the compute dtype `cdt` in an engine temporary (at temp
+  // offset `after`); returns the temporary's descriptor.
+  memory::desc to_compute(Instr& ins, const Ref& r, const memory::desc& md, dt cdt,
+                          size_t after) {
+    memory::desc bmd(md.get_dims(), cdt, md.get_strides());
     Step s;
     arg(s, DNNL_ARG_FROM, r, md);
     own_arg(s, DNNL_ARG_TO, memory(bmd, eng, DNNL_MEMORY_NONE));
@@ -340,7 +341,7 @@ struct Program {
   // [KH, KW, C, M]; constant weights are reordered now.
   void add_conv(Reader& rd, Instr& ins) {
     int64_t has_bias = rd.next(), has_res = rd.next(), groups = rd.next(), depthwise = rd.next();
-    int64_t bf16 = rd.next(), w_const = rd.next();
+    int64_t compute = rd.next(), w_const = rd.next();
     Ref x = rd.ref(), w = rd.ref(), b, res;
     if (has_bias) b = rd.ref();
     if (has_res) res = rd.ref();
@@ -360,7 +361,7 @@ struct Program {
       w_given = memory::desc({co, ci, kh, kw}, w.type, tag::hwio);
     }
     memory::desc x_md = nhwc(x), y_md = nhwc(y);
-    dt cdt = bf16 ? dt::bf16 : x.type;
+    dt cdt = to_dt(compute);  // the dtype the operands are read in (f32, bf16, f16)
     memory::desc x_use(x_md.get_dims(), cdt, tag::nhwc);
     memory::desc w_any(w_given.get_dims(), cdt, tag::any);
     memory::desc b_md = has_bias ? plain(b) : memory::desc();
@@ -374,8 +375,8 @@ struct Program {
         w_const ? w_any : memory::desc(w_given.get_dims(), cdt, w_given.get_strides()), b_md,
         y_md, strides, dil, {pads[0], pads[2]}, {pads[1], pads[3]}, a);
     Step s;
-    if (bf16 && x.type != dt::bf16) {
-      to_bf16(ins, x, x_md, 0);
+    if (x.type != cdt) {
+      to_compute(ins, x, x_md, cdt, 0);
       own_arg(s, DNNL_ARG_SRC, memory(x_use, eng, DNNL_MEMORY_NONE));
       s.args.back().slot = -2;
     } else {
@@ -398,7 +399,7 @@ struct Program {
   // a [..., M, K], b [..., K, N] (either possibly transposed, leading dims broadcast and
   // already padded to y's rank by the caller) [, bias [N]], y [..., M, N].
   void add_matmul(Reader& rd, Instr& ins) {
-    int64_t has_bias = rd.next(), ta = rd.next(), tb = rd.next(), bf16 = rd.next();
+    int64_t has_bias = rd.next(), ta = rd.next(), tb = rd.next(), compute = rd.next();
     int64_t b_const = rd.next();
     Ref A = rd.ref(), B = rd.ref(), bias;
     if (has_bias) bias = rd.ref();
@@ -422,9 +423,8 @@ struct Program {
     auto [ad, as] = logical(A, ta);
     auto [bd, bs] = logical(B, tb);
     memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
-    dt cdt = bf16 ? dt::bf16 : A.type;
-    memory::desc a_use = bf16 && A.type != dt::bf16 ? memory::desc(ad, dt::bf16, plain_tag(r))
-                                                    : a_md;
+    dt cdt = to_dt(compute);
+    memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
     memory::desc b_use = b_const ? memory::desc(bd, cdt, tag::any) : b_md;
     memory::desc bias_md;
     if (has_bias) {
@@ -439,7 +439,7 @@ struct Program {
     auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, plain(y), a);
     Step s;
     if (a_use.get_data_type() != A.type) {
-      // Reorder a (possibly transposed view) into a dense bf16 temporary.
+      // Convert a (possibly a transposed view) into a dense temporary of the compute type.
       Step t;
       arg(t, DNNL_ARG_FROM, A, a_md);
       own_arg(t, DNNL_ARG_TO, memory(a_use, eng, DNNL_MEMORY_NONE));

@@ -109,16 +109,14 @@ def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
     x, w, y = ins[0], ins[1], outs[0]
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
-    compute_bf16 = attrs.get("compute") == "bfloat16"
-    if x.dtype != "float32" or y.dtype != "float32":
-        return None
-    if w.dtype != ("bfloat16" if compute_bf16 and const[1] else "float32"):
-        return None
+    compute = attrs.get("compute", "float32")
+    if x.dtype != "float32" or y.dtype != "float32" or w.dtype != compute:
+        return None  # (computed weights in reduced precision: left to numpy)
     act = _activation(attrs)
     if act is None:
         return None
     ints = [OP_CONV, int(has_bias), int(residual), int(attrs.get("groups", 1)), int(depthwise),
-            int(compute_bf16), int(const[1])]
+            DTYPES[compute], int(const[1])]
     ints += x.encode() + w.encode()
     if has_bias:
         ints += ins[2].encode()
@@ -134,17 +132,15 @@ def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
 def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     a, b, y = ins[0], ins[1], outs[0]
-    compute_bf16 = attrs.get("compute") == "bfloat16"
-    if a.dtype != "float32" or y.dtype != "float32":
-        return None
-    if b.dtype != ("bfloat16" if compute_bf16 and const[1] else "float32"):
-        return None
+    compute = attrs.get("compute", "float32")
+    if a.dtype != "float32" or y.dtype != "float32" or b.dtype != compute:
+        return None  # (computed operands in reduced precision: left to numpy)
     act = _activation(attrs)
     rank = len(y.shape)
     if act is None or rank > 6:
         return None
     ints = [OP_MATMUL, int(len(ins) == 3), int(bool(attrs.get("transpose_a"))),
-            int(bool(attrs.get("transpose_b"))), int(compute_bf16), int(const[1])]
+            int(bool(attrs.get("transpose_b"))), DTYPES[compute], int(const[1])]
     ints += a.encode(_padded(a.shape, rank)) + b.encode(_padded(b.shape, rank))
     if len(ins) == 3:
         ints += ins[2].encode()
@@ -213,6 +209,12 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
             or len(x.shape) > 6:
         return None
     kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    if len(x.shape) == 4 and axes == {1, 2} and attrs["fn"] in ("mean", "max"):
+        # A global pool over NHWC's H and W: oneDNN's reduction has only a reference
+        # kernel for that layout (~10x slower than its pooling).
+        _, h, w, _ = x.shape
+        return [OP_POOL, int(attrs["fn"] == "max"), *x.encode(), *outs[0].encode(kept),
+                h, w, 1, 1, 0, 0, 0, 0], []
     return [OP_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *outs[0].encode(kept)], []
 
 
