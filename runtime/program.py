@@ -120,10 +120,25 @@ class LoadedProgram:
         prog.finalize()
         self.native, self.steps = prog, steps
 
-    @property
-    def engine_bytes(self) -> int:
-        """Memory the native engine holds for this copy (reordered weights, buffers)."""
-        return self.native.held_bytes if self.native else 0
+    def bytes_per_core(self) -> list[int]:
+        """Device memory each core of the group holds for this copy: the constants its
+        program reads where they are read as they are, the weights the native engine
+        reordered in their place, the arena, and the engine's working buffers."""
+        out = []
+        index = 0
+        for program in self.exe.programs:
+            consts: set[int] = set()
+            engine = 0
+            for ins in program:
+                reordered = self.native.weight_bytes.get(index, 0) if self.native else 0
+                engine += reordered
+                consts.update(v for k, v in enumerate(ins.inputs)
+                              if v in self.exe.constants and not (reordered and k == 1))
+                index += 1
+            buffers = self.native.buffer_bytes if self.native else 0
+            out.append(sum(self.exe.constants[v].nbytes for v in consts) + engine
+                       + self.exe.arena_bytes + buffers)
+        return out
 
     # -- a call ----------------------------------------------------------------
     def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:

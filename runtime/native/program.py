@@ -28,6 +28,7 @@ class NativeProgram:
             raise ExecutionError(f"native engine: {self._err.value.decode()}")
         self._keep: list[np.ndarray] = []  # arrays whose memory fixed slots point into
         self.rejected: dict[int, str] = {}  # instruction index -> why numpy runs it
+        self.weight_bytes: dict[int, int] = {}  # instruction index -> reordered weights held
         self._call_ptrs: ctypes.Array | None = None
 
     def bind(self, slot: int, array: np.ndarray) -> None:
@@ -48,16 +49,23 @@ class NativeProgram:
         ints, floats = spec
         int_arr = (ctypes.c_int64 * len(ints))(*ints)
         float_arr = (ctypes.c_float * max(len(floats), 1))(*floats)
+        held = self.held_bytes
         k = self._lib.ne_add(self._handle, int_arr, len(ints), float_arr, len(floats),
                              self._err, _ERR)
         if k < 0:  # oneDNN has no implementation for this case: numpy runs it
             self.rejected[index] = self._err.value.decode()
             return None
+        self.weight_bytes[index] = self.held_bytes - held
         return int(k)
 
     def finalize(self) -> None:
         if self._lib.ne_finalize(self._handle, self._err, _ERR) < 0:
             raise ExecutionError(f"native engine: {self._err.value.decode()}")
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The engine's working buffers (shared by the program's primitives)."""
+        return self.held_bytes - sum(self.weight_bytes.values())
 
     @property
     def held_bytes(self) -> int:
