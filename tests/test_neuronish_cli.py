@@ -46,3 +46,16 @@ def test_compile_json_report_and_bad_model_dir(tmp_path: Path) -> None:
     assert report["OnNeuronRatio"] == 1.0 and report["batch_size"] == 1
     r = neuronish("compile", str(tmp_path / "missing"), str(tmp_path / "d"))
     assert r.returncode == 1 and "missing is not a directory" in r.stderr
+
+
+def test_version_and_python_dash_m() -> None:
+    from neuronish import __version__
+
+    r = neuronish("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"neuronish {__version__}", r
+    r = subprocess.run([sys.executable, "-m", "neuronish", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"neuronish {__version__}", r
+    r = subprocess.run([sys.executable, "-m", "neuronish", "no-such-command"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "invalid choice" in r.stderr

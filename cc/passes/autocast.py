@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype)
 
+from neuronish.runtime import isa
+
 from ..interpret import fold_node
 from ..ir import Graph, Node, TensorType, Value, constant
 
-_MATMULS = ("matmul", "conv2d", "depthwise_conv2d")
-_NO_ROUND = ("reshape", "transpose", "copy", "strided_slice", "concat", "pad", "tile",
-             "broadcast_to", "gather", "cast", "select")
+_MATMULS = isa.MATMUL_LIKE
+_NO_ROUND = isa.NO_FLOAT_MATH
 
 
 def auto_cast(graph: Graph, mode: str, cast_type: str) -> Graph:

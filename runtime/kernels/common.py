@@ -91,8 +91,8 @@ def reduced_precision(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def run(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
             scratch: np.ndarray | None) -> None:
-        compute = attrs.get("compute")
-        if compute:
+        compute = attrs.get("compute", "float32")
+        if compute != "float32":
             ins = [_through(x, compute) for x in ins[:2]] + list(ins[2:])
             attrs = {k: v for k, v in attrs.items() if k != "compute"}
         fn(ins, outs, attrs, scratch)
