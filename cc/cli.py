@@ -98,7 +98,7 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     from .compiler import compile_graph
     from .graphdef import load_graph_def
     from .ioconfig import parse_io_config
-    from .pipeline import dump_dir_from_env
+    from .pipeline import Timer, dump_dir_from_env, pass_names
 
     try:
         output, workdir = _check_paths(args)
@@ -106,6 +106,11 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"neuronish-cc: error: {e}", file=sys.stderr)
         return 2
     dump_dir = (workdir / "dumps") if workdir else dump_dir_from_env(output.stem)
+    unknown = sorted(set(args.disable_pass) - set(pass_names()))
+    if unknown:
+        print(f"neuronish-cc: error: --disable-pass {', '.join(unknown)}: no such pass; the "
+              f"passes are {', '.join(pass_names())}", file=sys.stderr)
+        return 2
     try:  # a malformed io-config is bad usage: say so before doing any work
         io = parse_io_config(args.io_config)
     except BadIOConfig as e:
@@ -114,12 +119,12 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         return 2
     try:
         nodes = load_graph_def(args.graph)
-        timings: dict[str, float] = {}
+        timer = Timer()
         data = compile_graph(nodes, io, auto_cast=args.auto_cast,
                              auto_cast_type=args.auto_cast_type,
                              pipeline_cores=args.neuroncore_pipeline_cores,
                              dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
-                             timings=timings)
+                             instruments=[timer], disabled_passes=args.disable_pass)
     except CompilerError as e:
         text = str(e)
         if _TRACE_MARK in text:  # a lowering's bug: the trace goes to the workdir only
@@ -155,8 +160,11 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     if args.verbose:
-        for name, seconds in timings.items():
-            print(f"pass {name}: {seconds * 1000:.1f} ms", file=sys.stderr)
+        for r in timer.records:
+            print(f"pass {r.name:<22} {r.seconds * 1000:8.1f} ms  {r.nodes_before:5d} -> "
+                  f"{r.nodes_after:5d} instructions", file=sys.stderr)
+        for name in args.disable_pass:
+            print(f"pass {name:<22} disabled", file=sys.stderr)
         print(f"wrote {output} ({len(data)} bytes)", file=sys.stderr)
     return 0
 
@@ -233,7 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--auto-cast-type", default="bf16", choices=["bf16", "fp16"])
     c.add_argument("--neuroncore-pipeline-cores", type=int, default=1, metavar="N")
     c.add_argument("--workdir", help="keep command line, per-pass dumps and errors.json here")
-    c.add_argument("--verbose", type=int, default=0, metavar="LEVEL")
+    c.add_argument("--verbose", type=int, nargs="?", const=1, default=0, metavar="LEVEL",
+                   help="1: print each pass's time and instruction counts")
+    c.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
+                   help="skip this pass (every run of it), for debugging; repeatable")
     lo = sub.add_parser("list-operators", help="print the supported TF op types, one per line")
     lo.add_argument("--framework", required=True, choices=["TENSORFLOW"])
     i = sub.add_parser("inspect", help="describe an executable")

@@ -17,7 +17,7 @@ from .ioconfig import IOConfig, parse_io_config
 from .ir import Graph, Node, TensorType, Value
 from .lower import lower
 from .memory import plan_memory
-from .pipeline import Dumper, build_pipeline, run_pipeline
+from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
 
 AUTO_CAST_MODES = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16")
@@ -117,7 +117,9 @@ def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOCon
                   auto_cast: str = "none", auto_cast_type: str = "bf16",
                   pipeline_cores: int = 1, dump_dir: str | Path | None = None,
                   command_line: list[str] | None = None,
-                  timings: dict[str, float] | None = None) -> bytes:
+                  timings: dict[str, float] | None = None,
+                  instruments: list[Instrument] | None = None,
+                  disabled_passes: list[str] | None = None) -> bytes:
     """Compile a GraphDef (serialized bytes or parsed nodes) into executable bytes.
 
     Raises a `CompilerError` subclass naming every node that stands in the way
@@ -136,10 +138,13 @@ def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOCon
     by_name = {n.name: n.op for n in nodes}
     tf_ops = Counter(by_name[name] for node in graph.nodes for name in node.origin)
     dumper = Dumper(dump_dir)
-    graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type), dumper, timings)
+    instruments = [dumper, *(instruments or []), DisablePasses(disabled_passes or [])]
+    graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type), instruments, timings)
     options = {"auto_cast": auto_cast, "auto_cast_type": auto_cast_type,
                "pipeline_cores": pipeline_cores, "command_line": command_line or [],
                "output_names": list(io.outputs)}
+    if disabled_passes:  # only when used, so ordinary executables are unchanged
+        options["disabled_passes"] = sorted(disabled_passes)
     exe = build_executable(graph, options, dict(sorted(tf_ops.items())))
     exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
     data = to_bytes(exe)

@@ -1,16 +1,24 @@
 """The pass pipeline: a flat list of named `graph -> graph` functions, read top to
-bottom. Every pass is followed by the verifier; with `NEURONISH_DUMP_DIR` (or
-`--workdir`) set, the graph after each pass is written as `NNN_<pass>.txt`."""
+bottom, run under instruments (TVM's pass instruments): hooks around every pass
+that verify, dump, time or skip it, so no pass carries that code itself.
+
+    Verify          the verifier after every pass (always on)
+    Dumper          the graph after each pass as `NNN_<pass>.txt` (`NEURONISH_DUMP_DIR`,
+                    `--workdir`)
+    Timer           per-pass wall time and node counts (`neuronish-cc --verbose`)
+    DisablePasses   skip passes by name, for debugging (`--disable-pass NAME`)
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
@@ -43,7 +51,37 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
     ]
 
 
-class Dumper:
+class Instrument:
+    """Hooks around every pass; subclasses override what they need."""
+
+    def enter_pipeline(self, graph: Graph) -> None:
+        """Called once with the lowered graph, before the first pass."""
+
+    def should_run(self, p: Pass) -> bool:
+        """False skips the pass (every instrument must agree to run it)."""
+        return True
+
+    def before_pass(self, p: Pass, graph: Graph) -> None:
+        pass
+
+    def after_pass(self, p: Pass, graph: Graph) -> None:
+        pass
+
+
+class Verify(Instrument):
+    """The verifier on the lowered graph and after every pass, naming the pass it caught."""
+
+    def enter_pipeline(self, graph: Graph) -> None:
+        verify(graph)
+
+    def after_pass(self, p: Pass, graph: Graph) -> None:
+        try:
+            verify(graph)
+        except VerificationError as e:
+            raise type(e)(f"after pass {p.name}: {e}") from None
+
+
+class Dumper(Instrument):
     """Writes `NNN_<name>.txt` files into a directory, if one is configured."""
 
     def __init__(self, directory: str | Path | None):
@@ -57,18 +95,89 @@ class Dumper:
             (self.directory / f"{self.count:03d}_{name}.txt").write_text(text)
         self.count += 1
 
+    def enter_pipeline(self, graph: Graph) -> None:
+        self.write("lowered", format_graph(graph))
 
-def run_pipeline(graph: Graph, passes: list[Pass], dumper: Dumper,
+    def after_pass(self, p: Pass, graph: Graph) -> None:
+        self.write(p.name, format_graph(graph))
+
+
+@dataclass
+class PassRecord:
+    name: str
+    seconds: float  # wall time of the pass alone (not of the other instruments)
+    nodes_before: int
+    nodes_after: int
+
+
+@dataclass
+class Timer(Instrument):
+    """Per-pass wall time and node counts, in the order the passes ran."""
+
+    records: list[PassRecord] = field(default_factory=list)
+    _start: float = 0.0
+    _nodes: int = 0
+
+    def before_pass(self, p: Pass, graph: Graph) -> None:
+        self._nodes = len(graph.nodes)
+        self._start = time.perf_counter()
+
+    def after_pass(self, p: Pass, graph: Graph) -> None:
+        self.records.append(PassRecord(p.name, time.perf_counter() - self._start, self._nodes,
+                                       len(graph.nodes)))
+
+    def totals(self) -> dict[str, float]:
+        """pass name -> seconds, summed over the pass's runs."""
+        out: dict[str, float] = {}
+        for r in self.records:
+            out[r.name] = out.get(r.name, 0.0) + r.seconds
+        return out
+
+
+class DisablePasses(Instrument):
+    """Skips the passes named (every run of a name), for debugging a miscompile."""
+
+    def __init__(self, names: Collection[str]):
+        self.names = frozenset(names)
+        self.skipped: list[str] = []
+
+    def should_run(self, p: Pass) -> bool:
+        if p.name in self.names:
+            self.skipped.append(p.name)
+            return False
+        return True
+
+
+def pass_names() -> list[str]:
+    """Every pass name, in pipeline order, once each (for `--disable-pass`)."""
+    return list(dict.fromkeys(p.name for p in build_pipeline()))
+
+
+def run_pipeline(graph: Graph, passes: list[Pass],
+                 instruments: Instrument | Sequence[Instrument] = (),
                  timings: dict[str, float] | None = None) -> Graph:
-    verify(graph)
-    dumper.write("lowered", format_graph(graph))
+    """Run `passes` in order under `instruments` (the verifier always comes first).
+
+    `timings`, if given, receives pass name -> seconds summed over its runs."""
+    chosen = [instruments] if isinstance(instruments, Instrument) else list(instruments)
+    timer = next((i for i in chosen if isinstance(i, Timer)), None)
+    if timings is not None and timer is None:
+        timer = Timer()
+        chosen.append(timer)
+    active: list[Instrument] = [Verify(), *chosen]
+    for instrument in active:
+        instrument.enter_pipeline(graph)
     for p in passes:
-        start = time.perf_counter()
+        if not all([i.should_run(p) for i in active]):  # a list: every instrument sees it
+            continue
+        for instrument in active:
+            instrument.before_pass(p, graph)
         graph = p.run(graph)
-        if timings is not None:
-            timings[p.name] = timings.get(p.name, 0.0) + time.perf_counter() - start
-        verify(graph)
-        dumper.write(p.name, format_graph(graph))
+        for instrument in reversed(active):  # the timer stops before the others run
+            instrument.after_pass(p, graph)
+    if timings is not None and timer is not None:
+        for name, seconds in timer.totals().items():
+            timings[name] = timings.get(name, 0.0) + seconds
     return graph
 
 

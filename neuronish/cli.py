@@ -118,13 +118,17 @@ def _compile(args: argparse.Namespace) -> int:
                 compiler_workdir=args.compiler_workdir, compiler_timeout=args.compiler_timeout,
                 max_num_compilers=args.max_num_compilers,
                 dynamic_batch_size=not args.fixed_batch_size,
-                compiler_recovery=not args.no_compiler_recovery, progress=progress)
+                compiler_recovery=not args.no_compiler_recovery, progress=progress,
+                graph=args.graph, verify=args.verify)
     except NeuronishError as e:
         if bar is not None:
             bar.close()
         print(f"neuronish: error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=1) if args.json else format_report(report))
+    if args.graph:
+        print(f"neuronish: partition picture written to {args.graph} (Graphviz: .dot alongside)",
+              file=sys.stderr)
     return 0
 
 
@@ -152,7 +156,12 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    help="no batch splitting: calls must use the compiled batch size")
     c.add_argument("--no-compiler-recovery", action="store_true",
                    help="fail instead of leaving subgraphs that do not compile on TensorFlow")
+    c.add_argument("--verify", action="store_true", help="run each compiled subgraph on "
+                   "TensorFlow and on the device with example inputs; one beyond tolerance "
+                   "stays on TensorFlow")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--graph", metavar="FILE.html", help="draw the partition: each node coloured "
+                   "by where it runs and why (HTML page; Graphviz .dot alongside)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,9 +42,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
+
+from .cc_flags import ENV_CC_FLAGS, env_compiler_flags
 
 ENV_COMPILER = "NEURONISH_CC"
 
@@ -96,6 +98,7 @@ class CompileResult:
     command_line: list[str] = field(default_factory=list)
     log_path: str | None = None  # None when the job folder was temporary
     workdir: str | None = None  # the job's folder, None when it was temporary
+    cached: bool = False  # taken from the compile cache (compile_cache.py), not compiled
 
 
 ProgressCallback = Callable[[int, int, CompileResult], None]
@@ -173,6 +176,8 @@ def compile_all(
     """
     jobs = list(jobs)
     _check_jobs(jobs)
+    env_flags = env_compiler_flags()  # $NEURONISH_CC_FLAGS, after each job's own flags
+    jobs = [replace(j, compiler_args=(*j.compiler_args, *env_flags)) for j in jobs]
     if max_num_compilers is not None and max_num_compilers < 1:
         raise ValueError(f"max_num_compilers must be >= 1, got {max_num_compilers}")
     if timeout is not None and timeout <= 0:
@@ -375,7 +380,8 @@ def _classify(result: CompileResult, status: int, reason: str | None, timeout: f
             usage = f" (the io-config neuronish wrote is malformed: {report.get('message')})"
         else:
             result.outcome = "bad_usage"
-            usage = " (bad usage: check the job's compiler_args)"
+            usage = (" (bad usage: check the job's compiler_args" +
+                     (f" and ${ENV_CC_FLAGS}" if os.environ.get(ENV_CC_FLAGS) else "") + ")")
     result.error = (f"subgraph {name!r}: neuronish-cc exited with status {status}{usage} "
                     f"({where}){_tail(log)}")
 

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .compile_driver import CompileJob, CompileResult, compile_all
+from .compile_cache import CacheStats, CompileCache, compile_with_cache
+from .compile_driver import CompileJob, CompileResult
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import write_saved_model
 from .freeze import FrozenSignature, freeze_signature
@@ -62,6 +63,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     dynamic_batch_size: bool = True,
     compiler_recovery: bool = True,
     progress: Callable[[int, int, CompileResult], None] | None = None,
+    graph: str | None = None,
+    verify: bool = False,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
 
@@ -69,7 +72,11 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     `model_shape_feed_dict` (shapes), else the signature with its batch
     dimension set to `batch_size`; both dicts are keyed by signature input key.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
-    / to fuse regardless of size. Returns the compile report (see `Report`).
+    / to fuse regardless of size. `graph` names an HTML file to draw the partition
+    in (Graphviz DOT alongside; see `graph_picture`). With `verify`, each compiled
+    subgraph runs on TensorFlow and on the device with example inputs, and one that
+    differs beyond its tolerance stays on TensorFlow (neuronish/verification.py; the
+    report's `verification`). Returns the compile report.
     """
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
@@ -80,6 +87,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     graph_def = signature.graph_def
     fetches = list(signature.outputs.values())
 
+    cache, cache_stats = CompileCache.from_env(), CacheStats()
     excluded: dict[str, str] = {}
     results: dict[str, CompileResult] = {}     # subgraph digest -> result
     failures: list[dict] = []
@@ -99,9 +107,9 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
                 for sg in todo]
         workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
             os.path.join(compiler_workdir, f"recovery-{round_}")
-        for sg, result in zip(todo, compile_all(
-                jobs, max_num_compilers=max_num_compilers, timeout=compiler_timeout,
-                workdir=workdir, progress=progress), strict=True):
+        for sg, result in zip(todo, compile_with_cache(
+                jobs, cache, cache_stats, max_num_compilers=max_num_compilers,
+                timeout=compiler_timeout, workdir=workdir, progress=progress), strict=True):
             results[_digest(sg, compiler_args)] = result
         newly_excluded = _recover(part, results, compiler_args, excluded, failures,
                                   compiler_recovery)
@@ -114,6 +122,12 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
 
     compiled = [(sg, results[_digest(sg, compiler_args)]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
+    verdicts = []
+    if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
+        from .verification import verify_signature
+
+        compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
+                                              excluded)
     cores = [_num_cores(r.executable) for _, r in compiled]
     replacements = []
     for (sg, result), this_cores in zip(compiled, cores, strict=True):
@@ -132,9 +146,19 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     write_saved_model(new_graph_def, signature, outputs, new_model_dir)
-    return build_report(signature, part, compiled, failures, excluded,
-                        model_dir=model_dir, new_model_dir=new_model_dir,
-                        batch_size=batch_size, seconds=time.perf_counter() - start)
+    if graph is not None:
+        from .graph_picture import placement, write_graph
+
+        write_graph(graph, graph_def, placement(graph_def, [sg for sg, _ in compiled],
+                                                part.left_on_tensorflow, excluded),
+                    title=f"{model_dir} at batch {batch_size}")
+    report = build_report(signature, part, compiled, failures, excluded,
+                          model_dir=model_dir, new_model_dir=new_model_dir,
+                          batch_size=batch_size, seconds=time.perf_counter() - start)
+    report["compile_cache"] = cache_stats.as_dict()
+    if verify:
+        report["verification"] = [v.as_dict() for v in verdicts]
+    return report
 
 
 def _check_dirs(model_dir: str, new_model_dir: str) -> None:
@@ -308,6 +332,7 @@ def build_report(signature: FrozenSignature, part: Partition,
             "dynamic_batch_note": sg.dynamic_batch_reason or "",
             "executable_bytes": len(result.executable or b""),
             "compile_seconds": round(result.seconds, 3),
+            "cached": result.cached,
             "outcome": result.outcome,
         })
     return {
@@ -335,6 +360,12 @@ def format_report(report: dict) -> str:
              f"OnNeuronRatio: {report['OnNeuronRatio']:.4f} "
              f"({report['operations_on_neuron']} of {report['operations']} operations on the "
              "device)", ""]
+    cache = report.get("compile_cache")
+    if cache:
+        lines[-1:-1] = [f"compile cache: {cache['hits']} hit(s), {cache['misses']} miss(es)" +
+                        (f", {cache['damaged']} damaged entry(ies) recompiled"
+                         if cache["damaged"] else "") +
+                        (f" (not used: {cache['not_used']})" if cache.get("not_used") else "")]
     rows = [("NeuronOp", "ops", "inputs", "outputs", "executable", "compile s", "batch")]
     for op in report["NeuronOps"]:
         rows.append((op["name"], str(op["ops"]),

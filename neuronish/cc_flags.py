@@ -1,0 +1,59 @@
+"""`NEURONISH_CC_FLAGS`: compiler flags from the environment, appended to every
+`neuronish-cc compile` the compile driver starts (the `NEURON_CC_FLAGS` of
+tensorflow-neuron), e.g.
+
+    NEURONISH_CC_FLAGS="--auto-cast matmult --auto-cast-type bf16" python train_and_compile.py
+
+They go after the driver's own arguments and after `compiler_args`, so for a
+flag given twice the environment wins (argparse keeps the last). They are
+checked the way `compiler_args` are: split like a shell would, the flags the
+driver itself owns are refused here, and anything else the compiler does not
+accept makes it exit with status 2, which fails the compile (never a silent
+fallback to TensorFlow).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from .errors import SavedModelError
+
+ENV_CC_FLAGS = "NEURONISH_CC_FLAGS"
+
+# Set by the compile driver for each subgraph: a second value would compile another
+# graph or write somewhere else.
+_DRIVER_FLAGS = ("--framework", "--io-config", "--output", "--workdir")
+
+
+class CompilerFlagsError(SavedModelError):
+    """`NEURONISH_CC_FLAGS` (or `compiler_args`) cannot be passed to the compiler."""
+
+
+def check_compiler_flags(flags: list[str] | tuple[str, ...], source: str) -> tuple[str, ...]:
+    """`flags` as a tuple, or CompilerFlagsError naming `source` and the bad flag."""
+    for flag in flags:
+        if not isinstance(flag, str):
+            raise CompilerFlagsError(f"{source}: {flag!r} is not a string; pass flags as "
+                                     "strings, e.g. ['--auto-cast', 'matmult']")
+        name = flag.split("=", 1)[0]
+        if name in _DRIVER_FLAGS:
+            raise CompilerFlagsError(f"{source}: {flag!r} is set by neuronish for each "
+                                     f"subgraph and cannot be given; remove it (the flags the "
+                                     f"driver owns: {', '.join(_DRIVER_FLAGS)})")
+    if flags and not flags[0].startswith("-"):
+        raise CompilerFlagsError(f"{source}: {flags[0]!r} is not a flag; the compiler takes "
+                                 "one graph, which neuronish passes itself. Flags start with "
+                                 "'--', e.g. --auto-cast matmult")
+    return tuple(flags)
+
+
+def env_compiler_flags() -> tuple[str, ...]:
+    """The flags in `$NEURONISH_CC_FLAGS`, split like a shell would; () when unset."""
+    text = os.environ.get(ENV_CC_FLAGS, "")
+    try:
+        flags = shlex.split(text)
+    except ValueError as e:  # an unclosed quote
+        raise CompilerFlagsError(f"${ENV_CC_FLAGS}={text!r} cannot be split into flags: {e}. "
+                                 "Quote it as a shell would") from None
+    return check_compiler_flags(flags, f"${ENV_CC_FLAGS}")

@@ -1,0 +1,111 @@
+"""The compile cache (neuronish/compile_cache.py) and NEURONISH_CC_FLAGS: a second compile
+of the same model reuses every subgraph, a damaged entry is recompiled (never loaded), the
+cache stays under its size limit, and flags from the environment reach the compiler."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import neuronish.saved_model
+from neuronish.cc_flags import CompilerFlagsError
+from neuronish.compile_cache import CacheStats, CompileCache
+from neuronish.errors import CompileWarning, SubgraphCompileError
+from neuronish.runtime.executable import from_bytes
+from tests.test_compile_options import neuron_op_executables
+from tests.test_compile_recovery import small_model
+from tests.test_saved_model_compile import assert_matches_original
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*.neff"))
+
+
+def test_second_compile_reuses_every_subgraph(tmp_path: Path,
+                                              _fresh_compile_cache: Path) -> None:
+    src = small_model(tmp_path / "src")
+    first = neuronish.saved_model.compile(src, str(tmp_path / "a"))
+    n = len(first["NeuronOps"])
+    assert n >= 1 and first["compile_cache"]["hits"] == 0 and first["compile_cache"]["misses"] == n
+    assert len(_entries(_fresh_compile_cache)) == n
+    second = neuronish.saved_model.compile(src, str(tmp_path / "b"))
+    assert second["compile_cache"]["hits"] == n and second["compile_cache"]["misses"] == 0
+    assert all(op["cached"] for op in second["NeuronOps"])
+    assert neuron_op_executables(tmp_path / "a") == neuron_op_executables(tmp_path / "b")
+    assert f"compile cache: {n} hit(s), 0 miss(es)" in \
+        neuronish.saved_model.format_report(second)
+    assert_matches_original(src, tmp_path / "b", tmp_path)
+    # Other flags are another key.
+    third = neuronish.saved_model.compile(src, str(tmp_path / "c"),
+                                          compiler_args=["--auto-cast", "all"])
+    assert third["compile_cache"]["hits"] == 0 and third["compile_cache"]["misses"] == n
+
+
+def test_a_damaged_entry_is_recompiled_not_loaded(tmp_path: Path,
+                                                  _fresh_compile_cache: Path) -> None:
+    src = small_model(tmp_path / "src")
+    neuronish.saved_model.compile(src, str(tmp_path / "a"))
+    (entry,) = _entries(_fresh_compile_cache)
+    data = bytearray(entry.read_bytes())
+    data[-10] ^= 0xFF  # inside the executable: only the cache's own checksum sees it
+    entry.write_bytes(bytes(data))
+    with pytest.warns(CompileWarning, match="damaged"):
+        report = neuronish.saved_model.compile(src, str(tmp_path / "b"))
+    assert report["compile_cache"] == {"dir": str(_fresh_compile_cache), "hits": 0,
+                                       "misses": 1, "damaged": 1, "evicted": 0}
+    (exe,) = neuron_op_executables(tmp_path / "b")
+    from_bytes(exe)  # a valid executable, compiled again
+    assert entry.read_bytes()[-len(exe):] == exe  # and the entry was rewritten
+    assert_matches_original(src, tmp_path / "b", tmp_path)
+
+
+def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
+    cache = CompileCache(tmp_path / "c", max_bytes=3000)
+    stats = CacheStats()
+    keys = [f"{i:064x}" for i in range(4)]
+    for key in keys:
+        cache.put(key, bytes(900), stats)
+        # mtime resolution: make the order explicit
+        path = tmp_path / "c" / f"{key}.neff"
+        os.utime(path, ns=(keys.index(key) * 10**9, keys.index(key) * 10**9))
+    assert stats.evicted == 1
+    assert cache.get(keys[0], stats) is None  # the oldest went
+    assert cache.get(keys[3], stats) == bytes(900)
+    assert sum(p.stat().st_size for p in (tmp_path / "c").glob("*.neff")) <= 3000
+    cache.put("f" * 64, bytes(5000), stats)  # larger than the whole cache: not stored
+    assert cache.get("f" * 64, stats) is None
+
+
+def test_cache_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_COMPILE_CACHE", "off")
+    src = small_model(tmp_path / "src")
+    report = neuronish.saved_model.compile(src, str(tmp_path / "a"))
+    assert report["compile_cache"]["hits"] == 0 and report["compile_cache"]["not_used"]
+
+
+def test_env_flags_reach_every_compiler_invocation(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    src = small_model(tmp_path / "src")
+    monkeypatch.setenv("NEURONISH_CC_FLAGS", "--auto-cast all --auto-cast-type fp16")
+    neuronish.saved_model.compile(src, str(tmp_path / "a"), compiler_args=["--auto-cast",
+                                                                           "matmult"])
+    (exe,) = neuron_op_executables(tmp_path / "a")
+    options = from_bytes(exe).compiler["options"]
+    assert options["auto_cast"] == "all" and options["auto_cast_type"] == "fp16"
+
+
+@pytest.mark.parametrize("flags, match", [
+    ("--no-such-flag", r"bad_usage[\s\S]*NEURONISH_CC_FLAGS"),
+    ("--output /tmp/x", "set by neuronish"),
+    ("--auto-cast 'all", "cannot be split"),
+    ("model.pb", "not a flag"),
+])
+def test_bad_env_flags_are_refused(flags: str, match: str, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    src = small_model(tmp_path / "src")
+    monkeypatch.setenv("NEURONISH_CC_FLAGS", flags)
+    with pytest.raises((SubgraphCompileError, CompilerFlagsError), match=match):
+        neuronish.saved_model.compile(src, str(tmp_path / "a"))
+    assert not (tmp_path / "a").exists()
