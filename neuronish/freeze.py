@@ -23,15 +23,18 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.framework import op_def_registry
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from .errors import SavedModelError
+from .inline import InlineError, called_function, inline_calls
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.
 _VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "AssignVariableOp",
-                           "ResourceGather"})
-_UNFROZEN_OPS = _VARIABLE_OPS | {"PartitionedCall", "StatefulPartitionedCall"}
+                           "AssignAddVariableOp", "AssignSubVariableOp", "ResourceGather",
+                           "ResourceGatherNd", "VarIsInitializedOp", "Assign"})
+_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign"})
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,13 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
         raise SavedModelError(f"{model_dir} has no signature {signature_def_key!r}; it has "
                               f"{sorted(signatures)}")
     concrete = signatures[signature_def_key]
-    frozen = convert_variables_to_constants_v2(concrete, lower_control_flow=False)
+    what = f"signature {signature_def_key!r} of {model_dir}"
+    _refuse_variable_writes(concrete.graph.as_graph_def(), what)
+    try:
+        frozen = convert_variables_to_constants_v2(concrete, lower_control_flow=False)
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+        raise SavedModelError(f"{what} could not be frozen (its variables turned into "
+                              f"constants): {e}") from None
 
     # Signature functions take keyword arguments only; their placeholders come
     # in the flattened (key-sorted) order of the input signature, and so do the
@@ -109,26 +118,92 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     outputs = {k: t.name for k, t in zip(out_keys, frozen.outputs, strict=True)}
 
     graph_def = frozen.graph.as_graph_def()
-    library = {f.signature.name for f in graph_def.library.function}
-    leftover = [f"{n.name} ({n.op})" for n in graph_def.node
-                if n.op in _UNFROZEN_OPS or n.op in library]
-    if leftover:
-        raise SavedModelError(
-            f"signature {signature_def_key!r} of {model_dir} could not be fully frozen: "
-            f"{', '.join(leftover[:10])}. Variables written at serving time cannot be "
-            "compiled")
-    _keep_called_functions(graph_def)
-    in_bodies = [f"{n.name} ({n.op}) in {f.signature.name}" for f in graph_def.library.function
-                 for n in f.node_def if n.op in _VARIABLE_OPS]
-    if in_bodies:
-        raise SavedModelError(
-            f"signature {signature_def_key!r} of {model_dir} could not be fully frozen: the "
-            f"control flow bodies still hold {', '.join(in_bodies[:10])}")
+    try:
+        graph_def = inline_calls(graph_def)
+    except InlineError as e:
+        raise SavedModelError(f"{what} could not be fully frozen: {e}") from None
+    _check_frozen(graph_def, what)
+    _drop_ordering_edges(graph_def)
     renamed = _strip_call_prefixes(graph_def)
     outputs = {k: _rename_tensor(t, renamed) for k, t in outputs.items()}
     inputs = [SignatureInput(i.key, _rename_tensor(i.tensor, renamed), i.shape, i.dtype)
               for i in inputs]
     return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags))
+
+
+def _refuse_variable_writes(graph_def: graph_pb2.GraphDef, what: str) -> None:
+    """Name every node, in the graph or a function it calls, that writes a variable."""
+    writes = [f"{n.name} ({n.op})" for n in graph_def.node if n.op in _WRITES]
+    writes += [f"{n.name} ({n.op}) in function {f.signature.name}"
+               for f in graph_def.library.function for n in f.node_def if n.op in _WRITES]
+    if writes:
+        raise SavedModelError(
+            f"{what} cannot be frozen: {', '.join(writes[:10])} writes a variable at serving "
+            "time, and a compiled model holds its weights as constants. Export a signature "
+            "that only reads its variables")
+
+
+def _check_frozen(graph_def: graph_pb2.GraphDef, what: str) -> None:
+    """Refuse a graph that still reads or writes variables, naming each node and the cause."""
+    library = {f.signature.name for f in graph_def.library.function}
+    problems = []
+    for node in graph_def.node:
+        if node.op in _WRITES:
+            problems.append(f"{node.name} ({node.op}) writes a variable at serving time, and "
+                            "a compiled model holds its weights as constants; export a "
+                            "signature that only reads its variables")
+        elif node.op in _VARIABLE_OPS:
+            problems.append(f"{node.name} ({node.op}) reads a variable that freezing could not "
+                            "turn into a constant (is it created or initialized inside the "
+                            "signature?)")
+        elif called_function(node, library) is not None:
+            problems.append(f"{node.name} ({node.op}) is a function call left after inlining")
+    _keep_called_functions(graph_def)
+    for f in graph_def.library.function:
+        problems += [f"{n.name} ({n.op}) in the control flow body {f.signature.name} accesses "
+                     "a variable at serving time" for n in f.node_def if n.op in _VARIABLE_OPS]
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise SavedModelError(f"{what} could not be fully frozen: " + "; ".join(problems[:10])
+                              + more)
+
+
+def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
+    """Drop NoOps and the control edges that only order stateless nodes, in place.
+
+    Inlined function bodies end in `NoOp`s that wait for their reads and results;
+    such an edge crossing a cluster's boundary would make a cycle of the cluster and
+    split what is one computation. A control edge from a stateful node (an `Assert`)
+    carries meaning and is kept, through any NoOps it passed.
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    kept: dict[str, list[str]] = {}  # NoOp -> the meaningful control inputs it stands for
+
+    def control_refs(ref: str) -> list[str]:
+        name = ref[1:].split(":")[0]
+        node = nodes.get(name)
+        if node is None or node.op != "NoOp":
+            return [ref] if node is None or _is_stateful(node.op) else []
+        if name not in kept:
+            kept[name] = []  # a cycle of NoOps (never in a valid graph) ends here
+            kept[name] = sorted({r for i in node.input for r in control_refs(i)})
+        return kept[name]
+
+    for node in graph_def.node:
+        if not any(i.startswith("^") for i in node.input):
+            continue
+        refs = [i for i in node.input if not i.startswith("^")]
+        refs += sorted({r for i in node.input if i.startswith("^") for r in control_refs(i)})
+        del node.input[:]
+        node.input.extend(refs)
+    noops = [i for i, n in enumerate(graph_def.node) if n.op == "NoOp"]
+    for i in reversed(noops):
+        del graph_def.node[i]
+
+
+def _is_stateful(op: str) -> bool:
+    op_def = op_def_registry.get(op)
+    return op_def is None or op_def.is_stateful
 
 
 def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:

@@ -4,7 +4,7 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
 
     handle = load(node_name, executable, input_names, input_dtypes, input_shapes,
                   input_batch_axis, output_names, output_dtypes, output_shapes,
-                  output_batch_axis, model_config)     # once per op instance
+                  output_batch_axis, model_config, graph_def)   # once per op instance
     run(handle, inputs, outputs)                       # every call
     unload(handle)                                     # kernel destructor
     code, message = error_status(exc)                  # when any of them raised
@@ -12,7 +12,9 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
 `inputs` and `outputs` are buffer objects over the TensorFlow tensors' own memory
 (typed and shaped, PEP 3118), so `np.asarray` wraps them without copying; the
 kernel has already checked ranks and sizes against the compiled shapes and
-allocated the outputs with the call's batch size. Keeping this surface to plain
+allocated the outputs with the call's batch size. When the device cannot load or
+run the executable, the op computes `graph_def` on TensorFlow instead
+(neuronish/fallback.py; NEURONISH_FALLBACK=0 turns that off). Keeping this surface to plain
 values and buffers is what would let an out-of-process device (a daemon behind
 a socket and shared memory) replace it without touching the C++ side.
 
@@ -34,6 +36,7 @@ from neuronish.runtime import (
     InvalidInput,
     Model,
     OutOfDeviceMemory,
+    OutputBufferError,
     get_device,
 )
 from neuronish.runtime.executable import Executable, TensorSig, from_bytes
@@ -82,12 +85,16 @@ class ModelConfig:
 
 
 class Handle:
-    """One NeuronOp instance's model on the device."""
+    """One NeuronOp instance: its model on the device, or (after a device failure, see
+    neuronish/fallback.py) its subgraph on TensorFlow."""
 
-    def __init__(self, node_name: str, model: Model, config: ModelConfig):
+    def __init__(self, node_name: str, model: Model | None, config: ModelConfig,
+                 fallback: FallbackSource | None = None):
         self.node_name = node_name
         self.model = model
         self.config = config
+        self.fallback = fallback
+        self.runner = None  # fallback.GraphRunner once the op runs on TensorFlow
         self._unloaded = False
         self._lock = threading.Lock()
 
@@ -95,11 +102,34 @@ class Handle:
         with self._lock:
             if not self._unloaded:
                 self._unloaded = True
-                self.model.unload()
+                if self.model is not None:
+                    self.model.unload()
+                if self.runner is not None:
+                    self.runner.close()
+
+    def fall_back(self, reason: str) -> None:
+        """Run this op on TensorFlow from now on (the device failed it); warns once."""
+        from neuronish import fallback
+
+        with self._lock:
+            if self.runner is None:
+                assert self.fallback is not None
+                self.runner = fallback.GraphRunner(self.node_name, *self.fallback)
+                if self.model is not None:
+                    self.model.unload()
+                    self.model = None
+        fallback.record_fallback(self.node_name, reason)
 
     def __repr__(self) -> str:
+        if self.model is None:
+            return f"<NeuronOp '{self.node_name}': on TensorFlow (fallback)>"
         return (f"<NeuronOp '{self.node_name}': {self.model.duplicates} duplicate(s) on core "
                 f"groups {self.model.core_groups}>")
+
+
+# What fallback.GraphRunner needs besides the node name: graph_def, input_names,
+# output_names, input_shapes, input_batch_axis, output_batch_axis.
+FallbackSource = tuple
 
 
 def _check_signature(kind: str, sigs: list[TensorSig], names: Sequence[str],
@@ -152,19 +182,38 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
          input_dtypes: Sequence[str], input_shapes: Sequence[Sequence[int]],
          input_batch_axis: Sequence[int], output_names: Sequence[str],
          output_dtypes: Sequence[str], output_shapes: Sequence[Sequence[int]],
-         output_batch_axis: Sequence[int], model_config: Sequence[int]) -> Handle:
+         output_batch_axis: Sequence[int], model_config: Sequence[int],
+         graph_def: bytes | memoryview | None = None) -> Handle:
     """Parse the executable, check it against the op's attributes, load it.
 
-    `executable` may be a memoryview over the NodeDef's attr (not kept after this
-    call). Dtypes are numpy names (`float32`); TensorFlow-only dtypes arrive as
-    TensorFlow's names (`bfloat16`, `string`) and are refused."""
+    `executable` and `graph_def` may be memoryviews over the NodeDef's attrs (not
+    kept after this call). Dtypes are numpy names (`float32`); TensorFlow-only
+    dtypes arrive as TensorFlow's names (`bfloat16`, `string`) and are refused.
+
+    With `graph_def` (the kernel passes it), a device that refuses the executable
+    (out of memory, too few cores, a damaged file) makes the op run its subgraph on
+    TensorFlow instead (neuronish/fallback.py), unless NEURONISH_FALLBACK=0."""
+    from neuronish.fallback import fallback_enabled
+
     config = ModelConfig.from_list(model_config)
-    exe = from_bytes(executable)
-    _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
-                     input_batch_axis)
-    _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
-                     output_batch_axis)
-    return Handle(node_name, load_model(exe, config), config)
+    source = None if graph_def is None else (
+        bytes(graph_def), list(input_names), list(output_names),
+        [list(s) for s in input_shapes], list(input_batch_axis), list(output_batch_axis))
+    try:
+        exe = from_bytes(executable)
+        _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
+                         input_batch_axis)
+        _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
+                         output_batch_axis)
+        model = load_model(exe, config)
+    except (DeviceError, MemoryError) as e:
+        if source is None or isinstance(e, InvalidInput) or not fallback_enabled():
+            raise
+        handle = Handle(node_name, None, config, source)
+        handle.fall_back(f"the device could not load its executable "
+                         f"({type(e).__name__}: {e})")
+        return handle
+    return Handle(node_name, model, config, source)
 
 
 def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> None:
@@ -173,8 +222,24 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> 
     At the compiled batch size the device writes straight into `outputs`."""
     # (An OutputBufferError here would be a kernel bug: it sizes the outputs from the
     # attrs, which load() checked against the executable. It surfaces as INTERNAL.)
-    handle.model.run_list([np.asarray(x) for x in inputs],
-                          out=[np.asarray(o) for o in outputs])
+    if handle.runner is None:
+        model = handle.model
+        try:
+            assert model is not None
+            model.run_list([np.asarray(x) for x in inputs], out=[np.asarray(o) for o in outputs])
+            return
+        except (InvalidInput, OutputBufferError):
+            raise
+        except (DeviceError, MemoryError) as e:
+            from neuronish.fallback import fallback_enabled
+
+            if handle.fallback is None or not fallback_enabled():
+                raise
+            handle.fall_back(f"the device failed to run it ({type(e).__name__}: {e})")
+    from neuronish.fallback import count_call
+
+    count_call(handle.node_name)
+    handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs])
 
 
 def unload(handle: Handle) -> None:
@@ -186,8 +251,12 @@ def error_status(exc: BaseException) -> tuple[int, str]:
     """The TensorFlow error code and message for an exception raised by the above."""
     if isinstance(exc, (InvalidInput, AttrMismatch)):
         return INVALID_ARGUMENT, str(exc)
+    from neuronish.fallback import ENV_FALLBACK, fallback_enabled
+
+    hint = "" if fallback_enabled() else (f" ({ENV_FALLBACK}=0: the op did not fall back to "
+                                          "TensorFlow)")
     if isinstance(exc, (OutOfDeviceMemory, MemoryError)):  # device, or the host under it
-        return RESOURCE_EXHAUSTED, f"{type(exc).__name__}: {exc}"
+        return RESOURCE_EXHAUSTED, f"{type(exc).__name__}: {exc}{hint}"
     if isinstance(exc, DeviceError):  # ExecutableError, ExecutionError, ...
-        return INTERNAL, f"{type(exc).__name__}: {exc}"
+        return INTERNAL, f"{type(exc).__name__}: {exc}{hint}"
     return UNKNOWN, f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"

@@ -64,6 +64,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     compiler_recovery: bool = True,
     progress: Callable[[int, int, CompileResult], None] | None = None,
     graph: str | None = None,
+    verify: bool = False,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
 
@@ -72,7 +73,10 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     dimension set to `batch_size`; both dicts are keyed by signature input key.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
     / to fuse regardless of size. `graph` names an HTML file to draw the partition
-    in (Graphviz DOT alongside; see `graph_picture`). Returns the compile report.
+    in (Graphviz DOT alongside; see `graph_picture`). With `verify`, each compiled
+    subgraph runs on TensorFlow and on the device with example inputs, and one that
+    differs beyond its tolerance stays on TensorFlow (neuronish/verification.py; the
+    report's `verification`). Returns the compile report.
     """
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
@@ -118,6 +122,12 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
 
     compiled = [(sg, results[_digest(sg, compiler_args)]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
+    verdicts = []
+    if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
+        from .verification import verify_signature
+
+        compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
+                                              excluded)
     cores = [_num_cores(r.executable) for _, r in compiled]
     replacements = []
     for (sg, result), this_cores in zip(compiled, cores, strict=True):
@@ -146,6 +156,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
                           model_dir=model_dir, new_model_dir=new_model_dir,
                           batch_size=batch_size, seconds=time.perf_counter() - start)
     report["compile_cache"] = cache_stats.as_dict()
+    if verify:
+        report["verification"] = [v.as_dict() for v in verdicts]
     return report
 
 

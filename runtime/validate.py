@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from . import isa
 from .errors import ExecutableError
-from .kernels import KERNELS
 
 if TYPE_CHECKING:
     from .executable import Executable, TensorSig
@@ -32,19 +30,19 @@ def _is_count(x: object) -> bool:
 
 def value_nbytes(shape: tuple[int, ...], dtype: str) -> int:
     """Bytes of one value of `shape` and `dtype` (its place in the arena)."""
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return isa.nbytes(shape, dtype)
 
 
 def _check_types(exe: Executable) -> None:
     if not _is_count(exe.arena_bytes):
         raise _fail(f"arena size {exe.arena_bytes!r} is not a byte count")
     for vid, (shape, dtype) in exe.values.items():
-        if not _is_count(vid) or not all(_is_count(d) for d in shape):
-            raise _fail(f"value %{vid!r} has shape {list(shape)!r}")
+        if not _is_count(vid):
+            raise _fail(f"value id {vid!r} is not a value id")
         try:
-            np.dtype(dtype)
-        except TypeError:
-            raise _fail(f"value %{vid} has dtype {dtype!r}") from None
+            isa.check_type(shape, dtype)
+        except isa.IsaError as e:
+            raise _fail(f"value %{vid}: {e.reason}") from None
     for vid in exe.constants:
         if not _is_count(vid):
             raise _fail(f"constant id {vid!r} is not a value id")
@@ -81,7 +79,7 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
         for n, ins in enumerate(program):
             where = f"instruction {n} of core {core} ({ins.kind!r}, from TF node(s) " \
                     f"{', '.join(map(str, ins.source)) or '?'})"
-            if ins.kind not in KERNELS:
+            if ins.kind not in isa.KINDS:
                 raise ExecutableError(
                     f"{where}: instruction kind {ins.kind!r} is not one this runtime has "
                     "(docs/isa.md); upgrade neuronish or recompile the model with this version")

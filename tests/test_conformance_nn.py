@@ -333,6 +333,19 @@ for name, xs, ws, attrs in _CONV:
     case("Conv2D", _conv("Conv2D", w, **attrs), [rand(*xs)], f"const-w-{name}", atol=SUM_ATOL)
     case("Conv2D", _conv("Conv2D", None, **attrs), [rand(*xs), rand(*ws)], f"fed-w-{name}",
          atol=SUM_ATOL)
+# Grouped Conv2D (Keras Conv2D(groups=G)): the filter's C is input C / G.  One channel
+# per group is depthwise convolution in disguise (ConvNeXt's 7x7 layers).
+_GROUPED = [
+    ("g-eq-c-m1", (2, 9, 9, 4), (7, 7, 1, 4), dict(strides=[1, 1, 1, 1], padding="SAME")),
+    ("g-eq-c-m2-s2", (1, 8, 7, 3), (3, 3, 1, 6), dict(strides=[1, 2, 2, 1], padding="SAME")),
+    ("g2", (2, 6, 6, 4), (3, 3, 2, 6), dict(strides=[1, 1, 1, 1], padding="SAME")),
+    ("g3-valid-s2", (1, 9, 8, 6), (3, 2, 2, 3), dict(strides=[1, 2, 2, 1], padding="VALID")),
+]
+for name, xs, ws, attrs in _GROUPED:
+    case("Conv2D", _conv("Conv2D", rand(*ws), **attrs), [rand(*xs)], f"grouped-{name}",
+         atol=SUM_ATOL)
+case("Conv2D", _conv("Conv2D", None, strides=[1, 1, 1, 1], padding="SAME"),
+     [rand(1, 5, 5, 4), rand(3, 3, 2, 4)], "grouped-fed-w", atol=SUM_ATOL)
 case("Conv2D", _conv("Conv2D", rand(3, 3, 3, 4, dtype="float64"), strides=[1, 1, 1, 1],
                      padding="SAME"), [rand(1, 5, 5, 3, dtype="float64")], "float64")
 case("Conv2D", _conv("Conv2D", rand(3, 3, 3, 4, dtype="float16"), strides=[1, 1, 1, 1],

@@ -344,7 +344,11 @@ def test_eager_call_and_wrong_dtype_names_the_tensor(dense) -> None:
     (lambda e: b"garbage", r"ExecutableError: executable is truncated: 7 bytes"),
 ])
 def test_corrupt_executable_is_a_tf_error_and_the_process_survives(
-        dense, damage: Callable[[bytes], bytes], message: str) -> None:
+        dense, damage: Callable[[bytes], bytes], message: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # With the runtime fallback on, the op would run its graph_def on TensorFlow instead
+    # (tests/test_fallback.py); off, the device's error must reach the caller.
+    monkeypatch.setenv("NEURONISH_FALLBACK", "0")
     g, exe, node, f = dense
     bad = NodeDef()
     bad.CopyFrom(node)

@@ -93,7 +93,13 @@ def conv2d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     ([KH, KW, C, O]; DepthwiseConv2dNative: [KH, KW, C, M] giving C*M channels,
     channel c*M+m from input channel c). Strides/dilations are NHWC 4-lists;
     padding as the module docstring. The filter may be a constant (fastest) or
-    computed. Conv2D's grouped form (filter C < input C) is not supported."""
+    computed.
+
+    Conv2D's grouped form (Keras `Conv2D(groups=G)`): a filter [KH, KW, C/G, O]
+    whose C/G divides the input's C into G groups, output channels in G equal
+    blocks, block g reading input group g. One input channel per group
+    (G = C) is depthwise convolution with the filter reshaped to
+    [KH, KW, C, O/C]; other G become `conv2d` with `groups=G`."""
     x = _nhwc_input(ctx, node)
     w = ctx.input(node, 1)
     if len(w.shape) != 4:
@@ -102,15 +108,33 @@ def conv2d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     dilations = _hw(node.get("dilations"), "dilations")
     if min(strides) < 1 or min(dilations) < 1:
         raise NodeError(f"strides {strides} and dilations {dilations} must be >= 1")
-    if node.op == "Conv2D" and w.shape[2] != x.shape[3]:
-        raise NodeError(f"filter {w.type} reads {w.shape[2]} channels, the input {x.type} has "
-                        f"{x.shape[3]}: grouped convolution is not supported on the device",
-                        "split the input channels into groups with separate Conv2D ops, or "
-                        "keep this node on TensorFlow")
-    pads = _pads(node, x.shape[1:3], w.shape[:2], strides, dilations)
-    kind = "conv2d" if node.op == "Conv2D" else "depthwise_conv2d"
-    return [ctx.emit1(kind, [x, w], {"strides": list(strides), "dilations": list(dilations),
-                                     "pads": pads, "activation": "none", "alpha": 0.0})]
+    attrs = {"strides": list(strides), "dilations": list(dilations),
+             "pads": _pads(node, x.shape[1:3], w.shape[:2], strides, dilations),
+             "activation": "none", "alpha": 0.0}
+    if node.op == "DepthwiseConv2dNative":
+        return [ctx.emit1("depthwise_conv2d", [x, w], attrs)]
+    channels, (kh, kw, group_channels, out_channels) = x.shape[3], w.shape
+    groups = _groups(channels, group_channels, out_channels, w, x)
+    if groups == 1:
+        return [ctx.emit1("conv2d", [x, w], attrs)]
+    if group_channels == 1:
+        w = ctx.emit1("reshape", [w], {"shape": [kh, kw, channels, out_channels // channels]})
+        return [ctx.emit1("depthwise_conv2d", [x, w], attrs)]
+    return [ctx.emit1("conv2d", [x, w], {**attrs, "groups": groups})]
+
+
+def _groups(channels: int, group_channels: int, out_channels: int, w: Value, x: Value) -> int:
+    """How many groups a Conv2D's filter splits the input into (1: an ordinary one)."""
+    if group_channels < 1 or channels % group_channels:
+        raise NodeError(f"filter {w.type} reads {group_channels} channels per group, which does "
+                        f"not divide the input {x.type}'s {channels} channels",
+                        "fix the filter's third dimension (C / groups)")
+    groups = channels // group_channels
+    if out_channels % groups:
+        raise NodeError(f"filter {w.type} has {out_channels} output channels for {groups} "
+                        f"groups; grouped convolution needs a multiple of the group count",
+                        "fix the filter's last dimension")
+    return groups
 
 
 # --- pooling -----------------------------------------------------------------------

@@ -11,12 +11,13 @@ cancel the error; see docs/auto-cast.md for measured figures.
 
 from __future__ import annotations
 
+from neuronish.runtime import isa
+
 from ..interpret import fold_node
 from ..ir import Graph, Node, TensorType, Value
 
-_MATMULS = ("matmul", "conv2d", "depthwise_conv2d")
-_NO_ROUND = ("reshape", "transpose", "copy", "strided_slice", "concat", "pad", "tile",
-             "broadcast_to", "gather", "cast", "select")
+_MATMULS = isa.MATMUL_LIKE
+_NO_ROUND = isa.NO_FLOAT_MATH
 
 
 def auto_cast(graph: Graph, mode: str, cast_type: str) -> Graph:

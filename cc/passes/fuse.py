@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from neuronish.runtime import isa
+
 from ..ir import Graph, Node, Value, constant
 
-_PRODUCERS = ("conv2d", "depthwise_conv2d", "matmul")
-_ACTIVATIONS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus")
+_PRODUCERS = isa.MATMUL_LIKE
+_ACTIVATIONS = isa.ACTIVATIONS
 
 
 def _sole_consumer(graph: Graph, v: Value, uses: dict[int, list[Node]]) -> Node | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from neuronish.runtime import isa
+
 from ..interpret import fold_node
 from ..ir import Graph, Node, Value
 
@@ -29,7 +31,7 @@ def _is_identity(node: Node) -> Value | None:
     if x is None or len(node.outputs) != 1 or node.outputs[0].type != x.type:
         return None
     a = node.attrs
-    if node.kind in ("copy", "reshape", "cast", "broadcast_to"):
+    if node.kind in isa.SAME_TYPE_IS_IDENTITY:
         return x
     if node.kind == "transpose" and list(a["perm"]) == sorted(a["perm"]):
         return x

@@ -395,6 +395,11 @@ class NeuronOpKernel : public OpKernel {
     OP_REQUIRES(ctx, it != def().attr().end(),
                 absl::InvalidArgumentError(Where() + "has no executable attr"));
     executable_ = &it->second.s();
+    // The subgraph, for the runtime fallback (neuronish/fallback.py); borrowed too.
+    auto gd = def().attr().find("graph_def");
+    OP_REQUIRES(ctx, gd != def().attr().end(),
+                absl::InvalidArgumentError(Where() + "has no graph_def attr"));
+    graph_def_ = &gd->second.s();
     OP_REQUIRES_OK(ctx, CheckAttrs());
   }
 
@@ -543,11 +548,13 @@ class NeuronOpKernel : public OpKernel {
     // A view of the attr, not a copy; the bridge does not keep it past load().
     PyObject* exe = PyMemoryView_FromMemory(const_cast<char*>(executable_->data()),
                                             executable_->size(), PyBUF_READ);
+    PyObject* graph = PyMemoryView_FromMemory(const_cast<char*>(graph_def_->data()),
+                                              graph_def_->size(), PyBUF_READ);
     PyRef args(Py_BuildValue(
-        "(s#NNNNNNNNNN)", name().data(), static_cast<Py_ssize_t>(name().size()), exe,
+        "(s#NNNNNNNNNNN)", name().data(), static_cast<Py_ssize_t>(name().size()), exe,
         StringList(input_names_), DtypeList(input_dtypes_), ShapeList(input_shapes_),
         IntList(input_batch_axis_), StringList(output_names_), DtypeList(output_dtypes_),
-        ShapeList(output_shapes_), IntList(output_batch_axis_), IntList(model_config_)));
+        ShapeList(output_shapes_), IntList(output_batch_axis_), IntList(model_config_), graph));
     PyRef load(args ? PyObject_GetAttr(b->module, b->load) : nullptr);
     PyRef handle(load ? PyObject_Call(load.get(), args.get(), nullptr) : nullptr);
     if (!handle) return StatusFromPython(name());
@@ -588,6 +595,7 @@ class NeuronOpKernel : public OpKernel {
   DataTypeVector input_dtypes_, output_dtypes_;
   std::vector<int64_t> input_batch_axis_, output_batch_axis_, model_config_;
   const std::string* executable_ = nullptr;  // in def(); see the constructor
+  const std::string* graph_def_ = nullptr;   // in def() too
   bool splittable_ = false;    // other batch sizes are split into compiled ones
   int64_t compiled_batch_ = -1;
 

@@ -165,4 +165,8 @@ class Metrics:
         for metric in (self.request_count, self.request_latency, self.batch_size,
                        self.padding_size, self.queue_full, self.enqueued_tasks):
             lines += metric.render()
+        from neuronish import fallback  # NeuronOps running on TensorFlow, if any
+
+        if fallback.fallback_counts():
+            lines += fallback.prometheus_lines()
         return "\n".join(lines) + "\n"

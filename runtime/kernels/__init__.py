@@ -4,6 +4,8 @@ Importing this package registers every kernel in `KERNELS`.
 """
 
 from . import array, conv, elementwise, image, linalg, pool, reduce  # noqa: F401 (registers)
-from .registry import KERNELS, Kernel, evaluate, kernel
+from .registry import KERNELS, Kernel, check_complete, evaluate, kernel
+
+check_complete()
 
 __all__ = ["KERNELS", "Kernel", "evaluate", "kernel"]

@@ -1,4 +1,7 @@
-"""The table of device kernels, keyed by instruction kind (docs/isa.md)."""
+"""The table of numpy (reference) kernels, keyed by the instruction kinds that
+`runtime/isa.py` declares: a kernel for an undeclared kind is refused when it
+registers, and `check_complete` (run once every kernel module is imported) refuses
+to start when a declared kind has no kernel."""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .. import isa
 
 KernelFn = Callable[[list[np.ndarray], list[np.ndarray], dict, "np.ndarray | None"], None]
 ScratchFn = Callable[[Sequence[tuple[int, ...]], Sequence[str], dict], int]
@@ -27,11 +32,21 @@ KERNELS: dict[str, Kernel] = {}
 
 def kernel(kind: str, scratch: ScratchFn | None = None) -> Callable[[KernelFn], KernelFn]:
     def register(fn: KernelFn) -> KernelFn:
+        if kind not in isa.KINDS:
+            raise RuntimeError(f"kernel for {kind!r}, which runtime/isa.py does not declare")
         if kind in KERNELS:
             raise RuntimeError(f"kernel {kind!r} registered twice")
         KERNELS[kind] = Kernel(kind, fn, scratch)
         return fn
     return register
+
+
+def check_complete() -> None:
+    """Every declared kind has its reference kernel (the numpy engine runs them all)."""
+    missing = sorted(set(isa.KINDS) - set(KERNELS))
+    if missing:
+        raise RuntimeError(f"declared instruction kind(s) {', '.join(missing)} have no numpy "
+                           "kernel (runtime/kernels/): the reference engine cannot start")
 
 
 def evaluate(kind: str, inputs: Sequence[np.ndarray], attrs: dict,

@@ -1,0 +1,161 @@
+"""Runtime fallback: a `NeuronOp` whose executable the device cannot load or run
+computes its own `graph_def` (the subgraph it was compiled from) on TensorFlow.
+
+    runner = GraphRunner(node_name, graph_def, input_names, output_names,
+                         input_shapes, input_batch_axis, output_batch_axis)
+    runner.run(inputs, outputs)        # numpy arrays in, writes into `outputs`
+
+kernel_bridge decides when (a load refused with a device error: out of device
+memory, too few cores, a damaged executable; or a call the device fails to
+run) and this module does it: it warns once per op, counts every op that fell
+back and every call it served (`fallback_counts()`, and as Prometheus text,
+`prometheus_lines()`), and with `NEURONISH_FALLBACK=0` refuses, so the device's
+error reaches the caller instead.
+
+It imports TensorFlow, which is fine: it only runs inside a `NeuronOp` kernel,
+so TensorFlow is already loaded. The subgraph runs in its own
+`tf.compat.v1.Session` with its own inter-op thread, so a kernel that blocks one
+of TensorFlow's inter-op threads while it waits cannot starve it. Its
+placeholders have the compiled (static) shapes, so a call with another batch is
+cut into compiled-size chunks (the last padded), as the device does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+ENV_FALLBACK = "NEURONISH_FALLBACK"
+
+
+class FallbackWarning(RuntimeWarning):
+    """A NeuronOp runs on TensorFlow because the device could not take it."""
+
+
+_lock = threading.Lock()
+_ops: dict[str, str] = {}        # node name -> why it fell back (first reason)
+_calls: Counter[str] = Counter()  # node name -> calls served on TensorFlow
+
+
+def fallback_enabled() -> bool:
+    """False when `NEURONISH_FALLBACK` is `0` (or `false`/`off`/`no`)."""
+    return os.environ.get(ENV_FALLBACK, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def fallback_counts() -> dict[str, dict]:
+    """Per op that fell back in this process: why, and how many calls it served."""
+    with _lock:
+        return {name: {"reason": why, "calls": _calls[name]} for name, why in _ops.items()}
+
+
+def prometheus_lines() -> list[str]:
+    """The fallback counters in Prometheus text format (for a metrics page)."""
+    counts = fallback_counts()
+    lines = ["# HELP :neuronish:neuron_op:fallback_calls NeuronOp calls computed on "
+             "TensorFlow because the device could not load or run the op's executable.",
+             "# TYPE :neuronish:neuron_op:fallback_calls counter"]
+    for name, c in sorted(counts.items()):
+        label = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        lines.append(f':neuronish:neuron_op:fallback_calls{{op="{label}"}} {c["calls"]}')
+    return lines
+
+
+def count_call(node_name: str) -> None:
+    with _lock:
+        _calls[node_name] += 1
+
+
+def record_fallback(node_name: str, reason: str) -> None:
+    """Note that `node_name` now runs on TensorFlow; warns the first time per op."""
+    with _lock:
+        first = node_name not in _ops
+        if first:
+            _ops[node_name] = reason
+    if first:
+        warnings.warn(f"NeuronOp '{node_name}' runs on TensorFlow instead of the device: "
+                      f"{reason}. Set {ENV_FALLBACK}=0 to make this an error",
+                      FallbackWarning, stacklevel=2)
+
+
+class GraphRunner:
+    """The op's subgraph, imported once, run on TensorFlow per call."""
+
+    def __init__(self, node_name: str, graph_def: bytes, input_names: Sequence[str],
+                 output_names: Sequence[str], input_shapes: Sequence[Sequence[int]],
+                 input_batch_axis: Sequence[int], output_batch_axis: Sequence[int]):
+        import tensorflow as tf
+
+        self.node_name = node_name
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.input_shapes = [tuple(s) for s in input_shapes]
+        self.input_axes = list(input_batch_axis)
+        self.output_axes = list(output_batch_axis)
+        batches = {s[a] for s, a in zip(self.input_shapes, self.input_axes) if a >= 0}
+        self.compiled_batch = batches.pop() if len(batches) == 1 else None
+        gd = tf.compat.v1.GraphDef()
+        try:
+            gd.ParseFromString(bytes(graph_def))
+        except Exception as e:  # DecodeError: the attr itself is damaged
+            raise FallbackError(f"NeuronOp '{node_name}': its graph_def attr cannot be parsed "
+                                f"({e}), so it cannot run on TensorFlow either") from None
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.graph_util.import_graph_def(gd, name="")
+        self.session = tf.compat.v1.Session(graph=self.graph, config=tf.compat.v1.ConfigProto(
+            use_per_session_threads=True, inter_op_parallelism_threads=1))
+        self._tf = tf
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _run_chunk(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
+        return self.session.run(self.output_names, dict(zip(self.input_names, feeds)))
+
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
+        """Compute the subgraph on `inputs` and write each result into `outputs`."""
+        inputs = [np.asarray(x) for x in inputs]
+        batch = next((x.shape[a] for x, a in zip(inputs, self.input_axes) if a >= 0), None)
+        size = self.compiled_batch
+        if batch is None or size is None or batch == size:
+            results = [self._run_chunk(inputs)]
+            chunks = [(0, batch)]
+        else:
+            results, chunks = [], []
+            for start in range(0, batch, size):
+                stop = min(start + size, batch)
+                feeds = [x if a < 0 else _pad(np.take(x, range(start, stop), axis=a), a, size)
+                         for x, a in zip(inputs, self.input_axes)]
+                results.append(self._run_chunk(feeds))
+                chunks.append((start, stop))
+        for i, out in enumerate(outputs):
+            out = np.asarray(out)
+            axis = self.output_axes[i]
+            if len(results) == 1:
+                out[...] = np.asarray(results[0][i]).reshape(out.shape) if axis < 0 or \
+                    batch is None or batch == size else _trim(results[0][i], axis, batch)
+                continue
+            parts = [_trim(r[i], axis, stop - start) for r, (start, stop) in
+                     zip(results, chunks)]
+            out[...] = np.concatenate(parts, axis=axis)
+
+
+def _pad(x: np.ndarray, axis: int, size: int) -> np.ndarray:
+    if x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return np.pad(x, pad)
+
+
+def _trim(x: np.ndarray, axis: int, n: int) -> np.ndarray:
+    return np.take(np.asarray(x), range(n), axis=axis)
+
+
+class FallbackError(RuntimeError):
+    """The op could not run on TensorFlow either."""

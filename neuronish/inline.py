@@ -1,0 +1,150 @@
+"""Inline the function calls that freezing leaves in a GraphDef.
+
+`convert_variables_to_constants_v2` inlines the signature's calls with
+Grappler, which skips a call marked for XLA compilation (`_XlaMustCompile`,
+what Keras uses for `Conv2D(groups=...)`) or `_noinline`, and everything such
+a function calls in turn. Those calls hold plain computation (their variables
+were already turned into constant inputs); `inline_calls` splices their bodies
+into the outer graph so the partitioner sees every op.
+
+A call node `outer/call` of function `f` becomes `f`'s nodes renamed
+`outer/call/<node>`; its inputs feed the body's arguments and its consumers
+read the body's results. Calls inside the inlined bodies are inlined in the
+next round, until none is left. Functional control flow (`While`, `If`) is
+not a call: its bodies stay in the library, on TensorFlow.
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+
+CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+# Deeper nesting than this is a function calling itself.
+_MAX_ROUNDS = 64
+
+
+class InlineError(ValueError):
+    """A call that cannot be inlined; the message names the node and why."""
+
+
+def called_function(node: node_def_pb2.NodeDef, library: set[str]) -> str | None:
+    """The library function `node` calls, or None if it is not a function call."""
+    if node.op in CALL_OPS:
+        return node.attr["f"].func.name
+    return node.op if node.op in library else None
+
+
+def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+    """`graph_def` with every function call in its outer graph inlined (a new GraphDef;
+    `graph_def` itself when it calls nothing, so a model without calls costs no copy)."""
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    library = set(functions)
+    if not any(called_function(n, library) for n in graph_def.node):
+        return graph_def
+    nodes = []
+    for node in graph_def.node:
+        copy = node_def_pb2.NodeDef()
+        copy.CopyFrom(node)
+        nodes.append(copy)
+    for _ in range(_MAX_ROUNDS):
+        calls = {n.name: called_function(n, library) for n in nodes}
+        calls = {name: f for name, f in calls.items() if f is not None}
+        if not calls:
+            break
+        nodes = _inline_round(nodes, calls, functions)
+    else:
+        raise InlineError(f"function calls nested deeper than {_MAX_ROUNDS} levels (a function "
+                          f"that calls itself?): {sorted(calls)[:5]}")
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    out.node.extend(nodes)
+    return out
+
+
+def _inline_round(nodes: list[node_def_pb2.NodeDef], calls: dict[str, str],
+                  functions: dict) -> list[node_def_pb2.NodeDef]:
+    """Inline one level of calls: returns the new node list."""
+    by_name = {n.name: n for n in nodes}
+    results: dict[str, list[str]] = {}  # call node -> the tensor behind each of its outputs
+    bodies: dict[str, list[node_def_pb2.NodeDef]] = {}
+    for call, fname in calls.items():
+        node = by_name[call]
+        if fname not in functions:
+            raise InlineError(f"{call} ({node.op}) calls function {fname!r}, which the graph's "
+                              "library does not hold; the SavedModel is incomplete")
+        bodies[call], results[call] = _body(node, functions[fname])
+
+    def resolve(ref: str) -> list[str]:
+        """A reference to a call's output -> the tensor(s) that now produce it."""
+        control = ref.startswith("^")
+        name, _, port = ref.lstrip("^").partition(":")
+        if name not in results:
+            return [ref]
+        if control:  # wait for every result of the call
+            return sorted({"^" + t.split(":")[0] for t in results[name]})
+        index = int(port or 0)
+        if index >= len(results[name]):
+            raise InlineError(f"{ref} reads output {index} of the call {name}, which returns "
+                              f"{len(results[name])}")
+        return [results[name][index]]
+
+    out = []
+    for node in nodes:
+        group = bodies.get(node.name, [node])
+        for member in group:
+            refs = [r for ref in member.input for r in resolve(ref)]
+            # A tensor now produced by another call's body may itself be a call's result
+            # (a call feeding a call): resolve until stable.
+            while any(r.lstrip("^").split(":")[0] in results for r in refs):
+                refs = [r for ref in refs for r in resolve(ref)]
+            del member.input[:]
+            member.input.extend(refs)
+            out.append(member)
+    return out
+
+
+def _body(call: node_def_pb2.NodeDef, fdef: object) -> tuple[list[node_def_pb2.NodeDef],
+                                                             list[str]]:
+    """`fdef`'s nodes renamed under `call`'s name and wired to its inputs, and the
+    tensor behind each of the call's outputs."""
+    name = fdef.signature.name
+    body, flat = function_def_to_graph_def(fdef)
+    data_inputs = [i for i in call.input if not i.startswith("^")]
+    control_inputs = [i for i in call.input if i.startswith("^")]
+    args = [a.name for a in fdef.signature.input_arg]
+    if len(data_inputs) != len(args):
+        raise InlineError(f"{call.name} ({call.op}) passes {len(data_inputs)} inputs to "
+                          f"function {name!r}, which takes {len(args)}")
+    argument = dict(zip(args, data_inputs, strict=True))
+    prefix = call.name + "/"
+
+    def rename(ref: str) -> str:
+        control = ref.startswith("^")
+        node, sep, port = ref.lstrip("^").partition(":")
+        if node in argument:  # an argument: the caller's input tensor
+            target = argument[node]
+            if port not in ("", "0"):
+                raise InlineError(f"function {name!r} reads output {port} of argument {node}")
+            return "^" + target.lstrip("^").split(":")[0] if control else target
+        return ("^" if control else "") + prefix + node + sep + port
+
+    nodes = []
+    for node in body.node:
+        if node.name in argument and node.op == "Placeholder":
+            continue
+        copy = node_def_pb2.NodeDef()
+        copy.CopyFrom(node)
+        copy.name = prefix + node.name
+        refs = [rename(r) for r in node.input]
+        if not refs:  # a source node (a constant) waits for whatever the call waited for
+            refs = list(control_inputs)
+        del copy.input[:]
+        copy.input.extend(refs)
+        nodes.append(copy)
+    outputs = []
+    for arg in fdef.signature.output_arg:
+        tensor = flat.get(fdef.ret[arg.name], fdef.ret[arg.name])
+        outputs.append(rename(tensor))
+    return nodes, outputs

@@ -1,0 +1,721 @@
+"""The device instruction set: every instruction kind declared once (docs/isa.md).
+
+A `Kind` holds everything the toolchain knows about an instruction besides its
+kernels: its inputs (arity, optional trailing ones), its attribute schema (types,
+allowed values, ranges, defaults), its traits, and its shape/dtype rule. The
+compiler (`cc/kinds.py`, the passes), the numpy and native kernel registries, the
+executable validator and the ISA table in docs/isa.md all read these records, so
+they cannot drift apart (tinygrad's `Ops`/`GroupOp`, JAX's primitives with their
+abstract-eval rules).
+
+`check(kind, input_types, attrs)` is the one entry point: it checks the arity and
+every attribute (unknown ones included), then runs the shape rule, which checks
+what depends on the input types (axes in range, a perm that is a permutation, a
+window that fits the padded input...) and returns the output types. Anything wrong
+raises `IsaError` naming the field. Pure Python: no numpy, no kernels, so reading an
+executable stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+from typing import NamedTuple, Protocol
+
+
+class IsaError(ValueError):
+    """An instruction's inputs or attributes break its declaration; `field` names the
+    attribute or input at fault ("" when it is the combination)."""
+
+    def __init__(self, reason: str, field: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+
+
+# --- dtypes and limits ------------------------------------------------------------
+
+# numpy dtype names, plus "bfloat16" (stored as raw uint16, 2 bytes).
+ITEMSIZE: dict[str, int] = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+}
+DTYPES = frozenset(ITEMSIZE)
+FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+INTEGERS = frozenset({"int8", "uint8", "int16", "int32", "int64"})
+INDEX_DTYPES = frozenset({"int32", "int64"})
+
+MAX_RANK = 32                 # numpy's own limit is 64; no model comes near
+MAX_DIM = 2**31 - 1           # one dimension, and any integer attribute's magnitude
+MAX_VALUE_BYTES = 1 << 34     # one tensor (16 GiB): a file declaring more is refused
+MAX_WINDOW = 1 << 16          # a (dilated) window's extent: the kernels loop over taps
+
+
+class Type(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class HasType(Protocol):
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+
+
+def elements(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def nbytes(shape: Sequence[int], dtype: str) -> int:
+    """Bytes of one dense value (exact Python ints: no overflow)."""
+    return elements(shape) * ITEMSIZE[dtype]
+
+
+def check_type(shape: object, dtype: object) -> Type:
+    """A value's declared type within the limits above, or IsaError."""
+    if dtype not in DTYPES:
+        raise IsaError(f"dtype {dtype!r} is not a device dtype ({', '.join(sorted(DTYPES))})",
+                       "dtype")
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_RANK or not all(
+            _is_int(d) and 0 <= d <= MAX_DIM for d in shape):
+        raise IsaError(f"shape {shape!r} is not a list of at most {MAX_RANK} dims in "
+                       f"[0, {MAX_DIM}]", "shape")
+    shape = tuple(int(d) for d in shape)
+    if nbytes(shape, dtype) > MAX_VALUE_BYTES:
+        raise IsaError(f"a {dtype}{list(shape)} tensor is larger than the "
+                       f"{MAX_VALUE_BYTES >> 30} GiB one value may hold", "shape")
+    return Type(shape, dtype)
+
+
+# --- attribute schema -------------------------------------------------------------
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, Integral) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The type and range of one attribute's value."""
+
+    kind: str  # int, num, bool, choice, dtype, ints, opt_ints, int_pairs, scalar
+    lo: int | None = None
+    hi: int | None = None
+    length: int | None = None  # fixed list length
+    choices: tuple[str, ...] = ()
+
+    def check(self, name: str, v: object) -> None:
+        ok = {
+            "int": lambda: self._int_ok(v),
+            "num": lambda: _is_num(v) and (not _is_int(v) or abs(v) <= MAX_DIM),
+            "bool": lambda: isinstance(v, bool),
+            "choice": lambda: isinstance(v, str) and v in self.choices,
+            "dtype": lambda: isinstance(v, str) and v in self.choices,
+            "ints": lambda: self._list_ok(v, self._int_ok),
+            "opt_ints": lambda: self._list_ok(v, lambda x: x is None or self._int_ok(x)),
+            "int_pairs": lambda: self._list_ok(v, lambda p: isinstance(p, (list, tuple))
+                                               and len(p) == 2 and all(map(self._int_ok, p))),
+            "scalar": lambda: isinstance(v, bool) or (_is_num(v) and (
+                not _is_int(v) or abs(v) <= MAX_DIM)),
+        }[self.kind]()
+        if not ok:
+            raise IsaError(f"attribute {name}={v!r} is not {self.describe()}", name)
+
+    def _int_ok(self, x: object) -> bool:
+        lo = -MAX_DIM if self.lo is None else self.lo
+        hi = MAX_DIM if self.hi is None else self.hi
+        return _is_int(x) and lo <= x <= hi
+
+    def _list_ok(self, v: object, item_ok: Callable[[object], bool]) -> bool:
+        return isinstance(v, (list, tuple)) and len(v) <= MAX_RANK and (
+            self.length is None or len(v) == self.length) and all(item_ok(x) for x in v)
+
+    def describe(self) -> str:
+        rng = ""
+        if self.lo is not None and self.hi is not None:
+            rng = f" in [{self.lo}, {self.hi}]"
+        elif self.lo is not None:
+            rng = f" >= {self.lo}"
+        n = f"{self.length} " if self.length else ""
+        return {
+            "int": f"an int{rng}",
+            "num": "a number",
+            "bool": "a bool",
+            "choice": "one of " + ", ".join(self.choices),
+            "dtype": "a dtype name: " + ", ".join(self.choices),
+            "ints": f"a list of {n}ints{rng}",
+            "opt_ints": f"a list of {n}ints or nulls",
+            "int_pairs": f"a list of [before, after] int pairs{rng}",
+            "scalar": "a number or a bool",
+        }[self.kind]
+
+
+def Int(lo: int | None = None, hi: int | None = None) -> Spec:  # noqa: N802 (a constructor)
+    return Spec("int", lo, hi)
+
+
+def Ints(length: int | None = None, lo: int | None = None) -> Spec:  # noqa: N802
+    return Spec("ints", lo, None, length)
+
+
+def Choice(*values: str) -> Spec:  # noqa: N802
+    return Spec("choice", choices=values)
+
+
+def DType(values: frozenset[str] | Sequence[str] = DTYPES) -> Spec:  # noqa: N802
+    return Spec("dtype", choices=tuple(sorted(values)))
+
+
+NUM, BOOL, SCALAR = Spec("num"), Spec("bool"), Spec("scalar")
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Attr:
+    name: str
+    spec: Spec
+    default: object = REQUIRED
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+# --- the declaration -----------------------------------------------------------------
+
+Rule = Callable[[Sequence[HasType], dict], list[Type]]
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    inputs: tuple[str, ...]            # always present, in order
+    optional: tuple[str, ...] = ()     # trailing inputs that may be left out (in order)
+    variadic: bool = False             # `inputs` is one name repeated one or more times
+    outputs: tuple[str, ...] = ("y",)
+    attrs: tuple[Attr, ...] = ()
+    traits: frozenset[str] = frozenset()
+    rule: Rule | None = None
+    doc: str = ""
+    attr_index: dict[str, Attr] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.attr_index.update({a.name: a for a in self.attrs})
+
+    def arity_ok(self, n: int) -> bool:
+        if self.variadic:
+            return n >= 1
+        return len(self.inputs) <= n <= len(self.inputs) + len(self.optional)
+
+    def with_defaults(self, attrs: Mapping) -> dict:
+        """`attrs` checked against the schema (unknown, missing, ill-typed), defaults
+        filled in."""
+        if not isinstance(attrs, Mapping):
+            raise IsaError(f"attrs {attrs!r} is not a map", "attrs")
+        for key in attrs:
+            if key not in self.attr_index:
+                raise IsaError(f"{self.name} has no attribute {key!r} (it has: "
+                               f"{', '.join(self.attr_index) or 'none'})", str(key))
+        full = {}
+        for a in self.attrs:
+            if a.name in attrs:
+                a.spec.check(a.name, attrs[a.name])
+                full[a.name] = attrs[a.name]
+            elif a.required:
+                raise IsaError(f"{self.name} needs attribute {a.name!r} "
+                               f"({a.spec.describe()})", a.name)
+            else:
+                full[a.name] = a.default
+        return full
+
+
+KINDS: dict[str, Kind] = {}
+
+
+def declare(kind: Kind) -> Kind:
+    if kind.name in KINDS:
+        raise RuntimeError(f"instruction kind {kind.name!r} declared twice")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def check(name: str, types: Sequence[HasType], attrs: Mapping) -> list[Type]:
+    """The output types of instruction `name` on inputs of `types` with `attrs`; raises
+    IsaError naming the field when the declaration does not allow them."""
+    kind = KINDS.get(name)
+    if kind is None:
+        raise IsaError(f"no device instruction {name!r}", "kind")
+    if not kind.arity_ok(len(types)):
+        want = ("one or more" if kind.variadic else
+                f"{len(kind.inputs)}" + (f" to {len(kind.inputs) + len(kind.optional)}"
+                                         if kind.optional else ""))
+        raise IsaError(f"{name} takes {want} inputs ({signature(kind)}), got {len(types)}",
+                       "in")
+    full = kind.with_defaults(attrs)
+    assert kind.rule is not None
+    return kind.rule(types, full)
+
+
+def kinds_with(trait: str) -> frozenset[str]:
+    return frozenset(k.name for k in KINDS.values() if trait in k.traits)
+
+
+def signature(kind: Kind) -> str:
+    if kind.variadic:
+        ins = f"{kind.inputs[0]}1..{kind.inputs[0]}n"
+    else:
+        ins = ", ".join(kind.inputs) + "".join(f" [, {o}]" for o in kind.optional)
+    return f"{ins} → {', '.join(kind.outputs)}"
+
+
+# --- helpers of the shape rules ---------------------------------------------------------
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """numpy/TF broadcasting of static shapes."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for axis in range(rank):
+        dims = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise IsaError(f"shapes {' and '.join(str(list(s)) for s in shapes)} do not "
+                           "broadcast", "in")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _fmt(t: HasType) -> str:
+    return f"{t.dtype}{list(t.shape)}"
+
+
+def _same(a: HasType, b: HasType) -> bool:
+    return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+
+
+def _rank(t: HasType, want: int, what: str) -> None:
+    if len(t.shape) != want:
+        raise IsaError(f"{what} must have rank {want}, got {_fmt(t)}", "in")
+
+
+def _axis(axis: int, rank: int, name: str) -> int:
+    if not 0 <= axis < rank:
+        raise IsaError(f"{name} {axis} is out of range for rank {rank} (valid: [0, {rank}))",
+                       name)
+    return axis
+
+
+def _per_dim(values: Sequence, rank: int, name: str) -> None:
+    if len(values) != rank:
+        raise IsaError(f"{name} has {len(values)} entries for a rank-{rank} input; it needs "
+                       "one per dim", name)
+
+
+def window_out(size: int, k: int, stride: int, dilation: int, before: int, after: int,
+               name: str) -> int:
+    """Output extent of a window sweep; the (dilated) window must fit the padded input."""
+    effective = (k - 1) * dilation + 1
+    if effective > MAX_WINDOW:
+        raise IsaError(f"window extent {effective} (dilated) is above the device's limit "
+                       f"{MAX_WINDOW}", name)
+    if effective > size + before + after:
+        raise IsaError(f"window {effective} (dilated) is larger than the padded input "
+                       f"{size} + {before} + {after}", name)
+    return (size + before + after - effective) // stride + 1
+
+
+# --- the declarations ---------------------------------------------------------------------
+
+# unary functions; ACTIVATIONS are the ones the compiler fuses into a producer's epilogue.
+UNARY_FNS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
+             "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
+             "reciprocal", "floor", "sign", "logical_not", "round_bf16", "round_fp16")
+ACTIVATIONS = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
+                         "softplus"})
+COMPARISONS = ("greater", "greater_equal", "less", "less_equal", "equal", "not_equal")
+BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
+              *COMPARISONS, "logical_and", "logical_or")
+
+_ALPHA = Attr("alpha", NUM, 0.2, "leaky_relu's slope")
+_ACTIVATION = (Attr("activation", Choice("none", *UNARY_FNS), "none",
+                    "fused epilogue: none or any `unary` fn"),
+               Attr("alpha", NUM, 0.2, "its leaky_relu slope"))
+_WINDOW = (Attr("strides", Ints(2, lo=1), doc="[sh, sw]"),
+           Attr("dilations", Ints(2, lo=1), doc="[dh, dw]"),
+           Attr("pads", Ints(4, lo=0), doc="[top, bottom, left, right]"))
+
+# Traits (named sets below, in the spirit of tinygrad's GroupOp):
+#   matmul_like  a matrix unit's work (operands 0 and 1); takes a fused bias and activation
+#   elementwise  each output element from the same-index input elements (with broadcasting)
+#   movement     moves or copies elements, never computes with them
+#   reduction    folds elements along axes or windows
+#   windowed     an NHWC window sweep (strides, pads, ...)
+#   no_float_math  does no floating-point arithmetic (auto-cast never rounds its operands)
+#   same_type_is_identity  returns its input unchanged when the output type equals it
+
+
+def _one(t: Sequence[HasType], a: dict) -> list[Type]:
+    return [Type(tuple(t[0].shape), t[0].dtype)]
+
+
+def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
+    if t[0].dtype != t[1].dtype:
+        raise IsaError(f"operands have dtypes {t[0].dtype} and {t[1].dtype}; they must match",
+                       "in")
+    shape = broadcast_shapes(t[0].shape, t[1].shape)
+    return [Type(shape, "bool" if a["fn"] in COMPARISONS else t[0].dtype)]
+
+
+def _select(t: Sequence[HasType], a: dict) -> list[Type]:
+    if t[0].dtype != "bool" or t[1].dtype != t[2].dtype:
+        raise IsaError(f"select wants a bool condition and equal branch dtypes, got "
+                       f"{t[0].dtype}, {t[1].dtype}, {t[2].dtype}", "in")
+    return [Type(broadcast_shapes(t[0].shape, t[1].shape, t[2].shape), t[1].dtype)]
+
+
+def _cast(t: Sequence[HasType], a: dict) -> list[Type]:
+    return [Type(tuple(t[0].shape), a["to"])]
+
+
+def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
+    x, w = t[0], t[1]
+    if len(x.shape) < 2 or len(w.shape) < 2:
+        raise IsaError(f"matmul operands must have rank >= 2, got {_fmt(x)} and {_fmt(w)}",
+                       "in")
+    m, k = x.shape[-2:][::-1] if a["transpose_a"] else x.shape[-2:]
+    k2, n = w.shape[-2:][::-1] if a["transpose_b"] else w.shape[-2:]
+    if k != k2:
+        raise IsaError(f"matmul inner dimensions differ: {_fmt(x)} and {_fmt(w)}", "in")
+    batch = broadcast_shapes(x.shape[:-2], w.shape[:-2])
+    if len(t) == 3 and tuple(t[2].shape) != (n,):
+        raise IsaError(f"bias {_fmt(t[2])} does not match the {n} output columns", "in")
+    return [Type(tuple(batch) + (m, n), x.dtype)]
+
+
+def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
+    x, w = t[0], t[1]
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise IsaError(f"conv wants NHWC input and a 4-D filter, got {_fmt(x)} and {_fmt(w)}",
+                       "in")
+    n, h, wd, c = x.shape
+    kh, kw, ci, co = w.shape
+    groups = a.get("groups", 1)
+    if depthwise and ci != c:
+        raise IsaError(f"depthwise filter {_fmt(w)} expects {ci} input channels, the input "
+                       f"{_fmt(x)} has {c}", "in")
+    if ci * groups != c or co % groups:
+        raise IsaError(f"filter {_fmt(w)} in {groups} group(s) expects {ci * groups} input "
+                       f"channels and a multiple of {groups} output channels; the input "
+                       f"{_fmt(x)} has {c}", "groups")
+    if min(kh, kw) < 1:
+        raise IsaError(f"filter {_fmt(w)} has an empty window", "in")
+    out_c = c * co if depthwise else co
+    (sh, sw), (dh, dw), (pt, pb, pl, pr) = a["strides"], a["dilations"], a["pads"]
+    oh = window_out(h, kh, sh, dh, pt, pb, "dilations")
+    ow = window_out(wd, kw, sw, dw, pl, pr, "dilations")
+    out = Type((n, oh, ow, out_c), x.dtype)
+    rest = list(t[2:])
+    if a.get("residual"):
+        if not rest or not _same(rest[-1], out):
+            got = _fmt(rest[-1]) if rest else "nothing"
+            raise IsaError(f"residual must have the output's type {_fmt(out)}, got {got}",
+                           "residual")
+        rest = rest[:-1]
+    if len(rest) > 1:
+        raise IsaError(f"conv takes x, w [, bias] [, residual]; got {len(t)} inputs with "
+                       f"residual={bool(a.get('residual'))}", "in")
+    if rest and tuple(rest[0].shape) != (out_c,):
+        raise IsaError(f"bias {_fmt(rest[0])} does not match the {out_c} output channels", "in")
+    return [out]
+
+
+def _pool(t: Sequence[HasType], a: dict) -> list[Type]:
+    _rank(t[0], 4, "pool's input (NHWC)")
+    n, h, w, c = t[0].shape
+    (kh, kw), (sh, sw), (pt, pb, pl, pr) = a["ksize"], a["strides"], a["pads"]
+    # A pad as large as the window would make windows of padding alone (TF never does).
+    if max(pt, pb) >= kh or max(pl, pr) >= kw:
+        raise IsaError(f"pads {a['pads']} must each be smaller than the window {a['ksize']}",
+                       "pads")
+    oh = window_out(h, kh, sh, 1, pt, pb, "ksize")
+    ow = window_out(w, kw, sw, 1, pl, pr, "ksize")
+    return [Type((n, oh, ow, c), t[0].dtype)]
+
+
+def _reduce(t: Sequence[HasType], a: dict) -> list[Type]:
+    rank = len(t[0].shape)
+    axes = list(a["axes"])
+    for ax in axes:
+        _axis(ax, rank, "axes")
+    if len(set(axes)) != len(axes):
+        raise IsaError(f"axes {axes} repeat an axis", "axes")
+    shape = tuple((1 if i in axes else d) for i, d in enumerate(t[0].shape)
+                  if a["keepdims"] or i not in axes)
+    return [Type(shape, t[0].dtype)]
+
+
+def _softmax(t: Sequence[HasType], a: dict) -> list[Type]:
+    _axis(a["axis"], len(t[0].shape), "axis")
+    return _one(t, a)
+
+
+def _argminmax(t: Sequence[HasType], a: dict) -> list[Type]:
+    _axis(a["axis"], len(t[0].shape), "axis")
+    shape = tuple(d for i, d in enumerate(t[0].shape) if i != a["axis"])
+    return [Type(shape, a["to"])]
+
+
+def _reshape(t: Sequence[HasType], a: dict) -> list[Type]:
+    shape = tuple(a["shape"])
+    if elements(shape) != elements(t[0].shape):
+        raise IsaError(f"cannot reshape {_fmt(t[0])} ({elements(t[0].shape)} elements) to "
+                       f"{list(shape)}", "shape")
+    return [Type(shape, t[0].dtype)]
+
+
+def _transpose(t: Sequence[HasType], a: dict) -> list[Type]:
+    perm = list(a["perm"])
+    if sorted(perm) != list(range(len(t[0].shape))):
+        raise IsaError(f"perm {perm} is not a permutation of the {len(t[0].shape)} dims of "
+                       f"{_fmt(t[0])}", "perm")
+    return [Type(tuple(t[0].shape[p] for p in perm), t[0].dtype)]
+
+
+def _concat(t: Sequence[HasType], a: dict) -> list[Type]:
+    first = t[0]
+    axis = _axis(a["axis"], len(first.shape), "axis")
+    for other in t[1:]:
+        if other.dtype != first.dtype or len(other.shape) != len(first.shape) or any(
+                x != y for i, (x, y) in enumerate(zip(first.shape, other.shape)) if i != axis):
+            raise IsaError(f"cannot concatenate {_fmt(first)} and {_fmt(other)} on axis "
+                           f"{axis}", "in")
+    shape = list(first.shape)
+    shape[axis] = sum(x.shape[axis] for x in t)
+    return [Type(tuple(shape), first.dtype)]
+
+
+def _strided_slice(t: Sequence[HasType], a: dict) -> list[Type]:
+    rank = len(t[0].shape)
+    for name in ("begin", "end", "strides"):
+        _per_dim(a[name], rank, name)
+    if any(b is None for b in a["begin"]):
+        raise IsaError(f"begin {a['begin']} must be ints", "begin")
+    if 0 in a["strides"]:
+        raise IsaError(f"strides {a['strides']} must not be 0", "strides")
+    shape = tuple(len(range(*slice(b, e, s).indices(d)))
+                  for d, b, e, s in zip(t[0].shape, a["begin"], a["end"], a["strides"]))
+    return [Type(shape, t[0].dtype)]
+
+
+def _pad(t: Sequence[HasType], a: dict) -> list[Type]:
+    x = t[0]
+    _per_dim(a["paddings"], len(x.shape), "paddings")
+    if a["mode"] != "constant":
+        # TF MirrorPad: REFLECT pads less than the dim, SYMMETRIC at most the dim.
+        room = 1 if a["mode"] == "reflect" else 0
+        for d, (b, e) in zip(x.shape, a["paddings"]):
+            if max(b, e) > d - room:
+                raise IsaError(f"{a['mode']} paddings {a['paddings']} are too large for "
+                               f"{_fmt(x)}", "paddings")
+    shape = tuple(d + b + e for d, (b, e) in zip(x.shape, a["paddings"]))
+    return [Type(shape, x.dtype)]
+
+
+def _tile(t: Sequence[HasType], a: dict) -> list[Type]:
+    _per_dim(a["multiples"], len(t[0].shape), "multiples")
+    return [Type(tuple(d * m for d, m in zip(t[0].shape, a["multiples"])), t[0].dtype)]
+
+
+def _broadcast_to(t: Sequence[HasType], a: dict) -> list[Type]:
+    shape = tuple(a["shape"])
+    try:
+        fits = len(shape) >= len(t[0].shape) and broadcast_shapes(t[0].shape, shape) == shape
+    except IsaError:
+        fits = False
+    if not fits:
+        raise IsaError(f"{_fmt(t[0])} does not broadcast to {list(shape)}", "shape")
+    return [Type(shape, t[0].dtype)]
+
+
+def _gather(t: Sequence[HasType], a: dict) -> list[Type]:
+    params, indices = t
+    axis = _axis(a["axis"], len(params.shape), "axis")
+    bd = a["batch_dims"]
+    if indices.dtype not in INDEX_DTYPES:
+        raise IsaError(f"gather indices must be int32 or int64, got {indices.dtype}", "in")
+    if not bd <= min(axis, len(indices.shape)):
+        raise IsaError(f"batch_dims {bd} must be at most min(axis {axis}, rank of indices "
+                       f"{len(indices.shape)})", "batch_dims")
+    if tuple(params.shape[:bd]) != tuple(indices.shape[:bd]):
+        raise IsaError(f"the {bd} batch dims of params {_fmt(params)} and indices "
+                       f"{_fmt(indices)} differ", "batch_dims")
+    shape = tuple(params.shape[:axis]) + tuple(indices.shape[bd:]) + tuple(
+        params.shape[axis + 1:])
+    return [Type(shape, params.dtype)]
+
+
+def _one_hot(t: Sequence[HasType], a: dict) -> list[Type]:
+    if t[0].dtype not in INTEGERS:
+        raise IsaError(f"one_hot indices must be integers, got {t[0].dtype}", "in")
+    shape = list(t[0].shape)
+    axis = a["axis"] if a["axis"] >= 0 else len(shape)
+    if axis > len(shape):
+        raise IsaError(f"axis {a['axis']} must be -1 or in [0, {len(shape)}]", "axis")
+    shape.insert(axis, a["depth"])
+    return [Type(tuple(shape), a["to"])]
+
+
+def _resize(t: Sequence[HasType], a: dict) -> list[Type]:
+    _rank(t[0], 4, "resize's input (NHWC)")
+    n, h, w, c = t[0].shape
+    if min(h, w) < 1:
+        raise IsaError(f"cannot resize the empty image {_fmt(t[0])}", "in")
+    dtype = "float32" if a["mode"] == "bilinear" else t[0].dtype
+    return [Type((n, a["size"][0], a["size"][1], c), dtype)]
+
+
+def _t(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
+             traits=_t("elementwise"), rule=_one, doc=(
+                 "y = fn(x), same dtype. `round_bf16`/`round_fp16` round to that precision "
+                 "and back (round-to-nearest-even; used by `--auto-cast`).")))
+declare(Kind("binary", ("a", "b"), attrs=(Attr("fn", Choice(*BINARY_FNS)),),
+             traits=_t("elementwise"), rule=_binary, doc=(
+                 "numpy broadcasting; a and b share a dtype. Comparisons give bool, the rest "
+                 "the input dtype.")))
+declare(Kind("select", ("cond", "a", "b"), traits=_t("elementwise", "no_float_math"),
+             rule=_select, doc="numpy `where` with broadcasting (TF SelectV2)."))
+declare(Kind("cast", ("x",), attrs=(Attr("to", DType(), doc="the output dtype"),),
+             traits=_t("elementwise", "no_float_math", "same_type_is_identity"), rule=_cast,
+             doc="C-style conversion as TF's Cast: float→int truncates toward zero; "
+                 "anything→bool is `x != 0`."))
+declare(Kind("matmul", ("a", "b"), ("bias",), attrs=(
+    Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, False), *_ACTIVATION),
+    traits=_t("matmul_like"), rule=_matmul, doc=(
+        "y = act(op(a) @ op(b) + bias); rank ≥ 2, leading (batch) dims broadcast as numpy "
+        "`matmul`; op transposes the last two axes. `bias` is rank 1, y's last dim.")))
+declare(Kind("conv2d", ("x", "w"), ("bias", "residual"), attrs=(
+    *_WINDOW, *_ACTIVATION,
+    Attr("residual", BOOL, False, "the last input is added after the bias"),
+    Attr("groups", Int(lo=1), 1, "divides C and O")),
+    traits=_t("matmul_like", "windowed"),
+    rule=lambda t, a: _conv_like(t, a, depthwise=False), doc=(
+        "NHWC x [N,H,W,C], w [KH,KW,C/groups,O] (TF layout), y [N,OH,OW,O]; output channels "
+        "[k·O/groups, (k+1)·O/groups) read input channels [k·C/groups, (k+1)·C/groups); "
+        "OH = (H+top+bottom − ((KH−1)·dh+1)) // sh + 1. Zero padding. With `residual`, the "
+        "last input (y's type) is added after the bias, before the activation.")))
+declare(Kind("depthwise_conv2d", ("x", "w"), ("bias",), attrs=(*_WINDOW, *_ACTIVATION),
+             traits=_t("matmul_like", "windowed"),
+             rule=lambda t, a: _conv_like(t, a, depthwise=True), doc=(
+                 "w [KH,KW,C,M], y [N,OH,OW,C·M]; output channel c·M+m uses input channel c "
+                 "and w[..., c, m]. Windows as conv2d.")))
+declare(Kind("pool", ("x",), attrs=(
+    Attr("mode", Choice("max", "avg")), Attr("ksize", Ints(2, lo=1), doc="[kh, kw]"),
+    Attr("strides", Ints(2, lo=1), doc="[sh, sw]"),
+    Attr("pads", Ints(4, lo=0), doc="[t, b, l, r], each smaller than the window")),
+    traits=_t("reduction", "windowed"), rule=_pool, doc=(
+        "NHWC. max ignores padding; avg divides by the count of non-padded elements in "
+        "each window (TF semantics).")))
+declare(Kind("reduce", ("x",), attrs=(
+    Attr("fn", Choice("sum", "mean", "max", "min", "prod", "any", "all")),
+    Attr("axes", Ints(lo=0), doc="distinct, each < rank"), Attr("keepdims", BOOL, False)),
+    traits=_t("reduction"), rule=_reduce,
+    doc="numpy reduction over `axes` (empty axes = copy)."))
+declare(Kind("softmax", ("x",), attrs=(Attr("axis", Int(lo=0)), Attr("log", BOOL, False)),
+             traits=_t("reduction"), rule=_softmax, doc=(
+                 "softmax (or log-softmax) along `axis`, numerically stable (subtract max).")))
+declare(Kind("argminmax", ("x",), attrs=(
+    Attr("fn", Choice("argmax", "argmin")), Attr("axis", Int(lo=0)),
+    Attr("to", DType(INDEX_DTYPES))),
+    traits=_t("reduction"), rule=_argminmax,
+    doc="index of the first extreme value along `axis`, axis removed."))
+declare(Kind("reshape", ("x",), attrs=(Attr("shape", Ints(lo=0)),),
+             traits=_t("movement", "no_float_math", "same_type_is_identity"), rule=_reshape,
+             doc="row-major reshape."))
+declare(Kind("transpose", ("x",), attrs=(Attr("perm", Ints(lo=0), doc="a permutation"),),
+             traits=_t("movement", "no_float_math"), rule=_transpose,
+             doc="numpy transpose."))
+declare(Kind("concat", ("x",), variadic=True, attrs=(Attr("axis", Int(lo=0)),),
+             traits=_t("movement", "no_float_math"), rule=_concat,
+             doc="numpy concatenate."))
+declare(Kind("strided_slice", ("x",), attrs=(
+    Attr("begin", Ints()), Attr("end", Spec("opt_ints"), doc="null: to the edge"),
+    Attr("strides", Ints(), doc="non-zero")),
+    traits=_t("movement", "no_float_math"), rule=_strided_slice, doc=(
+        "y = x[tuple(slice(b, e, s))], one entry per dim; no axis is added or removed "
+        "(the lowering reshapes).")))
+declare(Kind("pad", ("x",), attrs=(
+    Attr("paddings", Spec("int_pairs", lo=0), doc="[[before, after], ...]"),
+    Attr("mode", Choice("constant", "reflect", "symmetric"), "constant"),
+    Attr("value", SCALAR, 0, "constant mode's fill")),
+    traits=_t("movement", "no_float_math"), rule=_pad, doc=(
+        "numpy `pad`; reflect pads less than the dim, symmetric at most the dim.")))
+declare(Kind("tile", ("x",), attrs=(Attr("multiples", Ints(lo=0)),),
+             traits=_t("movement", "no_float_math"), rule=_tile,
+             doc="numpy `tile` with one multiple per dim."))
+declare(Kind("broadcast_to", ("x",), attrs=(Attr("shape", Ints(lo=0)),),
+             traits=_t("movement", "no_float_math", "same_type_is_identity"),
+             rule=_broadcast_to, doc="numpy `broadcast_to`, materialized."))
+declare(Kind("gather", ("params", "indices"), attrs=(
+    Attr("axis", Int(lo=0)), Attr("batch_dims", Int(lo=0), 0)),
+    traits=_t("movement", "no_float_math"), rule=_gather, doc=(
+        "TF GatherV2. An index outside [0, dim) is a run-time error naming the "
+        "instruction's TF node.")))
+declare(Kind("one_hot", ("indices",), attrs=(
+    Attr("depth", Int(lo=0)), Attr("on_value", SCALAR), Attr("off_value", SCALAR),
+    Attr("axis", Int(lo=-1), doc="-1: last"), Attr("to", DType())),
+    traits=frozenset(), rule=_one_hot,
+    doc="TF OneHot; indices outside [0, depth) give an all-off row."))
+declare(Kind("resize", ("x",), attrs=(
+    Attr("mode", Choice("bilinear", "nearest")), Attr("size", Ints(2, lo=1), doc="[h, w]"),
+    Attr("align_corners", BOOL, False), Attr("half_pixel_centers", BOOL, False)),
+    traits=frozenset(), rule=_resize, doc=(
+        "TF ResizeBilinear / ResizeNearestNeighbor on NHWC; bilinear outputs float32.")))
+declare(Kind("copy", ("x",), traits=_t("movement", "elementwise", "no_float_math",
+                                       "same_type_is_identity"),
+             rule=_one, doc="y = x (a graph output that is an input or another output)."))
+
+
+# --- trait sets (what the passes and engines ask) ------------------------------------------
+
+MATMUL_LIKE = kinds_with("matmul_like")
+ELEMENTWISE = kinds_with("elementwise")
+MOVEMENT = kinds_with("movement")
+REDUCTION = kinds_with("reduction")
+WINDOWED = kinds_with("windowed")
+NO_FLOAT_MATH = kinds_with("no_float_math")
+SAME_TYPE_IS_IDENTITY = kinds_with("same_type_is_identity")
+TRAITS = {"matmul_like": MATMUL_LIKE, "elementwise": ELEMENTWISE, "movement": MOVEMENT,
+          "reduction": REDUCTION, "windowed": WINDOWED, "no_float_math": NO_FLOAT_MATH,
+          "same_type_is_identity": SAME_TYPE_IS_IDENTITY}
+
+
+# --- the ISA table of docs/isa.md ----------------------------------------------------------
+
+def _attr_doc(a: Attr) -> str:
+    text = f"`{a.name}`: {a.spec.describe()}"
+    if not a.required:
+        text += f" (default `{a.default!r}`)" if not isinstance(a.default, str) else \
+            f" (default `{a.default}`)"
+    return text + (f"; {a.doc}" if a.doc else "")
+
+
+def markdown_table() -> str:
+    """The table docs/isa.md carries between its GENERATED markers."""
+    lines = ["| kind | inputs → outputs | attrs | traits | semantics |",
+             "|---|---|---|---|---|"]
+    for k in KINDS.values():
+        attrs = "<br>".join(_attr_doc(a) for a in k.attrs) or "—"
+        traits = ", ".join(sorted(k.traits)) or "—"
+        lines.append(f"| `{k.name}` | {signature(k)} | {attrs} | {traits} | {k.doc} |")
+    return "\n".join(lines) + "\n"

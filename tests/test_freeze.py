@@ -1,0 +1,94 @@
+"""Freezing a SavedModel signature: nested and XLA-marked function calls are inlined, so
+the partitioner sees every op; what truly cannot be frozen is named with its cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import neuronish.saved_model
+from neuronish.errors import SavedModelError
+from neuronish.freeze import freeze_signature
+from tests.test_saved_model_compile import assert_matches_original
+
+_rng = np.random.default_rng(7)
+
+
+class _NestedXla(tf.Module):
+    """A grouped convolution inside a function compiled for XLA, called from another
+    XLA function (the way Keras runs `Conv2D(groups=...)`), then a plain one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depthwise = tf.Variable(_rng.standard_normal((3, 3, 1, 8)).astype("float32"))
+        self.grouped = tf.Variable(_rng.standard_normal((3, 3, 4, 8)).astype("float32"))
+        self.scale = tf.Variable(np.float32(0.5))
+
+    @tf.function(jit_compile=True)
+    def _grouped(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.nn.conv2d(x, self.grouped, 1, "SAME")
+
+    @tf.function(jit_compile=True)
+    def _block(self, x: tf.Tensor) -> tf.Tensor:
+        y = tf.nn.conv2d(x, self.depthwise, 1, "SAME")  # groups = channels
+        return tf.nn.relu(self._grouped(y)) * self.scale
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6, 6, 8], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": self._block(x) + 1.0}
+
+
+class _Counter(tf.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = tf.Variable(0.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        self.calls.assign_add(1.0)
+        return {"y": x * 2.0}
+
+
+def _save(module: tf.Module, path: Path) -> str:
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def nested_xla(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _save(_NestedXla(), tmp_path_factory.mktemp("nested") / "model")
+
+
+def test_nested_xla_calls_are_inlined(nested_xla: str) -> None:
+    frozen = freeze_signature(nested_xla)
+    ops = [n.op for n in frozen.graph_def.node]
+    assert not {"PartitionedCall", "StatefulPartitionedCall"} & set(ops), ops
+    assert ops.count("Conv2D") == 2, ops
+    # The frozen graph computes what the SavedModel does.
+    x = _rng.standard_normal((2, 6, 6, 8)).astype("float32")
+    want = tf.saved_model.load(nested_xla).signatures["serving_default"](x=x)["y"].numpy()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(frozen.graph_def, name="")
+    with tf.compat.v1.Session(graph=graph) as session:
+        got = session.run(frozen.outputs["y"], {frozen.inputs[0].tensor: x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_nested_xla_model_compiles_whole_and_matches(nested_xla: str, tmp_path: Path) -> None:
+    out = tmp_path / "compiled"
+    report = neuronish.saved_model.compile(nested_xla, str(out), batch_size=2)
+    assert report["OnNeuronRatio"] == 1.0, report["OnTensorFlow"]
+    assert len(report["NeuronOps"]) == 1 and report["NeuronOps"][0]["dynamic_batch"]
+    assert_matches_original(nested_xla, out, tmp_path)
+
+
+def test_a_signature_that_writes_a_variable_is_named(tmp_path: Path) -> None:
+    model = _save(_Counter(), tmp_path / "counter")
+    with pytest.raises(SavedModelError) as info:
+        freeze_signature(model)
+    text = str(info.value)
+    assert "AssignAddVariableOp" in text and "writes a variable at serving time" in text, text
