@@ -26,6 +26,7 @@ def _write_errors(workdir: Path | None, error: str, message: str, nodes: list[di
 
 def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     from .compiler import compile_graph
+    from .device_model import DeviceModelError, load_device
     from .graphdef import load_graph_def
     from .ioconfig import parse_io_config
     from .pipeline import Timer, dump_dir_from_env, pass_names
@@ -41,6 +42,11 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"neuronish-cc: error: --disable-pass {', '.join(unknown)}: no such pass; the "
               f"passes are {', '.join(pass_names())}", file=sys.stderr)
         return 2
+    try:
+        device = load_device(args.device_model)
+    except DeviceModelError as e:
+        print(f"neuronish-cc: error: {e}", file=sys.stderr)
+        return 2
     try:  # a malformed io-config is bad usage: say so before doing any work
         io = parse_io_config(args.io_config)
     except BadIOConfig as e:
@@ -54,7 +60,8 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
                              auto_cast_type=args.auto_cast_type,
                              pipeline_cores=args.neuroncore_pipeline_cores,
                              dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
-                             instruments=[timer], disabled_passes=args.disable_pass)
+                             instruments=[timer], disabled_passes=args.disable_pass,
+                             device=device)
     except CompilerError as e:
         print(f"neuronish-cc: error: {type(e).__name__}: {e}", file=sys.stderr)
         problems = e.problems if isinstance(e, UnsupportedNodes) else []
@@ -111,6 +118,14 @@ def _inspect(args: argparse.Namespace) -> int:
     from neuronish.runtime.errors import ExecutableError
     from neuronish.runtime.executable import describe, from_bytes
 
+    from .device_model import DeviceModelError, estimate, load_device
+
+    try:
+        device = load_device(args.device_model)
+    except DeviceModelError as e:
+        print(f"neuronish-cc: error: {e}", file=sys.stderr)
+        return 2
+
     try:
         exe = from_bytes(Path(args.executable).read_bytes())
     except OSError as e:
@@ -120,6 +135,9 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"neuronish-cc: error: {e}", file=sys.stderr)
         return 1
     info = describe(exe)
+    modelled = estimate(exe, device)
+    info["modelled"] = {k: v for k, v in modelled.to_stats().items()
+                        if k != "instruction_seconds"}
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -145,7 +163,32 @@ def _inspect(args: argparse.Namespace) -> int:
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))
+    _print_modelled(exe, modelled)
     return 0
+
+
+def _print_modelled(exe, modelled) -> None:  # noqa: ANN001 (Executable, Estimate)
+    """The device model's figures: modelled, never measured (docs/device-model.md)."""
+    stages = modelled.stage_seconds
+    print(f"  modelled on {modelled.device} (a roofline estimate, not a measurement):")
+    print(f"    core group of {len(stages)} core(s), batch {modelled.batch}: latency "
+          f"{modelled.latency * 1e3:.3f} ms per call, {modelled.throughput:,.0f} inferences/s")
+    if len(stages) > 1:
+        print("    stages: " + ", ".join(f"core {i} {t * 1e3:.3f} ms" for i, t in
+                                        enumerate(stages)))
+    costs = [(c, ins) for program, cs in zip(exe.programs, modelled.costs)
+             for ins, c in zip(program, cs)]
+    total = sum(c.seconds for c, _ in costs) or 1.0
+    by_bound: dict[str, float] = {}
+    for c, _ in costs:
+        by_bound[c.bound] = by_bound.get(c.bound, 0.0) + c.seconds
+    shares = sorted(by_bound.items(), key=lambda x: -x[1])
+    print("    time by what bounds each instruction: " +
+          ", ".join(f"{b} {t / total:.0%}" for b, t in shares))
+    print("    top instructions:")
+    for c, ins in sorted(costs, key=lambda x: -x[0].seconds)[:5]:
+        print(f"      {c.seconds * 1e6:9.1f} us  {ins.kind:<16} {c.dtype:<9} {c.bound:<8} "
+              f"{', '.join(ins.source[:2]) or '-'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,11 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1: print each pass's time and instruction counts")
     c.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help="skip this pass (every run of it), for debugging; repeatable")
+    c.add_argument("--device-model", metavar="FILE", help="device description (JSON) for the "
+                   "modelled times; default $NEURONISH_DEVICE_MODEL, else Inferentia2-like")
     lo = sub.add_parser("list-operators", help="print the supported TF op types, one per line")
     lo.add_argument("--framework", required=True, choices=["TENSORFLOW"])
     i = sub.add_parser("inspect", help="describe an executable")
     i.add_argument("executable")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--device-model", metavar="FILE", help="device description (JSON) to model "
+                   "on; default $NEURONISH_DEVICE_MODEL, else Inferentia2-like")
     return p
 
 

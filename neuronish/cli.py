@@ -119,7 +119,7 @@ def _compile(args: argparse.Namespace) -> int:
                 max_num_compilers=args.max_num_compilers,
                 dynamic_batch_size=not args.fixed_batch_size,
                 compiler_recovery=not args.no_compiler_recovery, progress=progress,
-                graph=args.graph)
+                graph=args.graph, verify=args.verify)
     except NeuronishError as e:
         if bar is not None:
             bar.close()
@@ -156,6 +156,9 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    help="no batch splitting: calls must use the compiled batch size")
     c.add_argument("--no-compiler-recovery", action="store_true",
                    help="fail instead of leaving subgraphs that do not compile on TensorFlow")
+    c.add_argument("--verify", action="store_true", help="run each compiled subgraph on "
+                   "TensorFlow and on the device with example inputs; one beyond tolerance "
+                   "stays on TensorFlow")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--graph", metavar="FILE.html", help="draw the partition: each node coloured "
                    "by where it runs and why (HTML page; Graphviz .dot alongside)")

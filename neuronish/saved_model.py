@@ -64,6 +64,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     compiler_recovery: bool = True,
     progress: Callable[[int, int, CompileResult], None] | None = None,
     graph: str | None = None,
+    verify: bool = False,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
 
@@ -72,7 +73,10 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     dimension set to `batch_size`; both dicts are keyed by signature input key.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
     / to fuse regardless of size. `graph` names an HTML file to draw the partition
-    in (Graphviz DOT alongside; see `graph_picture`). Returns the compile report.
+    in (Graphviz DOT alongside; see `graph_picture`). With `verify`, each compiled
+    subgraph runs on TensorFlow and on the device with example inputs, and one that
+    differs beyond its tolerance stays on TensorFlow (neuronish/verification.py; the
+    report's `verification`). Returns the compile report.
     """
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
@@ -118,6 +122,12 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
 
     compiled = [(sg, results[_digest(sg, compiler_args)]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
+    verdicts = []
+    if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
+        from .verification import verify_signature
+
+        compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
+                                              excluded)
     cores = [_num_cores(r.executable) for _, r in compiled]
     replacements = []
     for (sg, result), this_cores in zip(compiled, cores, strict=True):
@@ -146,6 +156,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
                           model_dir=model_dir, new_model_dir=new_model_dir,
                           batch_size=batch_size, seconds=time.perf_counter() - start)
     report["compile_cache"] = cache_stats.as_dict()
+    if verify:
+        report["verification"] = [v.as_dict() for v in verdicts]
     return report
 
 
@@ -282,6 +294,18 @@ def _num_cores(executable: bytes | None) -> int:
     return from_bytes(executable).num_cores
 
 
+def _modelled(executable: bytes | None) -> dict:
+    """The compiler's modelled device figures for one core group (docs/device-model.md)."""
+    from neuronish.runtime.executable import from_bytes
+
+    m = from_bytes(executable).stats.get("device_model") if executable else None
+    if not m:  # compiled by a compiler without the device model
+        return {}
+    return {"device": m["device"], "cores": len(m["stage_seconds"]), "batch": m["batch"],
+            "latency_ms": round(m["latency_seconds"] * 1e3, 6),
+            "inferences_per_second": round(m["throughput_per_second"], 1)}
+
+
 # --------------------------------------------------------------------------- report
 
 def build_report(signature: FrozenSignature, part: Partition,
@@ -322,6 +346,7 @@ def build_report(signature: FrozenSignature, part: Partition,
             "compile_seconds": round(result.seconds, 3),
             "cached": result.cached,
             "outcome": result.outcome,
+            "modelled": _modelled(result.executable),
         })
     return {
         "OnNeuronRatio": round(len(on_device) / len(ops), 4) if ops else 0.0,
@@ -366,6 +391,11 @@ def format_report(report: dict) -> str:
         top = ", ".join(f"{k} {v}" for k, v in sorted(op["op_counts"].items(),
                                                       key=lambda kv: -kv[1])[:8])
         lines.append(f"  {op['name']}: {top}" + (", ..." if len(op["op_counts"]) > 8 else ""))
+        if op.get("modelled"):
+            m = op["modelled"]
+            lines.append(f"    modelled on {m['device']} (not measured): {m['latency_ms']:.3f} ms "
+                         f"per call of batch {m['batch']} on a group of {m['cores']} core(s), "
+                         f"{m['inferences_per_second']:,.0f} inferences/s per group")
         if op["dynamic_batch_note"]:
             lines.append(f"    fixed batch: {op['dynamic_batch_note']}")
     if report["OnTensorFlow"]:

@@ -1,0 +1,195 @@
+"""Compile-time verification (`compile(..., verify=True)`, `neuronish compile --verify`):
+run every compiled subgraph on TensorFlow and on the device with the same example
+inputs, and send back to TensorFlow each one whose outputs differ by more than
+the tolerance for their dtype and the executable's auto-cast mode.
+
+The example inputs are the model's (`model_feed_dict`), else random ones of the
+compile shapes (floats ~N(0,1), integers in [0, 2), booleans); each subgraph's
+own inputs are what TensorFlow computes for them from those, so a subgraph deep
+in the model sees realistic values.
+
+Error of one output: max |device - TensorFlow| / max(max |TensorFlow|, 1e-30),
+the figure docs/auto-cast.md measures; any NaN or infinity where TensorFlow has
+a finite value (an fp16 overflow) is an infinite error. Integer and boolean
+outputs must match exactly. Tolerances (`TOLERANCES`, relative):
+
+    output dtype       auto-cast none   matmult/all bf16   matmult/all fp16
+    float32, float64   1e-4             5e-2               1e-2
+    float16            1e-2             5e-2               1e-2
+    integers, bool     0                0                  0
+
+(measured on the reference models: at most 1e-6 without auto-cast, 2.4e-2 with
+bf16, 3.3e-3 with fp16, so a failure is a real difference, not rounding.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+TOLERANCES: dict[tuple[str, str], float] = {
+    ("float", "none"): 1e-4, ("float", "bf16"): 5e-2, ("float", "fp16"): 1e-2,
+    ("float16", "none"): 1e-2, ("float16", "bf16"): 5e-2, ("float16", "fp16"): 1e-2,
+}
+
+
+def tolerance(dtype: str, auto_cast: str, auto_cast_type: str) -> float:
+    """The largest relative error accepted for an output of `dtype` under that mode."""
+    kind = np.dtype(dtype)
+    if kind.kind not in "fc":
+        return 0.0
+    mode = "none" if auto_cast in ("none", "", None) else auto_cast_type
+    return TOLERANCES[("float16" if kind == np.float16 else "float", mode)]
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return float("inf")
+    if want.dtype.kind not in "fc":
+        return 0.0 if np.array_equal(got, want) else float("inf")
+    got64, want64 = got.astype(np.float64), want.astype(np.float64)
+    finite = np.isfinite(want64)
+    if not np.array_equal(np.isfinite(got64), finite) or \
+            not np.array_equal(got64[~finite], want64[~finite], equal_nan=True):
+        return float("inf")
+    if not finite.any():
+        return 0.0
+    scale = max(float(np.max(np.abs(want64[finite]))), 1e-30)
+    return float(np.max(np.abs(got64[finite] - want64[finite]))) / scale
+
+
+@dataclass
+class Verdict:
+    """One subgraph's comparison."""
+
+    subgraph: str
+    passed: bool
+    outputs: dict[str, dict]  # output name -> dtype, error, tolerance
+    auto_cast: str
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return {"subgraph": self.subgraph, "passed": self.passed, "auto_cast": self.auto_cast,
+                "outputs": self.outputs, **({"reason": self.reason} if self.reason else {})}
+
+
+def example_feeds(placeholders: Mapping[str, tuple[Sequence[int], str]],
+                  given: Mapping[str, object] | None, seed: int = 0) -> dict[str, np.ndarray]:
+    """One array per input tensor: the given one, else random of its shape and dtype."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for tensor, (shape, dtype) in placeholders.items():
+        if given and tensor in given:
+            feeds[tensor] = np.asarray(given[tensor])
+            continue
+        dt = np.dtype(dtype)
+        if dt.kind == "b":
+            feeds[tensor] = rng.integers(0, 2, shape).astype(bool)
+        elif dt.kind in "iu":
+            feeds[tensor] = rng.integers(0, 2, shape).astype(dt)
+        else:
+            feeds[tensor] = rng.standard_normal(shape).astype(dt)
+    return feeds
+
+
+def tensorflow_values(graph_def: bytes, feeds: Mapping[str, np.ndarray],
+                      fetches: Sequence[str]) -> dict[str, np.ndarray]:
+    """`fetches` computed by TensorFlow from `feeds` in the (frozen) graph."""
+    import tensorflow as tf
+
+    gd = tf.compat.v1.GraphDef()
+    gd.ParseFromString(graph_def)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    with tf.compat.v1.Session(graph=graph) as session:
+        values = session.run(list(fetches), dict(feeds))
+    return dict(zip(fetches, values, strict=True))
+
+
+def verify_subgraph(name: str, executable: bytes, graph_def: bytes,
+                    input_names: Sequence[str], output_names: Sequence[str],
+                    inputs: Sequence[np.ndarray]) -> Verdict:
+    """Run one subgraph both ways on `inputs` (in `input_names` order) and compare."""
+    from neuronish.runtime import DeviceError, load
+    from neuronish.runtime.executable import from_bytes
+
+    exe = from_bytes(executable)
+    options = exe.compiler.get("options", {}) if isinstance(exe.compiler, dict) else {}
+    auto_cast = str(options.get("auto_cast", "none") or "none")
+    cast_type = str(options.get("auto_cast_type", "bf16") or "bf16")
+    mode = auto_cast if auto_cast == "none" else f"{auto_cast} {cast_type}"
+    want = tensorflow_values(graph_def, dict(zip(input_names, inputs, strict=True)),
+                             output_names)
+    try:
+        model = load(executable)
+        try:
+            got = model.run(dict(zip(input_names, inputs, strict=True)))
+        finally:
+            model.unload()
+    except DeviceError as e:
+        return Verdict(name, False, {}, mode, f"the device could not run it: "
+                                              f"{type(e).__name__}: {e}")
+    outputs, worst = {}, []
+    for out in output_names:
+        w = np.asarray(want[out])
+        err = relative_error(got[out], w)
+        tol = tolerance(w.dtype.name, auto_cast, cast_type)
+        outputs[out] = {"dtype": w.dtype.name, "error": err, "tolerance": tol}
+        if not err <= tol:
+            worst.append(f"{out} ({w.dtype.name}) relative error {err:.3g} > {tol:g}")
+    reason = ("verify: " + "; ".join(worst) + f" (auto-cast {mode}); left on TensorFlow"
+              if worst else "")
+    return Verdict(name, not worst, outputs, mode, reason)
+
+
+def _tensor(name: str) -> str:
+    return name if ":" in name else f"{name}:0"
+
+
+def verify_compiled(frozen_graph_def: bytes,
+                    placeholders: Mapping[str, tuple[Sequence[int], str]],
+                    given: Mapping[str, object] | None, compiled: list[tuple],
+                    excluded: dict[str, str]) -> tuple[list[tuple], list[Verdict]]:
+    """Check each compiled `(subgraph, CompileResult)`; returns those that passed and every
+    verdict. The nodes of a failed subgraph get its reason in `excluded` (the report's
+    OnTensorFlow reasons); it is not spliced, so they stay on TensorFlow."""
+    import warnings
+
+    from .errors import CompileWarning
+
+    if not compiled:
+        return compiled, []
+    feeds = example_feeds(placeholders, given)
+    fetches = sorted({_tensor(t) for sg, _ in compiled for t in sg.inputs})
+    values = tensorflow_values(frozen_graph_def, feeds, fetches)
+    kept, verdicts = [], []
+    for sg, result in compiled:
+        verdict = verify_subgraph(sg.name, result.executable, sg.serialize(), sg.input_names,
+                                  sg.output_names, [values[_tensor(t)] for t in sg.inputs])
+        verdicts.append(verdict)
+        if verdict.passed:
+            kept.append((sg, result))
+            continue
+        for node in sg.node_names:
+            excluded[node] = verdict.reason
+        warnings.warn(f"subgraph {sg.name} ({len(sg.node_names)} nodes) failed verification, "
+                      f"its nodes stay on TensorFlow: {verdict.reason}", CompileWarning,
+                      stacklevel=3)
+    return kept, verdicts
+
+
+def verify_signature(signature: object, shapes: Mapping[str, Sequence[int]],
+                     model_feed_dict: Mapping[str, object] | None, compiled: list[tuple],
+                     excluded: dict[str, str]) -> tuple[list[tuple], list[Verdict]]:
+    """`verify_compiled` for a frozen signature (freeze.FrozenSignature) compiled at
+    `shapes` (by tensor name); `model_feed_dict` is keyed by signature input key."""
+    inputs = signature.inputs  # type: ignore[attr-defined]
+    placeholders = {i.tensor: (shapes[i.tensor], i.dtype) for i in inputs}
+    given = {i.tensor: model_feed_dict[i.key] for i in inputs
+             if model_feed_dict and i.key in model_feed_dict}
+    return verify_compiled(signature.graph_def.SerializeToString(),  # type: ignore[attr-defined]
+                           placeholders, given, compiled, excluded)
