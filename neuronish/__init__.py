@@ -88,7 +88,11 @@ def _uninstall_hook() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TensorFlowImportHook)]
 
 
-def __getattr__(name: str) -> ModuleType:
+def __getattr__(name: str) -> Any:
+    if name == "trace":  # neuronish.trace(fn_or_keras_model, example_inputs): tracing.py
+        from neuronish.tracing import trace
+
+        return trace
     if name in _LAZY_SUBMODULES:
         import importlib
 

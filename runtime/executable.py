@@ -169,8 +169,8 @@ def from_bytes(data: bytes) -> Executable:
             stats=body.get("stats", {}),
         )
         check_executable(exe)
-    except (KeyError, TypeError, ValueError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError,
+            RecursionError, msgpack.UnpackException) as e:  # whatever a hostile body provokes
         raise ExecutableError(f"executable body is malformed ({type(e).__name__}: {e}); it was "
                               "not written by a compatible neuronish-cc") from None
     return exe
