@@ -25,7 +25,7 @@ def _device_line(processes: list[dict]) -> list[str]:
         c = DeviceConfig.from_env()
         num, visible, groups, memory = (c.num_cores, list(c.visible_cores),
                                         [list(g) for g in c.core_groups], c.core_memory)
-        engine = "default"
+        engine = "-"
     return [f"device: {num} core(s), visible {visible}, core groups {groups}, "
             f"{memory / _MIB:.0f} MiB per core, engine {engine}"]
 

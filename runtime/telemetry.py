@@ -53,7 +53,9 @@ class _ModelCounters:
         self.id = model_id
         self.name = ", ".join(s.name for s in exe.outputs)[:80] or f"model-{model_id}"
         self.groups: list[tuple[int, ...]] = list(model.core_groups)  # type: ignore[attr-defined]
-        self.bytes_per_core = list(model._bytes_per_core(exe))  # type: ignore[attr-defined]
+        reservations = model._reservations  # type: ignore[attr-defined]
+        self.bytes_per_core = list(reservations[0].bytes_per_core) if reservations else []
+        self.engine = getattr(model, "engine", "numpy")
         self.batch = model.batch_size or 1  # type: ignore[attr-defined]
         self.loaded_at = time.time()
         self.calls = 0
@@ -131,7 +133,8 @@ class Telemetry:
                 models.append({"id": m.id, "name": m.name, "core_groups": [list(g) for g in
                                                                            m.groups],
                                "bytes_per_core": m.bytes_per_core, "batch": m.batch,
-                               "calls": m.calls, "inferences": m.inferences,
+                               "engine": m.engine, "calls": m.calls,
+                               "inferences": m.inferences,
                                "busy_seconds": m.busy_seconds + in_flight,
                                "loaded_at": m.loaded_at})
             device = self._device
@@ -143,7 +146,7 @@ class Telemetry:
             "device": {"num_cores": config.num_cores, "visible_cores": list(config.visible_cores),
                        "core_groups": [list(g) for g in config.core_groups],
                        "core_memory": config.core_memory,
-                       "engine": os.environ.get("NEURONISH_ENGINE", "default")},
+                       "engine": next((m["engine"] for m in models), "-")},
             "cores": {str(c): {"used_bytes": memory[c]["used"],
                                "busy_seconds": core_busy.get(c, 0.0)} for c in memory},
             "models": models,
