@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import telemetry
 from .device import Device, Reservation, get_device
 from .errors import DeviceError, ExecutableError, InvalidInput, OutputBufferError
 from .executable import Executable, TensorSig, from_bytes
@@ -116,6 +117,7 @@ class Model:
             raise
         self._unloaded = False
         self._lock = threading.Lock()
+        telemetry.model_loaded(self)  # counters for `neuronish ls` / `top`
 
     @staticmethod
     def _bytes_per_core(exe: Executable) -> list[int]:
@@ -219,7 +221,7 @@ class Model:
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         program = self._idle.get()
         try:
-            with self.device.host_slots:
+            with self.device.host_slots, telemetry.busy(self):
                 program.execute(inputs, outputs)
         finally:
             self._idle.put(program)
@@ -290,6 +292,7 @@ class Model:
             self._unloaded = True
             for r in self._reservations:
                 self.device.release(r)
+            telemetry.model_unloaded(self)
 
     def __enter__(self) -> Model:
         return self
