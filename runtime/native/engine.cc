@@ -425,7 +425,9 @@ struct Program {
     memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
     dt cdt = to_dt(compute);
     memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
-    memory::desc b_use = b_const ? memory::desc(bd, cdt, tag::any) : b_md;
+    memory::desc b_use = b_const          ? memory::desc(bd, cdt, tag::any)
+                         : B.type != cdt ? memory::desc(bd, cdt, plain_tag(r))
+                                         : b_md;
     memory::desc bias_md;
     if (has_bias) {
       memory::dims bd2(r, 1);
@@ -454,8 +456,23 @@ struct Program {
     }
     if (b_const) {
       own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(B, b_md, pd.weights_desc()));
+    } else if (B.type != cdt) {
+      // A computed operand (attention's keys, values) read in reduced precision: converted
+      // into the temporaries after a's.
+      size_t after = (a_use.get_data_type() != A.type ? a_use.get_size() + 63 : 0) / 64 * 64;
+      memory::desc b_cvt(bd, cdt, plain_tag(r));
+      Step t;
+      arg(t, DNNL_ARG_FROM, B, b_md);
+      own_arg(t, DNNL_ARG_TO, memory(b_cvt, eng, DNNL_MEMORY_NONE));
+      t.args.back().slot = -2;
+      t.args.back().offset = (int64_t)after;
+      t.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, b_md, eng, b_cvt));
+      temp_bytes = std::max(temp_bytes, after + b_cvt.get_size());
+      ins.steps.push_back(std::move(t));
+      Arg w{DNNL_ARG_WEIGHTS, memory(b_cvt, eng, DNNL_MEMORY_NONE), -2, (int64_t)after};
+      s.args.push_back(w);
+      s.map[DNNL_ARG_WEIGHTS] = w.mem;
     } else {
-      if (B.type != cdt) throw Error("computed matmul operands must have the compute dtype");
       arg(s, DNNL_ARG_WEIGHTS, B, b_md);
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);

@@ -133,8 +133,8 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     a, b, y = ins[0], ins[1], outs[0]
     compute = attrs.get("compute", "float32")
-    if a.dtype != "float32" or y.dtype != "float32" or b.dtype != compute:
-        return None  # (computed operands in reduced precision: left to numpy)
+    if a.dtype != "float32" or y.dtype != "float32" or b.dtype not in ("float32", compute):
+        return None
     act = _activation(attrs)
     rank = len(y.shape)
     if act is None or rank > 6:
