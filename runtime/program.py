@@ -175,32 +175,28 @@ class LoadedProgram:
                     f"{', '.join(step.source) or '?'}) failed: {type(e).__name__}: {e}") from e
 
 
-def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
-                 out_types: list[tuple[tuple[int, ...], str]], *,
-                 constant: frozenset[int] = frozenset(), native: ctypes.CDLL | None = None,
-                 threads: int = 1) -> tuple[list[np.ndarray], str]:
-    """Run one instruction as a one-instruction program on either engine.
+def one_instruction_program(kind: str, inputs: list[np.ndarray], attrs: dict,
+                            out_types: list[tuple[tuple[int, ...], str]], *,
+                            constant: frozenset[int] = frozenset(),
+                            native: ctypes.CDLL | None = None, threads: int = 1
+                            ) -> tuple[LoadedProgram, list[np.ndarray]]:
+    """One instruction as a loaded program on either engine, and its call inputs.
 
     Inputs whose positions are in `constant` are program constants (as weights are),
-    the others call inputs. Returns the outputs and the engine that ran it
-    ("native" or "numpy") — the per-op conformance tests run every kind both ways."""
+    the others call inputs (the second value returned, in order)."""
     from .executable import Instruction, TensorSig
 
     ins = [np.asarray(x, order="C") for x in inputs]
     scratch = KERNELS[kind].scratch_bytes([x.shape for x in ins], [x.dtype.name for x in ins],
                                           attrs)
-    vid = iter(range(len(ins) + len(out_types)))
     sig_in, consts, values = [], {}, {}
-    in_ids = []
-    for k, x in enumerate(ins):
-        v = next(vid)
-        in_ids.append(v)
-        if k in constant:
+    for v, x in enumerate(ins):
+        if v in constant:
             consts[v] = x
         else:
-            sig_in.append(TensorSig(f"in{k}", v, x.shape, x.dtype.name, -1))
+            sig_in.append(TensorSig(f"in{v}", v, x.shape, x.dtype.name, -1))
             values[v] = (x.shape, x.dtype.name)
-    out_ids = [next(vid) for _ in out_types]
+    out_ids = list(range(len(ins), len(ins) + len(out_types)))
     for v, (shape, dtype) in zip(out_ids, out_types):
         values[v] = (tuple(shape), dtype)
     exe = Executable(
@@ -208,10 +204,22 @@ def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
         outputs=[TensorSig(f"out{k}", v, tuple(s), d, -1)
                  for k, (v, (s, d)) in enumerate(zip(out_ids, out_types))],
         constants=consts, values=values, arena_bytes=scratch, offsets={},
-        programs=[[Instruction(kind, tuple(in_ids), tuple(out_ids), attrs,
+        programs=[[Instruction(kind, tuple(range(len(ins))), tuple(out_ids), attrs,
                                (0, scratch) if scratch else None, ())]])
-    program = LoadedProgram(exe, consts, native, threads)
+    return LoadedProgram(exe, consts, native, threads), [x for k, x in enumerate(ins)
+                                                          if k not in constant]
+
+
+def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
+                 out_types: list[tuple[tuple[int, ...], str]], *,
+                 constant: frozenset[int] = frozenset(), native: ctypes.CDLL | None = None,
+                 threads: int = 1) -> tuple[list[np.ndarray], str]:
+    """Run one instruction on either engine; returns the outputs and the engine that ran
+    it ("native" or "numpy"); the per-op tests run every kind both ways."""
+    program, call_inputs = one_instruction_program(kind, inputs, attrs, out_types,
+                                                   constant=constant, native=native,
+                                                   threads=threads)
     outs = [np.empty(s, d) for s, d in out_types]
-    program.execute([x for k, x in enumerate(ins) if k not in constant], outs)
+    program.execute(call_inputs, outs)
     ran = "native" if program.native is not None and not program.native.rejected else "numpy"
     return outs, ran
