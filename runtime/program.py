@@ -26,7 +26,7 @@ from .executable import Executable
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
 from .native.program import NativeProgram
-from .native.spec import Ref
+from .native.spec import WINDOWED, Ref
 from .validate import value_nbytes
 
 
@@ -79,12 +79,44 @@ class LoadedProgram:
         ]
         self.native: NativeProgram | None = None
         self.steps: list[_Bound | _NativeRun] = list(self.instructions)
+        self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
         if native is not None:
             self._build_native(native, threads, constants)
 
     # -- the native engine -----------------------------------------------------
     def _build_native(self, lib: ctypes.CDLL, threads: int,
                       constants: dict[int, np.ndarray]) -> None:
+        blocked = self._blockable(constants)
+        while True:
+            prog, steps = self._native_program(lib, threads, constants, blocked)
+            # A value stays blocked only if the engine took its producer and every reader.
+            refused = {v for i in prog.rejected for v in (*self.instructions[i].inputs,
+                                                          *self.instructions[i].outputs)
+                       if v in blocked}
+            if not refused:
+                break
+            blocked -= refused
+        prog.finalize()
+        self.native, self.steps, self.blocked = prog, steps, frozenset(blocked)
+
+    def _blockable(self, constants: dict[int, np.ndarray]) -> set[int]:
+        """Values the compiler marked for a channel-blocked layout (docs/isa.md, `layout`)
+        whose producer and readers the native engine implements."""
+        marked = {ins.outputs[0]: ins for ins in self.instructions
+                  if ins.attrs.get("layout", "nhwc") != "nhwc" and len(ins.outputs) == 1}
+        readers: dict[int, list[_Bound]] = {}
+        for ins in self.instructions:
+            for v in ins.inputs:
+                if v in marked:
+                    readers.setdefault(v, []).append(ins)
+        external = {s.value for s in (*self.exe.inputs, *self.exe.outputs)}
+        return {v for v, producer in marked.items()
+                if v not in external and readers.get(v)
+                and all(r.kind in WINDOWED for r in readers[v])
+                and producer.kind in WINDOWED}
+
+    def _native_program(self, lib: ctypes.CDLL, threads: int, constants: dict[int, np.ndarray],
+                        blocked: set[int]) -> tuple[NativeProgram, list[_Bound | _NativeRun]]:
         exe = self.exe
         const_ids = sorted(constants)
         self._first_call_slot = 1 + len(const_ids)
@@ -102,9 +134,9 @@ class LoadedProgram:
             slot, offset = place[vid]
             array = self.slots[vid]
             if array is not None:
-                return Ref(slot, offset, array.dtype.name, tuple(array.shape))
+                return Ref(slot, offset, array.dtype.name, tuple(array.shape), vid in blocked)
             shape, dtype = exe.values[vid]
-            return Ref(slot, offset, dtype, tuple(shape))
+            return Ref(slot, offset, dtype, tuple(shape), vid in blocked)
 
         steps: list[_Bound | _NativeRun] = []
         for index, ins in enumerate(self.instructions):
@@ -117,8 +149,7 @@ class LoadedProgram:
                 steps[-1] = _NativeRun(last.first, k + 1, (*last.indices, index))
             else:
                 steps.append(_NativeRun(k, k + 1, (index,)))
-        prog.finalize()
-        self.native, self.steps = prog, steps
+        return prog, steps
 
     def bytes_per_core(self) -> list[int]:
         """Device memory each core of the group holds for this copy: the constants its
