@@ -1,7 +1,10 @@
 """`neuronish-cc`: the compiler's command line (see DESIGN.md).
 
 Exit status: 0 compiled; 1 the model could not be compiled (stderr says which
-nodes and what to do); 2 bad usage (including an io-config that is not well-formed).
+nodes and what to do); 2 bad usage (including an io-config that is not well-formed,
+an --output that is not a regular file, a --workdir that is not a directory).
+Never a traceback on stderr: a compiler bug is reported in one paragraph, its
+trace kept in --workdir. Nothing is written at --output unless compiling succeeded.
 """
 
 from __future__ import annotations
@@ -16,6 +19,59 @@ from pathlib import Path
 from . import __version__
 from .errors import BadIOConfig, CompilerError, InvalidGraph, UnsupportedNodes
 
+# The most cores one core group can have (AWS's largest Inferentia host has 64);
+# beyond it a pipeline cannot be placed, and splitting into 10^9 stages would not end.
+MAX_PIPELINE_CORES = 64
+_TRACE_MARK = "Traceback (most recent call last)"
+
+
+class UsageError(Exception):
+    """Bad command-line usage found before compiling: exit status 2."""
+
+
+def _check_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """--output must be (or become) a regular file, never a directory or a device;
+    --workdir a directory. Checked before any work, so a mistake costs nothing."""
+    output = Path(args.output)
+    if output.exists() and not output.is_file():
+        kind = "a directory" if output.is_dir() else "not a regular file (a device, FIFO or socket)"
+        raise UsageError(f"--output {output} is {kind}; give the path of the executable file "
+                         "to write")
+    if output.parent.exists() and not output.parent.is_dir():
+        raise UsageError(f"--output {output}: {output.parent} is not a directory")
+    for path in (args.graph, args.io_config):
+        try:
+            if output.exists() and os.path.samefile(path, output):
+                raise UsageError(f"--output {output} is the same file as the input {path}")
+        except OSError:
+            pass  # the input does not exist (or is inline JSON): reported later
+    workdir = Path(args.workdir) if args.workdir else None
+    if workdir:
+        if workdir.exists() and not workdir.is_dir():
+            raise UsageError(f"--workdir {workdir} exists and is not a directory")
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "command_line.txt").write_text(" ".join(["neuronish-cc", *args.argv]) + "\n")
+        except OSError as e:
+            raise UsageError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
+    return output, workdir
+
+
+def _write_output(output: Path, data: bytes) -> None:
+    """Write next to the target and rename, so `--output` is never half-written and
+    a failed write leaves nothing behind."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
 
 def _write_errors(workdir: Path | None, error: str, message: str, nodes: list[dict]) -> None:
     """errors.json: machine-readable, for the partitioner's recovery."""
@@ -24,22 +80,42 @@ def _write_errors(workdir: Path | None, error: str, message: str, nodes: list[di
             {"error": error, "message": message, "nodes": nodes}, indent=1))
 
 
+def _keep_trace(workdir: Path | None, trace: str) -> None:
+    if workdir:
+        try:
+            (workdir / "traceback.txt").write_text(trace)
+        except OSError:
+            pass
+
+
+def _trace_hint(workdir: Path | None) -> str:
+    return (f"neuronish-cc: the Python traceback is in {workdir / 'traceback.txt'}" if workdir
+            else "neuronish-cc: pass --workdir DIR to keep the Python traceback "
+                 "(DIR/traceback.txt)")
+
+
 def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     from .compiler import compile_graph
+    from .device_model import DeviceModelError, load_device
     from .graphdef import load_graph_def
     from .ioconfig import parse_io_config
     from .pipeline import Timer, dump_dir_from_env, pass_names
 
-    output = Path(args.output)
-    workdir = Path(args.workdir) if args.workdir else None
-    if workdir:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "command_line.txt").write_text(" ".join(["neuronish-cc", *argv]) + "\n")
+    try:
+        output, workdir = _check_paths(args)
+    except UsageError as e:
+        print(f"neuronish-cc: error: {e}", file=sys.stderr)
+        return 2
     dump_dir = (workdir / "dumps") if workdir else dump_dir_from_env(output.stem)
     unknown = sorted(set(args.disable_pass) - set(pass_names()))
     if unknown:
         print(f"neuronish-cc: error: --disable-pass {', '.join(unknown)}: no such pass; the "
               f"passes are {', '.join(pass_names())}", file=sys.stderr)
+        return 2
+    try:
+        device = load_device(args.device_model)
+    except DeviceModelError as e:
+        print(f"neuronish-cc: error: {e}", file=sys.stderr)
         return 2
     try:  # a malformed io-config is bad usage: say so before doing any work
         io = parse_io_config(args.io_config)
@@ -54,9 +130,14 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
                              auto_cast_type=args.auto_cast_type,
                              pipeline_cores=args.neuroncore_pipeline_cores,
                              dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
-                             instruments=[timer], disabled_passes=args.disable_pass)
+                             instruments=[timer], disabled_passes=args.disable_pass,
+                             device=device)
     except CompilerError as e:
-        print(f"neuronish-cc: error: {type(e).__name__}: {e}", file=sys.stderr)
+        text = str(e)
+        if _TRACE_MARK in text:  # a lowering's bug: the trace goes to the workdir only
+            _keep_trace(workdir, text)
+            text = text.split(_TRACE_MARK)[0].rstrip() + "\n" + _trace_hint(workdir)
+        print(f"neuronish-cc: error: {type(e).__name__}: {text}", file=sys.stderr)
         problems = e.problems if isinstance(e, UnsupportedNodes) else []
         _write_errors(workdir, type(e).__name__, str(e), [p.to_json() for p in problems])
         if isinstance(e, (UnsupportedNodes, InvalidGraph)):
@@ -72,23 +153,19 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     except Exception as e:  # a compiler bug: still exit cleanly and leave the evidence
         import traceback
 
-        traceback.print_exc()
-        print(f"neuronish-cc: internal compiler error: {type(e).__name__}: {e}\n"
+        _keep_trace(workdir, traceback.format_exc())
+        print(f"neuronish-cc: internal compiler error: {type(e).__name__}: {str(e)[:2000]}\n"
               "This is a bug in neuronish-cc, not in your model; please report it with the "
-              "--workdir contents. The partitioner leaves this subgraph on TensorFlow.",
-              file=sys.stderr)
+              f"--workdir contents. The partitioner leaves this subgraph on TensorFlow.\n"
+              f"{_trace_hint(workdir)}", file=sys.stderr)
         _write_errors(workdir, "InternalCompilerError", f"{type(e).__name__}: {e}", [])
         return 1
-    # Write next to the target and rename, so `--output` is never half-written.
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        _write_output(output, data)
+    except OSError as e:
+        print(f"neuronish-cc: error: cannot write --output {output}: {e.strerror}",
+              file=sys.stderr)
+        return 1
     if args.verbose:
         for r in timer.records:
             print(f"pass {r.name:<22} {r.seconds * 1000:8.1f} ms  {r.nodes_before:5d} -> "
@@ -111,15 +188,34 @@ def _inspect(args: argparse.Namespace) -> int:
     from neuronish.runtime.errors import ExecutableError
     from neuronish.runtime.executable import describe, from_bytes
 
+    from .device_model import DeviceModelError, estimate, load_device
+
+    path = Path(args.executable)
+    if path.exists() and not path.is_file():
+        print(f"neuronish-cc: error: {path} is not a regular file (an executable is one)",
+              file=sys.stderr)
+        return 2
     try:
-        exe = from_bytes(Path(args.executable).read_bytes())
+        device = load_device(args.device_model)
+    except DeviceModelError as e:
+        print(f"neuronish-cc: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        exe = from_bytes(path.read_bytes())
+        info = describe(exe)
+        modelled = estimate(exe, device)
     except OSError as e:
         print(f"neuronish-cc: error: cannot read {args.executable}: {e.strerror}", file=sys.stderr)
         return 1
     except ExecutableError as e:
         print(f"neuronish-cc: error: {e}", file=sys.stderr)
         return 1
-    info = describe(exe)
+    except Exception as e:  # a file the reader did not foresee: refused, never a traceback
+        print(f"neuronish-cc: error: {path} is not a readable neuronish executable "
+              f"({type(e).__name__}: {str(e)[:500]})", file=sys.stderr)
+        return 1
+    info["modelled"] = {k: v for k, v in modelled.to_stats().items()
+                        if k != "instruction_seconds"}
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -145,7 +241,32 @@ def _inspect(args: argparse.Namespace) -> int:
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))
+    _print_modelled(exe, modelled)
     return 0
+
+
+def _print_modelled(exe, modelled) -> None:  # noqa: ANN001 (Executable, Estimate)
+    """The device model's figures: modelled, never measured (docs/device-model.md)."""
+    stages = modelled.stage_seconds
+    print(f"  modelled on {modelled.device} (a roofline estimate, not a measurement):")
+    print(f"    core group of {len(stages)} core(s), batch {modelled.batch}: latency "
+          f"{modelled.latency * 1e3:.3f} ms per call, {modelled.throughput:,.0f} inferences/s")
+    if len(stages) > 1:
+        print("    stages: " + ", ".join(f"core {i} {t * 1e3:.3f} ms" for i, t in
+                                        enumerate(stages)))
+    costs = [(c, ins) for program, cs in zip(exe.programs, modelled.costs)
+             for ins, c in zip(program, cs)]
+    total = sum(c.seconds for c, _ in costs) or 1.0
+    by_bound: dict[str, float] = {}
+    for c, _ in costs:
+        by_bound[c.bound] = by_bound.get(c.bound, 0.0) + c.seconds
+    shares = sorted(by_bound.items(), key=lambda x: -x[1])
+    print("    time by what bounds each instruction: " +
+          ", ".join(f"{b} {t / total:.0%}" for b, t in shares))
+    print("    top instructions:")
+    for c, ins in sorted(costs, key=lambda x: -x[0].seconds)[:5]:
+        print(f"      {c.seconds * 1e6:9.1f} us  {ins.kind:<16} {c.dtype:<9} {c.bound:<8} "
+              f"{', '.join(ins.source[:2]) or '-'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,11 +287,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1: print each pass's time and instruction counts")
     c.add_argument("--disable-pass", action="append", default=[], metavar="NAME",
                    help="skip this pass (every run of it), for debugging; repeatable")
+    c.add_argument("--device-model", metavar="FILE", help="device description (JSON) for the "
+                   "modelled times; default $NEURONISH_DEVICE_MODEL, else Inferentia2-like")
     lo = sub.add_parser("list-operators", help="print the supported TF op types, one per line")
     lo.add_argument("--framework", required=True, choices=["TENSORFLOW"])
     i = sub.add_parser("inspect", help="describe an executable")
     i.add_argument("executable")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--device-model", metavar="FILE", help="device description (JSON) to model "
+                   "on; default $NEURONISH_DEVICE_MODEL, else Inferentia2-like")
     return p
 
 
@@ -187,9 +312,12 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "compile":
-        if args.neuroncore_pipeline_cores < 1:
-            print("neuronish-cc: error: --neuroncore-pipeline-cores must be >= 1", file=sys.stderr)
+        if not 1 <= args.neuroncore_pipeline_cores <= MAX_PIPELINE_CORES:
+            print(f"neuronish-cc: error: --neuroncore-pipeline-cores must be in [1, "
+                  f"{MAX_PIPELINE_CORES}] (cores of one core group), got "
+                  f"{args.neuroncore_pipeline_cores}", file=sys.stderr)
             return 2
+        args.argv = argv
         return _compile(args, argv)
     if args.command == "list-operators":
         return _list_operators(args)

@@ -11,6 +11,7 @@ import numpy as np
 from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
 
 from . import __version__
+from .device_model import DeviceDescription, estimate, load_device
 from .errors import InvalidGraph
 from .graphdef import TFNode, parse_graph_def
 from .ioconfig import IOConfig, parse_io_config
@@ -119,7 +120,8 @@ def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOCon
                   command_line: list[str] | None = None,
                   timings: dict[str, float] | None = None,
                   instruments: list[Instrument] | None = None,
-                  disabled_passes: list[str] | None = None) -> bytes:
+                  disabled_passes: list[str] | None = None,
+                  device: DeviceDescription | None = None) -> bytes:
     """Compile a GraphDef (serialized bytes or parsed nodes) into executable bytes.
 
     Raises a `CompilerError` subclass naming every node that stands in the way
@@ -146,6 +148,8 @@ def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOCon
     if disabled_passes:  # only when used, so ordinary executables are unchanged
         options["disabled_passes"] = sorted(disabled_passes)
     exe = build_executable(graph, options, dict(sorted(tf_ops.items())))
+    # Modelled device time per instruction (docs/device-model.md): an optional key.
+    exe.stats["device_model"] = estimate(exe, device or load_device()).to_stats()
     exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
     data = to_bytes(exe)
     if dumper.directory:

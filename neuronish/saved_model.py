@@ -294,6 +294,18 @@ def _num_cores(executable: bytes | None) -> int:
     return from_bytes(executable).num_cores
 
 
+def _modelled(executable: bytes | None) -> dict:
+    """The compiler's modelled device figures for one core group (docs/device-model.md)."""
+    from neuronish.runtime.executable import from_bytes
+
+    m = from_bytes(executable).stats.get("device_model") if executable else None
+    if not m:  # compiled by a compiler without the device model
+        return {}
+    return {"device": m["device"], "cores": len(m["stage_seconds"]), "batch": m["batch"],
+            "latency_ms": round(m["latency_seconds"] * 1e3, 6),
+            "inferences_per_second": round(m["throughput_per_second"], 1)}
+
+
 # --------------------------------------------------------------------------- report
 
 def build_report(signature: FrozenSignature, part: Partition,
@@ -334,6 +346,7 @@ def build_report(signature: FrozenSignature, part: Partition,
             "compile_seconds": round(result.seconds, 3),
             "cached": result.cached,
             "outcome": result.outcome,
+            "modelled": _modelled(result.executable),
         })
     return {
         "OnNeuronRatio": round(len(on_device) / len(ops), 4) if ops else 0.0,
@@ -378,6 +391,11 @@ def format_report(report: dict) -> str:
         top = ", ".join(f"{k} {v}" for k, v in sorted(op["op_counts"].items(),
                                                       key=lambda kv: -kv[1])[:8])
         lines.append(f"  {op['name']}: {top}" + (", ..." if len(op["op_counts"]) > 8 else ""))
+        if op.get("modelled"):
+            m = op["modelled"]
+            lines.append(f"    modelled on {m['device']} (not measured): {m['latency_ms']:.3f} ms "
+                         f"per call of batch {m['batch']} on a group of {m['cores']} core(s), "
+                         f"{m['inferences_per_second']:,.0f} inferences/s per group")
         if op["dynamic_batch_note"]:
             lines.append(f"    fixed batch: {op['dynamic_batch_note']}")
     if report["OnTensorFlow"]:

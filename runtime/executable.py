@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype of auto-cast weights)
 import msgpack
 import numpy as np
 
@@ -168,8 +169,8 @@ def from_bytes(data: bytes) -> Executable:
             stats=body.get("stats", {}),
         )
         check_executable(exe)
-    except (KeyError, TypeError, ValueError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError) as e:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError,
+            RecursionError, msgpack.UnpackException) as e:  # whatever a hostile body provokes
         raise ExecutableError(f"executable body is malformed ({type(e).__name__}: {e}); it was "
                               "not written by a compatible neuronish-cc") from None
     return exe

@@ -1,11 +1,17 @@
 """Consistency of an executable's contents, checked once when it is read
-(`from_bytes`); the Model and the program binder trust what passed.
+(`from_bytes`); the Model, the program binder and the kernels trust what passed.
 
 A checksum proves the body is what some writer wrote, not that the writer was a
-compatible neuronish-cc. Everything the loader and the program binder index by
-(value ids, arena offsets, scratch ranges, instruction kinds) is checked here, so
-a bad file is refused with an `ExecutableError` before any device memory is
-reserved, instead of failing later with a bare KeyError or an out-of-bounds view.
+compatible neuronish-cc: an executable is untrusted input. Everything the loader
+and the kernels index by or loop over is checked here, before any device memory is
+reserved or any kernel runs: value ids and types (within `isa`'s limits), arena
+offsets and scratch ranges, and every instruction against its declaration in
+`runtime/isa.py` (arity, every attribute against its schema, and its output types
+re-derived from its input types by the kind's shape rule and compared with the
+types the file declares). So no kernel ever sees a negative stride, a window
+outside its buffer, a loop sized by a hostile number, or shapes it did not expect.
+A bad file is refused with an `ExecutableError` naming the instruction (index,
+core, kind, TF node) and the field.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from . import isa
 from .errors import ExecutableError
 
 if TYPE_CHECKING:
-    from .executable import Executable, TensorSig
+    from .executable import Executable, Instruction, TensorSig
 
 
 def _fail(what: str) -> ExecutableError:
@@ -33,9 +39,17 @@ def value_nbytes(shape: tuple[int, ...], dtype: str) -> int:
     return isa.nbytes(shape, dtype)
 
 
+def constant_type(exe: Executable, vid: int) -> isa.Type:
+    """The declared type of constant `vid`."""
+    a = exe.constants[vid]
+    return isa.Type(tuple(a.shape), a.dtype.name)
+
+
 def _check_types(exe: Executable) -> None:
     if not _is_count(exe.arena_bytes):
         raise _fail(f"arena size {exe.arena_bytes!r} is not a byte count")
+    if not exe.programs:
+        raise _fail("it holds no program")
     for vid, (shape, dtype) in exe.values.items():
         if not _is_count(vid):
             raise _fail(f"value id {vid!r} is not a value id")
@@ -48,6 +62,11 @@ def _check_types(exe: Executable) -> None:
             raise _fail(f"constant id {vid!r} is not a value id")
         if vid in exe.values:
             raise _fail(f"value %{vid} is both a constant and computed")
+        shape, dtype = constant_type(exe, vid)
+        try:
+            isa.check_type(shape, dtype)
+        except isa.IsaError as e:
+            raise _fail(f"constant %{vid}: {e.reason}") from None
     # Ids are dense (the compiler numbers them 0..n-1); the loader sizes a table by the
     # largest, so a huge one must not get that far.
     limit = len(exe.values) + len(exe.constants)
@@ -57,10 +76,14 @@ def _check_types(exe: Executable) -> None:
 
 def _check_sig(sig: TensorSig, exe: Executable, what: str, allow_const: bool) -> None:
     where = f"{what} {sig.name!r}"
+    if not isinstance(sig.name, str):
+        raise _fail(f"{what} name {sig.name!r} is not a string")
+    if type(sig.value) is not int:
+        raise _fail(f"{where} names value {sig.value!r}, which is not a value id")
     if sig.value in exe.values:
         shape, dtype = exe.values[sig.value]
     elif allow_const and sig.value in exe.constants:
-        shape, dtype = exe.constants[sig.value].shape, exe.constants[sig.value].dtype.name
+        shape, dtype = constant_type(exe, sig.value)
     else:
         raise _fail(f"{where} names value %{sig.value}, which the file does not define")
     if tuple(sig.shape) != tuple(shape) or sig.dtype != dtype:
@@ -70,39 +93,67 @@ def _check_sig(sig: TensorSig, exe: Executable, what: str, allow_const: bool) ->
         raise _fail(f"{where} has batch axis {sig.batch_axis!r} for shape {list(shape)}")
 
 
+def _value_type(exe: Executable, vid: int) -> isa.Type:
+    if vid in exe.values:
+        shape, dtype = exe.values[vid]
+        return isa.Type(tuple(shape), dtype)
+    return constant_type(exe, vid)
+
+
+def _check_instruction(ins: Instruction, exe: Executable, where: str) -> None:
+    """`ins` against its kind's declaration: arity, attributes, and output types
+    re-derived from the input types."""
+    try:
+        derived = isa.check(ins.kind, [_value_type(exe, v) for v in ins.inputs], ins.attrs)
+    except isa.IsaError as e:
+        field = f"attrs.{e.field}" if e.field in isa.KINDS[ins.kind].attr_index else e.field
+        raise _fail(f"{where}: {e.reason} (field {field!r})") from None
+    declared = [_value_type(exe, v) for v in ins.outputs]
+    if declared != derived:
+        raise _fail(f"{where} declares outputs "
+                    f"{', '.join(f'{t.dtype}{list(t.shape)}' for t in declared) or 'none'} but "
+                    f"its inputs and attributes give "
+                    f"{', '.join(f'{t.dtype}{list(t.shape)}' for t in derived)} (field 'out')")
+
+
 def _check_programs(exe: Executable, external: set[int]) -> set[int]:
-    """Instruction kinds, operands defined before use, scratch inside the arena; returns
-    the ids the instructions produce."""
+    """Instruction kinds, operands defined before use, scratch inside the arena, and each
+    instruction against its declaration; returns the ids the instructions produce."""
     defined = {s.value for s in exe.inputs} | set(exe.constants)
     produced: set[int] = set()
+    index = 0
     for core, program in enumerate(exe.programs):
         for n, ins in enumerate(program):
-            where = f"instruction {n} of core {core} ({ins.kind!r}, from TF node(s) " \
-                    f"{', '.join(map(str, ins.source)) or '?'})"
-            if ins.kind not in isa.KINDS:
+            source = ins.source if all(isinstance(s, str) for s in ins.source) else ("?",)
+            where = f"instruction {index} (#{n} of core {core}, {ins.kind!r}, from TF node(s) " \
+                    f"{', '.join(source) or '?'})"
+            index += 1
+            if not isinstance(ins.kind, str) or ins.kind not in isa.KINDS:
                 raise ExecutableError(
                     f"{where}: instruction kind {ins.kind!r} is not one this runtime has "
                     "(docs/isa.md); upgrade neuronish or recompile the model with this version")
             if not isinstance(ins.attrs, dict):
-                raise _fail(f"{where} has attrs {ins.attrs!r}, not a map")
+                raise _fail(f"{where} has attrs {ins.attrs!r}, not a map (field 'attrs')")
             for vid in ins.inputs:
-                if vid not in defined:
+                if type(vid) is not int or vid not in defined:
                     raise _fail(f"{where} reads value %{vid}, which is not an input, a constant "
-                                "or the output of an earlier instruction")
+                                "or the output of an earlier instruction (field 'in')")
             for vid in ins.outputs:
-                if vid not in exe.values or vid in defined:
+                if type(vid) is not int or vid not in exe.values or vid in defined:
                     raise _fail(f"{where} writes value %{vid}, which is " + (
                         "an input, a constant or written earlier" if vid in defined
-                        else "not defined"))
+                        else "not defined") + " (field 'out')")
                 if vid not in external and vid not in exe.offsets:
-                    raise _fail(f"{where} writes value %{vid}, which has no place in the arena")
+                    raise _fail(f"{where} writes value %{vid}, which has no place in the arena "
+                                "(field 'out')")
                 defined.add(vid)
                 produced.add(vid)
             if ins.scratch is not None:
                 if len(ins.scratch) != 2 or not all(map(_is_count, ins.scratch)) or \
                         ins.scratch[0] + ins.scratch[1] > exe.arena_bytes:
                     raise _fail(f"{where} has scratch {list(ins.scratch)!r} outside the "
-                                f"{exe.arena_bytes}-byte arena")
+                                f"{exe.arena_bytes}-byte arena (field 'scratch')")
+            _check_instruction(ins, exe, where)
     return produced
 
 
@@ -116,9 +167,12 @@ def check_executable(exe: Executable) -> None:
     inputs = {s.value for s in exe.inputs}
     if len(inputs) != len(exe.inputs):
         raise _fail("two inputs share one value")
-    external = inputs | {s.value for s in exe.outputs}
+    outputs = {s.value for s in exe.outputs}
+    if len(outputs) != len(exe.outputs):
+        raise _fail("two outputs share one value (the compiler copies one of them)")
+    external = inputs | outputs
     for vid, offset in exe.offsets.items():
-        if vid not in exe.values:
+        if type(vid) is not int or vid not in exe.values:
             raise _fail(f"the memory plan places value %{vid}, which the file does not define")
         if vid in external:
             raise _fail(f"the memory plan places value %{vid}, an input or output, in the arena "

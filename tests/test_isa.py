@@ -139,3 +139,85 @@ def test_reading_an_executable_imports_no_kernel() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# --- executables: every instruction checked against its declaration --------------------
+
+GOLDEN = ROOT / "tests" / "golden" / "conv_bn.neff"
+
+
+def _resealed(edit: object) -> bytes:
+    """The golden executable with `edit(body)` applied and the checksum re-sealed."""
+    import hashlib
+    import struct
+
+    import msgpack
+
+    from neuronish.runtime.executable import FORMAT_VERSION, HEADER_SIZE, MAGIC
+
+    data = GOLDEN.read_bytes()
+    body = msgpack.unpackb(data[HEADER_SIZE:], strict_map_key=False)
+    edit(body)  # type: ignore[operator]
+    payload = msgpack.packb(body, use_bin_type=True)
+    return struct.pack("<8sIIQ32s", MAGIC, FORMAT_VERSION, 0, len(payload),
+                       hashlib.sha256(payload).digest()) + payload
+
+
+def _conv_attr(key: str, value: object) -> object:
+    return lambda b: b["programs"][0][0]["attrs"].__setitem__(key, value)
+
+
+# The golden file's instruction 0 is the conv2d (TF nodes Conv2D, mul, add, Relu) on
+# core 0, instruction 1 the mean on core 1.
+BAD_INSTRUCTIONS = {
+    "negative-stride": (_conv_attr("strides", [-1, 1]), "instruction 0 ", "'attrs.strides'"),
+    "zero-dilation": (_conv_attr("dilations", [0, 1]), "instruction 0 ", "'attrs.dilations'"),
+    "dilation-past-input": (_conv_attr("dilations", [5, 1]), "larger than the padded input",
+                      "'attrs.dilations'"),
+    "negative-pad": (_conv_attr("pads", [1, 1, -3, 1]), "'conv2d'", "'attrs.pads'"),
+    "stride-changes-shape": (_conv_attr("strides", [2, 2]), "declares outputs", "'out'"),
+    "groups-not-dividing": (_conv_attr("groups", 2), "group", "'attrs.groups'"),
+    "unknown-activation": (_conv_attr("activation", "gelu"), "gelu", "'attrs.activation'"),
+    "unknown-attr": (_conv_attr("layout", "nchw"), "no attribute 'layout'", "'layout'"),
+    "missing-attr": (lambda b: b["programs"][0][0]["attrs"].pop("pads"), "needs attribute",
+                     "'attrs.pads'"),
+    "axis-out-of-range": (lambda b: b["programs"][1][0]["attrs"].__setitem__("axes", [1, 7]),
+                          "instruction 1 (#0 of core 1, 'reduce', from TF node(s) Mean)",
+                          "'attrs.axes'"),
+    "keepdims-changes-shape": (lambda b: b["programs"][1][0]["attrs"].__setitem__(
+        "keepdims", True), "declares outputs", "'out'"),
+    "wrong-arity": (lambda b: b["programs"][0][0].__setitem__("in", [0]), "takes 2 to 4",
+                    "'in'"),
+    "dtype-of-output": (lambda b: b["values"][1].__setitem__(2, "int32"), "declares outputs",
+                        "'out'"),
+    "bfloat16-is-a-dtype-but-not-here": (lambda b: b["values"][1].__setitem__(2, "bfloat16"),
+                                         "declares outputs", "'out'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INSTRUCTIONS)
+def test_instructions_are_checked_against_their_declaration(case: str) -> None:
+    from neuronish.runtime.errors import ExecutableError
+    from neuronish.runtime.executable import from_bytes
+
+    edit, *wanted = BAD_INSTRUCTIONS[case]
+    with pytest.raises(ExecutableError) as e:
+        from_bytes(_resealed(edit))
+    message = str(e.value)
+    for text in wanted:
+        assert text in message, message
+    if "instruction 0 " in message:
+        assert "from TF node(s) Conv2D, mul, add, Relu" in message, message
+
+
+def test_an_executable_that_passes_runs() -> None:
+    """The checks refuse the bad, not the good: the golden file with an extra, harmless
+    default spelled out still loads and runs."""
+    import numpy as np
+
+    from neuronish.runtime import load
+
+    model = load(_resealed(_conv_attr("groups", 1)))
+    out = model.run({"x:0": np.ones((2, 8, 8, 3), np.float32)})
+    assert out["Identity:0"].shape == (2, 8)
+    model.unload()

@@ -643,6 +643,21 @@ def test_a_batch_reduction_turns_dynamic_batch_off() -> None:
         off.dynamic_batch_reason
 
 
+def test_identity_n_passing_a_constant_beside_the_batch_keeps_it_dynamic() -> None:
+    # Keras' swish (EfficientNet) returns IdentityN(y, x, beta): output 2 is the constant
+    # beta, not a mix of samples; each IdentityN output follows its own input only.
+    def fn(x):
+        y = tf.nn.relu(tf.matmul(x, W))
+        out = tf.raw_ops.IdentityN(input=[y, x, tf.constant(1.5)])
+        return out[0] * out[2]
+
+    gd, outs = freeze(fn, spec(None, 8))
+    part = P.partition(gd, {"x": [1, 8]}, SUPPORTED | {"IdentityN"}, dynamic_batch_size=True)
+    (sub,) = part.subgraphs
+    assert sub.dynamic_batch_reason is None and sub.output_batch_axes == (0,)
+    check_end_to_end(gd, outs, part, lambda b: {"x:0": rand(b, 8, seed=b)}, [1, 3])
+
+
 def test_an_ambiguous_batch_axis_turns_dynamic_batch_off() -> None:
     def fn(x):
         return tf.reshape(tf.nn.relu(tf.matmul(x, W)), [-1], name="flat")

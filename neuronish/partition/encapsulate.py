@@ -260,9 +260,14 @@ def _no_dynamic_batch_reason(
     # they depend on shapes only, which the compiled program fixes per chunk).
     batched = {t for t in inputs if axes[t] >= 0}
     for m in cluster.nodes:
-        if m in cluster.static_nodes or not any(t in batched for t in index.data_inputs[m]):
+        if m in cluster.static_nodes:
             continue
-        for t in _outputs(m, infos):
+        data = index.data_inputs[m]
+        for k, t in enumerate(_outputs(m, infos)):
+            # IdentityN's output k is its input k; any other op's outputs read all inputs.
+            sources = data[k:k + 1] if index.nodes[m].op == "IdentityN" else data
+            if not any(s in batched for s in sources):
+                continue
             batched.add(t)
             if axes.get(t) == -1:
                 return (f"{t} ({index.nodes[m].op}) has no batch axis but is computed from "
