@@ -1,7 +1,10 @@
 """`neuronish-cc`: the compiler's command line (see DESIGN.md).
 
 Exit status: 0 compiled; 1 the model could not be compiled (stderr says which
-nodes and what to do); 2 bad usage (including an io-config that is not well-formed).
+nodes and what to do); 2 bad usage (including an io-config that is not well-formed,
+an --output that is not a regular file, a --workdir that is not a directory).
+Never a traceback on stderr: a compiler bug is reported in one paragraph, its
+trace kept in --workdir. Nothing is written at --output unless compiling succeeded.
 """
 
 from __future__ import annotations
@@ -16,12 +19,79 @@ from pathlib import Path
 from . import __version__
 from .errors import BadIOConfig, CompilerError, InvalidGraph, UnsupportedNodes
 
+# The most cores one core group can have (AWS's largest Inferentia host has 64);
+# beyond it a pipeline cannot be placed, and splitting into 10^9 stages would not end.
+MAX_PIPELINE_CORES = 64
+_TRACE_MARK = "Traceback (most recent call last)"
+
+
+class UsageError(Exception):
+    """Bad command-line usage found before compiling: exit status 2."""
+
+
+def _check_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """--output must be (or become) a regular file, never a directory or a device;
+    --workdir a directory. Checked before any work, so a mistake costs nothing."""
+    output = Path(args.output)
+    if output.exists() and not output.is_file():
+        kind = "a directory" if output.is_dir() else "not a regular file (a device, FIFO or socket)"
+        raise UsageError(f"--output {output} is {kind}; give the path of the executable file "
+                         "to write")
+    if output.parent.exists() and not output.parent.is_dir():
+        raise UsageError(f"--output {output}: {output.parent} is not a directory")
+    for path in (args.graph, args.io_config):
+        try:
+            if output.exists() and os.path.samefile(path, output):
+                raise UsageError(f"--output {output} is the same file as the input {path}")
+        except OSError:
+            pass  # the input does not exist (or is inline JSON): reported later
+    workdir = Path(args.workdir) if args.workdir else None
+    if workdir:
+        if workdir.exists() and not workdir.is_dir():
+            raise UsageError(f"--workdir {workdir} exists and is not a directory")
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "command_line.txt").write_text(" ".join(["neuronish-cc", *args.argv]) + "\n")
+        except OSError as e:
+            raise UsageError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
+    return output, workdir
+
+
+def _write_output(output: Path, data: bytes) -> None:
+    """Write next to the target and rename, so `--output` is never half-written and
+    a failed write leaves nothing behind."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
 
 def _write_errors(workdir: Path | None, error: str, message: str, nodes: list[dict]) -> None:
     """errors.json: machine-readable, for the partitioner's recovery."""
     if workdir:
         (workdir / "errors.json").write_text(json.dumps(
             {"error": error, "message": message, "nodes": nodes}, indent=1))
+
+
+def _keep_trace(workdir: Path | None, trace: str) -> None:
+    if workdir:
+        try:
+            (workdir / "traceback.txt").write_text(trace)
+        except OSError:
+            pass
+
+
+def _trace_hint(workdir: Path | None) -> str:
+    return (f"neuronish-cc: the Python traceback is in {workdir / 'traceback.txt'}" if workdir
+            else "neuronish-cc: pass --workdir DIR to keep the Python traceback "
+                 "(DIR/traceback.txt)")
 
 
 def _compile(args: argparse.Namespace, argv: list[str]) -> int:
@@ -31,11 +101,11 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     from .ioconfig import parse_io_config
     from .pipeline import Timer, dump_dir_from_env, pass_names
 
-    output = Path(args.output)
-    workdir = Path(args.workdir) if args.workdir else None
-    if workdir:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "command_line.txt").write_text(" ".join(["neuronish-cc", *argv]) + "\n")
+    try:
+        output, workdir = _check_paths(args)
+    except UsageError as e:
+        print(f"neuronish-cc: error: {e}", file=sys.stderr)
+        return 2
     dump_dir = (workdir / "dumps") if workdir else dump_dir_from_env(output.stem)
     unknown = sorted(set(args.disable_pass) - set(pass_names()))
     if unknown:
@@ -63,7 +133,11 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
                              instruments=[timer], disabled_passes=args.disable_pass,
                              device=device)
     except CompilerError as e:
-        print(f"neuronish-cc: error: {type(e).__name__}: {e}", file=sys.stderr)
+        text = str(e)
+        if _TRACE_MARK in text:  # a lowering's bug: the trace goes to the workdir only
+            _keep_trace(workdir, text)
+            text = text.split(_TRACE_MARK)[0].rstrip() + "\n" + _trace_hint(workdir)
+        print(f"neuronish-cc: error: {type(e).__name__}: {text}", file=sys.stderr)
         problems = e.problems if isinstance(e, UnsupportedNodes) else []
         _write_errors(workdir, type(e).__name__, str(e), [p.to_json() for p in problems])
         if isinstance(e, (UnsupportedNodes, InvalidGraph)):
@@ -79,23 +153,19 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     except Exception as e:  # a compiler bug: still exit cleanly and leave the evidence
         import traceback
 
-        traceback.print_exc()
-        print(f"neuronish-cc: internal compiler error: {type(e).__name__}: {e}\n"
+        _keep_trace(workdir, traceback.format_exc())
+        print(f"neuronish-cc: internal compiler error: {type(e).__name__}: {str(e)[:2000]}\n"
               "This is a bug in neuronish-cc, not in your model; please report it with the "
-              "--workdir contents. The partitioner leaves this subgraph on TensorFlow.",
-              file=sys.stderr)
+              f"--workdir contents. The partitioner leaves this subgraph on TensorFlow.\n"
+              f"{_trace_hint(workdir)}", file=sys.stderr)
         _write_errors(workdir, "InternalCompilerError", f"{type(e).__name__}: {e}", [])
         return 1
-    # Write next to the target and rename, so `--output` is never half-written.
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        _write_output(output, data)
+    except OSError as e:
+        print(f"neuronish-cc: error: cannot write --output {output}: {e.strerror}",
+              file=sys.stderr)
+        return 1
     if args.verbose:
         for r in timer.records:
             print(f"pass {r.name:<22} {r.seconds * 1000:8.1f} ms  {r.nodes_before:5d} -> "
@@ -120,22 +190,30 @@ def _inspect(args: argparse.Namespace) -> int:
 
     from .device_model import DeviceModelError, estimate, load_device
 
+    path = Path(args.executable)
+    if path.exists() and not path.is_file():
+        print(f"neuronish-cc: error: {path} is not a regular file (an executable is one)",
+              file=sys.stderr)
+        return 2
     try:
         device = load_device(args.device_model)
     except DeviceModelError as e:
         print(f"neuronish-cc: error: {e}", file=sys.stderr)
         return 2
-
     try:
-        exe = from_bytes(Path(args.executable).read_bytes())
+        exe = from_bytes(path.read_bytes())
+        info = describe(exe)
+        modelled = estimate(exe, device)
     except OSError as e:
         print(f"neuronish-cc: error: cannot read {args.executable}: {e.strerror}", file=sys.stderr)
         return 1
     except ExecutableError as e:
         print(f"neuronish-cc: error: {e}", file=sys.stderr)
         return 1
-    info = describe(exe)
-    modelled = estimate(exe, device)
+    except Exception as e:  # a file the reader did not foresee: refused, never a traceback
+        print(f"neuronish-cc: error: {path} is not a readable neuronish executable "
+              f"({type(e).__name__}: {str(e)[:500]})", file=sys.stderr)
+        return 1
     info["modelled"] = {k: v for k, v in modelled.to_stats().items()
                         if k != "instruction_seconds"}
     if args.json:
@@ -234,9 +312,12 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "compile":
-        if args.neuroncore_pipeline_cores < 1:
-            print("neuronish-cc: error: --neuroncore-pipeline-cores must be >= 1", file=sys.stderr)
+        if not 1 <= args.neuroncore_pipeline_cores <= MAX_PIPELINE_CORES:
+            print(f"neuronish-cc: error: --neuroncore-pipeline-cores must be in [1, "
+                  f"{MAX_PIPELINE_CORES}] (cores of one core group), got "
+                  f"{args.neuroncore_pipeline_cores}", file=sys.stderr)
             return 2
+        args.argv = argv
         return _compile(args, argv)
     if args.command == "list-operators":
         return _list_operators(args)

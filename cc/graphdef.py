@@ -3,10 +3,18 @@
 Uses this project's own wire-compatible schema (`proto/tf_graph.proto`), so the
 compiler never imports TensorFlow. Attribute values are decoded once, here:
 lowerings see ints, floats, strs, dtype names, shapes and numpy arrays.
+
+A GraphDef is untrusted input, so its sizes are bounded before anything sized by
+them is allocated: the file is read up to protobuf's own 2 GiB message limit, and
+a constant may declare at most `MAX_CONSTANT_BYTES` (a splat — one value for a
+whole shape — could otherwise ask for any amount of memory). Cycles (through
+data or control edges, except a TF1 loop's NextIteration -> Merge back edge) are
+refused here, as TensorFlow's graph import refuses them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +22,7 @@ import numpy as np
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
-from .errors import InvalidGraph
+from .errors import InvalidGraph, NodeError
 from .proto import tf_graph_pb2 as pb
 
 # TF DataType enum value -> numpy dtype name. Types numpy cannot hold natively
@@ -27,6 +35,10 @@ _DTYPES: dict[int, str] = {
     pb.DT_UINT64: "uint64", pb.DT_BOOL: "bool",
 }
 NUMPY_TO_TF: dict[str, int] = {v: k for k, v in _DTYPES.items()}
+
+MAX_GRAPH_BYTES = 2**31 - 1  # protobuf refuses larger messages anyway
+MAX_CONSTANT_BYTES = 2**31 - 1  # no one constant in a GraphDef can hold more
+MAX_RANK = 254  # TensorFlow's TensorShape limit
 
 
 def dtype_name(enum_value: int) -> str:
@@ -66,27 +78,57 @@ class TFNode:
         return self.attr.get(key, default)
 
 
-def tensor_to_numpy(t: pb.TensorProto) -> np.ndarray:
-    """Decode a TensorProto (raw `tensor_content` or the typed repeated fields)."""
-    dtype = dtype_name(t.dtype)
+class BadConstant(NodeError):
+    """A TensorProto that TensorFlow itself would refuse, or larger than the limits."""
+
+
+def _constant_shape(t: pb.TensorProto) -> tuple[int, ...]:
     shape = tuple(int(d.size) for d in t.tensor_shape.dim)
+    if len(shape) > MAX_RANK:
+        raise BadConstant(f"constant has rank {len(shape)}; TensorFlow allows at most "
+                          f"{MAX_RANK}")
+    if any(d < 0 for d in shape):
+        raise BadConstant(f"constant has shape {list(shape)}; every dim of a constant must be "
+                          ">= 0 (TensorFlow refuses this TensorProto too)",
+                          "export the graph again; a constant's shape is always known")
+    return shape
+
+
+def tensor_to_numpy(t: pb.TensorProto) -> np.ndarray:
+    """Decode a TensorProto (raw `tensor_content` or the typed repeated fields) the
+    way TensorFlow's Tensor::FromProto does, refusing what it refuses and anything
+    larger than MAX_CONSTANT_BYTES before allocating it."""
+    dtype = dtype_name(t.dtype)
     if t.dtype not in _DTYPES:
-        raise InvalidGraph(f"constant of dtype {dtype} is not supported on the device")
+        raise BadConstant(f"constant of dtype {dtype} is not supported on the device")
+    shape = _constant_shape(t)
     np_dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
+    nbytes = count * np_dtype.itemsize
+    if nbytes > MAX_CONSTANT_BYTES:
+        raise BadConstant(f"constant of shape {list(shape)} {dtype} would take {nbytes} bytes, "
+                          f"more than the limit of {MAX_CONSTANT_BYTES} bytes for one constant",
+                          "keep this node on TensorFlow")
     if t.tensor_content:
+        if len(t.tensor_content) != nbytes:
+            raise BadConstant(f"constant of shape {list(shape)} {dtype} needs {nbytes} bytes of "
+                              f"tensor_content, it has {len(t.tensor_content)}",
+                              "the GraphDef is damaged: export it again")
         return np.frombuffer(t.tensor_content, dtype=np_dtype.newbyteorder("<")).astype(
             np_dtype).reshape(shape)
+    # The typed fields are wider than the dtype (int_val holds int8 ... int32,
+    # half_val the float16 bits); out-of-range values wrap, as C++'s casts do in TF.
     if t.dtype == pb.DT_HALF:
-        values = np.array(t.half_val, dtype=np.uint16).view(np.float16)
+        values = np.array(t.half_val, dtype=np.int32).astype(np.uint16).view(np.float16)
     else:
-        field_name = {
-            "float32": "float_val", "float64": "double_val", "int64": "int64_val",
-            "bool": "bool_val", "uint32": "uint32_val", "uint64": "uint64_val",
-        }.get(dtype, "int_val")
-        values = np.array(getattr(t, field_name), dtype=np_dtype)
-    if values.size == count:
-        return values.reshape(shape)
+        field_name, stored = {
+            "float32": ("float_val", np.float32), "float64": ("double_val", np.float64),
+            "int64": ("int64_val", np.int64), "bool": ("bool_val", np.bool_),
+            "uint32": ("uint32_val", np.uint32), "uint64": ("uint64_val", np.uint64),
+        }.get(dtype, ("int_val", np.int32))
+        values = np.array(getattr(t, field_name), dtype=stored).astype(np_dtype)
+    if values.size >= count:  # TF ignores values past the shape's element count
+        return values[:count].reshape(shape)
     # TF stores a splat as its single value; a partial list repeats the last one.
     out = np.empty(count, dtype=np_dtype)
     if values.size:
@@ -146,7 +188,8 @@ def parse_graph_def(data: bytes, *, text: bool = False) -> list[TFNode]:
             text_format.Parse(data.decode(), graph, allow_unknown_field=True)
         else:
             graph.ParseFromString(data)
-    except (DecodeError, text_format.ParseError, UnicodeDecodeError) as e:
+    except (DecodeError, text_format.ParseError, UnicodeDecodeError, RecursionError,
+            ValueError) as e:
         kind = "text GraphDef (.pbtxt)" if text else "binary GraphDef (.pb)"
         raise InvalidGraph(f"cannot parse the input as a {kind}: {e}") from None
     nodes = []
@@ -161,14 +204,61 @@ def parse_graph_def(data: bytes, *, text: bool = False) -> list[TFNode]:
                             {k: _attr(v) for k, v in n.attr.items()}))
     if not nodes:
         raise InvalidGraph("the GraphDef has no nodes (is this really a GraphDef?)")
+    _refuse_cycles(nodes)
     return nodes
+
+
+def _refuse_cycles(nodes: list[TFNode]) -> None:
+    """Kahn's algorithm over data and control edges. The only back edges TensorFlow
+    accepts are a TF1 loop's NextIteration -> Merge; every other cycle is refused."""
+    by_name = {n.name: n for n in nodes}
+
+    def preds(n: TFNode) -> set[str]:
+        names = {r.node for r in n.inputs} | set(n.control_inputs)
+        if n.op in ("Merge", "RefMerge"):
+            names = {p for p in names if by_name.get(p) is None
+                     or by_name[p].op not in ("NextIteration", "RefNextIteration")}
+        return {p for p in names if p in by_name}
+
+    pending = {n.name: preds(n) for n in nodes}
+    users: dict[str, list[str]] = {}
+    for name, ps in pending.items():
+        for p in ps:
+            users.setdefault(p, []).append(name)
+    ready = [name for name, ps in pending.items() if not ps]
+    done = 0
+    while ready:
+        name = ready.pop()
+        done += 1
+        for user in users.get(name, ()):
+            pending[user].discard(name)
+            if not pending[user]:
+                ready.append(user)
+    if done == len(nodes):
+        return
+    # Walk back from a node left over until a name repeats: that is one cycle.
+    stuck = {name for name, ps in pending.items() if ps}
+    path, seen = [], {}
+    name = next(iter(sorted(stuck)))
+    while name not in seen:
+        seen[name] = len(path)
+        path.append(name)
+        name = sorted(p for p in pending[name] if p in stuck)[0]
+    cycle = [*path[seen[name]:], name]
+    raise InvalidGraph("the graph has a cycle (through data or control edges): "
+                       + " <- ".join(repr(c) for c in cycle)
+                       + "; TensorFlow refuses such a graph too")
 
 
 def load_graph_def(path: str | Path) -> list[TFNode]:
     """Read a `.pb` (binary) or `.pbtxt` (text) GraphDef file."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_GRAPH_BYTES + 1)
     except OSError as e:
         raise InvalidGraph(f"cannot read {path}: {e.strerror}") from None
+    if len(data) > MAX_GRAPH_BYTES:
+        raise InvalidGraph(f"{path} is larger than {MAX_GRAPH_BYTES} bytes, protobuf's limit "
+                           "for one GraphDef")
     return parse_graph_def(data, text=path.suffix in (".pbtxt", ".txt"))

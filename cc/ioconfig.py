@@ -11,14 +11,19 @@ not `node:index`) is bad usage and raises `BadIOConfig` at once; one that is
 well-formed but asks for something the device cannot do (a dim of -1, a dtype it
 does not hold, a batch axis past the rank) is recorded in `IOConfig.problems`, so
 the compiler reports it together with every problem of the graph.
+
+Sizes are bounded up front: a file is read up to MAX_IO_CONFIG_BYTES (so
+`--io-config /dev/zero` is refused, not read forever), JSON nested too deeply or
+holding numbers Python refuses to convert is bad usage, and a tensor may declare
+at most MAX_TENSOR_ELEMENTS elements and MAX_RANK dims.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +32,9 @@ from .errors import BadIOConfig
 DEVICE_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
                  "bool")
 _TENSOR_NAME = re.compile(r"[^:]+:\d+")
+MAX_IO_CONFIG_BYTES = 16 << 20
+MAX_TENSOR_ELEMENTS = 2**31 - 1
+MAX_RANK = 8
 
 
 @dataclass(frozen=True)
@@ -68,19 +76,38 @@ def _bad(where: str, expected: str, got: object) -> BadIOConfig:
     return BadIOConfig(f"io-config {where}: expected {expected}, got {got!r}")
 
 
+def _read_file(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_IO_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise BadIOConfig(f"{path!r} is neither JSON nor a readable file ({e.strerror}); "
+                          f"{_EXAMPLE}") from None
+    if len(data) > MAX_IO_CONFIG_BYTES:
+        raise BadIOConfig(f"io-config file {path!r} is larger than {MAX_IO_CONFIG_BYTES} bytes; "
+                          f"{_EXAMPLE}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadIOConfig(f"io-config file {path!r} is not UTF-8 text (byte {e.start}); "
+                          f"{_EXAMPLE}") from None
+
+
 def _read(text_or_path: str | dict) -> object:
     if isinstance(text_or_path, dict):
         return text_or_path
     text = text_or_path.strip()
     if not text.startswith(("{", "[")):  # otherwise a path
-        try:
-            text = Path(text).read_text()
-        except OSError as e:
-            raise BadIOConfig(f"{text_or_path!r} is neither JSON nor a readable file "
-                              f"({e.strerror}); {_EXAMPLE}") from None
+        text = _read_file(text_or_path)
+    if len(text) > MAX_IO_CONFIG_BYTES:
+        raise BadIOConfig(f"io-config is larger than {MAX_IO_CONFIG_BYTES} bytes")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
+        raise BadIOConfig(f"io-config is not valid JSON ({e}); {_EXAMPLE}") from None
+    except RecursionError:
+        raise BadIOConfig(f"io-config JSON is nested too deeply; {_EXAMPLE}") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
         raise BadIOConfig(f"io-config is not valid JSON ({e}); {_EXAMPLE}") from None
 
 
@@ -99,14 +126,22 @@ def _input(name: object, entry: object, problems: list[IOProblem]) -> TensorSpec
     if type(batch_axis) is not int:
         raise _bad(f"{where} batch axis", "an int (-1 for none)", batch_axis)
     before = len(problems)
-    if any(d < 0 for d in shape):
+    if len(shape) > MAX_RANK:
+        problems.append(IOProblem(name, f"io-config input {name!r} has rank {len(shape)}; the "
+                                  f"device takes at most {MAX_RANK} dims"))
+    elif any(d < 0 for d in shape):
         problems.append(IOProblem(name, f"io-config input {name!r} has shape {shape}, which is "
                                   "not fully known",
                                   "give every dim (>= 0): the device compiles static shapes, "
                                   "so give the batch size you will run most"))
+    elif math.prod(shape) > MAX_TENSOR_ELEMENTS:
+        problems.append(IOProblem(name, f"io-config input {name!r} has shape {shape}: "
+                                  f"{math.prod(shape)} elements, more than the device takes in "
+                                  f"one tensor ({MAX_TENSOR_ELEMENTS})",
+                                  "compile for a smaller batch; larger calls are split"))
     try:
         dtype = np.dtype(dtype).name
-    except TypeError:
+    except Exception:  # numpy raises TypeError, ValueError, ... for names it does not know
         pass  # not a numpy name (e.g. "bfloat16", "string"): refused just below
     if dtype not in DEVICE_DTYPES:
         problems.append(IOProblem(name, f"io-config input {name!r} has dtype {dtype!r}, which the "

@@ -148,6 +148,12 @@ def _pool(ctx: LowerCtx, node: TFNode, mode: str, ksize: object, strides: object
     k, s = _hw(ksize, "ksize"), _hw(strides, "strides")
     if min(k) < 1 or min(s) < 1:
         raise NodeError(f"ksize {k} and strides {s} must be >= 1")
+    if node.get("padding", "VALID") == "SAME":
+        # Any SAME window of at least 2 * (size + (out - 1) * stride) covers the whole
+        # input at every output, so a larger one (ksize 10^9) is clamped to that: the
+        # same numbers, as TF's reference kernel computes them, without padding sized by it.
+        k = tuple(min(kk, 2 * (size + (-(-size // ss) - 1) * ss))
+                  for kk, size, ss in zip(k, x.shape[1:3], s))
     pads = _pads(node, x.shape[1:3], k, s, (1, 1))
     return ctx.emit1("pool", [x], {"mode": mode, "ksize": list(k), "strides": list(s),
                                    "pads": pads})
