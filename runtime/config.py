@@ -94,6 +94,8 @@ class DeviceConfig:
     # (kernels/parallel.py); by default each running program gets its share of
     # the CPUs, like BLAS gives each GEMM.
     kernel_threads: int = 1
+    # Host threads the native engine runs one program's primitives on (OpenMP).
+    core_threads: int = 1
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> DeviceConfig:
@@ -112,8 +114,16 @@ class DeviceConfig:
         cores = _parse_cores(visible, num_cores) if visible else list(range(num_cores))
         groups_text = env.get("NEURONISH_CORE_GROUP_SIZES")
         groups = _parse_groups(groups_text, cores) if groups_text else [[c] for c in cores]
+        core_threads_text = env.get("NEURONISH_CORE_THREADS")
+        if core_threads_text is not None and not (
+                core_threads_text.strip().isdigit() and int(core_threads_text) > 0):
+            raise ConfigError("NEURONISH_CORE_THREADS must be a positive integer, got "
+                              f"{core_threads_text!r}")
         parallelism = env.get("NEURONISH_HOST_PARALLELISM")
-        if parallelism is None:
+        if parallelism is None and core_threads_text is not None:
+            # Each running program takes its core's threads; as many run as fit the host.
+            host_parallelism = max(1, _host_cpus() // int(core_threads_text))
+        elif parallelism is None:
             host_parallelism = default_host_parallelism(env, _host_cpus())
         elif parallelism.strip().isdigit() and int(parallelism) > 0:
             host_parallelism = int(parallelism)
@@ -128,5 +138,8 @@ class DeviceConfig:
         else:
             raise ConfigError("NEURONISH_KERNEL_THREADS must be a positive integer, got "
                               f"{threads!r}")
+        core_threads = int(core_threads_text) if core_threads_text is not None else \
+            max(1, _host_cpus() // host_parallelism)
         return DeviceConfig(num_cores, core_memory, tuple(cores),
-                            tuple(tuple(g) for g in groups), host_parallelism, kernel_threads)
+                            tuple(tuple(g) for g in groups), host_parallelism, kernel_threads,
+                            core_threads)

@@ -92,6 +92,23 @@ class Device:
                 out.append(Reservation(tuple(g), tuple(bytes_per_core)))
             return out
 
+    def resize(self, reservation: Reservation, bytes_per_core: list[int]) -> Reservation:
+        """The same cores holding `bytes_per_core` instead; OutOfDeviceMemory (and the
+        old reservation kept) if a core lacks the room."""
+        with self._lock:
+            for c, old, new in zip(reservation.cores, reservation.bytes_per_core,
+                                   bytes_per_core):
+                if new - old > self.free_bytes(c):
+                    raise OutOfDeviceMemory(
+                        f"out of device memory: the loaded model needs {new / _MIB:.1f} MiB on "
+                        f"core {c}, which has {(self.free_bytes(c) + old) / _MIB:.1f} MiB free "
+                        f"of {self.config.core_memory / _MIB:.0f} MiB. Unload a model, load "
+                        "fewer duplicates, or raise NEURONISH_CORE_MEMORY")
+            for c, old, new in zip(reservation.cores, reservation.bytes_per_core,
+                                   bytes_per_core):
+                self._used[c] += new - old
+            return Reservation(reservation.cores, tuple(bytes_per_core))
+
     def release(self, reservation: Reservation) -> None:
         with self._lock:
             for c, b in zip(reservation.cores, reservation.bytes_per_core):

@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype of auto-cast weights)
 import msgpack
 import numpy as np
 

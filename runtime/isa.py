@@ -346,7 +346,10 @@ BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_differe
 _ALPHA = Attr("alpha", NUM, 0.2, "leaky_relu's slope")
 _ACTIVATION = (Attr("activation", Choice("none", *UNARY_FNS), "none",
                     "fused epilogue: none or any `unary` fn"),
-               Attr("alpha", NUM, 0.2, "its leaky_relu slope"))
+               Attr("alpha", NUM, 0.2, "its leaky_relu slope"),
+               Attr("compute", Choice("float32", "bfloat16", "float16"), "float32",
+                    "the precision both operands are read in (`--auto-cast`); float32 "
+                    "accumulation"))
 _WINDOW = (Attr("strides", Ints(2, lo=1), doc="[sh, sw]"),
            Attr("dilations", Ints(2, lo=1), doc="[dh, dw]"),
            Attr("pads", Ints(4, lo=0), doc="[top, bottom, left, right]"))

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from . import telemetry
 from .device import Device, Reservation, get_device
 from .errors import DeviceError, ExecutableError, InvalidInput, OutputBufferError
 from .executable import Executable, TensorSig, from_bytes
+from .native import native_library
 from .program import LoadedProgram, aligned_empty
 
 
@@ -93,8 +95,17 @@ class Model:
         try:
             constants = {vid: _device_copy(a) for vid, a in exe.constants.items()}
             self._idle: queue.SimpleQueue[LoadedProgram] = queue.SimpleQueue()
-            for _ in self._reservations:
-                self._idle.put(LoadedProgram(exe, constants))
+            lib = native_library()
+            self.engine = "native" if lib is not None else "numpy"
+            programs = [LoadedProgram(exe, constants, lib, device.config.core_threads)
+                        for _ in self._reservations]
+            # The native engine's reordered weights and buffers are known only now.
+            actual = programs[0].bytes_per_core() if programs else per_core
+            if actual != per_core:
+                for k, r in enumerate(self._reservations):  # in place: a failure releases
+                    self._reservations[k] = device.resize(r, actual)  # exactly what is held
+            for program in programs:
+                self._idle.put(program)
         except BaseException as e:
             # A load that fails must not keep the device memory it reserved.
             for r in self._reservations:
@@ -106,6 +117,7 @@ class Model:
             raise
         self._unloaded = False
         self._lock = threading.Lock()
+        telemetry.model_loaded(self)  # counters for `neuronish ls` / `top`
 
     @staticmethod
     def _bytes_per_core(exe: Executable) -> list[int]:
@@ -209,7 +221,7 @@ class Model:
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         program = self._idle.get()
         try:
-            with self.device.host_slots:
+            with self.device.host_slots, telemetry.busy(self):
                 program.execute(inputs, outputs)
         finally:
             self._idle.put(program)
@@ -280,6 +292,7 @@ class Model:
             self._unloaded = True
             for r in self._reservations:
                 self.device.release(r)
+            telemetry.model_unloaded(self)
 
     def __enter__(self) -> Model:
         return self

@@ -6,10 +6,17 @@ in the input arrays and the output arrays, then runs the instructions in order.
 A copy runs one call at a time (the Model hands copies out one per call).
 Binding trusts the ids, offsets and kinds that runtime/validate.py checked when
 the executable was read.
+
+On the native engine, each instruction is first offered to oneDNN
+(runtime/native/); the ones it takes run there, consecutive ones in a single
+foreign call with the GIL released, and the others run on their numpy reference
+kernel in between, reading and writing the very same arena, constant and I/O
+buffers (nothing is copied between engines).
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +25,8 @@ from .errors import ExecutionError
 from .executable import Executable
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
+from .native.program import NativeProgram
+from .native.spec import Ref
 from .validate import value_nbytes
 
 
@@ -32,6 +41,15 @@ class _Bound:
     source: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class _NativeRun:
+    """Engine instructions [first, last): program instructions `indices`."""
+
+    first: int
+    last: int
+    indices: tuple[int, ...]
+
+
 def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     raw = np.empty(nbytes + align, dtype=np.uint8)
     start = (-raw.ctypes.data) % align
@@ -39,7 +57,8 @@ def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
 
 
 class LoadedProgram:
-    def __init__(self, exe: Executable, constants: dict[int, np.ndarray]):
+    def __init__(self, exe: Executable, constants: dict[int, np.ndarray],
+                 native: ctypes.CDLL | None = None, threads: int = 1):
         self.exe = exe
         self.arena = aligned_empty(max(exe.arena_bytes, 1))
         n_values = 1 + max([*exe.values, *constants, -1])
@@ -51,13 +70,77 @@ class LoadedProgram:
             slots[vid] = self.arena[offset:offset + value_nbytes(shape, dtype)].view(
                 dtype).reshape(shape)
         self.slots = slots
+        flat = [i for program in exe.programs for i in program]
         self.instructions = [
             _Bound(KERNELS[i.kind].fn, i.inputs, i.outputs, i.attrs,
                    self.arena[i.scratch[0]:i.scratch[0] + i.scratch[1]] if i.scratch else None,
                    i.kind, i.source)
-            for program in exe.programs for i in program
+            for i in flat
         ]
+        self.native: NativeProgram | None = None
+        self.steps: list[_Bound | _NativeRun] = list(self.instructions)
+        if native is not None:
+            self._build_native(native, threads, constants)
 
+    # -- the native engine -----------------------------------------------------
+    def _build_native(self, lib: ctypes.CDLL, threads: int,
+                      constants: dict[int, np.ndarray]) -> None:
+        exe = self.exe
+        const_ids = sorted(constants)
+        self._first_call_slot = 1 + len(const_ids)
+        call_ids = [s.value for s in exe.inputs] + [s.value for s in exe.outputs]
+        prog = NativeProgram(lib, self._first_call_slot + len(call_ids), threads)
+        prog.bind(0, self.arena)
+        place: dict[int, tuple[int, int]] = {vid: (0, off) for vid, off in exe.offsets.items()}
+        for k, vid in enumerate(const_ids):
+            prog.bind(1 + k, np.asarray(constants[vid], order="C"))
+            place[vid] = (1 + k, 0)
+        for k, vid in enumerate(call_ids):
+            place.setdefault(vid, (self._first_call_slot + k, 0))
+
+        def ref(vid: int) -> Ref:
+            slot, offset = place[vid]
+            array = self.slots[vid]
+            if array is not None:
+                return Ref(slot, offset, array.dtype.name, tuple(array.shape))
+            shape, dtype = exe.values[vid]
+            return Ref(slot, offset, dtype, tuple(shape))
+
+        steps: list[_Bound | _NativeRun] = []
+        for index, ins in enumerate(self.instructions):
+            k = prog.add(index, ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
+                         [ref(v) for v in ins.outputs], [v in constants for v in ins.inputs])
+            if k is None:
+                steps.append(ins)
+            elif steps and isinstance(steps[-1], _NativeRun):
+                last = steps[-1]
+                steps[-1] = _NativeRun(last.first, k + 1, (*last.indices, index))
+            else:
+                steps.append(_NativeRun(k, k + 1, (index,)))
+        prog.finalize()
+        self.native, self.steps = prog, steps
+
+    def bytes_per_core(self) -> list[int]:
+        """Device memory each core of the group holds for this copy: the constants its
+        program reads where they are read as they are, the weights the native engine
+        reordered in their place, the arena, and the engine's working buffers."""
+        out = []
+        index = 0
+        for program in self.exe.programs:
+            consts: set[int] = set()
+            engine = 0
+            for ins in program:
+                reordered = self.native.weight_bytes.get(index, 0) if self.native else 0
+                engine += reordered
+                consts.update(v for k, v in enumerate(ins.inputs)
+                              if v in self.exe.constants and not (reordered and k == 1))
+                index += 1
+            buffers = self.native.buffer_bytes if self.native else 0
+            out.append(sum(self.exe.constants[v].nbytes for v in consts) + engine
+                       + self.exe.arena_bytes + buffers)
+        return out
+
+    # -- a call ----------------------------------------------------------------
     def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         """Run once: `inputs` in signature order (already validated, compiled shapes);
         results are written into `outputs` (compiled shapes, preallocated)."""
@@ -69,11 +152,66 @@ class LoadedProgram:
                 out[...] = self.slots[sig.value]
             else:
                 slots[sig.value] = out
-        for ins in self.instructions:
+        if self.native is not None:
+            inputs = [np.asarray(x, order="C") for x in inputs]  # keeps 0-d arrays 0-d
+            for sig, x in zip(self.exe.inputs, inputs):
+                slots[sig.value] = x
+            self.native.set_call_buffers([*inputs, *outputs])
+        for step in self.steps:
+            if isinstance(step, _NativeRun):
+                try:
+                    self.native.run(step.first, step.last, self._first_call_slot)
+                except ExecutionError as e:
+                    names = sorted({n for i in step.indices for n in self.instructions[i].source})
+                    raise ExecutionError(f"{e} (in the instructions from TF node(s) "
+                                         f"{', '.join(names[:8]) or '?'})") from None
+                continue
             try:
-                ins.fn([slots[i] for i in ins.inputs], [slots[o] for o in ins.outputs],
-                       ins.attrs, ins.scratch)
+                step.fn([slots[i] for i in step.inputs], [slots[o] for o in step.outputs],
+                        step.attrs, step.scratch)
             except Exception as e:  # report which model node failed, never crash
                 raise ExecutionError(
-                    f"device instruction {ins.kind} (from TF node(s) "
-                    f"{', '.join(ins.source) or '?'}) failed: {type(e).__name__}: {e}") from e
+                    f"device instruction {step.kind} (from TF node(s) "
+                    f"{', '.join(step.source) or '?'}) failed: {type(e).__name__}: {e}") from e
+
+
+def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
+                 out_types: list[tuple[tuple[int, ...], str]], *,
+                 constant: frozenset[int] = frozenset(), native: ctypes.CDLL | None = None,
+                 threads: int = 1) -> tuple[list[np.ndarray], str]:
+    """Run one instruction as a one-instruction program on either engine.
+
+    Inputs whose positions are in `constant` are program constants (as weights are),
+    the others call inputs. Returns the outputs and the engine that ran it
+    ("native" or "numpy") — the per-op conformance tests run every kind both ways."""
+    from .executable import Instruction, TensorSig
+
+    ins = [np.asarray(x, order="C") for x in inputs]
+    scratch = KERNELS[kind].scratch_bytes([x.shape for x in ins], [x.dtype.name for x in ins],
+                                          attrs)
+    vid = iter(range(len(ins) + len(out_types)))
+    sig_in, consts, values = [], {}, {}
+    in_ids = []
+    for k, x in enumerate(ins):
+        v = next(vid)
+        in_ids.append(v)
+        if k in constant:
+            consts[v] = x
+        else:
+            sig_in.append(TensorSig(f"in{k}", v, x.shape, x.dtype.name, -1))
+            values[v] = (x.shape, x.dtype.name)
+    out_ids = [next(vid) for _ in out_types]
+    for v, (shape, dtype) in zip(out_ids, out_types):
+        values[v] = (tuple(shape), dtype)
+    exe = Executable(
+        compiler={}, inputs=sig_in,
+        outputs=[TensorSig(f"out{k}", v, tuple(s), d, -1)
+                 for k, (v, (s, d)) in enumerate(zip(out_ids, out_types))],
+        constants=consts, values=values, arena_bytes=scratch, offsets={},
+        programs=[[Instruction(kind, tuple(in_ids), tuple(out_ids), attrs,
+                               (0, scratch) if scratch else None, ())]])
+    program = LoadedProgram(exe, consts, native, threads)
+    outs = [np.empty(s, d) for s, d in out_types]
+    program.execute([x for k, x in enumerate(ins) if k not in constant], outs)
+    ran = "native" if program.native is not None and not program.native.rejected else "numpy"
+    return outs, ran

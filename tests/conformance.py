@@ -12,9 +12,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
+from neuronish.runtime.native import library
 from tests.helpers import compile_and_run
+
+
+@pytest.fixture(params=["numpy", "native"])
+def both_engines(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a conformance test on the numpy reference engine and on the native one (a
+    native engine that cannot be built fails the test instead of quietly using numpy)."""
+    monkeypatch.setenv("NEURONISH_ENGINE", request.param)
+    if request.param == "native":
+        assert library.load() is not None, f"native engine unavailable: {library.why_not()}"
+    return request.param
 
 
 @dataclass

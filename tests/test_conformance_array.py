@@ -19,8 +19,11 @@ from neuronish.cc.errors import NodeError, UnsupportedNodes
 from neuronish.cc.ops import array as array_ops
 from neuronish.cc.ops import image as image_ops
 from neuronish.cc.ops.registry import LOWERINGS
-from tests.conformance import Case, run_case
+from tests.conformance import Case, both_engines, run_case  # noqa: F401 (fixture)
 from tests.graphs import trace
+
+# Every case on the numpy reference engine and on the native one.
+pytestmark = pytest.mark.usefixtures("both_engines")
 
 _rng = np.random.default_rng(1234)
 raw = tf.raw_ops

@@ -20,8 +20,11 @@ import tensorflow as tf
 from neuronish.cc.errors import UnsupportedNodes
 from neuronish.cc.ops import basic, linalg, math, nn
 from neuronish.cc.ops.registry import LOWERINGS
-from tests.conformance import Case, run_case
+from tests.conformance import Case, both_engines, run_case  # noqa: F401 (fixture)
 from tests.helpers import compile_and_run
+
+# Every case on the numpy reference engine and on the native one.
+pytestmark = pytest.mark.usefixtures("both_engines")
 
 raw = tf.raw_ops
 _rng = np.random.default_rng(1234)

@@ -16,7 +16,10 @@ import tensorflow as tf
 
 from neuronish.cc import kinds
 from neuronish.cc.ir import TensorType
+from neuronish.runtime.errors import ExecutionError
 from neuronish.runtime.kernels import KERNELS, conv, evaluate, pool
+from neuronish.runtime.native import library
+from neuronish.runtime.program import evaluate_one
 
 RNG = np.random.default_rng(1234)
 
@@ -27,13 +30,35 @@ def frozen(x: np.ndarray) -> np.ndarray:
     return x
 
 
+@pytest.fixture(autouse=True, params=["numpy", "native"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every kernel test runs on the numpy reference and on the native engine."""
+    global ENGINE
+    ENGINE = request.param
+    if ENGINE == "native":
+        assert library.load() is not None, f"native engine unavailable: {library.why_not()}"
+    return ENGINE
+
+
+ENGINE = "numpy"
+# The weights of matmul-like kinds are program constants, as in compiled models (the
+# native engine reorders them at load); everything else arrives with the call.
+WEIGHTS = {"conv2d": frozenset({1}), "depthwise_conv2d": frozenset({1}),
+           "matmul": frozenset({1})}
+
+
 def run(kind: str, inputs: list[np.ndarray], attrs: dict) -> np.ndarray:
-    """Run one kernel on read-only copies of `inputs`; check they were not touched and
-    the output has the inferred type."""
+    """Run one kernel on read-only copies of `inputs` on this test's engine; check they
+    were not touched and the output has the inferred type."""
     ins = [frozen(np.array(x)) for x in inputs]
     before = [x.copy() for x in ins]
     types = kinds.infer(kind, [TensorType(x.shape, x.dtype.name) for x in ins], attrs)
-    outs = evaluate(kind, ins, attrs, [(t.shape, t.dtype) for t in types])
+    out_types = [(t.shape, t.dtype) for t in types]
+    if ENGINE == "numpy":
+        outs = evaluate(kind, ins, attrs, out_types)
+    else:
+        outs, _ = evaluate_one(kind, ins, attrs, out_types, constant=WEIGHTS.get(kind, frozenset()),
+                               native=library.load(), threads=2)
     for x, b in zip(ins, before, strict=True):
         np.testing.assert_array_equal(x, b)
     assert outs[0].shape == types[0].shape and outs[0].dtype == np.dtype(types[0].dtype)
@@ -558,7 +583,8 @@ def test_gather_matches_tf(ps: tuple, idx_shape: tuple, axis: int, bd: int) -> N
 
 @pytest.mark.parametrize("bad", [5, -1])
 def test_gather_out_of_range_raises(bad: int) -> None:
-    with pytest.raises(IndexError, match=f"{bad}.*out of range"):
+    # numpy raises IndexError; inside a program it reaches the caller as ExecutionError.
+    with pytest.raises((IndexError, ExecutionError), match=f"{bad}.*out of range"):
         run("gather", [randn(5, 2), np.array([0, bad], np.int32)], {"axis": 0, "batch_dims": 0})
 
 
@@ -604,3 +630,68 @@ def test_tf_image_resize_default_is_half_pixel_bilinear() -> None:
     attrs = {"mode": "bilinear", "size": [10, 4], "align_corners": False,
              "half_pixel_centers": True}
     close(run("resize", [x], attrs), tf.image.resize(x, [10, 4]))
+
+
+# --- reduced-precision compute (--auto-cast) ----------------------------------------
+
+def _through(x: np.ndarray, dtype: str) -> np.ndarray:
+    return np.asarray(x).astype(dtype).astype(np.float32)
+
+
+@pytest.mark.parametrize("compute", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kind", ["conv2d", "depthwise_conv2d", "matmul"])
+def test_reduced_precision_compute_matches_tf_on_rounded_operands(kind: str,
+                                                                  compute: str) -> None:
+    # The device reads both operands in 16 bits and accumulates in float32: TF's float32
+    # op on the rounded operands is the reference, up to summation order.
+    b = randn(6)
+    if kind == "matmul":
+        x, w = randn(5, 7), randn(7, 6)
+        want = tf.nn.relu(tf.matmul(_through(x, compute), _through(w, compute)) + b)
+    else:
+        x, w = randn(2, 9, 9, 3), randn(3, 3, 3, 2 if kind == "depthwise_conv2d" else 6)
+        want = tf.nn.relu(tf_conv(_through(x, compute), _through(w, compute), [1, 1], [1, 1],
+                                  "SAME", depthwise=kind == "depthwise_conv2d") + b)
+    attrs = {"activation": "relu", "compute": compute}
+    if kind != "matmul":
+        attrs |= {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1]}
+    got = run(kind, [x, w.astype(compute), b], attrs)
+    close(got, want, rtol=1e-5, atol=1e-5)
+    # ...and it is not what float32 operands give: the rounding really happens.
+    attrs.pop("compute")
+    assert np.abs(got - run(kind, [x, w, b], attrs)).max() > 1e-4
+
+
+def test_native_engine_takes_the_hot_instructions() -> None:
+    """The kinds whole models spend their time in run on oneDNN, not on the numpy
+    fallback (which would still pass every value comparison, only slowly)."""
+    lib = library.load()
+    assert lib is not None, library.why_not()
+    conv = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "activation": "relu"}
+    x4, w, b = randn(2, 6, 6, 8), randn(3, 3, 8, 8), randn(8)
+    cases = [
+        ("conv2d", [x4, w, b], conv, {1}),
+        ("conv2d", [x4, w.astype("bfloat16"), b], conv | {"compute": "bfloat16"}, {1}),
+        ("conv2d", [x4, randn(3, 3, 2, 8), b], conv | {"groups": 4}, {1}),
+        ("conv2d", [x4, w, b, randn(2, 6, 6, 8)], conv | {"residual": True}, {1}),
+        ("depthwise_conv2d", [x4, randn(3, 3, 8, 1), b], conv, {1}),
+        ("matmul", [randn(4, 8), randn(8, 5), randn(5)], {"activation": "none"}, {1}),
+        ("matmul", [randn(2, 3, 4, 8), randn(2, 3, 5, 8)], {"transpose_b": True}, set()),
+        ("pool", [x4], {"mode": "max", "ksize": [3, 3], "strides": [2, 2],
+                        "pads": [1, 1, 1, 1]}, set()),
+        ("unary", [x4], {"fn": "relu6"}, set()),
+        ("binary", [randn(2, 5), randn(5)], {"fn": "add"}, set()),
+        ("binary", [randn(5), randn(2, 5)], {"fn": "sub"}, set()),  # swaps are not free
+        ("softmax", [randn(2, 5)], {"axis": 1}, set()),
+        ("reduce", [x4], {"fn": "mean", "axes": [1, 2], "keepdims": False}, set()),
+        ("reduce", [randn(3, 7)], {"fn": "sum", "axes": [1], "keepdims": True}, set()),
+        ("concat", [randn(2, 3), randn(2, 4)], {"axis": 1}, set()),
+        ("transpose", [randn(2, 3, 4)], {"perm": [2, 0, 1]}, set()),
+    ]
+    ran = {}
+    for i, (kind, ins, attrs, const) in enumerate(cases):
+        types = kinds.infer(kind, [TensorType(x.shape, x.dtype.name) for x in ins], attrs)
+        _, ran[i] = evaluate_one(kind, ins, attrs, [(t.shape, t.dtype) for t in types],
+                                 constant=frozenset(const), native=lib)
+    expected_numpy = {10}  # sub with a broadcast first operand
+    assert {i for i, e in ran.items() if e == "numpy"} == expected_numpy, ran

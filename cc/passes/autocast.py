@@ -1,20 +1,26 @@
-"""`--auto-cast`: round operands to bf16/fp16 the way the device's matrix units do.
+"""`--auto-cast`: matmul-like instructions compute from 16-bit operands, as a matrix unit.
 
-The device computes in float32 but its matmul/conv units (or, with `all`, every
-float unit) read operands rounded to 16 bits. We model that by rounding the
-operands (weights once at compile time, activations with a `unary round_*`
-instruction) and accumulating in float32. Error: bf16 keeps 8 significant bits,
-so each operand carries a relative error up to 2^-9 (~0.2%); fp16 keeps 11 bits
-(2^-12, ~0.024%) but overflows above 65504. Sums of many such products partly
-cancel the error; see docs/auto-cast.md for measured figures.
+Mode `matmult` (and `all`) gives every float32 conv2d / depthwise_conv2d / matmul the
+attribute `compute` = bfloat16 or float16: the device reads both operands in that
+precision and accumulates in float32 (docs/isa.md). Constant weights are stored in it
+(half the bytes in the executable and in device memory), rounded once here; the
+activation operand is rounded by the instruction itself (the native engine converts
+it on the fly, the numpy reference rounds it). Mode `all` also rounds the operands of
+every other float arithmetic instruction with a `unary round_*` instruction.
+
+Error: bf16 keeps 8 significant bits, so each operand carries a relative error up to
+2^-9 (~0.2%); fp16 keeps 11 bits (2^-12, ~0.024%) but overflows above 65504. Sums of
+many such products partly cancel the error; see docs/auto-cast.md for measured figures.
 """
 
 from __future__ import annotations
 
+import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype)
+
 from neuronish.runtime import isa
 
 from ..interpret import fold_node
-from ..ir import Graph, Node, TensorType, Value
+from ..ir import Graph, Node, TensorType, Value, constant
 
 _MATMULS = isa.MATMUL_LIKE
 _NO_ROUND = isa.NO_FLOAT_MATH
@@ -42,14 +48,18 @@ def auto_cast(graph: Graph, mode: str, cast_type: str) -> Graph:
                 rounded[v.id] = node.outputs[0]
         return rounded[v.id]
 
+    storage = {"bf16": "bfloat16", "fp16": "float16"}[cast_type]
     for node in graph.nodes:
-        wants = node.kind in _MATMULS or (mode == "all" and node.kind not in _NO_ROUND
-                                          and not (node.kind == "unary"
-                                                   and node.attrs["fn"].startswith("round_")))
-        if wants:
-            n_operands = 2 if node.kind in _MATMULS else len(node.inputs)  # never the bias
-            node.inputs = [round_value(v, node.origin) if i < n_operands else v
-                           for i, v in enumerate(node.inputs)]
+        if node.kind in _MATMULS:
+            if node.inputs[0].dtype == "float32" and node.inputs[1].dtype == "float32":
+                node.attrs = {**node.attrs, "compute": storage}
+                w = node.inputs[1]
+                if w.is_const:
+                    node.inputs = [node.inputs[0], constant(w.data.astype(storage)),
+                                   *node.inputs[2:]]
+        elif mode == "all" and node.kind not in _NO_ROUND and not (
+                node.kind == "unary" and node.attrs["fn"].startswith("round_")):
+            node.inputs = [round_value(v, node.origin) for v in node.inputs]
         out.append(node)
     graph.nodes = out
     return graph

@@ -178,4 +178,7 @@ class Metrics:
 
         if fallback.fallback_counts():
             lines += fallback.prometheus_lines()
+        from neuronish import device_tools  # per-core utilisation and device memory
+
+        lines += device_tools.prometheus_lines()
         return "\n".join(lines) + "\n"

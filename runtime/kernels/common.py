@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
+import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype)
 import numpy as np
 
 ALIGN = 64  # every carved region starts on a cache line (what numpy's SIMD loops like)
@@ -78,3 +80,28 @@ def flat2d(out: np.ndarray, cols: int) -> np.ndarray:
     if not out.flags.c_contiguous:
         raise RuntimeError("kernel output buffer is not contiguous")
     return out.reshape(-1, cols)
+
+
+def reduced_precision(fn: Callable) -> Callable:
+    """For matmul-like kernels: with attribute `compute` (bfloat16 or float16), both
+    operands are rounded to that precision (round to nearest even; weights arrive
+    already stored in it) and the kernel computes in float32 from there, the way a
+    matrix unit reads 16-bit operands and accumulates in float32 (docs/isa.md)."""
+
+    @functools.wraps(fn)
+    def run(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
+            scratch: np.ndarray | None) -> None:
+        compute = attrs.get("compute", "float32")
+        if compute != "float32":
+            ins = [_through(x, compute) for x in ins[:2]] + list(ins[2:])
+            attrs = {k: v for k, v in attrs.items() if k != "compute"}
+        fn(ins, outs, attrs, scratch)
+
+    return run
+
+
+def _through(x: np.ndarray, dtype: str) -> np.ndarray:
+    """`x` as float32 after a round trip through `dtype` (exact when it already is one)."""
+    if x.dtype == np.float32:
+        return x.astype(dtype).astype(np.float32)
+    return x.astype(np.float32)

@@ -27,7 +27,15 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import parallel
-from .common import Scratch, flat2d, lane_slices, nbytes, pad_hw, spatial_out
+from .common import (
+    Scratch,
+    flat2d,
+    lane_slices,
+    nbytes,
+    pad_hw,
+    reduced_precision,
+    spatial_out,
+)
 from .elementwise import activate
 from .registry import kernel
 
@@ -184,6 +192,7 @@ def _grouped_conv2d(ins: list[np.ndarray], y: np.ndarray, attrs: dict,
 
 
 @kernel("conv2d", scratch=conv2d_scratch)
+@reduced_precision
 def conv2d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
     x, w, y = ins[0], ins[1], outs[0]
@@ -269,6 +278,7 @@ def depthwise_scratch(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[st
 
 
 @kernel("depthwise_conv2d", scratch=depthwise_scratch)
+@reduced_precision
 def depthwise_conv2d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
                      scratch: np.ndarray | None) -> None:
     x, w, y = ins[0], ins[1], outs[0]

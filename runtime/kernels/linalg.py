@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .common import reduced_precision
 from .elementwise import activate
 from .registry import kernel
 
 
 @kernel("matmul")
+@reduced_precision
 def matmul(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
     a, b, y = ins[0], ins[1], outs[0]

@@ -1,0 +1,746 @@
+// neuronish native engine: runs a device program's instructions as oneDNN primitives.
+//
+// The Python side (runtime/native/program.py) translates each validated instruction into
+// a flat spec of int64s (tensor references and attributes) plus a few floats, and calls
+// `ne_add` once per instruction at load time. Here each spec becomes one oneDNN primitive
+// (plus, for bf16 compute, a reorder of its input), created once: weights are reordered
+// into the layout the primitive prefers at load, scratchpads are user-managed and shared
+// by the program's primitives (they run one after another), so a call allocates nothing.
+//
+// Memory is addressed by slot: a slot is a base pointer (the arena, a constant, a call's
+// input or output) and a tensor is (slot, byte offset, dtype, dims). Fixed slots are bound
+// at load, per-call slots before each run; every primitive argument records its slot and
+// offset so a run only swaps data handles.
+//
+// C ABI (ctypes): every function returns 0 / a non-negative value on success and -1 on
+// failure, with a message in the caller's error buffer. No C++ exception crosses it.
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "oneapi/dnnl/dnnl.hpp"
+
+using dnnl::algorithm;
+using dnnl::memory;
+using dnnl::primitive_attr;
+using dnnl::prop_kind;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+namespace {
+
+// Spec codes: keep in step with runtime/native/spec.py.
+enum Op : int64_t {
+  OP_CONV = 1, OP_MATMUL = 2, OP_POOL = 3, OP_ELTWISE = 4, OP_BINARY = 5, OP_SOFTMAX = 6,
+  OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10,
+};
+enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5 };
+enum Elt : int64_t {
+  E_RELU = 1, E_CLIP = 2, E_ELU = 3, E_LOGISTIC = 4, E_TANH = 5, E_SOFT_RELU = 6, E_EXP = 7,
+  E_LOG = 8, E_SQRT = 9, E_SQUARE = 10, E_ABS = 11, E_LINEAR = 12, E_POW = 13, E_ROUND = 14,
+  E_GELU_TANH = 15, E_GELU_ERF = 16, E_SWISH = 17, E_HARDSWISH = 18, E_HARDSIGMOID = 19,
+};
+enum Bin : int64_t {
+  B_ADD = 1, B_SUB = 2, B_MUL = 3, B_DIV = 4, B_MAX = 5, B_MIN = 6, B_GT = 7, B_GE = 8,
+  B_LT = 9, B_LE = 10, B_EQ = 11, B_NE = 12,
+};
+enum Red : int64_t { R_SUM = 1, R_MEAN = 2, R_MAX = 3, R_MIN = 4, R_MUL = 5 };
+
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+dt to_dt(int64_t code) {
+  switch (code) {
+    case D_F32: return dt::f32;
+    case D_BF16: return dt::bf16;
+    case D_U8: return dt::u8;
+    case D_S32: return dt::s32;
+    case D_S8: return dt::s8;
+    case D_F16: return dt::f16;
+  }
+  throw Error("unknown dtype code " + std::to_string(code));
+}
+
+algorithm elt_alg(int64_t code) {
+  switch (code) {
+    case E_RELU: return algorithm::eltwise_relu;
+    case E_CLIP: return algorithm::eltwise_clip_v2;
+    case E_ELU: return algorithm::eltwise_elu;
+    case E_LOGISTIC: return algorithm::eltwise_logistic;
+    case E_TANH: return algorithm::eltwise_tanh;
+    case E_SOFT_RELU: return algorithm::eltwise_soft_relu;
+    case E_EXP: return algorithm::eltwise_exp;
+    case E_LOG: return algorithm::eltwise_log;
+    case E_SQRT: return algorithm::eltwise_sqrt;
+    case E_SQUARE: return algorithm::eltwise_square;
+    case E_ABS: return algorithm::eltwise_abs;
+    case E_LINEAR: return algorithm::eltwise_linear;
+    case E_POW: return algorithm::eltwise_pow;
+    case E_ROUND: return algorithm::eltwise_round;
+    case E_GELU_TANH: return algorithm::eltwise_gelu_tanh;
+    case E_GELU_ERF: return algorithm::eltwise_gelu_erf;
+    case E_SWISH: return algorithm::eltwise_swish;
+    case E_HARDSWISH: return algorithm::eltwise_hardswish;
+    case E_HARDSIGMOID: return algorithm::eltwise_hardsigmoid;
+  }
+  throw Error("unknown element-wise code " + std::to_string(code));
+}
+
+algorithm bin_alg(int64_t code) {
+  switch (code) {
+    case B_ADD: return algorithm::binary_add;
+    case B_SUB: return algorithm::binary_sub;
+    case B_MUL: return algorithm::binary_mul;
+    case B_DIV: return algorithm::binary_div;
+    case B_MAX: return algorithm::binary_max;
+    case B_MIN: return algorithm::binary_min;
+    case B_GT: return algorithm::binary_gt;
+    case B_GE: return algorithm::binary_ge;
+    case B_LT: return algorithm::binary_lt;
+    case B_LE: return algorithm::binary_le;
+    case B_EQ: return algorithm::binary_eq;
+    case B_NE: return algorithm::binary_ne;
+  }
+  throw Error("unknown binary code " + std::to_string(code));
+}
+
+algorithm red_alg(int64_t code) {
+  switch (code) {
+    case R_SUM: return algorithm::reduction_sum;
+    case R_MEAN: return algorithm::reduction_mean;
+    case R_MAX: return algorithm::reduction_max;
+    case R_MIN: return algorithm::reduction_min;
+    case R_MUL: return algorithm::reduction_mul;
+  }
+  throw Error("unknown reduction code " + std::to_string(code));
+}
+
+// A tensor as the spec names it.
+struct Ref {
+  int64_t slot = -1;
+  int64_t offset = 0;
+  dt type = dt::f32;
+  memory::dims dims;
+};
+
+// Reads a spec front to back.
+struct Reader {
+  const int64_t* p;
+  int64_t n, i = 0;
+  const float* f;
+  int64_t nf, fi = 0;
+  int64_t next() {
+    if (i >= n) throw Error("spec too short");
+    return p[i++];
+  }
+  float nextf() {
+    if (fi >= nf) throw Error("spec has too few float parameters");
+    return f[fi++];
+  }
+  Ref ref() {
+    Ref r;
+    r.slot = next();
+    r.offset = next();
+    r.type = to_dt(next());
+    int64_t nd = next();
+    if (nd < 0 || nd > DNNL_MAX_NDIMS) throw Error("bad rank " + std::to_string(nd));
+    for (int64_t k = 0; k < nd; ++k) {
+      int64_t d = next();
+      if (d < 0) throw Error("negative dimension");
+      r.dims.push_back(d);
+    }
+    if (r.dims.empty()) r.dims.push_back(1);  // scalars are one-element vectors
+    return r;
+  }
+  memory::dims ints(int64_t count) {
+    memory::dims out;
+    for (int64_t k = 0; k < count; ++k) out.push_back(next());
+    return out;
+  }
+};
+
+tag plain_tag(size_t rank) {
+  static const tag tags[] = {tag::undef, tag::a, tag::ab, tag::abc, tag::abcd, tag::abcde,
+                             tag::abcdef};
+  if (rank < 1 || rank > 6) throw Error("rank " + std::to_string(rank) + " is not supported");
+  return tags[rank];
+}
+
+memory::desc plain(const Ref& r) { return memory::desc(r.dims, r.type, plain_tag(r.dims.size())); }
+memory::desc plain(const memory::dims& dims, dt type) {
+  return memory::desc(dims, type, plain_tag(dims.size()));
+}
+
+// NHWC activations described with oneDNN's logical NCHW dims.
+memory::desc nhwc(const Ref& r) {
+  if (r.dims.size() != 4) throw Error("expected a 4-D NHWC tensor");
+  return memory::desc({r.dims[0], r.dims[3], r.dims[1], r.dims[2]}, r.type, tag::nhwc);
+}
+
+struct Arg {
+  int id;
+  memory mem;
+  int64_t slot;     // -1: engine-owned memory (reordered weights, temporaries)
+  int64_t offset;
+};
+
+struct Step {
+  dnnl::primitive prim;
+  std::vector<Arg> args;
+  std::unordered_map<int, memory> map;
+  size_t scratchpad = 0;
+  memory::desc scratch_md;
+};
+
+// One instruction: its primitives in order (a bf16 input reorder, then the op).
+struct Instr {
+  std::vector<Step> steps;
+};
+
+struct Epilogue {
+  std::vector<int64_t> codes;
+  std::vector<float> alpha, beta;
+};
+
+Epilogue read_epilogue(Reader& rd) {
+  Epilogue e;
+  int64_t n = rd.next();
+  if (n < 0 || n > 8) throw Error("bad activation count");
+  for (int64_t k = 0; k < n; ++k) {
+    e.codes.push_back(rd.next());
+    e.alpha.push_back(rd.nextf());
+    e.beta.push_back(rd.nextf());
+  }
+  return e;
+}
+
+void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
+  for (size_t k = from; k < e.codes.size(); ++k)
+    po.append_eltwise(elt_alg(e.codes[k]), e.alpha[k], e.beta[k]);
+}
+
+}  // namespace
+
+struct Program {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream strm{eng};
+  int threads = 1;
+  std::vector<char*> slots;            // base pointers
+  std::vector<Instr> instrs;
+  std::vector<std::shared_ptr<void>> owned;  // reordered weights
+  size_t owned_bytes = 0;
+  size_t temp_bytes = 0;               // engine temporaries (bf16 copies), shared
+  size_t scratch_bytes = 0;            // largest primitive scratchpad, shared
+  void* temp = nullptr;
+  void* scratch = nullptr;
+  bool finalized = false;
+
+  ~Program() {
+    std::free(temp);
+    std::free(scratch);
+  }
+
+  char* base(int64_t slot) {
+    if (slot < 0 || slot >= (int64_t)slots.size()) throw Error("slot out of range");
+    return slots[slot];
+  }
+
+  // Memory bound to a spec tensor, described by `md`.
+  memory bind(const Ref& r, const memory::desc& md) {
+    if (r.slot < 0 || r.slot >= (int64_t)slots.size()) throw Error("slot out of range");
+    return memory(md, eng, slots[r.slot] ? slots[r.slot] + r.offset : DNNL_MEMORY_NONE);
+  }
+
+  void arg(Step& s, int id, const Ref& r, const memory::desc& md) {
+    memory m = bind(r, md);
+    s.args.push_back({id, m, r.slot, r.offset});
+    s.map[id] = m;
+  }
+
+  void own_arg(Step& s, int id, memory m) {
+    s.args.push_back({id, m, -1, 0});
+    s.map[id] = m;
+  }
+
+  // A weight as the primitive wants it: reordered once, now, into engine memory.
+  memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want) {
+    if (!slots[w.slot]) throw Error("weights must be bound before the instruction is added");
+    memory src(given, eng, slots[w.slot] + w.offset);
+    size_t n = want.get_size();
+    void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!p) throw Error("out of host memory for reordered weights");
+    owned.emplace_back(p, std::free);
+    owned_bytes += n;
+    memory dst(want, eng, p);
+    dnnl::reorder(src, dst).execute(strm, src, dst);
+    strm.wait();
+    return dst;
+  }
+
+  // A step that converts `r` to the compute dtype `cdt` in an engine temporary (at temp
+  // offset `after`); returns the temporary's descriptor.
+  memory::desc to_compute(Instr& ins, const Ref& r, const memory::desc& md, dt cdt,
+                          size_t after) {
+    memory::desc bmd(md.get_dims(), cdt, md.get_strides());
+    Step s;
+    arg(s, DNNL_ARG_FROM, r, md);
+    own_arg(s, DNNL_ARG_TO, memory(bmd, eng, DNNL_MEMORY_NONE));
+    s.args.back().offset = (int64_t)after;
+    s.args.back().slot = -2;  // -2: engine temporaries
+    s.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, md, eng, bmd));
+    temp_bytes = std::max(temp_bytes, after + bmd.get_size());
+    ins.steps.push_back(std::move(s));
+    return bmd;
+  }
+
+  template <class PD>
+  void finish(Step& s, const PD& pd) {
+    s.scratch_md = pd.scratchpad_desc();
+    s.scratchpad = s.scratch_md.get_size();
+    scratch_bytes = std::max(scratch_bytes, s.scratchpad);
+  }
+
+  primitive_attr attr() {
+    primitive_attr a;
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return a;
+  }
+
+  void add(Reader& rd) {
+    omp_set_num_threads(threads);  // primitives size their work for this many threads
+    int64_t op = rd.next();
+    Instr ins;
+    switch (op) {
+      case OP_CONV: add_conv(rd, ins); break;
+      case OP_MATMUL: add_matmul(rd, ins); break;
+      case OP_POOL: add_pool(rd, ins); break;
+      case OP_ELTWISE: add_eltwise(rd, ins); break;
+      case OP_BINARY: add_binary(rd, ins); break;
+      case OP_SOFTMAX: add_softmax(rd, ins); break;
+      case OP_REDUCE: add_reduce(rd, ins); break;
+      case OP_CONCAT: add_concat(rd, ins); break;
+      case OP_TRANSPOSE: add_transpose(rd, ins); break;
+      case OP_REORDER: add_reorder(rd, ins); break;
+      default: throw Error("unknown op code " + std::to_string(op));
+    }
+    if (rd.i != rd.n) throw Error("spec has trailing values");
+    instrs.push_back(std::move(ins));
+  }
+
+  // x, w [, bias] [, residual], y. w is in TF layout: [KH, KW, C/groups, O] or, depthwise,
+  // [KH, KW, C, M]; constant weights are reordered now.
+  void add_conv(Reader& rd, Instr& ins) {
+    int64_t has_bias = rd.next(), has_res = rd.next(), groups = rd.next(), depthwise = rd.next();
+    int64_t compute = rd.next(), w_const = rd.next();
+    Ref x = rd.ref(), w = rd.ref(), b, res;
+    if (has_bias) b = rd.ref();
+    if (has_res) res = rd.ref();
+    Ref y = rd.ref();
+    memory::dims strides = rd.ints(2), dil = rd.ints(2), pads = rd.ints(4);
+    Epilogue act = read_epilogue(rd);
+    for (auto& d : dil) d -= 1;  // oneDNN counts dilation from 0
+    if (w.dims.size() != 4) throw Error("conv weights must be 4-D");
+    int64_t kh = w.dims[0], kw = w.dims[1], ci = w.dims[2], co = w.dims[3];
+    memory::desc w_given;
+    if (depthwise) {  // groups = C, M outputs per group
+      groups = ci;
+      w_given = memory::desc({ci, co, 1, kh, kw}, w.type, tag::hwigo);
+    } else if (groups > 1) {
+      w_given = memory::desc({groups, co / groups, ci, kh, kw}, w.type, tag::hwigo);
+    } else {
+      w_given = memory::desc({co, ci, kh, kw}, w.type, tag::hwio);
+    }
+    memory::desc x_md = nhwc(x), y_md = nhwc(y);
+    dt cdt = to_dt(compute);  // the dtype the operands are read in (f32, bf16, f16)
+    memory::desc x_use(x_md.get_dims(), cdt, tag::nhwc);
+    memory::desc w_any(w_given.get_dims(), cdt, tag::any);
+    memory::desc b_md = has_bias ? plain(b) : memory::desc();
+    primitive_attr a = attr();
+    dnnl::post_ops po;
+    if (has_res) po.append_binary(algorithm::binary_add, nhwc(res));
+    append_eltwise(po, act);
+    a.set_post_ops(po);
+    auto pd = dnnl::convolution_forward::primitive_desc(
+        eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
+        w_const ? w_any : memory::desc(w_given.get_dims(), cdt, w_given.get_strides()), b_md,
+        y_md, strides, dil, {pads[0], pads[2]}, {pads[1], pads[3]}, a);
+    Step s;
+    if (x.type != cdt) {
+      to_compute(ins, x, x_md, cdt, 0);
+      own_arg(s, DNNL_ARG_SRC, memory(x_use, eng, DNNL_MEMORY_NONE));
+      s.args.back().slot = -2;
+    } else {
+      arg(s, DNNL_ARG_SRC, x, x_md);
+    }
+    if (w_const) {
+      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc()));
+    } else {
+      if (w.type != cdt) throw Error("computed conv weights must already have the compute dtype");
+      arg(s, DNNL_ARG_WEIGHTS, w, w_given);
+    }
+    if (has_bias) arg(s, DNNL_ARG_BIAS, b, b_md);
+    if (has_res) arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, nhwc(res));
+    arg(s, DNNL_ARG_DST, y, y_md);
+    s.prim = dnnl::convolution_forward(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  // a [..., M, K], b [..., K, N] (either possibly transposed, leading dims broadcast and
+  // already padded to y's rank by the caller) [, bias [N]], y [..., M, N].
+  void add_matmul(Reader& rd, Instr& ins) {
+    int64_t has_bias = rd.next(), ta = rd.next(), tb = rd.next(), compute = rd.next();
+    int64_t b_const = rd.next();
+    Ref A = rd.ref(), B = rd.ref(), bias;
+    if (has_bias) bias = rd.ref();
+    Ref y = rd.ref();
+    Epilogue act = read_epilogue(rd);
+    size_t r = y.dims.size();
+    if (A.dims.size() != r || B.dims.size() != r) throw Error("matmul ranks differ");
+    auto logical = [&](const Ref& t, bool trans) {
+      memory::dims dims = t.dims, strides(r);
+      int64_t s = 1;
+      for (size_t k = r; k-- > 0;) {
+        strides[k] = s;
+        s *= t.dims[k];
+      }
+      if (trans) {
+        std::swap(dims[r - 1], dims[r - 2]);
+        std::swap(strides[r - 1], strides[r - 2]);
+      }
+      return std::make_pair(dims, strides);
+    };
+    auto [ad, as] = logical(A, ta);
+    auto [bd, bs] = logical(B, tb);
+    memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
+    dt cdt = to_dt(compute);
+    memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
+    memory::desc b_use = b_const ? memory::desc(bd, cdt, tag::any) : b_md;
+    memory::desc bias_md;
+    if (has_bias) {
+      memory::dims bd2(r, 1);
+      bd2[r - 1] = y.dims[r - 1];
+      bias_md = plain(bd2, bias.type);
+    }
+    primitive_attr a = attr();
+    dnnl::post_ops po;
+    append_eltwise(po, act);
+    a.set_post_ops(po);
+    auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, plain(y), a);
+    Step s;
+    if (a_use.get_data_type() != A.type) {
+      // Convert a (possibly a transposed view) into a dense temporary of the compute type.
+      Step t;
+      arg(t, DNNL_ARG_FROM, A, a_md);
+      own_arg(t, DNNL_ARG_TO, memory(a_use, eng, DNNL_MEMORY_NONE));
+      t.args.back().slot = -2;
+      t.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, a_md, eng, a_use));
+      temp_bytes = std::max(temp_bytes, a_use.get_size());
+      ins.steps.push_back(std::move(t));
+      own_arg(s, DNNL_ARG_SRC, memory(a_use, eng, DNNL_MEMORY_NONE));
+      s.args.back().slot = -2;
+    } else {
+      arg(s, DNNL_ARG_SRC, A, a_md);
+    }
+    if (b_const) {
+      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(B, b_md, pd.weights_desc()));
+    } else {
+      if (B.type != cdt) throw Error("computed matmul operands must have the compute dtype");
+      arg(s, DNNL_ARG_WEIGHTS, B, b_md);
+    }
+    if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    s.prim = dnnl::matmul(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  void add_pool(Reader& rd, Instr& ins) {
+    int64_t is_max = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    memory::dims k = rd.ints(2), st = rd.ints(2), pads = rd.ints(4);
+    auto pd = dnnl::pooling_forward::primitive_desc(
+        eng, prop_kind::forward_inference,
+        is_max ? algorithm::pooling_max : algorithm::pooling_avg_exclude_padding, nhwc(x),
+        nhwc(y), st, k, {0, 0}, {pads[0], pads[2]}, {pads[1], pads[3]}, attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, nhwc(x));
+    arg(s, DNNL_ARG_DST, y, nhwc(y));
+    s.prim = dnnl::pooling_forward(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  void add_eltwise(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), y = rd.ref();
+    Epilogue e = read_epilogue(rd);
+    if (e.codes.empty()) throw Error("element-wise op without a function");
+    primitive_attr a = attr();
+    dnnl::post_ops po;
+    append_eltwise(po, e, 1);
+    a.set_post_ops(po);
+    auto pd = dnnl::eltwise_forward::primitive_desc(eng, prop_kind::forward_inference,
+                                                    elt_alg(e.codes[0]), plain(x), plain(y),
+                                                    e.alpha[0], e.beta[0], a);
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, plain(x));
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    s.prim = dnnl::eltwise_forward(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  // a has y's dims; b's dims are y's or 1 (numpy broadcasting, made explicit by the caller).
+  void add_binary(Reader& rd, Instr& ins) {
+    int64_t code = rd.next();
+    Ref A = rd.ref(), B = rd.ref(), y = rd.ref();
+    Epilogue e = read_epilogue(rd);
+    if (A.dims != y.dims) throw Error("binary: the first operand must have the output's shape");
+    primitive_attr a = attr();
+    dnnl::post_ops po;
+    append_eltwise(po, e);
+    a.set_post_ops(po);
+    auto pd = dnnl::binary::primitive_desc(eng, bin_alg(code), plain(A), plain(B), plain(y), a);
+    Step s;
+    arg(s, DNNL_ARG_SRC_0, A, plain(A));
+    arg(s, DNNL_ARG_SRC_1, B, plain(B));
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    s.prim = dnnl::binary(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  void add_softmax(Reader& rd, Instr& ins) {
+    int64_t axis = rd.next(), log = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    auto pd = dnnl::softmax_forward::primitive_desc(
+        eng, prop_kind::forward_inference,
+        log ? algorithm::softmax_log : algorithm::softmax_accurate, plain(x), plain(y),
+        (int)axis, attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, plain(x));
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    s.prim = dnnl::softmax_forward(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  // y's dims keep x's rank, with 1 on the reduced axes.
+  void add_reduce(Reader& rd, Instr& ins) {
+    int64_t code = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    auto pd = dnnl::reduction::primitive_desc(eng, red_alg(code), plain(x), plain(y), 0.f, 0.f,
+                                              attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, plain(x));
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    s.prim = dnnl::reduction(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  void add_concat(Reader& rd, Instr& ins) {
+    int64_t axis = rd.next(), n = rd.next();
+    if (n < 1 || n > 4096) throw Error("bad concat input count");
+    std::vector<Ref> xs;
+    std::vector<memory::desc> mds;
+    for (int64_t k = 0; k < n; ++k) {
+      xs.push_back(rd.ref());
+      mds.push_back(plain(xs.back()));
+    }
+    Ref y = rd.ref();
+    auto pd = dnnl::concat::primitive_desc(eng, plain(y), (int)axis, mds, attr());
+    Step s;
+    for (int64_t k = 0; k < n; ++k) arg(s, DNNL_ARG_MULTIPLE_SRC + (int)k, xs[k], mds[k]);
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    s.prim = dnnl::concat(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  // y = x.transpose(perm): read x through permuted strides, write y densely.
+  void add_transpose(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), y = rd.ref();
+    memory::dims perm = rd.ints((int64_t)y.dims.size());
+    size_t r = x.dims.size();
+    if (perm.size() != r) throw Error("transpose: perm does not match the rank");
+    memory::dims xs(r), sd(r), ss(r);
+    int64_t s = 1;
+    for (size_t k = r; k-- > 0;) {
+      xs[k] = s;
+      s *= x.dims[k];
+    }
+    for (size_t k = 0; k < r; ++k) {
+      if (perm[k] < 0 || perm[k] >= (int64_t)r) throw Error("transpose: bad perm");
+      sd[k] = x.dims[perm[k]];
+      ss[k] = xs[perm[k]];
+    }
+    memory::desc src(sd, x.type, ss);
+    reorder_step(ins, x, src, y, plain(y));
+  }
+
+  void add_reorder(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), y = rd.ref();
+    reorder_step(ins, x, plain(x), y, plain(y));
+  }
+
+  void reorder_step(Instr& ins, const Ref& x, const memory::desc& xmd, const Ref& y,
+                    const memory::desc& ymd) {
+    auto pd = dnnl::reorder::primitive_desc(eng, xmd, eng, ymd, attr());
+    Step s;
+    arg(s, DNNL_ARG_FROM, x, xmd);
+    arg(s, DNNL_ARG_TO, y, ymd);
+    s.prim = dnnl::reorder(pd);
+    finish(s, pd);
+    ins.steps.push_back(std::move(s));
+  }
+
+  void finalize() {
+    if (finalized) return;
+    if (temp_bytes) temp = std::aligned_alloc(64, (temp_bytes + 63) / 64 * 64);
+    if (scratch_bytes) scratch = std::aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
+    if ((temp_bytes && !temp) || (scratch_bytes && !scratch))
+      throw Error("out of host memory for the engine's working buffers");
+    for (auto& ins : instrs)
+      for (auto& s : ins.steps) {
+        for (auto& a : s.args)
+          if (a.slot == -2) a.mem.set_data_handle(static_cast<char*>(temp) + a.offset);
+        if (s.scratchpad) {
+          memory m(s.scratch_md, eng, scratch);
+          s.map[DNNL_ARG_SCRATCHPAD] = m;
+        }
+      }
+    finalized = true;
+  }
+
+  void run(int64_t first, int64_t last) {
+    if (!finalized) finalize();
+    if (first < 0 || last > (int64_t)instrs.size() || first > last)
+      throw Error("instruction range out of bounds");
+    omp_set_num_threads(threads);
+    for (int64_t k = first; k < last; ++k)
+      for (auto& s : instrs[k].steps) {
+        for (auto& a : s.args)
+          if (a.slot >= 0) a.mem.set_data_handle(slots[a.slot] + a.offset);
+        s.prim.execute(strm, s.map);
+      }
+    strm.wait();
+  }
+};
+
+namespace {
+void set_error(char* err, int64_t len, const std::string& msg) {
+  if (err && len > 0) std::snprintf(err, (size_t)len, "%s", msg.c_str());
+}
+
+template <class F>
+int64_t guarded(char* err, int64_t len, F&& f) {
+  try {
+    return f();
+  } catch (const dnnl::error& e) {
+    set_error(err, len, std::string("oneDNN: ") + e.what() + " (status " +
+                            std::to_string((int)e.status) + ")");
+  } catch (const std::exception& e) {
+    set_error(err, len, e.what());
+  } catch (...) {
+    set_error(err, len, "unknown C++ exception");
+  }
+  return -1;
+}
+}  // namespace
+
+#define NE_API __attribute__((visibility("default")))
+
+extern "C" {
+
+NE_API int64_t ne_version() { return 1; }
+
+NE_API void* ne_create(int64_t n_slots, int64_t threads, char* err, int64_t len) {
+  Program* p = nullptr;
+  int64_t rc = guarded(err, len, [&]() -> int64_t {
+    if (n_slots < 0 || n_slots > (1 << 24)) throw Error("bad slot count");
+    p = new Program();
+    p->threads = threads > 0 ? (int)threads : 1;
+    p->slots.assign((size_t)n_slots, nullptr);
+    return 0;
+  });
+  return rc < 0 ? nullptr : p;
+}
+
+NE_API void ne_destroy(void* p) { delete static_cast<Program*>(p); }
+
+NE_API int64_t ne_bind(void* p, int64_t slot, void* ptr, char* err, int64_t len) {
+  return guarded(err, len, [&]() -> int64_t {
+    Program* prog = static_cast<Program*>(p);
+    prog->base(slot);
+    prog->slots[slot] = static_cast<char*>(ptr);
+    return 0;
+  });
+}
+
+NE_API int64_t ne_add(void* p, const int64_t* spec, int64_t n, const float* fs, int64_t nf, char* err,
+               int64_t len) {
+  return guarded(err, len, [&]() -> int64_t {
+    Program* prog = static_cast<Program*>(p);
+    if (prog->finalized) throw Error("program already finalized");
+    Reader rd{spec, n, 0, fs, nf, 0};
+    prog->add(rd);
+    return (int64_t)prog->instrs.size() - 1;
+  });
+}
+
+NE_API int64_t ne_finalize(void* p, char* err, int64_t len) {
+  return guarded(err, len, [&]() -> int64_t {
+    static_cast<Program*>(p)->finalize();
+    return 0;
+  });
+}
+
+// Bytes the program holds besides the arena: reordered weights and working buffers.
+NE_API int64_t ne_bytes(void* p) {
+  Program* prog = static_cast<Program*>(p);
+  return (int64_t)(prog->owned_bytes + prog->temp_bytes + prog->scratch_bytes);
+}
+
+// Runs instructions [first, last) with per-call slots bound from `ptrs` (slot k gets
+// ptrs[k - first_slot]).
+NE_API int64_t ne_run(void* p, int64_t first, int64_t last, int64_t first_slot, void** ptrs,
+               int64_t n_ptrs, char* err, int64_t len) {
+  return guarded(err, len, [&]() -> int64_t {
+    Program* prog = static_cast<Program*>(p);
+    for (int64_t k = 0; k < n_ptrs; ++k) {
+      prog->base(first_slot + k);
+      prog->slots[first_slot + k] = static_cast<char*>(ptrs[k]);
+    }
+    prog->run(first, last);
+    return 0;
+  });
+}
+
+// The implementation oneDNN chose for instruction k's main primitive (for inspection).
+NE_API int64_t ne_impl(void* p, int64_t k, char* out, int64_t len) {
+  return guarded(out, len, [&]() -> int64_t {
+    Program* prog = static_cast<Program*>(p);
+    if (k < 0 || k >= (int64_t)prog->instrs.size()) throw Error("no such instruction");
+    auto& s = prog->instrs[k].steps.back();
+    const_dnnl_primitive_desc_t pd;
+    dnnl::error::wrap_c_api(dnnl_primitive_get_primitive_desc(s.prim.get(), &pd), "pd");
+    const char* info = nullptr;
+    dnnl::error::wrap_c_api(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &info),
+                            "impl");
+    set_error(out, len, info ? info : "?");
+    return 0;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,94 @@
+"""A native program: one executable's instructions as oneDNN primitives in engine.cc.
+
+Built once per loaded copy. Value placement is the executable's: slot 0 is the copy's
+arena, then one slot per constant, then (bound on every call) the call's inputs and
+outputs. `add` offers each instruction to the engine and says whether it took it; the
+caller (runtime/program.py) runs the rest on numpy, on the same buffers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import ExecutionError
+from .spec import Ref, encode
+
+_ERR = 2048
+
+
+class NativeProgram:
+    def __init__(self, lib: ctypes.CDLL, n_slots: int, threads: int):
+        self._lib = lib
+        self._err = ctypes.create_string_buffer(_ERR)
+        self._handle = lib.ne_create(n_slots, threads, self._err, _ERR)
+        if not self._handle:
+            raise ExecutionError(f"native engine: {self._err.value.decode()}")
+        self._keep: list[np.ndarray] = []  # arrays whose memory fixed slots point into
+        self.rejected: dict[int, str] = {}  # instruction index -> why numpy runs it
+        self.weight_bytes: dict[int, int] = {}  # instruction index -> reordered weights held
+        self._call_ptrs: ctypes.Array | None = None
+
+    def bind(self, slot: int, array: np.ndarray) -> None:
+        """Point a fixed slot (the arena, a constant) at `array`, kept alive here."""
+        if not array.flags.c_contiguous:
+            raise ValueError("engine buffers must be C-contiguous")
+        self._keep.append(array)
+        if self._lib.ne_bind(self._handle, slot, array.ctypes.data, self._err, _ERR) < 0:
+            raise ExecutionError(f"native engine: {self._err.value.decode()}")
+
+    def add(self, index: int, kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
+            constant: Sequence[bool]) -> int | None:
+        """Offer instruction `index`; returns its engine index, or None (runs on numpy)."""
+        spec = encode(kind, attrs, ins, outs, constant)
+        if spec is None:
+            self.rejected[index] = "no native kernel for these dtypes/attributes"
+            return None
+        ints, floats = spec
+        int_arr = (ctypes.c_int64 * len(ints))(*ints)
+        float_arr = (ctypes.c_float * max(len(floats), 1))(*floats)
+        held = self.held_bytes
+        k = self._lib.ne_add(self._handle, int_arr, len(ints), float_arr, len(floats),
+                             self._err, _ERR)
+        if k < 0:  # oneDNN has no implementation for this case: numpy runs it
+            self.rejected[index] = self._err.value.decode()
+            return None
+        self.weight_bytes[index] = self.held_bytes - held
+        return int(k)
+
+    def finalize(self) -> None:
+        if self._lib.ne_finalize(self._handle, self._err, _ERR) < 0:
+            raise ExecutionError(f"native engine: {self._err.value.decode()}")
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The engine's working buffers (shared by the program's primitives)."""
+        return self.held_bytes - sum(self.weight_bytes.values())
+
+    @property
+    def held_bytes(self) -> int:
+        """Reordered weights and working buffers the engine holds for this program."""
+        return int(self._lib.ne_bytes(self._handle))
+
+    def implementation(self, k: int) -> str:
+        buf = ctypes.create_string_buffer(256)
+        return buf.value.decode() if self._lib.ne_impl(self._handle, k, buf, 256) >= 0 else "?"
+
+    def set_call_buffers(self, arrays: Sequence[np.ndarray]) -> None:
+        self._call_ptrs = (ctypes.c_void_p * max(len(arrays), 1))(
+            *[a.ctypes.data for a in arrays])
+        self._n_call = len(arrays)
+
+    def run(self, first: int, last: int, first_slot: int) -> None:
+        """Run engine instructions [first, last) on the call buffers last set (the GIL is
+        released meanwhile: ctypes drops it around foreign calls)."""
+        if self._lib.ne_run(self._handle, first, last, first_slot, self._call_ptrs,
+                            self._n_call, self._err, _ERR) < 0:
+            raise ExecutionError(f"native engine: {self._err.value.decode()}")
+
+    def __del__(self) -> None:
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._lib.ne_destroy(handle)

@@ -1,0 +1,277 @@
+"""Instruction -> native spec: what the oneDNN engine runs, and what it leaves to numpy.
+
+`encode` turns one validated instruction (docs/isa.md) into the flat list of int64s
+(and the few floats) that engine.cc's `ne_add` reads, or returns None when the native
+engine does not implement that instruction with those dtypes and attributes; the
+instruction then runs on the numpy reference kernel inside the same program. The
+codes below mirror the enums at the top of engine.cc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
+OP_SOFTMAX, OP_REDUCE, OP_CONCAT, OP_TRANSPOSE, OP_REORDER = 6, 7, 8, 9, 10
+
+DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
+          "float16": 5}
+
+E_RELU, E_CLIP, E_ELU, E_LOGISTIC, E_TANH, E_EXP = 1, 2, 3, 4, 5, 7
+E_SQRT, E_SQUARE, E_ABS, E_LINEAR, E_POW = 9, 10, 11, 12, 13
+
+# TF function -> oneDNN element-wise chain [(code, alpha, beta)]; `alpha` in the
+# attributes replaces the first alpha where the function takes one (leaky_relu).
+# Left to numpy on purpose: log (oneDNN's is off by up to 3e-6 absolute near 1) and
+# softplus (its soft_relu loses TF's relative accuracy for large |x|); erf, erfc,
+# floor, sign and the rounding functions have no oneDNN counterpart.
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
+ELTWISE: dict[str, list[tuple[int, float, float]]] = {
+    "relu": [(E_RELU, 0.0, 0.0)],
+    "relu6": [(E_CLIP, 0.0, 6.0)],
+    "leaky_relu": [(E_RELU, 0.2, 0.0)],
+    "elu": [(E_ELU, 1.0, 0.0)],
+    "selu": [(E_ELU, _SELU_ALPHA, 0.0), (E_LINEAR, _SELU_SCALE, 0.0)],
+    "sigmoid": [(E_LOGISTIC, 0.0, 0.0)],
+    "tanh": [(E_TANH, 0.0, 0.0)],
+    "exp": [(E_EXP, 0.0, 0.0)],
+    "sqrt": [(E_SQRT, 0.0, 0.0)],
+    "rsqrt": [(E_POW, 1.0, -0.5)],
+    "square": [(E_SQUARE, 0.0, 0.0)],
+    "abs": [(E_ABS, 0.0, 0.0)],
+    "neg": [(E_LINEAR, -1.0, 0.0)],
+    "reciprocal": [(E_POW, 1.0, -1.0)],
+}
+
+BINARY = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "greater": 7,
+          "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
+# Operands may be swapped (so the full-shaped one comes first) with these functions.
+_SWAPPED = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
+            "equal": "equal", "not_equal": "not_equal", "greater": "less", "less": "greater",
+            "greater_equal": "less_equal", "less_equal": "greater_equal"}
+REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
+_MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where a value lives for the engine: slot, byte offset, dtype name, shape."""
+
+    slot: int
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    def encode(self, shape: Sequence[int] | None = None) -> list[int]:
+        dims = list(self.shape if shape is None else shape)
+        return [self.slot, self.offset, DTYPES[self.dtype], len(dims), *dims]
+
+
+def _chain(fn: str, alpha: float) -> list[tuple[int, float, float]] | None:
+    chain = ELTWISE.get(fn)
+    if chain is None:
+        return None
+    if fn == "leaky_relu":
+        return [(E_RELU, float(alpha), 0.0)]
+    return chain
+
+
+def _epilogue(chain: list[tuple[int, float, float]], ints: list[int], floats: list[float]) -> None:
+    ints.append(len(chain))
+    for code, alpha, beta in chain:
+        ints.append(code)
+        floats += [alpha, beta]
+
+
+def _activation(attrs: dict) -> list[tuple[int, float, float]] | None:
+    fn = attrs.get("activation", "none") or "none"
+    return [] if fn == "none" else _chain(fn, attrs.get("alpha", 0.2))
+
+
+def _padded(shape: Sequence[int], rank: int) -> list[int]:
+    return [1] * (rank - len(shape)) + list(shape)
+
+
+def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
+           constant: Sequence[bool]) -> tuple[list[int], list[float]] | None:
+    """The engine spec of one instruction, or None to run it on numpy."""
+    fn = _ENCODERS.get(kind)
+    if fn is None or any(r.dtype not in DTYPES for r in (*ins, *outs)):
+        return None
+    if any(0 in r.shape for r in (*ins, *outs)):
+        return None  # empty tensors: nothing to compute, numpy handles the shapes
+    return fn(attrs, list(ins), list(outs), list(constant))
+
+
+def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
+          depthwise: bool) -> tuple[list[int], list[float]] | None:
+    x, w, y = ins[0], ins[1], outs[0]
+    residual = bool(attrs.get("residual"))
+    has_bias = len(ins) - residual == 3
+    compute = attrs.get("compute", "float32")
+    if x.dtype != "float32" or y.dtype != "float32" or w.dtype != compute:
+        return None  # (computed weights in reduced precision: left to numpy)
+    act = _activation(attrs)
+    if act is None:
+        return None
+    ints = [OP_CONV, int(has_bias), int(residual), int(attrs.get("groups", 1)), int(depthwise),
+            DTYPES[compute], int(const[1])]
+    ints += x.encode() + w.encode()
+    if has_bias:
+        ints += ins[2].encode()
+    if residual:
+        ints += ins[-1].encode()
+    ints += y.encode()
+    ints += [*attrs["strides"], *attrs["dilations"], *attrs["pads"]]
+    floats: list[float] = []
+    _epilogue(act, ints, floats)
+    return ints, floats
+
+
+def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    a, b, y = ins[0], ins[1], outs[0]
+    compute = attrs.get("compute", "float32")
+    if a.dtype != "float32" or y.dtype != "float32" or b.dtype != compute:
+        return None  # (computed operands in reduced precision: left to numpy)
+    act = _activation(attrs)
+    rank = len(y.shape)
+    if act is None or rank > 6:
+        return None
+    ints = [OP_MATMUL, int(len(ins) == 3), int(bool(attrs.get("transpose_a"))),
+            int(bool(attrs.get("transpose_b"))), DTYPES[compute], int(const[1])]
+    ints += a.encode(_padded(a.shape, rank)) + b.encode(_padded(b.shape, rank))
+    if len(ins) == 3:
+        ints += ins[2].encode()
+    ints += y.encode()
+    floats: list[float] = []
+    _epilogue(act, ints, floats)
+    return ints, floats
+
+
+def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
+          const: list[bool]) -> tuple[list[int], list[float]] | None:
+    if ins[0].dtype != "float32":
+        return None
+    ints = [OP_POOL, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
+            *attrs["ksize"], *attrs["strides"], *attrs["pads"]]
+    return ints, []
+
+
+def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
+           const: list[bool]) -> tuple[list[int], list[float]] | None:
+    chain = _chain(attrs["fn"], attrs.get("alpha", 0.2))
+    if chain is None or ins[0].dtype != "float32" or len(ins[0].shape) > 6:
+        return None
+    ints = [OP_ELTWISE, *ins[0].encode(), *outs[0].encode()]
+    floats: list[float] = []
+    _epilogue(chain, ints, floats)
+    return ints, floats
+
+
+def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    fn, (a, b), y = attrs["fn"], ins, outs[0]
+    post: list[tuple[int, float, float]] = []
+    if fn == "squared_difference":
+        fn, post = "sub", [(E_SQUARE, 0.0, 0.0)]
+    if fn not in BINARY or a.dtype != "float32" or len(y.shape) > 6:
+        return None
+    rank = max(len(y.shape), 1)
+    shape_y = _padded(y.shape, rank)
+    sa, sb = _padded(a.shape, rank), _padded(b.shape, rank)
+    if sa != shape_y:
+        if sb != shape_y or fn not in _SWAPPED:
+            return None  # only the second operand may broadcast
+        a, b, sa, sb, fn = b, a, sb, sa, _SWAPPED[fn]
+    ints = [OP_BINARY, BINARY[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)]
+    floats: list[float] = []
+    _epilogue(post, ints, floats)
+    return ints, floats
+
+
+def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
+             const: list[bool]) -> tuple[list[int], list[float]] | None:
+    # log-softmax stays on numpy: oneDNN's is off by up to 3e-6 absolute (its log).
+    if attrs.get("log") or ins[0].dtype != "float32" or not ins[0].shape \
+            or len(ins[0].shape) > 6:
+        return None
+    return [OP_SOFTMAX, attrs["axis"], 0, *ins[0].encode(),
+            *outs[0].encode()], []
+
+
+def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x = ins[0]
+    axes = set(attrs["axes"])
+    if attrs["fn"] not in REDUCE or x.dtype != "float32" or not axes or not x.shape \
+            or len(x.shape) > 6:
+        return None
+    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    if len(x.shape) == 4 and axes == {1, 2} and attrs["fn"] in ("mean", "max"):
+        # A global pool over NHWC's H and W: oneDNN's reduction has only a reference
+        # kernel for that layout (~10x slower than its pooling).
+        _, h, w, _ = x.shape
+        return [OP_POOL, int(attrs["fn"] == "max"), *x.encode(), *outs[0].encode(kept),
+                h, w, 1, 1, 0, 0, 0, 0], []
+    return [OP_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *outs[0].encode(kept)], []
+
+
+def _concat(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    y = outs[0]
+    if y.dtype not in _MOVABLE or not y.shape or len(y.shape) > 6:
+        return None
+    ints = [OP_CONCAT, attrs["axis"], len(ins)]
+    for r in ins:
+        ints += r.encode()
+    return ints + y.encode(), []
+
+
+def _transpose(attrs: dict, ins: list[Ref], outs: list[Ref],
+               const: list[bool]) -> tuple[list[int], list[float]] | None:
+    if ins[0].dtype not in _MOVABLE or not ins[0].shape or len(ins[0].shape) > 6:
+        return None
+    return [OP_TRANSPOSE, *ins[0].encode(), *outs[0].encode(), *attrs["perm"]], []
+
+
+def _flat_copy(attrs: dict, ins: list[Ref], outs: list[Ref],
+               const: list[bool]) -> tuple[list[int], list[float]] | None:
+    """copy and reshape: the same bytes in a new place."""
+    x, y = ins[0], outs[0]
+    if x.dtype not in _MOVABLE or x.dtype != y.dtype:
+        return None
+    size = 1
+    for d in x.shape:
+        size *= d
+    return [OP_REORDER, *x.encode([size]), *y.encode([size])], []
+
+
+def _cast(attrs: dict, ins: list[Ref], outs: list[Ref],
+          const: list[bool]) -> tuple[list[int], list[float]] | None:
+    # Only conversions where oneDNN's rounding is TF's: integers and bools to float32
+    # (float -> int truncates in TF, oneDNN rounds), float32 <-> bfloat16.
+    src, dst = ins[0].dtype, outs[0].dtype
+    ok = (src in ("int32", "int8", "uint8", "bool") and dst == "float32") or \
+        {src, dst} == {"float32", "bfloat16"}
+    if not ok or not ins[0].shape or len(ins[0].shape) > 6:
+        return None
+    return [OP_REORDER, *ins[0].encode(), *outs[0].encode()], []
+
+
+_ENCODERS = {
+    "conv2d": lambda a, i, o, c: _conv(a, i, o, c, depthwise=False),
+    "depthwise_conv2d": lambda a, i, o, c: _conv(a, i, o, c, depthwise=True),
+    "matmul": _matmul,
+    "pool": _pool,
+    "unary": _unary,
+    "binary": _binary,
+    "softmax": _softmax,
+    "reduce": _reduce,
+    "concat": _concat,
+    "transpose": _transpose,
+    "copy": _flat_copy,
+    "reshape": _flat_copy,
+    "cast": _cast,
+}
