@@ -39,6 +39,7 @@ from neuronish.runtime import (
     OutOfDeviceMemory,
     OutputBufferError,
     get_device,
+    profiler,
 )
 from neuronish.runtime.executable import Executable, TensorSig, from_bytes
 
@@ -245,7 +246,9 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> 
         model = handle.model
         try:
             assert model is not None
-            model.run_list([np.asarray(x) for x in inputs], out=[np.asarray(o) for o in outputs])
+            with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
+                model.run_list([np.asarray(x) for x in inputs],
+                               out=[np.asarray(o) for o in outputs])
             return
         except (InvalidInput, OutputBufferError):
             raise

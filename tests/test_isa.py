@@ -221,3 +221,13 @@ def test_an_executable_that_passes_runs() -> None:
     out = model.run({"x:0": np.ones((2, 8, 8, 3), np.float32)})
     assert out["Identity:0"].shape == (2, 8)
     model.unload()
+
+
+@pytest.mark.parametrize("field,value", [("compiler", [1, 2]), ("stats", {"flops": b"\x00"}),
+                                         ("compiler", {"options": "fast"})])
+def test_described_fields_must_be_plain_maps(field: str, value: object) -> None:
+    from neuronish.runtime.errors import ExecutableError
+    from neuronish.runtime.executable import from_bytes
+
+    with pytest.raises(ExecutableError, match=field if field == "stats" else "compiler"):
+        from_bytes(_resealed(lambda b: b.__setitem__(field, value)))
