@@ -147,10 +147,13 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
     index = 0
     for core, program in enumerate(exe.programs):
         for n, ins in enumerate(program):
-            source = ins.source if all(isinstance(s, str) for s in ins.source) else ("?",)
+            named = all(isinstance(s, str) for s in ins.source)
             where = f"instruction {index} (#{n} of core {core}, {ins.kind!r}, from TF node(s) " \
-                    f"{', '.join(source) or '?'})"
+                    f"{', '.join(ins.source) if named else '?'})"
             index += 1
+            if not named:  # errors, profiles and telemetry quote them
+                raise _fail(f"{where} names its TF nodes {list(ins.source)!r}, not strings "
+                            "(field 'tf')")
             if not isinstance(ins.kind, str) or ins.kind not in isa.KINDS:
                 raise ExecutableError(
                     f"{where}: instruction kind {ins.kind!r} is not one this runtime has "

@@ -186,6 +186,8 @@ BAD_INSTRUCTIONS = {
                           "'attrs.axes'"),
     "keepdims-changes-shape": (lambda b: b["programs"][1][0]["attrs"].__setitem__(
         "keepdims", True), "declares outputs", "'out'"),
+    "tf-not-strings": (lambda b: b["programs"][1][0].__setitem__("tf", [3]), "instruction 1 ",
+                       "'tf'"),
     "wrong-arity": (lambda b: b["programs"][0][0].__setitem__("in", [0]), "takes 2 to 4",
                     "'in'"),
     "dtype-of-output": (lambda b: b["values"][1].__setitem__(2, "int32"), "declares outputs",
