@@ -242,6 +242,17 @@ def top_instructions(trace: dict, n: int = 10) -> list[dict]:
     return rows[:n]
 
 
+def _forget_in_child() -> None:
+    """A forked child records its own spans only (with a lock no parent thread holds)."""
+    global _lock
+    _lock = threading.Lock()
+    _events.clear()
+    _track_ids.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _from_env() -> None:
     directory = os.environ.get(ENV_VAR)
     if not directory:
