@@ -28,10 +28,13 @@ def main() -> int:
                         help="child processes running at once (default 2)")
     parser.add_argument("--timeout", type=float, default=20.0,
                         help="seconds one mutant may take before it counts as a hang")
+    parser.add_argument("--engine", choices=("native", "numpy"),
+                        help="NEURONISH_ENGINE for the children (default: the environment's)")
     parser.add_argument("--examples", action="store_true",
                         help="also print a few mutants of every outcome")
     args = parser.parse_args()
-    report = fuzz(args.count, seed=args.seed, children=args.children, timeout=args.timeout)
+    report = fuzz(args.count, seed=args.seed, children=args.children, timeout=args.timeout,
+                  engine=args.engine)
     print(report.summary())
     if args.examples:
         for outcome, labels in sorted(report.examples.items()):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import os
 import random
 import select
@@ -462,6 +463,7 @@ def child(path: str, start: int) -> None:
     """Run mutants start.. of the file at `path`; print `S i` before, `R i outcome` after."""
     from neuronish.runtime import Device, DeviceError, load
     from neuronish.runtime.config import DeviceConfig
+    from neuronish.runtime.executable import describe, from_bytes
 
     items = msgpack.unpackb(Path(path).read_bytes())
     device = Device(DeviceConfig.from_env({"NEURONISH_NUM_CORES": "4",
@@ -481,6 +483,8 @@ def child(path: str, start: int) -> None:
         try:
             if canary.get(str(i)) == "foreign":
                 raise TypeError("canary")
+            # What `neuronish-cc inspect --json` shows of a file that passes the reader.
+            json.dumps(describe(from_bytes(items[i])))
             model = load(items[i], device=device)
             try:
                 model.run(_inputs(model, rng))
@@ -526,8 +530,10 @@ class Report:
         return "\n".join(lines)
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(engine: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if engine:
+        env["NEURONISH_ENGINE"] = engine
     env.update({"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                 "NEURONISH_KERNEL_THREADS": "1", "PYTHONPATH": str(ROOT)})
     return env
@@ -539,7 +545,8 @@ def _limit_memory() -> None:  # in the child, before exec: a runaway allocation 
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
 
 
-def run_batch(items: list[tuple[str, bytes]], timeout: float, report: Report) -> None:
+def run_batch(items: list[tuple[str, bytes]], timeout: float, report: Report,
+              engine: str | None = None) -> None:
     """Run `items` in children (replaced after a crash or hang), recording outcomes."""
     with tempfile.NamedTemporaryFile(suffix=".mutants", delete=False) as f:
         f.write(msgpack.packb([data for _, data in items], use_bin_type=True))
@@ -547,18 +554,18 @@ def run_batch(items: list[tuple[str, bytes]], timeout: float, report: Report) ->
     try:
         start = 0
         while start < len(items):
-            start = _one_child(items, path, start, timeout, report)
+            start = _one_child(items, path, start, timeout, report, engine)
     finally:
         os.unlink(path)
 
 
 def _one_child(items: list[tuple[str, bytes]], path: str, start: int, timeout: float,
-               report: Report) -> int:
+               report: Report, engine: str | None) -> int:
     """Run a child from mutant `start`; returns where the next child must start."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from tests.executable_fuzz "
                              "import child; child(sys.argv[1], int(sys.argv[2]))",
                              path, str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=ROOT, env=_child_env(), preexec_fn=_limit_memory)
+                            cwd=ROOT, env=_child_env(engine), preexec_fn=_limit_memory)
     assert proc.stdout is not None
     current, buf = None, b""
     # The first mutant also waits for the child's imports.
@@ -615,8 +622,10 @@ def _one_child(items: list[tuple[str, bytes]], path: str, start: int, timeout: f
                     return len(items)
 
 
-def fuzz(count: int, seed: int = 0, children: int = 2, timeout: float = 10.0) -> Report:
-    """Build `count` mutants and run them split over `children` concurrent children."""
+def fuzz(count: int, seed: int = 0, children: int = 2, timeout: float = 10.0,
+         engine: str | None = None) -> Report:
+    """Build `count` mutants and run them split over `children` concurrent children, on
+    `engine` (NEURONISH_ENGINE: native or numpy; None: the environment's choice)."""
     from concurrent.futures import ThreadPoolExecutor
 
     started = time.monotonic()
@@ -624,7 +633,7 @@ def fuzz(count: int, seed: int = 0, children: int = 2, timeout: float = 10.0) ->
     shares = [items[k::children] for k in range(children)]
     reports = [Report() for _ in shares]
     with ThreadPoolExecutor(children) as pool:
-        list(pool.map(lambda a: run_batch(a[0], timeout, a[1]), zip(shares, reports)))
+        list(pool.map(lambda a: run_batch(a[0], timeout, a[1], engine), zip(shares, reports)))
     total = Report(seconds=time.monotonic() - started)
     for r in reports:
         total.total += r.total

@@ -26,11 +26,19 @@ def test_harness_pins_crashes_hangs_and_foreign_errors(monkeypatch: pytest.Monke
     assert report.outcomes["ok"] == 5 and not report.leaks
 
 
-def test_mutated_executables_never_crash_hang_or_escape() -> None:
-    report = fz.fuzz(3000, seed=0, children=2, timeout=20.0)
+@pytest.mark.parametrize("engine,count", [("native", 2000), ("numpy", 1000)])
+def test_mutated_executables_never_crash_hang_or_escape(engine: str, count: int) -> None:
+    # Both engines: the native one (oneDNN) by default, and the numpy reference that
+    # runs whatever the native one leaves to it or when it cannot be built.
+    if engine == "native":  # built here, once, before the children start
+        from neuronish.runtime.native import library
+
+        assert library.load() is not None, library.why_not()
+    report = fz.fuzz(count, seed={"native": 0, "numpy": 1}[engine], children=2,
+                     timeout=20.0, engine=engine)
     print(report.summary())
-    assert report.total == 3000
+    assert report.total == count
     assert not report.failures, report.summary()
     # The mutants reach both sides: most are refused, some still load and run.
-    assert report.outcomes["runtime:ExecutableError"] > 1500
-    assert report.outcomes["ok"] > 150
+    assert report.outcomes["runtime:ExecutableError"] > count // 2
+    assert report.outcomes["ok"] > count // 20

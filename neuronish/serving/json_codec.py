@@ -95,6 +95,10 @@ def parse_body(body: bytes) -> dict:
         raise invalid_argument(f"JSON Parse error: invalid UTF-8 at offset: {e.start}") from None
     except json.JSONDecodeError as e:
         raise invalid_argument(f"JSON Parse error: {e.msg} at offset: {e.pos}") from None
+    except RecursionError:
+        raise invalid_argument("JSON Parse error: the document is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer with more digits than Python converts
+        raise invalid_argument(f"JSON Parse error: {e}") from None
     if not isinstance(doc, dict):
         raise invalid_argument(f"JSON Value: {_echo(doc)} Is not object")
     return doc
