@@ -17,6 +17,7 @@ concurrent processes wait for the one builder instead of building twice.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -24,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from models import extra, zoo
+from models import extra, third_party, zoo
 from models.freeze import FrozenGraph, freeze_saved_model
 
 try:
@@ -38,6 +39,9 @@ _HERE = Path(__file__).resolve().parent
 _BUILDERS: dict[str, tuple[Callable[[str], None], str]] = {
     **{name: (build, "zoo.py") for name, build in zoo.BUILDERS.items()},
     **{name: (build, "extra.py") for name, build in extra.BUILDERS.items()},
+    # keras.applications and keras_hub models, as users export them (benchmarks/zoo.py).
+    **{name: (functools.partial(third_party.build, name), "third_party.py")
+       for name in third_party.ALL},
 }
 
 

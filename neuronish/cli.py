@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from neuronish import benchmark  # imports TensorFlow only when it runs
+from neuronish import benchmark, device_tools  # TensorFlow only when a benchmark runs
 
 
 def output_file_name(tensor_name: str) -> str:
@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     r.add_argument("--output-dir", required=True)
     r.add_argument("--duplicates", type=int, default=1)
+    device_tools.add_parsers(sub)
+    from neuronish import profile  # its TensorFlow import waits until it runs
+
+    profile.add_parser(sub)
     return p
 
 
@@ -198,6 +202,8 @@ def _main(argv: list[str]) -> int:
         return _compile(args)
     if args.command == "benchmark":
         return benchmark.run(args)
+    if args.command in ("ls", "top", "profile"):
+        return args.handler(args)
     return 2
 
 

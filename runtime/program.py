@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import profiler
 from .errors import ExecutionError
 from .executable import Executable
 from .kernels import KERNELS
@@ -188,7 +189,7 @@ class LoadedProgram:
             for sig, x in zip(self.exe.inputs, inputs):
                 slots[sig.value] = x
             self.native.set_call_buffers([*inputs, *outputs])
-        for step in self.steps:
+        for step in profiler.steps(self.steps, self.instructions):  # timed if profiling
             if isinstance(step, _NativeRun):
                 try:
                     self.native.run(step.first, step.last, self._first_call_slot)

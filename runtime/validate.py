@@ -45,6 +45,29 @@ def constant_type(exe: Executable, vid: int) -> isa.Type:
     return isa.Type(tuple(a.shape), a.dtype.name)
 
 
+def _plain(x: object, depth: int = 0) -> bool:
+    """JSON-like data (what `neuronish-cc inspect --json` prints)."""
+    if depth > 8:
+        return False
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return True
+    if isinstance(x, list):
+        return all(_plain(v, depth + 1) for v in x)
+    if isinstance(x, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in x.items())
+    return False
+
+
+def _check_metadata(exe: Executable) -> None:
+    """`compiler` and `stats` are only described, never executed, but they are still
+    read: maps of plain data, `compiler.options` a map."""
+    for name, value in (("compiler", exe.compiler), ("stats", exe.stats)):
+        if not isinstance(value, dict) or not _plain(value):
+            raise _fail(f"its {name!r} field is not a map of plain data")
+    if not isinstance(exe.compiler.get("options", {}), dict):
+        raise _fail("its compiler options are not a map")
+
+
 def _check_types(exe: Executable) -> None:
     if not _is_count(exe.arena_bytes):
         raise _fail(f"arena size {exe.arena_bytes!r} is not a byte count")
@@ -124,10 +147,13 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
     index = 0
     for core, program in enumerate(exe.programs):
         for n, ins in enumerate(program):
-            source = ins.source if all(isinstance(s, str) for s in ins.source) else ("?",)
+            named = all(isinstance(s, str) for s in ins.source)
             where = f"instruction {index} (#{n} of core {core}, {ins.kind!r}, from TF node(s) " \
-                    f"{', '.join(source) or '?'})"
+                    f"{', '.join(ins.source) if named else '?'})"
             index += 1
+            if not named:  # errors, profiles and telemetry quote them
+                raise _fail(f"{where} names its TF nodes {list(ins.source)!r}, not strings "
+                            "(field 'tf')")
             if not isinstance(ins.kind, str) or ins.kind not in isa.KINDS:
                 raise ExecutableError(
                     f"{where}: instruction kind {ins.kind!r} is not one this runtime has "
@@ -159,6 +185,7 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
 
 def check_executable(exe: Executable) -> None:
     """Raise `ExecutableError` naming the first inconsistency in `exe`."""
+    _check_metadata(exe)
     _check_types(exe)
     for sig in exe.inputs:
         _check_sig(sig, exe, "input", allow_const=False)

@@ -20,6 +20,7 @@ from tests.serving.harness import (
     Server,
     batching_and_metrics_flags,
     copy_version,
+    metric_value,
     predict_request,
     run_clients,
     running_server,
@@ -128,3 +129,22 @@ def test_device_sees_merged_batches(server: Server, compiled_reference) -> None:
     assert 0 < len(device) < calls
     # Padding (not merging) makes every call an allowed batch size.
     assert {rows for rows, _ in device} <= {4, 8, 16}, device[:20]
+
+
+def test_prometheus_exports_device_cores_and_memory(server: Server) -> None:
+    x = np.zeros((COMPILED_BATCH, 32), np.float32)
+    server.predictions.Predict(predict_request("mlp_neuron", {"x": x}), timeout=60)
+    status, text = server.http("GET", "/monitoring/prometheus/metrics")
+    assert status == 200
+    cores = [line for line in text.splitlines()
+             if line.startswith(":neuronish:device:memory_total_bytes{")]
+    assert cores, text[-2000:]
+    names = [line.split('"')[1] for line in cores]
+    used = {c: metric_value(text, ":neuronish:device:memory_used_bytes", core=c) for c in names}
+    busy = {c: metric_value(text, ":neuronish:device:core_busy_seconds_total", core=c)
+            for c in names}
+    # The compiled model is loaded (its weights take device memory) and has run.
+    assert max(used.values()) > 0 and max(busy.values()) > 0
+    for c in names:
+        util = metric_value(text, ":neuronish:device:core_utilization", core=c)
+        assert 0.0 <= util <= 1.0

@@ -1,0 +1,253 @@
+"""Device counters each process publishes, for `neuronish ls` / `neuronish top`.
+
+Every process that loads a model onto the device writes one small JSON file,
+`<run dir>/<pid>.json`, rewritten atomically (temp file + rename) every
+`PUBLISH_INTERVAL` seconds by a daemon thread and removed when the process
+exits normally. Readers skip (and delete) files whose process is gone, so a
+killed process leaves nothing behind for long.
+
+The counters are cumulative (busy seconds per core, calls, inferences), so a
+reader computes rates from two samples: utilisation of a core = its busy
+seconds' increase / wall seconds between the samples. A call's busy time is
+charged to every core of the core group that ran it; in-flight calls count up
+to the moment of publishing.
+
+Run dir: `NEURONISH_RUN_DIR`, else `$XDG_RUNTIME_DIR/neuronish`, else
+`/tmp/neuronish-<uid>`. `NEURONISH_TELEMETRY=0` turns publishing off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+PUBLISH_INTERVAL = 0.5  # seconds
+FORMAT = 1
+
+
+def run_dir() -> Path:
+    explicit = os.environ.get("NEURONISH_RUN_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "neuronish" if xdg else Path(tempfile.gettempdir()) / \
+        f"neuronish-{os.getuid()}"
+
+
+def enabled() -> bool:
+    return os.environ.get("NEURONISH_TELEMETRY", "1") not in ("0", "false", "no", "off")
+
+
+class _ModelCounters:
+    def __init__(self, model_id: int, model: object):
+        exe = model.exe  # type: ignore[attr-defined]
+        self.id = model_id
+        self.name = ", ".join(s.name for s in exe.outputs)[:80] or f"model-{model_id}"
+        self.groups: list[tuple[int, ...]] = list(model.core_groups)  # type: ignore[attr-defined]
+        reservations = model._reservations  # type: ignore[attr-defined]
+        self.bytes_per_core = list(reservations[0].bytes_per_core) if reservations else []
+        self.engine = getattr(model, "engine", "numpy")
+        self.batch = model.batch_size or 1  # type: ignore[attr-defined]
+        self.loaded_at = time.time()
+        self.calls = 0
+        self.inferences = 0
+        self.busy_seconds = 0.0
+        self.busy_groups: dict[tuple[int, ...], float] = {}  # group -> start of current call
+
+
+class Telemetry:
+    """This process's counters; `publish` writes them, `track`/`busy` update them."""
+
+    def __init__(self, directory: Path | None = None):
+        self.directory = directory or run_dir()
+        self.pid = os.getpid()
+        self.path = self.directory / f"{self.pid}.json"
+        self._lock = threading.Lock()
+        self._models: dict[int, _ModelCounters] = {}  # id(model) -> counters
+        self._ids = itertools.count()
+        self._core_busy: dict[int, float] = {}
+        self._device: object = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.started = time.time()
+
+    # -- hooks (runtime/model.py) ---------------------------------------------
+    def track(self, model: object) -> None:
+        """A model was loaded."""
+        with self._lock:
+            self._models[id(model)] = _ModelCounters(next(self._ids), model)
+            self._device = model.device  # type: ignore[attr-defined]
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="neuronish-telemetry",
+                                                daemon=True)
+                self._thread.start()
+                atexit.register(self.close)
+
+    def untrack(self, model: object) -> None:
+        """A model was unloaded."""
+        with self._lock:
+            self._models.pop(id(model), None)
+
+    @contextlib.contextmanager
+    def busy(self, model: object) -> Iterator[None]:
+        """Around one execution of a model's program (one chunk of its compiled batch)."""
+        counters = self._models.get(id(model))
+        if counters is None:
+            yield
+            return
+        with self._lock:  # any idle group of the model: copies are interchangeable
+            group = next((g for g in counters.groups if g not in counters.busy_groups),
+                         counters.groups[0])
+            start = counters.busy_groups[group] = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                seconds = time.perf_counter() - start
+                counters.busy_groups.pop(group, None)
+                counters.calls += 1
+                counters.inferences += counters.batch
+                counters.busy_seconds += seconds
+                for core in group:
+                    self._core_busy[core] = self._core_busy.get(core, 0.0) + seconds
+
+    # -- publishing -------------------------------------------------------------
+    def snapshot(self) -> dict:
+        now = time.perf_counter()
+        with self._lock:
+            core_busy = dict(self._core_busy)
+            models = []
+            for m in self._models.values():
+                in_flight = sum(now - t for t in m.busy_groups.values())
+                for g, t in m.busy_groups.items():
+                    for core in g:
+                        core_busy[core] = core_busy.get(core, 0.0) + now - t
+                models.append({"id": m.id, "name": m.name, "core_groups": [list(g) for g in
+                                                                           m.groups],
+                               "bytes_per_core": m.bytes_per_core, "batch": m.batch,
+                               "engine": m.engine, "calls": m.calls,
+                               "inferences": m.inferences,
+                               "busy_seconds": m.busy_seconds + in_flight,
+                               "loaded_at": m.loaded_at})
+            device = self._device
+        config = device.config  # type: ignore[attr-defined]
+        memory = device.memory_report()  # type: ignore[attr-defined]
+        return {
+            "format": FORMAT, "pid": os.getpid(), "command": " ".join(sys.argv)[:200],
+            "started": self.started, "time": time.time(),
+            "device": {"num_cores": config.num_cores, "visible_cores": list(config.visible_cores),
+                       "core_groups": [list(g) for g in config.core_groups],
+                       "core_memory": config.core_memory,
+                       "engine": next((m["engine"] for m in models), "-")},
+            "cores": {str(c): {"used_bytes": memory[c]["used"],
+                               "busy_seconds": core_busy.get(c, 0.0)} for c in memory},
+            "models": models,
+        }
+
+    def publish(self) -> None:
+        if self._device is None:
+            return
+        data = json.dumps(self.snapshot())
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.getpid()}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(data)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def close(self) -> None:
+        """Stop publishing and remove this process's file (at exit)."""
+        if os.getpid() != self.pid:  # a forked child: the file is its parent's
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * PUBLISH_INTERVAL)
+        self.path.unlink(missing_ok=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.publish()
+            except OSError:  # a full or read-only disk must not stop the device
+                pass
+            self._stop.wait(PUBLISH_INTERVAL)
+
+
+_telemetry: Telemetry | None = None
+_telemetry_lock = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A forked child publishes under its own pid, if it uses the device at all."""
+    global _telemetry, _telemetry_lock
+    _telemetry, _telemetry_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def get_telemetry() -> Telemetry | None:
+    """The process's publisher, or None when `NEURONISH_TELEMETRY=0`."""
+    global _telemetry
+    if not enabled():
+        return None
+    with _telemetry_lock:
+        if _telemetry is None:
+            _telemetry = Telemetry()
+        return _telemetry
+
+
+def model_loaded(model: object) -> None:
+    if (t := get_telemetry()) is not None:
+        t.track(model)
+
+
+def model_unloaded(model: object) -> None:
+    if (t := get_telemetry()) is not None:
+        t.untrack(model)
+
+
+def busy(model: object) -> contextlib.AbstractContextManager[None]:
+    t = get_telemetry()
+    return t.busy(model) if t is not None else contextlib.nullcontext()
+
+
+# -- reading (neuronish ls / top) ----------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def read_all(directory: Path | None = None) -> list[dict]:
+    """Every live process's latest counters; files of dead processes are removed."""
+    directory = directory or run_dir()
+    out = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+            pid = int(data["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half-gone or not ours
+        if not _alive(pid):
+            path.unlink(missing_ok=True)
+            continue
+        out.append(data)
+    return out
