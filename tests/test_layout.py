@@ -77,3 +77,22 @@ def test_the_pass_can_be_turned_off_and_changes_no_number() -> None:
             outs.append(model.run({"x:0": x}))
     for name in outs[0]:
         np.testing.assert_allclose(outs[0][name], outs[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_inspect_and_the_ir_dump_show_the_decisions(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    g = conv_chain()
+    exe = tmp_path / "m.neff"
+    monkeypatch.setenv("NEURONISH_DUMP_DIR", str(tmp_path / "dump"))
+    exe.write_bytes(compile_graph(g.graph_def, g.io_config, auto_cast="matmult",
+                                  auto_cast_type="bf16", dump_dir=tmp_path / "dump"))
+    cc = Path(sys.executable).parent / "neuronish-cc"
+    out = subprocess.run([str(cc), "inspect", str(exe)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "activation layouts (assign_layouts): nChw16c x" in out, out
+    assert "matmul-like operands read in: bfloat16 x4" in out, out
+    dumps = sorted((tmp_path / "dump").glob("*_assign_layouts.txt"))
+    assert dumps and "layout=nChw16c" in dumps[0].read_text().replace("'", "")
