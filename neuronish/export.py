@@ -40,7 +40,10 @@ def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str,
     ops = [n for n in graph_def.node if n.op == "NeuronOp"]
     attrs = [(n, a) for n in ops for a in ("executable", "graph_def")]
     sizes = [len(n.attr[a].s) for n, a in attrs]
-    move = external.plan(sizes, graph_def.ByteSize() - sum(sizes), threshold)
+    # The rest of the graph, without serializing the large attrs once more just to count.
+    rest = sum(n.ByteSize() for n in graph_def.node if n.op != "NeuronOp") + \
+        graph_def.library.ByteSize() + 1024 * len(ops)
+    move = external.plan(sizes, rest, threshold)
     feeds: dict[str, str] = {}
     for (node, attr), go in zip(attrs, move, strict=True):
         if not go:
