@@ -36,7 +36,10 @@ ENV_VAR = "NEURONISH_PROFILE"
 _MAX_EVENTS = 2_000_000  # ~ a few hundred MB of JSON; beyond it, recording stops
 
 _active = False
-_events: list[dict] = []
+# Raw spans (name, cat, tid, start, end, args) and, per chunk, (exe, model, start, tid)
+# for its modelled track: turned into trace events only by stop(), off the hot path.
+_events: list[tuple] = []
+_modelled_chunks: list[tuple] = []
 _lock = threading.Lock()
 _t0 = time.perf_counter()
 _track_ids: dict[str, int] = {}
@@ -51,6 +54,7 @@ def start() -> None:
     global _active, _dropped
     with _lock:
         _events.clear()
+        _modelled_chunks.clear()
         _track_ids.clear()
         _dropped = 0
         _active = True
@@ -62,9 +66,16 @@ def stop(path: str | os.PathLike | None = None) -> dict:
     global _active
     with _lock:
         _active = False
-        trace = {"traceEvents": _metadata() + list(_events), "displayTimeUnit": "ms",
+        for chunk_args in _modelled_chunks:
+            _expand_modelled(*chunk_args)
+        pid = os.getpid()
+        spans = [{"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
+                  "dur": max(round((end - start) * 1e6, 3), 0.0), "args": args}
+                 for name, cat, tid, start, end, args in _events]
+        trace = {"traceEvents": _metadata() + spans, "displayTimeUnit": "ms",
                  "otherData": {"producer": "neuronish", "dropped_events": _dropped}}
         _events.clear()  # handed over: the next start() begins afresh
+        _modelled_chunks.clear()
         _track_ids.clear()
     if path is not None:
         path = Path(path)
@@ -112,9 +123,7 @@ def record(name: str, cat: str, track: str, start: float, end: float, **args: ob
         if len(_events) >= _MAX_EVENTS:
             _dropped += 1
             return
-        _events.append({"name": name, "cat": cat, "ph": "X", "pid": os.getpid(),
-                        "tid": _track(track), "ts": _us(start),
-                        "dur": max(round((end - start) * 1e6, 3), 0.0), "args": args})
+        _events.append((name, cat, _track(track), start, end, args))
 
 
 def _thread_track(prefix: str) -> str:
@@ -175,16 +184,25 @@ def chunk(model: object, queued_since: float) -> Iterator[None]:
 
 
 def _modelled(exe: object, name: str, start: float, track: str) -> None:
-    """The chunk's instructions laid end to end in modelled device time."""
-    stats = getattr(exe, "stats", {}).get("device_model")
-    if not stats:
+    """Note the chunk; stop() lays its instructions end to end in modelled device time."""
+    if not getattr(exe, "stats", {}).get("device_model"):
         return
+    with _lock:
+        if _active:
+            _modelled_chunks.append((exe, name, start, _track(track)))
+
+
+def _expand_modelled(exe: object, name: str, start: float, tid: int) -> None:
+    global _dropped
     t = start
-    programs = exe.programs  # type: ignore[attr-defined]
-    for core, (program, seconds) in enumerate(zip(programs, stats["instruction_seconds"])):
+    seconds_per_core = exe.stats["device_model"]["instruction_seconds"]  # type: ignore[attr-defined]
+    for core, (program, seconds) in enumerate(zip(exe.programs, seconds_per_core)):  # type: ignore[attr-defined]
         for ins, s in zip(program, seconds):
-            record(ins.kind, "modelled", track, t, t + s, core=core, tf=list(ins.source),
-                   model=name)
+            if len(_events) >= _MAX_EVENTS:
+                _dropped += 1
+                continue
+            _events.append((ins.kind, "modelled", tid, t, t + s,
+                            {"core": core, "tf": list(ins.source), "model": name}))
             t += s
 
 
@@ -240,6 +258,18 @@ def top_instructions(trace: dict, n: int = 10) -> list[dict]:
                      "modelled_us": model_us})
     rows.sort(key=lambda r: -r["total_ms"])
     return rows[:n]
+
+
+def _forget_in_child() -> None:
+    """A forked child records its own spans only (with a lock no parent thread holds)."""
+    global _lock
+    _lock = threading.Lock()
+    _events.clear()
+    _modelled_chunks.clear()
+    _track_ids.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _from_env() -> None:
