@@ -54,18 +54,32 @@ def _plain(x: object, depth: int = 0) -> bool:
     if isinstance(x, list):
         return all(_plain(v, depth + 1) for v in x)
     if isinstance(x, dict):
-        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in x.items())
+        return all(isinstance(k, (str, int)) and not isinstance(k, bool) and _plain(v, depth + 1)
+                   for k, v in x.items())
     return False
+
+
+# What the compiler records (and `inspect` and the device model read) has these types.
+_COMPILER_TYPES = {"name": str, "version": str}
+_OPTION_TYPES = {"auto_cast": str, "auto_cast_type": str, "pipeline_cores": int,
+                 "command_line": list, "output_names": list, "disabled_passes": list}
 
 
 def _check_metadata(exe: Executable) -> None:
     """`compiler` and `stats` are only described, never executed, but they are still
-    read: maps of plain data, `compiler.options` a map."""
+    read: maps of plain data, the compiler's known fields of their types."""
     for name, value in (("compiler", exe.compiler), ("stats", exe.stats)):
         if not isinstance(value, dict) or not _plain(value):
             raise _fail(f"its {name!r} field is not a map of plain data")
-    if not isinstance(exe.compiler.get("options", {}), dict):
+    options = exe.compiler.get("options", {})
+    if not isinstance(options, dict):
         raise _fail("its compiler options are not a map")
+    for where, fields, types in (("compiler", exe.compiler, _COMPILER_TYPES),
+                                 ("compiler option", options, _OPTION_TYPES)):
+        for key, want in types.items():
+            if key in fields and not (isinstance(fields[key], want)
+                                      and not isinstance(fields[key], bool)):
+                raise _fail(f"{where} {key!r} is {fields[key]!r}, not a {want.__name__}")
 
 
 def _check_types(exe: Executable) -> None:

@@ -461,9 +461,12 @@ def _inputs(model: object, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def child(path: str, start: int) -> None:
     """Run mutants start.. of the file at `path`; print `S i` before, `R i outcome` after."""
+    from neuronish.cc.device_model import estimate, load_device
     from neuronish.runtime import Device, DeviceError, load
     from neuronish.runtime.config import DeviceConfig
     from neuronish.runtime.executable import describe, from_bytes
+
+    device_model = load_device(None)
 
     items = msgpack.unpackb(Path(path).read_bytes())
     device = Device(DeviceConfig.from_env({"NEURONISH_NUM_CORES": "4",
@@ -484,7 +487,8 @@ def child(path: str, start: int) -> None:
             if canary.get(str(i)) == "foreign":
                 raise TypeError("canary")
             # What `neuronish-cc inspect --json` shows of a file that passes the reader.
-            json.dumps(describe(from_bytes(items[i])))
+            exe = from_bytes(items[i])
+            json.dumps({**describe(exe), "modelled": estimate(exe, device_model).to_stats()})
             model = load(items[i], device=device)
             try:
                 model.run(_inputs(model, rng))

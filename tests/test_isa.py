@@ -226,7 +226,9 @@ def test_an_executable_that_passes_runs() -> None:
 
 
 @pytest.mark.parametrize("field,value", [("compiler", [1, 2]), ("stats", {"flops": b"\x00"}),
-                                         ("compiler", {"options": "fast"})])
+                                         ("compiler", {"options": "fast"}),
+                                         ("compiler", {"options": {"auto_cast_type": ["bf16"]}}),
+                                         ("compiler", {"version": 2})])
 def test_described_fields_must_be_plain_maps(field: str, value: object) -> None:
     from neuronish.runtime.errors import ExecutableError
     from neuronish.runtime.executable import from_bytes
