@@ -56,12 +56,18 @@ class _Slow(tf.Module):
 
 
 @pytest.fixture(scope="module")
-def hostile_server(serving_dir: Path, mlp_model: str) -> Iterator[Server]:
+def slow_model_dir(serving_dir: Path) -> str:
+    path = serving_dir / "slow_src"
+    slow = _Slow()
+    tf.saved_model.save(slow, str(path), signatures={"serving_default": slow.serve})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hostile_server(serving_dir: Path, mlp_model: str, slow_model_dir: str) -> Iterator[Server]:
     root = serving_dir / "hostile"
     copy_version(mlp_model, root / "mlp", 1)
-    slow = _Slow()
-    tf.saved_model.save(slow, str(root / "slow_src"), signatures={"serving_default": slow.serve})
-    copy_version(str(root / "slow_src"), root / "slow", 1)
+    copy_version(slow_model_dir, root / "slow", 1)
     (root / "allowed").mkdir()
     config = write_text(root / "models.config", f"""
 model_config_list {{
@@ -459,3 +465,20 @@ def test_tensor_proto_with_content_of_the_wrong_size(hostile_server: Server) -> 
     error = _grpc_error(hostile_server, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tensor parsing error: x" in error.details()
+
+
+def test_sigterm_ends_the_server_while_an_abandoned_call_still_runs(
+        serving_dir: Path, slow_model_dir: str) -> None:
+    """A call abandoned at its deadline keeps running inside TensorFlow; SIGTERM
+    must still end the server (it used to wait for such calls forever)."""
+    root = serving_dir / "sigterm"
+    copy_version(slow_model_dir, root / "slow", 1)
+    args = [f"--model_base_path={root / 'slow'}", "--model_name=slow",
+            "--shutdown_grace_period_seconds=2"]
+    with running_server(args, root, {"slow": [1]}, rest=False) as server:
+        request = predict_request("slow", {"n": np.array([10**12], np.int64)})  # hours
+        error = _grpc_error(server, request, timeout=0.5)
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        start = time.monotonic()
+        assert server.terminate(timeout=30) == 0
+        assert time.monotonic() - start < 30
