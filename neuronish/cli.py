@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", required=True)
     r.add_argument("--duplicates", type=int, default=1)
     device_tools.add_parsers(sub)
+    from neuronish import profile  # its TensorFlow import waits until it runs
+
+    profile.add_parser(sub)
     return p
 
 
@@ -199,7 +202,7 @@ def _main(argv: list[str]) -> int:
         return _compile(args)
     if args.command == "benchmark":
         return benchmark.run(args)
-    if args.command in ("ls", "top"):
+    if args.command in ("ls", "top", "profile"):
         return args.handler(args)
     return 2
 

@@ -6,6 +6,11 @@ TensorFlow) with the signature's inputs mapped onto its placeholders. Its
 signature keeps the original key, input keys, dtypes and dynamic shapes, and
 output keys, so a client written for the original model works unchanged.
 
+Large `NeuronOp` attributes (executables, and the subgraphs kept for the
+fallback) go to the SavedModel's `assets/` under their content hash, and the op
+reads them through asset-path inputs (neuronish/external.py says which and
+why): a graph with them inline could not pass protobuf's 2 GiB limit.
+
 The model is written to a temporary directory next to `new_model_dir` and
 renamed into place, so a reader never sees half of it.
 """
@@ -17,8 +22,9 @@ import shutil
 import tempfile
 
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
+from . import external
 from .freeze import FrozenSignature
 
 
@@ -26,14 +32,55 @@ class _CompiledModel(tf.Module):
     """What the new SavedModel's object graph holds: its serving function."""
 
 
+def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str,
+                threshold: int) -> dict[str, str]:
+    """Move the NeuronOp attributes `external.plan` picks into files under `staging_dir`
+    (in place); returns {placeholder tensor name: file path} to feed the ops' new
+    `external_files` inputs."""
+    ops = [n for n in graph_def.node if n.op == "NeuronOp"]
+    attrs = [(n, a) for n in ops for a in ("executable", "graph_def")]
+    sizes = [len(n.attr[a].s) for n, a in attrs]
+    # The rest of the graph, without serializing the large attrs once more just to count.
+    rest = sum(n.ByteSize() for n in graph_def.node if n.op != "NeuronOp") + \
+        graph_def.library.ByteSize() + 1024 * len(ops)
+    move = external.plan(sizes, rest, threshold)
+    feeds: dict[str, str] = {}
+    for (node, attr), go in zip(attrs, move, strict=True):
+        if not go:
+            continue
+        ref, digest = external.reference(node.attr[attr].s)
+        path = os.path.join(staging_dir, digest + external.SUFFIX[attr])
+        if not os.path.exists(path):  # identical subgraphs share one file
+            with open(path + ".tmp", "wb") as f:
+                f.write(node.attr[attr].s)
+            os.replace(path + ".tmp", path)
+        node.attr[attr].s = ref
+        k = node.attr["n_external"].i
+        placeholder = node_def_pb2.NodeDef(name=f"{node.name}/external_{k}", op="Placeholder")
+        placeholder.attr["dtype"].type = types_pb2.DT_STRING
+        placeholder.attr["shape"].shape.SetInParent()  # a scalar
+        graph_def.node.append(placeholder)
+        # Data inputs come before control inputs ("^name") in a NodeDef.
+        data = [i for i in node.input if not i.startswith("^")]
+        control = [i for i in node.input if i.startswith("^")]
+        node.ClearField("input")
+        node.input.extend([*data, placeholder.name, *control])
+        node.attr["n_external"].i = k + 1
+        feeds[placeholder.name + ":0"] = path
+    return feeds
+
+
 def _serving_function(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
-                      outputs: dict[str, str]) -> tf.types.experimental.ConcreteFunction:
+                      outputs: dict[str, str], assets: dict[str, tf.saved_model.Asset]
+                      ) -> tf.types.experimental.ConcreteFunction:
     specs = [tf.TensorSpec(i.shape, i.dtype, name=i.key) for i in signature.inputs]
     keys = [i.key for i in signature.inputs]
     out_keys = sorted(outputs)
 
     def serve(*args: tf.Tensor) -> dict[str, tf.Tensor]:
         input_map = {i.tensor: arg for i, arg in zip(signature.inputs, args, strict=True)}
+        # Asset paths: TensorFlow points them at wherever the model is loaded from.
+        input_map.update({name: tf.identity(asset.asset_path) for name, asset in assets.items()})
         results = tf.graph_util.import_graph_def(
             graph_def, input_map=input_map, return_elements=[outputs[k] for k in out_keys],
             name="model")
@@ -48,15 +95,22 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                       outputs: dict[str, str], new_model_dir: str) -> None:
     """Save `graph_def` as a SavedModel at `new_model_dir` (which must not exist).
 
-    `outputs` maps each output key to its tensor in `graph_def`.
+    `outputs` maps each output key to its tensor in `graph_def`. Large NeuronOp
+    attributes of `graph_def` are replaced by references (`externalize`).
     """
     parent = os.path.dirname(os.path.abspath(new_model_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(new_model_dir)}.", suffix=".tmp",
                            dir=parent)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(new_model_dir)}.", suffix=".assets",
+                               dir=parent)
     try:
         module = _CompiledModel()
-        fn = _serving_function(graph_def, signature, outputs)
+        # In place: a copy of a graph near 2 GiB would not fit twice in memory either.
+        files = externalize(graph_def, staging, external.threshold_from_env())
+        module.external_files = [tf.saved_model.Asset(p) for p in files.values()]
+        assets = dict(zip(files, module.external_files, strict=True))
+        fn = _serving_function(graph_def, signature, outputs, assets)
         tf.saved_model.save(module, tmp, signatures={signature.signature_key: fn})
         if os.path.exists(new_model_dir):
             raise FileExistsError(f"{new_model_dir} appeared while compiling; not replacing it")
@@ -64,3 +118,5 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

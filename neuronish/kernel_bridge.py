@@ -4,7 +4,8 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
 
     handle = load(node_name, executable, input_names, input_dtypes, input_shapes,
                   input_batch_axis, output_names, output_dtypes, output_shapes,
-                  output_batch_axis, model_config, graph_def)   # once per op instance
+                  output_batch_axis, model_config, graph_def,
+                  external_files)                      # once per op instance
     run(handle, inputs, outputs)                       # every call
     unload(handle)                                     # kernel destructor
     code, message = error_status(exc)                  # when any of them raised
@@ -38,6 +39,7 @@ from neuronish.runtime import (
     OutOfDeviceMemory,
     OutputBufferError,
     get_device,
+    profiler,
 )
 from neuronish.runtime.executable import Executable, TensorSig, from_bytes
 
@@ -127,6 +129,18 @@ class Handle:
                 f"groups {self.model.core_groups}>")
 
 
+class _LazyBytes:
+    """The graph_def attr, read from its external file only if the fallback needs it."""
+
+    def __init__(self, value: bytes, files: list[str], node_name: str):
+        self.value, self.files, self.node_name = value, files, node_name
+
+    def __bytes__(self) -> bytes:
+        from neuronish import external
+
+        return external.resolve(self.value, self.files, self.node_name, "graph_def")
+
+
 # What fallback.GraphRunner needs besides the node name: graph_def, input_names,
 # output_names, input_shapes, input_batch_axis, output_batch_axis.
 FallbackSource = tuple
@@ -183,7 +197,8 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
          input_batch_axis: Sequence[int], output_names: Sequence[str],
          output_dtypes: Sequence[str], output_shapes: Sequence[Sequence[int]],
          output_batch_axis: Sequence[int], model_config: Sequence[int],
-         graph_def: bytes | memoryview | None = None) -> Handle:
+         graph_def: bytes | memoryview | None = None,
+         external_files: Sequence[str] = ()) -> Handle:
     """Parse the executable, check it against the op's attributes, load it.
 
     `executable` and `graph_def` may be memoryviews over the NodeDef's attrs (not
@@ -192,15 +207,20 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
 
     With `graph_def` (the kernel passes it), a device that refuses the executable
     (out of memory, too few cores, a damaged file) makes the op run its subgraph on
-    TensorFlow instead (neuronish/fallback.py), unless NEURONISH_FALLBACK=0."""
+    TensorFlow instead (neuronish/fallback.py), unless NEURONISH_FALLBACK=0.
+
+    Either attr may be a reference to a file in the SavedModel's assets
+    (neuronish/external.py); `external_files` are the paths the op was fed."""
+    from neuronish import external
     from neuronish.fallback import fallback_enabled
 
     config = ModelConfig.from_list(model_config)
+    files = list(external_files)
     source = None if graph_def is None else (
-        bytes(graph_def), list(input_names), list(output_names),
+        _LazyBytes(bytes(graph_def), files, node_name), list(input_names), list(output_names),
         [list(s) for s in input_shapes], list(input_batch_axis), list(output_batch_axis))
     try:
-        exe = from_bytes(executable)
+        exe = from_bytes(external.resolve(executable, files, node_name, "executable"))
         _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
                          input_batch_axis)
         _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
@@ -226,7 +246,9 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> 
         model = handle.model
         try:
             assert model is not None
-            model.run_list([np.asarray(x) for x in inputs], out=[np.asarray(o) for o in outputs])
+            with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
+                model.run_list([np.asarray(x) for x in inputs],
+                               out=[np.asarray(o) for o in outputs])
             return
         except (InvalidInput, OutputBufferError):
             raise

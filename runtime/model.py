@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from . import telemetry
+from . import profiler, telemetry
 from .device import Device, Reservation, get_device
 from .errors import DeviceError, ExecutableError, InvalidInput, OutputBufferError
 from .executable import Executable, TensorSig, from_bytes
@@ -156,6 +157,7 @@ class Model:
         outs = self.run_list([feeds[n] for n in names])
         return {s.name: o for s, o in zip(self.outputs, outs)}
 
+    @profiler.traced_call
     def run_list(self, values: list[object],
                  out: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Run on inputs in signature order; returns outputs in signature order.
@@ -219,9 +221,10 @@ class Model:
         return arrays, (sizes.pop() if sizes else None)
 
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        queued = time.perf_counter()
         program = self._idle.get()
         try:
-            with self.device.host_slots, telemetry.busy(self):
+            with self.device.host_slots, telemetry.busy(self), profiler.chunk(self, queued):
                 program.execute(inputs, outputs)
         finally:
             self._idle.put(program)

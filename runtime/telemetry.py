@@ -69,7 +69,8 @@ class Telemetry:
 
     def __init__(self, directory: Path | None = None):
         self.directory = directory or run_dir()
-        self.path = self.directory / f"{os.getpid()}.json"
+        self.pid = os.getpid()
+        self.path = self.directory / f"{self.pid}.json"
         self._lock = threading.Lock()
         self._models: dict[int, _ModelCounters] = {}  # id(model) -> counters
         self._ids = itertools.count()
@@ -107,9 +108,11 @@ class Telemetry:
             group = next((g for g in counters.groups if g not in counters.busy_groups),
                          counters.groups[0])
             start = counters.busy_groups[group] = time.perf_counter()
+        _current.group = group
         try:
             yield
         finally:
+            _current.group = None
             with self._lock:
                 seconds = time.perf_counter() - start
                 counters.busy_groups.pop(group, None)
@@ -168,6 +171,8 @@ class Telemetry:
 
     def close(self) -> None:
         """Stop publishing and remove this process's file (at exit)."""
+        if os.getpid() != self.pid:  # a forked child: the file is its parent's
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * PUBLISH_INTERVAL)
@@ -182,8 +187,25 @@ class Telemetry:
             self._stop.wait(PUBLISH_INTERVAL)
 
 
+_current = threading.local()  # the core group this thread is executing on, if any
+
+
+def current_group() -> tuple[int, ...] | None:
+    """The core group the calling thread's chunk runs on (for the profiler's tracks)."""
+    return getattr(_current, "group", None)
+
+
 _telemetry: Telemetry | None = None
 _telemetry_lock = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A forked child publishes under its own pid, if it uses the device at all."""
+    global _telemetry, _telemetry_lock
+    _telemetry, _telemetry_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def get_telemetry() -> Telemetry | None:

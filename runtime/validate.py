@@ -45,6 +45,43 @@ def constant_type(exe: Executable, vid: int) -> isa.Type:
     return isa.Type(tuple(a.shape), a.dtype.name)
 
 
+def _plain(x: object, depth: int = 0) -> bool:
+    """JSON-like data (what `neuronish-cc inspect --json` prints)."""
+    if depth > 8:
+        return False
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return True
+    if isinstance(x, list):
+        return all(_plain(v, depth + 1) for v in x)
+    if isinstance(x, dict):
+        return all(isinstance(k, (str, int)) and not isinstance(k, bool) and _plain(v, depth + 1)
+                   for k, v in x.items())
+    return False
+
+
+# What the compiler records (and `inspect` and the device model read) has these types.
+_COMPILER_TYPES = {"name": str, "version": str}
+_OPTION_TYPES = {"auto_cast": str, "auto_cast_type": str, "pipeline_cores": int,
+                 "command_line": list, "output_names": list, "disabled_passes": list}
+
+
+def _check_metadata(exe: Executable) -> None:
+    """`compiler` and `stats` are only described, never executed, but they are still
+    read: maps of plain data, the compiler's known fields of their types."""
+    for name, value in (("compiler", exe.compiler), ("stats", exe.stats)):
+        if not isinstance(value, dict) or not _plain(value):
+            raise _fail(f"its {name!r} field is not a map of plain data")
+    options = exe.compiler.get("options", {})
+    if not isinstance(options, dict):
+        raise _fail("its compiler options are not a map")
+    for where, fields, types in (("compiler", exe.compiler, _COMPILER_TYPES),
+                                 ("compiler option", options, _OPTION_TYPES)):
+        for key, want in types.items():
+            if key in fields and not (isinstance(fields[key], want)
+                                      and not isinstance(fields[key], bool)):
+                raise _fail(f"{where} {key!r} is {fields[key]!r}, not a {want.__name__}")
+
+
 def _check_types(exe: Executable) -> None:
     if not _is_count(exe.arena_bytes):
         raise _fail(f"arena size {exe.arena_bytes!r} is not a byte count")
@@ -124,10 +161,13 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
     index = 0
     for core, program in enumerate(exe.programs):
         for n, ins in enumerate(program):
-            source = ins.source if all(isinstance(s, str) for s in ins.source) else ("?",)
+            named = all(isinstance(s, str) for s in ins.source)
             where = f"instruction {index} (#{n} of core {core}, {ins.kind!r}, from TF node(s) " \
-                    f"{', '.join(source) or '?'})"
+                    f"{', '.join(ins.source) if named else '?'})"
             index += 1
+            if not named:  # errors, profiles and telemetry quote them
+                raise _fail(f"{where} names its TF nodes {list(ins.source)!r}, not strings "
+                            "(field 'tf')")
             if not isinstance(ins.kind, str) or ins.kind not in isa.KINDS:
                 raise ExecutableError(
                     f"{where}: instruction kind {ins.kind!r} is not one this runtime has "
@@ -159,6 +199,7 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
 
 def check_executable(exe: Executable) -> None:
     """Raise `ExecutableError` naming the first inconsistency in `exe`."""
+    _check_metadata(exe)
     _check_types(exe)
     for sig in exe.inputs:
         _check_sig(sig, exe, "input", allow_const=False)

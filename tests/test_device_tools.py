@@ -140,3 +140,24 @@ def test_a_killed_process_is_not_listed(executable: Path, tmp_path: Path) -> Non
     r = _tool("ls", "--json", env=env)
     assert json.loads(r.stdout)["processes"] == []
     assert not (tmp_path / f"{worker.pid}.json").exists()
+
+
+def test_a_forked_child_leaves_its_parents_counters_alone(executable: Path,
+                                                          tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import os, sys, time
+        import numpy as np
+        import neuronish.runtime as rt
+        from neuronish.runtime import telemetry
+        model = rt.load(sys.argv[1])
+        telemetry.get_telemetry().publish()
+        pid = os.fork()
+        if pid == 0:  # the child exits normally: its atexit must not remove the file
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        print(os.path.exists(telemetry.get_telemetry().path), flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", script, str(executable)], env=_env(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"

@@ -178,7 +178,7 @@ BAD_INSTRUCTIONS = {
     "stride-changes-shape": (_conv_attr("strides", [2, 2]), "declares outputs", "'out'"),
     "groups-not-dividing": (_conv_attr("groups", 2), "group", "'attrs.groups'"),
     "unknown-activation": (_conv_attr("activation", "gelu"), "gelu", "'attrs.activation'"),
-    "unknown-attr": (_conv_attr("layout", "nchw"), "no attribute 'layout'", "'layout'"),
+    "unknown-attr": (_conv_attr("tiling", "8x8"), "no attribute 'tiling'", "'tiling'"),
     "missing-attr": (lambda b: b["programs"][0][0]["attrs"].pop("pads"), "needs attribute",
                      "'attrs.pads'"),
     "axis-out-of-range": (lambda b: b["programs"][1][0]["attrs"].__setitem__("axes", [1, 7]),
@@ -186,6 +186,8 @@ BAD_INSTRUCTIONS = {
                           "'attrs.axes'"),
     "keepdims-changes-shape": (lambda b: b["programs"][1][0]["attrs"].__setitem__(
         "keepdims", True), "declares outputs", "'out'"),
+    "tf-not-strings": (lambda b: b["programs"][1][0].__setitem__("tf", [3]), "instruction 1 ",
+                       "'tf'"),
     "wrong-arity": (lambda b: b["programs"][0][0].__setitem__("in", [0]), "takes 2 to 4",
                     "'in'"),
     "dtype-of-output": (lambda b: b["values"][1].__setitem__(2, "int32"), "declares outputs",
@@ -221,3 +223,15 @@ def test_an_executable_that_passes_runs() -> None:
     out = model.run({"x:0": np.ones((2, 8, 8, 3), np.float32)})
     assert out["Identity:0"].shape == (2, 8)
     model.unload()
+
+
+@pytest.mark.parametrize("field,value", [("compiler", [1, 2]), ("stats", {"flops": b"\x00"}),
+                                         ("compiler", {"options": "fast"}),
+                                         ("compiler", {"options": {"auto_cast_type": ["bf16"]}}),
+                                         ("compiler", {"version": 2})])
+def test_described_fields_must_be_plain_maps(field: str, value: object) -> None:
+    from neuronish.runtime.errors import ExecutableError
+    from neuronish.runtime.executable import from_bytes
+
+    with pytest.raises(ExecutableError, match=field if field == "stats" else "compiler"):
+        from_bytes(_resealed(lambda b: b.__setitem__(field, value)))

@@ -107,8 +107,9 @@ def test_op_is_registered_with_the_design_attrs() -> None:
         "graph_def": "string", "input_names": "list(string)", "output_names": "list(string)",
         "input_shapes": "list(shape)", "output_shapes": "list(shape)",
         "output_dtypes": "list(type)", "executable": "string", "input_batch_axis": "list(int)",
-        "output_batch_axis": "list(int)", "model_config": "list(int)", "Tin": "list(type)"}
-    assert [a.name for a in op.input_arg] == ["input_tensors"]
+        "output_batch_axis": "list(int)", "model_config": "list(int)", "Tin": "list(type)",
+        "n_external": "int"}  # count of external_files: attrs stored in assets/
+    assert [a.name for a in op.input_arg] == ["input_tensors", "external_files"]
     assert [a.name for a in op.output_arg] == ["output_tensors"]
     assert not op.is_stateful  # lets CSE work and keeps tf.function from serializing calls
     assert op_library.load() is LIB  # idempotent
@@ -312,7 +313,7 @@ def test_wrong_shape_names_the_tensor(dense, shape: tuple, message: str) -> None
 def _eager_attrs(node: NodeDef) -> dict:
     a = node.attr
     return dict(
-        graph_def=a["graph_def"].s, executable=a["executable"].s,
+        external_files=[], graph_def=a["graph_def"].s, executable=a["executable"].s,
         input_names=list(a["input_names"].list.s), output_names=list(a["output_names"].list.s),
         input_shapes=[[d.size for d in s.dim] for s in a["input_shapes"].list.shape],
         output_shapes=[[d.size for d in s.dim] for s in a["output_shapes"].list.shape],

@@ -73,6 +73,7 @@ absl::Status NeuronOpShape(shape_inference::InferenceContext* c) {
 
 REGISTER_OP("NeuronOp")
     .Input("input_tensors: Tin")
+    .Input("external_files: n_external * string")
     .Output("output_tensors: output_dtypes")
     .Attr("graph_def: string")
     .Attr("input_names: list(string)")
@@ -85,11 +86,14 @@ REGISTER_OP("NeuronOp")
     .Attr("input_batch_axis: list(int)")
     .Attr("output_batch_axis: list(int)")
     .Attr("model_config: list(int)")
+    .Attr("n_external: int >= 0 = 0")
     .SetShapeFn(NeuronOpShape)
     .Doc(R"doc(
 A subgraph compiled for the neuronish device; `executable` is the program.
 Inputs and outputs follow input_names / output_names; a call whose batch (on
 input_batch_axis) differs from the compiled one is split and padded.
+external_files: paths (SavedModel assets) of the executable and graph_def when
+those attrs hold a `neuronish-external:` reference instead of the bytes.
 )doc");
 
 // ---------------------------------------------------------------------------
@@ -389,6 +393,7 @@ class NeuronOpKernel : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("input_batch_axis", &input_batch_axis_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_batch_axis", &output_batch_axis_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("model_config", &model_config_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_external", &n_external_));
     // Borrow the executable from the kernel's own NodeDef, which lives as long as
     // the kernel, instead of copying what may be hundreds of MB.
     auto it = def().attr().find("executable");
@@ -494,7 +499,7 @@ class NeuronOpKernel : public OpKernel {
   // compiled shapes apply as they are.
   absl::Status CheckInputs(OpKernelContext* ctx, int64_t* batch) const {
     int first = -1;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
+    for (int i = 0; i < NumTensorInputs(); ++i) {
       const TensorShape& got = ctx->input(i).shape();
       const PartialTensorShape& want = input_shapes_[i];
       const int axis = splittable_ ? static_cast<int>(input_batch_axis_[i]) : -1;
@@ -537,8 +542,26 @@ class NeuronOpKernel : public OpKernel {
     return absl::OkStatus();
   }
 
+  int NumTensorInputs() const { return static_cast<int>(input_dtypes_.size()); }
+
+  // The paths fed to external_files (scalar strings), as a Python list.
+  absl::Status ExternalFiles(OpKernelContext* ctx, PyObject** list) const {
+    std::vector<std::string> paths;
+    for (int k = 0; k < n_external_; ++k) {
+      const Tensor& t = ctx->input(NumTensorInputs() + k);
+      if (t.dims() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(), "external_files[", k, "] must be a scalar path, got shape ",
+            ShapeText(t.shape())));
+      }
+      paths.emplace_back(t.scalar<tensorflow::tstring>()());
+    }
+    *list = StringList(paths);
+    return absl::OkStatus();
+  }
+
   // Loads the executable on the first call; later calls only read handle_.
-  absl::Status EnsureLoaded() {
+  absl::Status EnsureLoaded(OpKernelContext* ctx) {
     if (handle_.load(std::memory_order_acquire)) return absl::OkStatus();
     auto lock = LockWithoutGil(load_mu_);
     if (handle_.load(std::memory_order_acquire)) return absl::OkStatus();
@@ -550,11 +573,19 @@ class NeuronOpKernel : public OpKernel {
                                             executable_->size(), PyBUF_READ);
     PyObject* graph = PyMemoryView_FromMemory(const_cast<char*>(graph_def_->data()),
                                               graph_def_->size(), PyBUF_READ);
+    PyObject* files = nullptr;
+    absl::Status files_ok = ExternalFiles(ctx, &files);
+    if (!files_ok.ok()) {
+      Py_XDECREF(exe);
+      Py_XDECREF(graph);
+      return files_ok;
+    }
     PyRef args(Py_BuildValue(
-        "(s#NNNNNNNNNNN)", name().data(), static_cast<Py_ssize_t>(name().size()), exe,
+        "(s#NNNNNNNNNNNN)", name().data(), static_cast<Py_ssize_t>(name().size()), exe,
         StringList(input_names_), DtypeList(input_dtypes_), ShapeList(input_shapes_),
         IntList(input_batch_axis_), StringList(output_names_), DtypeList(output_dtypes_),
-        ShapeList(output_shapes_), IntList(output_batch_axis_), IntList(model_config_), graph));
+        ShapeList(output_shapes_), IntList(output_batch_axis_), IntList(model_config_), graph,
+        files));
     PyRef load(args ? PyObject_GetAttr(b->module, b->load) : nullptr);
     PyRef handle(load ? PyObject_Call(load.get(), args.get(), nullptr) : nullptr);
     if (!handle) return StatusFromPython(name());
@@ -568,14 +599,14 @@ class NeuronOpKernel : public OpKernel {
           Where() + "the neuronish device runs in Python and this process has no running "
           "Python interpreter; serve the model from Python, after `import neuronish`");
     }
-    TF_RETURN_IF_ERROR(EnsureLoaded());
+    TF_RETURN_IF_ERROR(EnsureLoaded(ctx));
     Gil gil;
     const Bridge* b = GetBridge();
     if (!b) return StatusFromPython(name());
-    PyRef ins(PyTuple_New(ctx->num_inputs()));
+    PyRef ins(PyTuple_New(NumTensorInputs()));
     PyRef outs(PyTuple_New(outputs.size()));
     if (!ins || !outs) return StatusFromPython(name());
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
+    for (int i = 0; i < NumTensorInputs(); ++i) {
       PyObject* view = NewTensorView(*b, ctx->input(i), /*writable=*/false);
       if (!view) return StatusFromPython(name());
       PyTuple_SET_ITEM(ins.get(), i, view);
@@ -594,6 +625,7 @@ class NeuronOpKernel : public OpKernel {
   std::vector<PartialTensorShape> input_shapes_, output_shapes_;
   DataTypeVector input_dtypes_, output_dtypes_;
   std::vector<int64_t> input_batch_axis_, output_batch_axis_, model_config_;
+  int64_t n_external_ = 0;  // trailing string inputs: paths of external attrs
   const std::string* executable_ = nullptr;  // in def(); see the constructor
   const std::string* graph_def_ = nullptr;   // in def() too
   bool splittable_ = false;    // other batch sizes are split into compiled ones

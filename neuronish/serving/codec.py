@@ -10,16 +10,34 @@ Responses are written into the typed `*_val` fields (`float_val`, ...), not
 directly. `tf.make_tensor_proto` would pack numeric arrays into
 `tensor_content`, which such clients would see as empty, so it is only the
 fallback for dtypes without a typed field.
+
+A request is bounded before it is decoded: TensorFlow would expand a tensor that
+declares a large shape but carries one value (a 34-byte request for [1048576, 16])
+and the model would then compute on it. Here a tensor must carry every value its
+shape declares, except a splat (0 or 1 value) of at most SPLAT_MAX_ELEMENTS,
+and a request may declare at most `max_elements` elements over all its tensors
+(`--request_max_elements`). The first is refused INVALID_ARGUMENT (TF Serving's
+code for a tensor it cannot parse), the second RESOURCE_EXHAUSTED (gRPC's code for
+a message over its size limit), both before anything is allocated.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2
 from tensorflow_serving.apis import input_pb2
 
-from .status import invalid_argument
+from .status import RESOURCE_EXHAUSTED, ServingError, invalid_argument
+
+SPLAT_MAX_ELEMENTS = 1 << 16
+DEFAULT_MAX_ELEMENTS = 1 << 27  # 512 MiB of float32 per request
+MAX_RANK = 254  # TensorFlow's TensorShape limit
+_VALUE_FIELDS = ("float_val", "double_val", "int_val", "int64_val", "bool_val", "string_val",
+                 "half_val", "uint32_val", "uint64_val", "scomplex_val", "dcomplex_val",
+                 "resource_handle_val", "variant_val")
 
 # numpy dtype -> (TF DataType enum, TensorProto field, numpy dtype the field stores).
 _FIELDS: dict[np.dtype, tuple[int, str]] = {}
@@ -42,8 +60,38 @@ _register(np.uint64, tf.uint64, "uint64_val")
 _register(np.bool_, tf.bool, "bool_val")
 
 
+def declared_elements(key: str, proto: tensor_pb2.TensorProto) -> int:
+    """The element count `proto`'s shape declares, checked against the values it
+    carries; INVALID_ARGUMENT for a shape TF refuses or a large splat."""
+    dims = [d.size for d in proto.tensor_shape.dim]
+    if len(dims) > MAX_RANK or any(d < 0 for d in dims):
+        raise invalid_argument(f"tensor parsing error: {key}: shape {dims[:8]} is not a valid "
+                               "tensor shape (dims must be >= 0, rank <= 254)")
+    count = math.prod(dims)
+    if proto.tensor_content:
+        return count  # its size is checked against the dtype when decoded
+    carried = max(len(getattr(proto, f)) for f in _VALUE_FIELDS)
+    if carried < count and not (carried <= 1 and count <= SPLAT_MAX_ELEMENTS):
+        raise invalid_argument(
+            f"tensor parsing error: {key}: shape {dims} declares {count} elements but the "
+            f"request carries {carried} value(s); send every value (a tensor of more than "
+            f"{SPLAT_MAX_ELEMENTS} elements cannot be given as one repeated value)")
+    return count
+
+
+def check_request_size(tensors: dict[str, tensor_pb2.TensorProto], max_elements: int) -> None:
+    """Every tensor well-formed and carrying its values; the request within the limit."""
+    total = sum(declared_elements(k, v) for k, v in tensors.items())
+    if max_elements > 0 and total > max_elements:
+        raise ServingError(RESOURCE_EXHAUSTED,
+                           f"the request declares {total} elements over its tensors, more than "
+                           f"this server accepts in one request ({max_elements}, "
+                           "--request_max_elements); split it into smaller requests")
+
+
 def to_ndarray(key: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
     """Decode request tensor `key`; a malformed proto is INVALID_ARGUMENT."""
+    declared_elements(key, proto)
     try:
         return tf.make_ndarray(proto)
     except Exception as e:  # make_ndarray raises TypeError/ValueError/… on bad protos

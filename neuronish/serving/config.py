@@ -43,7 +43,8 @@ class ConfigError(ValueError):
     """A configuration file or flag combination the server cannot use."""
 
 
-def _declare_messages() -> tuple[type[message.Message], type[message.Message]]:
+def _declare_messages() -> tuple[type[message.Message], type[message.Message],
+                                 type[message.Message]]:
     F = descriptor_pb2.FieldDescriptorProto
     pool = descriptor_pool.DescriptorPool()
     wrappers = descriptor_pb2.FileDescriptorProto()
@@ -79,14 +80,22 @@ def _declare_messages() -> tuple[type[message.Message], type[message.Message]]:
     monitoring = fdp.message_type.add(name="MonitoringConfig")
     field(monitoring, "prometheus_config", 1, F.TYPE_MESSAGE,
           ".tensorflow.serving.PrometheusConfig")
+    # tensorflow_serving/config/ssl_config.proto (--ssl_config_file)
+    ssl = fdp.message_type.add(name="SSLConfig")
+    for name, number in (("server_key", 1), ("server_cert", 2), ("custom_ca", 3)):
+        field(ssl, name, number, F.TYPE_STRING)
+    field(ssl, "client_verify", 4, F.TYPE_BOOL)
     pool.Add(fdp)
-    return (message_factory.GetMessageClass(
-                pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters")),
-            message_factory.GetMessageClass(
-                pool.FindMessageTypeByName("tensorflow.serving.MonitoringConfig")))
+    return tuple(message_factory.GetMessageClass(  # type: ignore[return-value]
+        pool.FindMessageTypeByName(f"tensorflow.serving.{name}"))
+        for name in ("BatchingParameters", "MonitoringConfig", "SSLConfig"))
 
 
-BatchingParameters, MonitoringConfig = _declare_messages()
+BatchingParameters, MonitoringConfig, SSLConfig = _declare_messages()
+
+
+def ssl_config_message() -> type[message.Message]:
+    return SSLConfig
 
 
 def _parse_text(path: str, msg: message.Message) -> message.Message:

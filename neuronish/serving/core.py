@@ -9,6 +9,7 @@ unload never pulls a model from under a request.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from .codec import serialized_examples
 from .manager import ModelManager
 from .servable import Servable
 from .signatures import Signature
-from .status import DEADLINE_EXCEEDED, ServingError, invalid_argument
+from .status import DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ServingError, invalid_argument
 
 SIGNATURE_DEF_FIELD = "signature_def"
 Decoder = Callable[[Signature], dict[str, np.ndarray]]
@@ -69,12 +70,37 @@ def check_deadline(deadline: float | None) -> None:
 
 class ServingCore:
     def __init__(self, manager: ModelManager, scheduler: BatchScheduler | None,
-                 method_name_check: bool = False):
+                 method_name_check: bool = False, timeout_s: float = 0,
+                 max_elements: int = 0, compute_threads: int = 64):
         self.manager = manager
         self.scheduler = scheduler
         # --enable_signature_method_name_check: a signature's method_name must
         # match the API that calls it.
         self.method_name_check = method_name_check
+        self.timeout_s = timeout_s  # --request_timeout_in_ms; 0 = the client's deadline only
+        self.max_elements = max_elements  # --request_max_elements; 0 = no limit
+        # Calls with a deadline run here, so the request thread can stop waiting for
+        # one at its deadline and answer; the abandoned call finishes in the background.
+        self._compute = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, compute_threads), thread_name_prefix="compute")
+
+    def deadline(self, client_deadline: float | None) -> float | None:
+        """The earlier of the client's deadline and the server's own timeout."""
+        if self.timeout_s <= 0:
+            return client_deadline
+        own = time.monotonic() + self.timeout_s
+        return own if client_deadline is None else min(own, client_deadline)
+
+    def check_size(self, arrays: Mapping[str, np.ndarray]) -> None:
+        total = sum(int(a.size) for a in arrays.values())
+        if self.max_elements > 0 and total > self.max_elements:
+            raise ServingError(RESOURCE_EXHAUSTED,
+                               f"the request holds {total} elements, more than this server "
+                               f"accepts in one request ({self.max_elements}, "
+                               "--request_max_elements); split it into smaller requests")
+
+    def stop(self) -> None:
+        self._compute.shutdown(wait=False, cancel_futures=True)
 
     # -- predict ---------------------------------------------------------------------
     def predict(self, target: Target, decode: Decoder, output_filter: Iterable[str] = (),
@@ -87,6 +113,7 @@ class ServingCore:
             if self.method_name_check:
                 signature.check_predict_method()
             inputs = decode(signature)
+            self.check_size(inputs)
             signature.check_inputs(inputs)
             keys = signature.output_keys(output_filter)
             outputs = self._run(servable, signature, keys, inputs, deadline)
@@ -101,7 +128,15 @@ class ServingCore:
             return servable.run(signature.name, batch, keys)
 
         if self.scheduler is None:
-            return run(inputs)
+            if deadline is None:
+                return run(inputs)
+            future = self._compute.submit(run, inputs)
+            try:
+                return future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                future.cancel()  # not started yet: never starts; running: result dropped
+                raise ServingError(DEADLINE_EXCEEDED, "Deadline exceeded while the model ran; "
+                                                      "the call was abandoned") from None
         # Requests meet in a queue only if they can be concatenated on dimension 0.
         key = (servable.name, servable.version, signature.name, tuple(keys),
                tuple((k, a.dtype.str, a.shape[1:]) for k, a in sorted(inputs.items())))

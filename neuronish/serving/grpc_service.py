@@ -25,7 +25,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from .codec import to_ndarray, to_tensor_proto
+from .codec import check_request_size, to_ndarray, to_tensor_proto
 from .core import ServingCore, Target
 from .metrics import Metrics
 from .signatures import Signature
@@ -70,12 +70,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def Predict(self, request: predict_pb2.PredictRequest,  # noqa: N802 (generated name)
                 context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
         def run() -> predict_pb2.PredictResponse:
+            # Bounded before any work: shapes against the values carried, the total
+            # against --request_max_elements.
+            check_request_size(dict(request.inputs), self.core.max_elements)
+
             def decode(signature: Signature) -> dict:
                 return {k: to_ndarray(k, v) for k, v in request.inputs.items()}
 
             spec, outputs = self.core.predict(
                 Target.from_spec(request.model_spec), decode, request.output_filter,
-                _deadline(context))
+                self.core.deadline(_deadline(context)))
             response = predict_pb2.PredictResponse(model_spec=spec)
             for key, array in outputs.items():
                 response.outputs[key].CopyFrom(to_tensor_proto(array))
@@ -93,13 +97,15 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                  context: grpc.ServicerContext) -> classification_pb2.ClassificationResponse:
         return _call(self.metrics, "classify", request.model_spec.name, context,
                      lambda: self.core.classify(Target.from_spec(request.model_spec),
-                                                request.input, _deadline(context)))
+                                                request.input,
+                                                self.core.deadline(_deadline(context))))
 
     def Regress(self, request: regression_pb2.RegressionRequest,  # noqa: N802
                 context: grpc.ServicerContext) -> regression_pb2.RegressionResponse:
         return _call(self.metrics, "regress", request.model_spec.name, context,
                      lambda: self.core.regress(Target.from_spec(request.model_spec),
-                                               request.input, _deadline(context)))
+                                               request.input,
+                                               self.core.deadline(_deadline(context))))
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):

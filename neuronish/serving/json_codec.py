@@ -95,8 +95,19 @@ def parse_body(body: bytes) -> dict:
         raise invalid_argument(f"JSON Parse error: invalid UTF-8 at offset: {e.start}") from None
     except json.JSONDecodeError as e:
         raise invalid_argument(f"JSON Parse error: {e.msg} at offset: {e.pos}") from None
+    except RecursionError:
+        raise invalid_argument("JSON Parse error: the document is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer with more digits than Python converts
+        raise invalid_argument(f"JSON Parse error: {e}") from None
     if not isinstance(doc, dict):
         raise invalid_argument(f"JSON Value: {_echo(doc)} Is not object")
+    if b"\\ud" in body or b"\\uD" in body:  # a \u escape of a surrogate: is it paired?
+        try:
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise invalid_argument(f"JSON Parse error: a lone UTF-16 surrogate "
+                                   f"({e.object[e.start]!r}) is not a Unicode character"
+                                   ) from None
     return doc
 
 

@@ -363,6 +363,10 @@ class ModelManager:
                 entry.status.error_message = error.message
         return response
 
+    def knows(self, name: str) -> bool:
+        """`name` is (or was) a configured model: a bounded set, unlike request names."""
+        return name in self._models
+
     def model_names(self) -> list[str]:
         with self._cond:
             return sorted(n for n, m in self._models.items() if not m.removed)

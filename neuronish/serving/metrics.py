@@ -13,7 +13,10 @@ into `:tensorflow:serving:x`, so dashboards built for TF Serving find them:
 
 `status` is the TF status code name (`OK`, `NOT_FOUND`, ...); `API` is
 `predict`, `classify`, `regress`, `get_model_metadata` or `get_model_status`;
-`entrypoint` is `GRPC` or `REST`. Two differences: latency buckets double from
+`entrypoint` is `GRPC` or `REST`. A request for a model name the server has
+never been configured with is counted under `model_name="<unknown>"`: clients
+choose request names, and a series per name would let anyone grow this page
+(and the server's memory) without bound. Two differences: latency buckets double from
 100 µs (TF Serving's grow ×1.8 from 10 µs), and the last metric is this
 server's own: tasks waiting in batch queues (TF's NumEnqueuedTasks). A task is
 a request, or with large batch splitting one part of one, so a request split
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 LabelValues = tuple[str, ...]
 
@@ -128,10 +131,14 @@ _LATENCY_BUCKETS = [100 * 2 ** i for i in range(21)]
 _BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 
 
+UNKNOWN_MODEL = "<unknown>"
+
+
 class Metrics:
     """Everything the server counts; one instance per process."""
 
-    def __init__(self) -> None:
+    def __init__(self, known_model: Callable[[str], bool] = lambda name: True) -> None:
+        self.known_model = known_model
         self.request_count = Counter(
             ":tensorflow:serving:request_count", "The total number of requests.",
             ("model_name", "status"))
@@ -157,6 +164,8 @@ class Metrics:
 
     def record_request(self, model: str, api: str, entrypoint: str, status: str,
                        micros: float) -> None:
+        if not self.known_model(model):
+            model = UNKNOWN_MODEL
         self.request_count.inc(model, status)
         self.request_latency.observe(micros, model, api, entrypoint)
 

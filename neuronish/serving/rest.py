@@ -14,6 +14,13 @@ not give is a bound on concurrent work, so `--rest_api_num_threads` (TF
 Serving's flag for its executor's size) bounds the requests processed at once
 here; the others wait for a slot.
 
+Slow and idle clients: every connection has a socket timeout, and a request
+(line, headers and body) must arrive in full within `--rest_api_idle_timeout_in_ms`
+of when the server started waiting for it, else the connection is closed; an idle
+keep-alive connection is closed after the same time. Each connection has its own
+thread, so 500 idle or slow-loris connections cost threads, not the latency of
+good requests (measured in tests/serving/test_hostile.py).
+
 Errors are `{"error": "..."}` with TF Serving's status -> HTTP mapping. A body
 over `--rest_api_max_body_bytes` is refused with 413 before it is read, as
 TF Serving's libevent server does for its own limit.
@@ -31,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 import threading
 import time
 import urllib.parse
@@ -57,6 +65,12 @@ _STATUS = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+)|/labels/([^/:]
 
 class PayloadTooLarge(Exception):
     pass
+
+
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_DIGITS = re.compile(r"[0-9]{1,19}")
+_MAX_CHUNK_LINE = 1024
+_MAX_TRAILERS = 64
 
 
 def _target(name: str | None, version: str | None, label: str | None) -> Target:
@@ -92,8 +106,8 @@ class RestApi:
         start = time.perf_counter()
         api, model, code = "unknown", "", OK
         try:
-            deadline = (time.monotonic() + self.timeout_ms / 1000) if self.timeout_ms > 0 \
-                else None
+            deadline = self.core.deadline(
+                (time.monotonic() + self.timeout_ms / 1000) if self.timeout_ms > 0 else None)
             if method == "POST" and (m := _PREDICT.fullmatch(path)):
                 target = _target(m.group(1), m.group(2), m.group(3))
                 api, model = m.group(4).lower(), target.name
@@ -159,29 +173,58 @@ class _Handler(BaseHTTPRequestHandler):
     server: RestServer
 
     def _read_body(self) -> bytes:
+        """The body, framed by chunked encoding or Content-Length, never more than
+        --rest_api_max_body_bytes of it read. Bad framing (a chunk size that is not
+        hex, negative, truncated data) is ValueError: 400, and the connection closes."""
         limit = self.server.max_body_bytes
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             parts, total = [], 0
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                line = self.rfile.readline(_MAX_CHUNK_LINE + 1)
+                size_text = line.split(b";")[0].strip()
+                if not line.endswith(b"\n") or not _HEX.fullmatch(size_text):
+                    raise ValueError(f"bad chunk size line {line[:40]!r}")
+                size = int(size_text, 16)
                 if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return b"".join(parts)
+                    for _ in range(_MAX_TRAILERS):
+                        trailer = self.rfile.readline(_MAX_CHUNK_LINE + 1)
+                        if trailer in (b"\r\n", b"\n"):
+                            return b"".join(parts)
+                        if not trailer.endswith(b"\n"):
+                            raise ValueError("bad or unterminated trailer")
+                    raise ValueError("too many trailers")
                 total += size
                 if total > limit:
                     raise PayloadTooLarge(total)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
+                chunk = self.rfile.read(size)
+                if len(chunk) != size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                    raise ValueError("truncated chunk")
+                parts.append(chunk)
         length = self.headers.get("Content-Length")
         if not length:
             return b""
-        size = int(length)
-        if size < 0:
+        if not _DIGITS.fullmatch(length.strip()):
             raise ValueError(length)
+        size = int(length)
         if size > limit:
             raise PayloadTooLarge(size)
-        return self.rfile.read(size)
+        body = self.rfile.read(size)
+        if len(body) != size:
+            raise ValueError("body shorter than its Content-Length")
+        return body
+
+    def setup(self) -> None:
+        # A socket timeout ends a connection that goes quiet mid-request or between
+        # requests (idle keep-alive); the server's reaper bounds the whole read.
+        self.timeout = self.server.idle_timeout_s
+        super().setup()
+
+    def handle_one_request(self) -> None:
+        self.server.reading_started(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.reading_done(self.connection)
 
     def _respond(self, status: int, payload: str, content_type: str, close: bool) -> None:
         data = payload.encode("utf-8")
@@ -243,6 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             try:
                 body = self._read_body()
+                server.reading_done(self.connection)  # the request is in: no read deadline
             except PayloadTooLarge as e:
                 message = (f"Request body of {e.args[0]} bytes is larger than the limit of "
                            f"{server.max_body_bytes} bytes (--rest_api_max_body_bytes)")
@@ -270,10 +314,14 @@ class RestServer(ThreadingHTTPServer):
     request_queue_size = 128  # many clients connect at once under load
 
     def __init__(self, port: int, api: RestApi, max_body_bytes: int, num_threads: int,
-                 cors: bool = False):
+                 cors: bool = False, idle_timeout_s: float = 30.0):
         self.api = api
         self.max_body_bytes = max_body_bytes
         self.cors = cors
+        self.idle_timeout_s = idle_timeout_s if idle_timeout_s > 0 else None
+        # connection -> when its request (line, headers, body) must be in by.
+        self._reading: dict[socket.socket, float] = {}
+        self._reading_lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(num_threads)
         self.closing = False
         self._active = 0
@@ -292,9 +340,39 @@ class RestServer(ThreadingHTTPServer):
             self._active -= 1
             self._idle.notify_all()
 
+    # -- slow clients: a whole request must arrive within the idle timeout ------------
+    def reading_started(self, conn: socket.socket) -> None:
+        if self.idle_timeout_s is not None:
+            with self._reading_lock:
+                self._reading[conn] = time.monotonic() + self.idle_timeout_s
+
+    def reading_done(self, conn: socket.socket) -> None:
+        with self._reading_lock:
+            self._reading.pop(conn, None)
+
+    def _reap(self) -> None:
+        """Close connections whose request has not fully arrived by its deadline
+        (slow-loris: a byte every few seconds never trips the socket timeout)."""
+        assert self.idle_timeout_s is not None
+        period = min(1.0, self.idle_timeout_s / 4)
+        while not self.closing:
+            time.sleep(period)
+            now = time.monotonic()
+            with self._reading_lock:
+                late = [c for c, deadline in self._reading.items() if deadline < now]
+                for conn in late:
+                    del self._reading[conn]
+            for conn in late:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)  # the handler's read returns at once
+                except OSError:
+                    pass
+
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve_forever, name="rest", daemon=True)
         thread.start()
+        if self.idle_timeout_s is not None:
+            threading.Thread(target=self._reap, name="rest-reaper", daemon=True).start()
         return thread
 
     def stop(self, grace_s: float, on_waiting: Callable[[int], None] | None = None) -> None:

@@ -58,6 +58,12 @@ class Options:
     tensorflow_inter_op_parallelism: int = 0
     tensorflow_session_parallelism: int = 0
     shutdown_grace_period_seconds: int = 30
+    request_timeout_in_ms: int = 0
+    request_max_elements: int = 1 << 27
+    rest_api_idle_timeout_in_ms: int = 30000
+    allow_reload_config_request: bool = False
+    reload_config_allowed_roots: str = ""
+    ssl_config_file: str = ""
     version: bool = False
     help: bool = False
 
@@ -93,6 +99,19 @@ HELP = {
     "tensorflow_inter_op_parallelism": "TensorFlow inter-op threads; 0 = auto",
     "tensorflow_session_parallelism": "both of the above, if they are 0",
     "shutdown_grace_period_seconds": "on SIGTERM, how long in-flight requests may take",
+    "request_timeout_in_ms": "server-side deadline of every gRPC/REST request (the earlier of "
+                             "it and the client's); a call past it is abandoned and answered "
+                             "DEADLINE_EXCEEDED; 0 = the client's deadline only",
+    "request_max_elements": "most tensor elements one request may declare "
+                            "(RESOURCE_EXHAUSTED above it); 0 = no limit",
+    "rest_api_idle_timeout_in_ms": "close a REST connection that is idle, or whose request has "
+                                   "not fully arrived, after this long; <= 0 = never",
+    "allow_reload_config_request": "serve ModelService/HandleReloadConfigRequest (off: refused "
+                                   "with PERMISSION_DENIED)",
+    "reload_config_allowed_roots": "comma-separated directories a reloaded config's base paths "
+                                   "must lie under (besides the base paths served at start)",
+    "ssl_config_file": "text SSLConfig (server_key, server_cert, custom_ca, client_verify): "
+                       "gRPC over TLS, as TF Serving",
     "version": "print the version and exit",
     "help": "print this help and exit",
 }
@@ -101,7 +120,7 @@ HELP = {
 _NO_EFFECT = {"num_load_threads", "num_unload_threads",
               "flush_filesystem_caches", "xla_cpu_compilation_enabled"}
 # TF Serving flags whose effect this server cannot give: refused.
-_REFUSED = {"per_process_gpu_memory_fraction", "ssl_config_file", "platform_config_file",
+_REFUSED = {"per_process_gpu_memory_fraction", "platform_config_file",
             "use_tflite_model", "prefer_tflite_model", "remove_unused_fields_from_bundle_metagraph",
             "use_alts_credentials", "grpc_max_receive_message_size"}
 
@@ -218,6 +237,8 @@ class ModelServer:
                 log.warning("Prometheus metrics are served on the REST port; set "
                             "--rest_api_port to expose them")
         self.metrics = Metrics()
+        self.ssl_credentials = read_ssl_config(options.ssl_config_file) \
+            if options.ssl_config_file else None
         self.manager = ModelManager(
             poll_wait_seconds=options.file_system_poll_wait_seconds,
             tags=[t.strip() for t in options.saved_model_tags.split(",") if t.strip()],
@@ -225,9 +246,19 @@ class ModelServer:
             load_retry_interval_s=options.load_retry_interval_micros / 1e6,
             allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
             warmup=options.enable_model_warmup)
+        self.metrics.known_model = self.manager.knows
         self.scheduler = BatchScheduler(batching, self.metrics) if batching else None
         self.core = ServingCore(self.manager, self.scheduler,
-                                options.enable_signature_method_name_check)
+                                options.enable_signature_method_name_check,
+                                timeout_s=max(0, options.request_timeout_in_ms) / 1000,
+                                max_elements=max(0, options.request_max_elements),
+                                compute_threads=options.grpc_max_threads)
+        # Base paths a HandleReloadConfigRequest may name: those served at start, and
+        # anything under --reload_config_allowed_roots.
+        self._reload_paths = {os.path.realpath(m.base_path)
+                              for m in self.model_config.model_config_list.config}
+        self._reload_roots = [os.path.realpath(r.strip())
+                              for r in options.reload_config_allowed_roots.split(",") if r.strip()]
         self.grpc_server = None
         self.rest_server = None
         self._config_mtime = self._mtime(options.model_config_file)
@@ -258,9 +289,12 @@ class ModelServer:
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
             PredictionService(self.core, self.metrics), server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(self.core, self.metrics, self.reload_config), server)
+            ModelService(self.core, self.metrics, self.reload_config_request), server)
         if options.port > 0:
-            server.add_insecure_port(f"0.0.0.0:{options.port}")  # raises if taken
+            if self.ssl_credentials is not None:
+                server.add_secure_port(f"0.0.0.0:{options.port}", self.ssl_credentials)
+            else:
+                server.add_insecure_port(f"0.0.0.0:{options.port}")  # raises if taken
         if options.grpc_socket_path:
             server.add_insecure_port(f"unix:{options.grpc_socket_path}")
         server.start()
@@ -272,15 +306,37 @@ class ModelServer:
             self.rest_server = RestServer(options.rest_api_port, api,
                                           options.rest_api_max_body_bytes,
                                           max(1, options.rest_api_num_threads),
-                                          cors=options.rest_api_enable_cors_support)
+                                          cors=options.rest_api_enable_cors_support,
+                                          idle_timeout_s=options.rest_api_idle_timeout_in_ms / 1000)
             self.rest_server.start()
             log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
             threading.Thread(target=self._watch_config_file, name="config-poll",
                              daemon=True).start()
 
+    def reload_config_request(self, model_config: object) -> None:
+        """HandleReloadConfigRequest: anyone who reaches the port can send one, so it is
+        off unless --allow_reload_config_request, and may only name base paths served
+        at start or under --reload_config_allowed_roots."""
+        from .status import PERMISSION_DENIED, ServingError
+
+        if not self.options.allow_reload_config_request:
+            raise ServingError(PERMISSION_DENIED, "HandleReloadConfigRequest is disabled on this "
+                               "server; start it with --allow_reload_config_request (and "
+                               "--reload_config_allowed_roots=DIR,...) to allow it")
+        for model in model_config.model_config_list.config:  # type: ignore[attr-defined]
+            path = os.path.realpath(model.base_path)
+            if path in self._reload_paths or any(
+                    os.path.commonpath([path, root]) == root for root in self._reload_roots):
+                continue
+            raise ServingError(PERMISSION_DENIED, f"model {model.name!r}: base_path "
+                               f"{model.base_path!r} is neither served already nor under "
+                               "--reload_config_allowed_roots "
+                               f"({', '.join(self._reload_roots) or 'none given'})")
+        self.reload_config(model_config)
+
     def reload_config(self, model_config: object) -> None:
-        """HandleReloadConfigRequest (and the config file poller)."""
+        """Apply a new ModelServerConfig (HandleReloadConfigRequest, the config file poller)."""
         from . import config as cfg
         from .status import UNKNOWN, ServingError, invalid_argument
 
@@ -332,7 +388,38 @@ class ModelServer:
             done.wait(grace + 1)
         if self.scheduler is not None:
             self.scheduler.stop()
+        self.core.stop()
         self.manager.stop()
+
+
+def read_ssl_config(path: str) -> object:
+    """TF Serving's --ssl_config_file: a text SSLConfig with the server's PEM key and
+    certificate, optionally a CA to check clients against and whether to require
+    client certificates. Returns gRPC server credentials."""
+    import grpc
+    from google.protobuf import text_format
+
+    from . import config as cfg
+
+    ssl = cfg.ssl_config_message()()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text_format.Parse(f.read(), ssl)
+    except (OSError, UnicodeDecodeError, text_format.ParseError) as e:
+        raise cfg.ConfigError(f"--ssl_config_file={path}: {e}") from None
+    if not ssl.server_key or not ssl.server_cert:
+        raise cfg.ConfigError(f"--ssl_config_file={path}: server_key and server_cert (PEM text) "
+                              "are both required")
+    if ssl.client_verify and not ssl.custom_ca:
+        raise cfg.ConfigError(f"--ssl_config_file={path}: client_verify needs custom_ca, the "
+                              "CA that client certificates are checked against")
+    try:
+        return grpc.ssl_server_credentials(
+            [(ssl.server_key.encode(), ssl.server_cert.encode())],
+            root_certificates=ssl.custom_ca.encode() or None,
+            require_client_auth=ssl.client_verify)
+    except Exception as e:  # grpc raises on malformed PEM only when used; some here
+        raise cfg.ConfigError(f"--ssl_config_file={path}: {e}") from None
 
 
 class _Interrupted(Exception):
@@ -386,7 +473,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     server.stop()
     log.info("Server stopped")
-    return 0
+    _exit_now(0)
+    return 0  # not reached
+
+
+def _exit_now(status: int) -> None:
+    """Exit without joining leftover threads: a call abandoned at its deadline may
+    still be running inside TensorFlow (which cannot cancel it), and the
+    interpreter's exit would wait for it forever (a SIGTERM that never ends)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

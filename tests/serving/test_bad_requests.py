@@ -64,6 +64,8 @@ REST_CASES = [
      {"instances": [ROW], "inputs": [ROW]}, 400, "expecting only one of"),
     ("signature_name not a string", "POST", "/v1/models/mlp:predict",
      {"signature_name": 1, **GOOD}, 400, "'signature_name' key must be a string value."),
+    ("lone surrogate", "POST", "/v1/models/toy:predict",
+     '{"signature_name": "text", "instances": ["\\ud800"]}', 400, "lone UTF-16 surrogate"),
     ("malformed base64", "POST", "/v1/models/toy:predict",
      {"signature_name": "text", "instances": [{"b64": "@@not base64@@"}]}, 400,
      "Unable to base64 decode"),

@@ -40,7 +40,8 @@ def base_path(tmp_path: Path, mlp_model: str) -> Path:
 @pytest.fixture
 def server(base_path: Path) -> Iterator[Server]:
     args = ["--model_name=mlp", f"--model_base_path={base_path}",
-            "--file_system_poll_wait_seconds=1", "--max_num_load_retries=0"]
+            "--file_system_poll_wait_seconds=1", "--max_num_load_retries=0",
+            "--allow_reload_config_request", f"--reload_config_allowed_roots={base_path.parent}"]
     with running_server(args, base_path.parent, {"mlp": [1]}) as server:
         yield server
 

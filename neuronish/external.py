@@ -1,0 +1,118 @@
+"""Executables (and subgraphs) stored outside the graph, in the SavedModel's `assets/`.
+
+A GraphDef is a protobuf message and cannot pass 2 GiB, and a `NeuronOp`
+carries its executable (weights included) and its subgraph (the same weights
+again, for the fallback) as attributes. So a large one is written to
+`assets/<sha256>.neff` / `assets/<sha256>.pb` and the attribute holds a
+reference instead:
+
+    neuronish-external:v1:<sha256 hex>:<size in bytes>
+
+The op gets one extra string input per file (`external_files`, count
+`n_external`), fed by the SavedModel's asset tensors, which TensorFlow points
+at wherever the model was loaded from; the kernel hands those paths to
+kernel_bridge, which reads the file the reference names and checks its size and
+hash before the device sees it.
+
+Which attributes go outside (`plan`): every one of at least `threshold` bytes
+(`NEURONISH_EXTERNAL_THRESHOLD`, default 64 MiB), and then, while the graph would
+still pass the protobuf limit (less a margin for the rest of the SavedModel),
+the largest of those left. No TensorFlow here: the kernel bridge imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+
+from neuronish.runtime import ExecutableError
+
+ENV_THRESHOLD = "NEURONISH_EXTERNAL_THRESHOLD"
+DEFAULT_THRESHOLD = 64 << 20
+# protobuf's hard limit is 2 GiB - 1; keep room for the rest of saved_model.pb.
+GRAPH_LIMIT = (2 << 30) - (64 << 20)
+PREFIX = b"neuronish-external:v1:"
+_REFERENCE = re.compile(rb"neuronish-external:v1:([0-9a-f]{64}):(\d{1,15})")
+SUFFIX = {"executable": ".neff", "graph_def": ".pb"}
+
+
+def threshold_from_env() -> int:
+    """`$NEURONISH_EXTERNAL_THRESHOLD` in bytes (`4096`, `512KiB`, `64MiB`)."""
+    text = os.environ.get(ENV_THRESHOLD, "").strip()
+    if not text:
+        return DEFAULT_THRESHOLD
+    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?|B)?", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{ENV_THRESHOLD}={text!r}: expected a byte count such as 4096, "
+                         "512KiB or 64MiB")
+    unit = (m.group(2) or "B").upper()[0]
+    return int(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
+
+
+def reference(data: bytes) -> tuple[bytes, str]:
+    """(the attribute value that stands for `data`, the hex digest naming its file)."""
+    digest = hashlib.sha256(data).hexdigest()
+    return PREFIX + f"{digest}:{len(data)}".encode(), digest
+
+
+def parse_reference(value: bytes | memoryview) -> tuple[str, int] | None:
+    """(digest, size) if the attribute value is a reference, else None."""
+    head = bytes(value[:len(PREFIX)])
+    if head != PREFIX or len(value) > 200:
+        return None
+    m = _REFERENCE.fullmatch(bytes(value))
+    if not m:
+        raise ExecutableError(f"malformed external reference {bytes(value)[:120]!r}; expected "
+                              "neuronish-external:v1:<sha256>:<size>")
+    return m.group(1).decode(), int(m.group(2))
+
+
+def plan(sizes: Sequence[int], rest: int, threshold: int,
+         limit: int = GRAPH_LIMIT) -> list[bool]:
+    """Which of the attributes of `sizes` bytes go outside, given `rest` bytes of graph
+    besides them: all at or above `threshold`, then the largest until under `limit`."""
+    out = [s >= threshold for s in sizes]
+    total = rest + sum(s for s, o in zip(sizes, out, strict=True) if not o)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        if total <= limit:
+            break
+        if not out[i]:
+            out[i] = True
+            total -= sizes[i]
+    return out
+
+
+def resolve(value: bytes | memoryview, files: Sequence[str], node: str, what: str) -> bytes:
+    """The bytes an attribute stands for: itself if inline, else the named file, checked.
+    Raises ExecutableError naming the op, the file and what is wrong."""
+    ref = parse_reference(value)
+    if ref is None:
+        return bytes(value) if not isinstance(value, bytes) else value
+    digest, size = ref
+    name = digest + SUFFIX.get(what, "")
+    matches = [f for f in files if os.path.basename(f) == name]
+    if not matches:
+        raise ExecutableError(f"NeuronOp '{node}': its {what} is stored outside the graph as "
+                              f"{name}, but none of its external_files {list(files)} is that "
+                              "file; copy the whole SavedModel directory, assets/ included")
+    path = matches[0]
+    try:
+        st = os.stat(path)
+        if st.st_size != size:
+            raise ExecutableError(f"NeuronOp '{node}': {path} has {st.st_size} bytes; its "
+                                  f"{what} has {size}. The file is damaged or was replaced")
+        with open(path, "rb") as f:
+            data = f.read(size + 1)
+    except FileNotFoundError:
+        raise ExecutableError(f"NeuronOp '{node}': its {what} file {path} does not exist; "
+                              "copy the whole SavedModel directory, assets/ included") from None
+    except OSError as e:
+        raise ExecutableError(f"NeuronOp '{node}': cannot read its {what} from {path}: "
+                              f"{e.strerror or e}") from None
+    if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+        raise ExecutableError(f"NeuronOp '{node}': {path} does not hash to the {what} the op "
+                              "was compiled with (sha256 mismatch); the file is damaged or "
+                              "was replaced. Recompile the model or restore the file")
+    return data

@@ -1,0 +1,79 @@
+"""`neuronish profile MODEL_DIR -o trace.json`: run a SavedModel and record a
+Chrome-trace / Perfetto timeline of what its NeuronOps did on the device
+(runtime/profiler.py), then print the instructions that took the most time."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from neuronish.benchmark import (
+    BenchmarkError,
+    _check_saved_model_dir,
+    _load,
+    _to_tensors,
+    make_inputs,
+)
+from neuronish.runtime import profiler
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="record a timeline (Chrome trace / Perfetto JSON) of a "
+                       "SavedModel's device calls and print the top instructions")
+    p.add_argument("model_dir")
+    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--requests", type=int, default=10, help="calls recorded (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="calls before recording (default 2)")
+    p.add_argument("--signature", default="serving_default")
+    p.add_argument("--top", type=int, default=10, help="instructions listed (default 10)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batch_size < 1 or args.requests < 1 or args.warmup < 0 or args.top < 0:
+        print("neuronish: error: --batch-size and --requests must be >= 1, --warmup and "
+              "--top >= 0", file=sys.stderr)
+        return 2
+    try:
+        _check_saved_model_dir(args.model_dir)
+        model = _load(args.model_dir, args.model_dir, args.signature)
+        feeds = _to_tensors(make_inputs(model.specs, args.batch_size))
+    except BenchmarkError as e:
+        print(f"neuronish: error: {e}", file=sys.stderr)
+        return 1
+    for _ in range(args.warmup):
+        model.fn(**feeds)
+    profiler.start()
+    try:
+        for i in range(args.requests):
+            start = time.perf_counter()
+            model.fn(**feeds)
+            profiler.record("request", "tf", "TensorFlow: signature calls", start,
+                            time.perf_counter(), index=i, batch=args.batch_size)
+    finally:
+        trace = profiler.stop(args.output)
+    print(format_top(profiler.top_instructions(trace, args.top)))
+    n = sum(e.get("ph") == "X" for e in trace["traceEvents"])
+    print(f"wrote {args.output}: {n} spans over {args.requests} request(s) of batch "
+          f"{args.batch_size}; open it in https://ui.perfetto.dev or chrome://tracing",
+          file=sys.stderr)
+    return 0
+
+
+def format_top(rows: list[dict]) -> str:
+    if not rows:
+        return ("no device instructions were recorded: nothing in this model runs in a "
+                "NeuronOp (was it compiled with `neuronish compile`?)")
+    lines = [f"{'total ms':>9} {'calls':>6} {'mean us':>10} {'modelled us':>12}  "
+             f"{'instruction':<28} TF nodes"]
+    for r in rows:
+        modelled = f"{r['modelled_us']:12.1f}" if r["modelled_us"] is not None else \
+            f"{'-':>12}"
+        nodes = ", ".join(r["tf_nodes"][:3]) + (", ..." if len(r["tf_nodes"]) > 3 else "")
+        lines.append(f"{r['total_ms']:9.2f} {r['calls']:>6} {r['mean_us']:10.1f} {modelled}  "
+                     f"{r['instruction'][:28]:<28} {nodes}")
+    lines.append("(mean us: measured on this host; modelled us: the device model's estimate, "
+                 "docs/device-model.md)")
+    return "\n".join(lines)

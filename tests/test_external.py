@@ -1,0 +1,121 @@
+"""Executables outside the graph (neuronish/external.py, export.py): above a threshold,
+or when the graph would pass protobuf's 2 GiB, NeuronOp attributes are stored in the
+SavedModel's assets/ under their hash; the kernel, the fallback, the model server and
+`neuronish-cc inspect` read them. CI uses a tiny threshold; the >2 GiB model is
+benchmarks/external_2gib.py."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorflow.core.protobuf import saved_model_pb2
+
+import neuronish.saved_model
+from neuronish import external
+from tests.serving.harness import copy_version, predict_request, running_server
+from tests.test_compile_recovery import small_model
+from tests.test_fallback import _check_fell_back, _run
+from tests.test_saved_model_compile import assert_matches_original
+
+NEURONISH_CC = str(Path(sys.executable).parent / "neuronish-cc")
+
+
+def _neuron_op_attrs(model_dir: Path) -> list[tuple[bytes, bytes, int]]:
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((model_dir / "saved_model.pb").read_bytes())
+    graph = saved.meta_graphs[0].graph_def
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    return [(n.attr["executable"].s, n.attr["graph_def"].s, n.attr["n_external"].i)
+            for n in nodes if n.op == "NeuronOp"]
+
+
+@pytest.fixture(scope="module")
+def external_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    tmp = tmp_path_factory.mktemp("external")
+    src = small_model(tmp / "src")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEURONISH_EXTERNAL_THRESHOLD", "1KiB")
+        neuronish.saved_model.compile(src, str(tmp / "compiled"), batch_size=2)
+    return src, tmp / "compiled"
+
+
+def test_large_attributes_go_to_assets_by_hash(external_model: tuple[str, Path],
+                                               tmp_path: Path) -> None:
+    src, compiled = external_model
+    ((exe_ref, graph_ref, n_external),) = _neuron_op_attrs(compiled)
+    assert n_external == 2
+    files = {p.name: p.read_bytes() for p in (compiled / "assets").iterdir()}
+    for ref, suffix in ((exe_ref, ".neff"), (graph_ref, ".pb")):
+        digest, size = external.parse_reference(ref)
+        data = files[digest + suffix]
+        assert len(data) == size and hashlib.sha256(data).hexdigest() == digest
+    # Runs on the device, from wherever the model is moved to (asset paths follow it).
+    moved = tmp_path / "moved"
+    shutil.move(str(compiled), moved)
+    try:
+        assert_matches_original(src, moved, tmp_path)
+    finally:
+        shutil.move(str(moved), compiled)
+
+
+def test_small_attributes_stay_inline(tmp_path: Path) -> None:
+    src = small_model(tmp_path / "src")
+    neuronish.saved_model.compile(src, str(tmp_path / "out"))
+    ((exe, graph, n_external),) = _neuron_op_attrs(tmp_path / "out")
+    assert n_external == 0 and exe.startswith(b"NRNISHEX")
+    assert external.parse_reference(exe) is None and external.parse_reference(graph) is None
+
+
+def test_a_damaged_asset_falls_back_or_is_named(external_model: tuple[str, Path],
+                                               tmp_path: Path) -> None:
+    src, compiled = external_model
+    damaged = tmp_path / "damaged"
+    shutil.copytree(compiled, damaged)
+    (neff,) = (damaged / "assets").glob("*.neff")
+    data = bytearray(neff.read_bytes())
+    data[100] ^= 1
+    neff.write_bytes(bytes(data))
+    _check_fell_back(_run(damaged, tmp_path), src, tmp_path, "sha256 mismatch")
+    r = _run(damaged, tmp_path, NEURONISH_FALLBACK="0")
+    assert r.returncode != 0 and neff.name in r.stderr and "sha256 mismatch" in r.stderr
+    neff.unlink()
+    r = _run(damaged, tmp_path, NEURONISH_FALLBACK="0")
+    assert r.returncode != 0 and "copy the whole SavedModel directory" in r.stderr
+
+
+def test_model_server_serves_external_executables(external_model: tuple[str, Path],
+                                                  tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    src, compiled = external_model
+    copy_version(str(compiled), tmp_path / "models" / "ext", 1)
+    x = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    want = tf.saved_model.load(src).signatures["serving_default"](x=tf.constant(x))["y"]
+    with running_server(["--model_name=ext", f"--model_base_path={tmp_path / 'models' / 'ext'}"],
+                        tmp_path, {"ext": [1]}) as server:
+        response = server.predictions.Predict(predict_request("ext", {"x": x}), timeout=60)
+    got = tf.make_ndarray(response.outputs["y"])
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_inspect_reads_an_asset(external_model: tuple[str, Path]) -> None:
+    _, compiled = external_model
+    (neff,) = (compiled / "assets").glob("*.neff")
+    r = subprocess.run([NEURONISH_CC, "inspect", str(neff)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "x:0" in r.stdout, r.stderr
+
+
+def test_plan_keeps_the_graph_under_the_limit() -> None:
+    # Over the threshold: outside. Then the largest, until the rest fits.
+    assert external.plan([10, 500, 300, 5], rest=50, threshold=400, limit=1000) == \
+        [False, True, False, False]
+    assert external.plan([10, 500, 300, 5], rest=50, threshold=10**9, limit=300) == \
+        [False, True, True, False]
+    assert external.plan([1], rest=0, threshold=10**9) == [False]
