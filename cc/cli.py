@@ -238,6 +238,12 @@ def _inspect(args: argparse.Namespace) -> int:
           f"{exe.stats.get('flops', 0) / 1e9:.3f} GFLOP per call")
     print("  instruction kinds: " + ", ".join(f"{k} x{n}" for k, n in
                                               info["instruction_kinds"].items()))
+    if info["activation_layouts"]:
+        print("  activation layouts (assign_layouts): " + ", ".join(
+            f"{k} x{n}" for k, n in info["activation_layouts"].items()))
+    if info["compute_precision"]:
+        print("  matmul-like operands read in: " + ", ".join(
+            f"{k} x{n}" for k, n in info["compute_precision"].items()))
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))

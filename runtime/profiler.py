@@ -169,9 +169,14 @@ def chunk(model: object, queued_since: float) -> Iterator[None]:
     if not _active:
         yield
         return
-    name, thread = _name(model), threading.current_thread().name
+    from .telemetry import current_group
+
+    name, group = _name(model), current_group()
+    # A track per core group and model (chunks of one model on one group never overlap);
+    # per thread when telemetry is off and the group is not known.
+    where = f"cores {list(group)}" if group else threading.current_thread().name
     start = time.perf_counter()
-    track = f"device: executing ({thread})"
+    track = f"device {where}: {name}"
     record("queue", "queue", _thread_track("host"), queued_since, start, model=name)
     _local.track = track
     try:
@@ -180,7 +185,8 @@ def chunk(model: object, queued_since: float) -> Iterator[None]:
         _local.track = None
         record("execute", "execute", track, start, time.perf_counter(), model=name,
                batch=model.batch_size)  # type: ignore[attr-defined]
-        _modelled(model.exe, name, start, f"device: modelled time ({thread})")  # type: ignore[attr-defined]
+        _modelled(model.exe, name, start,  # type: ignore[attr-defined]
+                  f"device {where}: {name} (modelled time)")
 
 
 def _modelled(exe: object, name: str, start: float, track: str) -> None:
@@ -277,7 +283,12 @@ def _from_env() -> None:
     if not directory:
         return
     start()
-    atexit.register(lambda: stop(Path(directory) / f"neuronish-{os.getpid()}.json"))
+
+    def write_at_exit() -> None:
+        if _events or _modelled_chunks:  # tools that never used the device write nothing
+            stop(Path(directory) / f"neuronish-{os.getpid()}.json")
+
+    atexit.register(write_at_exit)
 
 
 _from_env()

@@ -178,7 +178,7 @@ BAD_INSTRUCTIONS = {
     "stride-changes-shape": (_conv_attr("strides", [2, 2]), "declares outputs", "'out'"),
     "groups-not-dividing": (_conv_attr("groups", 2), "group", "'attrs.groups'"),
     "unknown-activation": (_conv_attr("activation", "gelu"), "gelu", "'attrs.activation'"),
-    "unknown-attr": (_conv_attr("layout", "nchw"), "no attribute 'layout'", "'layout'"),
+    "unknown-attr": (_conv_attr("tiling", "8x8"), "no attribute 'tiling'", "'tiling'"),
     "missing-attr": (lambda b: b["programs"][0][0]["attrs"].pop("pads"), "needs attribute",
                      "'attrs.pads'"),
     "axis-out-of-range": (lambda b: b["programs"][1][0]["attrs"].__setitem__("axes", [1, 7]),
