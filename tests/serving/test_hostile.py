@@ -64,15 +64,18 @@ def slow_model_dir(serving_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def hostile_server(serving_dir: Path, mlp_model: str, slow_model_dir: str) -> Iterator[Server]:
+def hostile_server(serving_dir: Path, mlp_model: str, slow_model_dir: str,
+                   toy_model_dir: str) -> Iterator[Server]:
     root = serving_dir / "hostile"
     copy_version(mlp_model, root / "mlp", 1)
     copy_version(slow_model_dir, root / "slow", 1)
+    copy_version(toy_model_dir, root / "toy", 1)
     (root / "allowed").mkdir()
     config = write_text(root / "models.config", f"""
 model_config_list {{
   config {{ name: "mlp" base_path: "{root / 'mlp'}" model_platform: "tensorflow" }}
   config {{ name: "slow" base_path: "{root / 'slow'}" model_platform: "tensorflow" }}
+  config {{ name: "toy" base_path: "{root / 'toy'}" model_platform: "tensorflow" }}
 }}
 """)
     monitoring = write_text(root / "monitoring.config", "prometheus_config { enable: true }\n")
@@ -81,7 +84,7 @@ model_config_list {{
             f"--rest_api_idle_timeout_in_ms={int(IDLE_TIMEOUT_S * 1000)}",
             f"--request_timeout_in_ms={SERVER_TIMEOUT_MS}",
             "--allow_reload_config_request", f"--reload_config_allowed_roots={root / 'allowed'}"]
-    with running_server(args, root, {"mlp": [1], "slow": [1]}) as server:
+    with running_server(args, root, {"mlp": [1], "slow": [1], "toy": [1]}) as server:
         yield server
 
 
@@ -162,6 +165,23 @@ def test_a_request_over_the_element_limit(hostile_server: Server) -> None:
                                        {"instances": [ROW] * rows})
     assert status == 429 and "--request_max_elements" in body["error"]
     _good_grpc(hostile_server)
+
+
+def test_a_classify_request_over_the_limit(hostile_server: Server) -> None:
+    from tensorflow_serving.apis import classification_pb2
+
+    from tests.serving.toy_model import example
+
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name, request.model_spec.signature_name = "toy", "classify"
+    one = example(1.0, 2.0)
+    request.input.example_list.examples.extend([one] * (MAX_ELEMENTS + 1))
+    with pytest.raises(grpc.RpcError) as raised:
+        hostile_server.predictions.Classify(request, timeout=60)
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    del request.input.example_list.examples[2:]
+    assert len(hostile_server.predictions.Classify(request, timeout=30)
+               .result.classifications) == 2
 
 
 # --------------------------------------------------------------- deadlines
