@@ -108,7 +108,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
                           "op type of the graph; they were ignored (a typo?)", CompileWarning,
                           stacklevel=2)
-        todo = [sg for sg in part.subgraphs if _digest(sg, compiler_args) not in results]
+        digests = {sg.name: _digest(sg, compiler_args) for sg in part.subgraphs}
+        todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
         jobs = [CompileJob(sg.name, sg.serialize(), sg.io_config, tuple(compiler_args))
                 for sg in todo]
         workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
@@ -116,8 +117,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
         for sg, result in zip(todo, compile_with_cache(
                 jobs, cache, cache_stats, max_num_compilers=max_num_compilers,
                 timeout=compiler_timeout, workdir=workdir, progress=progress), strict=True):
-            results[_digest(sg, compiler_args)] = result
-        newly_excluded = _recover(part, results, compiler_args, excluded, failures,
+            results[digests[sg.name]] = result
+        newly_excluded = _recover(part, results, digests, excluded, failures,
                                   compiler_recovery)
         if not newly_excluded:
             break
@@ -126,7 +127,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             f"compiler recovery did not converge after {_MAX_RECOVERY_ROUNDS} rounds; the "
             f"last failures: {failures[-3:]}. Pass no_fuse_ops=[...] for the nodes named")
 
-    compiled = [(sg, results[_digest(sg, compiler_args)]) for sg in part.subgraphs]
+    compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
     verdicts = []
     if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
@@ -249,13 +250,13 @@ def _digest(sg: Subgraph, compiler_args: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def _recover(part: Partition, results: dict[str, CompileResult], compiler_args: Sequence[str],
+def _recover(part: Partition, results: dict[str, CompileResult], digests: dict[str, str],
              excluded: dict[str, str], failures: list[dict], recovery: bool) -> bool:
     """Decide what to do with the subgraphs that did not compile; True if the graph must be
     partitioned again (some nodes are now excluded)."""
     changed = False
     for sg in part.subgraphs:
-        result = results[_digest(sg, compiler_args)]
+        result = results[digests[sg.name]]
         if result.ok:
             continue
         where = (f"subgraph {sg.name} ({len(sg.node_names)} nodes): {result.outcome}. "

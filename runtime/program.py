@@ -90,9 +90,13 @@ class LoadedProgram:
         blocked = self._blockable(constants)
         while True:
             prog, steps = self._native_program(lib, threads, constants, blocked)
-            # A value stays blocked only if the engine took its producer and every reader.
-            refused = {v for i in prog.rejected for v in (*self.instructions[i].inputs,
-                                                          *self.instructions[i].outputs)
+            # A value stays blocked only if the engine took its producer and every reader,
+            # each with a real kernel (oneDNN falls back to its slow reference kernel for
+            # layout mixes it has no kernel for).
+            slow = [i for i, k in prog.engine_index.items()
+                    if prog.implementation(k).startswith("ref")]
+            refused = {v for i in (*prog.rejected, *slow)
+                       for v in (*self.instructions[i].inputs, *self.instructions[i].outputs)
                        if v in blocked}
             if not refused:
                 break

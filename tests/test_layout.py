@@ -96,3 +96,30 @@ def test_inspect_and_the_ir_dump_show_the_decisions(tmp_path, monkeypatch) -> No
     assert "matmul-like operands read in: bfloat16 x4" in out, out
     dumps = sorted((tmp_path / "dump").glob("*_assign_layouts.txt"))
     assert dumps and "layout=nChw16c" in dumps[0].read_text().replace("'", "")
+
+
+def test_no_blocked_value_leaves_a_kernel_on_onednns_reference_path() -> None:
+    """A 3-channel image into a 16-channel conv chain: oneDNN has no fast kernel from an
+    NHWC 3-channel image to a blocked output, so the loader must not ask for one (it was
+    ~1000x slower, silently)."""
+    w1, w2, w3 = _w(3, 3, 3, 16), _w(3, 3, 16, 16), _w(1, 1, 16, 32)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        a = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
+        b = tf.nn.relu(tf.nn.conv2d(a, w2, 1, "SAME"))
+        return tf.reduce_mean(tf.nn.conv2d(tf.nn.max_pool2d(b, 2, 2, "VALID"), w3, 1, "SAME"),
+                              axis=[1, 2])
+
+    g = trace(fn, tf.TensorSpec([None, 16, 16, 3], tf.float32, name="x"), batch=2)
+    assert library.load() is not None, library.why_not()
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        program = model._idle.get()
+        model._idle.put(program)
+        impls = {i: program.native.implementation(k)
+                 for i, k in program.native.engine_index.items()}
+        assert not [v for v in impls.values() if v.startswith("ref")], impls
+        assert program.blocked  # the 16-channel part still runs blocked
+        x = RNG.standard_normal((2, 16, 16, 3)).astype(np.float32)
+        got = model.run({"x:0": x})
+    for name, value in g.reference({"x:0": x}).items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)

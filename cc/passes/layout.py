@@ -44,9 +44,12 @@ def assign_layouts(graph: Graph) -> Graph:
             continue
         y = node.outputs[0]
         readers = uses.get(y.id, [])
+        x = node.inputs[0]
         if (y.dtype == "float32" and len(y.shape) == 4 and y.shape[3] % BLOCK == 0
                 and y.id not in outputs and readers
                 and all(_reads_as_image(r, y) for r in readers)
-                and node.inputs[0].dtype == "float32"):
+                # The producer's own image can be blocked too (a 3-channel input image
+                # cannot: oneDNN has no fast kernel from it to a blocked output).
+                and x.dtype == "float32" and len(x.shape) == 4 and x.shape[3] % BLOCK == 0):
             node.attrs = {**node.attrs, "layout": BLOCKED}
     return graph
