@@ -4,7 +4,8 @@
                                            [--batch-size 4] [--rounds 9] [--calls 20]
 
 Each model is compiled by `neuronish-cc` and loaded once; rounds of `--calls`
-calls alternate between profiler off and on (so machine noise hits both alike),
+calls alternate between profiler off and on, each first in every other round (so
+machine noise and warm-up hit both alike),
 and the medians of the rounds' calls/s are compared. Spans recorded in a round
 are dropped between rounds, as a long recording would write them out.
 """
@@ -53,8 +54,8 @@ def main() -> int:
         for _ in range(3):
             model.run(feeds)
         rates: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(args.rounds):
-            for on in (False, True):
+        for k in range(args.rounds):
+            for on in ((False, True) if k % 2 == 0 else (True, False)):  # neither always first
                 if on:
                     profiler.start()
                 start = time.perf_counter()

@@ -177,10 +177,33 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _list_operators(args: argparse.Namespace) -> int:
+    """The supported op types, one per line; with --json, each with its summary and
+    whether it checks attribute values, and with --check GRAPH the nodes of GRAPH whose
+    attribute values the compiler refuses, each with the reason (what `compile` would
+    say): the partitioner keeps those on TensorFlow before compiling anything."""
     from .lower import lower  # noqa: F401  (imports every lowering module)
-    from .ops.registry import LOWERINGS
+    from .ops.registry import LOWERINGS, refused_nodes
 
-    print("\n".join(sorted(LOWERINGS)))
+    if not args.json:
+        if args.check:
+            print("neuronish-cc: error: --check needs --json", file=sys.stderr)
+            return 2
+        print("\n".join(sorted(LOWERINGS)))
+        return 0
+    out: dict = {"framework": args.framework, "operators": {
+        op: {"summary": (lw.fn.__doc__ or "").strip().split("\n")[0],
+             "attribute_checks": lw.supports is not None}
+        for op, lw in sorted(LOWERINGS.items())}}
+    if args.check:
+        from .graphdef import load_graph_def
+
+        try:
+            out["refused"] = refused_nodes(load_graph_def(args.check))
+        except CompilerError as e:
+            print(f"neuronish-cc: error: {args.check}: {e}", file=sys.stderr)
+            return 1
+    json.dump(out, sys.stdout, indent=1)
+    print()
     return 0
 
 
@@ -238,6 +261,12 @@ def _inspect(args: argparse.Namespace) -> int:
           f"{exe.stats.get('flops', 0) / 1e9:.3f} GFLOP per call")
     print("  instruction kinds: " + ", ".join(f"{k} x{n}" for k, n in
                                               info["instruction_kinds"].items()))
+    if info["activation_layouts"]:
+        print("  activation layouts (assign_layouts): " + ", ".join(
+            f"{k} x{n}" for k, n in info["activation_layouts"].items()))
+    if info["compute_precision"]:
+        print("  matmul-like operands read in: " + ", ".join(
+            f"{k} x{n}" for k, n in info["compute_precision"].items()))
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))
@@ -291,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "modelled times; default $NEURONISH_DEVICE_MODEL, else Inferentia2-like")
     lo = sub.add_parser("list-operators", help="print the supported TF op types, one per line")
     lo.add_argument("--framework", required=True, choices=["TENSORFLOW"])
+    lo.add_argument("--json", action="store_true", help="machine-readable: op types with their "
+                    "summaries and whether they check attribute values")
+    lo.add_argument("--check", metavar="GRAPH", help="with --json: also name the nodes of this "
+                    "GraphDef whose attribute values the compiler refuses, with the reason")
     i = sub.add_parser("inspect", help="describe an executable")
     i.add_argument("executable")
     i.add_argument("--json", action="store_true")

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuronish import contracts
+
 from .errors import BadIOConfig
 
-DEVICE_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-                 "bool")
+DEVICE_DTYPES = contracts.DEVICE_DTYPES
 _TENSOR_NAME = re.compile(r"[^:]+:\d+")
 MAX_IO_CONFIG_BYTES = 16 << 20
 MAX_TENSOR_ELEMENTS = 2**31 - 1

@@ -22,6 +22,7 @@ from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
+from .passes.layout import assign_layouts
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
 from .verify import verify
 
@@ -48,6 +49,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         Pass("auto_cast", functools.partial(auto_cast, mode=auto_cast_mode,
                                             cast_type=auto_cast_type)),
         Pass("eliminate_dead_code", eliminate_dead_code),
+        # Last: which activations may stay channel-blocked between windowed instructions.
+        Pass("assign_layouts", assign_layouts),
     ]
 
 

@@ -36,7 +36,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -47,8 +46,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .cc_flags import ENV_CC_FLAGS, env_compiler_flags
-
-ENV_COMPILER = "NEURONISH_CC"
+from .contracts import ENV_COMPILER, default_compiler
 
 # Measured peak RSS of `neuronish-cc compile`: ~60 MiB for a tiny graph, ~580 MiB
 # for ResNet50 (a 97 MiB GraphDef): about 60 MiB + 5.5x the graph. The estimate
@@ -142,18 +140,6 @@ def default_max_num_compilers(memory_per_compiler: int = DEFAULT_MEMORY_PER_COMP
     if available is not None and memory_per_compiler > 0:
         limit = min(limit, available // memory_per_compiler)
     return max(1, limit)
-
-
-def default_compiler() -> list[str]:
-    """The compiler command (argv prefix): `$NEURONISH_CC`, else neuronish-cc next to Python."""
-    env = os.environ.get(ENV_COMPILER, "").strip()
-    if env:
-        return shlex.split(env)
-    script = Path(sys.executable).parent / "neuronish-cc"
-    if script.exists():
-        return [str(script)]
-    # An install without console scripts (e.g. a bare PYTHONPATH checkout).
-    return [sys.executable, "-m", "neuronish.cc.cli"]
 
 
 def compile_all(

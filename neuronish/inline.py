@@ -16,7 +16,8 @@ not a call: its bodies stay in the library, on TensorFlow.
 
 from __future__ import annotations
 
-from tensorflow.core.framework import graph_pb2, node_def_pb2
+import tensorflow as tf
+from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
@@ -47,20 +48,29 @@ def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
         copy = node_def_pb2.NodeDef()
         copy.CopyFrom(node)
         nodes.append(copy)
-    for _ in range(_MAX_ROUNDS):
-        calls = {n.name: called_function(n, library) for n in nodes}
-        calls = {name: f for name, f in calls.items() if f is not None}
-        if not calls:
-            break
-        nodes = _inline_round(nodes, calls, functions)
-    else:
-        raise InlineError(f"function calls nested deeper than {_MAX_ROUNDS} levels (a function "
-                          f"that calls itself?): {sorted(calls)[:5]}")
+    # Converting a body that calls other functions looks them up in the default graph.
+    with _graph_holding(graph_def.library).as_default():
+        for _ in range(_MAX_ROUNDS):
+            calls = {n.name: called_function(n, library) for n in nodes}
+            calls = {name: f for name, f in calls.items() if f is not None}
+            if not calls:
+                break
+            nodes = _inline_round(nodes, calls, functions)
+        else:
+            raise InlineError(f"function calls nested deeper than {_MAX_ROUNDS} levels (a "
+                              f"function that calls itself?): {sorted(calls)[:5]}")
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)
     out.node.extend(nodes)
     return out
+
+
+def _graph_holding(library: function_pb2.FunctionDefLibrary) -> tf.Graph:
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_pb2.GraphDef(library=library), name="")
+    return graph
 
 
 def _inline_round(nodes: list[node_def_pb2.NodeDef], calls: dict[str, str],

@@ -27,13 +27,14 @@ import numpy as np
 
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
+from .contracts import INPUT_OPS, PASS_THROUGH_OPS, model_config
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import write_saved_model
 from .freeze import FrozenSignature, freeze_signature
 from .neuron_op import neuron_op_node_def
-from .partition import Partition, Subgraph, partition, splice
-from .partition.cluster import PASS_THROUGH_OPS
-from .partition.mark import INPUT_OPS
+from .partition import Partition, Subgraph, compiler_support, partition, splice
+from .partition.graph import GraphIndex
+from .partition.mark import Reason
 
 # Nodes that compute nothing per call (inputs, and the partitioner's constants and
 # pass-throughs): counting them would let a graph full of Identity nodes look mostly
@@ -91,8 +92,13 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     excluded: dict[str, str] = {}
     results: dict[str, CompileResult] = {}     # subgraph digest -> result
     failures: list[dict] = []
+    # What the compiler accepts, node by node, asked once: the partition avoids what it
+    # would refuse, so the recovery rounds below are the rare path.
+    support = compiler_support(graph_def)
+    index = GraphIndex.build(graph_def)
     for round_ in range(_MAX_RECOVERY_ROUNDS):
-        part = partition(graph_def, shapes, batch_size=_batch_of(shapes, batch_size),
+        part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
+                         batch_size=_batch_of(shapes, batch_size),
                          no_fuse_ops=no_fuse_ops, force_fuse_ops=force_fuse_ops,
                          minimum_segment_size=minimum_segment_size,
                          dynamic_batch_size=dynamic_batch_size, exclude_nodes=excluded,
@@ -102,7 +108,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
                           "op type of the graph; they were ignored (a typo?)", CompileWarning,
                           stacklevel=2)
-        todo = [sg for sg in part.subgraphs if _digest(sg, compiler_args) not in results]
+        digests = {sg.name: _digest(sg, compiler_args) for sg in part.subgraphs}
+        todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
         jobs = [CompileJob(sg.name, sg.serialize(), sg.io_config, tuple(compiler_args))
                 for sg in todo]
         workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
@@ -110,8 +117,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
         for sg, result in zip(todo, compile_with_cache(
                 jobs, cache, cache_stats, max_num_compilers=max_num_compilers,
                 timeout=compiler_timeout, workdir=workdir, progress=progress), strict=True):
-            results[_digest(sg, compiler_args)] = result
-        newly_excluded = _recover(part, results, compiler_args, excluded, failures,
+            results[digests[sg.name]] = result
+        newly_excluded = _recover(part, results, digests, excluded, failures,
                                   compiler_recovery)
         if not newly_excluded:
             break
@@ -120,7 +127,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             f"compiler recovery did not converge after {_MAX_RECOVERY_ROUNDS} rounds; the "
             f"last failures: {failures[-3:]}. Pass no_fuse_ops=[...] for the nodes named")
 
-    compiled = [(sg, results[_digest(sg, compiler_args)]) for sg in part.subgraphs]
+    compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
     verdicts = []
     if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
@@ -131,9 +138,6 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     cores = [_num_cores(r.executable) for _, r in compiled]
     replacements = []
     for (sg, result), this_cores in zip(compiled, cores, strict=True):
-        # [global_opt_num_cores, this_opt_num_cores, max_num_duplicates, timeout_s,
-        #  core_group_index]: duplicates and placement are left to the runtime (-1).
-        model_config = [sum(cores), this_cores, -1, -1, -1]
         assert result.executable is not None
         node = neuron_op_node_def(
             sg.name, sg.inputs, result.executable, sg.graph_def,
@@ -141,9 +145,10 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             input_shapes=sg.input_shapes, input_batch_axis=sg.input_batch_axes,
             output_names=sg.output_names, output_dtypes=sg.output_dtypes,
             output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes,
-            model_config=model_config)
+            # duplicates and placement are left to the runtime
+            model_config=model_config(sum(cores), this_cores))
         replacements.append((sg, node))
-    new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches)
+    new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     write_saved_model(new_graph_def, signature, outputs, new_model_dir)
     if graph is not None:
@@ -250,13 +255,13 @@ def _digest(sg: Subgraph, compiler_args: Sequence[str]) -> str:
     return memo[tuple(compiler_args)]
 
 
-def _recover(part: Partition, results: dict[str, CompileResult], compiler_args: Sequence[str],
+def _recover(part: Partition, results: dict[str, CompileResult], digests: dict[str, str],
              excluded: dict[str, str], failures: list[dict], recovery: bool) -> bool:
     """Decide what to do with the subgraphs that did not compile; True if the graph must be
     partitioned again (some nodes are now excluded)."""
     changed = False
     for sg in part.subgraphs:
-        result = results[_digest(sg, compiler_args)]
+        result = results[digests[sg.name]]
         if result.ok:
             continue
         where = (f"subgraph {sg.name} ({len(sg.node_names)} nodes): {result.outcome}. "
@@ -328,13 +333,17 @@ def build_report(signature: FrozenSignature, part: Partition,
     on_device = {name for sg, _ in compiled for name in sg.node_names
                  if name in ops and name not in stays}
     left: dict[str, Counter[str]] = {}
+    per_node: dict[str, str] = {}
     for name, op in ops.items():
         if name in on_device:
             continue
         why = stays.get(name)
         # Rules group nodes; the compiler's own reason is worth showing in full.
-        reason = excluded.get(name) or (why.reason if why else "not in any compiled cluster")
+        reason = excluded.get(name) or (
+            str(why) if why and why.reason == Reason.UNSUPPORTED_ATTRS.value else
+            why.reason if why else "not in any compiled cluster")
         left.setdefault(op, Counter())[reason] += 1
+        per_node[name] = excluded.get(name) or (str(why) if why else reason)
     neuron_ops = []
     for sg, result in compiled:
         neuron_ops.append({
@@ -364,6 +373,7 @@ def build_report(signature: FrozenSignature, part: Partition,
         "NeuronOps": neuron_ops,
         "OnTensorFlow": {op: {"count": sum(c.values()), "reasons": dict(c)}
                          for op, c in sorted(left.items())},
+        "OnTensorFlowNodes": per_node,  # every operation left on TensorFlow, with why
         "compile_failures": failures,
         "ignored_fuse_selectors": list(part.marking.unmatched_selectors),
         "compile_seconds": round(seconds, 2),

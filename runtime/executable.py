@@ -182,9 +182,15 @@ def describe(exe: Executable) -> dict:
         return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype,
                 "batch_axis": s.batch_axis}
     kinds: dict[str, int] = {}
+    layouts: dict[str, int] = {}  # the layout pass's decisions (windowed outputs)
+    compute: dict[str, int] = {}  # the precision matmul-like instructions read operands in
     for program in exe.programs:
         for ins in program:
             kinds[ins.kind] = kinds.get(ins.kind, 0) + 1
+            if "layout" in ins.attrs:
+                layouts[ins.attrs["layout"]] = layouts.get(ins.attrs["layout"], 0) + 1
+            if "compute" in ins.attrs:
+                compute[ins.attrs["compute"]] = compute.get(ins.attrs["compute"], 0) + 1
     return {
         "format_version": FORMAT_VERSION,
         "compiler": exe.compiler,
@@ -193,6 +199,8 @@ def describe(exe: Executable) -> dict:
         "num_cores": exe.num_cores,
         "instructions_per_core": [len(p) for p in exe.programs],
         "instruction_kinds": dict(sorted(kinds.items())),
+        "activation_layouts": dict(sorted(layouts.items())),
+        "compute_precision": dict(sorted(compute.items())),
         "constants": {"count": len(exe.constants), "bytes": exe.constant_bytes},
         "memory": {"arena_bytes": exe.arena_bytes, "planned_values": len(exe.offsets)},
         "stats": exe.stats,

@@ -350,9 +350,12 @@ _ACTIVATION = (Attr("activation", Choice("none", *UNARY_FNS), "none",
                Attr("compute", Choice("float32", "bfloat16", "float16"), "float32",
                     "the precision both operands are read in (`--auto-cast`); float32 "
                     "accumulation"))
+_LAYOUT = Attr("layout", Choice("nhwc", "nChw16c"), "nhwc",
+               "where an engine may keep y between windowed instructions (a physical hint: "
+               "every reader still sees NHWC values)")
 _WINDOW = (Attr("strides", Ints(2, lo=1), doc="[sh, sw]"),
            Attr("dilations", Ints(2, lo=1), doc="[dh, dw]"),
-           Attr("pads", Ints(4, lo=0), doc="[top, bottom, left, right]"))
+           Attr("pads", Ints(4, lo=0), doc="[top, bottom, left, right]"), _LAYOUT)
 
 # Traits (named sets below, in the spirit of tinygrad's GroupOp):
 #   matmul_like  a matrix unit's work (operands 0 and 1); takes a fused bias and activation
@@ -625,7 +628,7 @@ declare(Kind("depthwise_conv2d", ("x", "w"), ("bias",), attrs=(*_WINDOW, *_ACTIV
 declare(Kind("pool", ("x",), attrs=(
     Attr("mode", Choice("max", "avg")), Attr("ksize", Ints(2, lo=1), doc="[kh, kw]"),
     Attr("strides", Ints(2, lo=1), doc="[sh, sw]"),
-    Attr("pads", Ints(4, lo=0), doc="[t, b, l, r], each smaller than the window")),
+    Attr("pads", Ints(4, lo=0), doc="[t, b, l, r], each smaller than the window"), _LAYOUT),
     traits=_t("reduction", "windowed"), rule=_pool, doc=(
         "NHWC. max ignores padding; avg divides by the count of non-padded elements in "
         "each window (TF semantics).")))

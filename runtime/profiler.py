@@ -71,7 +71,7 @@ def stop(path: str | os.PathLike | None = None) -> dict:
         pid = os.getpid()
         spans = [{"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
                   "dur": max(round((end - start) * 1e6, 3), 0.0), "args": args}
-                 for name, cat, tid, start, end, args in _events]
+                 for name, cat, tid, start, end, args in map(_step_span, _events)]
         trace = {"traceEvents": _metadata() + spans, "displayTimeUnit": "ms",
                  "otherData": {"producer": "neuronish", "dropped_events": _dropped}}
         _events.clear()  # handed over: the next start() begins afresh
@@ -169,18 +169,26 @@ def chunk(model: object, queued_since: float) -> Iterator[None]:
     if not _active:
         yield
         return
-    name, thread = _name(model), threading.current_thread().name
+    from .telemetry import current_group
+
+    name, group = _name(model), current_group()
+    # A track per core group and model (chunks of one model on one group never overlap);
+    # per thread when telemetry is off and the group is not known.
+    where = f"cores {list(group)}" if group else threading.current_thread().name
     start = time.perf_counter()
-    track = f"device: executing ({thread})"
+    track = f"device {where}: {name}"
     record("queue", "queue", _thread_track("host"), queued_since, start, model=name)
-    _local.track = track
+    with _lock:
+        # Steps are timed only while there is room for them (see _MAX_EVENTS).
+        _local.tid = _track(track) if len(_events) < _MAX_EVENTS else None
     try:
         yield
     finally:
-        _local.track = None
+        _local.tid = None
         record("execute", "execute", track, start, time.perf_counter(), model=name,
                batch=model.batch_size)  # type: ignore[attr-defined]
-        _modelled(model.exe, name, start, f"device: modelled time ({thread})")  # type: ignore[attr-defined]
+        _modelled(model.exe, name, start,  # type: ignore[attr-defined]
+                  f"device {where}: {name} (modelled time)")
 
 
 def _modelled(exe: object, name: str, start: float, track: str) -> None:
@@ -208,28 +216,40 @@ def _expand_modelled(exe: object, name: str, start: float, tid: int) -> None:
 
 def steps(items: list, instructions: list) -> Iterable:
     """The program's steps, each timed when profiling (runtime/program.py's loop)."""
-    track = getattr(_local, "track", None)
-    if not _active or track is None:
+    tid = getattr(_local, "tid", None)
+    if not _active or tid is None:
         return items
-    return _timed_steps(items, instructions, track)
+    return _timed_steps(items, instructions, tid)
 
 
-def _timed_steps(items: list, instructions: list, track: str) -> Iterator:
+_STEP = object()  # marks a raw step entry in _events, expanded by _step_span at stop()
+
+
+def _timed_steps(items: list, instructions: list, tid: int) -> Iterator:
+    # The hot path: two clock reads and one append (atomic) per step; names and TF
+    # nodes are looked up at stop().
+    append, clock = _events.append, time.perf_counter
     for step in items:
-        start = time.perf_counter()
+        start = clock()
         yield step
-        end = time.perf_counter()
-        indices = getattr(step, "indices", None)
-        if indices is None:  # one numpy-engine instruction
-            record(step.kind, "instruction", track, start, end, tf=list(step.source),
-                   engine="numpy", parts=[list(step.source)])
-        else:  # one native-engine run of consecutive instructions
-            kinds = [instructions[i].kind for i in indices]
-            parts = [list(instructions[i].source) for i in indices]
-            label = kinds[0] if len(kinds) == 1 else f"native x{len(kinds)}: " + ", ".join(
-                dict.fromkeys(kinds))
-            record(label, "instruction", track, start, end, tf=[n for p in parts for n in p],
-                   engine="native", parts=parts)
+        append((_STEP, step, instructions, tid, start, clock()))
+
+
+def _step_span(entry: tuple) -> tuple:
+    """A raw entry as (name, cat, tid, start, end, args)."""
+    if entry[0] is not _STEP:
+        return entry
+    _, step, instructions, tid, start, end = entry
+    indices = getattr(step, "indices", None)
+    if indices is None:  # one numpy-engine instruction
+        return (step.kind, "instruction", tid, start, end,
+                {"tf": list(step.source), "engine": "numpy", "parts": [list(step.source)]})
+    kinds = [instructions[i].kind for i in indices]  # one native run of several
+    parts = [list(instructions[i].source) for i in indices]
+    label = kinds[0] if len(kinds) == 1 else f"native x{len(kinds)}: " + ", ".join(
+        dict.fromkeys(kinds))
+    return (label, "instruction", tid, start, end,
+            {"tf": [n for p in parts for n in p], "engine": "native", "parts": parts})
 
 
 def top_instructions(trace: dict, n: int = 10) -> list[dict]:
@@ -277,7 +297,12 @@ def _from_env() -> None:
     if not directory:
         return
     start()
-    atexit.register(lambda: stop(Path(directory) / f"neuronish-{os.getpid()}.json"))
+
+    def write_at_exit() -> None:
+        if _events or _modelled_chunks:  # tools that never used the device write nothing
+            stop(Path(directory) / f"neuronish-{os.getpid()}.json")
+
+    atexit.register(write_at_exit)
 
 
 _from_env()

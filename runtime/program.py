@@ -27,7 +27,7 @@ from .executable import Executable
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
 from .native.program import NativeProgram
-from .native.spec import Ref
+from .native.spec import WINDOWED, Ref
 from .validate import value_nbytes
 
 
@@ -80,12 +80,48 @@ class LoadedProgram:
         ]
         self.native: NativeProgram | None = None
         self.steps: list[_Bound | _NativeRun] = list(self.instructions)
+        self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
         if native is not None:
             self._build_native(native, threads, constants)
 
     # -- the native engine -----------------------------------------------------
     def _build_native(self, lib: ctypes.CDLL, threads: int,
                       constants: dict[int, np.ndarray]) -> None:
+        blocked = self._blockable(constants)
+        while True:
+            prog, steps = self._native_program(lib, threads, constants, blocked)
+            # A value stays blocked only if the engine took its producer and every reader,
+            # each with a real kernel (oneDNN falls back to its slow reference kernel for
+            # layout mixes it has no kernel for).
+            slow = [i for i, k in prog.engine_index.items()
+                    if prog.implementation(k).startswith("ref")]
+            refused = {v for i in (*prog.rejected, *slow)
+                       for v in (*self.instructions[i].inputs, *self.instructions[i].outputs)
+                       if v in blocked}
+            if not refused:
+                break
+            blocked -= refused
+        prog.finalize()
+        self.native, self.steps, self.blocked = prog, steps, frozenset(blocked)
+
+    def _blockable(self, constants: dict[int, np.ndarray]) -> set[int]:
+        """Values the compiler marked for a channel-blocked layout (docs/isa.md, `layout`)
+        whose producer and readers the native engine implements."""
+        marked = {ins.outputs[0]: ins for ins in self.instructions
+                  if ins.attrs.get("layout", "nhwc") != "nhwc" and len(ins.outputs) == 1}
+        readers: dict[int, list[_Bound]] = {}
+        for ins in self.instructions:
+            for v in ins.inputs:
+                if v in marked:
+                    readers.setdefault(v, []).append(ins)
+        external = {s.value for s in (*self.exe.inputs, *self.exe.outputs)}
+        return {v for v, producer in marked.items()
+                if v not in external and readers.get(v)
+                and all(r.kind in WINDOWED for r in readers[v])
+                and producer.kind in WINDOWED}
+
+    def _native_program(self, lib: ctypes.CDLL, threads: int, constants: dict[int, np.ndarray],
+                        blocked: set[int]) -> tuple[NativeProgram, list[_Bound | _NativeRun]]:
         exe = self.exe
         const_ids = sorted(constants)
         self._first_call_slot = 1 + len(const_ids)
@@ -103,9 +139,9 @@ class LoadedProgram:
             slot, offset = place[vid]
             array = self.slots[vid]
             if array is not None:
-                return Ref(slot, offset, array.dtype.name, tuple(array.shape))
+                return Ref(slot, offset, array.dtype.name, tuple(array.shape), vid in blocked)
             shape, dtype = exe.values[vid]
-            return Ref(slot, offset, dtype, tuple(shape))
+            return Ref(slot, offset, dtype, tuple(shape), vid in blocked)
 
         steps: list[_Bound | _NativeRun] = []
         for index, ins in enumerate(self.instructions):
@@ -118,8 +154,7 @@ class LoadedProgram:
                 steps[-1] = _NativeRun(last.first, k + 1, (*last.indices, index))
             else:
                 steps.append(_NativeRun(k, k + 1, (index,)))
-        prog.finalize()
-        self.native, self.steps = prog, steps
+        return prog, steps
 
     def bytes_per_core(self) -> list[int]:
         """Device memory each core of the group holds for this copy: the constants its
@@ -176,32 +211,28 @@ class LoadedProgram:
                     f"{', '.join(step.source) or '?'}) failed: {type(e).__name__}: {e}") from e
 
 
-def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
-                 out_types: list[tuple[tuple[int, ...], str]], *,
-                 constant: frozenset[int] = frozenset(), native: ctypes.CDLL | None = None,
-                 threads: int = 1) -> tuple[list[np.ndarray], str]:
-    """Run one instruction as a one-instruction program on either engine.
+def one_instruction_program(kind: str, inputs: list[np.ndarray], attrs: dict,
+                            out_types: list[tuple[tuple[int, ...], str]], *,
+                            constant: frozenset[int] = frozenset(),
+                            native: ctypes.CDLL | None = None, threads: int = 1
+                            ) -> tuple[LoadedProgram, list[np.ndarray]]:
+    """One instruction as a loaded program on either engine, and its call inputs.
 
     Inputs whose positions are in `constant` are program constants (as weights are),
-    the others call inputs. Returns the outputs and the engine that ran it
-    ("native" or "numpy") — the per-op conformance tests run every kind both ways."""
+    the others call inputs (the second value returned, in order)."""
     from .executable import Instruction, TensorSig
 
     ins = [np.asarray(x, order="C") for x in inputs]
     scratch = KERNELS[kind].scratch_bytes([x.shape for x in ins], [x.dtype.name for x in ins],
                                           attrs)
-    vid = iter(range(len(ins) + len(out_types)))
     sig_in, consts, values = [], {}, {}
-    in_ids = []
-    for k, x in enumerate(ins):
-        v = next(vid)
-        in_ids.append(v)
-        if k in constant:
+    for v, x in enumerate(ins):
+        if v in constant:
             consts[v] = x
         else:
-            sig_in.append(TensorSig(f"in{k}", v, x.shape, x.dtype.name, -1))
+            sig_in.append(TensorSig(f"in{v}", v, x.shape, x.dtype.name, -1))
             values[v] = (x.shape, x.dtype.name)
-    out_ids = [next(vid) for _ in out_types]
+    out_ids = list(range(len(ins), len(ins) + len(out_types)))
     for v, (shape, dtype) in zip(out_ids, out_types):
         values[v] = (tuple(shape), dtype)
     exe = Executable(
@@ -209,10 +240,22 @@ def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
         outputs=[TensorSig(f"out{k}", v, tuple(s), d, -1)
                  for k, (v, (s, d)) in enumerate(zip(out_ids, out_types))],
         constants=consts, values=values, arena_bytes=scratch, offsets={},
-        programs=[[Instruction(kind, tuple(in_ids), tuple(out_ids), attrs,
+        programs=[[Instruction(kind, tuple(range(len(ins))), tuple(out_ids), attrs,
                                (0, scratch) if scratch else None, ())]])
-    program = LoadedProgram(exe, consts, native, threads)
+    return LoadedProgram(exe, consts, native, threads), [x for k, x in enumerate(ins)
+                                                          if k not in constant]
+
+
+def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
+                 out_types: list[tuple[tuple[int, ...], str]], *,
+                 constant: frozenset[int] = frozenset(), native: ctypes.CDLL | None = None,
+                 threads: int = 1) -> tuple[list[np.ndarray], str]:
+    """Run one instruction on either engine; returns the outputs and the engine that ran
+    it ("native" or "numpy"); the per-op tests run every kind both ways."""
+    program, call_inputs = one_instruction_program(kind, inputs, attrs, out_types,
+                                                   constant=constant, native=native,
+                                                   threads=threads)
     outs = [np.empty(s, d) for s, d in out_types]
-    program.execute([x for k, x in enumerate(ins) if k not in constant], outs)
+    program.execute(call_inputs, outs)
     ran = "native" if program.native is not None and not program.native.rejected else "numpy"
     return outs, ran

@@ -108,9 +108,11 @@ class Telemetry:
             group = next((g for g in counters.groups if g not in counters.busy_groups),
                          counters.groups[0])
             start = counters.busy_groups[group] = time.perf_counter()
+        _current.group = group
         try:
             yield
         finally:
+            _current.group = None
             with self._lock:
                 seconds = time.perf_counter() - start
                 counters.busy_groups.pop(group, None)
@@ -183,6 +185,14 @@ class Telemetry:
             except OSError:  # a full or read-only disk must not stop the device
                 pass
             self._stop.wait(PUBLISH_INTERVAL)
+
+
+_current = threading.local()  # the core group this thread is executing on, if any
+
+
+def current_group() -> tuple[int, ...] | None:
+    """The core group the calling thread's chunk runs on (for the profiler's tracks)."""
+    return getattr(_current, "group", None)
 
 
 _telemetry: Telemetry | None = None

@@ -197,6 +197,43 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
     return produced
 
 
+def _check_overlaps(exe: Executable) -> None:
+    """No two arena buffers alive at the same instruction share bytes: an intermediate
+    from its producer to its last reader, a scratch range during its instruction (the
+    compiler's planner guarantees it; a file that breaks it would compute garbage
+    silently). Run after `_check_programs`, so every id and range is known good."""
+    spans: dict[int, list[int]] = {}  # value -> [first, last] instruction index
+    buffers = []  # (first, last, start, end, what)
+    t = 0
+    for program in exe.programs:
+        for ins in program:
+            for vid in ins.inputs:
+                if vid in spans:
+                    spans[vid][1] = t
+            for vid in ins.outputs:
+                if vid in exe.offsets:
+                    spans[vid] = [t, t]
+            if ins.scratch is not None and ins.scratch[1]:
+                buffers.append((t, t, ins.scratch[0], ins.scratch[0] + ins.scratch[1],
+                                f"the scratch of instruction {t}"))
+            t += 1
+    for vid, (first, last) in spans.items():
+        start = exe.offsets[vid]
+        end = start + value_nbytes(*exe.values[vid])
+        if end > start:
+            buffers.append((first, last, start, end, f"value %{vid}"))
+    buffers.sort()
+    live: list[tuple] = []
+    for buf in buffers:
+        live = [b for b in live if b[1] >= buf[0]]
+        for other in live:
+            if other[2] < buf[3] and buf[2] < other[3]:
+                raise _fail(f"the memory plan puts {buf[4]} (bytes {buf[2]}..{buf[3]}) over "
+                            f"{other[4]} (bytes {other[2]}..{other[3]}) while both are in use "
+                            f"(instructions {max(buf[0], other[0])}..{min(buf[1], other[1])})")
+        live.append(buf)
+
+
 def check_executable(exe: Executable) -> None:
     """Raise `ExecutableError` naming the first inconsistency in `exe`."""
     _check_metadata(exe)
@@ -223,6 +260,7 @@ def check_executable(exe: Executable) -> None:
             raise _fail(f"the memory plan places value %{vid} ({nbytes} bytes) at offset "
                         f"{offset!r}, outside the {exe.arena_bytes}-byte arena")
     produced = _check_programs(exe, external)
+    _check_overlaps(exe)
     for sig in exe.outputs:
         if sig.value not in exe.constants and sig.value not in produced:
             raise _fail(f"output {sig.name!r} (value %{sig.value}) is never written by any "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Executable fuzzing, the larger run (CI runs 3000 mutants in tests/test_executable_fuzz.py).
+"""Executable fuzzing, the larger run (CI runs 6000 in tests/test_executable_fuzz.py).
 
     .venv/bin/python scripts/fuzz_executables.py --count 50000 --seed 1 --children 2
 

@@ -15,8 +15,8 @@ never crash the process (a signal), hang, or escape as a foreign exception.
   after each one; the parent gives each mutant a deadline, so a hang or a crash is
   pinned to its mutant, the child is replaced and the batch goes on after it.
 
-`tests/test_executable_fuzz.py` runs 2000 mutants in CI; `scripts/fuzz_executables.py`
-runs more and prints the figures.
+`tests/test_executable_fuzz.py` runs 6000 mutants in CI (4000 on the native engine,
+2000 on numpy); `scripts/fuzz_executables.py` runs more and prints the figures.
 """
 
 from __future__ import annotations
@@ -111,17 +111,18 @@ def _cnn() -> tuple[list, dict]:
 def _wide() -> tuple[list, dict]:
     """Convolutions with thousands of output pixels: the im2col kernel works in blocks of
     at least 2048 rows, so its scratch no longer grows with the output and a hostile
-    window reaches its strided view (in small seeds the scratch check stops it first)."""
+    window reaches its strided view (in small seeds the scratch check stops it first).
+    16 channels throughout, so the native engine keeps the chain channel-blocked."""
     g = _Graph()
     nhwc = {"T": "float32", "data_format": "NHWC"}
     g.op("x", "Placeholder", [], dtype="float32")
-    g.op("c1", "Conv2D", ["x", g.weights("w1", 3, 3, 16, 4)], strides=[1, 1, 1, 1],
+    g.op("c1", "Conv2D", ["x", g.weights("w1", 3, 3, 16, 16)], strides=[1, 1, 1, 1],
          padding="SAME", dilations=[1, 1, 1, 1], **nhwc)
-    g.op("d1", "DepthwiseConv2dNative", ["c1", g.weights("wd", 3, 3, 4, 1)],
+    g.op("d1", "DepthwiseConv2dNative", ["c1", g.weights("wd", 3, 3, 16, 1)],
          strides=[1, 1, 1, 1], padding="VALID", dilations=[1, 1, 1, 1], **nhwc)
     g.op("m1", "MaxPool", ["d1"], ksize=[1, 3, 3, 1], strides=[1, 2, 2, 1], padding="VALID",
          **nhwc)
-    g.op("c2", "Conv2D", ["m1", g.weights("w2", 3, 3, 4, 4)], strides=[1, 1, 1, 1],
+    g.op("c2", "Conv2D", ["m1", g.weights("w2", 3, 3, 16, 16)], strides=[1, 1, 1, 1],
          padding="VALID", dilations=[1, 1, 1, 1], **nhwc)
     io = {"inputs": {"x:0": [[1, 96, 96, 16], "float32"]}, "outputs": ["c2:0"]}
     return g.nodes, io
@@ -192,7 +193,7 @@ INTS = [-(2**63), -(2**31), -10**9, -2, -1, 0, 1, 2, 3, 7, 64, 255, 2**16, 2**31
         10**9, 2**62, 2**64 - 1]
 STRS = ["", "none", "relu", "max", "avg", "sum", "float32", "float64", "int32", "bool",
         "bfloat16", "complex64", "object", "S8", "V4", "conv2d", "pool", "matmul", "copy",
-        "reflect", "nearest", "\x00", "x" * 300]
+        "reflect", "nearest", "nhwc", "nChw16c", "\x00", "x" * 300]
 WINDOWED = ("conv2d", "depthwise_conv2d", "pool")
 FLOATS = [float("nan"), float("inf"), -float("inf"), -1.0, 0.0, 0.5, 1e308, -1e-308]
 

@@ -388,7 +388,7 @@ def _run_subprocess(argv: list[str]) -> tuple[int, str, int]:
 
 def test_hostile_inputs_as_subprocesses(tmp_path: Path) -> None:
     by_name = {c.name: c for c in all_cases(tmp_path)}
-    failures = []
+    failures, peaks = [], []
     for i, name in enumerate(SUBPROCESS_SAMPLE):
         workdir = tmp_path / f"sub{i}"
         workdir.mkdir()
@@ -398,6 +398,10 @@ def test_hostile_inputs_as_subprocesses(tmp_path: Path) -> None:
         failures += _check(by_name[name], code, stderr, output, existed)
         if rss > MAX_RSS_BYTES:
             failures.append(f"{name}: peak RSS {rss >> 20} MiB")
+        peaks.append((rss, name, code))
+    rss, name, code = max(peaks)
+    print(f"{len(peaks)} hostile cases as neuronish-cc subprocesses: exit statuses "
+          f"{sorted(c for _, _, c in peaks)}, largest peak RSS {rss >> 20} MiB ({name})")
     assert not failures, "\n\n".join(failures)
 
 

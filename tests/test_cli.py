@@ -83,6 +83,27 @@ def test_compile_inspect_run(tmp_path: Path) -> None:
     np.testing.assert_allclose(got, g.reference({"x:0": x})["Identity:0"], rtol=1e-5, atol=1e-6)
 
 
+def test_list_operators_json_names_the_nodes_the_compiler_refuses(tmp_path: Path) -> None:
+    def fn(x):
+        y = tf.nn.relu(x)
+        pooled = tf.nn.max_pool2d(y, ksize=[1, 1, 1, 2], strides=[1, 1, 1, 2], padding="VALID")
+        return tf.nn.max_pool2d(pooled, ksize=2, strides=2, padding="VALID")
+
+    graph = trace(fn, tf.TensorSpec([1, 4, 4, 4], tf.float32, name="x"))
+    path = _write(tmp_path, graph.graph_def)
+    r = cc("list-operators", "--framework", "TENSORFLOW", "--json", "--check", str(path))
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)
+    assert set(answer["operators"]) == set(LOWERINGS)
+    assert answer["operators"]["MaxPool"]["attribute_checks"] is True
+    # Only the pool over channels is refused, with the reason `compile` would give.
+    (node, reason), = answer["refused"].items()
+    assert node.startswith("MaxPool") and "ksize" in reason and "H and W" in reason, node
+    assert cc("list-operators", "--framework", "TENSORFLOW", "--check", str(path)).returncode == 2
+    r = cc("list-operators", "--framework", "TENSORFLOW", "--json", "--check", str(tmp_path))
+    assert r.returncode == 1 and str(tmp_path) in r.stderr
+
+
 def _assert_refused(r: subprocess.CompletedProcess, out: Path, *needles: str) -> None:
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr

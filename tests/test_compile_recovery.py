@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import warnings
 from pathlib import Path
 
 import keras
@@ -94,6 +95,34 @@ def test_compiler_rejection_is_partitioned_around(tmp_path: Path) -> None:
         on = tf.constant(0.7)
         np.testing.assert_allclose(fn(x=x, on_value=on)["y"], ref(x=x, on_value=on)["y"],
                                    rtol=1e-5)
+
+
+def test_attribute_values_the_compiler_refuses_stay_on_tensorflow_without_recovery(
+        tmp_path: Path) -> None:
+    """A max pool over channels: MaxPool is a supported op type, but not with a window over
+    the channel axis. The partitioner learns that from the compiler before compiling, so
+    nothing is rejected and no round of re-partitioning runs."""
+    module = tf.Module()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4, 4, 4], tf.float32, name="x")])
+    def serve(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        y = tf.nn.relu(x) * 2.0
+        y = tf.nn.max_pool2d(y, ksize=[1, 1, 1, 2], strides=[1, 1, 1, 2], padding="VALID")
+        return {"y": tf.tanh(y) + 1.0}
+
+    src = _save(module, serve, tmp_path / "src")
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileWarning)  # a rejection would warn
+        report = neuronish.saved_model.compile(src, str(out), batch_size=2,
+                                               minimum_segment_size=1)
+    assert not report["compile_failures"]
+    (reason,) = report["OnTensorFlow"]["MaxPool"]["reasons"]
+    assert "attribute values neuronish-cc refuses" in reason and "ksize" in reason, reason
+    (node,) = [n for n in report["OnTensorFlowNodes"] if "MaxPool" in n]
+    assert "H and W" in report["OnTensorFlowNodes"][node]
+    assert len(report["NeuronOps"]) == 2
+    assert_matches_original(src, out, tmp_path)
 
 
 @pytest.mark.parametrize("behaviour, outcome", [

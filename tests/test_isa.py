@@ -178,7 +178,7 @@ BAD_INSTRUCTIONS = {
     "stride-changes-shape": (_conv_attr("strides", [2, 2]), "declares outputs", "'out'"),
     "groups-not-dividing": (_conv_attr("groups", 2), "group", "'attrs.groups'"),
     "unknown-activation": (_conv_attr("activation", "gelu"), "gelu", "'attrs.activation'"),
-    "unknown-attr": (_conv_attr("layout", "nchw"), "no attribute 'layout'", "'layout'"),
+    "unknown-attr": (_conv_attr("tiling", "8x8"), "no attribute 'tiling'", "'tiling'"),
     "missing-attr": (lambda b: b["programs"][0][0]["attrs"].pop("pads"), "needs attribute",
                      "'attrs.pads'"),
     "axis-out-of-range": (lambda b: b["programs"][1][0]["attrs"].__setitem__("axes", [1, 7]),
@@ -235,3 +235,13 @@ def test_described_fields_must_be_plain_maps(field: str, value: object) -> None:
 
     with pytest.raises(ExecutableError, match=field if field == "stats" else "compiler"):
         from_bytes(_resealed(lambda b: b.__setitem__(field, value)))
+
+
+def test_buffers_in_use_together_may_not_share_arena_bytes() -> None:
+    """The conv's output %3 placed over its own scratch: the kernel would overwrite its
+    im2col columns with results (garbage, silently), so the file is refused."""
+    from neuronish.runtime.errors import ExecutableError
+    from neuronish.runtime.executable import from_bytes
+
+    with pytest.raises(ExecutableError, match=r"puts .* over .*while both are in use"):
+        from_bytes(_resealed(lambda b: b["memory"]["offsets"][0].__setitem__(1, 64)))

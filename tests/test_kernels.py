@@ -677,6 +677,8 @@ def test_native_engine_takes_the_hot_instructions() -> None:
         ("depthwise_conv2d", [x4, randn(3, 3, 8, 1), b], conv, {1}),
         ("matmul", [randn(4, 8), randn(8, 5), randn(5)], {"activation": "none"}, {1}),
         ("matmul", [randn(2, 3, 4, 8), randn(2, 3, 5, 8)], {"transpose_b": True}, set()),
+        ("matmul", [randn(2, 4, 8), randn(2, 5, 8)], {"transpose_b": True,
+                                                     "compute": "bfloat16"}, set()),
         ("pool", [x4], {"mode": "max", "ksize": [3, 3], "strides": [2, 2],
                         "pads": [1, 1, 1, 1]}, set()),
         ("unary", [x4], {"fn": "relu6"}, set()),
@@ -693,5 +695,21 @@ def test_native_engine_takes_the_hot_instructions() -> None:
         types = kinds.infer(kind, [TensorType(x.shape, x.dtype.name) for x in ins], attrs)
         _, ran[i] = evaluate_one(kind, ins, attrs, [(t.shape, t.dtype) for t in types],
                                  constant=frozenset(const), native=lib)
-    expected_numpy = {10}  # sub with a broadcast first operand
+    expected_numpy = {11}  # sub with a broadcast first operand
     assert {i for i, e in ran.items() if e == "numpy"} == expected_numpy, ran
+
+
+@pytest.mark.parametrize("compute", ["bfloat16", "float16"])
+def test_reduced_precision_matmul_of_two_activations(compute: str) -> None:
+    # Attention's scores: neither operand is a constant, both are rounded by the instruction.
+    q, k = randn(2, 4, 8), randn(2, 5, 8)
+    want = tf.matmul(_through(q, compute), _through(k, compute), transpose_b=True)
+    types = kinds.infer("matmul", [TensorType(q.shape, "float32"), TensorType(k.shape, "float32")],
+                        {"transpose_b": True})
+    attrs = {"transpose_b": True, "compute": compute}
+    out_types = [(t.shape, t.dtype) for t in types]
+    if ENGINE == "numpy":
+        got = evaluate("matmul", [q, k], attrs, out_types)[0]
+    else:
+        (got,), _ = evaluate_one("matmul", [q, k], attrs, out_types, native=library.load())
+    close(got, want, rtol=1e-5, atol=1e-5)

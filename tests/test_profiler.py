@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -83,6 +84,10 @@ def test_a_split_call_records_chunks_instructions_and_modelled_time(executable: 
     assert len(by_cat["call"]) == 1
     assert len(by_cat["execute"]) == len(by_cat["queue"]) == 3
     assert len(by_cat["instruction"]) == 3 * steps
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["name"] == "thread_name"}
+    for e in by_cat["execute"]:  # a track per core group the chunk ran on
+        assert re.fullmatch(r"device cores \[[01]\]: .*", names[e["tid"]]), names[e["tid"]]
     call = by_cat["call"][0]
     for e in by_cat["execute"]:  # inside the call
         assert call["ts"] <= e["ts"] and e["ts"] + e["dur"] <= call["ts"] + call["dur"] + 1e-3
@@ -120,6 +125,9 @@ def test_env_var_profiles_any_process(executable: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     trace = json.loads((tmp_path / f"neuronish-{r.stdout.strip()}.json").read_text())
     assert [e["cat"] for e in check_trace_format(trace)].count("execute") == 1
+    idle = subprocess.run([sys.executable, "-c", "import neuronish.runtime.profiler"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert idle.returncode == 0 and len(list(tmp_path.iterdir())) == 1  # nothing recorded
 
 
 def test_neuronish_profile_on_a_partly_compiled_savedmodel(tmp_path: Path) -> None:

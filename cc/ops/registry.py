@@ -50,6 +50,17 @@ def tf_op(*op_types: str, supports: SupportsFn | None = None) -> Callable[[Lower
     return register
 
 
+def refused_nodes(nodes: list[TFNode]) -> dict[str, str]:
+    """node name -> why its lowering refuses its attribute values (`supports`), for the
+    nodes of supported op types that it refuses; the same check `compile` makes."""
+    refused = {}
+    for node in nodes:
+        lowering = LOWERINGS.get(node.op)
+        if lowering is not None and (reason := lowering.check(node)) is not None:
+            refused[node.name] = reason
+    return refused
+
+
 class LowerCtx:
     """What a lowering may use: its node's inputs, constants, and `emit`."""
 
@@ -119,5 +130,5 @@ def require_type(v: Value, *dtypes: str, what: str = "input") -> None:
         raise NodeError(f"{what} has dtype {v.dtype}; the device supports {', '.join(dtypes)} here")
 
 
-__all__ = ["LOWERINGS", "LowerCtx", "Lowering", "TensorType", "attr_tensor", "require_type",
-           "tf_op"]
+__all__ = ["LOWERINGS", "LowerCtx", "Lowering", "TensorType", "attr_tensor", "refused_nodes",
+           "require_type", "tf_op"]

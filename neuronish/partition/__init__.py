@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tensorflow.core.framework import graph_pb2
 
@@ -28,9 +28,11 @@ from neuronish.partition.encapsulate import Subgraph, encapsulate
 from neuronish.partition.graph import GraphIndex, PartitionError, canonical, producer
 from neuronish.partition.mark import (
     DEVICE_DTYPES,
+    CompilerSupport,
     Marking,
     NodeMark,
     Reason,
+    compiler_support,
     mark,
     supported_ops,
 )
@@ -44,9 +46,11 @@ from neuronish.partition.shapes import (
 from neuronish.partition.splice import Spliced, splice, unread_duplicates
 
 __all__ = [
-    "DEVICE_DTYPES", "Cluster", "DroppedCluster", "Marking", "NodeMark", "OnTensorFlow",
-    "Partition", "PartitionError", "Reason", "SizeFilter", "Spliced", "Subgraph", "TensorInfo",
-    "batch_axes", "cluster", "drop_small", "encapsulate", "infer", "mark", "partition",
+    "DEVICE_DTYPES", "Cluster", "CompilerSupport", "DroppedCluster", "Marking", "NodeMark",
+    "OnTensorFlow", "Partition", "PartitionError", "Reason", "SizeFilter", "Spliced", "Subgraph",
+    "TensorInfo",
+    "batch_axes", "cluster", "compiler_support", "drop_small", "encapsulate", "infer", "mark",
+    "partition",
     "shapes_at_batch", "splice", "supported_ops",
 ]
 
@@ -73,6 +77,8 @@ class Partition:
     batch_axes: dict[str, int | None]  # empty when dynamic_batch_size is off
     # Nodes of the graph that stay on TensorFlow (wholly or as a copy), with why.
     left_on_tensorflow: dict[str, OnTensorFlow]
+    # The index of the partitioned graph, for `splice` and further rounds to reuse.
+    index: GraphIndex | None = field(default=None, compare=False, repr=False)
 
     def reasons(self) -> dict[str, str]:
         """node -> why it stays on TensorFlow, as text."""
@@ -99,12 +105,15 @@ def partition(
     exclude_nodes: Mapping[str, str] | None = None,
     fetches: Iterable[str] | None = None,
     device_dtypes: Collection[str] = DEVICE_DTYPES,
+    refused: Mapping[str, str] | None = None,
+    index: GraphIndex | None = None,
 ) -> Partition:
     """mark -> cluster -> drop_small -> encapsulate over a frozen GraphDef.
 
     `input_shapes` maps Placeholders ("x" or "x:0") to their compile shapes;
-    Placeholders left out keep the GraphDef's shape.  `supported` defaults to
-    `supported_ops()` (asks `neuronish-cc`).  With `dynamic_batch_size`, dim
+    Placeholders left out keep the GraphDef's shape.  `supported` (op types) and
+    `refused` (node -> why the compiler refuses its attribute values) default to
+    `compiler_support(graph_def)`, one `neuronish-cc` process.  With `dynamic_batch_size`, dim
     0 of every batched input (`shapes.batched_inputs`) is the batch
     (`batch_size`, by default read from the input shapes) and batch axes are
     found by `shapes.batch_axes`.
@@ -113,9 +122,10 @@ def partition(
     whose results is used is dropped.
     """
     if supported is None:
-        supported = supported_ops()
+        support = compiler_support(graph_def)
+        supported, refused = support.ops, {**support.refused, **(refused or {})}
     fetch_list = None if fetches is None else [canonical(f) for f in fetches]
-    index = GraphIndex.build(graph_def)
+    index = index or GraphIndex.build(graph_def)
     for t in fetch_list or ():
         if producer(t) not in index.nodes:
             raise PartitionError(f"fetch {t} names no node of the graph")
@@ -135,8 +145,9 @@ def partition(
     else:
         infos, axes = infer(graph_def, input_shapes), {}
     marking = mark(graph_def, infos, supported, no_fuse_ops, force_fuse_ops,
-                   exclude_nodes=exclude_nodes, device_dtypes=device_dtypes)
-    sized = drop_small(cluster(graph_def, marking), minimum_segment_size)
+                   exclude_nodes=exclude_nodes, device_dtypes=device_dtypes, refused=refused,
+                   index=index)
+    sized = drop_small(cluster(graph_def, marking, index), minimum_segment_size)
 
     subgraphs, dropped = [], list(sized.dropped)
     for c in sized.kept:
@@ -147,7 +158,8 @@ def partition(
             dropped.append(DroppedCluster(c, "none of its results is used outside it; if the "
                                              "caller reads one, pass it in fetches"))
     return Partition(tuple(subgraphs), tuple(dropped), marking, infos, axes,
-                     _left_on_tensorflow(index, marking, subgraphs, dropped, fetch_list or ()))
+                     _left_on_tensorflow(index, marking, subgraphs, dropped, fetch_list or ()),
+                     index)
 
 
 def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:

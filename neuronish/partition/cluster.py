@@ -34,14 +34,12 @@ from dataclasses import dataclass
 
 from tensorflow.core.framework import graph_pb2
 
+from neuronish.contracts import PASS_THROUGH_OPS
 from neuronish.partition.dag import ContractibleDag
 from neuronish.partition.graph import GraphIndex, producer
 from neuronish.partition.mark import Marking
 from neuronish.partition.values import device_static_nodes
 
-# Nodes that move no data worth a device call on their own.
-PASS_THROUGH_OPS = frozenset({"Const", "Identity", "IdentityN", "NoOp", "Snapshot", "StopGradient",
-                              "PreventGradient"})
 NAME_PREFIX = "neuron_op_"
 
 
@@ -72,9 +70,11 @@ class SizeFilter:
     dropped: tuple[DroppedCluster, ...]
 
 
-def cluster(graph_def: graph_pb2.GraphDef, marking: Marking) -> list[Cluster]:
-    """Cluster the supported nodes of `graph_def` (see the module docstring)."""
-    index = GraphIndex.build(graph_def)
+def cluster(graph_def: graph_pb2.GraphDef, marking: Marking,
+            index: GraphIndex | None = None) -> list[Cluster]:
+    """Cluster the supported nodes of `graph_def` (see the module docstring). `index` is
+    `GraphIndex.build(graph_def)` when the caller has it."""
+    index = index or GraphIndex.build(graph_def)
     static = device_static_nodes(index, marking.supported)
     dynamic = [n for n in index.order if n not in static]
     ids = {n: i for i, n in enumerate(dynamic)}

@@ -28,6 +28,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -78,7 +79,13 @@ class Subgraph:
         return self.dynamic_batch_reason is None
 
     def serialize(self) -> bytes:
-        """`graph_def` as bytes, the same bytes for the same subgraph in any process."""
+        """`graph_def` as bytes, the same bytes for the same subgraph in any process.
+        Serialized once: the compile job, its cache key and the recovery digest all
+        read it, and it holds the weights."""
+        return self._bytes
+
+    @functools.cached_property
+    def _bytes(self) -> bytes:
         return self.graph_def.SerializeToString(deterministic=True)
 
 

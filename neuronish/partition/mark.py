@@ -15,40 +15,41 @@ says otherwise (the order is the order of `Reason`):
 6. STATEFUL: the op is stateful (random numbers, variables, queues,
    asserts): compiling it would freeze one result or drop its side effect.
 7. UNSUPPORTED_OP: `neuronish-cc list-operators` does not list the op type.
-8. SHAPE_VALUE: the value is computed from tensor shapes (see `values`) but
+8. UNSUPPORTED_ATTRS: the compiler refuses the node's attribute values (a
+   dtype, data_format, padding... its lowering's `supports` check), as
+   `neuronish-cc list-operators --json --check GRAPH` reports before anything
+   is compiled; the detail is the compiler's own reason.
+9. SHAPE_VALUE: the value is computed from tensor shapes (see `values`) but
    the device cannot compute all of it (an input stays on TensorFlow).  On
    the device it would be frozen at the compile batch; on TensorFlow it
    follows the batch.
 
 `force_fuse_ops` (node names or op types) overrides rule 7 and the
 cluster-size check of `drop_small`, nothing else: a forced node still stays
-on TensorFlow for rules 1-6 and 8, so no_fuse_ops beats force_fuse_ops.
+on TensorFlow for rules 1-6, 8 and 9, so no_fuse_ops beats force_fuse_ops.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import shlex
 import subprocess
-import sys
+import tempfile
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
+from neuronish import contracts
 from neuronish.partition.graph import GraphIndex, PartitionError, producer
 from neuronish.partition.shapes import TensorInfo
 from neuronish.partition.values import device_static_nodes, static_values
 
-# The dtypes the device holds.  Mirrors DEVICE_DTYPES in cc/ioconfig.py, which
-# this package may not import (the compiler is a separate process); a test
-# keeps the two equal.
-DEVICE_DTYPES = frozenset({"float16", "float32", "float64", "int8", "int16", "int32", "int64",
-                           "uint8", "bool"})
-INPUT_OPS = frozenset({"Placeholder", "PlaceholderWithDefault"})
+DEVICE_DTYPES = frozenset(contracts.DEVICE_DTYPES)
+INPUT_OPS = contracts.INPUT_OPS
 
 
 class Reason(Enum):
@@ -61,6 +62,7 @@ class Reason(Enum):
     SHAPE = "shape not fully known at the compile batch size"
     STATEFUL = "stateful op"
     UNSUPPORTED_OP = "op type not supported by neuronish-cc"
+    UNSUPPORTED_ATTRS = "attribute values neuronish-cc refuses"
     SHAPE_VALUE = "shape-derived value the device cannot compute whole"
 
 
@@ -118,15 +120,20 @@ def mark(
     *,
     exclude_nodes: Mapping[str, str] | None = None,
     device_dtypes: Collection[str] = DEVICE_DTYPES,
+    refused: Mapping[str, str] | None = None,
+    index: GraphIndex | None = None,
 ) -> Marking:
     """Mark every node of `graph_def` supported or not (see the module docstring).
 
     `infos` is `shapes.infer` at the compile batch.  `no_fuse_ops` and
     `force_fuse_ops` hold node names or op types.  `exclude_nodes` maps node
     names to the reason they must stay on TensorFlow; a name not in the graph
-    raises PartitionError.
+    raises PartitionError. `refused` maps node names to the compiler's reason for
+    refusing their attribute values (`CompilerSupport.refused`). `index` is
+    `GraphIndex.build(graph_def)` when the caller has it.
     """
-    index = GraphIndex.build(graph_def)
+    index = index or GraphIndex.build(graph_def)
+    refused = refused or {}
     no_fuse, force = set(no_fuse_ops), set(force_fuse_ops)
     exclude = dict(exclude_nodes or {})
     missing = sorted(set(exclude) - set(index.nodes))
@@ -144,6 +151,8 @@ def mark(
         forced = reason is None and (node.name in force or node.op in force)
         if reason is None and not forced and node.op not in supported_ops:
             reason = Reason.UNSUPPORTED_OP
+        elif reason is None and node.name in refused:
+            reason, detail, forced = Reason.UNSUPPORTED_ATTRS, refused[node.name], False
         marks[node.name] = NodeMark(node.name, node.op, reason, detail, forced)
     _keep_shape_values_whole(index, marks)
     return Marking(marks, unmatched)
@@ -205,17 +214,37 @@ def _shape_text(info: TensorInfo) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in info.shape) + "]"
 
 
-# -- the compiler's operator list ------------------------------------------------------------
+# -- what the compiler accepts ---------------------------------------------------------------
 
 _SUPPORTED_CACHE: dict[tuple[str, ...], frozenset[str]] = {}
 
 
 def default_compiler_command() -> list[str]:
-    """`$NEURONISH_CC` split like a shell would, else the `neuronish-cc` next to Python."""
-    env = os.environ.get("NEURONISH_CC")
-    if env:
-        return shlex.split(env)
-    return [str(Path(sys.executable).parent / "neuronish-cc")]
+    """The one resolution of the compiler command (`contracts.default_compiler`)."""
+    return contracts.default_compiler()
+
+
+@dataclass(frozen=True)
+class CompilerSupport:
+    """What the compiler accepts: its op types, and the nodes of one graph whose
+    attribute values it refuses (node -> its reason)."""
+
+    ops: frozenset[str]
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
+def _run_compiler(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PartitionError(
+            f"could not run {shlex.join(argv)}: {e}; install neuronish (which provides "
+            f"neuronish-cc) in this environment or set NEURONISH_CC to the compiler command"
+        ) from None
+    if done.returncode != 0:
+        raise PartitionError(f"{shlex.join(argv)} exited with status {done.returncode}:\n"
+                             f"{done.stderr.strip()}")
+    return done.stdout
 
 
 def supported_ops(compiler_cmd: list[str] | None = None) -> frozenset[str]:
@@ -228,18 +257,39 @@ def supported_ops(compiler_cmd: list[str] | None = None) -> frozenset[str]:
     if cmd in _SUPPORTED_CACHE:
         return _SUPPORTED_CACHE[cmd]
     argv = [*cmd, "list-operators", "--framework", "TENSORFLOW"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise PartitionError(
-            f"could not run {shlex.join(argv)}: {e}; install neuronish (which provides "
-            f"neuronish-cc) in this environment or set NEURONISH_CC to the compiler command"
-        ) from None
-    if done.returncode != 0:
-        raise PartitionError(f"{shlex.join(argv)} exited with status {done.returncode}:\n"
-                             f"{done.stderr.strip()}")
-    ops = frozenset(line.strip() for line in done.stdout.splitlines() if line.strip())
+    ops = frozenset(line.strip() for line in _run_compiler(argv).splitlines() if line.strip())
     if not ops:
         raise PartitionError(f"{shlex.join(argv)} listed no operators")
     _SUPPORTED_CACHE[cmd] = ops
     return ops
+
+
+def compiler_support(graph_def: graph_pb2.GraphDef,
+                     compiler_cmd: list[str] | None = None) -> CompilerSupport:
+    """The compiler's op types and its verdict on every node's attribute values, in one
+    `<cmd> list-operators --framework TENSORFLOW --json --check NODES.pb` process.
+
+    NODES.pb holds each node's name, op type and attributes only (no inputs, no
+    constant values): attribute checks read nothing else, and weights would only
+    cost time.
+    """
+    cmd = [*(compiler_cmd or default_compiler_command())]
+    nodes = graph_pb2.GraphDef()
+    for node in graph_def.node:
+        copy = nodes.node.add(name=node.name, op=node.op)
+        for key, value in node.attr.items():
+            if not (node.op == "Const" and key == "value"):
+                copy.attr[key].CopyFrom(value)
+    with tempfile.TemporaryDirectory(prefix="neuronish-check-") as tmp:
+        path = Path(tmp) / "nodes.pb"
+        path.write_bytes(nodes.SerializeToString())
+        argv = [*cmd, "list-operators", "--framework", "TENSORFLOW", "--json",
+                "--check", str(path)]
+        out = _run_compiler(argv)
+    try:
+        answer = json.loads(out)
+        ops, refused = frozenset(answer["operators"]), dict(answer.get("refused", {}))
+    except (ValueError, KeyError, TypeError) as e:
+        raise PartitionError(f"{shlex.join(argv)} did not print the JSON it should "
+                             f"({e}): {out[:200]!r}") from None
+    return CompilerSupport(ops, refused)

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
+from neuronish.contracts import INPUT_OPS
 from neuronish.partition import loops
 from neuronish.partition.graph import PartitionError
-
-INPUT_OPS = ("Placeholder",)
 
 
 @dataclass(frozen=True)

@@ -41,13 +41,15 @@ def splice(
     graph_def: graph_pb2.GraphDef,
     replacements: Sequence[tuple[Subgraph, node_def_pb2.NodeDef]],
     fetches: Iterable[str] = (),
+    index: GraphIndex | None = None,
 ) -> Spliced:
     """Replace each Subgraph's cluster in `graph_def` by its NodeDef (see the module docstring).
 
     `fetches` are tensors the caller will read (they keep duplicated nodes
-    alive and are checked to exist or be renamed).
+    alive and are checked to exist or be renamed). `index` is
+    `GraphIndex.build(graph_def)` when the caller has it (`Partition.index`).
     """
-    index = GraphIndex.build(graph_def)
+    index = index or GraphIndex.build(graph_def)
     names = [op.name for _, op in replacements]
     if len(set(names)) != len(names):
         raise PartitionError(f"two replacement nodes share a name: {sorted(names)}; name each "

@@ -153,6 +153,11 @@ class ServingCore:
                       request_input: input_pb2.Input, keys: list[str],
                       deadline: float | None) -> tuple[int, dict[str, np.ndarray]]:
         examples = serialized_examples(request_input)
+        if self.max_elements > 0 and len(examples) > self.max_elements:
+            raise ServingError(RESOURCE_EXHAUSTED,
+                               f"the request holds {len(examples)} examples, more than this "
+                               f"server accepts in one request ({self.max_elements}, "
+                               "--request_max_elements); split it into smaller requests")
         input_key = next(iter(signature.inputs))
         signatures.check_array(signature.inputs[input_key], examples, signature.name)
         outputs = self._run(servable, signature, keys, {input_key: examples}, deadline)

@@ -473,7 +473,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     server.stop()
     log.info("Server stopped")
-    return 0
+    _exit_now(0)
+    return 0  # not reached
+
+
+def _exit_now(status: int) -> None:
+    """Exit without joining leftover threads: a call abandoned at its deadline may
+    still be running inside TensorFlow (which cannot cancel it), and the
+    interpreter's exit would wait for it forever (a SIGTERM that never ends)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,7 @@ struct Ref {
   int64_t slot = -1;
   int64_t offset = 0;
   dt type = dt::f32;
+  bool blocked = false;  // an NHWC image kept channel-blocked (nChw16c)
   memory::dims dims;
 };
 
@@ -152,6 +153,7 @@ struct Reader {
     r.slot = next();
     r.offset = next();
     r.type = to_dt(next());
+    r.blocked = next() != 0;
     int64_t nd = next();
     if (nd < 0 || nd > DNNL_MAX_NDIMS) throw Error("bad rank " + std::to_string(nd));
     for (int64_t k = 0; k < nd; ++k) {
@@ -181,10 +183,13 @@ memory::desc plain(const memory::dims& dims, dt type) {
   return memory::desc(dims, type, plain_tag(dims.size()));
 }
 
-// NHWC activations described with oneDNN's logical NCHW dims.
+// NHWC activations described with oneDNN's logical NCHW dims; or, when the compiler and
+// the loader agreed to keep the value blocked, its nChw16c layout (same size: C % 16 == 0).
 memory::desc nhwc(const Ref& r) {
   if (r.dims.size() != 4) throw Error("expected a 4-D NHWC tensor");
-  return memory::desc({r.dims[0], r.dims[3], r.dims[1], r.dims[2]}, r.type, tag::nhwc);
+  if (r.blocked && r.dims[3] % 16 != 0) throw Error("blocked layout needs C % 16 == 0");
+  return memory::desc({r.dims[0], r.dims[3], r.dims[1], r.dims[2]}, r.type,
+                      r.blocked ? tag::nChw16c : tag::nhwc);
 }
 
 struct Arg {
@@ -287,11 +292,10 @@ struct Program {
     return dst;
   }
 
-  // A step that converts `r` to the compute dtype `cdt` in an engine temporary (at temp
-  // offset `after`); returns the temporary's descriptor.
-  memory::desc to_compute(Instr& ins, const Ref& r, const memory::desc& md, dt cdt,
-                          size_t after) {
-    memory::desc bmd(md.get_dims(), cdt, md.get_strides());
+  // A step that converts `r` (described by `md`) into `bmd`, an engine temporary at
+  // temp offset `after` (the compute dtype's copy of an input).
+  void to_compute(Instr& ins, const Ref& r, const memory::desc& md, const memory::desc& bmd,
+                  size_t after) {
     Step s;
     arg(s, DNNL_ARG_FROM, r, md);
     own_arg(s, DNNL_ARG_TO, memory(bmd, eng, DNNL_MEMORY_NONE));
@@ -300,7 +304,29 @@ struct Program {
     s.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, md, eng, bmd));
     temp_bytes = std::max(temp_bytes, after + bmd.get_size());
     ins.steps.push_back(std::move(s));
-    return bmd;
+  }
+
+  // How an image input `r` is read by a primitive whose output is `y_blocked` and whose
+  // compute dtype is `cdt`: as it is when layout and dtype already match, else through a
+  // reorder step into an engine temporary at `temp_at` (then advanced past it). oneDNN's
+  // fast convolutions and pools want input and output in one layout; the loader keeps
+  // such boundaries rare (runtime/program.py).
+  void bind_image(Instr& ins, Step& s, int id, const Ref& r, dt cdt, bool y_blocked,
+                  size_t& temp_at, memory::desc* used = nullptr) {
+    memory::desc md = nhwc(r);
+    if (r.blocked == y_blocked && r.type == cdt) {
+      arg(s, id, r, md);
+      if (used) *used = md;
+      return;
+    }
+    memory::desc want({r.dims[0], r.dims[3], r.dims[1], r.dims[2]}, cdt,
+                      y_blocked ? tag::nChw16c : tag::nhwc);
+    to_compute(ins, r, md, want, temp_at);
+    own_arg(s, id, memory(want, eng, DNNL_MEMORY_NONE));
+    s.args.back().slot = -2;
+    s.args.back().offset = (int64_t)temp_at;
+    temp_at += (want.get_size() + 63) / 64 * 64;
+    if (used) *used = want;
   }
 
   template <class PD>
@@ -360,28 +386,26 @@ struct Program {
     } else {
       w_given = memory::desc({co, ci, kh, kw}, w.type, tag::hwio);
     }
-    memory::desc x_md = nhwc(x), y_md = nhwc(y);
+    memory::desc y_md = nhwc(y);
     dt cdt = to_dt(compute);  // the dtype the operands are read in (f32, bf16, f16)
-    memory::desc x_use(x_md.get_dims(), cdt, tag::nhwc);
+    Step s;
+    size_t temp_at = 0;
+    memory::desc x_use, res_use;
+    bind_image(ins, s, DNNL_ARG_SRC, x, cdt, y.blocked, temp_at, &x_use);
+    if (has_res)
+      bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, res.type,
+                 y.blocked, temp_at, &res_use);
     memory::desc w_any(w_given.get_dims(), cdt, tag::any);
     memory::desc b_md = has_bias ? plain(b) : memory::desc();
     primitive_attr a = attr();
     dnnl::post_ops po;
-    if (has_res) po.append_binary(algorithm::binary_add, nhwc(res));
+    if (has_res) po.append_binary(algorithm::binary_add, res_use);
     append_eltwise(po, act);
     a.set_post_ops(po);
     auto pd = dnnl::convolution_forward::primitive_desc(
         eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
         w_const ? w_any : memory::desc(w_given.get_dims(), cdt, w_given.get_strides()), b_md,
         y_md, strides, dil, {pads[0], pads[2]}, {pads[1], pads[3]}, a);
-    Step s;
-    if (x.type != cdt) {
-      to_compute(ins, x, x_md, cdt, 0);
-      own_arg(s, DNNL_ARG_SRC, memory(x_use, eng, DNNL_MEMORY_NONE));
-      s.args.back().slot = -2;
-    } else {
-      arg(s, DNNL_ARG_SRC, x, x_md);
-    }
     if (w_const) {
       own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc()));
     } else {
@@ -389,7 +413,6 @@ struct Program {
       arg(s, DNNL_ARG_WEIGHTS, w, w_given);
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, b, b_md);
-    if (has_res) arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, nhwc(res));
     arg(s, DNNL_ARG_DST, y, y_md);
     s.prim = dnnl::convolution_forward(pd);
     finish(s, pd);
@@ -425,7 +448,9 @@ struct Program {
     memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
     dt cdt = to_dt(compute);
     memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
-    memory::desc b_use = b_const ? memory::desc(bd, cdt, tag::any) : b_md;
+    memory::desc b_use = b_const          ? memory::desc(bd, cdt, tag::any)
+                         : B.type != cdt ? memory::desc(bd, cdt, plain_tag(r))
+                                         : b_md;
     memory::desc bias_md;
     if (has_bias) {
       memory::dims bd2(r, 1);
@@ -454,8 +479,23 @@ struct Program {
     }
     if (b_const) {
       own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(B, b_md, pd.weights_desc()));
+    } else if (B.type != cdt) {
+      // A computed operand (attention's keys, values) read in reduced precision: converted
+      // into the temporaries after a's.
+      size_t after = (a_use.get_data_type() != A.type ? a_use.get_size() + 63 : 0) / 64 * 64;
+      memory::desc b_cvt(bd, cdt, plain_tag(r));
+      Step t;
+      arg(t, DNNL_ARG_FROM, B, b_md);
+      own_arg(t, DNNL_ARG_TO, memory(b_cvt, eng, DNNL_MEMORY_NONE));
+      t.args.back().slot = -2;
+      t.args.back().offset = (int64_t)after;
+      t.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, b_md, eng, b_cvt));
+      temp_bytes = std::max(temp_bytes, after + b_cvt.get_size());
+      ins.steps.push_back(std::move(t));
+      Arg w{DNNL_ARG_WEIGHTS, memory(b_cvt, eng, DNNL_MEMORY_NONE), -2, (int64_t)after};
+      s.args.push_back(w);
+      s.map[DNNL_ARG_WEIGHTS] = w.mem;
     } else {
-      if (B.type != cdt) throw Error("computed matmul operands must have the compute dtype");
       arg(s, DNNL_ARG_WEIGHTS, B, b_md);
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);
@@ -469,12 +509,14 @@ struct Program {
     int64_t is_max = rd.next();
     Ref x = rd.ref(), y = rd.ref();
     memory::dims k = rd.ints(2), st = rd.ints(2), pads = rd.ints(4);
+    Step s;
+    size_t temp_at = 0;
+    memory::desc x_use;
+    bind_image(ins, s, DNNL_ARG_SRC, x, x.type, y.blocked, temp_at, &x_use);
     auto pd = dnnl::pooling_forward::primitive_desc(
         eng, prop_kind::forward_inference,
-        is_max ? algorithm::pooling_max : algorithm::pooling_avg_exclude_padding, nhwc(x),
+        is_max ? algorithm::pooling_max : algorithm::pooling_avg_exclude_padding, x_use,
         nhwc(y), st, k, {0, 0}, {pads[0], pads[2]}, {pads[1], pads[3]}, attr());
-    Step s;
-    arg(s, DNNL_ARG_SRC, x, nhwc(x));
     arg(s, DNNL_ARG_DST, y, nhwc(y));
     s.prim = dnnl::pooling_forward(pd);
     finish(s, pd);

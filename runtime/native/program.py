@@ -29,6 +29,7 @@ class NativeProgram:
         self._keep: list[np.ndarray] = []  # arrays whose memory fixed slots point into
         self.rejected: dict[int, str] = {}  # instruction index -> why numpy runs it
         self.weight_bytes: dict[int, int] = {}  # instruction index -> reordered weights held
+        self.engine_index: dict[int, int] = {}  # instruction index -> its engine index
         self._call_ptrs: ctypes.Array | None = None
 
     def bind(self, slot: int, array: np.ndarray) -> None:
@@ -56,6 +57,7 @@ class NativeProgram:
             self.rejected[index] = self._err.value.decode()
             return None
         self.weight_bytes[index] = self.held_bytes - held
+        self.engine_index[index] = int(k)
         return int(k)
 
     def finalize(self) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+WINDOWED = ("conv2d", "depthwise_conv2d", "pool")
+
 OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
 OP_SOFTMAX, OP_REDUCE, OP_CONCAT, OP_TRANSPOSE, OP_REORDER = 6, 7, 8, 9, 10
 
@@ -62,10 +64,11 @@ class Ref:
     offset: int
     dtype: str
     shape: tuple[int, ...]
+    blocked: bool = False  # kept channel-blocked (nChw16c) between windowed instructions
 
     def encode(self, shape: Sequence[int] | None = None) -> list[int]:
         dims = list(self.shape if shape is None else shape)
-        return [self.slot, self.offset, DTYPES[self.dtype], len(dims), *dims]
+        return [self.slot, self.offset, DTYPES[self.dtype], int(self.blocked), len(dims), *dims]
 
 
 def _chain(fn: str, alpha: float) -> list[tuple[int, float, float]] | None:
@@ -99,6 +102,8 @@ def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
     fn = _ENCODERS.get(kind)
     if fn is None or any(r.dtype not in DTYPES for r in (*ins, *outs)):
         return None
+    if kind not in WINDOWED and any(r.blocked for r in (*ins, *outs)):
+        return None  # (the loader never asks: only windowed kinds share blocked values)
     if any(0 in r.shape for r in (*ins, *outs)):
         return None  # empty tensors: nothing to compute, numpy handles the shapes
     return fn(attrs, list(ins), list(outs), list(constant))
@@ -133,8 +138,8 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     a, b, y = ins[0], ins[1], outs[0]
     compute = attrs.get("compute", "float32")
-    if a.dtype != "float32" or y.dtype != "float32" or b.dtype != compute:
-        return None  # (computed operands in reduced precision: left to numpy)
+    if a.dtype != "float32" or y.dtype != "float32" or b.dtype not in ("float32", compute):
+        return None
     act = _activation(attrs)
     rank = len(y.shape)
     if act is None or rank > 6:

@@ -56,17 +56,26 @@ class _Slow(tf.Module):
 
 
 @pytest.fixture(scope="module")
-def hostile_server(serving_dir: Path, mlp_model: str) -> Iterator[Server]:
+def slow_model_dir(serving_dir: Path) -> str:
+    path = serving_dir / "slow_src"
+    slow = _Slow()
+    tf.saved_model.save(slow, str(path), signatures={"serving_default": slow.serve})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hostile_server(serving_dir: Path, mlp_model: str, slow_model_dir: str,
+                   toy_model_dir: str) -> Iterator[Server]:
     root = serving_dir / "hostile"
     copy_version(mlp_model, root / "mlp", 1)
-    slow = _Slow()
-    tf.saved_model.save(slow, str(root / "slow_src"), signatures={"serving_default": slow.serve})
-    copy_version(str(root / "slow_src"), root / "slow", 1)
+    copy_version(slow_model_dir, root / "slow", 1)
+    copy_version(toy_model_dir, root / "toy", 1)
     (root / "allowed").mkdir()
     config = write_text(root / "models.config", f"""
 model_config_list {{
   config {{ name: "mlp" base_path: "{root / 'mlp'}" model_platform: "tensorflow" }}
   config {{ name: "slow" base_path: "{root / 'slow'}" model_platform: "tensorflow" }}
+  config {{ name: "toy" base_path: "{root / 'toy'}" model_platform: "tensorflow" }}
 }}
 """)
     monitoring = write_text(root / "monitoring.config", "prometheus_config { enable: true }\n")
@@ -75,7 +84,7 @@ model_config_list {{
             f"--rest_api_idle_timeout_in_ms={int(IDLE_TIMEOUT_S * 1000)}",
             f"--request_timeout_in_ms={SERVER_TIMEOUT_MS}",
             "--allow_reload_config_request", f"--reload_config_allowed_roots={root / 'allowed'}"]
-    with running_server(args, root, {"mlp": [1], "slow": [1]}) as server:
+    with running_server(args, root, {"mlp": [1], "slow": [1], "toy": [1]}) as server:
         yield server
 
 
@@ -156,6 +165,23 @@ def test_a_request_over_the_element_limit(hostile_server: Server) -> None:
                                        {"instances": [ROW] * rows})
     assert status == 429 and "--request_max_elements" in body["error"]
     _good_grpc(hostile_server)
+
+
+def test_a_classify_request_over_the_limit(hostile_server: Server) -> None:
+    from tensorflow_serving.apis import classification_pb2
+
+    from tests.serving.toy_model import example
+
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name, request.model_spec.signature_name = "toy", "classify"
+    one = example(1.0, 2.0)
+    request.input.example_list.examples.extend([one] * (MAX_ELEMENTS + 1))
+    with pytest.raises(grpc.RpcError) as raised:
+        hostile_server.predictions.Classify(request, timeout=60)
+    assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    del request.input.example_list.examples[2:]
+    assert len(hostile_server.predictions.Classify(request, timeout=30)
+               .result.classifications) == 2
 
 
 # --------------------------------------------------------------- deadlines
@@ -459,3 +485,20 @@ def test_tensor_proto_with_content_of_the_wrong_size(hostile_server: Server) -> 
     error = _grpc_error(hostile_server, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "tensor parsing error: x" in error.details()
+
+
+def test_sigterm_ends_the_server_while_an_abandoned_call_still_runs(
+        serving_dir: Path, slow_model_dir: str) -> None:
+    """A call abandoned at its deadline keeps running inside TensorFlow; SIGTERM
+    must still end the server (it used to wait for such calls forever)."""
+    root = serving_dir / "sigterm"
+    copy_version(slow_model_dir, root / "slow", 1)
+    args = [f"--model_base_path={root / 'slow'}", "--model_name=slow",
+            "--shutdown_grace_period_seconds=2"]
+    with running_server(args, root, {"slow": [1]}, rest=False) as server:
+        request = predict_request("slow", {"n": np.array([10**12], np.int64)})  # hours
+        error = _grpc_error(server, request, timeout=0.5)
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        start = time.monotonic()
+        assert server.terminate(timeout=30) == 0
+        assert time.monotonic() - start < 30

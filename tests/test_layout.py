@@ -1,0 +1,125 @@
+"""The layout pass (cc/passes/layout.py) and the native engine keeping values blocked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.cc.compiler import compile_graph
+from neuronish.runtime import load
+from neuronish.runtime.executable import from_bytes
+from neuronish.runtime.native import library
+from tests.graphs import trace
+
+RNG = np.random.default_rng(7)
+
+
+def _w(*shape: int) -> tf.Tensor:
+    return tf.constant(RNG.standard_normal(shape).astype(np.float32) * 0.2)
+
+
+def conv_chain() -> object:
+    """A ResNet-like block: conv -> conv -> (residual add) -> pool -> conv(3 channels)
+    -> mean. The first three activations (16 and 32 channels) can stay blocked; the
+    8-channel ones cannot (not a multiple of 16), nor what `reduce` reads."""
+    w1, w2, w3, w4 = _w(3, 3, 8, 16), _w(1, 1, 16, 32), _w(1, 1, 8, 32), _w(3, 3, 32, 8)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        a = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
+        b = tf.nn.conv2d(a, w2, 1, "SAME") + tf.nn.conv2d(x, w3, 1, "SAME")
+        c = tf.nn.max_pool2d(tf.nn.relu(b), 3, 2, "SAME")
+        d = tf.nn.conv2d(c, w4, 1, "SAME")
+        return tf.reduce_mean(d, axis=[1, 2])
+
+    return trace(fn, tf.TensorSpec([None, 12, 12, 8], tf.float32, name="x"), batch=2)
+
+
+def test_pass_marks_values_that_stay_between_windowed_instructions() -> None:
+    g = conv_chain()
+    exe = from_bytes(compile_graph(g.graph_def, g.io_config))
+    by_kind = [(i.kind, i.attrs.get("layout", "nhwc"), exe.values[i.outputs[0]][0][-1])
+               for p in exe.programs for i in p]
+    blocked = [(k, c) for k, layout, c in by_kind if layout == "nChw16c"]
+    assert blocked and all(c % 16 == 0 for _, c in blocked), by_kind
+    # Nothing read by a non-windowed instruction, or not a multiple of 16, is marked.
+    assert ("conv2d", "nhwc", 8) in by_kind and not any(
+        layout != "nhwc" and c % 16 for _, layout, c in by_kind)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "native"])
+def test_blocked_values_give_tensorflows_numbers(engine: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
+    if engine == "native":
+        assert library.load() is not None, library.why_not()
+    g = conv_chain()
+    x = RNG.standard_normal((2, 12, 12, 8)).astype(np.float32)
+    want = g.reference({"x:0": x})
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        program = model._idle.get()
+        model._idle.put(program)
+        # The native engine realizes the pass's decision; numpy never blocks anything.
+        assert bool(program.blocked) == (engine == "native")
+        got = model.run({"x:0": x})
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_the_pass_can_be_turned_off_and_changes_no_number() -> None:
+    g = conv_chain()
+    x = RNG.standard_normal((2, 12, 12, 8)).astype(np.float32)
+    outs = []
+    for disabled in ((), ("assign_layouts",)):
+        exe = compile_graph(g.graph_def, g.io_config, disabled_passes=list(disabled))
+        assert (b"nChw16c" in exe) == (not disabled)
+        with load(exe) as model:
+            outs.append(model.run({"x:0": x}))
+    for name in outs[0]:
+        np.testing.assert_allclose(outs[0][name], outs[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_inspect_and_the_ir_dump_show_the_decisions(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    g = conv_chain()
+    exe = tmp_path / "m.neff"
+    monkeypatch.setenv("NEURONISH_DUMP_DIR", str(tmp_path / "dump"))
+    exe.write_bytes(compile_graph(g.graph_def, g.io_config, auto_cast="matmult",
+                                  auto_cast_type="bf16", dump_dir=tmp_path / "dump"))
+    cc = Path(sys.executable).parent / "neuronish-cc"
+    out = subprocess.run([str(cc), "inspect", str(exe)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "activation layouts (assign_layouts): nChw16c x" in out, out
+    assert "matmul-like operands read in: bfloat16 x4" in out, out
+    dumps = sorted((tmp_path / "dump").glob("*_assign_layouts.txt"))
+    assert dumps and "layout=nChw16c" in dumps[0].read_text().replace("'", "")
+
+
+def test_no_blocked_value_leaves_a_kernel_on_onednns_reference_path() -> None:
+    """A 3-channel image into a 16-channel conv chain: oneDNN has no fast kernel from an
+    NHWC 3-channel image to a blocked output, so the loader must not ask for one (it was
+    ~1000x slower, silently)."""
+    w1, w2, w3 = _w(3, 3, 3, 16), _w(3, 3, 16, 16), _w(1, 1, 16, 32)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        a = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
+        b = tf.nn.relu(tf.nn.conv2d(a, w2, 1, "SAME"))
+        return tf.reduce_mean(tf.nn.conv2d(tf.nn.max_pool2d(b, 2, 2, "VALID"), w3, 1, "SAME"),
+                              axis=[1, 2])
+
+    g = trace(fn, tf.TensorSpec([None, 16, 16, 3], tf.float32, name="x"), batch=2)
+    assert library.load() is not None, library.why_not()
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        program = model._idle.get()
+        model._idle.put(program)
+        impls = {i: program.native.implementation(k)
+                 for i, k in program.native.engine_index.items()}
+        assert not [v for v in impls.values() if v.startswith("ref")], impls
+        assert program.blocked  # the 16-channel part still runs blocked
+        x = RNG.standard_normal((2, 16, 16, 3)).astype(np.float32)
+        got = model.run({"x:0": x})
+    for name, value in g.reference({"x:0": x}).items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
