@@ -6,7 +6,7 @@ one call each and compared with TensorFlow.
     python benchmarks/zoo.py --markdown            # the table as in docs/models.md
 
 Per model, in its own process (memory and crashes stay contained): build the SavedModel
-as a new user would (`models/third_party.py`, cached under $NEURONISH_MODEL_CACHE/zoo),
+as a new user would (`models/third_party.py`, cached under $NEURONISH_MODEL_CACHE),
 `neuronish.saved_model.compile(src, dst, batch_size=B)` timed end to end, then call the
 original and the compiled signature at batch B and at an odd other batch on the same
 random inputs. Columns: TF operations of the frozen graph; OnNeuronRatio; NeuronOps;
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,26 +32,11 @@ COLUMNS = ("model", "TF ops", "OnNeuronRatio", "NeuronOps", "max rel err @B", "m
            "compile s", "throughput vs TF")
 
 
-def _cache_dir() -> Path:
-    sys.path.insert(0, str(ROOT))
-    from models.cache import default_cache_root
-
-    return Path(default_cache_root()) / "zoo"
-
-
 def _saved_model(name: str) -> str:
-    """The model's SavedModel, built once (written to a temporary name, then renamed)."""
-    from models import third_party
+    """The model's SavedModel, built once into the model cache ($NEURONISH_MODEL_CACHE)."""
+    from models.cache import cached_saved_model
 
-    final = _cache_dir() / name
-    if not (final / "saved_model.pb").exists():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{name}-"))
-        shutil.rmtree(tmp)
-        third_party.build(name, str(tmp))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    return str(final)
+    return cached_saved_model(name)
 
 
 def _max_rel_error(got: dict, want: dict) -> float:

@@ -1,4 +1,4 @@
-"""`neuronish-cc`: the compiler's command line (see DESIGN.md).
+"""`neuronish-cc`: the compiler's command line (see docs/contracts.md).
 
 Exit status: 0 compiled; 1 the model could not be compiled (stderr says which
 nodes and what to do); 2 bad usage (including an io-config that is not well-formed,

@@ -3,7 +3,7 @@
 Used to check that a pass keeps a graph's numbers (tests) and by constant
 folding; the device itself runs the compiled program, not this.
 
-An exception to DESIGN.md's import rule (the compiler imports only the
+An exception to docs/contracts.md's import rule (the compiler imports only the
 executable-format module from the runtime), on purpose: this module imports
 `neuronish.runtime.kernels`, so constant folding computes with exactly the numpy
 kernels the device runs. One reference interpreter means a folded constant can

@@ -8,7 +8,7 @@ memory, gets an offset. Placement is greedy by size, largest first, each at the
 lowest offset that does not collide with an already-placed buffer alive at the
 same time (the strategy TFLite's arena planner uses).
 
-An exception to DESIGN.md's import rule, like `cc/interpret.py`: this module
+An exception to docs/contracts.md's import rule, like `cc/interpret.py`: this module
 imports `neuronish.runtime.kernels` to ask each kernel how much scratch memory it
 needs (`Kernel.scratch_bytes`). The kernel that uses the scratch is the only
 place that knows its layout (im2col columns, padded input); the plan reads that

@@ -102,7 +102,7 @@ class FrozenGraph:
     MARKER: ClassVar[str] = "frozen.json"
 
     def io_config(self) -> dict:
-        """The compiler's io-config JSON form (see DESIGN.md)."""
+        """The compiler's io-config JSON form (see docs/contracts.md)."""
         return {
             "inputs": {name: [list(shape), dtype] for name, (shape, dtype) in self.inputs.items()},
             "outputs": list(self.outputs),

@@ -65,9 +65,21 @@ def build(name: str, target: str) -> None:
     if name in HUB_MODELS:
         _build_hub(HUB_MODELS[name], target)
     elif name in APPLICATIONS:
-        getattr(keras.applications, name)(weights=None).export(target, verbose=False)
+        _application(name).export(target, verbose=False)
     else:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(ALL)}")
+
+
+def _application(name: str) -> keras.Model:
+    """`keras.applications.<name>(weights=None)`, returning logits: with random weights the
+    features of most of these networks shrink to ~1e-11 by the last layer, so a softmax
+    output is exactly uniform and would match anything; the logits still carry every
+    layer's numbers. A model whose default input size is free (MobileNetV3) gets 224x224."""
+    build = getattr(keras.applications, name)
+    model = build(weights=None, classifier_activation=None)
+    if any(d is None for d in model.input_shape[1:]):
+        model = build(weights=None, classifier_activation=None, input_shape=(224, 224, 3))
+    return model
 
 
 def _build_hub(spec: HubModel, target: str) -> None:

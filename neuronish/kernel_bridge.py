@@ -226,6 +226,7 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
         _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
                          output_batch_axis)
         model = load_model(exe, config)
+        model.label = node_name  # how `neuronish ls` / `top` / profiles name it
     except (DeviceError, MemoryError) as e:
         if source is None or isinstance(e, InvalidInput) or not fallback_enabled():
             raise

@@ -6,7 +6,7 @@
 Every signature attribute (names, dtypes, shapes, batch axes) may be given, and
 is then checked against the executable, or left out, and is then read from it;
 either way the node agrees with its executable, which the kernel checks again
-when it loads. The attribute contract is DESIGN.md's `NeuronOp` table.
+when it loads. The attribute contract is docs/contracts.md's `NeuronOp` table.
 """
 
 from __future__ import annotations

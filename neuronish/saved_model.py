@@ -244,10 +244,15 @@ def _batch_of(shapes: dict[str, list[int]], batch_size: int) -> int:
 # --------------------------------------------------------------------------- recovery
 
 def _digest(sg: Subgraph, compiler_args: Sequence[str]) -> str:
-    h = hashlib.sha256(sg.serialize())
-    h.update(repr((sorted(sg.io_config["inputs"].items()), sg.io_config["outputs"],
-                   list(compiler_args))).encode())
-    return h.hexdigest()
+    # Asked several times per subgraph; serializing and hashing ResNet50's 100 MB again
+    # each time cost ~0.5 s per call, so it is kept on the (immutable) subgraph.
+    memo = sg.__dict__.setdefault("_digests", {})
+    if tuple(compiler_args) not in memo:
+        h = hashlib.sha256(sg.serialize())
+        h.update(repr((sorted(sg.io_config["inputs"].items()), sg.io_config["outputs"],
+                       list(compiler_args))).encode())
+        memo[tuple(compiler_args)] = h.hexdigest()
+    return memo[tuple(compiler_args)]
 
 
 def _recover(part: Partition, results: dict[str, CompileResult], digests: dict[str, str],

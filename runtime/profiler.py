@@ -149,7 +149,9 @@ _local = threading.local()
 
 
 def _name(model: object) -> str:
-    return ", ".join(s.name for s in model.exe.outputs)[:60]  # type: ignore[attr-defined]
+    """The model's `label` (a NeuronOp's node name), else its output tensor names."""
+    return getattr(model, "label", None) or \
+        ", ".join(s.name for s in model.exe.outputs)[:60]  # type: ignore[attr-defined]
 
 
 def traced_call(fn: Callable) -> Callable:

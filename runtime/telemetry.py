@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,7 +52,8 @@ class _ModelCounters:
     def __init__(self, model_id: int, model: object):
         exe = model.exe  # type: ignore[attr-defined]
         self.id = model_id
-        self.name = ", ".join(s.name for s in exe.outputs)[:80] or f"model-{model_id}"
+        self.model = weakref.ref(model)  # for its label, which a loader may set later
+        self.default_name = ", ".join(s.name for s in exe.outputs)[:80] or f"model-{model_id}"
         self.groups: list[tuple[int, ...]] = list(model.core_groups)  # type: ignore[attr-defined]
         reservations = model._reservations  # type: ignore[attr-defined]
         self.bytes_per_core = list(reservations[0].bytes_per_core) if reservations else []
@@ -62,6 +64,11 @@ class _ModelCounters:
         self.inferences = 0
         self.busy_seconds = 0.0
         self.busy_groups: dict[tuple[int, ...], float] = {}  # group -> start of current call
+
+    def name(self) -> str:
+        """The model's `label` (the NeuronOp's node name, set by neuronish's kernel
+        bridge), else its output tensor names."""
+        return getattr(self.model(), "label", None) or self.default_name
 
 
 class Telemetry:
@@ -133,7 +140,7 @@ class Telemetry:
                 for g, t in m.busy_groups.items():
                     for core in g:
                         core_busy[core] = core_busy.get(core, 0.0) + now - t
-                models.append({"id": m.id, "name": m.name, "core_groups": [list(g) for g in
+                models.append({"id": m.id, "name": m.name(), "core_groups": [list(g) for g in
                                                                            m.groups],
                                "bytes_per_core": m.bytes_per_core, "batch": m.batch,
                                "engine": m.engine, "calls": m.calls,

@@ -259,7 +259,7 @@ def test_a_scalar_input_cannot_have_a_batch_axis(tmp_path: Path) -> None:
     ('{"inputs": {"x:0": [[4, 16]]}, "outputs": ["Identity:0"]}', "[shape, dtype]"),
 ])
 def test_malformed_io_config_is_bad_usage(tmp_path: Path, io: str, needle: str) -> None:
-    """An io-config that is not well-formed is a usage error (exit 2, DESIGN.md), named."""
+    """An io-config that is not well-formed is a usage error (exit 2, docs/contracts.md), named."""
     g = dense_relu()
     out = tmp_path / "m.neff"
     r = cc("compile", str(_write(tmp_path, g.graph_def)), "--framework", "TENSORFLOW",

@@ -88,6 +88,10 @@ def test_counters_follow_calls_and_memory(executable: Path, tmp_path: Path) -> N
         (data,) = read_all(tmp_path)
         (m,) = data["models"]
         assert (m["calls"], m["inferences"], m["batch"]) == (3, 24, 8)
+        assert m["name"] == ", ".join(s.name for s in model.outputs)  # no label: its outputs
+        model.label = "net/neuron_op_0"  # as neuronish's kernel bridge names a NeuronOp's
+        t.publish()
+        assert read_all(tmp_path)[0]["models"][0]["name"] == "net/neuron_op_0"
         assert m["core_groups"] == [[0], [1]] or m["core_groups"] == [[1], [0]]
         used = {int(c): v["used_bytes"] for c, v in data["cores"].items()}
         assert used == {c: r["used"] for c, r in device.memory_report().items()}

@@ -1,6 +1,6 @@
 // NeuronOp: one fused subgraph compiled for the neuronish device.
 //
-// The op's attributes are the contract in /work/shared/DESIGN.md ("NeuronOp").
+// The op's attributes are the contract in docs/contracts.md ("NeuronOp").
 // The kernel runs on the CPU device and hands each call to the Python runtime
 // (neuronish.runtime) in-process, the way TensorFlow's own py_func kernel calls
 // Python: take the GIL, call neuronish/kernel_bridge.py, turn a Python
