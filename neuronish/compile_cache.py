@@ -4,7 +4,8 @@ model again reuses every executable instead of starting `neuronish-cc` again.
     cache = CompileCache.from_env()          # None when NEURONISH_COMPILE_CACHE=off
     results = compile_with_cache(jobs, cache, stats, timeout=600, ...)
 
-Key: SHA-256 over the subgraph's bytes (serialized deterministically), its
+Key: SHA-256 over the subgraph's bytes (serialized deterministically, without
+the debug info that names the traced function instance), its
 io-config, every compiler flag (`compiler_args` and `$NEURONISH_CC_FLAGS`) and
 the compiler's identity: its command line, what `--version` prints and, for
 the bundled compiler, a digest of its source files (so editing the compiler
@@ -192,9 +193,27 @@ def compiler_identity(command: Sequence[str]) -> str | None:
                        _source_digest()])
 
 
+def _stable_graph_bytes(graph_def: bytes) -> bytes:
+    """The subgraph without `experimental_debug_info`, which names the traced function
+    instance (`__inference_serve_293`): a counter that differs between two loads of the
+    same SavedModel, even in one process. The compiler does not read it."""
+    if b"__inference_" not in graph_def:  # a fast scan; parsing costs ~0.3 s per 100 MB
+        return graph_def
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef.FromString(graph_def)
+    for node in graph.node:
+        node.ClearField("experimental_debug_info")
+    for function in graph.library.function:
+        for node in function.node_def:
+            node.ClearField("experimental_debug_info")
+    return graph.SerializeToString(deterministic=True)
+
+
 def cache_key(job: CompileJob, identity: str, env_flags: Sequence[str]) -> str:
     h = hashlib.sha256()
-    for part in (job.graph_def, json.dumps(job.io_config, sort_keys=True).encode(),
+    for part in (_stable_graph_bytes(job.graph_def),
+                 json.dumps(job.io_config, sort_keys=True).encode(),
                  json.dumps([*job.compiler_args, *env_flags]).encode(), identity.encode()):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
