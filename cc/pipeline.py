@@ -24,6 +24,7 @@ from .passes.autocast import auto_cast
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
 from .passes.layout import assign_layouts
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
+from .passes.window import fold_pad_into_window
 from .verify import verify
 
 
@@ -44,6 +45,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         # conv/matmul by its activation.
         Pass("fuse_residual_add", fuse_residual_add),
         Pass("fuse_activation", fuse_activation),
+        # Zero padding in front of a conv (or a max pool of relu output) becomes its pads.
+        Pass("fold_pad_into_window", fold_pad_into_window),
         # Rounding comes after folding so folded weights are rounded once, as the
         # device would store them.
         Pass("auto_cast", functools.partial(auto_cast, mode=auto_cast_mode,

@@ -34,11 +34,13 @@ function visibleGraph() {
   }
   for (const n of DATA.nodes) {
     const to = rep(n);
-    for (const i of n.inputs) {
-      const from = rep(byName.get(i));
-      if (from !== to && !items.get(to).preds.has(from)) {
+    for (const [list, control] of [[n.inputs, false], [n.controls || [], true]]) {
+      for (const i of list) {
+        const from = rep(byName.get(i)), key = from + "\u0000" + to;
+        if (from === to) continue;
         items.get(to).preds.add(from); items.get(from).succs.add(to);
-        edges.set(from + "\u0000" + to, [from, to]);
+        // An edge is drawn dashed when only control dependencies make it.
+        if (!edges.has(key) || !control) edges.set(key, [from, to, control]);
       }
     }
   }
@@ -128,10 +130,11 @@ function draw(fit) {
   const { items, edges, width, height } = layout();
   svg.textContent = "";
   const root = el("g", {}, svg);
-  for (const [a, b] of edges) {
+  for (const [a, b, control] of edges) {
     const p = positions.get(a), q = positions.get(b);
     const x1 = p.x + p.w / 2, y1 = p.y + BOX_H, x2 = q.x + q.w / 2, y2 = q.y, my = (y1 + y2) / 2;
-    el("path", { class: "edge", d: `M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}` }, root);
+    el("path", { class: "edge", d: `M${x1},${y1} C${x1},${my} ${x2},${my} ${x2},${y2}`,
+                 "stroke-dasharray": control ? "3 3" : "" }, root);
   }
   for (const it of items.values()) {
     const p = positions.get(it.id);
@@ -146,7 +149,10 @@ function draw(fit) {
       : `${it.node.name} (${it.node.op})\n` + (device === TF ? "TensorFlow: " + it.node.reason : "on " + device);
     g.addEventListener("click", ev => { ev.stopPropagation(); clickItem(it); });
   }
-  if (fit) view = { x: -20, y: -20, w: Math.max(width, 200) + 40, h: Math.max(height, 100) + 40 };
+  if (fit) {  // the whole graph, but never magnified past about natural size
+    const w = Math.max(width + 40, 1000), h = Math.max(height + 40, 600);
+    view = { x: -20 - (w - width - 40) / 2, y: -20, w, h };
+  }
   applyView();
   document.body.dataset.drawnNodes = items.size;
   document.body.dataset.drawnEdges = edges.length;

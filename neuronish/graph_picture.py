@@ -65,13 +65,16 @@ def placement(graph_def: graph_pb2.GraphDef, compiled: Iterable[object],
 
 
 def graph_data(graph_def: graph_pb2.GraphDef, where: Mapping[str, Where]) -> dict:
-    """What the page draws: nodes (name, op, device, reason, inputs) and the clusters."""
+    """What the page draws: nodes (name, op, device, reason, data inputs, control
+    inputs) and the clusters."""
     nodes = []
     for node in graph_def.node:
         w = where.get(node.name, Where(TENSORFLOW, "not placed"))
-        inputs = sorted({_producer(i) for i in node.input} & where.keys())
+        data_in = {_producer(i) for i in node.input if not i.startswith("^")} & where.keys()
+        control = {_producer(i) for i in node.input if i.startswith("^")} & where.keys()
         nodes.append({"name": node.name, "op": node.op, "device": w.device,
-                      "reason": w.reason, "inputs": inputs})
+                      "reason": w.reason, "inputs": sorted(data_in),
+                      "controls": sorted(control - data_in)})
     clusters: dict[str, int] = {}
     for n in nodes:
         if n["device"] != TENSORFLOW:
@@ -109,6 +112,8 @@ def render_dot(graph_def: graph_pb2.GraphDef, where: Mapping[str, Where]) -> str
     for n in data["nodes"]:
         for i in n["inputs"]:
             lines.append(f"  {_q(i)} -> {_q(n['name'])};")
+        for i in n["controls"]:
+            lines.append(f"  {_q(i)} -> {_q(n['name'])} [style=dashed];")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -438,7 +438,8 @@ def mutants(seeds: dict[str, bytes], count: int, seed: int) -> list[tuple[str, b
                                      for _ in range(1 + (rng.random() < 0.2)))
                     data = msgpack.packb(body, use_bin_type=True)
                     break
-                except (KeyError, IndexError, TypeError, AttributeError, OverflowError):
+                except (KeyError, IndexError, TypeError, AttributeError, ValueError,
+                        OverflowError):
                     continue
         out.append((f"{name} {what}", seal(data)))
     return out

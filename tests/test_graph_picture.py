@@ -59,12 +59,14 @@ def test_placement_names_the_neuron_op_or_why_tensorflow() -> None:
     assert where["rejected"].reason == "neuronish-cc: Relu with int8 operands"  # compiler's own
     data = graph_data(g, where)
     assert data["clusters"] == {"neuron_op_0": 2}
-    assert {n["name"]: n["inputs"] for n in data["nodes"]}["odd"] == ["mm", "w"]
+    odd = next(n for n in data["nodes"] if n["name"] == "odd")
+    assert (odd["inputs"], odd["controls"]) == (["mm"], ["w"])
 
 
 def test_page_and_dot_are_self_contained_and_escape_names(tmp_path: Path) -> None:
     evil = "a</script><script>alert(1)</script>"
-    g = _graph(("x", "Placeholder", []), (evil, "Relu", ["x"]), ('q"uote', "Relu", [evil]))
+    g = _graph(("x", "Placeholder", []), (evil, "Relu", ["x"]),
+               ('q"uote', "Relu", [evil, "^x"]))
     where = placement(g, [FakeSubgraph("neuron_op_0", (evil, 'q"uote'))], {"x": "graph input"})
     html_path, dot_path = write_graph(tmp_path / "p.dot", g, where)  # .dot given: page is .html
     assert html_path == tmp_path / "p.html" and dot_path.exists()
@@ -77,6 +79,7 @@ def test_page_and_dot_are_self_contained_and_escape_names(tmp_path: Path) -> Non
     assert 'subgraph "cluster_neuron_op_0"' in dot and '"q\\"uote"' in dot
     assert dot.count("{") == dot.count("}")
     assert f'"x" -> "{evil}";' in dot
+    assert '"x" -> "q\\"uote" [style=dashed];' in dot
 
 
 def test_unwritable_picture_is_a_clear_error(tmp_path: Path) -> None:
