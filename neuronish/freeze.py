@@ -139,6 +139,11 @@ def _variables_to_constants(concrete: object) -> tuple[graph_pb2.GraphDef, list[
         func=concrete, lower_control_flow=False, aggressive_inlining=False)
     graph_def, converted = convert_to_constants._replace_variables_by_constants(
         converter_data=data)
+    # Grappler notes where each node came from, under per-process function names
+    # ("__inference_serve_105"): the same model would freeze to other bytes (and miss the
+    # compile cache) in every process.
+    for node in graph_def.node:
+        node.ClearField("experimental_debug_info")
     captures = concrete.graph.internal_captures
     variables = {id(captures[i]) for i in converted}
     return graph_def, [t.name for t in concrete.inputs if id(t) not in variables]

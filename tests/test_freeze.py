@@ -86,6 +86,12 @@ def test_nested_xla_model_compiles_whole_and_matches(nested_xla: str, tmp_path: 
     assert_matches_original(nested_xla, out, tmp_path)
 
 
+def test_freezing_twice_gives_the_same_bytes(nested_xla: str) -> None:
+    # Compile cache keys and golden files depend on it.
+    first = freeze_signature(nested_xla).graph_def.SerializeToString(deterministic=True)
+    assert freeze_signature(nested_xla).graph_def.SerializeToString(deterministic=True) == first
+
+
 def test_a_signature_that_writes_a_variable_is_named(tmp_path: Path) -> None:
     model = _save(_Counter(), tmp_path / "counter")
     with pytest.raises(SavedModelError) as info:

@@ -1,0 +1,159 @@
+"""The compile report: what runs where, and why (`neuronish.saved_model.compile`'s
+return value), and its text form (what `neuronish compile` prints)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from .compile_driver import CompileResult
+from .contracts import INPUT_OPS, PASS_THROUGH_OPS
+from .freeze import FrozenSignature
+from .partition import Partition, Subgraph
+from .partition.mark import Reason
+
+# Nodes that compute nothing per call (inputs, and the partitioner's constants and
+# pass-throughs): counting them would let a graph full of Identity nodes look mostly
+# compiled while its real work stays on TensorFlow.
+_NOT_OPERATIONS = PASS_THROUGH_OPS | INPUT_OPS
+
+
+def modelled_figures(executable: object | None) -> dict:
+    """The compiler's modelled device figures for one core group (docs/device-model.md),
+    from a parsed executable (`neuronish.runtime.executable.from_bytes`)."""
+    m = executable.stats.get("device_model") if executable is not None else None
+    if not m:  # compiled by a compiler without the device model
+        return {}
+    return {"device": m["device"], "cores": len(m["stage_seconds"]), "batch": m["batch"],
+            "latency_ms": round(m["latency_seconds"] * 1e3, 6),
+            "inferences_per_second": round(m["throughput_per_second"], 1)}
+
+
+def build_report(signature: FrozenSignature, part: Partition,
+                 compiled: list[tuple[Subgraph, CompileResult]], failures: list[dict],
+                 excluded: dict[str, str], *, model_dir: str, new_model_dir: str,
+                 batch_size: int, seconds: float,
+                 modelled: Mapping[str, dict] | None = None) -> dict:
+    """The compile report: what runs where, and why.
+
+    `OnNeuronRatio` is the share of the frozen graph's operations (every node but
+    those in `_NOT_OPERATIONS`: inputs, constants, pass-throughs) that now run
+    inside a `NeuronOp`. `modelled` maps a NeuronOp's name to its `modelled_figures`
+    (read from its executable when not given).
+    """
+    if modelled is None:
+        from neuronish.runtime.executable import from_bytes
+
+        modelled = {sg.name: modelled_figures(from_bytes(r.executable) if r.executable
+                                              else None) for sg, r in compiled}
+    ops = {n.name: n.op for n in signature.graph_def.node if n.op not in _NOT_OPERATIONS}
+    stays = part.left_on_tensorflow
+    on_device = {name for sg, _ in compiled for name in sg.node_names
+                 if name in ops and name not in stays}
+    left: dict[str, Counter[str]] = {}
+    per_node: dict[str, str] = {}
+    for name, op in ops.items():
+        if name in on_device:
+            continue
+        why = stays.get(name)
+        # Rules group nodes; the compiler's own reason is worth showing in full.
+        reason = excluded.get(name) or (
+            str(why) if why and why.reason == Reason.UNSUPPORTED_ATTRS.value else
+            why.reason if why else "not in any compiled cluster")
+        left.setdefault(op, Counter())[reason] += 1
+        per_node[name] = excluded.get(name) or (str(why) if why else reason)
+    neuron_ops = []
+    for sg, result in compiled:
+        neuron_ops.append({
+            "name": sg.name,
+            "ops": sum(1 for n in sg.node_names if n in ops),
+            "op_counts": dict(sorted(Counter(ops[n] for n in sg.node_names if n in ops).items())),
+            "inputs": {n: [list(s), d] for n, s, d in zip(sg.input_names, sg.input_shapes,
+                                                           sg.input_dtypes, strict=True)},
+            "outputs": {n: [list(s), d] for n, s, d in zip(sg.output_names, sg.output_shapes,
+                                                            sg.output_dtypes, strict=True)},
+            "dynamic_batch": any(a >= 0 for a in sg.input_batch_axes),
+            "dynamic_batch_note": sg.dynamic_batch_reason or "",
+            "executable_bytes": len(result.executable or b""),
+            "compile_seconds": round(result.seconds, 3),
+            "cached": result.cached,
+            "outcome": result.outcome,
+            "modelled": modelled.get(sg.name, {}),
+        })
+    return {
+        "OnNeuronRatio": round(len(on_device) / len(ops), 4) if ops else 0.0,
+        "model_dir": model_dir,
+        "new_model_dir": new_model_dir,
+        "signature_def_key": signature.signature_key,
+        "batch_size": batch_size,
+        "operations": len(ops),
+        "operations_on_neuron": len(on_device),
+        "NeuronOps": neuron_ops,
+        "OnTensorFlow": {op: {"count": sum(c.values()), "reasons": dict(c)}
+                         for op, c in sorted(left.items())},
+        "OnTensorFlowNodes": per_node,  # every operation left on TensorFlow, with why
+        "compile_failures": failures,
+        "ignored_fuse_selectors": list(part.marking.unmatched_selectors),
+        "compile_seconds": round(seconds, 2),
+    }
+
+
+def format_report(report: dict) -> str:
+    """The report as a table for people (what `neuronish compile` prints)."""
+    lines = [f"compiled {report['model_dir']} -> {report['new_model_dir']} "
+             f"(signature {report['signature_def_key']!r}, batch {report['batch_size']}) in "
+             f"{report['compile_seconds']:.1f} s",
+             f"OnNeuronRatio: {report['OnNeuronRatio']:.4f} "
+             f"({report['operations_on_neuron']} of {report['operations']} operations on the "
+             "device)", ""]
+    cache = report.get("compile_cache")
+    if cache:
+        lines[-1:-1] = [f"compile cache: {cache['hits']} hit(s), {cache['misses']} miss(es)" +
+                        (f", {cache['damaged']} damaged entry(ies) recompiled"
+                         if cache["damaged"] else "") +
+                        (f" (not used: {cache['not_used']})" if cache.get("not_used") else "")]
+    rows = [("NeuronOp", "ops", "inputs", "outputs", "executable", "compile s", "batch")]
+    for op in report["NeuronOps"]:
+        rows.append((op["name"], str(op["ops"]),
+                     ", ".join(f"{d}{s}" for s, d in op["inputs"].values()),
+                     ", ".join(f"{d}{s}" for s, d in op["outputs"].values()),
+                     _fmt_bytes(op["executable_bytes"]), f"{op['compile_seconds']:.2f}",
+                     "dynamic" if op["dynamic_batch"] else "fixed"))
+    lines += _table(rows)
+    for op in report["NeuronOps"]:
+        top = ", ".join(f"{k} {v}" for k, v in sorted(op["op_counts"].items(),
+                                                      key=lambda kv: -kv[1])[:8])
+        lines.append(f"  {op['name']}: {top}" + (", ..." if len(op["op_counts"]) > 8 else ""))
+        if op.get("modelled"):
+            m = op["modelled"]
+            lines.append(f"    modelled on {m['device']} (not measured): {m['latency_ms']:.3f} ms "
+                         f"per call of batch {m['batch']} on a group of {m['cores']} core(s), "
+                         f"{m['inferences_per_second']:,.0f} inferences/s per group")
+        if op["dynamic_batch_note"]:
+            lines.append(f"    fixed batch: {op['dynamic_batch_note']}")
+    if report["OnTensorFlow"]:
+        lines += ["", "left on TensorFlow:"]
+        rows = [("op type", "count", "reason")]
+        for op, t in report["OnTensorFlow"].items():
+            for i, (reason, n) in enumerate(t["reasons"].items()):
+                rows.append((op if i == 0 else "", str(n), reason))
+        lines += _table(rows)
+    for f in report["compile_failures"]:
+        lines += ["", f"subgraph {f['subgraph']} failed ({f['outcome']}); its nodes were "
+                      f"partitioned again or left on TensorFlow. Log: {f['log'] or '-'}"]
+    return "\n".join(lines)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out

@@ -1,0 +1,74 @@
+"""The compile-time shape of every signature input (`neuronish.saved_model.compile`).
+
+Shapes come from `model_feed_dict` (example arrays), else `model_shape_feed_dict`
+(shapes), else the signature with its batch dimension set to `batch_size`; both dicts
+are keyed by signature input key. The device compiles static shapes, so every other
+unknown dimension must be given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .errors import SavedModelError
+from .freeze import FrozenSignature
+
+
+def compile_shapes(signature: FrozenSignature, batch_size: int,
+                   model_shape_feed_dict: Mapping[str, Sequence[int]] | None = None,
+                   model_feed_dict: Mapping[str, object] | None = None) -> dict[str, list[int]]:
+    """Compile-time shape of each input placeholder, keyed by its tensor name."""
+    keys = {i.key for i in signature.inputs}
+    for arg, given in (("model_feed_dict", model_feed_dict),
+                       ("model_shape_feed_dict", model_shape_feed_dict)):
+        unknown = sorted(set(given or ()) - keys)
+        if unknown:
+            raise SavedModelError(f"{arg} names {unknown}, which signature "
+                                  f"{signature.signature_key!r} does not have; its inputs "
+                                  f"are {sorted(keys)}")
+    shapes: dict[str, list[int]] = {}
+    for inp in signature.inputs:
+        if model_feed_dict and inp.key in model_feed_dict:
+            value = np.asarray(model_feed_dict[inp.key])
+            if value.dtype != np.dtype(inp.dtype):
+                raise SavedModelError(f"model_feed_dict[{inp.key!r}] has dtype {value.dtype}; "
+                                      f"the signature expects {inp.dtype}")
+            shape = list(value.shape)
+            source = "model_feed_dict"
+        elif model_shape_feed_dict and inp.key in model_shape_feed_dict:
+            shape = [int(d) for d in model_shape_feed_dict[inp.key]]
+            source = "model_shape_feed_dict"
+        else:
+            if inp.shape is None:
+                raise SavedModelError(
+                    f"input {inp.key!r} has an unknown rank; pass its shape in "
+                    f"model_shape_feed_dict={{{inp.key!r}: [...]}} or an example in "
+                    "model_feed_dict")
+            shape = [batch_size if i == 0 and d is None else d for i, d in enumerate(inp.shape)]
+            source = "the signature"
+        if inp.shape is not None and (len(shape) != len(inp.shape) or any(
+                s is not None and d != s for d, s in zip(shape, inp.shape, strict=True))):
+            raise SavedModelError(f"{source} gives input {inp.key!r} the shape {shape}; the "
+                                  f"signature declares {_fmt_shape(inp.shape)}")
+        if any(d is None or d < 0 for d in shape):
+            raise SavedModelError(
+                f"input {inp.key!r} has shape {_fmt_shape(inp.shape)}: dimensions other than "
+                "the batch are unknown, and the device needs static shapes. Pass "
+                f"model_shape_feed_dict={{{inp.key!r}: [...]}} or an example array in "
+                "model_feed_dict")
+        shapes[inp.tensor] = shape
+    return shapes
+
+
+def _fmt_shape(shape: Sequence[int | None] | None) -> str:
+    return "<unknown rank>" if shape is None else \
+        "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def batch_of(shapes: dict[str, list[int]], batch_size: int) -> int:
+    """The compile batch: dim 0 the inputs agree on (shapes given explicitly may set it),
+    else `batch_size`."""
+    firsts = {s[0] for s in shapes.values() if s}
+    return firsts.pop() if len(firsts) == 1 else batch_size
