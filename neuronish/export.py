@@ -25,7 +25,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
 from . import external
-from .freeze import FrozenSignature
+from .freeze import FrozenSignature, drop_dangling_colocations
 
 
 class _CompiledModel(tf.Module):
@@ -106,6 +106,8 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                                dir=parent)
     try:
         module = _CompiledModel()
+        # Splicing removes nodes other nodes may still name for colocation.
+        drop_dangling_colocations(graph_def)
         # In place: a copy of a graph near 2 GiB would not fit twice in memory either.
         files = externalize(graph_def, staging, external.threshold_from_env())
         module.external_files = [tf.saved_model.Asset(p) for p in files.values()]
