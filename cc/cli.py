@@ -126,12 +126,15 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         nodes = load_graph_def(args.graph)
         timer = Timer()
+        notes: list[str] = []
         data = compile_graph(nodes, io, auto_cast=args.auto_cast,
                              auto_cast_type=args.auto_cast_type,
                              pipeline_cores=args.neuroncore_pipeline_cores,
                              dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
                              instruments=[timer], disabled_passes=args.disable_pass,
-                             device=device)
+                             device=device, notes=notes)
+        for note in notes:
+            print(f"neuronish-cc: note: {note}", file=sys.stderr)
     except CompilerError as e:
         text = str(e)
         if _TRACE_MARK in text:  # a lowering's bug: the trace goes to the workdir only

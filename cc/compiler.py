@@ -58,21 +58,27 @@ def _distinct_outputs(graph: Graph) -> None:
         seen.add(graph.outputs[i].id)
 
 
-def _split_stages(nodes: list[Node], cores: int) -> list[list[int]]:
-    """Contiguous stages of roughly equal estimated work, one per pipeline core."""
-    n = len(nodes)
-    if cores <= 1 or n == 0:
+def split_stages(costs: list[float], cores: int) -> list[list[int]]:
+    """Contiguous stages of about equal modelled time, one per pipeline core; never more
+    stages than instructions, none of them empty."""
+    n = len(costs)
+    cores = max(1, min(cores, n))
+    if cores == 1:
         return [list(range(n))]
-    cum = np.cumsum([max(flops(node), 1) for node in nodes])
+    cum = np.cumsum([max(c, 1e-12) for c in costs])
     cuts = [0]
     for k in range(1, cores):
         cut = int(np.searchsorted(cum, cum[-1] * k / cores, side="right"))
-        cuts.append(min(max(cut, cuts[-1] + 1), n))  # non-empty while nodes remain
+        # at least one instruction in this stage, and one left for each stage after it
+        cuts.append(min(max(cut, cuts[-1] + 1), n - (cores - k)))
     cuts.append(n)
     return [list(range(a, b)) for a, b in zip(cuts, cuts[1:])]
 
 
-def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int]) -> Executable:
+def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int],
+                     stage_costs: list[float] | None = None) -> Executable:
+    """The executable of `graph`: one program, or with `stage_costs` (each node's modelled
+    seconds) one per pipeline core, balanced by that cost."""
     _distinct_outputs(graph)
     plan = plan_memory(graph)
     # Compact value ids: inputs, then constants, then everything else.
@@ -88,7 +94,9 @@ def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int]) 
     for v in graph.inputs:
         values[vid(v)] = (v.shape, v.dtype)
     programs = []
-    for stage in _split_stages(graph.nodes, options["pipeline_cores"]):
+    stages = split_stages(stage_costs, options["pipeline_cores"]) if stage_costs else \
+        [list(range(len(graph.nodes)))]
+    for stage in stages:
         program = []
         for i in stage:
             node = graph.nodes[i]
@@ -121,11 +129,13 @@ def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOCon
                   timings: dict[str, float] | None = None,
                   instruments: list[Instrument] | None = None,
                   disabled_passes: list[str] | None = None,
-                  device: DeviceDescription | None = None) -> bytes:
+                  device: DeviceDescription | None = None,
+                  notes: list[str] | None = None) -> bytes:
     """Compile a GraphDef (serialized bytes or parsed nodes) into executable bytes.
 
     Raises a `CompilerError` subclass naming every node that stands in the way
-    (`BadIOConfig` if the io-config is not well-formed)."""
+    (`BadIOConfig` if the io-config is not well-formed). Things the user should know
+    that do not stop the compile (a clamped pipeline) are appended to `notes`."""
     if auto_cast not in AUTO_CAST_MODES:
         raise InvalidGraph(f"auto-cast must be one of {AUTO_CAST_MODES}, got {auto_cast!r}")
     if auto_cast_type not in AUTO_CAST_TYPES:
@@ -147,9 +157,23 @@ def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOCon
                "output_names": list(io.outputs)}
     if disabled_passes:  # only when used, so ordinary executables are unchanged
         options["disabled_passes"] = sorted(disabled_passes)
+    device = device or load_device()
     exe = build_executable(graph, options, dict(sorted(tf_ops.items())))
+    if pipeline_cores > 1:
+        # Stages balanced by the device model's time per instruction, not by flops alone
+        # (a memory-bound layer with few flops still takes its time).
+        seconds = [c.seconds for c in estimate(exe, device).costs[0]]
+        exe = build_executable(graph, options, dict(sorted(tf_ops.items())), seconds)
+        if exe.num_cores < pipeline_cores:
+            note = (f"--neuroncore-pipeline-cores {pipeline_cores} asks for more stages than "
+                    f"the program has instructions ({len(graph.nodes)}); compiled for "
+                    f"{exe.num_cores} pipeline core(s)")
+            exe.stats["pipeline"] = {"requested_cores": pipeline_cores,
+                                     "cores": exe.num_cores, "note": note}
+            if notes is not None:
+                notes.append(note)
     # Modelled device time per instruction (docs/device-model.md): an optional key.
-    exe.stats["device_model"] = estimate(exe, device or load_device()).to_stats()
+    exe.stats["device_model"] = estimate(exe, device).to_stats()
     exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
     data = to_bytes(exe)
     if dumper.directory:

@@ -121,6 +121,7 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     except InlineError as e:
         raise SavedModelError(f"{what} could not be fully frozen: {e}") from None
     _check_frozen(graph_def, what)
+    drop_dangling_colocations(graph_def)
     _drop_ordering_edges(graph_def)
     _keep_what_outputs_need(graph_def, [*outputs.values(), *input_names[:len(keys)]])
     renamed = _strip_call_prefixes(graph_def)
@@ -148,6 +149,24 @@ def _variables_to_constants(concrete: object) -> tuple[graph_pb2.GraphDef, list[
     captures = concrete.graph.internal_captures
     variables = {id(captures[i]) for i in converted}
     return graph_def, [t.name for t in concrete.inputs if id(t) not in variables]
+
+
+def drop_dangling_colocations(graph_def: graph_pb2.GraphDef) -> None:
+    """Remove `_class: loc:@node` entries naming nodes the frozen graph no longer has
+    (inlining renames a called function's inputs and outputs): TensorFlow refuses to
+    import a graph with them, and colocation means nothing on one CPU anyway."""
+    names = {n.name for n in graph_def.node}
+    for node in graph_def.node:
+        if "_class" not in node.attr:
+            continue
+        keep = [c for c in node.attr["_class"].list.s
+                if not c.startswith(b"loc:@") or c[5:].decode(errors="replace") in names]
+        if len(keep) != len(node.attr["_class"].list.s):
+            if keep:
+                del node.attr["_class"].list.s[:]
+                node.attr["_class"].list.s.extend(keep)
+            else:
+                del node.attr["_class"]
 
 
 def _refuse_variable_writes(graph_def: graph_pb2.GraphDef, what: str) -> None:

@@ -155,7 +155,7 @@ def trace(fn_or_keras_model: Any, example_inputs: Any, **compile_kwargs: Any) ->
         packed = tf.nest.pack_sequence_as(args, list(flat_args))
         result = fn(packed) if is_dict else fn(*packed)
         out_structure.append(result)
-        return {f"output_{i}": tf.identity(t) for i, t in enumerate(tf.nest.flatten(result))}
+        return {f"output_{i}": t for i, t in enumerate(tf.nest.flatten(result))}
 
     module = tf.Module()
     try:

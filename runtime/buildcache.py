@@ -1,15 +1,17 @@
-"""Build a shared library once into a per-user cache and hand back a path safe to load.
+"""Build a shared library once into a per-user cache, and load only what this user built.
 
 Both native libraries (the device's oneDNN engine and the TensorFlow `NeuronOp`) are
-compiled on first use and cached under a key that covers their source and build command.
-Loading a library runs its code, so the cache must hold only what this user built:
+compiled on first use and cached under a key that covers their source and build
+command. Loading a library runs its code, so a cache must hold nothing another user
+could have written:
 
-- the cache directory is created 0700, and an existing one must be a real directory
-  (not a symlink) owned by this user and writable by nobody else;
-- the lock file is opened without following symlinks (a planted link cannot make us
-  truncate another file) and must be ours;
-- a cached library is used only if it is a regular file owned by this user and writable
-  by nobody else; otherwise it is refused with a message naming it.
+- the cache directory is created 0700; an existing one must be a real directory (not
+  a symlink), ours, writable by nobody else, and every parent must be ours or root's
+  and, if everyone may write it, sticky (else someone could swap the directory);
+- the lock file is opened without following symlinks and never truncated (a planted
+  link cannot make us clobber another file), and must be ours;
+- a cached library is used only if it is a regular file we own that nobody else can
+  write; otherwise it is refused with a message naming it.
 
 Concurrent first uses (processes or threads) build once: the build runs under an
 `fcntl` lock and writes a temporary file renamed into place, so nobody loads a
@@ -25,6 +27,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -32,77 +35,122 @@ class BuildError(RuntimeError):
     """A native library could not be built, or its cache cannot be trusted."""
 
 
-def _check_owned(st: os.stat_result, path: Path, what: str) -> None:
-    if st.st_uid != os.geteuid():
-        raise BuildError(f"refusing {what} {path}: it belongs to uid {st.st_uid}, not to this "
-                         f"user (uid {os.geteuid()}); remove it or choose another cache directory")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise BuildError(f"refusing {what} {path}: other users can write it "
-                         f"(mode {stat.S_IMODE(st.st_mode):o}); remove it or chmod go-w")
+@dataclass(frozen=True)
+class Cache:
+    """Where one kind of library is cached, and how to talk about it."""
 
+    directory: Path
+    what: str        # "the NeuronOp library"
+    env_var: str     # the variable that moves the cache, named in every hint
+    error: type[BuildError] = BuildError
 
-def secure_dir(path: Path) -> Path:
-    """Create `path` (mode 0700) or check an existing one is ours alone."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.lstat(path)
-    except OSError as e:
-        raise BuildError(f"cannot create the cache directory {path}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise BuildError(f"refusing cache directory {path}: it is not a directory "
-                         "(a symlink?); remove it or choose another cache directory")
-    _check_owned(st, path, "cache directory")
-    return path
+    def untrusted(self, kind: str, path: Path, reason: str) -> BuildError:
+        return self.error(
+            f"refusing the cache of {self.what}: {kind} {path} {reason}, so another user "
+            "could have put code there that this process would run. Remove it, or set "
+            f"{self.env_var} to a directory only you can write (it is created with mode 0700)")
 
+    def check_owned(self, kind: str, path: Path, st: os.stat_result) -> None:
+        """`st` (from lstat/fstat of `path`) must be ours and writable by nobody else."""
+        if st.st_uid != os.getuid():
+            raise self.untrusted(kind, path, f"belongs to uid {st.st_uid}, not to you "
+                                             f"(uid {os.getuid()})")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise self.untrusted(kind, path, f"is writable by group or others "
+                                             f"(mode {stat.S_IMODE(st.st_mode):04o})")
 
-def trusted_file(path: Path) -> bool:
-    """True if `path` is a regular file we own that nobody else can write; False if it
-    does not exist; BuildError if it exists but cannot be trusted."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(st.st_mode):
-        raise BuildError(f"refusing cached library {path}: not a regular file (a symlink?); "
-                         "remove it")
-    _check_owned(st, path, "cached library")
-    return True
-
-
-def build_cached(path: Path, command: Callable[[str], list[str]], what: str) -> Path:
-    """Return `path`, building it first with `command(output)` unless the cache has it."""
-    secure_dir(path.parent)
-    if trusted_file(path):
-        return path
-    lock_path = path.with_suffix(".lock")
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise BuildError(f"cannot open the build lock {lock_path}: {e.strerror} (a planted "
-                         "symlink is refused); remove it") from None
-    try:
-        _check_owned(os.fstat(fd), lock_path, "build lock")
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if trusted_file(path):  # another process built it while we waited
-            return path
-        tmp_fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
-        os.close(tmp_fd)
-        cmd = command(tmp)
+    def secure(self) -> Path:
+        """The directory, created 0700 if missing, else checked (see the module doc)."""
+        path = self.directory
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-            except OSError as e:
-                raise BuildError(f"cannot run the C++ compiler {cmd[0]!r} ({e.strerror}) to "
-                                 f"build {what}. Install g++ or set CXX.\n"
-                                 f"command: {shlex.join(cmd)}") from None
-            if proc.returncode != 0:
-                raise BuildError(f"building {what} failed (exit status {proc.returncode}).\n"
-                                 f"command: {shlex.join(cmd)}\n{proc.stderr.strip()[-4000:]}")
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, path)
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+            st = os.lstat(path)
+        except OSError as e:
+            raise self.error(f"cannot create the cache of {self.what} {path}: {e.strerror}; "
+                             f"set {self.env_var} to a writable directory") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise self.untrusted("directory", path, "is a symbolic link")
+        if not stat.S_ISDIR(st.st_mode):
+            raise self.untrusted("directory", path, "is not a directory")
+        self.check_owned("directory", path, st)
+        for parent in path.resolve().parents:  # who can rename entries can swap the dir
+            pst = os.stat(parent)
+            if pst.st_uid not in (0, os.getuid()):
+                raise self.untrusted("parent directory", parent, f"belongs to uid {pst.st_uid}")
+            if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
+                raise self.untrusted("parent directory", parent, "is writable by everyone "
+                                     "without the sticky bit")
+        return path
+
+    def trusted(self, path: Path) -> bool:
+        """True if the cached library exists and may be loaded; raise if it exists but
+        could have been planted."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise self.error(f"cannot read {self.what} {path}: {e.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise self.untrusted("library", path, "is not a regular file (a symlink?)")
+        self.check_owned("library", path, st)
+        return True
+
+    def _open_lock(self, path: Path) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            if os.path.islink(path):
+                raise self.untrusted("lock file", path, "is a symbolic link") from None
+            raise self.error(f"cannot write the cache of {self.what} {path.parent}: "
+                             f"{e.strerror}; set {self.env_var} to a writable directory"
+                             ) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self.untrusted("lock file", path, "is not a regular file")
+            self.check_owned("lock file", path, st)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def build(self, name: str, command: Callable[[str], list[str]]) -> Path:
+        """The library `name` in the cache, built first with `command(output)` unless it
+        is there already."""
+        self.secure()
+        path = self.directory / name
+        if self.trusted(path):
+            return path
+        lock = self._open_lock(path.with_suffix(".lock"))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the descriptor closes
+            if self.trusted(path):  # another process built it while we waited
+                return path
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
+            os.close(fd)
+            cmd = command(tmp)
+            try:
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True)
+                except OSError as e:
+                    raise self.error(
+                        f"cannot run the C++ compiler {cmd[0]!r} ({e.strerror}) to build "
+                        f"{self.what}. Install g++ or set CXX.\ncommand: {shlex.join(cmd)}"
+                    ) from None
+                if proc.returncode != 0:
+                    raise self.error(
+                        f"building {self.what} failed (exit status {proc.returncode}).\n"
+                        f"command: {shlex.join(cmd)}\n{proc.stderr.strip()[-4000:]}")
+                os.chmod(tmp, 0o700)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    finally:
-        os.close(fd)
-    return path
+            os.close(lock)
+        return path

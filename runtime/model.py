@@ -98,15 +98,17 @@ class Model:
             self._idle: queue.SimpleQueue[LoadedProgram] = queue.SimpleQueue()
             lib = native_library()
             self.engine = "native" if lib is not None else "numpy"
-            programs = [LoadedProgram(exe, constants, lib, device.config.core_threads)
+            programs = [LoadedProgram(exe, constants, lib, device.config.core_threads,
+                                      device.host_slots)
                         for _ in self._reservations]
             # The native engine's reordered weights and buffers are known only now.
             actual = programs[0].bytes_per_core() if programs else per_core
             if actual != per_core:
                 for k, r in enumerate(self._reservations):  # in place: a failure releases
                     self._reservations[k] = device.resize(r, actual)  # exactly what is held
-            for program in programs:
-                self._idle.put(program)
+            for program in programs:  # a pipelined copy takes a call per stage at once
+                for _ in range(program.depth):
+                    self._idle.put(program)
         except BaseException as e:
             # A load that fails must not keep the device memory it reserved.
             for r in self._reservations:
@@ -224,7 +226,8 @@ class Model:
         queued = time.perf_counter()
         program = self._idle.get()
         try:
-            with self.device.host_slots, telemetry.busy(self), profiler.chunk(self, queued):
+            # (each stage takes a host slot while it computes: LoadedProgram.execute)
+            with telemetry.busy(self), profiler.chunk(self, queued):
                 program.execute(inputs, outputs)
         finally:
             self._idle.put(program)

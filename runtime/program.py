@@ -1,11 +1,16 @@
-"""One loaded copy of a program: its arena, its bound instructions, `execute`.
+"""One loaded copy of a program: its stages, its arenas, `execute`.
 
 Everything that can be decided at load time is: each intermediate value's view
-into the arena, each instruction's kernel and scratch view. A call only fills
-in the input arrays and the output arrays, then runs the instructions in order.
-A copy runs one call at a time (the Model hands copies out one per call).
-Binding trusts the ids, offsets and kinds that runtime/validate.py checked when
-the executable was read.
+into an arena, each instruction's kernel and scratch. A call only binds its input
+and output arrays, then runs the instructions in order. Binding trusts the ids,
+offsets and kinds that runtime/validate.py checked when the executable was read.
+
+An executable holds one program per core of its core group (pipeline stages,
+`--neuroncore-pipeline-cores`). Each stage runs on its own core: one call at a time
+per stage, so successive calls (or the chunks of a split batch) flow through the
+stages concurrently, call k in stage 1 while call k+1 is in stage 0. Each call in
+flight has its own arena (a copy holds one per stage), and each stage takes one of
+the host's execution slots only while it computes (`Device.host_slots`).
 
 On the native engine, each instruction is first offered to oneDNN
 (runtime/native/); the ones it takes run there, consecutive ones in a single
@@ -16,13 +21,17 @@ buffers (nothing is copied between engines).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import queue
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import profiler
-from .errors import ExecutionError
+from .errors import ExecutableError, ExecutionError
 from .executable import Executable
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
@@ -33,18 +42,20 @@ from .validate import value_nbytes
 
 @dataclass(frozen=True)
 class _Bound:
+    """One instruction on its numpy kernel."""
+
     fn: KernelFn
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     attrs: dict
-    scratch: np.ndarray | None
+    scratch: tuple[int, int] | None  # (arena offset, bytes)
     kind: str
     source: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class _NativeRun:
-    """Engine instructions [first, last): program instructions `indices`."""
+    """Engine instructions [first, last) of a stage: program instructions `indices`."""
 
     first: int
     last: int
@@ -57,56 +68,114 @@ def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-class LoadedProgram:
-    def __init__(self, exe: Executable, constants: dict[int, np.ndarray],
-                 native: ctypes.CDLL | None = None, threads: int = 1):
-        self.exe = exe
-        self.arena = aligned_empty(max(exe.arena_bytes, 1))
-        n_values = 1 + max([*exe.values, *constants, -1])
-        slots: list[np.ndarray | None] = [None] * n_values
+class _Arena:
+    """One call's working memory, and every value's array: constants, and views of
+    the intermediates at their planned offsets."""
+
+    def __init__(self, exe: Executable, constants: dict[int, np.ndarray]):
+        self.buf = aligned_empty(max(exe.arena_bytes, 1))
+        slots: list[np.ndarray | None] = [None] * (1 + max([*exe.values, *constants, -1]))
         for vid, array in constants.items():
             slots[vid] = array
         for vid, offset in exe.offsets.items():
             shape, dtype = exe.values[vid]
-            slots[vid] = self.arena[offset:offset + value_nbytes(shape, dtype)].view(
+            slots[vid] = self.buf[offset:offset + value_nbytes(shape, dtype)].view(
                 dtype).reshape(shape)
         self.slots = slots
-        flat = [i for program in exe.programs for i in program]
+
+
+class _Stage:
+    """One core's program: its steps, and the native program running its share."""
+
+    def __init__(self, index: int, span: range):
+        self.index = index
+        self.span = span  # its instructions' indices in the flat list
+        self.steps: list[_Bound | _NativeRun] = []
+        self.native: NativeProgram | None = None
+        self.lock = threading.Lock()  # a core runs one call at a time
+
+
+class LoadedProgram:
+    def __init__(self, exe: Executable, constants: dict[int, np.ndarray],
+                 native: ctypes.CDLL | None = None, threads: int = 1,
+                 host_slots: contextlib.AbstractContextManager | None = None):
+        self.exe = exe
+        self._host = host_slots if host_slots is not None else contextlib.nullcontext()
         self.instructions = [
             _Bound(KERNELS[i.kind].fn, i.inputs, i.outputs, i.attrs,
-                   self.arena[i.scratch[0]:i.scratch[0] + i.scratch[1]] if i.scratch else None,
-                   i.kind, i.source)
-            for i in flat
+                   tuple(i.scratch) if i.scratch else None, i.kind, i.source)
+            for program in exe.programs for i in program
         ]
-        self.native: NativeProgram | None = None
-        self.steps: list[_Bound | _NativeRun] = list(self.instructions)
+        self._check_scratch(constants)
+        self.stages: list[_Stage] = []
+        start = 0
+        for k, program in enumerate(exe.programs):
+            self.stages.append(_Stage(k, range(start, start + len(program))))
+            start += len(program)
+        # One arena per call in flight: as many as there are stages.
+        self.depth = max(1, len(self.stages))
+        self._arenas: queue.SimpleQueue[_Arena] = queue.SimpleQueue()
+        arenas = [_Arena(exe, constants) for _ in range(self.depth)]
+        for arena in arenas:
+            self._arenas.put(arena)
+        self.slots = arenas[0].slots  # the value types, for the engine's references
+        for stage in self.stages:
+            stage.steps = [self.instructions[i] for i in stage.span]
         self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
         if native is not None:
             self._build_native(native, threads, constants)
 
+    def _check_scratch(self, constants: dict[int, np.ndarray]) -> None:
+        """Each instruction's planned scratch holds what its reference kernel will use
+        (a file can be consistent and still plan too little: refuse it now, not mid-call)."""
+        def typ(v: int) -> tuple[tuple[int, ...], str]:
+            if v in constants:
+                return tuple(constants[v].shape), constants[v].dtype.name
+            return self.exe.values[v]
+
+        for index, ins in enumerate(self.instructions):
+            types = [typ(v) for v in ins.inputs]
+            need = KERNELS[ins.kind].scratch_bytes([t[0] for t in types], [t[1] for t in types],
+                                                   ins.attrs)
+            have = ins.scratch[1] if ins.scratch else 0
+            if need > have:
+                raise ExecutableError(
+                    f"instruction {index} ({ins.kind}, from TF node(s) "
+                    f"{', '.join(ins.source) or '?'}) has {have} bytes of scratch memory; its "
+                    f"kernel needs {need}. Recompile the model with this neuronish")
+
+    @property
+    def steps(self) -> list[_Bound | _NativeRun]:
+        return [step for stage in self.stages for step in stage.steps]
+
     # -- the native engine -----------------------------------------------------
     def _build_native(self, lib: ctypes.CDLL, threads: int,
                       constants: dict[int, np.ndarray]) -> None:
-        blocked = self._blockable(constants)
+        blocked = self._blockable()
         while True:
-            prog, steps = self._native_program(lib, threads, constants, blocked)
+            built = [self._native_stage(lib, threads, constants, blocked, st)
+                     for st in self.stages]
             # A value stays blocked only if the engine took its producer and every reader,
             # each with a real kernel (oneDNN falls back to its slow reference kernel for
             # layout mixes it has no kernel for).
-            slow = [i for i, k in prog.engine_index.items()
-                    if prog.implementation(k).startswith("ref")]
-            refused = {v for i in (*prog.rejected, *slow)
-                       for v in (*self.instructions[i].inputs, *self.instructions[i].outputs)
-                       if v in blocked}
+            refused = set()
+            for prog, _ in built:
+                slow = [i for i, k in prog.engine_index.items()
+                        if prog.implementation(k).startswith("ref")]
+                refused |= {v for i in (*prog.rejected, *slow)
+                            for v in (*self.instructions[i].inputs,
+                                      *self.instructions[i].outputs) if v in blocked}
             if not refused:
                 break
             blocked -= refused
-        prog.finalize()
-        self.native, self.steps, self.blocked = prog, steps, frozenset(blocked)
+        for stage, (prog, steps) in zip(self.stages, built):
+            prog.finalize()
+            stage.native, stage.steps = prog, steps
+        self.blocked = frozenset(blocked)
 
-    def _blockable(self, constants: dict[int, np.ndarray]) -> set[int]:
+    def _blockable(self) -> set[int]:
         """Values the compiler marked for a channel-blocked layout (docs/isa.md, `layout`)
-        whose producer and readers the native engine implements."""
+        whose producer and readers are windowed instructions."""
         marked = {ins.outputs[0]: ins for ins in self.instructions
                   if ins.attrs.get("layout", "nhwc") != "nhwc" and len(ins.outputs) == 1}
         readers: dict[int, list[_Bound]] = {}
@@ -120,20 +189,24 @@ class LoadedProgram:
                 and all(r.kind in WINDOWED for r in readers[v])
                 and producer.kind in WINDOWED}
 
-    def _native_program(self, lib: ctypes.CDLL, threads: int, constants: dict[int, np.ndarray],
-                        blocked: set[int]) -> tuple[NativeProgram, list[_Bound | _NativeRun]]:
+    def _native_stage(self, lib: ctypes.CDLL, threads: int, constants: dict[int, np.ndarray],
+                      blocked: set[int], stage: _Stage
+                      ) -> tuple[NativeProgram, list[_Bound | _NativeRun]]:
+        """A stage's native program. Slots: the constants, then per call the arena, the
+        call's inputs and its outputs."""
         exe = self.exe
         const_ids = sorted(constants)
-        self._first_call_slot = 1 + len(const_ids)
+        self._first_call_slot = len(const_ids)
         call_ids = [s.value for s in exe.inputs] + [s.value for s in exe.outputs]
-        prog = NativeProgram(lib, self._first_call_slot + len(call_ids), threads)
-        prog.bind(0, self.arena)
-        place: dict[int, tuple[int, int]] = {vid: (0, off) for vid, off in exe.offsets.items()}
+        prog = NativeProgram(lib, self._first_call_slot + 1 + len(call_ids), threads)
+        arena_slot = self._first_call_slot
+        place: dict[int, tuple[int, int]] = {vid: (arena_slot, off)
+                                             for vid, off in exe.offsets.items()}
         for k, vid in enumerate(const_ids):
-            prog.bind(1 + k, np.asarray(constants[vid], order="C"))
-            place[vid] = (1 + k, 0)
+            prog.bind(k, np.asarray(constants[vid], order="C"))
+            place[vid] = (k, 0)
         for k, vid in enumerate(call_ids):
-            place.setdefault(vid, (self._first_call_slot + k, 0))
+            place.setdefault(vid, (arena_slot + 1 + k, 0))
 
         def ref(vid: int) -> Ref:
             slot, offset = place[vid]
@@ -144,7 +217,8 @@ class LoadedProgram:
             return Ref(slot, offset, dtype, tuple(shape), vid in blocked)
 
         steps: list[_Bound | _NativeRun] = []
-        for index, ins in enumerate(self.instructions):
+        for index in stage.span:
+            ins = self.instructions[index]
             k = prog.add(index, ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
                          [ref(v) for v in ins.outputs], [v in constants for v in ins.inputs])
             if k is None:
@@ -156,55 +230,72 @@ class LoadedProgram:
                 steps.append(_NativeRun(k, k + 1, (index,)))
         return prog, steps
 
+    def implementations(self) -> dict[int, str]:
+        """Instruction index -> the native kernel oneDNN chose (natively run ones only)."""
+        return {i: stage.native.implementation(k) for stage in self.stages if stage.native
+                for i, k in stage.native.engine_index.items()}
+
     def bytes_per_core(self) -> list[int]:
         """Device memory each core of the group holds for this copy: the constants its
-        program reads where they are read as they are, the weights the native engine
-        reordered in their place, the arena, and the engine's working buffers."""
+        stage reads where they are read as they are, the weights the native engine
+        reordered in their place, its engine buffers, and the arenas (one per call in
+        flight)."""
         out = []
-        index = 0
-        for program in self.exe.programs:
+        for stage, program in zip(self.stages, self.exe.programs):
+            weights = stage.native.weight_bytes if stage.native else {}
             consts: set[int] = set()
-            engine = 0
-            for ins in program:
-                reordered = self.native.weight_bytes.get(index, 0) if self.native else 0
-                engine += reordered
+            for index, ins in zip(stage.span, program):
                 consts.update(v for k, v in enumerate(ins.inputs)
-                              if v in self.exe.constants and not (reordered and k == 1))
-                index += 1
-            buffers = self.native.buffer_bytes if self.native else 0
-            out.append(sum(self.exe.constants[v].nbytes for v in consts) + engine
-                       + self.exe.arena_bytes + buffers)
+                              if v in self.exe.constants and not (weights.get(index) and k == 1))
+            out.append(sum(self.exe.constants[v].nbytes for v in consts)
+                       + sum(weights.values())
+                       + (stage.native.buffer_bytes if stage.native else 0)
+                       + self.exe.arena_bytes * self.depth)
         return out
 
     # -- a call ----------------------------------------------------------------
     def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         """Run once: `inputs` in signature order (already validated, compiled shapes);
-        results are written into `outputs` (compiled shapes, preallocated)."""
-        slots = list(self.slots)
-        for sig, x in zip(self.exe.inputs, inputs):
-            slots[sig.value] = x
-        for sig, out in zip(self.exe.outputs, outputs):
-            if sig.value in self.exe.constants:
-                out[...] = self.slots[sig.value]
-            else:
-                slots[sig.value] = out
-        if self.native is not None:
+        results are written into `outputs` (compiled shapes, preallocated). Up to
+        `depth` calls may run at once, each in a different stage."""
+        arena = self._arenas.get()
+        try:
+            slots = list(arena.slots)
             inputs = [np.asarray(x, order="C") for x in inputs]  # keeps 0-d arrays 0-d
             for sig, x in zip(self.exe.inputs, inputs):
                 slots[sig.value] = x
-            self.native.set_call_buffers([*inputs, *outputs])
-        for step in profiler.steps(self.steps, self.instructions):  # timed if profiling
+            for sig, out in zip(self.exe.outputs, outputs):
+                if sig.value in self.exe.constants:
+                    out[...] = arena.slots[sig.value]
+                else:
+                    slots[sig.value] = out
+            call_buffers = [arena.buf, *inputs, *outputs]
+            for stage in self.stages:
+                with stage.lock, self._host:
+                    self._run_stage(stage, slots, arena, call_buffers)
+        finally:
+            self._arenas.put(arena)
+
+    def _run_stage(self, stage: _Stage, slots: list, arena: _Arena,
+                   call_buffers: Sequence[np.ndarray]) -> None:
+        if stage.native is not None:
+            stage.native.set_call_buffers(call_buffers)
+        for step in profiler.steps(stage.steps, self.instructions):  # timed if profiling
             if isinstance(step, _NativeRun):
                 try:
-                    self.native.run(step.first, step.last, self._first_call_slot)
+                    stage.native.run(step.first, step.last, self._first_call_slot)
                 except ExecutionError as e:
                     names = sorted({n for i in step.indices for n in self.instructions[i].source})
                     raise ExecutionError(f"{e} (in the instructions from TF node(s) "
                                          f"{', '.join(names[:8]) or '?'})") from None
                 continue
+            scratch = None
+            if step.scratch:
+                offset, nbytes = step.scratch
+                scratch = arena.buf[offset:offset + nbytes]
             try:
                 step.fn([slots[i] for i in step.inputs], [slots[o] for o in step.outputs],
-                        step.attrs, step.scratch)
+                        step.attrs, scratch)
             except Exception as e:  # report which model node failed, never crash
                 raise ExecutionError(
                     f"device instruction {step.kind} (from TF node(s) "
@@ -257,5 +348,6 @@ def evaluate_one(kind: str, inputs: list[np.ndarray], attrs: dict,
                                                    threads=threads)
     outs = [np.empty(s, d) for s, d in out_types]
     program.execute(call_inputs, outs)
-    ran = "native" if program.native is not None and not program.native.rejected else "numpy"
+    native_ran = [st.native for st in program.stages if st.native is not None]
+    ran = "native" if native_ran and not any(n.rejected for n in native_ran) else "numpy"
     return outs, ran

@@ -273,21 +273,21 @@ def test_host_runs_at_most_host_parallelism_programs_at_once(
     g = conv_bn_relu(batch=2)
     exe = compile_graph(g.graph_def, g.io_config)
     running, peak, lock = 0, 0, threading.Lock()
-    real_execute = LoadedProgram.execute
+    real_run_stage = LoadedProgram._run_stage  # what runs while a host slot is held
 
-    def execute(self: LoadedProgram, inputs: list, outputs: list) -> None:
+    def run_stage(self: LoadedProgram, *args: object) -> None:
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
         time.sleep(0.05)  # long enough for every waiting call to pile up
         try:
-            real_execute(self, inputs, outputs)
+            real_run_stage(self, *args)
         finally:
             with lock:
                 running -= 1
 
-    monkeypatch.setattr(LoadedProgram, "execute", execute)
+    monkeypatch.setattr(LoadedProgram, "_run_stage", run_stage)
     device = _device(NEURONISH_HOST_PARALLELISM=str(parallelism))
     x = np.random.default_rng(0).standard_normal((8, 8, 8, 3)).astype(np.float32)
     with load(exe, duplicates=4, device=device) as model:

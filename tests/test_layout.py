@@ -115,8 +115,7 @@ def test_no_blocked_value_leaves_a_kernel_on_onednns_reference_path() -> None:
     with load(compile_graph(g.graph_def, g.io_config)) as model:
         program = model._idle.get()
         model._idle.put(program)
-        impls = {i: program.native.implementation(k)
-                 for i, k in program.native.engine_index.items()}
+        impls = program.implementations()
         assert not [v for v in impls.values() if v.startswith("ref")], impls
         assert program.blocked  # the 16-channel part still runs blocked
         x = RNG.standard_normal((2, 16, 16, 3)).astype(np.float32)

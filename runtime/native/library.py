@@ -24,7 +24,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..buildcache import BuildError, build_cached
+from ..buildcache import BuildError, Cache
 
 SOURCE = Path(__file__).resolve().parent / "engine.cc"
 _lock = threading.Lock()
@@ -70,8 +70,8 @@ def library_path(root: Path) -> Path:
 def build() -> Path:
     """Build the engine unless cached; return its path (BuildError when it cannot)."""
     root = onednn_root()
-    return build_cached(library_path(root), lambda out: build_command(out, root),
-                        "the native engine")
+    cache = Cache(cache_dir(), "the native engine", "NEURONISH_ENGINE_CACHE")
+    return cache.build(library_path(root).name, lambda out: build_command(out, root))
 
 
 def _declare(lib: ctypes.CDLL) -> None:

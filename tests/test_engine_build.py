@@ -1,0 +1,59 @@
+"""Building the native engine: where, and what the runtime does when it cannot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuronish.runtime.buildcache import BuildError
+from neuronish.runtime.native import library
+
+
+def test_engine_is_cached_by_source_and_command(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE_CACHE", str(tmp_path / "engine"))
+    path = library.build()
+    assert path.parent == tmp_path / "engine" and path.suffix == ".so"
+    assert (os.stat(tmp_path / "engine").st_mode & 0o777) == 0o700
+    mtime = path.stat().st_mtime_ns
+    assert library.build() == path and path.stat().st_mtime_ns == mtime  # reused
+
+
+def test_an_untrusted_cache_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "shared"
+    cache.mkdir(mode=0o777)
+    os.chmod(cache, 0o777)
+    monkeypatch.setenv("NEURONISH_ENGINE_CACHE", str(cache))
+    with pytest.raises(BuildError, match="writable by group or others"):
+        library.build()
+
+
+def test_without_onednn_the_runtime_says_why_once_and_runs_numpy(tmp_path: Path) -> None:
+    code = (
+        "import numpy as np\n"
+        "from neuronish.cc.compiler import compile_graph\n"
+        "from neuronish.runtime import load\n"
+        "from neuronish.runtime.native import engine_name\n"
+        "print(engine_name()); print(engine_name())\n"
+    )
+    env = {**os.environ, "NEURONISH_ONEDNN_ROOT": str(tmp_path / "nowhere"),
+           "NEURONISH_ENGINE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["numpy", "numpy"]
+    assert proc.stderr.count("native engine is unavailable") == 1, proc.stderr
+    assert "oneDNN was not found" in proc.stderr and "onednn-cpu-gomp" in proc.stderr
+
+
+def test_a_failed_build_names_the_compiler_command(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(BuildError, match=r"building the native engine failed \(exit status 1\)"
+                                         r"[\s\S]*command: false -std=c\+\+17"):
+        library.build()
