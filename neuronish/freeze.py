@@ -123,6 +123,7 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     _check_frozen(graph_def, what)
     drop_dangling_colocations(graph_def)
     _drop_ordering_edges(graph_def)
+    _keep_what_outputs_need(graph_def, [*outputs.values(), *input_names[:len(keys)]])
     renamed = _strip_call_prefixes(graph_def)
     outputs = {k: _rename_tensor(t, renamed) for k, t in outputs.items()}
     inputs = [SignatureInput(i.key, _rename_tensor(i.tensor, renamed), i.shape, i.dtype)
@@ -235,6 +236,25 @@ def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
         node.input.extend(refs)
     noops = [i for i, n in enumerate(graph_def.node) if n.op == "NoOp"]
     for i in reversed(noops):
+        del graph_def.node[i]
+
+
+def _keep_what_outputs_need(graph_def: graph_pb2.GraphDef, keep: list[str]) -> None:
+    """Drop, in place, the nodes no output needs, as a signature call never runs them
+    (Keras leaves shape arithmetic nothing reads); the inputs in `keep` stay."""
+    nodes = {n.name: n for n in graph_def.node}
+    live: set[str] = set()
+    todo = [t.lstrip("^").split(":")[0] for t in keep]
+    while todo:
+        name = todo.pop()
+        if name in live or name not in nodes:
+            continue
+        live.add(name)
+        todo.extend(i.lstrip("^").split(":")[0] for i in nodes[name].input)
+    if len(live) == len(nodes):
+        return
+    dead = [i for i, n in enumerate(graph_def.node) if n.name not in live]
+    for i in reversed(dead):
         del graph_def.node[i]
 
 

@@ -92,6 +92,19 @@ def test_freezing_twice_gives_the_same_bytes(nested_xla: str) -> None:
     assert freeze_signature(nested_xla).graph_def.SerializeToString(deterministic=True) == first
 
 
+class _DeadShape(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        tf.reduce_prod(tf.shape(x)[1:])  # computed, read by nothing (as Keras leaves some)
+        return {"y": x * 2.0}
+
+
+def test_nodes_no_output_needs_are_dropped(tmp_path: Path) -> None:
+    frozen = freeze_signature(_save(_DeadShape(), tmp_path / "dead"))
+    ops = sorted(n.op for n in frozen.graph_def.node)
+    assert "Shape" not in ops and "Prod" not in ops and "Placeholder" in ops, ops
+
+
 def test_a_signature_that_writes_a_variable_is_named(tmp_path: Path) -> None:
     model = _save(_Counter(), tmp_path / "counter")
     with pytest.raises(SavedModelError) as info:
