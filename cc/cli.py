@@ -217,6 +217,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from .device_model import DeviceModelError, estimate, load_device
 
     path = Path(args.executable)
+    if (path / "saved_model.pb").is_file():  # a compiled SavedModel: every NeuronOp's
+        from .saved_model_executables import inspect_saved_model  # inline or in assets/
+
+        return inspect_saved_model(path, args.json)
     if path.exists() and not path.is_file():
         print(f"neuronish-cc: error: {path} is not a regular file (an executable is one)",
               file=sys.stderr)
@@ -327,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "summaries and whether they check attribute values")
     lo.add_argument("--check", metavar="GRAPH", help="with --json: also name the nodes of this "
                     "GraphDef whose attribute values the compiler refuses, with the reason")
-    i = sub.add_parser("inspect", help="describe an executable")
+    i = sub.add_parser("inspect", help="describe an executable (or a compiled SavedModel's)")
     i.add_argument("executable")
     i.add_argument("--json", action="store_true")
     i.add_argument("--device-model", metavar="FILE", help="device description (JSON) to model "

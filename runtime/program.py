@@ -91,6 +91,7 @@ class _Stage:
         self.index = index
         self.span = span  # its instructions' indices in the flat list
         self.steps: list[_Bound | _NativeRun] = []
+        self.fine_steps: list[_Bound | _NativeRun] = []  # native runs one instruction each
         self.native: NativeProgram | None = None
         self.lock = threading.Lock()  # a core runs one call at a time
 
@@ -120,7 +121,7 @@ class LoadedProgram:
             self._arenas.put(arena)
         self.slots = arenas[0].slots  # the value types, for the engine's references
         for stage in self.stages:
-            stage.steps = [self.instructions[i] for i in stage.span]
+            stage.steps = stage.fine_steps = [self.instructions[i] for i in stage.span]
         self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
         if native is not None:
             self._build_native(native, threads, constants)
@@ -171,6 +172,11 @@ class LoadedProgram:
         for stage, (prog, steps) in zip(self.stages, built):
             prog.finalize()
             stage.native, stage.steps = prog, steps
+            stage.fine_steps = [
+                _NativeRun(k, k + 1, (i,)) if isinstance(step, _NativeRun) else step
+                for step in steps
+                for k, i in (zip(range(step.first, step.last), step.indices)
+                             if isinstance(step, _NativeRun) else [(None, None)])]
         self.blocked = frozenset(blocked)
 
     def _blockable(self) -> set[int]:
@@ -280,7 +286,9 @@ class LoadedProgram:
                    call_buffers: Sequence[np.ndarray]) -> None:
         if stage.native is not None:
             stage.native.set_call_buffers(call_buffers)
-        for step in profiler.steps(stage.steps, self.instructions):  # timed if profiling
+        # Profiling times every instruction, so native runs go one instruction at a time.
+        steps = stage.fine_steps if profiler.active() else stage.steps
+        for step in profiler.steps(steps, self.instructions):  # timed if profiling
             if isinstance(step, _NativeRun):
                 try:
                     stage.native.run(step.first, step.last, self._first_call_slot)

@@ -7,6 +7,7 @@ benchmarks/external_2gib.py."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,17 @@ def test_small_attributes_stay_inline(tmp_path: Path) -> None:
     ((exe, graph, n_external),) = _neuron_op_attrs(tmp_path / "out")
     assert n_external == 0 and exe.startswith(b"NRNISHEX")
     assert external.parse_reference(exe) is None and external.parse_reference(graph) is None
+    ((info, stored),) = _inspect_dir(tmp_path / "out")
+    assert stored == "inline" and info["bytes"] == len(exe)
+
+
+def _inspect_dir(model_dir: Path) -> list[tuple[dict, str]]:
+    r = subprocess.run([NEURONISH_CC, "inspect", str(model_dir), "--json"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    infos = json.loads(r.stdout)
+    assert all([s["name"] for s in i["inputs"]] == ["x:0"] for i in infos)
+    return [(i, i["stored"]) for i in infos]
 
 
 def test_a_damaged_asset_falls_back_or_is_named(external_model: tuple[str, Path],
@@ -104,12 +116,23 @@ def test_model_server_serves_external_executables(external_model: tuple[str, Pat
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_inspect_reads_an_asset(external_model: tuple[str, Path]) -> None:
+def test_inspect_reads_an_asset(external_model: tuple[str, Path], tmp_path: Path) -> None:
     _, compiled = external_model
     (neff,) = (compiled / "assets").glob("*.neff")
     r = subprocess.run([NEURONISH_CC, "inspect", str(neff)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "x:0" in r.stdout, r.stderr
+    # The SavedModel itself: the op's executable found through its reference.
+    ((info, stored),) = _inspect_dir(compiled)
+    assert stored == str(neff) and info["bytes"] == neff.stat().st_size
+    damaged = tmp_path / "damaged"
+    shutil.copytree(compiled, damaged)
+    (bad,) = (damaged / "assets").glob("*.neff")
+    data = bad.read_bytes()
+    bad.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    r = subprocess.run([NEURONISH_CC, "inspect", str(damaged)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "sha256 mismatch" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_plan_keeps_the_graph_under_the_limit() -> None:
