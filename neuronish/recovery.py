@@ -23,11 +23,12 @@ MAX_RECOVERY_ROUNDS = 8
 
 
 def digest(sg: Subgraph, compiler_args: Sequence[str]) -> str:
-    """What a compile result is keyed by: the subgraph, its io-config and the flags."""
-    h = hashlib.sha256(sg.serialize())
-    h.update(repr((sorted(sg.io_config["inputs"].items()), sg.io_config["outputs"],
-                   list(compiler_args))).encode())
-    return h.hexdigest()
+    """What a compile result is keyed by within one compile: the subgraph's members, its
+    io-config and the flags. Within one outer graph the members decide the subgraph's
+    bytes, so they are hashed instead of the bytes (VGG16's 528 MB took 2.6 s)."""
+    return hashlib.sha256(repr((sg.node_names, sorted(sg.io_config["inputs"].items()),
+                                sg.io_config["outputs"], list(compiler_args))).encode()
+                          ).hexdigest()
 
 
 def recover(part: Partition, results: dict[str, CompileResult], digests: dict[str, str],

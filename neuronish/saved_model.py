@@ -135,7 +135,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     for (sg, result), this_cores in zip(compiled, cores, strict=True):
         assert result.executable is not None
         node = neuron_op_node_def(
-            sg.name, sg.inputs, result.executable, sg.graph_def,
+            sg.name, sg.inputs, result.executable, sg.serialize(),
             input_names=sg.input_names, input_dtypes=sg.input_dtypes,
             input_shapes=sg.input_shapes, input_batch_axis=sg.input_batch_axes,
             output_names=sg.output_names, output_dtypes=sg.output_dtypes,
