@@ -4,9 +4,10 @@ The result is what the compiler sees: no variables (weights are `Const`
 nodes), no function library (every call inlined), a static batch dimension,
 and shape arithmetic folded away.
 
-How the batch gets fixed: the signature's concrete function is called from a
-new `tf.function` and frozen with `convert_variables_to_constants_v2` (which
-inlines the call).  Its body was traced for a `None` batch, so a re-trace
+Built on the SavedModel compile's freezer (`neuronish.freeze.freeze_signature`:
+variables to constants, every call inlined, call-site prefixes stripped, dead
+nodes dropped), so both see the same graph.  How the batch gets fixed: the
+signature was traced for a `None` batch, so a re-trace
 with a static `TensorSpec` would change nothing but the placeholder shapes;
 we therefore freeze once and patch the placeholders' batch dimension.  The
 body still computes shapes at run time (`Shape` -> `GatherV2`/`Prod` ->
@@ -17,8 +18,7 @@ No other Grappler optimizer runs, so no fused or internal ops
 (`_FusedConv2D`, `_MklMatMul`, ...) appear.
 
 Cleanup: control edges and NoOps are dropped, pass-through `Identity` nodes
-(variable reads) bypassed except the output ones, the inlining prefixes
-("StatefulPartitionedCall/") stripped from names, weights named after the
+(variable reads) bypassed except the output ones, weights named after the
 variable read they replace, and nodes put in a topological order with ties
 broken by name: the same model freezes to the same bytes in any process.
 
@@ -44,35 +44,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.framework import graph_pb2  # noqa: E402
 from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
-from tensorflow.python.framework.convert_to_constants import (  # noqa: E402
-    convert_variables_to_constants_v2,
-)
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
-# Ops that must not survive freezing: function calls and variable access.
-FORBIDDEN_OPS = frozenset(
-    {
-        "PartitionedCall",
-        "StatefulPartitionedCall",
-        "Call",
-        "SymbolicGradient",
-        "VarHandleOp",
-        "ReadVariableOp",
-        "ResourceGather",
-        "ResourceGatherNd",
-        "AssignVariableOp",
-        "AssignAddVariableOp",
-        "AssignSubVariableOp",
-        "VarIsInitializedOp",
-        "VariableV2",
-        "Variable",
-        "Assign",
-        "If",
-        "StatelessIf",
-        "While",
-        "StatelessWhile",
-    }
-)
+from neuronish.freeze import VARIABLE_OPS, freeze_signature  # noqa: E402
+from neuronish.inline import called_function  # noqa: E402
 
 
 @dataclass
@@ -234,13 +209,16 @@ class FrozenGraph:
 def unfrozen_nodes(graph_def: graph_pb2.GraphDef | bytes) -> list[str]:
     """Nodes that would stop the graph being self-contained: "name (op)" strings.
 
-    Flags function calls, variable ops, control flow with function bodies and
-    any op that names a function of the graph's library.
+    Variable access (as `neuronish.freeze` defines it), function calls, and any op
+    with a function-valued attribute (functional control flow), plus every library
+    function: the compiler takes a single graph.
     """
     if isinstance(graph_def, bytes):
         graph_def = graph_pb2.GraphDef.FromString(graph_def)
     library = {f.signature.name for f in graph_def.library.function}
-    bad = [f"{n.name} ({n.op})" for n in graph_def.node if n.op in FORBIDDEN_OPS or n.op in library]
+    bad = [f"{n.name} ({n.op})" for n in graph_def.node
+           if n.op in VARIABLE_OPS or called_function(n, library) is not None
+           or any(v.HasField("func") or v.list.func for v in n.attr.values())]
     bad += [f"library function {name}" for name in sorted(library)]
     return bad
 
@@ -381,40 +359,6 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
     return out
 
 
-_CALL_PREFIX = "StatefulPartitionedCall/"
-
-
-def _shorten_names(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
-    """Strip the "StatefulPartitionedCall/" prefixes that inlining leaves.
-
-    Node names show up in compiler errors and profiles; "resnet50_1/conv1_conv/..."
-    reads better than the same behind two call-site prefixes.  Skipped if
-    shortening would make two names collide.
-    """
-
-    def short(name: str) -> str:
-        while name.startswith(_CALL_PREFIX) and len(name) > len(_CALL_PREFIX):
-            name = name[len(_CALL_PREFIX) :]
-        return name
-
-    names = [n.name for n in graph_def.node]
-    renamed = {n: short(n) for n in names}
-    if len(set(renamed.values())) != len(names):
-        return graph_def
-
-    def fix(ref: str) -> str:
-        ctrl = "^" if ref.startswith("^") else ""
-        name, sep, port = ref.lstrip("^").partition(":")
-        return ctrl + renamed.get(name, name) + sep + port
-
-    for node in graph_def.node:
-        node.name = renamed[node.name]
-        fixed = [fix(i) for i in node.input]
-        del node.input[:]
-        node.input.extend(fixed)
-    return graph_def
-
-
 def _canonical_order(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     """Nodes in topological order, ties broken by name.
 
@@ -450,25 +394,17 @@ def _canonical_order(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
 
 
 def _freeze_dynamic(
-    signature: Callable[..., object], specs: dict[str, tf.TensorSpec]
-) -> tuple[graph_pb2.GraphDef, list[str], list[str], list[str]]:
-    """Freeze `signature` as is (None batch): (graph_def, in names, out names, out keys)."""
-    keys = sorted(specs)
-    named = [tf.TensorSpec(specs[k].shape, specs[k].dtype, name=k) for k in keys]
-
-    # Positional wrapper: the placeholders take the TensorSpec names, i.e. the
-    # signature keys, so the GraphDef inputs are "x:0", "input_ids:0", ...
-    def call(*args: tf.Tensor) -> dict[str, tf.Tensor]:
-        return signature(**dict(zip(keys, args, strict=True)))
-
-    concrete = tf.function(call).get_concrete_function(*named)
-    frozen = convert_variables_to_constants_v2(concrete)
-    # `frozen.outputs` follows the flattened (key-sorted) structured outputs.
-    out_keys = sorted(concrete.structured_outputs)
-    in_names = [t.name for t in frozen.inputs]
-    out_names = [t.name for t in frozen.outputs]
-    assert len(out_keys) == len(out_names), (out_keys, out_names)
-    return frozen.graph.as_graph_def(), in_names, out_names, out_keys
+    export_dir: str, signature_key: str
+) -> tuple[graph_pb2.GraphDef, list[str], list[str], list[str], list[tuple[str, list, str]]]:
+    """The signature frozen by `neuronish.freeze` (None batch): (graph_def, input names,
+    output names, output keys, input (key, shape, dtype) in key order)."""
+    frozen = freeze_signature(export_dir, signature_key)
+    out_keys = sorted(frozen.outputs)
+    if any(i.shape is None for i in frozen.inputs):
+        raise ValueError(f"{export_dir}: an input of unknown rank cannot get a batch size")
+    return (frozen.graph_def, [i.tensor for i in frozen.inputs],
+            [frozen.outputs[k] for k in out_keys], out_keys,
+            [(i.key, list(i.shape), i.dtype) for i in frozen.inputs])
 
 
 def _fix_batch(
@@ -503,26 +439,21 @@ def freeze_saved_model(
     `batch_size=None` keeps the batch dynamic (shape arithmetic such as
     Shape -> StridedSlice -> Reshape then stays in the graph).
     """
-    loaded = tf.saved_model.load(export_dir)
-    signature = loaded.signatures[signature_key]
-    _, specs = signature.structured_input_signature
-
-    dynamic, in_names, out_names, out_keys = _freeze_dynamic(signature, specs)
+    dynamic, in_names, out_names, out_keys, specs = _freeze_dynamic(export_dir, signature_key)
     gd = dynamic if batch_size is None else _fix_batch(dynamic, in_names, batch_size)
     keep = [n.split(":")[0] for n in in_names + out_names]
     # Cleaning before folding too halves Grappler's time on ResNet50 (the
     # ~1000 Identity nodes left by variable reads each hold up a fold).
     gd = _constant_fold(_clean(_materialize_shapes(gd), keep), keep)
-    gd = _canonical_order(_shorten_names(_clean(gd, keep)))
+    gd = _canonical_order(_clean(gd, keep))
     assert_fully_frozen(gd)
     assert_fully_frozen(dynamic)
 
-    keys = sorted(specs)
     inputs: dict[str, tuple[list[int], str]] = {}
-    for name, key in zip(in_names, keys, strict=True):
-        spec = specs[key]
-        shape = [batch_size, *spec.shape[1:]]
-        inputs[name] = ([int(d) if d is not None else -1 for d in shape], spec.dtype.name)
+    for name, (_, shape, dtype) in zip(in_names, specs, strict=True):
+        shape = [batch_size, *shape[1:]]
+        inputs[name] = ([int(d) if d is not None else -1 for d in shape], dtype)
+    keys = [key for key, _, _ in specs]
     return FrozenGraph(
         # deterministic: attr maps in a stable order, so equal graphs are equal bytes.
         graph_def=gd.SerializeToString(deterministic=True),

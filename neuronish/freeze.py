@@ -30,7 +30,7 @@ from .inline import InlineError, called_function, inline_calls
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.
-_VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "AssignVariableOp",
+VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "AssignVariableOp",
                            "AssignAddVariableOp", "AssignSubVariableOp", "ResourceGather",
                            "ResourceGatherNd", "VarIsInitializedOp", "Assign"})
 _WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign"})
@@ -190,7 +190,7 @@ def _check_frozen(graph_def: graph_pb2.GraphDef, what: str) -> None:
             problems.append(f"{node.name} ({node.op}) writes a variable at serving time, and "
                             "a compiled model holds its weights as constants; export a "
                             "signature that only reads its variables")
-        elif node.op in _VARIABLE_OPS:
+        elif node.op in VARIABLE_OPS:
             problems.append(f"{node.name} ({node.op}) reads a variable that freezing could not "
                             "turn into a constant (is it created or initialized inside the "
                             "signature?)")
@@ -199,7 +199,7 @@ def _check_frozen(graph_def: graph_pb2.GraphDef, what: str) -> None:
     _keep_called_functions(graph_def)
     for f in graph_def.library.function:
         problems += [f"{n.name} ({n.op}) in the control flow body {f.signature.name} accesses "
-                     "a variable at serving time" for n in f.node_def if n.op in _VARIABLE_OPS]
+                     "a variable at serving time" for n in f.node_def if n.op in VARIABLE_OPS]
     if problems:
         more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
         raise SavedModelError(f"{what} could not be fully frozen: " + "; ".join(problems[:10])
