@@ -148,8 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per model")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON lines here")
+    p.add_argument("--table-from", metavar="FILE", help="print the table of the rows a "
+                   "--json run wrote, without running anything")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.table_from:
+        with open(args.table_from) as f:
+            print(format_table([json.loads(line) for line in f if line.strip()],
+                               args.markdown))
+        return 0
     if args.one:
         print(json.dumps(measure(args.one, args.batch_size, args.other_batch, args.slices,
                                  args.slice_seconds)))
