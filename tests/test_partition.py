@@ -193,6 +193,28 @@ def test_supported_ops_honours_the_command_and_reports_failures(
         P.supported_ops(["/nonexistent/neuronish-cc"])
 
 
+def test_compiler_support_names_refused_nodes_and_copes_with_an_older_compiler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def fn(x):
+        return tf.nn.max_pool2d(tf.nn.relu(x), ksize=[1, 1, 1, 2], strides=[1, 1, 1, 2],
+                                padding="VALID")
+
+    gd, _ = freeze(fn, spec(1, 4, 4, 4))
+    support = P.compiler_support(gd)
+    assert {"Relu", "MaxPool"} <= support.ops
+    (node, reason), = support.refused.items()
+    assert gd_op(gd, node).startswith("MaxPool") and "ksize" in reason
+    # A compiler that only knows the plain list (exit 2 on --json): no refusals, no error.
+    fake = f"{sys.executable} -c \"import sys; sys.exit(2) if '--json' in sys.argv else " \
+           f"print('Relu')\""
+    monkeypatch.setenv("NEURONISH_CC", fake)
+    assert P.compiler_support(gd) == P.CompilerSupport(frozenset({"Relu"}))
+
+
+def gd_op(gd: graph_pb2.GraphDef, name: str) -> str:
+    return next(n.op for n in gd.node if n.name == name)
+
+
 def test_device_dtypes_match_the_compiler() -> None:
     from neuronish.cc.ioconfig import DEVICE_DTYPES
 

@@ -233,6 +233,12 @@ class CompilerSupport:
     refused: Mapping[str, str] = field(default_factory=dict)
 
 
+class _CompilerExit(PartitionError):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _run_compiler(argv: list[str]) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
@@ -242,8 +248,8 @@ def _run_compiler(argv: list[str]) -> str:
             f"neuronish-cc) in this environment or set NEURONISH_CC to the compiler command"
         ) from None
     if done.returncode != 0:
-        raise PartitionError(f"{shlex.join(argv)} exited with status {done.returncode}:\n"
-                             f"{done.stderr.strip()}")
+        raise _CompilerExit(f"{shlex.join(argv)} exited with status {done.returncode}:\n"
+                            f"{done.stderr.strip()}", done.returncode)
     return done.stdout
 
 
@@ -285,7 +291,14 @@ def compiler_support(graph_def: graph_pb2.GraphDef,
         path.write_bytes(nodes.SerializeToString())
         argv = [*cmd, "list-operators", "--framework", "TENSORFLOW", "--json",
                 "--check", str(path)]
-        out = _run_compiler(argv)
+        try:
+            out = _run_compiler(argv)
+        except _CompilerExit as e:
+            if e.status != 2:
+                raise
+            # A compiler without --json/--check (bad usage): its op list still works, and
+            # what it refuses is found by compiling, as before.
+            return CompilerSupport(supported_ops(cmd))
     try:
         answer = json.loads(out)
         ops, refused = frozenset(answer["operators"]), dict(answer.get("refused", {}))
