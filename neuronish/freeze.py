@@ -125,8 +125,8 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     _drop_ordering_edges(graph_def)
     _keep_what_outputs_need(graph_def, [*outputs.values(), *input_names[:len(keys)]])
     renamed = _strip_call_prefixes(graph_def)
-    outputs = {k: _rename_tensor(t, renamed) for k, t in outputs.items()}
-    inputs = [SignatureInput(i.key, _rename_tensor(i.tensor, renamed), i.shape, i.dtype)
+    outputs = {k: _rename_ref(t, renamed) for k, t in outputs.items()}
+    inputs = [SignatureInput(i.key, _rename_ref(i.tensor, renamed), i.shape, i.dtype)
               for i in inputs]
     return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags))
 
@@ -329,7 +329,3 @@ def _rename_ref(ref: str, renamed: dict[str, str]) -> str:
     control = ref.startswith("^")
     name, sep, port = ref.lstrip("^").partition(":")
     return ("^" if control else "") + renamed.get(name, name) + sep + port
-
-
-def _rename_tensor(tensor: str, renamed: dict[str, str]) -> str:
-    return _rename_ref(tensor, renamed)

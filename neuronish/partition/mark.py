@@ -219,11 +219,6 @@ def _shape_text(info: TensorInfo) -> str:
 _SUPPORTED_CACHE: dict[tuple[str, ...], frozenset[str]] = {}
 
 
-def default_compiler_command() -> list[str]:
-    """The one resolution of the compiler command (`contracts.default_compiler`)."""
-    return contracts.default_compiler()
-
-
 @dataclass(frozen=True)
 class CompilerSupport:
     """What the compiler accepts: its op types, and the nodes of one graph whose
@@ -259,7 +254,7 @@ def supported_ops(compiler_cmd: list[str] | None = None) -> frozenset[str]:
     Runs the compiler as a subprocess (never in-process) once per command and
     caches the answer.  Raises PartitionError if it cannot be run or fails.
     """
-    cmd = tuple(compiler_cmd or default_compiler_command())
+    cmd = tuple(compiler_cmd or contracts.default_compiler())
     if cmd in _SUPPORTED_CACHE:
         return _SUPPORTED_CACHE[cmd]
     argv = [*cmd, "list-operators", "--framework", "TENSORFLOW"]
@@ -279,7 +274,7 @@ def compiler_support(graph_def: graph_pb2.GraphDef,
     constant values): attribute checks read nothing else, and weights would only
     cost time.
     """
-    cmd = [*(compiler_cmd or default_compiler_command())]
+    cmd = [*(compiler_cmd or contracts.default_compiler())]
     nodes = graph_pb2.GraphDef()
     for node in graph_def.node:
         copy = nodes.node.add(name=node.name, op=node.op)
