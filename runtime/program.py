@@ -25,13 +25,14 @@ import contextlib
 import ctypes
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import profiler
-from .errors import ExecutableError, ExecutionError
+from .errors import DeadlineExceeded, ExecutableError, ExecutionError
 from .executable import Executable
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
@@ -260,10 +261,12 @@ class LoadedProgram:
         return out
 
     # -- a call ----------------------------------------------------------------
-    def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+    def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
+                deadline: float | None = None) -> None:
         """Run once: `inputs` in signature order (already validated, compiled shapes);
         results are written into `outputs` (compiled shapes, preallocated). Up to
-        `depth` calls may run at once, each in a different stage."""
+        `depth` calls may run at once, each in a different stage. Past `deadline`
+        (time.monotonic()), stages not yet started are abandoned: DeadlineExceeded."""
         arena = self._arenas.get()
         try:
             slots = list(arena.slots)
@@ -277,10 +280,34 @@ class LoadedProgram:
                     slots[sig.value] = out
             call_buffers = [arena.buf, *inputs, *outputs]
             for stage in self.stages:
-                with stage.lock, self._host:
+                with self._holding(stage.lock, deadline), self._holding(self._host, deadline):
                     self._run_stage(stage, slots, arena, call_buffers)
         finally:
             self._arenas.put(arena)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _holding(lock: object, deadline: float | None) -> Iterator[None]:
+        """`with lock`, waiting no later than `deadline`."""
+        if deadline is None:
+            with lock:  # type: ignore[attr-defined]
+                yield
+            return
+        left = deadline - time.monotonic()
+        if left <= 0 or not hasattr(lock, "acquire"):
+            if left <= 0:
+                raise DeadlineExceeded("the call's deadline passed before its next stage "
+                                       "could start; the rest of it was abandoned")
+            with lock:  # type: ignore[attr-defined]
+                yield
+            return
+        if not lock.acquire(timeout=left):
+            raise DeadlineExceeded("the call's deadline passed while it waited for a core "
+                                   "(the host's execution slots were all busy)")
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _run_stage(self, stage: _Stage, slots: list, arena: _Arena,
                    call_buffers: Sequence[np.ndarray]) -> None:
