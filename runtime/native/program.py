@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import ExecutionError
-from .spec import Ref, encode
+from .spec import SMALL_WORK, Ref, encode, work
 
 _ERR = 2048
 
@@ -48,6 +48,8 @@ class NativeProgram:
             self.rejected[index] = "no native kernel for these dtypes/attributes"
             return None
         ints, floats = spec
+        self._lib.ne_set_threads(self._handle, 1 if work(kind, attrs, ins, outs) < SMALL_WORK
+                                 else 0)
         int_arr = (ctypes.c_int64 * len(ints))(*ints)
         float_arr = (ctypes.c_float * max(len(floats), 1))(*floats)
         held = self.held_bytes
