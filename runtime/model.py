@@ -8,6 +8,7 @@ model's duplicates, and the outputs are assembled and trimmed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -245,7 +246,8 @@ class Model:
                                    "model's cores (all busy with other calls)") from None
         try:
             # (each stage takes a host slot while it computes: LoadedProgram.execute)
-            with telemetry.busy(self), profiler.chunk(self, queued):
+            with telemetry.busy(self), (profiler.chunk(self, queued) if profiler.active()
+                                        else _NOT_PROFILED):
                 program.execute(inputs, outputs, deadline)
         finally:
             self._idle.put(program)
@@ -343,6 +345,9 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     else:
         data = bytes(source)
     return Model(from_bytes(data), device or get_device(), duplicates)
+
+
+_NOT_PROFILED = contextlib.nullcontext()
 
 
 def _remaining(deadline: float | None) -> float | None:

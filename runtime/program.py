@@ -75,6 +75,7 @@ class _Arena:
 
     def __init__(self, exe: Executable, constants: dict[int, np.ndarray]):
         self.buf = aligned_empty(max(exe.arena_bytes, 1))
+        self.address = self.buf.ctypes.data
         slots: list[np.ndarray | None] = [None] * (1 + max([*exe.values, *constants, -1]))
         for vid, array in constants.items():
             slots[vid] = array
@@ -124,6 +125,7 @@ class LoadedProgram:
         for stage in self.stages:
             stage.steps = stage.fine_steps = [self.instructions[i] for i in stage.span]
         self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
+        self._native = native is not None
         if native is not None:
             self._build_native(native, threads, constants)
 
@@ -278,8 +280,13 @@ class LoadedProgram:
                     out[...] = arena.slots[sig.value]
                 else:
                     slots[sig.value] = out
-            call_buffers = [arena.buf, *inputs, *outputs]
+            call_buffers = [arena.address, *(a.ctypes.data for a in inputs),
+                            *(a.ctypes.data for a in outputs)] if self._native else ()
             for stage in self.stages:
+                if deadline is None:
+                    with stage.lock, self._host:
+                        self._run_stage(stage, slots, arena, call_buffers)
+                    continue
                 with self._holding(stage.lock, deadline), self._holding(self._host, deadline):
                     self._run_stage(stage, slots, arena, call_buffers)
         finally:
@@ -310,7 +317,7 @@ class LoadedProgram:
             lock.release()
 
     def _run_stage(self, stage: _Stage, slots: list, arena: _Arena,
-                   call_buffers: Sequence[np.ndarray]) -> None:
+                   call_buffers: Sequence[int]) -> None:
         if stage.native is not None:
             stage.native.set_call_buffers(call_buffers)
         # Profiling times every instruction, so native runs go one instruction at a time.
