@@ -22,7 +22,9 @@ from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
+from .passes.idioms import recognize_gelu
 from .passes.layout import assign_layouts
+from .passes.movement import sink_reshapes
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
 from .passes.window import fold_pad_into_window
 from .verify import verify
@@ -38,7 +40,11 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
     return [
         Pass("fold_constants", fold_constants),
         Pass("eliminate_identities", eliminate_identities),
+        # TF's exact GELU (five ops) is one instruction.
+        Pass("recognize_gelu", recognize_gelu),
         Pass("eliminate_dead_code", eliminate_dead_code),
+        # Reshapes move below bias adds and activations, next to their matmul...
+        Pass("sink_reshapes", sink_reshapes),
         # BatchNorm-style x*a+b after conv/matmul goes into the weights and bias...
         Pass("fold_scale_shift", fold_scale_shift),
         # ...which leaves conv directly followed by its residual add (if any) and

@@ -38,6 +38,7 @@ from pathlib import Path
 from .cc_flags import env_compiler_flags
 from .compile_driver import CompileJob, CompileResult, compile_all, default_compiler
 from .errors import CompileWarning, SavedModelError
+from .runtime.config import ConfigError, parse_bytes
 
 ENV_CACHE_DIR = "NEURONISH_COMPILE_CACHE"
 ENV_CACHE_SIZE = "NEURONISH_COMPILE_CACHE_SIZE"
@@ -67,12 +68,10 @@ class CacheStats:
 
 
 def _parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise SavedModelError(f"{ENV_CACHE_SIZE}={text!r}: expected a byte count such as "
-                              "1073741824, 512MiB or 10GiB")
-    unit = (m.group(2) or "B").upper()[0]
-    return int(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
+    try:
+        return parse_bytes(text, ENV_CACHE_SIZE)
+    except ConfigError as e:
+        raise SavedModelError(str(e)) from None
 
 
 class CompileCache:

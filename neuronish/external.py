@@ -28,6 +28,7 @@ import re
 from collections.abc import Sequence
 
 from neuronish.runtime import ExecutableError
+from neuronish.runtime.config import parse_bytes
 
 ENV_THRESHOLD = "NEURONISH_EXTERNAL_THRESHOLD"
 DEFAULT_THRESHOLD = 64 << 20
@@ -43,12 +44,7 @@ def threshold_from_env() -> int:
     text = os.environ.get(ENV_THRESHOLD, "").strip()
     if not text:
         return DEFAULT_THRESHOLD
-    m = re.fullmatch(r"(\d+)\s*([KMG]i?B?|B)?", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"{ENV_THRESHOLD}={text!r}: expected a byte count such as 4096, "
-                         "512KiB or 64MiB")
-    unit = (m.group(2) or "B").upper()[0]
-    return int(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
+    return parse_bytes(text, ENV_THRESHOLD)  # (ConfigError is a ValueError)
 
 
 def reference(data: bytes) -> tuple[bytes, str]:

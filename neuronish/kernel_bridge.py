@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from neuronish.runtime import (
+    DeadlineExceeded,
     Device,
     DeviceError,
     InvalidInput,
@@ -53,6 +54,7 @@ DEFAULT_MAX_DUPLICATES = 4
 # kernel turns (code, message) into a Status.
 UNKNOWN = 2
 INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
 RESOURCE_EXHAUSTED = 8
 INTERNAL = 13
 
@@ -66,10 +68,11 @@ class ModelConfig:
     """`model_config` attr: `[global_opt_num_cores, this_opt_num_cores,
     max_num_duplicates, timeout_s, core_group_index]`, -1 = unbound.
 
-    Only `max_num_duplicates` changes what happens today: the simulated device
-    cannot hang (so no timeout is enforced) and the runtime places copies on its
-    freest core groups itself (so `core_group_index` is not honoured). The core
-    counts are recorded for reports."""
+    `max_num_duplicates` bounds the copies loaded; `timeout_s` (> 0) is each call's
+    deadline on the device (a call still queued or between stages when it passes is
+    abandoned with DEADLINE_EXCEEDED). The runtime places copies on its freest core
+    groups itself (so `core_group_index` is not honoured). The core counts are
+    recorded for reports."""
 
     global_opt_num_cores: int = -1
     this_opt_num_cores: int = -1
@@ -249,10 +252,12 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> 
             assert model is not None
             with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
                 model.run_list([np.asarray(x) for x in inputs],
-                               out=[np.asarray(o) for o in outputs])
+                               out=[np.asarray(o) for o in outputs],
+                               timeout=handle.config.timeout_s
+                               if handle.config.timeout_s > 0 else None)
             return
-        except (InvalidInput, OutputBufferError):
-            raise
+        except (InvalidInput, OutputBufferError, DeadlineExceeded):
+            raise  # (a call past its deadline is not retried on TensorFlow)
         except (DeviceError, MemoryError) as e:
             from neuronish.fallback import fallback_enabled
 
@@ -274,6 +279,8 @@ def error_status(exc: BaseException) -> tuple[int, str]:
     """The TensorFlow error code and message for an exception raised by the above."""
     if isinstance(exc, (InvalidInput, AttrMismatch)):
         return INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, DeadlineExceeded):
+        return DEADLINE_EXCEEDED, f"{type(exc).__name__}: {exc}"
     from neuronish.fallback import ENV_FALLBACK, fallback_enabled
 
     hint = "" if fallback_enabled() else (f" ({ENV_FALLBACK}=0: the op did not fall back to "

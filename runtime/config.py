@@ -14,10 +14,12 @@ class ConfigError(ValueError):
     """An environment variable has a value we cannot use."""
 
 
-def _parse_bytes(text: str, var: str) -> int:
+def parse_bytes(text: str, var: str) -> int:
+    """A byte count as users write it in `var` (`4096`, `512KiB`, `64MiB`, `4GiB`);
+    ConfigError naming the variable otherwise. Every size variable reads through this."""
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.IGNORECASE)
     if not m:
-        raise ConfigError(f"{var}={text!r}: expected a byte count such as 4294967296, 512MiB or "
+        raise ConfigError(f"{var}={text!r}: expected a byte count such as 4096, 512MiB or "
                           "4GiB")
     unit = (m.group(2) or "B").upper()[0]
     return int(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
@@ -108,7 +110,7 @@ class DeviceConfig:
         if num_cores < 1:
             raise ConfigError(f"NEURONISH_NUM_CORES must be >= 1, got {num_cores}")
         memory = env.get("NEURONISH_CORE_MEMORY")
-        core_memory = _parse_bytes(memory, "NEURONISH_CORE_MEMORY") if memory else \
+        core_memory = parse_bytes(memory, "NEURONISH_CORE_MEMORY") if memory else \
             DEFAULT_CORE_MEMORY
         visible = env.get("NEURONISH_VISIBLE_CORES")
         cores = _parse_cores(visible, num_cores) if visible else list(range(num_cores))

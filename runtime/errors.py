@@ -25,3 +25,7 @@ class OutputBufferError(DeviceError):
 
 class ExecutionError(DeviceError):
     """An instruction failed while running (e.g. an index out of range)."""
+
+
+class DeadlineExceeded(DeviceError):
+    """A call did not finish before its deadline; what was left of it was abandoned."""

@@ -335,10 +335,10 @@ def window_out(size: int, k: int, stride: int, dilation: int, before: int, after
 
 # unary functions; ACTIVATIONS are the ones the compiler fuses into a producer's epilogue.
 UNARY_FNS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
-             "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
+             "gelu", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
              "reciprocal", "floor", "sign", "logical_not", "round_bf16", "round_fp16")
 ACTIVATIONS = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
-                         "softplus"})
+                         "softplus", "gelu"})
 COMPARISONS = ("greater", "greater_equal", "less", "less_equal", "equal", "not_equal")
 BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
               *COMPARISONS, "logical_and", "logical_or")
@@ -593,7 +593,8 @@ def _t(*names: str) -> frozenset[str]:
 
 declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
              traits=_t("elementwise"), rule=_one, doc=(
-                 "y = fn(x), same dtype. `round_bf16`/`round_fp16` round to that precision "
+                 "y = fn(x), same dtype. `gelu` is TF's exact GELU, x·erfc(−x/√2)/2. "
+                 "`round_bf16`/`round_fp16` round to that precision "
                  "and back (round-to-nearest-even; used by `--auto-cast`).")))
 declare(Kind("binary", ("a", "b"), attrs=(Attr("fn", Choice(*BINARY_FNS)),),
              traits=_t("elementwise"), rule=_binary, doc=(

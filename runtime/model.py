@@ -8,6 +8,7 @@ model's duplicates, and the outputs are assembled and trimmed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -19,7 +20,13 @@ import numpy as np
 
 from . import profiler, telemetry
 from .device import Device, Reservation, get_device
-from .errors import DeviceError, ExecutableError, InvalidInput, OutputBufferError
+from .errors import (
+    DeadlineExceeded,
+    DeviceError,
+    ExecutableError,
+    InvalidInput,
+    OutputBufferError,
+)
 from .executable import Executable, TensorSig, from_bytes
 from .native import native_library
 from .program import LoadedProgram, aligned_empty
@@ -140,8 +147,13 @@ class Model:
         return [r.cores for r in self._reservations]
 
     # -- calls -----------------------------------------------------------------
-    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Run on a dict of input name -> array; returns output name -> array."""
+    def run(self, feeds: Mapping[str, object], *,
+            timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run on a dict of input name -> array; returns output name -> array.
+
+        With `timeout` (seconds), a call that has not finished by then raises
+        DeadlineExceeded; the rest of its work (queued chunks, later pipeline stages) is
+        abandoned. An instruction already computing is not interrupted."""
         if not isinstance(feeds, Mapping):
             raise InvalidInput("inputs must be a dict of name -> array, got "
                                f"{type(feeds).__name__}")
@@ -156,17 +168,19 @@ class Model:
             if extra:
                 parts.append("unknown input(s) " + ", ".join(map(repr, extra)))
             raise InvalidInput("; ".join(parts) + f". The model's inputs are {names}")
-        outs = self.run_list([feeds[n] for n in names])
+        outs = self.run_list([feeds[n] for n in names], timeout=timeout)
         return {s.name: o for s, o in zip(self.outputs, outs)}
 
     @profiler.traced_call
-    def run_list(self, values: list[object],
-                 out: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    def run_list(self, values: list[object], out: list[np.ndarray] | None = None, *,
+                 timeout: float | None = None) -> list[np.ndarray]:
         """Run on inputs in signature order; returns outputs in signature order.
 
         `out`, if given, are the arrays to write the results into (C-contiguous,
         each output's dtype, its shape with this call's batch); they are returned.
-        At the compiled batch size the device writes into them directly."""
+        At the compiled batch size the device writes into them directly. `timeout` as
+        in `run`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         if self._unloaded:
             raise DeviceError("the model was unloaded")
         arrays, batch = self._validate(values)
@@ -174,9 +188,9 @@ class Model:
             self._check_out(out, batch)
         if batch is None or batch == self.batch_size:
             outs = out if out is not None else [np.empty(s.shape, s.dtype) for s in self.outputs]
-            self._run_one(arrays, outs)
+            self._run_one(arrays, outs, deadline)
             return outs
-        results = self._run_split(arrays, batch)
+        results = self._run_split(arrays, batch, deadline)
         if out is None:
             return results
         for dest, result in zip(out, results):
@@ -222,17 +236,24 @@ class Model:
                 f"'{n}' has {b}" for n, b in batch_of.items()))
         return arrays, (sizes.pop() if sizes else None)
 
-    def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+    def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
+                 deadline: float | None = None) -> None:
         queued = time.perf_counter()
-        program = self._idle.get()
+        try:
+            program = self._idle.get(timeout=_remaining(deadline))
+        except queue.Empty:
+            raise DeadlineExceeded("the call's deadline passed while it waited for the "
+                                   "model's cores (all busy with other calls)") from None
         try:
             # (each stage takes a host slot while it computes: LoadedProgram.execute)
-            with telemetry.busy(self), profiler.chunk(self, queued):
-                program.execute(inputs, outputs)
+            with telemetry.busy(self), (profiler.chunk(self, queued) if profiler.active()
+                                        else _NOT_PROFILED):
+                program.execute(inputs, outputs, deadline)
         finally:
             self._idle.put(program)
 
-    def _run_split(self, arrays: list[np.ndarray], batch: int) -> list[np.ndarray]:
+    def _run_split(self, arrays: list[np.ndarray], batch: int,
+                   deadline: float | None = None) -> list[np.ndarray]:
         size = self.batch_size
         assert size is not None
         if batch == 0:
@@ -275,11 +296,17 @@ class Model:
         jobs = [chunk_io(k) for k in range(chunks)]
         if chunks == 1 or self.duplicates == 1:
             for ins, outs in jobs:
-                self._run_one(ins, outs)
+                self._run_one(ins, outs, deadline)
         else:
-            futures = [self.device.pool.submit(self._run_one, ins, outs) for ins, outs in jobs]
-            for f in futures:
-                f.result()
+            futures = [self.device.pool.submit(self._run_one, ins, outs, deadline)
+                       for ins, outs in jobs]
+            try:
+                for f in futures:
+                    f.result()
+            except DeadlineExceeded:
+                for f in futures:  # chunks not started are dropped
+                    f.cancel()
+                raise
         result = []
         for i, (sig, f) in enumerate(zip(self.outputs, full)):
             if sig.batch_axis > 0:
@@ -318,3 +345,11 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     else:
         data = bytes(source)
     return Model(from_bytes(data), device or get_device(), duplicates)
+
+
+_NOT_PROFILED = contextlib.nullcontext()
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left before `deadline` (time.monotonic()), at least 0; None: no deadline."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -25,13 +25,14 @@ import contextlib
 import ctypes
 import queue
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import profiler
-from .errors import ExecutableError, ExecutionError
+from .errors import DeadlineExceeded, ExecutableError, ExecutionError
 from .executable import Executable
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
@@ -74,6 +75,7 @@ class _Arena:
 
     def __init__(self, exe: Executable, constants: dict[int, np.ndarray]):
         self.buf = aligned_empty(max(exe.arena_bytes, 1))
+        self.address = self.buf.ctypes.data
         slots: list[np.ndarray | None] = [None] * (1 + max([*exe.values, *constants, -1]))
         for vid, array in constants.items():
             slots[vid] = array
@@ -123,6 +125,7 @@ class LoadedProgram:
         for stage in self.stages:
             stage.steps = stage.fine_steps = [self.instructions[i] for i in stage.span]
         self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
+        self._native = native is not None
         if native is not None:
             self._build_native(native, threads, constants)
 
@@ -260,10 +263,12 @@ class LoadedProgram:
         return out
 
     # -- a call ----------------------------------------------------------------
-    def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+    def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
+                deadline: float | None = None) -> None:
         """Run once: `inputs` in signature order (already validated, compiled shapes);
         results are written into `outputs` (compiled shapes, preallocated). Up to
-        `depth` calls may run at once, each in a different stage."""
+        `depth` calls may run at once, each in a different stage. Past `deadline`
+        (time.monotonic()), stages not yet started are abandoned: DeadlineExceeded."""
         arena = self._arenas.get()
         try:
             slots = list(arena.slots)
@@ -275,15 +280,44 @@ class LoadedProgram:
                     out[...] = arena.slots[sig.value]
                 else:
                     slots[sig.value] = out
-            call_buffers = [arena.buf, *inputs, *outputs]
+            call_buffers = [arena.address, *(a.ctypes.data for a in inputs),
+                            *(a.ctypes.data for a in outputs)] if self._native else ()
             for stage in self.stages:
-                with stage.lock, self._host:
+                if deadline is None:
+                    with stage.lock, self._host:
+                        self._run_stage(stage, slots, arena, call_buffers)
+                    continue
+                with self._holding(stage.lock, deadline), self._holding(self._host, deadline):
                     self._run_stage(stage, slots, arena, call_buffers)
         finally:
             self._arenas.put(arena)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _holding(lock: object, deadline: float | None) -> Iterator[None]:
+        """`with lock`, waiting no later than `deadline`."""
+        if deadline is None:
+            with lock:  # type: ignore[attr-defined]
+                yield
+            return
+        left = deadline - time.monotonic()
+        if left <= 0 or not hasattr(lock, "acquire"):
+            if left <= 0:
+                raise DeadlineExceeded("the call's deadline passed before its next stage "
+                                       "could start; the rest of it was abandoned")
+            with lock:  # type: ignore[attr-defined]
+                yield
+            return
+        if not lock.acquire(timeout=left):
+            raise DeadlineExceeded("the call's deadline passed while it waited for a core "
+                                   "(the host's execution slots were all busy)")
+        try:
+            yield
+        finally:
+            lock.release()
+
     def _run_stage(self, stage: _Stage, slots: list, arena: _Arena,
-                   call_buffers: Sequence[np.ndarray]) -> None:
+                   call_buffers: Sequence[int]) -> None:
         if stage.native is not None:
             stage.native.set_call_buffers(call_buffers)
         # Profiling times every instruction, so native runs go one instruction at a time.

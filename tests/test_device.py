@@ -11,6 +11,7 @@ import pytest
 
 from neuronish.cc.compiler import compile_graph
 from neuronish.runtime import (
+    DeadlineExceeded,
     Device,
     DeviceError,
     ExecutionError,
@@ -140,14 +141,15 @@ def test_eight_threads_match_serial(monkeypatch: pytest.MonkeyPatch) -> None:
         started, lock = 0, threading.Lock()
         real_execute = LoadedProgram.execute
 
-        def execute(self: LoadedProgram, inputs: list, outputs: list) -> None:
+        def execute(self: LoadedProgram, inputs: list, outputs: list,
+                    deadline: float | None = None) -> None:
             nonlocal started
             with lock:
                 started += 1
                 first = started <= 4
             if first:
                 together.wait()  # BrokenBarrierError if 4 programs never run at once
-            real_execute(self, inputs, outputs)
+            real_execute(self, inputs, outputs, deadline)
 
         monkeypatch.setattr(LoadedProgram, "execute", execute)
         results: list[list[np.ndarray]] = [[] for _ in xs]
@@ -316,3 +318,27 @@ def test_pipeline_cores_split_the_program_over_a_core_group() -> None:
                                    g.reference({"x:0": x})["Identity:0"], rtol=1e-5, atol=1e-6)
     with pytest.raises(DeviceError, match="core group"):
         load(exe, device=_device(NEURONISH_NUM_CORES="1"))
+
+
+def test_a_call_past_its_deadline_is_abandoned(dense, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks still queued when the deadline passes are dropped: DeadlineExceeded, and the
+    device is free again for the next call."""
+    g, exe = dense
+    real_run_stage = LoadedProgram._run_stage
+    started = []
+
+    def slow_stage(self: LoadedProgram, *args: object) -> None:
+        started.append(time.monotonic())
+        time.sleep(0.2)
+        real_run_stage(self, *args)
+
+    monkeypatch.setattr(LoadedProgram, "_run_stage", slow_stage)
+    x = np.random.default_rng(0).standard_normal((4 * 10, 16)).astype(np.float32)
+    with load(exe, device=_device(NEURONISH_NUM_CORES="1")) as model:
+        begin = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="deadline"):
+            model.run({"x:0": x}, timeout=0.3)  # 10 chunks of 0.2 s on one core
+        assert len(started) <= 3 and time.monotonic() - begin < 1.5
+        monkeypatch.setattr(LoadedProgram, "_run_stage", real_run_stage)
+        np.testing.assert_allclose(model.run({"x:0": x[:4]}, timeout=30)["Identity:0"],
+                                   g.reference({"x:0": x[:4]})["Identity:0"], rtol=1e-5)

@@ -227,9 +227,10 @@ def test_inputs_and_outputs_cross_without_copies(dense, monkeypatch: pytest.Monk
 
     execute = LoadedProgram.execute
 
-    def device_spy(program: LoadedProgram, inputs: list, outputs: list) -> None:
+    def device_spy(program: LoadedProgram, inputs: list, outputs: list,
+                   deadline: float | None = None) -> None:
         seen.update(device_x=inputs[0].ctypes.data, device_y=outputs[0].ctypes.data)
-        execute(program, inputs, outputs)
+        execute(program, inputs, outputs, deadline)
 
     monkeypatch.setattr(kernel_bridge, "run", spy)
     monkeypatch.setattr(LoadedProgram, "execute", device_spy)
@@ -560,3 +561,27 @@ def test_measure_kernel_overhead(record_property: Callable) -> None:
     record_property("runtime_us_per_call", round(per_direct * 1e6, 1))
     print(f"\nNeuronOp in a graph: {per_op * 1e6:.1f} us/call; neuronish.runtime run_list: "
           f"{per_direct * 1e6:.1f} us/call; kernel overhead {(per_op - per_direct) * 1e6:.1f} us")
+
+
+def test_model_config_timeout_is_each_calls_deadline(dense, monkeypatch) -> None:
+    """timeout_s in model_config bounds a call on the device: past it, the call ends with
+    TensorFlow's DEADLINE_EXCEEDED (never a fallback to TensorFlow), and the op keeps
+    working for calls that fit."""
+    from neuronish.runtime.program import LoadedProgram
+
+    g, exe, *_ = dense
+    node = neuron_op_node_def("timed_op", ["x:0"], exe, g.graph_def,
+                              model_config=[-1, -1, 1, 1, -1])  # one copy, 1 s per call
+    f = neuron_function(g, node, [tf.TensorSpec(None, tf.float32)])
+    real = LoadedProgram._run_stage
+
+    def slow(self: LoadedProgram, *args: object) -> None:
+        time.sleep(0.4)
+        real(self, *args)
+
+    monkeypatch.setattr(LoadedProgram, "_run_stage", slow)
+    with pytest.raises(tf.errors.DeadlineExceededError, match="deadline"):
+        f(rows(4 * 6))  # six chunks of 0.4 s on one copy
+    monkeypatch.setattr(LoadedProgram, "_run_stage", real)
+    np.testing.assert_allclose(f(rows(4))[0].numpy(), g.reference({"x:0": rows(4)})["Identity:0"],
+                               rtol=1e-5, atol=1e-6)

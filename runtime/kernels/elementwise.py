@@ -146,6 +146,13 @@ def _ufunc(f: np.ufunc) -> UnaryFn:
     return apply
 
 
+def _gelu(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
+    # TF's exact gelu, in its own order: 0.5 * x * erfc(-x / sqrt(2)).
+    t = np.divide(np.negative(x), x.dtype.type(1.4142135623730951))
+    special.erfc(t, out=t)
+    np.multiply(np.multiply(x, x.dtype.type(0.5)), t, out=y)
+
+
 UNARY: dict[str, UnaryFn] = {
     "relu": _relu,
     "relu6": _relu6,
@@ -155,6 +162,7 @@ UNARY: dict[str, UnaryFn] = {
     "sigmoid": _ufunc(special.expit),
     "tanh": _ufunc(np.tanh),
     "softplus": _softplus,
+    "gelu": _gelu,
     "erf": _ufunc(special.erf),
     "erfc": _ufunc(special.erfc),
     "exp": _ufunc(np.exp),

@@ -210,6 +210,7 @@ struct Step {
 // One instruction: its primitives in order (a bf16 input reorder, then the op).
 struct Instr {
   std::vector<Step> steps;
+  int threads = 1;  // the OpenMP team it was created for, and runs with
 };
 
 struct Epilogue {
@@ -239,7 +240,8 @@ void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
 struct Program {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
-  int threads = 1;
+  int threads = 1;                     // the program's team size
+  int next_threads = 0;                // for the next instruction added (0: `threads`)
   std::vector<char*> slots;            // base pointers
   std::vector<Instr> instrs;
   std::vector<std::shared_ptr<void>> owned;  // reordered weights
@@ -343,9 +345,10 @@ struct Program {
   }
 
   void add(Reader& rd) {
-    omp_set_num_threads(threads);  // primitives size their work for this many threads
-    int64_t op = rd.next();
     Instr ins;
+    ins.threads = next_threads > 0 ? std::min(next_threads, threads) : threads;
+    omp_set_num_threads(ins.threads);  // primitives size their work for this many threads
+    int64_t op = rd.next();
     switch (op) {
       case OP_CONV: add_conv(rd, ins); break;
       case OP_MATMUL: add_matmul(rd, ins); break;
@@ -669,13 +672,15 @@ struct Program {
     if (!finalized) finalize();
     if (first < 0 || last > (int64_t)instrs.size() || first > last)
       throw Error("instruction range out of bounds");
-    omp_set_num_threads(threads);
-    for (int64_t k = first; k < last; ++k)
+    int current = -1;
+    for (int64_t k = first; k < last; ++k) {
+      if (instrs[k].threads != current) omp_set_num_threads(current = instrs[k].threads);
       for (auto& s : instrs[k].steps) {
         for (auto& a : s.args)
           if (a.slot >= 0) a.mem.set_data_handle(slots[a.slot] + a.offset);
         s.prim.execute(strm, s.map);
       }
+    }
     strm.wait();
   }
 };
@@ -739,6 +744,13 @@ NE_API int64_t ne_add(void* p, const int64_t* spec, int64_t n, const float* fs, 
     prog->add(rd);
     return (int64_t)prog->instrs.size() - 1;
   });
+}
+
+// Team size for the instructions added next (tiny ones run on the calling thread alone:
+// waking a sleeping OpenMP team costs more than they take).
+NE_API int64_t ne_set_threads(void* p, int64_t threads) {
+  static_cast<Program*>(p)->next_threads = (int)threads;
+  return 0;
 }
 
 NE_API int64_t ne_finalize(void* p, char* err, int64_t len) {

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import ExecutionError
-from .spec import Ref, encode
+from .spec import SMALL_WORK, Ref, encode, work
 
 _ERR = 2048
 
@@ -31,6 +31,7 @@ class NativeProgram:
         self.weight_bytes: dict[int, int] = {}  # instruction index -> reordered weights held
         self.engine_index: dict[int, int] = {}  # instruction index -> its engine index
         self._call_ptrs: ctypes.Array | None = None
+        self._n_call = 0
 
     def bind(self, slot: int, array: np.ndarray) -> None:
         """Point a fixed slot (the arena, a constant) at `array`, kept alive here."""
@@ -48,6 +49,8 @@ class NativeProgram:
             self.rejected[index] = "no native kernel for these dtypes/attributes"
             return None
         ints, floats = spec
+        self._lib.ne_set_threads(self._handle, 1 if work(kind, attrs, ins, outs) < SMALL_WORK
+                                 else 0)
         int_arr = (ctypes.c_int64 * len(ints))(*ints)
         float_arr = (ctypes.c_float * max(len(floats), 1))(*floats)
         held = self.held_bytes
@@ -78,10 +81,13 @@ class NativeProgram:
         buf = ctypes.create_string_buffer(256)
         return buf.value.decode() if self._lib.ne_impl(self._handle, k, buf, 256) >= 0 else "?"
 
-    def set_call_buffers(self, arrays: Sequence[np.ndarray]) -> None:
-        self._call_ptrs = (ctypes.c_void_p * max(len(arrays), 1))(
-            *[a.ctypes.data for a in arrays])
-        self._n_call = len(arrays)
+    def set_call_buffers(self, addresses: Sequence[int]) -> None:
+        """The call's buffers (the arena, inputs, outputs) by address, for `run`."""
+        if self._call_ptrs is None or len(self._call_ptrs) < len(addresses):
+            self._call_ptrs = (ctypes.c_void_p * max(len(addresses), 1))()
+        for k, address in enumerate(addresses):  # (a ctypes array reused: no allocation)
+            self._call_ptrs[k] = address
+        self._n_call = len(addresses)
 
     def run(self, first: int, last: int, first_slot: int) -> None:
         """Run engine instructions [first, last) on the call buffers last set (the GIL is

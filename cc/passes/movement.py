@@ -1,0 +1,94 @@
+"""Move reshapes below the point-wise instructions that follow them.
+
+A dense layer on a [batch, seq, features] tensor (Keras' Dense, `tf.tensordot`) is
+reshape -> matmul -> reshape, and its bias add and activation come after the second
+reshape, where the passes that fold them into the matmul (fold_scale_shift,
+fuse_activation) cannot see them. A reshape that keeps the last dimension commutes
+with an element-wise op whose other operand is a constant varying only along that
+dimension (a bias, a scale) or with a unary op: doing the op first and reshaping after
+computes the same values, and leaves the op next to its producer.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph, Node, TensorType, Value, constant
+
+
+def _last_dim_constant(c: Value, features: int) -> bool:
+    return c.is_const and all(d == 1 for d in c.shape[:-1]) and (
+        not c.shape or c.shape[-1] in (1, features))
+
+
+def _sinkable(reshape: Node, user: Node) -> bool:
+    x, y = reshape.inputs[0], reshape.outputs[0]
+    if not x.shape or not y.shape or x.shape[-1] != y.shape[-1]:
+        return False
+    if user.outputs[0].type != y.type:
+        return False  # the op must not broadcast y up to a bigger shape
+    if user.kind == "unary":
+        return True
+    if user.kind == "binary" and user.attrs["fn"] in ("add", "sub", "mul", "div", "maximum",
+                                                      "minimum"):
+        other = user.inputs[1] if user.inputs[0] is y else user.inputs[0]
+        return other is not y and _last_dim_constant(other, y.shape[-1]) \
+            and len(other.shape) <= len(x.shape)
+    return False
+
+
+def _collapse(graph: Graph, reshape: Node, uses: dict, outputs: set[int]) -> bool:
+    """reshape(reshape(x)) is one reshape of x, or x itself when the shapes agree."""
+    inner = reshape.inputs[0].producer
+    if inner is None or inner.kind != "reshape" or len(uses.get(inner.outputs[0].id, [])) != 1 \
+            or inner.outputs[0].id in outputs:
+        return False
+    x = inner.inputs[0]
+    graph.nodes.remove(inner)
+    if x.type == reshape.outputs[0].type and reshape.outputs[0].id not in outputs:
+        graph.replace_uses(reshape.outputs[0], x)
+        graph.nodes.remove(reshape)
+    else:
+        reshape.inputs = [x]
+        reshape.origin = tuple(dict.fromkeys((*inner.origin, *reshape.origin)))
+    return True
+
+
+def sink_reshapes(graph: Graph) -> Graph:
+    """reshape (last dim kept) -> unary / binary-with-a-per-feature-constant becomes
+    that op -> reshape, repeatedly, so a chain of them ends up before the reshape; and
+    back-to-back reshapes become one (or none)."""
+    changed = True
+    while changed:
+        changed = False
+        uses = graph.consumers()
+        outputs = {v.id for v in graph.outputs}
+        for reshape in list(graph.nodes):
+            if reshape.kind != "reshape":
+                continue
+            if _collapse(graph, reshape, uses, outputs):
+                changed = True
+                break
+            y = reshape.outputs[0]
+            readers = uses.get(y.id, [])
+            if len(readers) != 1 or y.id in outputs or not _sinkable(reshape, readers[0]):
+                continue
+            user = readers[0]
+            x = reshape.inputs[0]
+            inputs = []
+            for v in user.inputs:
+                if v is y:
+                    inputs.append(x)
+                elif v.is_const and len(v.shape) > 1:  # [1, 1, F] -> [F] (or a scalar)
+                    inputs.append(constant(v.data.reshape(v.shape[-1:])))
+                else:
+                    inputs.append(v)
+            moved = Node(user.kind, inputs, [], dict(user.attrs), user.origin)
+            moved.outputs = [Value(TensorType(x.shape, user.outputs[0].dtype), producer=moved)]
+            again = Node("reshape", [moved.outputs[0]], [], dict(reshape.attrs), reshape.origin)
+            again.outputs = [Value(user.outputs[0].type, producer=again)]
+            position = graph.nodes.index(user)
+            graph.nodes[position:position + 1] = [moved, again]
+            graph.replace_uses(user.outputs[0], again.outputs[0])
+            graph.nodes.remove(reshape)
+            changed = True
+            break
+    return graph

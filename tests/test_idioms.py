@@ -1,0 +1,78 @@
+"""recognize_gelu and sink_reshapes: fewer instructions, the same numbers as TensorFlow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.cc.compiler import compile_graph
+from neuronish.runtime import load
+from neuronish.runtime.executable import from_bytes
+from tests.graphs import trace
+
+RNG = np.random.default_rng(3)
+W = tf.constant(RNG.standard_normal((16, 32)).astype(np.float32) * 0.3)
+B = tf.constant(RNG.standard_normal(32).astype(np.float32))
+
+
+def _kinds(exe: bytes) -> list[tuple[str, dict]]:
+    return [(i.kind, i.attrs) for p in from_bytes(exe).programs for i in p]
+
+
+def _run(g, exe: bytes, x: np.ndarray) -> None:  # noqa: ANN001
+    with load(exe) as model:
+        got = model.run({"x:0": x})
+    for key, want in g.reference({"x:0": x}).items():
+        np.testing.assert_allclose(got[key], want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "native"])
+def test_keras_dense_with_gelu_on_a_sequence_is_one_matmul(engine: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras' Dense(activation="gelu") on [batch, seq, features]: tensordot's reshapes,
+    the bias add and TF's five-op GELU end up as one matmul with bias and gelu."""
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
+    dense = tf.keras.layers.Dense(32, activation="gelu")
+    dense.build((None, 5, 16))
+    g = trace(lambda x: dense(x), tf.TensorSpec([None, 5, 16], tf.float32, name="x"), batch=3)
+    exe = compile_graph(g.graph_def, g.io_config)
+    kinds = _kinds(exe)
+    matmuls = [a for k, a in kinds if k == "matmul"]
+    assert len(matmuls) == 1 and matmuls[0]["activation"] == "gelu", kinds
+    assert not [k for k, a in kinds if k in ("unary", "binary")], kinds
+    _run(g, exe, RNG.standard_normal((3, 5, 16)).astype(np.float32) * 3)
+
+
+def test_gelu_is_recognized_in_both_spellings_and_nothing_else_is() -> None:
+    def erfc_of_neg(x: tf.Tensor) -> tf.Tensor:  # Keras / tf.nn.gelu
+        return tf.nn.gelu(x @ W, approximate=False)
+
+    def half_after(x: tf.Tensor) -> tf.Tensor:  # x * -1/sqrt(2), half multiplied last
+        y = x @ W
+        return (y * 0.5) * tf.math.erfc(y * -0.7071067811865476)
+
+    def not_gelu(x: tf.Tensor) -> tf.Tensor:  # a different constant: must stay as it is
+        y = x @ W
+        return (y * 0.5) * tf.math.erfc(y * -0.6)
+
+    x = RNG.standard_normal((4, 16)).astype(np.float32) * 2
+    for fn, is_gelu in ((erfc_of_neg, True), (half_after, True), (not_gelu, False)):
+        g = trace(fn, tf.TensorSpec([None, 16], tf.float32, name="x"), batch=4)
+        exe = compile_graph(g.graph_def, g.io_config)
+        fused = any(a.get("activation") == "gelu" or a.get("fn") == "gelu"
+                    for _, a in _kinds(exe))
+        assert fused == is_gelu, (fn.__name__, _kinds(exe))
+        assert any(a.get("fn") == "erfc" for _, a in _kinds(exe)) == (not is_gelu)
+        _run(g, exe, x)
+
+
+def test_a_reshape_that_changes_the_last_dim_does_not_move() -> None:
+    def fn(x: tf.Tensor) -> tf.Tensor:  # [4, 16] -> [4, 4, 4]: a per-feature bias of 4
+        return tf.nn.relu(tf.reshape(x @ W[:, :16], [4, 4, 4]) + tf.constant([1., 2, 3, 4]))
+
+    g = trace(fn, tf.TensorSpec([4, 16], tf.float32, name="x"))
+    exe = compile_graph(g.graph_def, g.io_config)
+    kinds = [k for k, _ in _kinds(exe)]
+    assert kinds.index("reshape") < kinds.index("binary"), kinds
+    _run(g, exe, RNG.standard_normal((4, 16)).astype(np.float32))
