@@ -285,9 +285,11 @@ _ENCODERS = {
 
 # Below this much work (about flops; element counts x16 for data-parallel kinds) an
 # instruction runs on the calling thread alone: a sleeping OpenMP team takes longer to
-# wake (OMP_WAIT_POLICY=passive) than the instruction takes. Measured on the BERT-style
-# encoder: 1.8 -> 1.4 ms per call.
-SMALL_WORK = 1 << 21
+# wake (OMP_WAIT_POLICY=passive), and inside TensorFlow the other CPU is often busy,
+# than such an instruction takes. Measured on 2 CPUs: the BERT-style encoder (every
+# matmul below this) 2.64 -> 1.71 ms per call through its NeuronOp; MobileNetV2, whose
+# small late layers then go single-threaded, ~33 -> ~36 ms per call (noisy).
+SMALL_WORK = 12 << 20
 
 
 def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int:
