@@ -71,7 +71,7 @@ def stop(path: str | os.PathLike | None = None) -> dict:
         pid = os.getpid()
         spans = [{"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
                   "dur": max(round((end - start) * 1e6, 3), 0.0), "args": args}
-                 for name, cat, tid, start, end, args in map(_step_span, _events)]
+                 for name, cat, tid, start, end, args in _spans(_events)]
         trace = {"traceEvents": _metadata() + spans, "displayTimeUnit": "ms",
                  "otherData": {"producer": "neuronish", "dropped_events": _dropped}}
         _events.clear()  # handed over: the next start() begins afresh
@@ -214,6 +214,38 @@ def _expand_modelled(exe: object, name: str, start: float, tid: int) -> None:
             _events.append((ins.kind, "modelled", tid, t, t + s,
                             {"core": core, "tf": list(ins.source), "model": name}))
             t += s
+
+
+def step_done(step: object, instructions: list, start: float, end: float) -> None:
+    """Record one numpy step timed by its caller."""
+    tid = getattr(_local, "tid", None)
+    if _active and tid is not None:
+        _events.append((_STEP, step, instructions, tid, start, end))
+
+
+_NATIVE = object()  # marks a native run with the engine's per-instruction times
+
+
+def native_run_done(indices: tuple[int, ...], instructions: list, times: object) -> None:
+    """Record a native run: `times` ([n, 2] start/end per instruction, perf_counter
+    seconds, measured by the engine) is expanded into one span each at stop(), so the hot
+    path is one append per run, whatever its length."""
+    tid = getattr(_local, "tid", None)
+    if _active and tid is not None:
+        _events.append((_NATIVE, indices, instructions, tid, times))
+
+
+def _spans(events: list) -> Iterator[tuple]:
+    for entry in events:
+        if entry[0] is _NATIVE:
+            _, indices, instructions, tid, times = entry
+            for i, (start, end) in zip(indices, times.tolist()):
+                ins = instructions[i]
+                yield (ins.kind, "instruction", tid, start, end,
+                       {"tf": list(ins.source), "engine": "native",
+                        "parts": [list(ins.source)]})
+        else:
+            yield _step_span(entry)
 
 
 def steps(items: list, instructions: list) -> Iterable:

@@ -93,7 +93,6 @@ class _Stage:
         self.index = index
         self.span = span  # its instructions' indices in the flat list
         self.steps: list[_Bound | _NativeRun] = []
-        self.fine_steps: list[_Bound | _NativeRun] = []  # native runs one instruction each
         self.native: NativeProgram | None = None
         self.lock = threading.Lock()  # a core runs one call at a time
 
@@ -123,7 +122,7 @@ class LoadedProgram:
             self._arenas.put(arena)
         self.slots = arenas[0].slots  # the value types, for the engine's references
         for stage in self.stages:
-            stage.steps = stage.fine_steps = [self.instructions[i] for i in stage.span]
+            stage.steps = [self.instructions[i] for i in stage.span]
         self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
         self._native = native is not None
         if native is not None:
@@ -175,11 +174,6 @@ class LoadedProgram:
         for stage, (prog, steps) in zip(self.stages, built):
             prog.finalize()
             stage.native, stage.steps = prog, steps
-            stage.fine_steps = [
-                _NativeRun(k, k + 1, (i,)) if isinstance(step, _NativeRun) else step
-                for step in steps
-                for k, i in (zip(range(step.first, step.last), step.indices)
-                             if isinstance(step, _NativeRun) else [(None, None)])]
         self.blocked = frozenset(blocked)
 
     def _blockable(self) -> set[int]:
@@ -292,6 +286,26 @@ class LoadedProgram:
         finally:
             self._arenas.put(arena)
 
+    def _run_stage_profiled(self, stage: _Stage, slots: list, arena: _Arena) -> None:
+        """`_run_stage` with every instruction timed: numpy ones here, native ones by the
+        engine itself (one clock read per instruction in C++, no extra Python per
+        instruction, so profiling stays cheap on models of many small instructions)."""
+        clock = time.perf_counter
+        timing = stage.native.timings(True) if stage.native is not None else None
+        try:
+            for step in stage.steps:
+                if isinstance(step, _NativeRun):
+                    self._run_native(stage, step)
+                    profiler.native_run_done(step.indices, self.instructions,
+                                             timing[step.first:step.last].copy())
+                    continue
+                start = clock()
+                self._run_numpy(step, slots, arena)
+                profiler.step_done(step, self.instructions, start, clock())
+        finally:
+            if stage.native is not None:
+                stage.native.timings(False)
+
     @staticmethod
     @contextlib.contextmanager
     def _holding(lock: object, deadline: float | None) -> Iterator[None]:
@@ -320,28 +334,36 @@ class LoadedProgram:
                    call_buffers: Sequence[int]) -> None:
         if stage.native is not None:
             stage.native.set_call_buffers(call_buffers)
-        # Profiling times every instruction, so native runs go one instruction at a time.
-        steps = stage.fine_steps if profiler.active() else stage.steps
-        for step in profiler.steps(steps, self.instructions):  # timed if profiling
+        if profiler.active():
+            self._run_stage_profiled(stage, slots, arena)
+            return
+        for step in stage.steps:
             if isinstance(step, _NativeRun):
-                try:
-                    stage.native.run(step.first, step.last, self._first_call_slot)
-                except ExecutionError as e:
-                    names = sorted({n for i in step.indices for n in self.instructions[i].source})
-                    raise ExecutionError(f"{e} (in the instructions from TF node(s) "
-                                         f"{', '.join(names[:8]) or '?'})") from None
-                continue
-            scratch = None
-            if step.scratch:
-                offset, nbytes = step.scratch
-                scratch = arena.buf[offset:offset + nbytes]
-            try:
-                step.fn([slots[i] for i in step.inputs], [slots[o] for o in step.outputs],
-                        step.attrs, scratch)
-            except Exception as e:  # report which model node failed, never crash
-                raise ExecutionError(
-                    f"device instruction {step.kind} (from TF node(s) "
-                    f"{', '.join(step.source) or '?'}) failed: {type(e).__name__}: {e}") from e
+                self._run_native(stage, step)
+            else:
+                self._run_numpy(step, slots, arena)
+
+    def _run_native(self, stage: _Stage, step: _NativeRun) -> None:
+        try:
+            stage.native.run(step.first, step.last, self._first_call_slot)
+        except ExecutionError as e:
+            names = sorted({n for i in step.indices for n in self.instructions[i].source})
+            raise ExecutionError(f"{e} (in the instructions from TF node(s) "
+                                 f"{', '.join(names[:8]) or '?'})") from None
+
+    @staticmethod
+    def _run_numpy(step: _Bound, slots: list, arena: _Arena) -> None:
+        scratch = None
+        if step.scratch:
+            offset, nbytes = step.scratch
+            scratch = arena.buf[offset:offset + nbytes]
+        try:
+            step.fn([slots[i] for i in step.inputs], [slots[o] for o in step.outputs],
+                    step.attrs, scratch)
+        except Exception as e:  # report which model node failed, never crash
+            raise ExecutionError(
+                f"device instruction {step.kind} (from TF node(s) "
+                f"{', '.join(step.source) or '?'}) failed: {type(e).__name__}: {e}") from e
 
 
 def one_instruction_program(kind: str, inputs: list[np.ndarray], attrs: dict,

@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -251,6 +252,7 @@ struct Program {
   void* temp = nullptr;
   void* scratch = nullptr;
   bool finalized = false;
+  double* timing = nullptr;  // when set: [start, end] seconds (CLOCK_MONOTONIC) per instr
 
   ~Program() {
     std::free(temp);
@@ -673,12 +675,21 @@ struct Program {
     if (first < 0 || last > (int64_t)instrs.size() || first > last)
       throw Error("instruction range out of bounds");
     int current = -1;
+    auto now = [] {
+      return std::chrono::duration<double>(
+                 std::chrono::steady_clock::now().time_since_epoch()).count();
+    };
     for (int64_t k = first; k < last; ++k) {
       if (instrs[k].threads != current) omp_set_num_threads(current = instrs[k].threads);
-      for (auto& s : instrs[k].steps) {
-        for (auto& a : s.args)
-          if (a.slot >= 0) a.mem.set_data_handle(slots[a.slot] + a.offset);
-        s.prim.execute(strm, s.map);
+      if (timing) timing[2 * k] = now();
+      for (auto& a : instrs[k].steps) {
+        for (auto& arg : a.args)
+          if (arg.slot >= 0) arg.mem.set_data_handle(slots[arg.slot] + arg.offset);
+        a.prim.execute(strm, a.map);
+      }
+      if (timing) {
+        strm.wait();
+        timing[2 * k + 1] = now();
       }
     }
     strm.wait();
@@ -750,6 +761,13 @@ NE_API int64_t ne_add(void* p, const int64_t* spec, int64_t n, const float* fs, 
 // waking a sleeping OpenMP team costs more than they take).
 NE_API int64_t ne_set_threads(void* p, int64_t threads) {
   static_cast<Program*>(p)->next_threads = (int)threads;
+  return 0;
+}
+
+// Where run() writes each instruction's [start, end] (2 doubles per instruction, by
+// engine index; steady_clock, which is Python's time.perf_counter on Linux), or NULL.
+NE_API int64_t ne_set_timing(void* p, double* buf) {
+  static_cast<Program*>(p)->timing = buf;
   return 0;
 }
 

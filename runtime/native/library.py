@@ -87,6 +87,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ne_bind.restype = i64
     lib.ne_add.argtypes = [vp, p64, i64, pf, i64, cp, i64]
     lib.ne_add.restype = i64
+    lib.ne_set_timing.argtypes = [vp, ctypes.POINTER(ctypes.c_double)]
+    lib.ne_set_timing.restype = i64
     lib.ne_set_threads.argtypes = [vp, i64]
     lib.ne_set_threads.restype = i64
     lib.ne_finalize.argtypes = [vp, cp, i64]

@@ -89,6 +89,20 @@ class NativeProgram:
             self._call_ptrs[k] = address
         self._n_call = len(addresses)
 
+    def timings(self, enabled: bool) -> np.ndarray | None:
+        """Record each instruction's [start, end] (time.perf_counter seconds) on every run
+        while enabled; returns the [n, 2] array runs write into."""
+        if not enabled:
+            self._lib.ne_set_timing(self._handle, None)
+            self._timing = None
+            return None
+        if getattr(self, "_timing", None) is None:
+            n = max(self.engine_index.values(), default=-1) + 1
+            self._timing = np.zeros((max(n, 1), 2), np.float64)
+            self._lib.ne_set_timing(self._handle, self._timing.ctypes.data_as(
+                ctypes.POINTER(ctypes.c_double)))
+        return self._timing
+
     def run(self, first: int, last: int, first_slot: int) -> None:
         """Run engine instructions [first, last) on the call buffers last set (the GIL is
         released meanwhile: ctypes drops it around foreign calls)."""
