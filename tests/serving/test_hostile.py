@@ -42,7 +42,7 @@ ROW = [0.5] * 32
 MAX_ELEMENTS = 100_000
 IDLE_TIMEOUT_S = 2.0
 SERVER_TIMEOUT_MS = 800
-SLOW_N = 250_000  # loop iterations: ~2.5 s alone, past every deadline here
+SLOW_N = 1_000_000  # loop iterations: ~3 s on an idle 2-CPU machine, ~10 s loaded
 
 
 class _Slow(tf.Module):
