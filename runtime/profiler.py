@@ -29,7 +29,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ENV_VAR = "NEURONISH_PROFILE"
@@ -248,42 +248,16 @@ def _spans(events: list) -> Iterator[tuple]:
             yield _step_span(entry)
 
 
-def steps(items: list, instructions: list) -> Iterable:
-    """The program's steps, each timed when profiling (runtime/program.py's loop)."""
-    tid = getattr(_local, "tid", None)
-    if not _active or tid is None:
-        return items
-    return _timed_steps(items, instructions, tid)
-
-
-_STEP = object()  # marks a raw step entry in _events, expanded by _step_span at stop()
-
-
-def _timed_steps(items: list, instructions: list, tid: int) -> Iterator:
-    # The hot path: two clock reads and one append (atomic) per step; names and TF
-    # nodes are looked up at stop().
-    append, clock = _events.append, time.perf_counter
-    for step in items:
-        start = clock()
-        yield step
-        append((_STEP, step, instructions, tid, start, clock()))
+_STEP = object()  # marks a numpy step's entry in _events, expanded by _step_span at stop()
 
 
 def _step_span(entry: tuple) -> tuple:
     """A raw entry as (name, cat, tid, start, end, args)."""
     if entry[0] is not _STEP:
         return entry
-    _, step, instructions, tid, start, end = entry
-    indices = getattr(step, "indices", None)
-    if indices is None:  # one numpy-engine instruction
-        return (step.kind, "instruction", tid, start, end,
-                {"tf": list(step.source), "engine": "numpy", "parts": [list(step.source)]})
-    kinds = [instructions[i].kind for i in indices]  # one native run of several
-    parts = [list(instructions[i].source) for i in indices]
-    label = kinds[0] if len(kinds) == 1 else f"native x{len(kinds)}: " + ", ".join(
-        dict.fromkeys(kinds))
-    return (label, "instruction", tid, start, end,
-            {"tf": [n for p in parts for n in p], "engine": "native", "parts": parts})
+    _, step, _instructions, tid, start, end = entry  # one numpy-engine instruction
+    return (step.kind, "instruction", tid, start, end,
+            {"tf": list(step.source), "engine": "numpy", "parts": [list(step.source)]})
 
 
 def top_instructions(trace: dict, n: int = 10) -> list[dict]:
