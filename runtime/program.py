@@ -294,23 +294,25 @@ class LoadedProgram:
 
     def _run_stage_profiled(self, stage: _Stage, slots: list | None, arena: _Arena) -> None:
         """`_run_stage` with every instruction timed: numpy ones here, native ones by the
-        engine itself (one clock read per instruction in C++, no extra Python per
-        instruction, so profiling stays cheap on models of many small instructions)."""
+        engine itself (one clock read per instruction in C++); the stage is recorded as
+        one entry, expanded into spans only when the trace is built."""
         clock = time.perf_counter
-        timing = stage.native.timings(True) if stage.native is not None else None
+        native = stage.native
+        timing = native.timings(True) if native is not None else None
+        marks: list[float] = []  # each numpy step's start and end
         try:
             for step in stage.steps:
                 if isinstance(step, _NativeRun):
                     self._run_native(stage, step)
-                    profiler.native_run_done(step.indices, self.instructions,
-                                             timing[step.first:step.last].copy())
                     continue
-                start = clock()
+                marks.append(clock())
                 self._run_numpy(step, slots, arena)
-                profiler.step_done(step, self.instructions, start, clock())
+                marks.append(clock())
         finally:
-            if stage.native is not None:
-                stage.native.timings(False)
+            times = timing.copy() if timing is not None else None
+            if native is not None:
+                native.timings(False)
+        profiler.stage_done(self, stage, times, marks)
 
     @staticmethod
     @contextlib.contextmanager
