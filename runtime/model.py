@@ -127,6 +127,7 @@ class Model:
             raise
         self._unloaded = False
         self._lock = threading.Lock()
+        device.track(self)
         telemetry.model_loaded(self)  # counters for `neuronish ls` / `top`
 
     @staticmethod
@@ -182,7 +183,7 @@ class Model:
         in `run`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._unloaded:
-            raise DeviceError("the model was unloaded")
+            raise DeviceError(self._failure or "the model was unloaded")
         arrays, batch = self._validate(values)
         if out is not None:
             self._check_out(out, batch)
@@ -317,6 +318,14 @@ class Model:
         return result
 
     # -- lifetime --------------------------------------------------------------
+    _failure: str | None = None  # why the device lost the model (fail), else None
+
+    def fail(self, why: str) -> None:
+        """The device lost this model (a core under it failed): release it; every later
+        call raises DeviceError(why)."""
+        self._failure = why
+        self.unload()
+
     def unload(self) -> None:
         """Free the model's device memory; further calls fail."""
         with self._lock:
