@@ -98,6 +98,8 @@ class Handle:
         self.node_name = node_name
         self.model = model
         self.config = config
+        # Each call's deadline on the device, in seconds (None: no deadline).
+        self.timeout: float | None = config.timeout_s if config.timeout_s > 0 else None
         self.fallback = fallback
         self.runner = None  # fallback.GraphRunner once the op runs on TensorFlow
         self._unloaded = False
@@ -257,11 +259,12 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> 
     model = handle.model
     if model is not None:
         try:
+            ins, outs = [np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs]
+            if not profiler.active():  # (the common case, kept free of the span's cost)
+                model.run_list(ins, out=outs, timeout=handle.timeout)
+                return
             with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
-                model.run_list([np.asarray(x) for x in inputs],
-                               out=[np.asarray(o) for o in outputs],
-                               timeout=handle.config.timeout_s
-                               if handle.config.timeout_s > 0 else None)
+                model.run_list(ins, out=outs, timeout=handle.timeout)
             return
         except (InvalidInput, OutputBufferError, DeadlineExceeded):
             raise  # (a call past its deadline is not retried on TensorFlow)

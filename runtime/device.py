@@ -38,8 +38,11 @@ class Device:
         self.pool = ThreadPoolExecutor(max_workers=len(config.visible_cores),
                                        thread_name_prefix="neuronish-core")
         # ...but the host executes only as many programs at once as it has room
-        # for (config.default_host_parallelism); the others queue here.
-        self.host_slots = threading.BoundedSemaphore(config.host_parallelism)
+        # for (config.default_host_parallelism); the others queue here. (One slot is a
+        # plain lock: it is taken on every call, and Python's semaphore costs ~1 us.)
+        self.host_slots: threading.Lock | threading.BoundedSemaphore = (
+            threading.Lock() if config.host_parallelism == 1
+            else threading.BoundedSemaphore(config.host_parallelism))
         self._failed: dict[int, str] = {}  # core -> why it failed (fail_core)
         self._models: weakref.WeakSet = weakref.WeakSet()  # loaded models, for fail_core
 
