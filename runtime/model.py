@@ -130,6 +130,7 @@ class Model:
         # first and cheaply; anything else goes through _as_input's full reading).
         self._exact_inputs = [(np.dtype(s.dtype), tuple(s.shape)) for s in self.inputs]
         self._exact_outputs = [(np.dtype(s.dtype), tuple(s.shape)) for s in self.outputs]
+        device.track(self)
         self._telemetry = telemetry.model_loaded(self)  # counters for `neuronish ls` / `top`
 
     @staticmethod
@@ -185,7 +186,7 @@ class Model:
         in `run`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._unloaded:
-            raise DeviceError("the model was unloaded")
+            raise DeviceError(self._failure or "the model was unloaded")
         arrays, batch = self._validate(values)
         if out is not None:
             self._check_out(out, batch)
@@ -334,6 +335,14 @@ class Model:
         return result
 
     # -- lifetime --------------------------------------------------------------
+    _failure: str | None = None  # why the device lost the model (fail), else None
+
+    def fail(self, why: str) -> None:
+        """The device lost this model (a core under it failed): release it; every later
+        call raises DeviceError(why)."""
+        self._failure = why
+        self.unload()
+
     def unload(self) -> None:
         """Free the model's device memory; further calls fail."""
         with self._lock:
