@@ -7,7 +7,7 @@ computes its own `graph_def` (the subgraph it was compiled from) on TensorFlow.
 
 kernel_bridge decides when (a load refused with a device error: out of device
 memory, too few cores, a damaged executable; or a call the device fails to
-run) and this module does it: it warns once per op, counts every op that fell
+run, see `run_failed_call`) and this module does it: it warns once per op, counts every op that fell
 back and every call it served (`fallback_counts()`, and as Prometheus text,
 `prometheus_lines()`), and with `NEURONISH_FALLBACK=0` refuses, so the device's
 error reaches the caller instead.
@@ -29,6 +29,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+
+from neuronish.runtime import DeviceError
 
 ENV_FALLBACK = "NEURONISH_FALLBACK"
 
@@ -80,6 +82,31 @@ def record_fallback(node_name: str, reason: str) -> None:
         warnings.warn(f"NeuronOp '{node_name}' runs on TensorFlow instead of the device: "
                       f"{reason}. Set {ENV_FALLBACK}=0 to make this an error",
                       FallbackWarning, stacklevel=2)
+
+
+def run_failed_call(handle, error: BaseException, inputs: Sequence[object],
+                    outputs: Sequence[object]) -> None:
+    """A call the device failed (not a bad input, not a deadline): compute it on TensorFlow.
+
+    If TensorFlow computes it, the device was at fault (a core failed, say): the op runs
+    on TensorFlow from now on, warned once and counted. If TensorFlow refuses the call
+    too, its inputs were at fault (an index out of range): TensorFlow's error, with its
+    status code, reaches the caller and the op stays on the device, so one bad request
+    cannot move a served model off the device. `handle` is a kernel_bridge.Handle."""
+    import tensorflow as tf
+
+    why = f"{type(error).__name__}: {error}"
+    try:
+        runner = handle.tensorflow_runner()
+    except FallbackError as e:
+        raise FallbackError(f"the device failed the call ({why}); {e}") from None
+    try:
+        runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs])
+    except tf.errors.OpError as e:
+        raise TensorFlowRefused(e.error_code, f"{e.message} (TensorFlow refused the call as "
+                                f"well as the device, which said: {why})") from None
+    handle.fall_back(f"the device failed to run it ({why})")
+    count_call(handle.node_name)
 
 
 class GraphRunner:
@@ -157,5 +184,13 @@ def _trim(x: np.ndarray, axis: int, n: int) -> np.ndarray:
     return np.take(np.asarray(x), range(n), axis=axis)
 
 
-class FallbackError(RuntimeError):
+class FallbackError(DeviceError):
     """The op could not run on TensorFlow either."""
+
+
+class TensorFlowRefused(DeviceError):
+    """TensorFlow, too, refused a call the device failed: `status_code` is its error code."""
+
+    def __init__(self, status_code: int, message: str):
+        super().__init__(message)
+        self.status_code = status_code

@@ -98,6 +98,8 @@ class Handle:
         self.node_name = node_name
         self.model = model
         self.config = config
+        # Each call's deadline on the device, in seconds (None: no deadline).
+        self.timeout: float | None = config.timeout_s if config.timeout_s > 0 else None
         self.fallback = fallback
         self.runner = None  # fallback.GraphRunner once the op runs on TensorFlow
         self._unloaded = False
@@ -116,14 +118,22 @@ class Handle:
         """Run this op on TensorFlow from now on (the device failed it); warns once."""
         from neuronish import fallback
 
+        self.tensorflow_runner()
+        with self._lock:
+            if self.model is not None:
+                self.model.unload()
+                self.model = None
+        fallback.record_fallback(self.node_name, reason)
+
+    def tensorflow_runner(self):  # -> fallback.GraphRunner
+        """The op's subgraph on TensorFlow, built on first use."""
+        from neuronish import fallback
+
         with self._lock:
             if self.runner is None:
                 assert self.fallback is not None
                 self.runner = fallback.GraphRunner(self.node_name, *self.fallback)
-                if self.model is not None:
-                    self.model.unload()
-                    self.model = None
-        fallback.record_fallback(self.node_name, reason)
+            return self.runner
 
     def __repr__(self) -> str:
         if self.model is None:
@@ -246,24 +256,25 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> 
     At the compiled batch size the device writes straight into `outputs`."""
     # (An OutputBufferError here would be a kernel bug: it sizes the outputs from the
     # attrs, which load() checked against the executable. It surfaces as INTERNAL.)
-    if handle.runner is None:
-        model = handle.model
+    model = handle.model
+    if model is not None:
         try:
-            assert model is not None
+            ins, outs = [np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs]
+            if not profiler.active():  # (the common case, kept free of the span's cost)
+                model.run_list(ins, out=outs, timeout=handle.timeout)
+                return
             with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
-                model.run_list([np.asarray(x) for x in inputs],
-                               out=[np.asarray(o) for o in outputs],
-                               timeout=handle.config.timeout_s
-                               if handle.config.timeout_s > 0 else None)
+                model.run_list(ins, out=outs, timeout=handle.timeout)
             return
         except (InvalidInput, OutputBufferError, DeadlineExceeded):
             raise  # (a call past its deadline is not retried on TensorFlow)
         except (DeviceError, MemoryError) as e:
-            from neuronish.fallback import fallback_enabled
+            from neuronish import fallback
 
-            if handle.fallback is None or not fallback_enabled():
+            if handle.fallback is None or not fallback.fallback_enabled():
                 raise
-            handle.fall_back(f"the device failed to run it ({type(e).__name__}: {e})")
+            fallback.run_failed_call(handle, e, inputs, outputs)
+            return
     from neuronish.fallback import count_call
 
     count_call(handle.node_name)
@@ -281,6 +292,8 @@ def error_status(exc: BaseException) -> tuple[int, str]:
         return INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DeadlineExceeded):
         return DEADLINE_EXCEEDED, f"{type(exc).__name__}: {exc}"
+    if isinstance(getattr(exc, "status_code", None), int):  # fallback.TensorFlowRefused
+        return exc.status_code, str(exc)  # type: ignore[attr-defined]
     from neuronish.fallback import ENV_FALLBACK, fallback_enabled
 
     hint = "" if fallback_enabled() else (f" ({ENV_FALLBACK}=0: the op did not fall back to "

@@ -9,6 +9,7 @@ memory (numpy arrays), shared between duplicates where they are read-only.
 from __future__ import annotations
 
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -37,8 +38,13 @@ class Device:
         self.pool = ThreadPoolExecutor(max_workers=len(config.visible_cores),
                                        thread_name_prefix="neuronish-core")
         # ...but the host executes only as many programs at once as it has room
-        # for (config.default_host_parallelism); the others queue here.
-        self.host_slots = threading.BoundedSemaphore(config.host_parallelism)
+        # for (config.default_host_parallelism); the others queue here. (One slot is a
+        # plain lock: it is taken on every call, and Python's semaphore costs ~1 us.)
+        self.host_slots: threading.Lock | threading.BoundedSemaphore = (
+            threading.Lock() if config.host_parallelism == 1
+            else threading.BoundedSemaphore(config.host_parallelism))
+        self._failed: dict[int, str] = {}  # core -> why it failed (fail_core)
+        self._models: weakref.WeakSet = weakref.WeakSet()  # loaded models, for fail_core
 
     @property
     def cores(self) -> tuple[int, ...]:
@@ -57,18 +63,42 @@ class Device:
         if not groups and all(len(g) == 1 for g in self.config.core_groups):
             cores = self.config.visible_cores  # default layout: consecutive runs of cores
             groups = [cores[i:i + size] for i in range(0, len(cores) - size + 1, size)]
-        return groups
+        return [g for g in groups if not any(c in self._failed for c in g)]
+
+    def fail_core(self, core: int, why: str = "hardware error") -> None:
+        """Simulate core `core` failing, as a real device's core can in service: every
+        model with a copy on it fails its next calls with a DeviceError naming the core
+        (a NeuronOp then runs on TensorFlow, neuronish/fallback.py), and loads avoid it."""
+        if core not in self._used:
+            raise DeviceError(f"core {core} is not one of the visible cores "
+                              f"{list(self.config.visible_cores)}")
+        message = f"core {core} failed ({why})"
+        with self._lock:
+            self._failed[core] = message
+            hit = [m for m in self._models if any(core in g for g in m.core_groups)]
+        for model in hit:
+            model.fail(message)
+
+    def failed_cores(self) -> dict[int, str]:
+        with self._lock:
+            return dict(self._failed)
+
+    def track(self, model: object) -> None:
+        """A model loaded onto this device (so fail_core can reach it)."""
+        with self._lock:
+            self._models.add(model)
 
     def reserve(self, group_size: int, bytes_per_core: list[int], copies: int) -> list[Reservation]:
         """Place `copies` copies of a model needing `bytes_per_core[k]` on the k-th core
         of a core group of `group_size` cores; all or nothing."""
         groups = self._candidate_groups(group_size)
         if copies > len(groups):
+            failed = f"; failed: {', '.join(self._failed.values())}" if self._failed else ""
             raise DeviceError(
                 f"cannot load {copies} duplicate(s) of a model that needs {group_size} core(s) "
                 f"per copy: the device has {len(groups)} such core group(s) (visible cores "
                 f"{list(self.config.visible_cores)}, groups "
-                f"{[list(g) for g in self.config.core_groups]})"
+                f"{[list(g) for g in self.config.core_groups]}{failed})"
                 "; set NEURONISH_NUM_CORES / NEURONISH_CORE_GROUP_SIZES or ask for fewer")
         with self._lock:
             fits = [g for g in groups

@@ -8,7 +8,6 @@ model's duplicates, and the outputs are assembled and trimmed.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import queue
 import threading
@@ -127,7 +126,12 @@ class Model:
             raise
         self._unloaded = False
         self._lock = threading.Lock()
-        telemetry.model_loaded(self)  # counters for `neuronish ls` / `top`
+        # What a call's arguments must be to pass as they are (the common case, checked
+        # first and cheaply; anything else goes through _as_input's full reading).
+        self._exact_inputs = [(np.dtype(s.dtype), tuple(s.shape)) for s in self.inputs]
+        self._exact_outputs = [(np.dtype(s.dtype), tuple(s.shape)) for s in self.outputs]
+        device.track(self)
+        self._telemetry = telemetry.model_loaded(self)  # counters for `neuronish ls` / `top`
 
     @staticmethod
     def _bytes_per_core(exe: Executable) -> list[int]:
@@ -182,7 +186,7 @@ class Model:
         in `run`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if self._unloaded:
-            raise DeviceError("the model was unloaded")
+            raise DeviceError(self._failure or "the model was unloaded")
         arrays, batch = self._validate(values)
         if out is not None:
             self._check_out(out, batch)
@@ -198,6 +202,11 @@ class Model:
         return out
 
     def _check_out(self, out: list[np.ndarray], batch: int | None) -> None:
+        if batch in (None, self.batch_size) and len(out) == len(self.outputs) and all(
+                type(o) is np.ndarray and o.dtype == dtype and o.shape == shape
+                and o.flags.c_contiguous and o.flags.writeable
+                for o, (dtype, shape) in zip(out, self._exact_outputs)):
+            return
         if len(out) != len(self.outputs):
             raise OutputBufferError(f"out has {len(out)} arrays; the model has {len(self.outputs)} "
                                f"outputs {[s.name for s in self.outputs]}")
@@ -214,6 +223,10 @@ class Model:
                                    f"writable C-contiguous {sig.dtype}{shape}")
 
     def _validate(self, values: list[object]) -> tuple[list[np.ndarray], int | None]:
+        if len(values) == len(self.inputs) and all(
+                type(x) is np.ndarray and x.dtype == dtype and x.shape == shape
+                for x, (dtype, shape) in zip(values, self._exact_inputs)):
+            return values, self.batch_size  # exactly the compiled signature
         arrays = []
         batch_of: dict[str, int] = {}
         for sig, value in zip(self.inputs, values):
@@ -238,18 +251,23 @@ class Model:
 
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
                  deadline: float | None = None) -> None:
-        queued = time.perf_counter()
+        queued = time.perf_counter() if profiler.active() else 0.0
         try:
             program = self._idle.get(timeout=_remaining(deadline))
         except queue.Empty:
             raise DeadlineExceeded("the call's deadline passed while it waited for the "
                                    "model's cores (all busy with other calls)") from None
+        busy = self._telemetry.begin(self) if self._telemetry is not None else None
         try:
             # (each stage takes a host slot while it computes: LoadedProgram.execute)
-            with telemetry.busy(self), (profiler.chunk(self, queued) if profiler.active()
-                                        else _NOT_PROFILED):
+            if queued:
+                with profiler.chunk(self, queued):
+                    program.execute(inputs, outputs, deadline)
+            else:
                 program.execute(inputs, outputs, deadline)
         finally:
+            if busy is not None:
+                self._telemetry.end(busy)  # type: ignore[union-attr]
             self._idle.put(program)
 
     def _run_split(self, arrays: list[np.ndarray], batch: int,
@@ -317,6 +335,14 @@ class Model:
         return result
 
     # -- lifetime --------------------------------------------------------------
+    _failure: str | None = None  # why the device lost the model (fail), else None
+
+    def fail(self, why: str) -> None:
+        """The device lost this model (a core under it failed): release it; every later
+        call raises DeviceError(why)."""
+        self._failure = why
+        self.unload()
+
     def unload(self) -> None:
         """Free the model's device memory; further calls fail."""
         with self._lock:
@@ -345,9 +371,6 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     else:
         data = bytes(source)
     return Model(from_bytes(data), device or get_device(), duplicates)
-
-
-_NOT_PROFILED = contextlib.nullcontext()
 
 
 def _remaining(deadline: float | None) -> float | None:

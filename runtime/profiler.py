@@ -10,12 +10,14 @@ Recorded, all as trace-event "complete" spans (ph "X", microseconds):
     call           one Model.run: batch, chunks of the compiled batch
     queue          a chunk waiting for an idle copy of the program and a host slot
     execute        a chunk executing on a core group (track per core group)
-    instruction    each step of the program on that track, measured host time; a
-                   native-engine run of several instructions is one span listing them
+    instruction    each instruction of the program on that track, measured host time
+                   (the native engine times its own instructions in C++)
     modelled       the same chunk's instructions in *modelled device time*
                    (stats.device_model, docs/device-model.md) on a track of its own
 
-The trace is written to DIR/neuronish-<pid>.json at exit (or by `stop()`);
+While recording, a hook appends one tuple (timestamps and the objects names come
+from); the trace events are built by `stop()`, which writes DIR/neuronish-<pid>.json
+at exit (or returns the trace);
 `top_instructions` gives the per-instruction table `neuronish profile` prints.
 """
 
@@ -36,14 +38,15 @@ ENV_VAR = "NEURONISH_PROFILE"
 _MAX_EVENTS = 2_000_000  # ~ a few hundred MB of JSON; beyond it, recording stops
 
 _active = False
-# Raw spans (name, cat, tid, start, end, args) and, per chunk, (exe, model, start, tid)
-# for its modelled track: turned into trace events only by stop(), off the hot path.
+# What the hooks record, as raw tuples (a marker first; timestamps and the objects the
+# span names come from): stop() alone turns them into trace events, so a call with
+# profiling on costs a few appends, not a dict and a string per span.
 _events: list[tuple] = []
-_modelled_chunks: list[tuple] = []
+_size = 0  # the trace events `_events` will expand to (an estimate, for _MAX_EVENTS)
 _lock = threading.Lock()
 _t0 = time.perf_counter()
-_track_ids: dict[str, int] = {}
 _dropped = 0
+_SPAN, _CALL, _CHUNK = object(), object(), object()
 
 
 def active() -> bool:
@@ -51,32 +54,21 @@ def active() -> bool:
 
 
 def start() -> None:
-    global _active, _dropped
+    global _active, _dropped, _size
     with _lock:
         _events.clear()
-        _modelled_chunks.clear()
-        _track_ids.clear()
-        _dropped = 0
+        _size = _dropped = 0
         _active = True
 
 
 def stop(path: str | os.PathLike | None = None) -> dict:
     """Stop recording; return the trace recorded since `start()` (and write it to `path`,
     atomically, if given)."""
-    global _active
+    global _active, _events
     with _lock:
         _active = False
-        for chunk_args in _modelled_chunks:
-            _expand_modelled(*chunk_args)
-        pid = os.getpid()
-        spans = [{"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
-                  "dur": max(round((end - start) * 1e6, 3), 0.0), "args": args}
-                 for name, cat, tid, start, end, args in _spans(_events)]
-        trace = {"traceEvents": _metadata() + spans, "displayTimeUnit": "ms",
-                 "otherData": {"producer": "neuronish", "dropped_events": _dropped}}
-        _events.clear()  # handed over: the next start() begins afresh
-        _modelled_chunks.clear()
-        _track_ids.clear()
+        events, _events = _events, []  # handed over: the next start() begins afresh
+    trace = _Trace().build(events)
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,43 +83,29 @@ def stop(path: str | os.PathLike | None = None) -> dict:
     return trace
 
 
-def _metadata() -> list[dict]:
-    pid = os.getpid()
-    out = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
-            "args": {"name": f"neuronish (pid {pid})"}}]
-    for name, tid in _track_ids.items():
-        out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                    "args": {"name": name}})
-        out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                    "args": {"sort_index": tid}})
-    return out
-
-
-def _track(name: str) -> int:
-    tid = _track_ids.get(name)
-    if tid is None:
-        tid = _track_ids[name] = len(_track_ids) + 1
-    return tid
-
-
-def _us(t: float) -> float:
-    return round((t - _t0) * 1e6, 3)
+def _room(events: int) -> bool:
+    """Whether `events` more trace events fit; counts them, or the drop."""
+    global _size, _dropped
+    if _size + events > _MAX_EVENTS:
+        _dropped += events
+        return False
+    _size += events
+    return True
 
 
 def record(name: str, cat: str, track: str, start: float, end: float, **args: object) -> None:
     """One complete span; `start`/`end` from time.perf_counter()."""
-    global _dropped
-    with _lock:
-        if not _active:
-            return
-        if len(_events) >= _MAX_EVENTS:
-            _dropped += 1
-            return
-        _events.append((name, cat, _track(track), start, end, args))
+    if _active and _room(1):
+        _events.append((_SPAN, name, cat, track, start, end, args))
 
 
-def _thread_track(prefix: str) -> str:
-    return f"{prefix} ({threading.current_thread().name})"
+def _host_track() -> str:
+    """The calling thread's track (cached per thread: its name is read once)."""
+    try:
+        return _local.host
+    except AttributeError:
+        _local.host = f"host ({threading.current_thread().name})"
+        return _local.host
 
 
 @contextlib.contextmanager
@@ -140,7 +118,7 @@ def span(name: str, cat: str, track: str | None = None, **args: object) -> Itera
     try:
         yield
     finally:
-        record(name, cat, track or _thread_track("host"), start, time.perf_counter(), **args)
+        record(name, cat, track or _host_track(), start, time.perf_counter(), **args)
 
 
 # -- hooks (runtime/model.py, runtime/program.py) ----------------------------------
@@ -160,8 +138,12 @@ def traced_call(fn: Callable) -> Callable:
     def wrapper(model: object, *args: object, **kwargs: object) -> object:
         if not _active:
             return fn(model, *args, **kwargs)
-        with span("call", "call", model=_name(model)):
+        start = time.perf_counter()
+        try:
             return fn(model, *args, **kwargs)
+        finally:
+            if _room(1):
+                _events.append((_CALL, model, _host_track(), start, time.perf_counter()))
     return wrapper
 
 
@@ -173,91 +155,125 @@ def chunk(model: object, queued_since: float) -> Iterator[None]:
         return
     from .telemetry import current_group
 
-    name, group = _name(model), current_group()
-    # A track per core group and model (chunks of one model on one group never overlap);
-    # per thread when telemetry is off and the group is not known.
-    where = f"cores {list(group)}" if group else threading.current_thread().name
+    # Steps are timed only while there is room for them (see _MAX_EVENTS); each stage
+    # the chunk runs adds its record to `stages` (stage_done).
+    stages: list[tuple] | None = [] if _room(2) else None
+    _local.stages = stages
     start = time.perf_counter()
-    track = f"device {where}: {name}"
-    record("queue", "queue", _thread_track("host"), queued_since, start, model=name)
-    with _lock:
-        # Steps are timed only while there is room for them (see _MAX_EVENTS).
-        _local.tid = _track(track) if len(_events) < _MAX_EVENTS else None
     try:
         yield
     finally:
-        _local.tid = None
-        record("execute", "execute", track, start, time.perf_counter(), model=name,
-               batch=model.batch_size)  # type: ignore[attr-defined]
-        _modelled(model.exe, name, start,  # type: ignore[attr-defined]
-                  f"device {where}: {name} (modelled time)")
+        end = time.perf_counter()
+        _local.stages = None
+        if stages is not None:
+            _events.append((_CHUNK, model, current_group(), _host_track(), queued_since,
+                            start, end, stages))
 
 
-def _modelled(exe: object, name: str, start: float, track: str) -> None:
-    """Note the chunk; stop() lays its instructions end to end in modelled device time."""
-    if not getattr(exe, "stats", {}).get("device_model"):
-        return
-    with _lock:
-        if _active:
-            _modelled_chunks.append((exe, name, start, _track(track)))
+def stage_done(program: object, stage: object, times: object, marks: list[float]) -> None:
+    """Record one stage of the running chunk: `times` the native engine's [n, 2] start/end
+    per engine instruction (perf_counter seconds) or None, `marks` each numpy step's
+    start and end in order. stop() pairs them with the stage's steps."""
+    stages = getattr(_local, "stages", None)
+    if stages is not None and _room(2 * len(stage.span)):  # type: ignore[attr-defined]
+        stages.append((program, stage, times, marks))
 
 
-def _expand_modelled(exe: object, name: str, start: float, tid: int) -> None:
-    global _dropped
-    t = start
-    seconds_per_core = exe.stats["device_model"]["instruction_seconds"]  # type: ignore[attr-defined]
-    for core, (program, seconds) in enumerate(zip(exe.programs, seconds_per_core)):  # type: ignore[attr-defined]
-        for ins, s in zip(program, seconds):
-            if len(_events) >= _MAX_EVENTS:
-                _dropped += 1
-                continue
-            _events.append((ins.kind, "modelled", tid, t, t + s,
-                            {"core": core, "tf": list(ins.source), "model": name}))
-            t += s
+class _Trace:
+    """Raw records -> trace events, with a track id per track name."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.tracks: dict[str, int] = {}
+        self.spans: list[dict] = []
+        self.dropped = _dropped
+
+    def build(self, events: list[tuple]) -> dict:
+        for entry in events:
+            kind = entry[0]
+            if kind is _SPAN:
+                _, name, cat, track, start, end, args = entry
+                self.span(name, cat, track, start, end, args)
+            elif kind is _CALL:
+                _, model, track, start, end = entry
+                self.span("call", "call", track, start, end, {"model": _name(model)})
+            else:
+                self.chunk(*entry[1:])
+        metadata = [{"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
+                     "args": {"name": f"neuronish (pid {self.pid})"}}]
+        for name, tid in self.tracks.items():
+            metadata.append({"name": "thread_name", "ph": "M", "pid": self.pid, "tid": tid,
+                             "args": {"name": name}})
+            metadata.append({"name": "thread_sort_index", "ph": "M", "pid": self.pid,
+                             "tid": tid, "args": {"sort_index": tid}})
+        return {"traceEvents": metadata + self.spans, "displayTimeUnit": "ms",
+                "otherData": {"producer": "neuronish", "dropped_events": self.dropped}}
+
+    def span(self, name: str, cat: str, track: str | int, start: float, end: float,
+             args: dict) -> None:
+        if len(self.spans) >= _MAX_EVENTS:
+            self.dropped += 1
+            return
+        tid = track if isinstance(track, int) else self.track(track)
+        ts = _us(start)  # (the end rounded alike: spans laid end to end never overlap)
+        self.spans.append({"name": name, "cat": cat, "ph": "X", "pid": self.pid, "tid": tid,
+                           "ts": ts, "dur": max(round(_us(end) - ts, 3), 0.0), "args": args})
+
+    def track(self, name: str) -> int:
+        tid = self.tracks.get(name)
+        if tid is None:
+            tid = self.tracks[name] = len(self.tracks) + 1
+        return tid
+
+    def chunk(self, model: object, group: tuple[int, ...] | None, host: str, queued: float,
+              start: float, end: float, stages: list[tuple]) -> None:
+        name = _name(model)
+        # A track per core group and model (chunks of one model on one group never
+        # overlap); per thread when telemetry is off and the group is not known.
+        where = f"cores {list(group)}" if group else host
+        self.span("queue", "queue", host, queued, start, {"model": name})
+        tid = self.track(f"device {where}: {name}")
+        self.span("execute", "execute", tid, start, end,
+                  {"model": name, "batch": model.batch_size})  # type: ignore[attr-defined]
+        for program, stage, times, marks in stages:
+            self.instructions(tid, program, stage, times, marks)
+        exe = model.exe  # type: ignore[attr-defined]
+        if getattr(exe, "stats", {}).get("device_model"):
+            self.modelled(exe, name, start, self.track(f"device {where}: {name} (modelled time)"))
+
+    def instructions(self, tid: int, program: object, stage: object, times: object,
+                     marks: list[float]) -> None:
+        """One span per instruction the stage ran, measured host time."""
+        instructions = program.instructions  # type: ignore[attr-defined]
+        rows = times.tolist() if times is not None else []  # type: ignore[attr-defined]
+        k = 0
+        for step in stage.steps:  # type: ignore[attr-defined]
+            indices = getattr(step, "indices", None)
+            if indices is not None:  # a native run: the engine's times
+                for index, (t0, t1) in zip(indices, rows[step.first:step.last]):
+                    ins = instructions[index]
+                    self.span(ins.kind, "instruction", tid, t0, t1,
+                              {"tf": list(ins.source), "engine": "native",
+                               "parts": [list(ins.source)]})
+            elif k + 1 < len(marks):  # a numpy step (not when the stage failed before it)
+                self.span(step.kind, "instruction", tid, marks[k], marks[k + 1],
+                          {"tf": list(step.source), "engine": "numpy",
+                           "parts": [list(step.source)]})
+                k += 2
+
+    def modelled(self, exe: object, name: str, start: float, tid: int) -> None:
+        """The chunk's instructions laid end to end in modelled device time."""
+        t = start
+        seconds_per_core = exe.stats["device_model"]["instruction_seconds"]  # type: ignore[attr-defined]
+        for core, (program, seconds) in enumerate(zip(exe.programs, seconds_per_core)):  # type: ignore[attr-defined]
+            for ins, s in zip(program, seconds):
+                self.span(ins.kind, "modelled", tid, t, t + s,
+                          {"core": core, "tf": list(ins.source), "model": name})
+                t += s
 
 
-def step_done(step: object, instructions: list, start: float, end: float) -> None:
-    """Record one numpy step timed by its caller."""
-    tid = getattr(_local, "tid", None)
-    if _active and tid is not None:
-        _events.append((_STEP, step, instructions, tid, start, end))
-
-
-_NATIVE = object()  # marks a native run with the engine's per-instruction times
-
-
-def native_run_done(indices: tuple[int, ...], instructions: list, times: object) -> None:
-    """Record a native run: `times` ([n, 2] start/end per instruction, perf_counter
-    seconds, measured by the engine) is expanded into one span each at stop(), so the hot
-    path is one append per run, whatever its length."""
-    tid = getattr(_local, "tid", None)
-    if _active and tid is not None:
-        _events.append((_NATIVE, indices, instructions, tid, times))
-
-
-def _spans(events: list) -> Iterator[tuple]:
-    for entry in events:
-        if entry[0] is _NATIVE:
-            _, indices, instructions, tid, times = entry
-            for i, (start, end) in zip(indices, times.tolist()):
-                ins = instructions[i]
-                yield (ins.kind, "instruction", tid, start, end,
-                       {"tf": list(ins.source), "engine": "native",
-                        "parts": [list(ins.source)]})
-        else:
-            yield _step_span(entry)
-
-
-_STEP = object()  # marks a numpy step's entry in _events, expanded by _step_span at stop()
-
-
-def _step_span(entry: tuple) -> tuple:
-    """A raw entry as (name, cat, tid, start, end, args)."""
-    if entry[0] is not _STEP:
-        return entry
-    _, step, _instructions, tid, start, end = entry  # one numpy-engine instruction
-    return (step.kind, "instruction", tid, start, end,
-            {"tf": list(step.source), "engine": "numpy", "parts": [list(step.source)]})
+def _us(t: float) -> float:
+    return round((t - _t0) * 1e6, 3)
 
 
 def top_instructions(trace: dict, n: int = 10) -> list[dict]:
@@ -293,8 +309,6 @@ def _forget_in_child() -> None:
     global _lock
     _lock = threading.Lock()
     _events.clear()
-    _modelled_chunks.clear()
-    _track_ids.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -307,7 +321,7 @@ def _from_env() -> None:
     start()
 
     def write_at_exit() -> None:
-        if _events or _modelled_chunks:  # tools that never used the device write nothing
+        if _events:  # tools that never used the device write nothing
             stop(Path(directory) / f"neuronish-{os.getpid()}.json")
 
     atexit.register(write_at_exit)

@@ -127,6 +127,10 @@ class LoadedProgram:
         self._native = native is not None
         if native is not None:
             self._build_native(native, threads, constants)
+        # Decided once here, not on every call:
+        self._constant_outputs = [(k, sig.value) for k, sig in enumerate(exe.outputs)
+                                  if sig.value in exe.constants]
+        self._numpy_steps = any(isinstance(step, _Bound) for step in self.steps)
 
     def _check_scratch(self, constants: dict[int, np.ndarray]) -> None:
         """Each instruction's planned scratch holds what its reference kernel will use
@@ -265,15 +269,17 @@ class LoadedProgram:
         (time.monotonic()), stages not yet started are abandoned: DeadlineExceeded."""
         arena = self._arenas.get()
         try:
-            slots = list(arena.slots)
             inputs = [np.asarray(x, order="C") for x in inputs]  # keeps 0-d arrays 0-d
-            for sig, x in zip(self.exe.inputs, inputs):
-                slots[sig.value] = x
-            for sig, out in zip(self.exe.outputs, outputs):
-                if sig.value in self.exe.constants:
-                    out[...] = arena.slots[sig.value]
-                else:
-                    slots[sig.value] = out
+            for k, vid in self._constant_outputs:
+                outputs[k][...] = arena.slots[vid]
+            slots = None  # values by id, for the numpy steps (a native-only call has none)
+            if self._numpy_steps:
+                slots = list(arena.slots)
+                for sig, x in zip(self.exe.inputs, inputs):
+                    slots[sig.value] = x
+                for sig, out in zip(self.exe.outputs, outputs):
+                    if sig.value not in self.exe.constants:
+                        slots[sig.value] = out
             call_buffers = [arena.address, *(a.ctypes.data for a in inputs),
                             *(a.ctypes.data for a in outputs)] if self._native else ()
             for stage in self.stages:
@@ -286,25 +292,27 @@ class LoadedProgram:
         finally:
             self._arenas.put(arena)
 
-    def _run_stage_profiled(self, stage: _Stage, slots: list, arena: _Arena) -> None:
+    def _run_stage_profiled(self, stage: _Stage, slots: list | None, arena: _Arena) -> None:
         """`_run_stage` with every instruction timed: numpy ones here, native ones by the
-        engine itself (one clock read per instruction in C++, no extra Python per
-        instruction, so profiling stays cheap on models of many small instructions)."""
+        engine itself (one clock read per instruction in C++); the stage is recorded as
+        one entry, expanded into spans only when the trace is built."""
         clock = time.perf_counter
-        timing = stage.native.timings(True) if stage.native is not None else None
+        native = stage.native
+        timing = native.timings(True) if native is not None else None
+        marks: list[float] = []  # each numpy step's start and end
         try:
             for step in stage.steps:
                 if isinstance(step, _NativeRun):
                     self._run_native(stage, step)
-                    profiler.native_run_done(step.indices, self.instructions,
-                                             timing[step.first:step.last].copy())
                     continue
-                start = clock()
+                marks.append(clock())
                 self._run_numpy(step, slots, arena)
-                profiler.step_done(step, self.instructions, start, clock())
+                marks.append(clock())
         finally:
-            if stage.native is not None:
-                stage.native.timings(False)
+            times = timing.copy() if timing is not None else None
+            if native is not None:
+                native.timings(False)
+        profiler.stage_done(self, stage, times, marks)
 
     @staticmethod
     @contextlib.contextmanager
@@ -330,7 +338,7 @@ class LoadedProgram:
         finally:
             lock.release()
 
-    def _run_stage(self, stage: _Stage, slots: list, arena: _Arena,
+    def _run_stage(self, stage: _Stage, slots: list | None, arena: _Arena,
                    call_buffers: Sequence[int]) -> None:
         if stage.native is not None:
             stage.native.set_call_buffers(call_buffers)

@@ -104,30 +104,42 @@ class Telemetry:
         with self._lock:
             self._models.pop(id(model), None)
 
-    @contextlib.contextmanager
-    def busy(self, model: object) -> Iterator[None]:
-        """Around one execution of a model's program (one chunk of its compiled batch)."""
+    def begin(self, model: object) -> tuple[_ModelCounters, tuple[int, ...], float] | None:
+        """One execution of a model's program (a chunk of its compiled batch) starts;
+        pass what this returns to `end`. (Two plain calls, not a context manager: this
+        is on every call's path, and a generator costs microseconds there.)"""
         counters = self._models.get(id(model))
         if counters is None:
-            yield
-            return
+            return None
         with self._lock:  # any idle group of the model: copies are interchangeable
             group = next((g for g in counters.groups if g not in counters.busy_groups),
                          counters.groups[0])
             start = counters.busy_groups[group] = time.perf_counter()
         _current.group = group
+        return counters, group, start
+
+    def end(self, token: tuple[_ModelCounters, tuple[int, ...], float] | None) -> None:
+        if token is None:
+            return
+        counters, group, start = token
+        _current.group = None
+        with self._lock:
+            seconds = time.perf_counter() - start
+            counters.busy_groups.pop(group, None)
+            counters.calls += 1
+            counters.inferences += counters.batch
+            counters.busy_seconds += seconds
+            for core in group:
+                self._core_busy[core] = self._core_busy.get(core, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def busy(self, model: object) -> Iterator[None]:
+        """`begin` ... `end` around the block."""
+        token = self.begin(model)
         try:
             yield
         finally:
-            _current.group = None
-            with self._lock:
-                seconds = time.perf_counter() - start
-                counters.busy_groups.pop(group, None)
-                counters.calls += 1
-                counters.inferences += counters.batch
-                counters.busy_seconds += seconds
-                for core in group:
-                    self._core_busy[core] = self._core_busy.get(core, 0.0) + seconds
+            self.end(token)
 
     # -- publishing -------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -226,9 +238,11 @@ def get_telemetry() -> Telemetry | None:
         return _telemetry
 
 
-def model_loaded(model: object) -> None:
+def model_loaded(model: object) -> Telemetry | None:
+    """Track `model`; returns the publisher its calls report to (None: publishing off)."""
     if (t := get_telemetry()) is not None:
         t.track(model)
+    return t
 
 
 def model_unloaded(model: object) -> None:
@@ -236,9 +250,6 @@ def model_unloaded(model: object) -> None:
         t.untrack(model)
 
 
-def busy(model: object) -> contextlib.AbstractContextManager[None]:
-    t = get_telemetry()
-    return t.busy(model) if t is not None else contextlib.nullcontext()
 
 
 # -- reading (neuronish ls / top) ----------------------------------------------------

@@ -116,6 +116,28 @@ def test_fills_device_then_refuses(dense) -> None:
     b.unload()
 
 
+def test_a_failed_core_fails_the_models_on_it_and_loads_avoid_it(dense) -> None:
+    g, exe = dense
+    device = _device(NEURONISH_NUM_CORES="2")
+    a, b = load(exe, device=device), load(exe, device=device)
+    assert {a.core_groups[0], b.core_groups[0]} == {(0,), (1,)}
+    hit, spared = (a, b) if a.core_groups[0] == (1,) else (b, a)
+    x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)
+    device.fail_core(1, "test")
+    with pytest.raises(DeviceError, match=r"core 1 failed \(test\)"):
+        hit.run({"x:0": x})
+    np.testing.assert_allclose(spared.run({"x:0": x})["Identity:0"],  # core 0 still works
+                               g.reference({"x:0": x})["Identity:0"], rtol=1e-5, atol=1e-6)
+    assert device.memory_report()[1]["used"] == 0  # the failed model was released
+    with load(exe, device=device) as again:  # a new load goes to the working core
+        assert again.core_groups == [(0,)]
+    with pytest.raises(DeviceError, match=r"failed: core 1 failed \(test\)"):
+        load(exe, duplicates=2, device=device)
+    with pytest.raises(DeviceError, match="not one of the visible cores"):
+        device.fail_core(7)
+    spared.unload()
+
+
 def test_duplicates_need_core_groups(dense) -> None:
     _, exe = dense
     device = _device(NEURONISH_NUM_CORES="4", NEURONISH_CORE_GROUP_SIZES="2,2")

@@ -65,8 +65,10 @@ def executable(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_a_split_call_records_chunks_instructions_and_modelled_time(executable: Path,
-                                                                     tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["native", "numpy"])
+def test_a_split_call_records_chunks_instructions_and_modelled_time(
+        executable: Path, tmp_path: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
     device = Device(DeviceConfig.from_env({"NEURONISH_NUM_CORES": "2"}))
     with load(executable, duplicates=2, device=device) as model:
         x = {s.name: np.ones((20, *s.shape[1:]), s.dtype) for s in model.inputs}
@@ -84,6 +86,7 @@ def test_a_split_call_records_chunks_instructions_and_modelled_time(executable: 
     assert len(by_cat["call"]) == 1
     assert len(by_cat["execute"]) == len(by_cat["queue"]) == 3
     assert len(by_cat["instruction"]) == 3 * steps
+    assert {e["args"]["engine"] for e in by_cat["instruction"]} == {model.engine}
     names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
              if e["name"] == "thread_name"}
     for e in by_cat["execute"]:  # a track per core group the chunk ran on
@@ -106,8 +109,7 @@ def test_a_split_call_records_chunks_instructions_and_modelled_time(executable: 
 def test_off_records_nothing_and_adds_no_wrapper() -> None:
     assert not profiler.active()
     # The program's profiled path is taken only while active; its hooks record nothing off.
-    profiler.step_done(object(), [], 0.0, 1.0)
-    profiler.native_run_done((0,), [], None)
+    profiler.stage_done(object(), object(), None, [0.0, 1.0])
     profiler.record("x", "call", "t", 0.0, 1.0)
     assert [e for e in profiler.stop()["traceEvents"] if e["ph"] == "X"] == []
 

@@ -32,6 +32,8 @@ class NativeProgram:
         self.engine_index: dict[int, int] = {}  # instruction index -> its engine index
         self._call_ptrs: ctypes.Array | None = None
         self._n_call = 0
+        self._timing: np.ndarray | None = None  # see timings()
+        self._timing_ptr: object = None
 
     def bind(self, slot: int, array: np.ndarray) -> None:
         """Point a fixed slot (the arena, a constant) at `array`, kept alive here."""
@@ -91,17 +93,14 @@ class NativeProgram:
 
     def timings(self, enabled: bool) -> np.ndarray | None:
         """Record each instruction's [start, end] (time.perf_counter seconds) on every run
-        while enabled; returns the [n, 2] array runs write into."""
-        if not enabled:
-            self._lib.ne_set_timing(self._handle, None)
-            self._timing = None
-            return None
-        if getattr(self, "_timing", None) is None:
+        while enabled; returns the [n, 2] array runs write into (one per program, kept:
+        switching is one foreign call)."""
+        if self._timing is None:
             n = max(self.engine_index.values(), default=-1) + 1
             self._timing = np.zeros((max(n, 1), 2), np.float64)
-            self._lib.ne_set_timing(self._handle, self._timing.ctypes.data_as(
-                ctypes.POINTER(ctypes.c_double)))
-        return self._timing
+            self._timing_ptr = self._timing.ctypes.data_as(ctypes.POINTER(ctypes.c_double))
+        self._lib.ne_set_timing(self._handle, self._timing_ptr if enabled else None)
+        return self._timing if enabled else None
 
     def run(self, first: int, last: int, first_slot: int) -> None:
         """Run engine instructions [first, last) on the call buffers last set (the GIL is
