@@ -8,7 +8,8 @@ SavedModels are measured side by side in one run by `neuronish benchmark`
 (alternating slices, medians; TensorFlow's thread settings left at its defaults).
 Ratios are compiled / original throughput (higher is better). The tiny model's row
 compares per-call latency (p50) at batch 1 instead: original / compiled (higher is
-better, 1.0 = the same).
+better, 1.0 = the same). A second table gives each SavedModel's throughput with 4
+clients over 1 client (every setting is measured in alternating slices).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def main() -> int:
 
     lines = ["| model | batch | clients | original | compiled | ratio | max rel. diff |",
              "|---|---|---|---|---|---|---|"]
+    # Throughput with 4 clients over 1 client, of each SavedModel (measured in alternating
+    # slices, like the models): the device must not lose throughput under concurrency.
+    scaling = ["| model | compiled: 4 clients / 1 | original: 4 clients / 1 |", "|---|---|---|"]
     print(f"engine: {engine_name()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for label, name, batch, flags, clients in ROWS:
@@ -70,8 +74,15 @@ def main() -> int:
                         f"**{ratio:.2f}x** | {diff:.1e} |")
                 lines.append(line)
                 print(line, flush=True)
+            if len(clients) > 1:
+                by = {(r["concurrency"], r["path"] == dst): r["throughput"] for r in results}
+                lo, hi = clients[0], clients[-1]
+                line = (f"| {label} | **{by[hi, True] / by[lo, True]:.2f}x** | "
+                        f"{by[hi, False] / by[lo, False]:.2f}x |")
+                scaling.append(line)
+                print(line, flush=True)
             print(json.dumps(results), file=sys.stderr, flush=True)
-    table = "\n".join(lines) + "\n"
+    table = "\n".join(lines) + "\n\n" + "\n".join(scaling) + "\n"
     print(table)
     if args.out:
         Path(args.out).write_text(table)

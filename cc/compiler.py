@@ -59,20 +59,42 @@ def _distinct_outputs(graph: Graph) -> None:
 
 
 def split_stages(costs: list[float], cores: int) -> list[list[int]]:
-    """Contiguous stages of about equal modelled time, one per pipeline core; never more
-    stages than instructions, none of them empty."""
+    """Contiguous stages, one per pipeline core, whose slowest is as fast as a split can
+    make it (a pipeline's throughput is its slowest stage's); never more stages than
+    instructions, none of them empty."""
     n = len(costs)
     cores = max(1, min(cores, n))
-    if cores == 1:
-        return [list(range(n))]
-    cum = np.cumsum([max(c, 1e-12) for c in costs])
-    cuts = [0]
-    for k in range(1, cores):
-        cut = int(np.searchsorted(cum, cum[-1] * k / cores, side="right"))
-        # at least one instruction in this stage, and one left for each stage after it
-        cuts.append(min(max(cut, cuts[-1] + 1), n - (cores - k)))
-    cuts.append(n)
-    return [list(range(a, b)) for a, b in zip(cuts, cuts[1:])]
+    costs = [max(float(c), 1e-12) for c in costs]
+    lo, hi = max(costs), sum(costs)
+    for _ in range(64):  # bisect the smallest bottleneck that `cores` stages can hold
+        mid = (lo + hi) / 2
+        if len(_pack(costs, mid)) <= cores:
+            hi = mid
+        else:
+            lo = mid
+    stages = _pack(costs, hi)
+    while len(stages) < cores:  # fewer sufficed: split the costliest stage (no stage grows)
+        k = max((i for i, st in enumerate(stages) if len(st) > 1),
+                key=lambda i: sum(costs[j] for j in stages[i]))
+        stage = stages[k]
+        cum = np.cumsum([costs[j] for j in stage])
+        cut = min(max(int(np.searchsorted(cum, cum[-1] / 2)), 1), len(stage) - 1)
+        stages[k:k + 1] = [stage[:cut], stage[cut:]]
+    return stages
+
+
+def _pack(costs: list[float], limit: float) -> list[list[int]]:
+    """Instructions in order into as few stages as hold at most `limit` each (one
+    instruction costlier than `limit` still gets a stage of its own)."""
+    stages: list[list[int]] = [[]]
+    total = 0.0
+    for i, c in enumerate(costs):
+        if stages[-1] and total + c > limit:
+            stages.append([])
+            total = 0.0
+        stages[-1].append(i)
+        total += c
+    return stages
 
 
 def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int],

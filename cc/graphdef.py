@@ -109,13 +109,15 @@ def tensor_to_numpy(t: pb.TensorProto) -> np.ndarray:
         raise BadConstant(f"constant of shape {list(shape)} {dtype} would take {nbytes} bytes, "
                           f"more than the limit of {MAX_CONSTANT_BYTES} bytes for one constant",
                           "keep this node on TensorFlow")
-    if t.tensor_content:
-        if len(t.tensor_content) != nbytes:
+    content = t.tensor_content  # each read of the field copies it: read once
+    if content:
+        if len(content) != nbytes:
             raise BadConstant(f"constant of shape {list(shape)} {dtype} needs {nbytes} bytes of "
-                              f"tensor_content, it has {len(t.tensor_content)}",
+                              f"tensor_content, it has {len(content)}",
                               "the GraphDef is damaged: export it again")
-        return np.frombuffer(t.tensor_content, dtype=np_dtype.newbyteorder("<")).astype(
-            np_dtype).reshape(shape)
+        # A read-only view of the immutable bytes; converted only on a big-endian host.
+        return np.frombuffer(content, dtype=np_dtype.newbyteorder("<")).astype(
+            np_dtype, copy=False).reshape(shape)
     # The typed fields are wider than the dtype (int_val holds int8 ... int32,
     # half_val the float16 bits); out-of-range values wrap, as C++'s casts do in TF.
     if t.dtype == pb.DT_HALF:

@@ -62,10 +62,22 @@ def constant(array: np.ndarray, name: str = "") -> Value:
     array = np.asarray(array)
     if array.dtype.kind == "f" and array.dtype != np.float16 and array.dtype.itemsize > 8:
         raise ValueError(f"unsupported constant dtype {array.dtype}")
-    array = np.array(array, copy=True)
-    array.flags.writeable = False
+    if not _immutable(array):
+        array = np.array(array, copy=True)
+        array.flags.writeable = False
     return Value(TensorType(tuple(int(d) for d in array.shape), array.dtype.name), data=array,
                  name=name)
+
+
+def _immutable(array: np.ndarray) -> bool:
+    """Whether nothing can change `array`'s contents: a read-only view of `bytes` (a
+    GraphDef constant); copying those cost a second copy of every weight."""
+    base = array
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        base = base.base
+    return isinstance(base, bytes)
 
 
 @dataclass(eq=False)

@@ -3,9 +3,11 @@
     neuronish benchmark compiled/ --compare original/ --batch-size 1 8 --concurrency 1 4
     python -m neuronish.benchmark MODEL_DIR ...          # the same, without the CLI
 
-For every batch size and concurrency, each model runs `--rounds` short slices that
-alternate between the models (A B, B A, A B, ...), so that machine noise hits both
-alike. In a slice, N client threads call the signature back to back on random
+For every batch size, each model at each concurrency runs `--rounds` short slices
+that alternate between the models and the concurrency levels (A1 B1 A4 B4, then
+B4 A4 B1 A1, ...), so that machine noise hits every setting alike: the ratio between
+models, and between 1 and 4 clients of one model, are both measured side by side. In
+a slice, N client threads call the signature back to back on random
 inputs (the same inputs for both models). Reported per model and setting: the
 median over slices of the throughput (samples/s), the p50 and p99 latency of
 single calls, and the throughput ratio of each model to the first (MODEL_DIR).
@@ -191,9 +193,8 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
             feeds = _to_tensors(make_inputs(models[0].specs, batch))
             if len(models) > 1:
                 output_diff[str(batch)] = _max_relative_difference(models, feeds)
-            for clients in concurrency:
-                rows += _measure(models, feeds, batch, clients, duration, requests, rounds,
-                                 warmup, bar)
+            rows += _measure(models, feeds, batch, concurrency, duration, requests, rounds,
+                             warmup, bar)
     return {
         "signature": signature,
         "models": [{"label": m.label, "path": m.path} for m in models],
@@ -206,34 +207,45 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
     }
 
 
-def _measure(models: list[_Model], feeds: dict, batch: int, clients: int,
+def _measure(models: list[_Model], feeds: dict, batch: int, concurrency: list[int],
              duration: float | None, requests: int | None, rounds: int, warmup: int,
              bar: ProgressBar) -> list[Row]:
-    """All models at one batch size and concurrency, in alternating slices."""
-    throughputs: dict[str, list[float]] = {m.label: [] for m in models}
-    latencies: dict[str, list[float]] = {m.label: [] for m in models}
-    with ThreadPoolExecutor(max_workers=clients, thread_name_prefix="client") as pool:
-        for m in models:
-            if warmup:
-                _slice(m, feeds, pool, clients, requests=warmup, seconds=None)
+    """All models at every concurrency, one batch size, in alternating slices."""
+    settings = [(c, m) for c in concurrency for m in models]
+    throughputs: dict[tuple[int, str], list[float]] = {(c, m.label): [] for c, m in settings}
+    latencies: dict[tuple[int, str], list[float]] = {(c, m.label): [] for c, m in settings}
+    pools = {c: ThreadPoolExecutor(max_workers=c, thread_name_prefix="client")
+             for c in concurrency}
+    try:
+        if warmup:
+            for c, m in settings:
+                _slice(m, feeds, pools[c], c, requests=warmup, seconds=None)
         for r in range(rounds):
-            # Alternate who goes first: a model never always follows the other.
-            for m in models if r % 2 == 0 else models[::-1]:
+            # Alternate the order: no setting always follows the same other one.
+            for c, m in settings if r % 2 == 0 else settings[::-1]:
                 # requests split as evenly as possible over the rounds
                 share = None if requests is None else (requests * (r + 1) // rounds
                                                         - requests * r // rounds)
-                wall, times = _slice(m, feeds, pool, clients, requests=share,
+                wall, times = _slice(m, feeds, pools[c], c, requests=share,
                                      seconds=None if duration is None else duration / rounds)
-                throughputs[m.label].append(len(times) * batch / wall)
-                latencies[m.label] += times
-                bar.update(note=f"batch {batch}, {clients} client(s), {m.label}")
+                throughputs[c, m.label].append(len(times) * batch / wall)
+                latencies[c, m.label] += times
+                bar.update(note=f"batch {batch}, {c} client(s), {m.label}")
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
     rows = []
-    for m in models:
-        p50, p99 = np.percentile(np.array(latencies[m.label]) * 1000, [50, 99])
-        rows.append(Row(m.label, m.path, batch, clients, len(latencies[m.label]),
-                        statistics.median(throughputs[m.label]), float(p50), float(p99), None))
-    for row in rows[1:]:
-        row.ratio = row.throughput / rows[0].throughput
+    for c in concurrency:
+        first = None
+        for m in models:
+            p50, p99 = np.percentile(np.array(latencies[c, m.label]) * 1000, [50, 99])
+            row = Row(m.label, m.path, batch, c, len(latencies[c, m.label]),
+                      statistics.median(throughputs[c, m.label]), float(p50), float(p99), None)
+            if first is None:
+                first = row
+            else:
+                row.ratio = row.throughput / first.throughput
+            rows.append(row)
     return rows
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
@@ -32,25 +33,36 @@ class _CompiledModel(tf.Module):
     """What the new SavedModel's object graph holds: its serving function."""
 
 
-def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str,
-                threshold: int) -> dict[str, str]:
+def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
+                blobs: Mapping[str, Mapping[str, bytes]] | None = None) -> dict[str, str]:
     """Move the NeuronOp attributes `external.plan` picks into files under `staging_dir`
     (in place); returns {placeholder tensor name: file path} to feed the ops' new
-    `external_files` inputs."""
+    `external_files` inputs. `blobs` holds attribute values not set in `graph_def` yet
+    ({node name: {attribute: bytes}}): each is stored in a file or set inline likewise."""
+    blobs = blobs or {}
     ops = [n for n in graph_def.node if n.op == "NeuronOp"]
     attrs = [(n, a) for n in ops for a in ("executable", "graph_def")]
-    # Reading a bytes attr copies it (100 MB for ResNet50): sizes from ByteSize (the bytes
-    # plus a few of framing), and each value read once, when it is written.
-    sizes = [n.attr[a].ByteSize() for n, a in attrs]
+
+    def size(node: node_def_pb2.NodeDef, attr: str) -> int:
+        value = blobs.get(node.name, {}).get(attr)
+        # Reading a bytes attr copies it (100 MB for ResNet50), and so does ByteSize,
+        # which serializes: blobs are measured without either.
+        return len(value) + 16 if value is not None else node.attr[attr].ByteSize()
+
+    sizes = [size(n, a) for n, a in attrs]
     # The rest of the graph, without serializing the large attrs once more just to count.
     rest = sum(n.ByteSize() for n in graph_def.node if n.op != "NeuronOp") + \
         graph_def.library.ByteSize() + 1024 * len(ops)
     move = external.plan(sizes, rest, threshold)
     feeds: dict[str, str] = {}
     for (node, attr), go in zip(attrs, move, strict=True):
+        value = blobs.get(node.name, {}).get(attr)
         if not go:
+            if value is not None:
+                node.attr[attr].s = value
             continue
-        value = node.attr[attr].s
+        if value is None:
+            value = node.attr[attr].s
         ref, digest = external.reference(value)
         path = os.path.join(staging_dir, digest + external.SUFFIX[attr])
         if not os.path.exists(path):  # identical subgraphs share one file
@@ -95,11 +107,13 @@ def _serving_function(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
 
 
 def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
-                      outputs: dict[str, str], new_model_dir: str) -> None:
+                      outputs: dict[str, str], new_model_dir: str,
+                      blobs: Mapping[str, Mapping[str, bytes]] | None = None) -> None:
     """Save `graph_def` as a SavedModel at `new_model_dir` (which must not exist).
 
     `outputs` maps each output key to its tensor in `graph_def`. Large NeuronOp
-    attributes of `graph_def` are replaced by references (`externalize`).
+    attributes of `graph_def`, and the `blobs` not set in it yet (`externalize`), are
+    replaced by references.
     """
     parent = os.path.dirname(os.path.abspath(new_model_dir))
     os.makedirs(parent, exist_ok=True)
@@ -112,11 +126,25 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
         # Splicing removes nodes other nodes may still name for colocation.
         drop_dangling_colocations(graph_def)
         # In place: a copy of a graph near 2 GiB would not fit twice in memory either.
-        files = externalize(graph_def, staging, external.threshold_from_env())
-        module.external_files = [tf.saved_model.Asset(p) for p in files.values()]
+        files = externalize(graph_def, staging, external.threshold_from_env(), blobs)
+        # TensorFlow copies every asset into the new model's assets/ (VGG16's 1.1 GB took
+        # 1.8 s): it is given empty stand-ins of the same names, and the real files are
+        # renamed over its copies before the model is renamed into place.
+        stand_ins = os.path.join(staging, "stand-ins")
+        os.mkdir(stand_ins)
+        for path in files.values():
+            open(os.path.join(stand_ins, os.path.basename(path)), "wb").close()
+        module.external_files = [tf.saved_model.Asset(
+            os.path.join(stand_ins, os.path.basename(p))) for p in files.values()]
         assets = dict(zip(files, module.external_files, strict=True))
         fn = _serving_function(graph_def, signature, outputs, assets)
         tf.saved_model.save(module, tmp, signatures={signature.signature_key: fn})
+        for path in dict.fromkeys(files.values()):
+            copied = os.path.join(tmp, "assets", os.path.basename(path))
+            if not os.path.isfile(copied):
+                raise RuntimeError(f"tf.saved_model.save did not write the asset {copied}; "
+                                   "this TensorFlow stores assets differently, please report it")
+            os.replace(path, copied)
         if os.path.exists(new_model_dir):
             raise FileExistsError(f"{new_model_dir} appeared while compiling; not replacing it")
         os.rename(tmp, new_model_dir)

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, tensor_shape_pb2
 
-from neuronish.runtime.executable import TensorSig, from_bytes
+from neuronish.runtime.executable import Executable, TensorSig, from_bytes
 
 DTypeLike = tf.dtypes.DType | str | type
 """Anything `tf.as_dtype` takes: tf.float32, "float32", np.float32."""
@@ -90,7 +90,39 @@ def neuron_op_node_def(
     Raises ValueError when a given argument disagrees with the executable, and
     neuronish.runtime.ExecutableError when the executable is corrupt.
     """
-    exe = from_bytes(executable)
+    node = neuron_op_shell(
+        name, inputs, from_bytes(executable), input_names=input_names,
+        input_dtypes=input_dtypes, input_shapes=input_shapes, input_batch_axis=input_batch_axis,
+        output_names=output_names, output_dtypes=output_dtypes, output_shapes=output_shapes,
+        output_batch_axis=output_batch_axis, model_config=model_config, device=device)
+    if isinstance(graph_def, graph_pb2.GraphDef):
+        graph_def = graph_def.SerializeToString()
+    node.attr["graph_def"].s = bytes(graph_def)
+    node.attr["executable"].s = bytes(executable)
+    return node
+
+
+def neuron_op_shell(
+    name: str,
+    inputs: Sequence[str],
+    exe: Executable,
+    *,
+    input_names: Sequence[str] | None = None,
+    input_dtypes: Sequence[DTypeLike] | None = None,
+    input_shapes: Sequence[Sequence[int]] | None = None,
+    input_batch_axis: Sequence[int] | None = None,
+    output_names: Sequence[str] | None = None,
+    output_dtypes: Sequence[DTypeLike] | None = None,
+    output_shapes: Sequence[Sequence[int]] | None = None,
+    output_batch_axis: Sequence[int] | None = None,
+    model_config: Sequence[int] = UNBOUND_MODEL_CONFIG,
+    device: str = "",
+) -> node_def_pb2.NodeDef:
+    """`neuron_op_node_def` for the parsed executable `exe`, without the two large
+    attributes (`executable`, `graph_def`): for a caller that stores them itself, as
+    `saved_model.compile` does through `export.write_saved_model(blobs=...)`. Every
+    copy of them costs (VGG16's are 553 MB each), and so does parsing the executable
+    twice."""
     if len(inputs) != len(exe.inputs):
         raise ValueError(f"NeuronOp '{name}': {len(inputs)} input tensor(s) {list(inputs)} for "
                          f"an executable with {len(exe.inputs)} input(s) "
@@ -114,8 +146,6 @@ def neuron_op_node_def(
     out_shapes = _resolve(name, "output_shapes", output_shapes, exe.outputs, "shape", shape)
     out_axes = _resolve(name, "output_batch_axis", output_batch_axis, exe.outputs, "batch_axis",
                         int)
-    if isinstance(graph_def, graph_pb2.GraphDef):
-        graph_def = graph_def.SerializeToString()
 
     def types(dtypes: list[str]) -> attr_value_pb2.AttrValue:
         return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
@@ -137,7 +167,6 @@ def neuron_op_node_def(
                                 input=[_tensor_ref(t) for t in inputs])
     attr = node.attr
     attr["Tin"].CopyFrom(types(in_dtypes))
-    attr["graph_def"].s = bytes(graph_def)
     attr["input_names"].CopyFrom(strings(in_names))
     attr["input_shapes"].CopyFrom(shapes(in_shapes))
     attr["input_batch_axis"].CopyFrom(ints(in_axes))
@@ -145,6 +174,5 @@ def neuron_op_node_def(
     attr["output_dtypes"].CopyFrom(types(out_dtypes))
     attr["output_shapes"].CopyFrom(shapes(out_shapes))
     attr["output_batch_axis"].CopyFrom(ints(out_axes))
-    attr["executable"].s = bytes(executable)
     attr["model_config"].CopyFrom(ints([*model_config, *[-1] * (5 - len(model_config))]))
     return node

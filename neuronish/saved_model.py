@@ -32,7 +32,7 @@ from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import write_saved_model
 from .freeze import freeze_signature
 from .input_shapes import batch_of, compile_shapes
-from .neuron_op import neuron_op_node_def
+from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .partition.graph import GraphIndex
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
@@ -128,24 +128,27 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
 
         compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
                                               excluded)
-    # Each executable is read once here, for its core count and modelled figures.
+    # Each executable is read once here, for its signature, core count and modelled
+    # figures; it and its subgraph are handed to export as they are, never copied into
+    # a NodeDef (VGG16's are 553 MB each).
     executables = [from_bytes(r.executable) for _, r in compiled]
     cores = [e.num_cores for e in executables]
-    replacements = []
-    for (sg, result), this_cores in zip(compiled, cores, strict=True):
+    replacements, blobs = [], {}
+    for (sg, result), exe in zip(compiled, executables, strict=True):
         assert result.executable is not None
-        node = neuron_op_node_def(
-            sg.name, sg.inputs, result.executable, sg.serialize(),
+        node = neuron_op_shell(
+            sg.name, sg.inputs, exe,
             input_names=sg.input_names, input_dtypes=sg.input_dtypes,
             input_shapes=sg.input_shapes, input_batch_axis=sg.input_batch_axes,
             output_names=sg.output_names, output_dtypes=sg.output_dtypes,
             output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes,
             # duplicates and placement are left to the runtime
-            model_config=model_config(sum(cores), this_cores))
+            model_config=model_config(sum(cores), exe.num_cores))
         replacements.append((sg, node))
+        blobs[sg.name] = {"executable": result.executable, "graph_def": sg.serialize()}
     new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
-    write_saved_model(new_graph_def, signature, outputs, new_model_dir)
+    write_saved_model(new_graph_def, signature, outputs, new_model_dir, blobs)
     if graph is not None:
         from .graph_picture import placement, write_graph
 

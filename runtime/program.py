@@ -158,6 +158,8 @@ class LoadedProgram:
     # -- the native engine -----------------------------------------------------
     def _build_native(self, lib: ctypes.CDLL, threads: int,
                       constants: dict[int, np.ndarray]) -> None:
+        # Every stage's engine slots: the constants, then a call's arena, inputs, outputs.
+        self._first_call_slot = len(constants)
         blocked = self._blockable()
         while True:
             built = [self._native_stage(lib, threads, constants, blocked, st)
@@ -203,7 +205,6 @@ class LoadedProgram:
         call's inputs and its outputs."""
         exe = self.exe
         const_ids = sorted(constants)
-        self._first_call_slot = len(const_ids)
         call_ids = [s.value for s in exe.inputs] + [s.value for s in exe.outputs]
         prog = NativeProgram(lib, self._first_call_slot + 1 + len(call_ids), threads)
         arena_slot = self._first_call_slot

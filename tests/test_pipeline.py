@@ -40,6 +40,9 @@ def test_split_stages_balances_time_and_never_leaves_a_stage_empty() -> None:
     assert split_stages([10.0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2)[0] == [0]  # by time, not count
     assert split_stages([1.0, 1.0, 100.0], 3) == [[0], [1], [2]]
     assert split_stages([1.0, 2.0], 1000) == [[0], [1]]  # clamped to the work there is
+    # the slowest stage as fast as it can be: 3, where a cut at the first half gives 3.5
+    assert split_stages([1.0, 2.0, 1.5], 2) == [[0, 1], [2]]
+    assert max(map(len, split_stages([1.0] * 9, 3))) == 3
 
 
 def test_too_many_pipeline_cores_are_clamped_and_said_so() -> None:

@@ -281,6 +281,32 @@ struct Program {
     s.map[id] = m;
   }
 
+  // An argument in the engine's temporaries (bound to them by finalize()).
+  void temp_arg(Step& s, int id, const memory::desc& md, size_t offset) {
+    own_arg(s, id, memory(md, eng, DNNL_MEMORY_NONE));
+    s.args.back().slot = -2;
+    s.args.back().offset = (int64_t)offset;
+  }
+
+  // Ends a step: its primitive, its scratchpad's size, appended to the instruction.
+  template <class Prim, class PD>
+  void push(Instr& ins, Step& s, const PD& pd) {
+    s.prim = Prim(pd);
+    s.scratch_md = pd.scratchpad_desc();
+    s.scratchpad = s.scratch_md.get_size();
+    scratch_bytes = std::max(scratch_bytes, s.scratchpad);
+    ins.steps.push_back(std::move(s));
+  }
+
+  // A step reading x (DNNL_ARG_SRC) and writing y (DNNL_ARG_DST), both dense.
+  template <class Prim, class PD>
+  void push_plain(Instr& ins, const PD& pd, const Ref& x, const Ref& y) {
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, plain(x));
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    push<Prim>(ins, s, pd);
+  }
+
   // A weight as the primitive wants it: reordered once, now, into engine memory.
   memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want) {
     if (!slots[w.slot]) throw Error("weights must be bound before the instruction is added");
@@ -302,12 +328,9 @@ struct Program {
                   size_t after) {
     Step s;
     arg(s, DNNL_ARG_FROM, r, md);
-    own_arg(s, DNNL_ARG_TO, memory(bmd, eng, DNNL_MEMORY_NONE));
-    s.args.back().offset = (int64_t)after;
-    s.args.back().slot = -2;  // -2: engine temporaries
-    s.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, md, eng, bmd));
+    temp_arg(s, DNNL_ARG_TO, bmd, after);
     temp_bytes = std::max(temp_bytes, after + bmd.get_size());
-    ins.steps.push_back(std::move(s));
+    push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, md, eng, bmd));
   }
 
   // How an image input `r` is read by a primitive whose output is `y_blocked` and whose
@@ -326,18 +349,9 @@ struct Program {
     memory::desc want({r.dims[0], r.dims[3], r.dims[1], r.dims[2]}, cdt,
                       y_blocked ? tag::nChw16c : tag::nhwc);
     to_compute(ins, r, md, want, temp_at);
-    own_arg(s, id, memory(want, eng, DNNL_MEMORY_NONE));
-    s.args.back().slot = -2;
-    s.args.back().offset = (int64_t)temp_at;
+    temp_arg(s, id, want, temp_at);
     temp_at += (want.get_size() + 63) / 64 * 64;
     if (used) *used = want;
-  }
-
-  template <class PD>
-  void finish(Step& s, const PD& pd) {
-    s.scratch_md = pd.scratchpad_desc();
-    s.scratchpad = s.scratch_md.get_size();
-    scratch_bytes = std::max(scratch_bytes, s.scratchpad);
   }
 
   primitive_attr attr() {
@@ -419,9 +433,7 @@ struct Program {
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, b, b_md);
     arg(s, DNNL_ARG_DST, y, y_md);
-    s.prim = dnnl::convolution_forward(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push<dnnl::convolution_forward>(ins, s, pd);
   }
 
   // a [..., M, K], b [..., K, N] (either possibly transposed, leading dims broadcast and
@@ -470,15 +482,8 @@ struct Program {
     Step s;
     if (a_use.get_data_type() != A.type) {
       // Convert a (possibly a transposed view) into a dense temporary of the compute type.
-      Step t;
-      arg(t, DNNL_ARG_FROM, A, a_md);
-      own_arg(t, DNNL_ARG_TO, memory(a_use, eng, DNNL_MEMORY_NONE));
-      t.args.back().slot = -2;
-      t.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, a_md, eng, a_use));
-      temp_bytes = std::max(temp_bytes, a_use.get_size());
-      ins.steps.push_back(std::move(t));
-      own_arg(s, DNNL_ARG_SRC, memory(a_use, eng, DNNL_MEMORY_NONE));
-      s.args.back().slot = -2;
+      to_compute(ins, A, a_md, a_use, 0);
+      temp_arg(s, DNNL_ARG_SRC, a_use, 0);
     } else {
       arg(s, DNNL_ARG_SRC, A, a_md);
     }
@@ -489,25 +494,14 @@ struct Program {
       // into the temporaries after a's.
       size_t after = (a_use.get_data_type() != A.type ? a_use.get_size() + 63 : 0) / 64 * 64;
       memory::desc b_cvt(bd, cdt, plain_tag(r));
-      Step t;
-      arg(t, DNNL_ARG_FROM, B, b_md);
-      own_arg(t, DNNL_ARG_TO, memory(b_cvt, eng, DNNL_MEMORY_NONE));
-      t.args.back().slot = -2;
-      t.args.back().offset = (int64_t)after;
-      t.prim = dnnl::reorder(dnnl::reorder::primitive_desc(eng, b_md, eng, b_cvt));
-      temp_bytes = std::max(temp_bytes, after + b_cvt.get_size());
-      ins.steps.push_back(std::move(t));
-      Arg w{DNNL_ARG_WEIGHTS, memory(b_cvt, eng, DNNL_MEMORY_NONE), -2, (int64_t)after};
-      s.args.push_back(w);
-      s.map[DNNL_ARG_WEIGHTS] = w.mem;
+      to_compute(ins, B, b_md, b_cvt, after);
+      temp_arg(s, DNNL_ARG_WEIGHTS, b_cvt, after);
     } else {
       arg(s, DNNL_ARG_WEIGHTS, B, b_md);
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);
     arg(s, DNNL_ARG_DST, y, plain(y));
-    s.prim = dnnl::matmul(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push<dnnl::matmul>(ins, s, pd);
   }
 
   void add_pool(Reader& rd, Instr& ins) {
@@ -523,9 +517,7 @@ struct Program {
         is_max ? algorithm::pooling_max : algorithm::pooling_avg_exclude_padding, x_use,
         nhwc(y), st, k, {0, 0}, {pads[0], pads[2]}, {pads[1], pads[3]}, attr());
     arg(s, DNNL_ARG_DST, y, nhwc(y));
-    s.prim = dnnl::pooling_forward(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push<dnnl::pooling_forward>(ins, s, pd);
   }
 
   void add_eltwise(Reader& rd, Instr& ins) {
@@ -539,12 +531,7 @@ struct Program {
     auto pd = dnnl::eltwise_forward::primitive_desc(eng, prop_kind::forward_inference,
                                                     elt_alg(e.codes[0]), plain(x), plain(y),
                                                     e.alpha[0], e.beta[0], a);
-    Step s;
-    arg(s, DNNL_ARG_SRC, x, plain(x));
-    arg(s, DNNL_ARG_DST, y, plain(y));
-    s.prim = dnnl::eltwise_forward(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push_plain<dnnl::eltwise_forward>(ins, pd, x, y);
   }
 
   // a has y's dims; b's dims are y's or 1 (numpy broadcasting, made explicit by the caller).
@@ -562,9 +549,7 @@ struct Program {
     arg(s, DNNL_ARG_SRC_0, A, plain(A));
     arg(s, DNNL_ARG_SRC_1, B, plain(B));
     arg(s, DNNL_ARG_DST, y, plain(y));
-    s.prim = dnnl::binary(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push<dnnl::binary>(ins, s, pd);
   }
 
   void add_softmax(Reader& rd, Instr& ins) {
@@ -574,12 +559,7 @@ struct Program {
         eng, prop_kind::forward_inference,
         log ? algorithm::softmax_log : algorithm::softmax_accurate, plain(x), plain(y),
         (int)axis, attr());
-    Step s;
-    arg(s, DNNL_ARG_SRC, x, plain(x));
-    arg(s, DNNL_ARG_DST, y, plain(y));
-    s.prim = dnnl::softmax_forward(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push_plain<dnnl::softmax_forward>(ins, pd, x, y);
   }
 
   // y's dims keep x's rank, with 1 on the reduced axes.
@@ -588,12 +568,7 @@ struct Program {
     Ref x = rd.ref(), y = rd.ref();
     auto pd = dnnl::reduction::primitive_desc(eng, red_alg(code), plain(x), plain(y), 0.f, 0.f,
                                               attr());
-    Step s;
-    arg(s, DNNL_ARG_SRC, x, plain(x));
-    arg(s, DNNL_ARG_DST, y, plain(y));
-    s.prim = dnnl::reduction(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push_plain<dnnl::reduction>(ins, pd, x, y);
   }
 
   void add_concat(Reader& rd, Instr& ins) {
@@ -610,9 +585,7 @@ struct Program {
     Step s;
     for (int64_t k = 0; k < n; ++k) arg(s, DNNL_ARG_MULTIPLE_SRC + (int)k, xs[k], mds[k]);
     arg(s, DNNL_ARG_DST, y, plain(y));
-    s.prim = dnnl::concat(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push<dnnl::concat>(ins, s, pd);
   }
 
   // y = x.transpose(perm): read x through permuted strides, write y densely.
@@ -647,9 +620,7 @@ struct Program {
     Step s;
     arg(s, DNNL_ARG_FROM, x, xmd);
     arg(s, DNNL_ARG_TO, y, ymd);
-    s.prim = dnnl::reorder(pd);
-    finish(s, pd);
-    ins.steps.push_back(std::move(s));
+    push<dnnl::reorder>(ins, s, pd);
   }
 
   void finalize() {
@@ -679,17 +650,20 @@ struct Program {
       return std::chrono::duration<double>(
                  std::chrono::steady_clock::now().time_since_epoch()).count();
     };
+    // One clock read per instruction: each starts where the previous ended (CPU
+    // primitives on the OpenMP runtime return when done, so no wait is needed to time).
+    double* const times = timing;
+    double end = times ? now() : 0.0;
     for (int64_t k = first; k < last; ++k) {
       if (instrs[k].threads != current) omp_set_num_threads(current = instrs[k].threads);
-      if (timing) timing[2 * k] = now();
       for (auto& a : instrs[k].steps) {
         for (auto& arg : a.args)
           if (arg.slot >= 0) arg.mem.set_data_handle(slots[arg.slot] + arg.offset);
         a.prim.execute(strm, a.map);
       }
-      if (timing) {
-        strm.wait();
-        timing[2 * k + 1] = now();
+      if (times) {
+        times[2 * k] = end;
+        times[2 * k + 1] = end = now();
       }
     }
     strm.wait();
