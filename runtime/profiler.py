@@ -34,6 +34,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from .telemetry import current_group
+
 ENV_VAR = "NEURONISH_PROFILE"
 _MAX_EVENTS = 2_000_000  # ~ a few hundred MB of JSON; beyond it, recording stops
 
@@ -147,27 +149,34 @@ def traced_call(fn: Callable) -> Callable:
     return wrapper
 
 
-@contextlib.contextmanager
-def chunk(model: object, queued_since: float) -> Iterator[None]:
+def chunk(model: object, queued_since: float) -> contextlib.AbstractContextManager:
     """Around one chunk's execution, once it holds a program copy and a host slot."""
-    if not _active:
-        yield
-        return
-    from .telemetry import current_group
+    return _Chunk(model, queued_since) if _active else _OFF
 
-    # Steps are timed only while there is room for them (see _MAX_EVENTS); each stage
-    # the chunk runs adds its record to `stages` (stage_done).
-    stages: list[tuple] | None = [] if _room(2) else None
-    _local.stages = stages
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
+
+_OFF = contextlib.nullcontext()
+
+
+class _Chunk:
+    """Times a chunk; each stage it runs adds its record to `stages` (stage_done).
+    Steps are timed only while there is room for them (see _MAX_EVENTS)."""
+
+    __slots__ = ("model", "queued", "start", "stages")
+
+    def __init__(self, model: object, queued: float):
+        self.model, self.queued = model, queued
+
+    def __enter__(self) -> None:
+        self.stages: list[tuple] | None = [] if _room(2) else None
+        _local.stages = self.stages
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
         end = time.perf_counter()
         _local.stages = None
-        if stages is not None:
-            _events.append((_CHUNK, model, current_group(), _host_track(), queued_since,
-                            start, end, stages))
+        if self.stages is not None:
+            _events.append((_CHUNK, self.model, current_group(), _host_track(), self.queued,
+                            self.start, end, self.stages))
 
 
 def stage_done(program: object, stage: object, times: object, marks: list[float]) -> None:
