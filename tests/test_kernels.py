@@ -19,7 +19,7 @@ from neuronish.cc.ir import TensorType
 from neuronish.runtime.errors import ExecutionError
 from neuronish.runtime.kernels import KERNELS, conv, evaluate, pool
 from neuronish.runtime.native import library
-from neuronish.runtime.program import evaluate_one
+from neuronish.runtime.program import evaluate_one, one_instruction_program
 
 RNG = np.random.default_rng(1234)
 
@@ -482,6 +482,26 @@ def test_reduce_matches_tf(fn: str, axes: list, keepdims: bool) -> None:
     x = randn(3, 4, 5) * (0.5 if fn == "prod" else 1)
     close(run("reduce", [x], {"fn": fn, "axes": axes, "keepdims": keepdims}),
           REDUCE_TF[fn](x, axis=axes, keepdims=keepdims), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn", sorted(REDUCE_TF))
+def test_reduce_over_innermost_axes_matches_tf_with_nan_and_inf(fn: str) -> None:
+    # Rows longer than a vector and not a multiple of one (the native engine's own loop
+    # reduces innermost axes: vector body and tail), with NaN and +-inf in some rows.
+    x = randn(6, 1000) * (0.01 if fn == "prod" else 1) + (1 if fn == "prod" else 0)
+    x[1, 999] = np.nan
+    x[2, 0] = np.inf
+    x[3, 500] = -np.inf
+    x[4, [3, 700]] = [np.inf, -np.inf]
+    for axes in ([1], [0, 1]):
+        with np.errstate(invalid="ignore"):  # inf - inf, as intended
+            got = run("reduce", [x], {"fn": fn, "axes": axes, "keepdims": True})
+        close(got, REDUCE_TF[fn](x, axis=axes, keepdims=True), rtol=1e-5, atol=1e-6)
+    if ENGINE == "native":  # ...and did take that loop, not oneDNN's slow kernel there
+        program, ins = one_instruction_program(
+            "reduce", [x], {"fn": fn, "axes": [1], "keepdims": True}, [((6, 1), "float32")],
+            native=library.load())
+        assert program.implementations() == {0: "neuronish:inner_reduce"}
 
 
 def test_reduce_integers_bool_float16_and_empty_axes() -> None:
