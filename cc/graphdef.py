@@ -14,6 +14,7 @@ refused here, as TensorFlow's graph import refuses them.
 
 from __future__ import annotations
 
+import graphlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,8 +212,8 @@ def parse_graph_def(data: bytes, *, text: bool = False) -> list[TFNode]:
 
 
 def _refuse_cycles(nodes: list[TFNode]) -> None:
-    """Kahn's algorithm over data and control edges. The only back edges TensorFlow
-    accepts are a TF1 loop's NextIteration -> Merge; every other cycle is refused."""
+    """Over data and control edges. The only back edges TensorFlow accepts are a TF1
+    loop's NextIteration -> Merge; every other cycle is refused."""
     by_name = {n.name: n for n in nodes}
 
     def preds(n: TFNode) -> set[str]:
@@ -222,34 +223,14 @@ def _refuse_cycles(nodes: list[TFNode]) -> None:
                      or by_name[p].op not in ("NextIteration", "RefNextIteration")}
         return {p for p in names if p in by_name}
 
-    pending = {n.name: preds(n) for n in nodes}
-    users: dict[str, list[str]] = {}
-    for name, ps in pending.items():
-        for p in ps:
-            users.setdefault(p, []).append(name)
-    ready = [name for name, ps in pending.items() if not ps]
-    done = 0
-    while ready:
-        name = ready.pop()
-        done += 1
-        for user in users.get(name, ()):
-            pending[user].discard(name)
-            if not pending[user]:
-                ready.append(user)
-    if done == len(nodes):
-        return
-    # Walk back from a node left over until a name repeats: that is one cycle.
-    stuck = {name for name, ps in pending.items() if ps}
-    path, seen = [], {}
-    name = next(iter(sorted(stuck)))
-    while name not in seen:
-        seen[name] = len(path)
-        path.append(name)
-        name = sorted(p for p in pending[name] if p in stuck)[0]
-    cycle = [*path[seen[name]:], name]
-    raise InvalidGraph("the graph has a cycle (through data or control edges): "
-                       + " <- ".join(repr(c) for c in cycle)
-                       + "; TensorFlow refuses such a graph too")
+    try:
+        graphlib.TopologicalSorter({n.name: preds(n) for n in nodes}).prepare()
+    except graphlib.CycleError as e:
+        # graphlib lists it producer first; read it as "consumer <- producer".
+        cycle = list(reversed(e.args[1]))
+        raise InvalidGraph("the graph has a cycle (through data or control edges): "
+                           + " <- ".join(repr(c) for c in cycle)
+                           + "; TensorFlow refuses such a graph too") from None
 
 
 def load_graph_def(path: str | Path) -> list[TFNode]:

@@ -9,7 +9,7 @@ came from (`origin`) so errors and profiles can point back at the model.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,26 +161,3 @@ def neighbours(graph: Graph, node: Node) -> Iterable[Node]:
         touched = {v.id for v in other.inputs} | {v.id for v in other.outputs}
         if other is not node and touched & ids:
             yield other
-
-
-def topo_sorted(nodes: Sequence[Node]) -> list[Node]:
-    """Nodes in an order where producers come before consumers (stable otherwise)."""
-    produced = {o.id: n for n in nodes for o in n.outputs}
-    done: set[int] = set()
-    order: list[Node] = []
-    for root in nodes:
-        stack = [(root, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if id(node) in done:
-                continue
-            if expanded:
-                done.add(id(node))
-                order.append(node)
-                continue
-            stack.append((node, True))
-            for v in reversed(node.inputs):
-                p = produced.get(v.id)
-                if p is not None and id(p) not in done:
-                    stack.append((p, False))
-    return order

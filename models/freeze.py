@@ -31,6 +31,7 @@ batch size and the dynamic one otherwise, so it accepts any batch size.
 
 from __future__ import annotations
 
+import graphlib
 import heapq
 import json
 import os
@@ -368,25 +369,23 @@ def _canonical_order(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     lets a consumer translate the graph in one forward pass.
     """
     nodes = {n.name: n for n in graph_def.node}
-    pending = {name: 0 for name in nodes}
-    users: dict[str, list[str]] = {name: [] for name in nodes}
-    for node in graph_def.node:
-        for ref in {i.lstrip("^").split(":")[0] for i in node.input}:
-            if ref in nodes:
-                pending[node.name] += 1
-                users[ref].append(node.name)
-    ready = [name for name, count in pending.items() if count == 0]
+    sorter = graphlib.TopologicalSorter(
+        {node.name: {i.lstrip("^").split(":")[0] for i in node.input} & nodes.keys()
+         for node in graph_def.node})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as e:
+        raise ValueError(f"graph has a cycle: {' -> '.join(e.args[1])}") from None
+    # graphlib's order, released one node at a time: of the nodes ready, the first by name.
+    ready = list(sorter.get_ready())
     heapq.heapify(ready)
     order: list[str] = []
     while ready:
         name = heapq.heappop(ready)
         order.append(name)
-        for user in users[name]:
-            pending[user] -= 1
-            if pending[user] == 0:
-                heapq.heappush(ready, user)
-    if len(order) != len(nodes):
-        raise ValueError("graph has a cycle")
+        sorter.done(name)
+        for user in sorter.get_ready():
+            heapq.heappush(ready, user)
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.node.extend(nodes[name] for name in order)

@@ -10,6 +10,7 @@ with the real compiler (in-process) and run on the simulated device instead.
 
 from __future__ import annotations
 
+import graphlib
 import math
 import random
 import sys
@@ -438,22 +439,14 @@ def test_clustering_never_closes_a_cycle_on_random_graphs() -> None:
 
 
 def _has_cycle(edges: set[tuple[str, str]]) -> bool:
-    """Kahn's algorithm: a cycle leaves nodes that never become ready."""
-    nodes = {n for e in edges for n in e}
-    pending = {n: 0 for n in nodes}
-    for _, b in edges:
-        pending[b] += 1
-    ready = [n for n, k in pending.items() if k == 0]
-    done = 0
-    while ready:
-        a = ready.pop()
-        done += 1
-        for x, b in edges:
-            if x == a:
-                pending[b] -= 1
-                if pending[b] == 0:
-                    ready.append(b)
-    return done != len(nodes)
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(b, set()).add(a)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError:
+        return True
+    return False
 
 
 def test_contraction_matches_brute_force_reachability() -> None:
@@ -498,6 +491,31 @@ def test_clusters_are_named_in_topological_order_and_avoid_taken_names() -> None
     names = [c.name for c in P.cluster(gd, marking)]
     assert names[0] == "neuron_op_1" and "neuron_op_0" not in names
     assert names == sorted(names, key=lambda s: int(s.rsplit("_", 1)[1]))
+
+
+def _graph(*nodes: tuple[str, tuple[str, ...]]) -> graph_pb2.GraphDef:
+    gd = graph_pb2.GraphDef()
+    for name, inputs in nodes:
+        gd.node.append(node_def_pb2.NodeDef(name=name, op="NoOp" if not inputs else "Identity",
+                                            input=list(inputs)))
+    return gd
+
+
+def test_graph_order_releases_the_first_ready_node_in_graphdef_order() -> None:
+    # b becomes ready after a, and still comes before c, which was ready from the start:
+    # the order is the smallest by GraphDef position at every step, not level by level.
+    gd = _graph(("a", ()), ("b", ("a",)), ("c", ()), ("d", ("c", "^b")))
+    assert GraphIndex.build(gd).order == ("a", "b", "c", "d")
+    gd = _graph(("c", ()), ("d", ("c", "^b")), ("b", ("a",)), ("a", ()))
+    assert GraphIndex.build(gd).order == ("c", "a", "b", "d")
+
+
+def test_graph_with_a_cycle_is_refused_naming_the_cycle() -> None:
+    gd = _graph(("x", ()), ("a", ("x", "c")), ("b", ("a",)), ("c", ("^b",)))
+    with pytest.raises(P.PartitionError, match="cycle") as e:
+        GraphIndex.build(gd)
+    assert all(repr(n) in str(e.value) for n in ("a", "b", "c"))
+    assert "'x'" not in str(e.value)
 
 
 def test_minimum_segment_size_counts_compute_nodes_only() -> None:

@@ -19,7 +19,10 @@ Slow and idle clients: every connection has a socket timeout, and a request
 of when the server started waiting for it, else the connection is closed; an idle
 keep-alive connection is closed after the same time. Each connection has its own
 thread, so 500 idle or slow-loris connections cost threads, not the latency of
-good requests (measured in tests/serving/test_hostile.py).
+good requests (measured in tests/serving/test_hostile.py). Threads are bounded too:
+past `--rest_api_max_connections` open connections, a new one is answered 503 at
+once, from the accepting thread and without reading its request, and closed; the
+connections already open are served as before.
 
 Errors are `{"error": "..."}` with TF Serving's status -> HTTP mapping. A body
 over `--rest_api_max_body_bytes` is refused with 413 before it is read, as
@@ -314,8 +317,12 @@ class RestServer(ThreadingHTTPServer):
     request_queue_size = 128  # many clients connect at once under load
 
     def __init__(self, port: int, api: RestApi, max_body_bytes: int, num_threads: int,
-                 cors: bool = False, idle_timeout_s: float = 30.0):
+                 cors: bool = False, idle_timeout_s: float = 30.0, max_connections: int = 0):
         self.api = api
+        self.max_connections = max_connections if max_connections > 0 else None
+        self._connections = 0  # open connections, each with its handler thread
+        self._connections_lock = threading.Lock()
+        self._refused, self._refused_logged = 0, -1e9  # refusals not logged yet, and when
         self.max_body_bytes = max_body_bytes
         self.cors = cors
         self.idle_timeout_s = idle_timeout_s if idle_timeout_s > 0 else None
@@ -339,6 +346,57 @@ class RestServer(ThreadingHTTPServer):
         with self._idle:
             self._active -= 1
             self._idle.notify_all()
+
+    # -- a bound on open connections ----------------------------------------------------
+    def process_request(self, request: socket.socket, client_address: object) -> None:
+        with self._connections_lock:
+            full = self.max_connections is not None and self._connections >= self.max_connections
+            if not full:
+                self._connections += 1
+        if full:
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # a thread for the connection
+        except BaseException:
+            with self._connections_lock:
+                self._connections -= 1
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._connections -= 1
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """Answer 503 without a thread or a blocking call (the accept loop runs this)."""
+        body = json.dumps({"error": f"Too many connections: the server holds "
+                                    f"{self.max_connections} (--rest_api_max_connections); "
+                                    "retry later"}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        try:
+            conn.setblocking(False)
+            try:  # what the client already sent: unread, closing would reset the connection
+                for _ in range(16):  # (and the client could lose the answer); bounded
+                    if not conn.recv(65536):
+                        break
+            except (BlockingIOError, InterruptedError):
+                pass
+            conn.send(head + body)  # small: fits the socket's send buffer
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        now = time.monotonic()
+        self._refused += 1
+        if now - self._refused_logged >= 10:  # at most one line per 10 s under a flood
+            log.warning("REST: %d connection(s) refused, %d open (--rest_api_max_connections)",
+                        self._refused, self.max_connections)
+            self._refused, self._refused_logged = 0, now
 
     # -- slow clients: a whole request must arrive within the idle timeout ------------
     def reading_started(self, conn: socket.socket) -> None:

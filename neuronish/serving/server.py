@@ -61,6 +61,7 @@ class Options:
     request_timeout_in_ms: int = 0
     request_max_elements: int = 1 << 27
     rest_api_idle_timeout_in_ms: int = 30000
+    rest_api_max_connections: int = 1024
     allow_reload_config_request: bool = False
     reload_config_allowed_roots: str = ""
     ssl_config_file: str = ""
@@ -106,6 +107,8 @@ HELP = {
                             "(RESOURCE_EXHAUSTED above it); 0 = no limit",
     "rest_api_idle_timeout_in_ms": "close a REST connection that is idle, or whose request has "
                                    "not fully arrived, after this long; <= 0 = never",
+    "rest_api_max_connections": "most REST connections open at once (each holds a thread); "
+                                "one more is answered 503 and closed; <= 0 = no limit",
     "allow_reload_config_request": "serve ModelService/HandleReloadConfigRequest (off: refused "
                                    "with PERMISSION_DENIED)",
     "reload_config_allowed_roots": "comma-separated directories a reloaded config's base paths "
@@ -307,7 +310,8 @@ class ModelServer:
                                           options.rest_api_max_body_bytes,
                                           max(1, options.rest_api_num_threads),
                                           cors=options.rest_api_enable_cors_support,
-                                          idle_timeout_s=options.rest_api_idle_timeout_in_ms / 1000)
+                                          idle_timeout_s=options.rest_api_idle_timeout_in_ms / 1000,
+                                          max_connections=options.rest_api_max_connections)
             self.rest_server.start()
             log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:

@@ -7,6 +7,7 @@ and raw sockets / http.client (REST)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import statistics
@@ -426,6 +427,38 @@ def test_good_requests_go_through_500_idle_and_slow_connections(hostile_server: 
           f"(max {max(under_attack) * 1e3:.1f} ms)")
 
 
+def test_connections_past_the_limit_are_refused_and_open_ones_served(
+        serving_dir: Path, toy_model_dir: str) -> None:
+    root = serving_dir / "max_connections"
+    copy_version(toy_model_dir, root / "toy", 1)
+    args = [f"--model_base_path={root / 'toy'}", "--model_name=toy",
+            "--rest_api_max_connections=3"]
+    status_request = b"GET /v1/models/toy HTTP/1.1\r\nHost: x\r\n\r\n"
+    with running_server(args, root, {"toy": [1]}) as server:
+        held = [socket.create_connection(("127.0.0.1", server.rest_port), timeout=10)
+                for _ in range(3)]  # accepted in this order, before the next one
+        try:
+            answer = _raw(server, status_request)  # the 4th: answered at once and closed
+            assert _status_of(answer) == 503, answer
+            assert b"Connection: close" in answer and b"--rest_api_max_connections" in answer
+            for conn in held:  # the connections the server holds are served, keep-alive
+                for _ in range(2):
+                    conn.sendall(status_request)
+                    response = http.client.HTTPResponse(conn)  # reads one answer off it
+                    response.begin()
+                    assert response.status == 200 and b"AVAILABLE" in response.read()
+        finally:
+            for conn in held:
+                conn.close()
+        deadline = time.monotonic() + 10  # the handlers see the closes a moment later
+        while True:
+            status, body = server.http("GET", "/v1/models/toy")
+            if status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert status == 200 and body["model_version_status"][0]["state"] == "AVAILABLE", body
+
+
 # --------------------------------------------------------------- TLS
 
 
@@ -437,12 +470,23 @@ def _self_signed(directory: Path) -> tuple[str, str]:
     return key.read_text(), cert.read_text()
 
 
+def _tf_serving_ssl_config(key: str, cert: str) -> str:
+    """An SSLConfig text proto (tensorflow_serving/config/ssl_config.proto: server_key = 1,
+    server_cert = 2, custom_ca = 3, client_verify = 4) as TF Serving users write it: each
+    PEM on one line in single quotes, its base64 lines joined, `\\n` around the body."""
+    def one_line(pem: str) -> str:
+        lines = pem.strip().splitlines()
+        return "\\n".join([lines[0], "".join(lines[1:-1]), lines[-1]])
+
+    return (f"server_key: '{one_line(key)}'\nserver_cert: '{one_line(cert)}'\n"
+            "custom_ca: ''\nclient_verify: false\n")
+
+
 def test_grpc_over_tls_with_ssl_config_file(serving_dir: Path, toy_model_dir: str) -> None:
     root = serving_dir / "tls"
     copy_version(toy_model_dir, root / "toy", 1)
     key, cert = _self_signed(root)
-    ssl_config = write_text(root / "ssl.config",
-                            f"server_key: {json.dumps(key)}\nserver_cert: {json.dumps(cert)}\n")
+    ssl_config = write_text(root / "ssl.config", _tf_serving_ssl_config(key, cert))
     bad = write_text(root / "bad_ssl.config", 'server_key: "x"\n')
     proc = subprocess.run([str(SERVER), "--port=0", f"--grpc_socket_path={root / 'sock'}",
                            f"--model_base_path={root / 'toy'}", f"--ssl_config_file={bad}"],

@@ -595,3 +595,21 @@ def test_warmup_records_are_replayed_and_a_bad_one_fails_the_load(tmp_path: Path
         load_servable("toy", 1, with_warmup("bad", bad), ["serve"])
     assert "Model warmup failed at record 1" in raised.value.message
     assert "Missing but required: {b}" in raised.value.message
+
+
+def test_ssl_config_is_tf_servings(tmp_path: Path) -> None:
+    # tensorflow_serving/config/ssl_config.proto (not in tensorflow-serving-api's wheel)
+    fields = {f.name: (f.number, f.type) for f in config.SSLConfig.DESCRIPTOR.fields}
+    string, boolean = 9, 8  # FieldDescriptor.TYPE_STRING, TYPE_BOOL
+    assert fields == {"server_key": (1, string), "server_cert": (2, string),
+                      "custom_ca": (3, string), "client_verify": (4, boolean)}
+    assert config.SSLConfig.DESCRIPTOR.full_name == "tensorflow.serving.SSLConfig"
+    for text, message in [
+            ("server_key: 'k'\nserver_cert: 'c'\nclient_verify: true\n",
+             "client_verify needs custom_ca"),
+            ("server_key: 'k'\nserver_certificate: 'c'\n", "server_certificate"),
+            ("server_key: 'k'\ncustom_ca: 'ca'\n", "server_key and server_cert")]:
+        path = tmp_path / "ssl.config"
+        path.write_text(text)
+        with pytest.raises(config.ConfigError, match=message):
+            server.read_ssl_config(str(path))
