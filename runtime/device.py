@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .config import DeviceConfig
 from .errors import DeviceError, OutOfDeviceMemory
+from .host import HostCPUs
 from .kernels import parallel
 
 _MIB = 1 << 20
@@ -37,12 +38,9 @@ class Device:
         # per visible core is enough to keep every core busy...
         self.pool = ThreadPoolExecutor(max_workers=len(config.visible_cores),
                                        thread_name_prefix="neuronish-core")
-        # ...but the host executes only as many programs at once as it has room
-        # for (config.default_host_parallelism); the others queue here. (One slot is a
-        # plain lock: it is taken on every call, and Python's semaphore costs ~1 us.)
-        self.host_slots: threading.Lock | threading.BoundedSemaphore = (
-            threading.Lock() if config.host_parallelism == 1
-            else threading.BoundedSemaphore(config.host_parallelism))
+        # ...but the host computes only as many programs at once as its CPUs hold, each
+        # taking as many as its widest team (runtime/host.py); the others queue.
+        self.host_cpus = HostCPUs(config.host_parallelism * config.core_threads)
         self._failed: dict[int, str] = {}  # core -> why it failed (fail_core)
         self._models: weakref.WeakSet = weakref.WeakSet()  # loaded models, for fail_core
 

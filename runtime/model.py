@@ -105,7 +105,7 @@ class Model:
             lib = native_library()
             self.engine = "native" if lib is not None else "numpy"
             programs = [LoadedProgram(exe, constants, lib, device.config.core_threads,
-                                      device.host_slots)
+                                      device.host_cpus)
                         for _ in self._reservations]
             # The native engine's reordered weights and buffers are known only now.
             actual = programs[0].bytes_per_core() if programs else per_core

@@ -9,8 +9,8 @@ An executable holds one program per core of its core group (pipeline stages,
 `--neuroncore-pipeline-cores`). Each stage runs on its own core: one call at a time
 per stage, so successive calls (or the chunks of a split batch) flow through the
 stages concurrently, call k in stage 1 while call k+1 is in stage 0. Each call in
-flight has its own arena (a copy holds one per stage), and each stage takes one of
-the host's execution slots only while it computes (`Device.host_slots`).
+flight has its own arena (a copy holds one per stage), and each stage takes as many
+of the host's CPUs as its widest team only while it computes (runtime/host.py).
 
 On the native engine, each instruction is first offered to oneDNN
 (runtime/native/); the ones it takes run there, consecutive ones in a single
@@ -34,6 +34,7 @@ import numpy as np
 from . import profiler
 from .errors import DeadlineExceeded, ExecutableError, ExecutionError
 from .executable import Executable
+from .host import HostCPUs
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
 from .native.program import NativeProgram
@@ -95,14 +96,14 @@ class _Stage:
         self.steps: list[_Bound | _NativeRun] = []
         self.native: NativeProgram | None = None
         self.lock = threading.Lock()  # a core runs one call at a time
+        self.host: contextlib.AbstractContextManager = contextlib.nullcontext()  # its CPUs
 
 
 class LoadedProgram:
     def __init__(self, exe: Executable, constants: dict[int, np.ndarray],
                  native: ctypes.CDLL | None = None, threads: int = 1,
-                 host_slots: contextlib.AbstractContextManager | None = None):
+                 host: HostCPUs | None = None):
         self.exe = exe
-        self._host = host_slots if host_slots is not None else contextlib.nullcontext()
         self.instructions = [
             _Bound(KERNELS[i.kind].fn, i.inputs, i.outputs, i.attrs,
                    tuple(i.scratch) if i.scratch else None, i.kind, i.source)
@@ -128,6 +129,11 @@ class LoadedProgram:
         if native is not None:
             self._build_native(native, threads, constants)
         # Decided once here, not on every call:
+        if host is not None:  # (a stage whose native kernels all run on one thread: 1 CPU)
+            for stage in self.stages:
+                all_native = stage.native is not None and all(
+                    isinstance(step, _NativeRun) for step in stage.steps)
+                stage.host = host.take(max(stage.native.widest, 1) if all_native else threads)
         self._constant_outputs = [(k, sig.value) for k, sig in enumerate(exe.outputs)
                                   if sig.value in exe.constants]
         self._numpy_steps = any(isinstance(step, _Bound) for step in self.steps)
@@ -285,10 +291,10 @@ class LoadedProgram:
                             *(a.ctypes.data for a in outputs)] if self._native else ()
             for stage in self.stages:
                 if deadline is None:
-                    with stage.lock, self._host:
+                    with stage.lock, stage.host:
                         self._run_stage(stage, slots, arena, call_buffers)
                     continue
-                with self._holding(stage.lock, deadline), self._holding(self._host, deadline):
+                with self._holding(stage.lock, deadline), self._holding(stage.host, deadline):
                     self._run_stage(stage, slots, arena, call_buffers)
         finally:
             self._arenas.put(arena)

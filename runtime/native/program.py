@@ -33,6 +33,8 @@ class NativeProgram:
         self._call_ptrs: ctypes.Array | None = None
         self._n_call = 0
         self._timing: np.ndarray | None = None  # see timings()
+        self.threads = threads
+        self.widest = 0  # the widest team any instruction taken runs on (host CPUs it needs)
         self._timing_ptr: object = None
 
     def bind(self, slot: int, array: np.ndarray) -> None:
@@ -51,8 +53,8 @@ class NativeProgram:
             self.rejected[index] = "no native kernel for these dtypes/attributes"
             return None
         ints, floats = spec
-        self._lib.ne_set_threads(self._handle, 1 if work(kind, attrs, ins, outs) < SMALL_WORK
-                                 else 0)
+        team = 1 if work(kind, attrs, ins, outs) < SMALL_WORK else self.threads
+        self._lib.ne_set_threads(self._handle, team)
         int_arr = (ctypes.c_int64 * len(ints))(*ints)
         float_arr = (ctypes.c_float * max(len(floats), 1))(*floats)
         held = self.held_bytes
@@ -62,6 +64,7 @@ class NativeProgram:
             self.rejected[index] = self._err.value.decode()
             return None
         self.weight_bytes[index] = self.held_bytes - held
+        self.widest = max(self.widest, team)
         self.engine_index[index] = int(k)
         return int(k)
 

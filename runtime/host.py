@@ -1,0 +1,76 @@
+"""The host's CPUs, shared by the programs computing at once.
+
+Each running program (one stage of one call) takes as many CPUs as its widest OpenMP
+team and gives them back when it stops computing; a program that cannot get them
+waits. So programs whose instructions all run on one thread (a small model, the
+BERT-style encoder's small matmuls) compute side by side, one per CPU, while a program
+that spreads its convolutions over every CPU runs alone: concurrent calls never put
+more threads to work than there are CPUs. Waiters are served in arrival order, so a
+wide program is not starved by a stream of narrow ones.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+
+class HostCPUs:
+    def __init__(self, cpus: int):
+        self.cpus = max(1, cpus)
+        self._free = self.cpus
+        self._waiting: collections.deque[object] = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+
+    def take(self, width: int) -> Slot:
+        """What a program `width` threads wide holds while it computes (a lock-like
+        object: `with`, or acquire/release with a timeout)."""
+        return Slot(self, min(max(1, width), self.cpus))
+
+    def acquire(self, n: int, timeout: float | None = None) -> bool:
+        with self._cond:
+            if not self._waiting and self._free >= n:  # (the common, uncontended case)
+                self._free -= n
+                return True
+            ticket = object()
+            self._waiting.append(ticket)
+            try:
+                got = self._cond.wait_for(
+                    lambda: self._waiting[0] is ticket and self._free >= n, timeout)
+                if got:
+                    self._free -= n
+                return got
+            finally:
+                self._waiting.remove(ticket)
+                self._cond.notify_all()  # the next in line may now be first
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self._free += n
+            self._cond.notify_all()
+
+    @property
+    def free(self) -> int:
+        return self._free
+
+
+class Slot:
+    """`width` of the host's CPUs, taken and given back like a lock."""
+
+    def __init__(self, host: HostCPUs, width: int):
+        self.host, self.width = host, width
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not blocking:
+            timeout = 0
+        return self.host.acquire(self.width, None if timeout < 0 else timeout)
+
+    def release(self) -> None:
+        self.host.release(self.width)
+
+    def __enter__(self) -> Slot:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,100 @@
+"""The host's CPUs shared by running programs (runtime/host.py), and the width each
+loaded program takes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.cc.compiler import compile_graph
+from neuronish.runtime.config import DeviceConfig
+from neuronish.runtime.device import Device
+from neuronish.runtime.executable import from_bytes
+from neuronish.runtime.host import HostCPUs
+from neuronish.runtime.model import Model
+from neuronish.runtime.native import native_library
+from tests.graphs import dense_relu, trace
+
+
+def _in_thread(fn) -> threading.Thread:  # noqa: ANN001
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+def test_narrow_programs_share_the_host_and_a_wide_one_waits_for_all_of_it() -> None:
+    host = HostCPUs(2)
+    a, b, wide = host.take(1), host.take(1), host.take(2)
+    assert a.acquire() and b.acquire()  # two one-thread programs at once
+    assert not wide.acquire(timeout=0.05)  # no room for a two-thread team
+    a.release()
+    assert not wide.acquire(timeout=0.05)  # still one CPU short
+    b.release()
+    assert wide.acquire(timeout=1)
+    assert not host.take(1).acquire(blocking=False)
+    wide.release()
+    assert host.free == 2
+
+
+def test_waiters_are_served_in_arrival_order() -> None:
+    """A wide program waiting is not overtaken by narrow ones arriving after it."""
+    host = HostCPUs(2)
+    first = host.take(1)
+    first.acquire()
+    order: list[str] = []
+    wide_waiting = threading.Event()
+
+    def wide() -> None:
+        wide_waiting.set()
+        with host.take(2):
+            order.append("wide")
+
+    def narrow() -> None:
+        with host.take(1):
+            order.append("narrow")
+
+    t_wide = _in_thread(wide)
+    assert wide_waiting.wait(5)
+    while not host._waiting:  # (wait until it queued)
+        pass
+    t_narrow = _in_thread(narrow)  # one CPU is free, but the wide one came first
+    t_narrow.join(0.2)
+    assert order == [] and t_narrow.is_alive()
+    first.release()
+    t_wide.join(5)
+    t_narrow.join(5)
+    assert order == ["wide", "narrow"]
+
+
+def test_a_width_above_the_host_is_clamped() -> None:
+    host = HostCPUs(2)
+    with host.take(8) as slot:
+        assert slot.width == 2 and host.free == 0
+    assert host.free == 2
+
+
+@pytest.mark.skipif(native_library() is None, reason="the native engine is not available")
+def test_a_program_of_small_instructions_takes_one_cpu_and_a_large_one_all() -> None:
+    config = DeviceConfig(num_cores=2, core_memory=1 << 30, visible_cores=(0, 1),
+                          core_groups=((0,), (1,)), host_parallelism=1, kernel_threads=2,
+                          core_threads=2)
+    device = Device(config)
+    small = dense_relu(batch=2)  # every instruction far below the one-thread threshold
+    w = tf.constant(np.random.default_rng(0).standard_normal((3, 3, 64, 64), np.float32))
+    large = trace(lambda x: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME")),  # 0.3 GFLOP
+                  tf.TensorSpec([4, 32, 32, 64], tf.float32, name="x"))
+    for graph, width in ((small, 1), (large, 2)):
+        exe = from_bytes(compile_graph(graph.graph_def, graph.io_config))
+        model = Model(exe, device)
+        program = model._idle.get()
+        model._idle.put(program)
+        assert [stage.host.width for stage in program.stages] == [width]
+        feeds = {s.name: np.ones(s.shape, s.dtype) for s in exe.inputs}
+        want = {n: v for n, v in graph.reference(feeds).items()}
+        got = model.run(feeds)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4)
+        model.unload()
