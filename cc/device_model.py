@@ -231,6 +231,6 @@ def _flops(ins: Instruction, in_types: list, out_types: list) -> int:
     if ins.kind == "pool":
         kh, kw = ins.attrs.get("ksize", (1, 1))
         return out * kh * kw
-    if ins.kind in ("reduce", "softmax"):  # each input element is read and combined
+    if ins.kind in ("reduce", "softmax", "layer_norm"):  # each input element is combined
         return int(np.prod(in_types[0][0], dtype=np.int64)) if in_types else out
     return out

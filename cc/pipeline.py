@@ -22,7 +22,7 @@ from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
-from .passes.idioms import recognize_gelu
+from .passes.idioms import recognize_gelu, recognize_layer_norm
 from .passes.layout import assign_layouts
 from .passes.movement import sink_reshapes
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
@@ -42,6 +42,7 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         Pass("eliminate_identities", eliminate_identities),
         # TF's exact GELU (five ops) is one instruction.
         Pass("recognize_gelu", recognize_gelu),
+        Pass("recognize_layer_norm", recognize_layer_norm),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # Reshapes move below bias adds and activations, next to their matmul...
         Pass("sink_reshapes", sink_reshapes),

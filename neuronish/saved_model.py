@@ -21,6 +21,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from neuronish.runtime.executable import from_bytes
 
@@ -131,7 +132,9 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     # Each executable is read once here, for its signature, core count and modelled
     # figures; it and its subgraph are handed to export as they are, never copied into
     # a NodeDef (VGG16's are 553 MB each).
-    executables = [from_bytes(r.executable) for _, r in compiled]
+    # Its constants (a copy of the weights: from_bytes copies them) are dropped at once,
+    # so that only one executable's are held at a time, never all the model's.
+    executables = [replace(from_bytes(r.executable), constants={}) for _, r in compiled]
     cores = [e.num_cores for e in executables]
     replacements, blobs = [], {}
     for (sg, result), exe in zip(compiled, executables, strict=True):

@@ -472,6 +472,19 @@ def _softmax(t: Sequence[HasType], a: dict) -> list[Type]:
     return _one(t, a)
 
 
+def _layer_norm(t: Sequence[HasType], a: dict) -> list[Type]:
+    x, scale, shift = t
+    if x.dtype not in ("float32", "float16", "float64") or not x.shape:
+        raise IsaError(f"x must be a float tensor of rank >= 1, got {_fmt(x)}", "in")
+    if a["epsilon"] < 0:
+        raise IsaError(f"epsilon must be >= 0, got {a['epsilon']}", "epsilon")
+    for name, v in (("scale", scale), ("shift", shift)):
+        if tuple(v.shape) != (x.shape[-1],) or v.dtype != x.dtype:
+            raise IsaError(f"{name} must be {x.dtype}[{x.shape[-1]}] (x's last axis), got "
+                           f"{_fmt(v)}", "in")
+    return _one(t, a)
+
+
 def _argminmax(t: Sequence[HasType], a: dict) -> list[Type]:
     _axis(a["axis"], len(t[0].shape), "axis")
     shape = tuple(d for i, d in enumerate(t[0].shape) if i != a["axis"])
@@ -641,6 +654,12 @@ declare(Kind("reduce", ("x",), attrs=(
 declare(Kind("softmax", ("x",), attrs=(Attr("axis", Int(lo=0)), Attr("log", BOOL, False)),
              traits=_t("reduction"), rule=_softmax, doc=(
                  "softmax (or log-softmax) along `axis`, numerically stable (subtract max).")))
+declare(Kind("layer_norm", ("x", "scale", "shift"), attrs=(
+    Attr("epsilon", NUM, doc=">= 0, added to the variance"),),
+    traits=_t("reduction"), rule=_layer_norm, doc=(
+        "over the last axis: y = (x − mean) / √(var + epsilon) · scale + shift, var the "
+        "mean of (x − mean)²; scale and shift [C]. What Keras' LayerNormalization and "
+        "tf.nn.moments + batch_normalization over the last axis compute.")))
 declare(Kind("argminmax", ("x",), attrs=(
     Attr("fn", Choice("argmax", "argmin")), Attr("axis", Int(lo=0)),
     Attr("to", DType(INDEX_DTYPES))),

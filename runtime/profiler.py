@@ -31,7 +31,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from .telemetry import current_group
@@ -110,17 +110,27 @@ def _host_track() -> str:
         return _local.host
 
 
-@contextlib.contextmanager
-def span(name: str, cat: str, track: str | None = None, **args: object) -> Iterator[None]:
+def span(name: str, cat: str, track: str | None = None,
+         **args: object) -> contextlib.AbstractContextManager:
     """Time the block as one span (on the calling thread's track unless `track`)."""
-    if not _active:
-        yield
-        return
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        record(name, cat, track or _host_track(), start, time.perf_counter(), **args)
+    return _Span(name, cat, track, args) if _active else _OFF
+
+
+class _Span:
+    __slots__ = ("name", "cat", "track", "args", "start")
+
+    def __init__(self, name: str, cat: str, track: str | None, args: dict):
+        self.name, self.cat, self.track, self.args = name, cat, track, args
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        record(self.name, self.cat, self.track or _host_track(), self.start,
+               time.perf_counter(), **self.args)
+
+
+_OFF = contextlib.nullcontext()
 
 
 # -- hooks (runtime/model.py, runtime/program.py) ----------------------------------
@@ -152,9 +162,6 @@ def traced_call(fn: Callable) -> Callable:
 def chunk(model: object, queued_since: float) -> contextlib.AbstractContextManager:
     """Around one chunk's execution, once it holds a program copy and a host slot."""
     return _Chunk(model, queued_since) if _active else _OFF
-
-
-_OFF = contextlib.nullcontext()
 
 
 class _Chunk:

@@ -1,4 +1,5 @@
-"""recognize_gelu and sink_reshapes: fewer instructions, the same numbers as TensorFlow."""
+"""recognize_gelu, recognize_layer_norm and sink_reshapes: fewer instructions, the same
+numbers as TensorFlow."""
 
 from __future__ import annotations
 
@@ -76,3 +77,60 @@ def test_a_reshape_that_changes_the_last_dim_does_not_move() -> None:
     kinds = [k for k, _ in _kinds(exe)]
     assert kinds.index("reshape") < kinds.index("binary"), kinds
     _run(g, exe, RNG.standard_normal((4, 16)).astype(np.float32))
+
+
+def _layer_norms(epsilon: float = 1e-3) -> list:
+    """Keras' LayerNormalization with and without gamma/beta, and tf.nn.moments with
+    tf.nn.batch_normalization: every spelling of a last-axis layer norm."""
+    layers = []
+    for center, scale in ((True, True), (False, False), (True, False), (False, True)):
+        ln = tf.keras.layers.LayerNormalization(epsilon=epsilon, center=center, scale=scale)
+        ln.build((None, 5, 16))
+        for w in ln.weights:  # not the initial ones and zeros: they would hide a swap
+            w.assign(RNG.standard_normal(w.shape).astype(np.float32))
+        layers.append(ln)
+    gamma, beta = (tf.constant(RNG.standard_normal(16).astype(np.float32)) for _ in range(2))
+
+    def moments(x: tf.Tensor) -> tf.Tensor:
+        mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+        return tf.nn.batch_normalization(x, mean, var, beta, gamma, 1e-5)
+    return [*layers, moments]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "native"])
+def test_layer_norm_is_one_instruction_in_every_spelling(engine: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
+    norms = _layer_norms()
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        for norm in norms:
+            x = norm(x) * 1.5 + 0.25  # (the affine ops between must stay outside)
+        return x
+
+    g = trace(fn, tf.TensorSpec([None, 5, 16], tf.float32, name="x"), batch=3)
+    exe = compile_graph(g.graph_def, g.io_config)
+    kinds = [k for k, _ in _kinds(exe)]
+    assert kinds.count("layer_norm") == len(norms), kinds
+    assert "reduce" not in kinds and "unary" not in kinds, kinds
+    _run(g, exe, RNG.standard_normal((3, 5, 16)).astype(np.float32) * 4 + 3)
+
+
+def test_near_layer_norms_are_left_alone() -> None:
+    """Over another axis, or with a different centre: not a layer norm, and computed as
+    written (still matching TensorFlow)."""
+    def other_axis(x: tf.Tensor) -> tf.Tensor:
+        mean, var = tf.nn.moments(x, axes=[1], keepdims=True)
+        return (x - mean) * tf.math.rsqrt(var + 1e-3)
+
+    def other_centre(x: tf.Tensor) -> tf.Tensor:
+        mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+        inv = tf.math.rsqrt(var + 1e-3)
+        return x * inv - (mean + 1.0) * inv
+
+    x = RNG.standard_normal((3, 5, 16)).astype(np.float32)
+    for fn in (other_axis, other_centre):
+        g = trace(fn, tf.TensorSpec([3, 5, 16], tf.float32, name="x"))
+        exe = compile_graph(g.graph_def, g.io_config)
+        assert "layer_norm" not in [k for k, _ in _kinds(exe)], fn.__name__
+        _run(g, exe, x)

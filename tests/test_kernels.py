@@ -504,6 +504,19 @@ def test_reduce_over_innermost_axes_matches_tf_with_nan_and_inf(fn: str) -> None
         assert program.implementations() == {0: "neuronish:inner_reduce"}
 
 
+@pytest.mark.parametrize("shape,epsilon", [((6, 40), 1e-3), ((2, 3, 5, 16), 1e-6),
+                                           ((7,), 1e-5), ((3, 1), 0.5)])
+def test_layer_norm_matches_tf(shape: tuple, epsilon: float) -> None:
+    # Off-centre: the mean must really be subtracted. (One channel with a small epsilon
+    # would compare against TF's cancellation noise: it computes x*inv + (beta - mean*inv).)
+    x = randn(*shape) * 3 + 5
+    scale, shift = randn(shape[-1]), randn(shape[-1])
+    mean, var = tf.nn.moments(tf.constant(x), axes=[-1], keepdims=True)
+    want = tf.nn.batch_normalization(x, mean, var, shift, scale, epsilon)
+    close(run("layer_norm", [x, scale, shift], {"epsilon": epsilon}), want,
+          rtol=1e-5, atol=2e-5)
+
+
 def test_reduce_integers_bool_float16_and_empty_axes() -> None:
     i = np.array([[-7, 2, 1], [5, 5, -1]], np.int32)
     for fn in ("sum", "mean", "max", "prod"):
@@ -716,6 +729,7 @@ def test_native_engine_takes_the_hot_instructions() -> None:
         ("reduce", [randn(3, 7)], {"fn": "sum", "axes": [1], "keepdims": True}, set()),
         ("concat", [randn(2, 3), randn(2, 4)], {"axis": 1}, set()),
         ("transpose", [randn(2, 3, 4)], {"perm": [2, 0, 1]}, set()),
+        ("layer_norm", [randn(2, 3, 16), randn(16), randn(16)], {"epsilon": 1e-3}, {1, 2}),
     ]
     ran = {}
     for i, (kind, ins, attrs, const) in enumerate(cases):

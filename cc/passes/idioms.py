@@ -4,6 +4,11 @@ TensorFlow's exact GELU (`tf.nn.gelu(approximate=False)`, Keras' `gelu`) arrives
 ops: 0.5 * x * erfc(-x * 1/sqrt(2)). As separate instructions that is four passes over the
 activation and an erfc the device's vector unit has no fast path for; as one `unary gelu`
 it is one pass (oneDNN's gelu_erf), and a producing matmul can take it as its epilogue.
+
+Layer normalization over the last axis (Keras' LayerNormalization, tf.nn.moments with
+tf.nn.batch_normalization) arrives as ten to twelve ops: two means, a squared difference,
+rsqrt(var + eps), then x * inv + (beta - mean * inv) with inv = rsqrt(...) * gamma. As
+one `layer_norm` it is one pass over the rows (oneDNN's layer normalization).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..ir import Graph, Node, TensorType, Value
+from ..ir import Graph, Node, TensorType, Value, constant
 
 _RSQRT2 = 1 / math.sqrt(2)
 
@@ -82,3 +87,149 @@ def recognize_gelu(graph: Graph) -> Graph:
         graph.replace_uses(final.outputs[0], gelu.outputs[0])
         uses = graph.consumers()
     return graph  # the dead pieces go in eliminate_dead_code
+
+
+def _made_by(v: Value, kind: str, fn: str | None = None) -> Node | None:
+    """The node producing `v` if it is a `kind` (with attrs fn == `fn`), else None."""
+    node = v.producer
+    if node is None or node.kind != kind or (fn is not None and node.attrs.get("fn") != fn):
+        return None
+    return node
+
+
+def _last_axis_mean_of(v: Value) -> Value | None:
+    """x if `v` = mean(x) over x's last axis, keeping dims."""
+    node = _made_by(v, "reduce", "mean")
+    if node is None or not node.attrs.get("keepdims"):
+        return None
+    x = node.inputs[0]
+    return x if x.shape and list(node.attrs["axes"]) == [len(x.shape) - 1] else None
+
+
+def _channel_vector(v: Value, channels: int) -> np.ndarray | None:
+    """A constant that broadcasts along the last axis only, as a float32 [channels]."""
+    if not v.is_const or v.dtype != "float32" or v.data.size != channels \
+            or any(d != 1 for d in v.shape[:-1]) or (v.shape and v.shape[-1] != channels):
+        return None
+    return np.asarray(v.data, np.float32).reshape(channels)
+
+
+def _binary_operands(node: Node | None, fn: str, v: Value) -> Value | None:
+    """The other operand of `node` if it is binary `fn` with `v` as one operand."""
+    if node is None or node.kind != "binary" or node.attrs["fn"] != fn:
+        return None
+    return _other(node, v)
+
+
+def _shift_of(s: Value, mean: Value, inv: Value, channels: int
+              ) -> tuple[np.ndarray | None, list[Node]] | None:
+    """Whether `s` is beta - mean * inv (beta may be absent): (beta or None, its nodes)."""
+    def minus_mean_inv(v: Value) -> list[Node] | None:  # -mean * inv, or -(mean * inv)
+        node = v.producer
+        if node is not None and node.kind == "binary" and node.attrs["fn"] == "mul":
+            a, b = node.inputs
+            for neg, other in ((a, b), (b, a)):
+                if other is inv and (n := _made_by(neg, "unary", "neg")) is not None \
+                        and n.inputs[0] is mean:
+                    return [node, n]
+        n = _made_by(v, "unary", "neg")
+        if n is not None and (m := n.inputs[0].producer) is not None and m.kind == "binary" \
+                and m.attrs["fn"] == "mul" and {id(x) for x in m.inputs} == {id(mean), id(inv)}:
+            return [n, m]
+        return None
+
+    if (nodes := minus_mean_inv(s)) is not None:
+        return None, nodes
+    node = s.producer
+    if node is None or node.kind != "binary" or node.attrs["fn"] not in ("add", "sub"):
+        return None
+    a, b = node.inputs
+    if node.attrs["fn"] == "add":
+        for beta, rest in ((a, b), (b, a)):
+            vec = _channel_vector(beta, channels)
+            if vec is not None and (nodes := minus_mean_inv(rest)) is not None:
+                return vec, [node, *nodes]
+        return None
+    vec = _channel_vector(a, channels)  # beta - mean * inv
+    m = b.producer
+    if vec is None or m is None or m.kind != "binary" or m.attrs["fn"] != "mul" \
+            or {id(x) for x in m.inputs} != {id(mean), id(inv)}:
+        return None
+    return vec, [node, m]
+
+
+def recognize_layer_norm(graph: Graph) -> Graph:
+    """(x - mean) * rsqrt(var + eps) * gamma + beta over x's last axis, in the forms
+    Keras and tf.nn.batch_normalization write it, becomes `layer_norm(x, gamma, beta)`."""
+    uses = graph.consumers()
+    for r_node in list(graph.nodes):
+        if r_node.kind != "unary" or r_node.attrs["fn"] != "rsqrt":
+            continue
+        found = _statistics(r_node)
+        if found is None:
+            continue
+        x, mean, eps, stat_nodes = found
+        channels = x.shape[-1]
+        r = r_node.outputs[0]
+        # inv = r * gamma (or r alone), then y = x * inv + shift.
+        candidates = [(r, None, [])]
+        for node in uses.get(r.id, []):
+            g = _binary_operands(node, "mul", r)
+            vec = None if g is None else _channel_vector(g, channels)
+            if vec is not None:
+                candidates.append((node.outputs[0], vec, [node]))
+        for inv, gamma, inv_nodes in candidates:
+            match = _final_add(graph, uses, x, mean, inv, channels)
+            if match is None:
+                continue
+            y_node, beta, tail = match
+            ln = Node("layer_norm", [
+                x, constant(gamma if gamma is not None else np.ones(channels, np.float32)),
+                constant(beta if beta is not None else np.zeros(channels, np.float32))],
+                [], {"epsilon": eps}, tuple(dict.fromkeys(
+                    o for n in (*stat_nodes, r_node, *inv_nodes, *tail, y_node)
+                    for o in n.origin)))
+            ln.outputs = [Value(TensorType(x.shape, x.dtype), producer=ln)]
+            graph.nodes[graph.nodes.index(y_node)] = ln
+            graph.replace_uses(y_node.outputs[0], ln.outputs[0])
+            uses = graph.consumers()
+            break
+    return graph  # the dead pieces go in eliminate_dead_code
+
+
+def _statistics(r_node: Node) -> tuple[Value, Value, float, list[Node]] | None:
+    """For rsqrt(var + eps), var = mean((x - mean(x))^2) over x's last axis:
+    (x, mean, eps, the nodes), else None."""
+    add = _made_by(r_node.inputs[0], "binary", "add")
+    if add is None:
+        return None
+    for var, eps in (add.inputs, add.inputs[::-1]):
+        if not eps.is_const or eps.data.size != 1 or eps.dtype != "float32":
+            continue
+        d = _last_axis_mean_of(var)
+        sq = None if d is None else _made_by(d, "binary", "squared_difference")
+        if sq is None:
+            continue
+        for x, mean in (sq.inputs, sq.inputs[::-1]):
+            if _last_axis_mean_of(mean) is x and x.dtype == "float32":
+                eps_value = float(np.asarray(eps.data).reshape(()))
+                if eps_value >= 0:
+                    return x, mean, eps_value, [mean.producer, sq, var.producer, add]
+    return None
+
+
+def _final_add(graph: Graph, uses: dict[int, list[Node]], x: Value, mean: Value, inv: Value,
+               channels: int) -> tuple[Node, np.ndarray | None, list[Node]] | None:
+    """y = x * inv + shift among the readers of inv: (y's node, beta, the other nodes)."""
+    for node in uses.get(inv.id, []):
+        if _binary_operands(node, "mul", inv) is not x:
+            continue
+        for add in uses.get(node.outputs[0].id, []):
+            shift = _binary_operands(add, "add", node.outputs[0])
+            if shift is None or add.outputs[0].type != x.type:
+                continue
+            found = _shift_of(shift, mean, inv, channels)
+            if found is not None:
+                beta, nodes = found
+                return add, beta, [node, *nodes]
+    return None

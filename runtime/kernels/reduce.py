@@ -1,4 +1,4 @@
-"""Reductions: reduce, softmax, argminmax.
+"""Reductions: reduce, softmax, layer_norm, argminmax.
 
 Reductions always write through a keepdims-shaped view of the output (a free
 reshape of the contiguous buffer), so `keepdims` never changes the code path.
@@ -66,6 +66,23 @@ def softmax(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
             np.divide(work, np.sum(work, axis=axis, keepdims=True), out=work)
     if work is not y:
         np.copyto(y, work, casting="unsafe")
+
+
+@kernel("layer_norm")
+def layer_norm(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
+               scratch: np.ndarray | None) -> None:
+    x, scale, shift = ins
+    y = outs[0]
+    acc = _acc(y.dtype)
+    xa = x.astype(acc, copy=False)
+    mean = np.mean(xa, axis=-1, keepdims=True, dtype=acc)
+    centered = xa - mean
+    var = np.mean(np.square(centered), axis=-1, keepdims=True, dtype=acc)
+    with np.errstate(divide="ignore", invalid="ignore"):  # epsilon 0 on a constant row: inf
+        np.multiply(centered, 1 / np.sqrt(var + acc.type(attrs["epsilon"])), out=centered)
+    np.multiply(centered, scale, out=centered)
+    np.add(centered, shift, out=centered)
+    np.copyto(y, centered, casting="unsafe")
 
 
 @kernel("argminmax")

@@ -43,7 +43,7 @@ namespace {
 // Spec codes: keep in step with runtime/native/spec.py.
 enum Op : int64_t {
   OP_CONV = 1, OP_MATMUL = 2, OP_POOL = 3, OP_ELTWISE = 4, OP_BINARY = 5, OP_SOFTMAX = 6,
-  OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10,
+  OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10, OP_LAYER_NORM = 11,
 };
 enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5 };
 enum Elt : int64_t {
@@ -429,6 +429,7 @@ struct Program {
       case OP_CONCAT: add_concat(rd, ins); break;
       case OP_TRANSPOSE: add_transpose(rd, ins); break;
       case OP_REORDER: add_reorder(rd, ins); break;
+      case OP_LAYER_NORM: add_layer_norm(rd, ins); break;
       default: throw Error("unknown op code " + std::to_string(op));
     }
     if (rd.i != rd.n) throw Error("spec has trailing values");
@@ -644,6 +645,24 @@ struct Program {
     auto pd = dnnl::reduction::primitive_desc(eng, red_alg(code), plain(x), plain(y), 0.f, 0.f,
                                               attr());
     push_plain<dnnl::reduction>(ins, pd, x, y);
+  }
+
+  // x [rows, C], scale [C], shift [C], y [rows, C]; mean and variance computed per row.
+  void add_layer_norm(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), scale = rd.ref(), shift = rd.ref(), y = rd.ref();
+    float epsilon = rd.nextf();
+    if (x.dims.size() != 2 || scale.dims != memory::dims{x.dims[1]} ||
+        shift.dims != scale.dims || y.dims != x.dims)
+      throw Error("layer_norm: expected x [rows, C], scale [C], shift [C], y [rows, C]");
+    auto pd = dnnl::layer_normalization_forward::primitive_desc(
+        eng, prop_kind::forward_inference, plain(x), plain(y), epsilon,
+        dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift, attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, plain(x));
+    arg(s, DNNL_ARG_SCALE, scale, plain(scale));
+    arg(s, DNNL_ARG_SHIFT, shift, plain(shift));
+    arg(s, DNNL_ARG_DST, y, plain(y));
+    push<dnnl::layer_normalization_forward>(ins, s, pd);
   }
 
   void add_concat(Reader& rd, Instr& ins) {

@@ -16,6 +16,7 @@ WINDOWED = ("conv2d", "depthwise_conv2d", "pool")
 
 OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
 OP_SOFTMAX, OP_REDUCE, OP_CONCAT, OP_TRANSPOSE, OP_REORDER = 6, 7, 8, 9, 10
+OP_LAYER_NORM = 11
 
 DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
           "float16": 5}
@@ -224,6 +225,21 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
     return [OP_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *outs[0].encode(kept)], []
 
 
+def _layer_norm(attrs: dict, ins: list[Ref], outs: list[Ref],
+                const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, scale, shift = ins
+    if x.dtype != "float32" or x.blocked:
+        return None
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    flat = [rows, x.shape[-1]]  # oneDNN normalizes the last axis of a 2-5D tensor
+    if 0 in flat:
+        return None
+    return [OP_LAYER_NORM, *x.encode(flat), *scale.encode(), *shift.encode(),
+            *outs[0].encode(flat)], [float(attrs["epsilon"])]
+
+
 def _concat(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     y = outs[0]
@@ -275,6 +291,7 @@ _ENCODERS = {
     "binary": _binary,
     "softmax": _softmax,
     "reduce": _reduce,
+    "layer_norm": _layer_norm,
     "concat": _concat,
     "transpose": _transpose,
     "copy": _flat_copy,
