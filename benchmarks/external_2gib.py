@@ -129,15 +129,20 @@ def _step(what: str, script: str, *args: str, env: dict | None = None) -> tuple[
 
 
 def _tree_rss(pid: int) -> int:
-    """Resident bytes of `pid` and its descendants now."""
-    total, stack = 0, [pid]
+    """Resident bytes of `pid` and its descendants now. A child that has not exec'd yet
+    (the same command line as its parent) shares its parent's pages: not counted."""
+    total, stack = 0, [(pid, b"")]
     while stack:
-        p = stack.pop()
+        p, parent_cmdline = stack.pop()
         try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmdline = f.read()
+            if cmdline == parent_cmdline:
+                continue
             total += _status(p, "VmRSS:")
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
-                    stack.extend(int(c) for c in f.read().split())
+                    stack.extend((int(c), cmdline) for c in f.read().split())
         except (OSError, ValueError):
             continue  # exited meanwhile
     return total

@@ -106,9 +106,12 @@ def to_bytes(exe: Executable) -> bytes:
         ],
         "stats": exe.stats,
     }
-    payload = msgpack.packb(body, use_bin_type=True)
+    # The packer's own buffer, not packb's copy of it: the weights are copied once, here.
+    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+    packer.pack(body)
+    payload = packer.getbuffer()
     header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), hashlib.sha256(payload).digest())
-    return header + payload
+    return b"".join((header, payload))
 
 
 def read_header(data: bytes) -> tuple[int, int]:

@@ -101,6 +101,9 @@ class Model:
         self._reservations: list[Reservation] = device.reserve(exe.num_cores, per_core, duplicates)
         try:
             constants = {vid: _device_copy(a) for vid, a in exe.constants.items()}
+            # The device's copies replace the parsed ones (copies of the file's bytes), so
+            # a loaded model holds its weights once, not twice.
+            exe.constants.update(constants)
             self._idle: queue.SimpleQueue[LoadedProgram] = queue.SimpleQueue()
             lib = native_library()
             self.engine = "native" if lib is not None else "numpy"

@@ -31,7 +31,9 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .telemetry import current_group
@@ -49,6 +51,10 @@ _lock = threading.Lock()
 _t0 = time.perf_counter()
 _dropped = 0
 _SPAN, _CALL, _CHUNK = object(), object(), object()
+# Native programs timing their instructions while recording -> the buffer they write the
+# times into: switched on at a program's first run, off for all of them by stop().
+# (Records hold no model, program or engine: a long recording keeps nothing loaded.)
+_timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def active() -> bool:
@@ -70,6 +76,9 @@ def stop(path: str | os.PathLike | None = None) -> dict:
     with _lock:
         _active = False
         events, _events = _events, []  # handed over: the next start() begins afresh
+        for native in list(_timed):
+            native.timings(False)
+        _timed.clear()
     trace = _Trace().build(events)
     if path is not None:
         path = Path(path)
@@ -138,10 +147,30 @@ _OFF = contextlib.nullcontext()
 _local = threading.local()
 
 
-def _name(model: object) -> str:
-    """The model's `label` (a NeuronOp's node name), else its output tensor names."""
-    return getattr(model, "label", None) or \
-        ", ".join(s.name for s in model.exe.outputs)[:60]  # type: ignore[attr-defined]
+@dataclass(frozen=True)
+class _About:
+    """What the trace says of a model: its name, compiled batch, and for the modelled
+    track its programs' instructions and their modelled seconds."""
+
+    name: str
+    batch: int | None
+    programs: list
+    modelled_seconds: list | None
+
+
+_abouts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _about(model: object) -> _About:
+    about = _abouts.get(model)
+    if about is None:
+        exe = model.exe  # type: ignore[attr-defined]
+        # The model's `label` (a NeuronOp's node name), else its output tensor names.
+        name = getattr(model, "label", None) or ", ".join(s.name for s in exe.outputs)[:60]
+        device_model = (getattr(exe, "stats", None) or {}).get("device_model") or {}
+        about = _abouts[model] = _About(name, model.batch_size,  # type: ignore[attr-defined]
+                                        exe.programs, device_model.get("instruction_seconds"))
+    return about
 
 
 def traced_call(fn: Callable) -> Callable:
@@ -155,7 +184,8 @@ def traced_call(fn: Callable) -> Callable:
             return fn(model, *args, **kwargs)
         finally:
             if _room(1):
-                _events.append((_CALL, model, _host_track(), start, time.perf_counter()))
+                _events.append((_CALL, _about(model), _host_track(), start,
+                                time.perf_counter()))
     return wrapper
 
 
@@ -182,8 +212,20 @@ class _Chunk:
         end = time.perf_counter()
         _local.stages = None
         if self.stages is not None:
-            _events.append((_CHUNK, self.model, current_group(), _host_track(), self.queued,
-                            self.start, end, self.stages))
+            _events.append((_CHUNK, _about(self.model), current_group(), _host_track(),
+                            self.queued, self.start, end, self.stages))
+
+
+def native_timing(native: object) -> object:
+    """The [n, 2] array `native` (a NativeProgram) writes each instruction's start and end
+    into on every run while recording; None once recording has stopped."""
+    buffer = _timed.get(native)
+    if buffer is None:
+        with _lock:  # (so that stop() switches off every program switched on)
+            buffer = _timed.get(native)
+            if buffer is None and _active:
+                buffer = _timed[native] = native.timings(True)  # type: ignore[attr-defined]
+    return buffer
 
 
 def stage_done(program: object, stage: object, times: object, marks: list[float]) -> None:
@@ -192,7 +234,8 @@ def stage_done(program: object, stage: object, times: object, marks: list[float]
     start and end in order. stop() pairs them with the stage's steps."""
     stages = getattr(_local, "stages", None)
     if stages is not None and _room(2 * len(stage.span)):  # type: ignore[attr-defined]
-        stages.append((program, stage, times, marks))
+        stages.append((program.instructions, stage.steps,  # type: ignore[attr-defined]
+                       times, marks))
 
 
 class _Trace:
@@ -211,8 +254,8 @@ class _Trace:
                 _, name, cat, track, start, end, args = entry
                 self.span(name, cat, track, start, end, args)
             elif kind is _CALL:
-                _, model, track, start, end = entry
-                self.span("call", "call", track, start, end, {"model": _name(model)})
+                _, about, track, start, end = entry
+                self.span("call", "call", track, start, end, {"model": about.name})
             else:
                 self.chunk(*entry[1:])
         metadata = [{"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
@@ -241,29 +284,27 @@ class _Trace:
             tid = self.tracks[name] = len(self.tracks) + 1
         return tid
 
-    def chunk(self, model: object, group: tuple[int, ...] | None, host: str, queued: float,
+    def chunk(self, about: _About, group: tuple[int, ...] | None, host: str, queued: float,
               start: float, end: float, stages: list[tuple]) -> None:
-        name = _name(model)
+        name = about.name
         # A track per core group and model (chunks of one model on one group never
         # overlap); per thread when telemetry is off and the group is not known.
         where = f"cores {list(group)}" if group else host
         self.span("queue", "queue", host, queued, start, {"model": name})
         tid = self.track(f"device {where}: {name}")
         self.span("execute", "execute", tid, start, end,
-                  {"model": name, "batch": model.batch_size})  # type: ignore[attr-defined]
-        for program, stage, times, marks in stages:
-            self.instructions(tid, program, stage, times, marks)
-        exe = model.exe  # type: ignore[attr-defined]
-        if getattr(exe, "stats", {}).get("device_model"):
-            self.modelled(exe, name, start, self.track(f"device {where}: {name} (modelled time)"))
+                  {"model": name, "batch": about.batch})
+        for instructions, steps, times, marks in stages:
+            self.instructions(tid, instructions, steps, times, marks)
+        if about.modelled_seconds:
+            self.modelled(about, start, self.track(f"device {where}: {name} (modelled time)"))
 
-    def instructions(self, tid: int, program: object, stage: object, times: object,
+    def instructions(self, tid: int, instructions: list, steps: list, times: object,
                      marks: list[float]) -> None:
         """One span per instruction the stage ran, measured host time."""
-        instructions = program.instructions  # type: ignore[attr-defined]
         rows = times.tolist() if times is not None else []  # type: ignore[attr-defined]
         k = 0
-        for step in stage.steps:  # type: ignore[attr-defined]
+        for step in steps:
             indices = getattr(step, "indices", None)
             if indices is not None:  # a native run: the engine's times
                 for index, (t0, t1) in zip(indices, rows[step.first:step.last]):
@@ -277,14 +318,13 @@ class _Trace:
                            "parts": [list(step.source)]})
                 k += 2
 
-    def modelled(self, exe: object, name: str, start: float, tid: int) -> None:
+    def modelled(self, about: _About, start: float, tid: int) -> None:
         """The chunk's instructions laid end to end in modelled device time."""
         t = start
-        seconds_per_core = exe.stats["device_model"]["instruction_seconds"]  # type: ignore[attr-defined]
-        for core, (program, seconds) in enumerate(zip(exe.programs, seconds_per_core)):  # type: ignore[attr-defined]
+        for core, (program, seconds) in enumerate(zip(about.programs, about.modelled_seconds)):
             for ins, s in zip(program, seconds):
                 self.span(ins.kind, "modelled", tid, t, t + s,
-                          {"core": core, "tf": list(ins.source), "model": name})
+                          {"core": core, "tf": list(ins.source), "model": about.name})
                 t += s
 
 
@@ -325,6 +365,7 @@ def _forget_in_child() -> None:
     global _lock
     _lock = threading.Lock()
     _events.clear()
+    _timed.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)

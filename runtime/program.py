@@ -305,7 +305,7 @@ class LoadedProgram:
         one entry, expanded into spans only when the trace is built."""
         clock = time.perf_counter
         native = stage.native
-        timing = native.timings(True) if native is not None else None
+        timing = profiler.native_timing(native) if native is not None else None
         marks: list[float] = []  # each numpy step's start and end
         try:
             for step in stage.steps:
@@ -317,8 +317,6 @@ class LoadedProgram:
                 marks.append(clock())
         finally:
             times = timing.copy() if timing is not None else None
-            if native is not None:
-                native.timings(False)
         profiler.stage_done(self, stage, times, marks)
 
     @staticmethod

@@ -858,3 +858,19 @@ def test_zoo_models_partition_compile_and_match_tensorflow(name: str) -> None:
         for w, g in zip(want, got):
             assert g.shape == w.shape
             assert np.max(np.abs(g - w)) <= 1e-4 * np.max(np.abs(w))
+
+
+def test_subgraph_bytes_are_the_graphdefs_deterministic_serialization() -> None:
+    from neuronish.partition.encapsulate import serialize_graph_def
+
+    @tf.function
+    def fn(x):
+        w = tf.constant(np.arange(4000, dtype=np.float32).reshape(40, 100))
+        y = tf.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.sin(v)), (0, x))[1]
+        return tf.matmul(y, w)
+
+    gd = fn.get_concrete_function(tf.TensorSpec([2, 40], tf.float32)).graph.as_graph_def()
+    assert gd.library.function and gd.versions.producer  # every field kind is exercised
+    gd.node[0].attr["_big"].s = bytes(300)  # a length past one varint byte
+    assert serialize_graph_def(gd) == gd.SerializeToString(deterministic=True)
+    assert serialize_graph_def(graph_pb2.GraphDef()) == b""

@@ -3,12 +3,14 @@ and `neuronish profile`; the trace is checked against the trace-event format."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +114,40 @@ def test_off_records_nothing_and_adds_no_wrapper() -> None:
     profiler.stage_done(object(), object(), None, [0.0, 1.0])
     profiler.record("x", "call", "t", 0.0, 1.0)
     assert [e for e in profiler.stop()["traceEvents"] if e["ph"] == "X"] == []
+
+
+def test_stop_switches_the_engines_instruction_timing_off(executable: Path) -> None:
+    with load(executable) as model:
+        x = {s.name: np.ones(s.shape, s.dtype) for s in model.inputs}
+        program = model._idle.get()
+        model._idle.put(program)
+        native = program.stages[0].native
+        if native is None:
+            pytest.skip("the native engine is unavailable here; nothing times instructions")
+        profiler.start()
+        model.run(x)
+        profiler.stop()
+        written = native._timing.copy()  # the engine's times of the profiled call
+        model.run(x)
+        assert written.any() and (native._timing == written).all()  # not written off
+
+
+def test_a_recording_keeps_no_unloaded_model_alive(executable: Path) -> None:
+    """A server profiled from start-up (NEURONISH_PROFILE) reloads models: the records of
+    old calls must not keep the old models' weights and engines in memory."""
+    model = load(executable)
+    x = {s.name: np.ones(s.shape, s.dtype) for s in model.inputs}
+    profiler.start()
+    try:
+        model.run(x)
+        model.unload()
+        gone = weakref.ref(model)
+        del model
+        gc.collect()
+        assert gone() is None
+    finally:
+        trace = profiler.stop()
+    assert [e["cat"] for e in trace["traceEvents"] if e["ph"] == "X"].count("execute") == 1
 
 
 def test_env_var_profiles_any_process(executable: Path, tmp_path: Path) -> None:

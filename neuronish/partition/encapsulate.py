@@ -86,7 +86,39 @@ class Subgraph:
 
     @functools.cached_property
     def _bytes(self) -> bytes:
-        return self.graph_def.SerializeToString(deterministic=True)
+        return serialize_graph_def(self.graph_def)
+
+
+def serialize_graph_def(graph_def: graph_pb2.GraphDef) -> bytes:
+    """`graph_def.SerializeToString(deterministic=True)` (the same bytes for its known
+    fields), node by node and joined: upb serializes one message of a GB about twice as
+    slowly as its parts (ConvNeXtXLarge's 1.4 GB subgraph)."""
+    rest = graph_pb2.GraphDef()
+    for field, value in graph_def.ListFields():
+        if field.name == "node":
+            continue
+        if field.message_type is not None:
+            getattr(rest, field.name).CopyFrom(value)
+        else:
+            setattr(rest, field.name, value)
+    parts = []
+    for node in graph_def.node:  # field 1, the first in field-number order
+        data = node.SerializeToString(deterministic=True)
+        parts += (_NODE_TAG, _varint(len(data)), data)
+    parts.append(rest.SerializeToString(deterministic=True))
+    return b"".join(parts)
+
+
+_NODE_TAG = b"\x0a"  # GraphDef.node: field 1, length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def encapsulate(
