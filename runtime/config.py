@@ -98,6 +98,9 @@ class DeviceConfig:
     kernel_threads: int = 1
     # Host threads the native engine runs one program's primitives on (OpenMP).
     core_threads: int = 1
+    # Programs share the host's CPUs by the width of their teams (runtime/host.py);
+    # False when NEURONISH_HOST_PARALLELISM fixes the number of programs at once.
+    share_by_width: bool = True
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> DeviceConfig:
@@ -144,4 +147,4 @@ class DeviceConfig:
             max(1, _host_cpus() // host_parallelism)
         return DeviceConfig(num_cores, core_memory, tuple(cores),
                             tuple(tuple(g) for g in groups), host_parallelism, kernel_threads,
-                            core_threads)
+                            core_threads, share_by_width=parallelism is None)

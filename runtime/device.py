@@ -40,7 +40,8 @@ class Device:
                                        thread_name_prefix="neuronish-core")
         # ...but the host computes only as many programs at once as its CPUs hold, each
         # taking as many as its widest team (runtime/host.py); the others queue.
-        self.host_cpus = HostCPUs(config.host_parallelism * config.core_threads)
+        self.host_cpus = HostCPUs(config.host_parallelism * config.core_threads,
+                                  None if config.share_by_width else config.core_threads)
         self._failed: dict[int, str] = {}  # core -> why it failed (fail_core)
         self._models: weakref.WeakSet = weakref.WeakSet()  # loaded models, for fail_core
 

@@ -16,8 +16,11 @@ import threading
 
 
 class HostCPUs:
-    def __init__(self, cpus: int):
+    def __init__(self, cpus: int, fixed_width: int | None = None):
+        """`fixed_width`: every program takes that many CPUs whatever its teams (what an
+        explicit NEURONISH_HOST_PARALLELISM asks: exactly that many programs at once)."""
         self.cpus = max(1, cpus)
+        self.fixed_width = fixed_width
         self._free = self.cpus
         self._waiting: collections.deque[object] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
@@ -25,6 +28,8 @@ class HostCPUs:
     def take(self, width: int) -> Slot:
         """What a program `width` threads wide holds while it computes (a lock-like
         object: `with`, or acquire/release with a timeout)."""
+        if self.fixed_width is not None:
+            width = self.fixed_width
         return Slot(self, min(max(1, width), self.cpus))
 
     def acquire(self, n: int, timeout: float | None = None) -> bool:

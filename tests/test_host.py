@@ -98,3 +98,14 @@ def test_a_program_of_small_instructions_takes_one_cpu_and_a_large_one_all() -> 
         for name, value in want.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-4)
         model.unload()
+
+
+def test_an_explicit_host_parallelism_fixes_the_number_of_programs() -> None:
+    assert DeviceConfig.from_env({}).share_by_width
+    config = DeviceConfig.from_env({"NEURONISH_HOST_PARALLELISM": "1"})
+    assert not config.share_by_width
+    host = Device(config).host_cpus
+    narrow = host.take(1)
+    assert narrow.width == config.core_threads  # counted at full width: one at a time
+    with narrow:
+        assert not host.take(1).acquire(blocking=False)
