@@ -35,6 +35,7 @@ from . import profiler
 from .errors import DeadlineExceeded, ExecutableError, ExecutionError
 from .executable import Executable
 from .host import HostCPUs
+from .isa import MATMUL_LIKE
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
 from .native.program import NativeProgram
@@ -129,14 +130,23 @@ class LoadedProgram:
         if native is not None:
             self._build_native(native, threads, constants)
         # Decided once here, not on every call:
-        if host is not None:  # (a stage whose native kernels all run on one thread: 1 CPU)
+        if host is not None:
             for stage in self.stages:
-                all_native = stage.native is not None and all(
-                    isinstance(step, _NativeRun) for step in stage.steps)
-                stage.host = host.take(max(stage.native.widest, 1) if all_native else threads)
+                stage.host = host.take(self._width(stage, threads))
         self._constant_outputs = [(k, sig.value) for k, sig in enumerate(exe.outputs)
                                   if sig.value in exe.constants]
         self._numpy_steps = any(isinstance(step, _Bound) for step in self.steps)
+
+    @staticmethod
+    def _width(stage: _Stage, threads: int) -> int:
+        """The host CPUs a stage computes on: its widest native team, and `threads` if a
+        numpy kernel that spreads over threads runs in it (BLAS GEMMs, the windowed
+        kernels' lanes); numpy's other kernels run on the calling thread."""
+        width = stage.native.widest if stage.native is not None else 1
+        for step in stage.steps:
+            if isinstance(step, _Bound) and (step.kind in MATMUL_LIKE or step.kind in WINDOWED):
+                width = threads
+        return max(width, 1)
 
     def _check_scratch(self, constants: dict[int, np.ndarray]) -> None:
         """Each instruction's planned scratch holds what its reference kernel will use

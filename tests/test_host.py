@@ -78,6 +78,7 @@ def test_a_width_above_the_host_is_clamped() -> None:
 
 @pytest.mark.skipif(native_library() is None, reason="the native engine is not available")
 def test_a_program_of_small_instructions_takes_one_cpu_and_a_large_one_all() -> None:
+    """(numpy steps count as one thread, unless they spread over threads themselves.)"""
     config = DeviceConfig(num_cores=2, core_memory=1 << 30, visible_cores=(0, 1),
                           core_groups=((0,), (1,)), host_parallelism=1, kernel_threads=2,
                           core_threads=2)
@@ -86,12 +87,17 @@ def test_a_program_of_small_instructions_takes_one_cpu_and_a_large_one_all() -> 
     w = tf.constant(np.random.default_rng(0).standard_normal((3, 3, 64, 64), np.float32))
     large = trace(lambda x: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME")),  # 0.3 GFLOP
                   tf.TensorSpec([4, 32, 32, 64], tf.float32, name="x"))
-    for graph, width in ((small, 1), (large, 2)):
+    # erf has no native kernel: numpy runs it inside the program, on the calling thread.
+    with_numpy_step = trace(lambda x: tf.math.erf(x) * 2.0,
+                            tf.TensorSpec([2, 16], tf.float32, name="x"))
+    for graph, width in ((small, 1), (large, 2), (with_numpy_step, 1)):
         exe = from_bytes(compile_graph(graph.graph_def, graph.io_config))
         model = Model(exe, device)
         program = model._idle.get()
         model._idle.put(program)
         assert [stage.host.width for stage in program.stages] == [width]
+        if graph is with_numpy_step:
+            assert program.stages[0].native.rejected  # (it really has a numpy step)
         feeds = {s.name: np.ones(s.shape, s.dtype) for s in exe.inputs}
         want = {n: v for n, v in graph.reference(feeds).items()}
         got = model.run(feeds)
