@@ -254,7 +254,7 @@ class Model:
 
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
                  deadline: float | None = None) -> None:
-        queued = time.perf_counter() if profiler.active() else 0.0
+        queued = time.perf_counter() if profiler.active() else None  # None: not profiled
         try:
             program = self._idle.get(timeout=_remaining(deadline))
         except queue.Empty:
@@ -262,8 +262,8 @@ class Model:
                                    "model's cores (all busy with other calls)") from None
         busy = self._telemetry.begin(self) if self._telemetry is not None else None
         try:
-            # (each stage takes a host slot while it computes: LoadedProgram.execute)
-            if queued:
+            # (each stage takes its share of the host's CPUs while it computes: execute)
+            if queued is not None:
                 with profiler.chunk(self, queued):
                     program.execute(inputs, outputs, deadline)
             else:

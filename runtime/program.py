@@ -331,12 +331,9 @@ class LoadedProgram:
 
     @staticmethod
     @contextlib.contextmanager
-    def _holding(lock: object, deadline: float | None) -> Iterator[None]:
-        """`with lock`, waiting no later than `deadline`."""
-        if deadline is None:
-            with lock:  # type: ignore[attr-defined]
-                yield
-            return
+    def _holding(lock: object, deadline: float) -> Iterator[None]:
+        """`with lock`, waiting no later than `deadline` (calls without one take their
+        locks plainly: `execute`)."""
         left = deadline - time.monotonic()
         if left <= 0 or not hasattr(lock, "acquire"):
             if left <= 0:

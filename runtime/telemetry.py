@@ -250,8 +250,6 @@ def model_unloaded(model: object) -> None:
         t.untrack(model)
 
 
-
-
 # -- reading (neuronish ls / top) ----------------------------------------------------
 
 def _alive(pid: int) -> bool:

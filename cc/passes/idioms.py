@@ -114,6 +114,14 @@ def _channel_vector(v: Value, channels: int) -> np.ndarray | None:
     return np.asarray(v.data, np.float32).reshape(channels)
 
 
+def _product_of(v: Value, a: Value, b: Value) -> Node | None:
+    """The node computing v = a * b (either operand order), else None."""
+    node = _made_by(v, "binary", "mul")
+    if node is None or {id(x) for x in node.inputs} != {id(a), id(b)}:
+        return None
+    return node
+
+
 def _binary_operands(node: Node | None, fn: str, v: Value) -> Value | None:
     """The other operand of `node` if it is binary `fn` with `v` as one operand."""
     if node is None or node.kind != "binary" or node.attrs["fn"] != fn:
@@ -125,16 +133,15 @@ def _shift_of(s: Value, mean: Value, inv: Value, channels: int
               ) -> tuple[np.ndarray | None, list[Node]] | None:
     """Whether `s` is beta - mean * inv (beta may be absent): (beta or None, its nodes)."""
     def minus_mean_inv(v: Value) -> list[Node] | None:  # -mean * inv, or -(mean * inv)
-        node = v.producer
-        if node is not None and node.kind == "binary" and node.attrs["fn"] == "mul":
+        node = _made_by(v, "binary", "mul")
+        if node is not None:
             a, b = node.inputs
             for neg, other in ((a, b), (b, a)):
                 if other is inv and (n := _made_by(neg, "unary", "neg")) is not None \
                         and n.inputs[0] is mean:
                     return [node, n]
         n = _made_by(v, "unary", "neg")
-        if n is not None and (m := n.inputs[0].producer) is not None and m.kind == "binary" \
-                and m.attrs["fn"] == "mul" and {id(x) for x in m.inputs} == {id(mean), id(inv)}:
+        if n is not None and (m := _product_of(n.inputs[0], mean, inv)) is not None:
             return [n, m]
         return None
 
@@ -151,9 +158,8 @@ def _shift_of(s: Value, mean: Value, inv: Value, channels: int
                 return vec, [node, *nodes]
         return None
     vec = _channel_vector(a, channels)  # beta - mean * inv
-    m = b.producer
-    if vec is None or m is None or m.kind != "binary" or m.attrs["fn"] != "mul" \
-            or {id(x) for x in m.inputs} != {id(mean), id(inv)}:
+    m = _product_of(b, mean, inv)
+    if vec is None or m is None:
         return None
     return vec, [node, m]
 
@@ -179,7 +185,7 @@ def recognize_layer_norm(graph: Graph) -> Graph:
             if vec is not None:
                 candidates.append((node.outputs[0], vec, [node]))
         for inv, gamma, inv_nodes in candidates:
-            match = _final_add(graph, uses, x, mean, inv, channels)
+            match = _final_add(uses, x, mean, inv, channels)
             if match is None:
                 continue
             y_node, beta, tail = match
@@ -218,8 +224,8 @@ def _statistics(r_node: Node) -> tuple[Value, Value, float, list[Node]] | None:
     return None
 
 
-def _final_add(graph: Graph, uses: dict[int, list[Node]], x: Value, mean: Value, inv: Value,
-               channels: int) -> tuple[Node, np.ndarray | None, list[Node]] | None:
+def _final_add(uses: dict[int, list[Node]], x: Value, mean: Value, inv: Value, channels: int
+               ) -> tuple[Node, np.ndarray | None, list[Node]] | None:
     """y = x * inv + shift among the readers of inv: (y's node, beta, the other nodes)."""
     for node in uses.get(inv.id, []):
         if _binary_operands(node, "mul", inv) is not x:

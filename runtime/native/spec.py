@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..isa import elements
+
 WINDOWED = ("conv2d", "depthwise_conv2d", "pool")
 
 OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
@@ -230,10 +232,7 @@ def _layer_norm(attrs: dict, ins: list[Ref], outs: list[Ref],
     x, scale, shift = ins
     if x.dtype != "float32" or x.blocked:
         return None
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
-    flat = [rows, x.shape[-1]]  # oneDNN normalizes the last axis of a 2-5D tensor
+    flat = [elements(x.shape[:-1]), x.shape[-1]]  # oneDNN normalizes the last axis of a 2-5D tensor
     if 0 in flat:
         return None
     return [OP_LAYER_NORM, *x.encode(flat), *scale.encode(), *shift.encode(),
@@ -264,9 +263,7 @@ def _flat_copy(attrs: dict, ins: list[Ref], outs: list[Ref],
     x, y = ins[0], outs[0]
     if x.dtype not in _MOVABLE or x.dtype != y.dtype:
         return None
-    size = 1
-    for d in x.shape:
-        size *= d
+    size = elements(x.shape)
     return [OP_REORDER, *x.encode([size]), *y.encode([size])], []
 
 
@@ -311,19 +308,11 @@ SMALL_WORK = 12 << 20
 
 def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int:
     """A rough size of an instruction's work, to choose its thread count."""
-    out = 1
-    for d in outs[0].shape:
-        out *= d
+    out = elements(outs[0].shape)
     if kind in ("conv2d", "depthwise_conv2d"):
         kh, kw, cin, _ = ins[1].shape
         return 2 * out * kh * kw * (1 if kind == "depthwise_conv2d" else cin)
     if kind == "matmul":
         a = ins[0].shape
         return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
-    total = out
-    for r in ins:
-        n = 1
-        for d in r.shape:
-            n *= d
-        total += n
-    return 16 * total
+    return 16 * (out + sum(elements(r.shape) for r in ins))
