@@ -15,9 +15,13 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .errors import BadIOConfig, CompilerError, InvalidGraph, UnsupportedNodes
+
+if TYPE_CHECKING:
+    from neuronish.runtime.executable import Executable
 
 # The most cores one core group can have (AWS's largest Inferentia host has 64);
 # beyond it a pipeline cannot be placed, and splitting into 10^9 stages would not end.
@@ -57,20 +61,28 @@ def _check_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
     return output, workdir
 
 
-def _write_output(output: Path, data: bytes) -> None:
+def _write_output(output: Path, exe: Executable) -> int:
     """Write next to the target and rename, so `--output` is never half-written and
-    a failed write leaves nothing behind."""
+    a failed write leaves nothing behind; returns the bytes written.
+
+    Not fsync'ed: the rename makes the file appear whole to every reader, which is what
+    a crash of this process could break. Only a crash of the machine could leave a
+    partial file (as with any build tool's output, and TensorFlow's SavedModels), and
+    the header's length and checksum make the loader refuse that one. The sync cost
+    ~0.3 s per GB, for every subgraph the SavedModel compile writes to a temporary
+    directory it deletes afterwards."""
+    from neuronish.runtime.executable import write
+
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            size = write(exe, f)
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return size
 
 
 def _write_errors(workdir: Path | None, error: str, message: str, nodes: list[dict]) -> None:
@@ -95,7 +107,7 @@ def _trace_hint(workdir: Path | None) -> str:
 
 
 def _compile(args: argparse.Namespace, argv: list[str]) -> int:
-    from .compiler import compile_graph
+    from .compiler import compile_executable
     from .device_model import DeviceModelError, load_device
     from .graphdef import load_graph_def
     from .ioconfig import parse_io_config
@@ -127,12 +139,12 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         nodes = load_graph_def(args.graph)
         timer = Timer()
         notes: list[str] = []
-        data = compile_graph(nodes, io, auto_cast=args.auto_cast,
-                             auto_cast_type=args.auto_cast_type,
-                             pipeline_cores=args.neuroncore_pipeline_cores,
-                             dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
-                             instruments=[timer], disabled_passes=args.disable_pass,
-                             device=device, notes=notes)
+        exe = compile_executable(nodes, io, auto_cast=args.auto_cast,
+                                 auto_cast_type=args.auto_cast_type,
+                                 pipeline_cores=args.neuroncore_pipeline_cores,
+                                 dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
+                                 instruments=[timer], disabled_passes=args.disable_pass,
+                                 device=device, notes=notes)
         for note in notes:
             print(f"neuronish-cc: note: {note}", file=sys.stderr)
     except CompilerError as e:
@@ -164,7 +176,7 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         _write_errors(workdir, "InternalCompilerError", f"{type(e).__name__}: {e}", [])
         return 1
     try:
-        _write_output(output, data)
+        size = _write_output(output, exe)
     except OSError as e:
         print(f"neuronish-cc: error: cannot write --output {output}: {e.strerror}",
               file=sys.stderr)
@@ -175,7 +187,7 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
                   f"{r.nodes_after:5d} instructions", file=sys.stderr)
         for name in args.disable_pass:
             print(f"pass {name:<22} disabled", file=sys.stderr)
-        print(f"wrote {output} ({len(data)} bytes)", file=sys.stderr)
+        print(f"wrote {output} ({size} bytes)", file=sys.stderr)
     return 0
 
 

@@ -144,16 +144,24 @@ def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int],
     )
 
 
-def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOConfig, *,
-                  auto_cast: str = "none", auto_cast_type: str = "bf16",
-                  pipeline_cores: int = 1, dump_dir: str | Path | None = None,
-                  command_line: list[str] | None = None,
-                  timings: dict[str, float] | None = None,
-                  instruments: list[Instrument] | None = None,
-                  disabled_passes: list[str] | None = None,
-                  device: DeviceDescription | None = None,
-                  notes: list[str] | None = None) -> bytes:
-    """Compile a GraphDef (serialized bytes or parsed nodes) into executable bytes.
+def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOConfig,
+                  **options: object) -> bytes:
+    """Compile a GraphDef (serialized bytes or parsed nodes) into executable bytes;
+    the options are `compile_executable`'s."""
+    return to_bytes(compile_executable(graph_def, io_config, **options))  # type: ignore[arg-type]
+
+
+def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | IOConfig, *,
+                       auto_cast: str = "none", auto_cast_type: str = "bf16",
+                       pipeline_cores: int = 1, dump_dir: str | Path | None = None,
+                       command_line: list[str] | None = None,
+                       timings: dict[str, float] | None = None,
+                       instruments: list[Instrument] | None = None,
+                       disabled_passes: list[str] | None = None,
+                       device: DeviceDescription | None = None,
+                       notes: list[str] | None = None) -> Executable:
+    """Compile a GraphDef (serialized bytes or parsed nodes) into an executable
+    (`neuronish.runtime.executable.write` writes its file without copying the weights).
 
     Raises a `CompilerError` subclass naming every node that stands in the way
     (`BadIOConfig` if the io-config is not well-formed). Things the user should know
@@ -197,8 +205,7 @@ def compile_graph(graph_def: bytes | list[TFNode], io_config: str | dict | IOCon
     # Modelled device time per instruction (docs/device-model.md): an optional key.
     exe.stats["device_model"] = estimate(exe, device).to_stats()
     exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
-    data = to_bytes(exe)
     if dumper.directory:
         memory = "\n".join(f"%{k} @ {off}" for k, off in sorted(exe.offsets.items()))
         dumper.write("memory_plan", f"arena_bytes {exe.arena_bytes}\n{memory}\n")
-    return data
+    return exe

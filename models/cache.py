@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from models import extra, third_party, zoo
+from models import extra, third_party, user_models, zoo
 from models.freeze import FrozenGraph, freeze_saved_model
 
 try:
@@ -42,6 +42,9 @@ _BUILDERS: dict[str, tuple[Callable[[str], None], str]] = {
     # keras.applications and keras_hub models, as users export them (benchmarks/zoo.py).
     **{name: (functools.partial(third_party.build, name), "third_party.py")
        for name in third_party.ALL},
+    # small user-written models (keyed by the file that defines them)
+    **{name: (functools.partial(third_party.build, name), "user_models.py")
+       for name in user_models.NAMES},
 }
 
 

@@ -18,6 +18,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from models import user_models  # noqa: E402
+
 # Every application `keras.applications` offers (names of its model functions).
 APPLICATIONS = tuple(sorted(
     n for n in dir(keras.applications) if n[:1].isupper() and callable(getattr(
@@ -34,7 +36,9 @@ class HubModel:
 
     backbone: str
     kwargs: dict
-    inputs: dict[str, int]  # input key -> exclusive upper bound of its values (1: all ones)
+    # input key -> exclusive upper bound of its values; None: the backbone's own inputs,
+    # token ids bounded by the vocabulary, masks of leading ones, floats ~N(0, 1)
+    inputs: dict[str, int] | None = None
 
 
 HUB_MODELS = {
@@ -56,7 +60,100 @@ HUB_MODELS = {
                           {"token_ids": VOCAB, "padding_mask": 2}),
 }
 
-ALL = (*APPLICATIONS, *HUB_MODELS)
+_DECODER = dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=32,
+                intermediate_dim=64, vocabulary_size=VOCAB)
+IMAGE = 32  # image backbones: 32x32x3 inputs
+
+# Further keras_hub backbones, inputs taken from the backbone itself.
+HUB_MODELS.update({
+    "deberta_v3_tiny": HubModel("DebertaV3Backbone", dict(vocabulary_size=VOCAB,
+                                                          max_sequence_length=64,
+                                                          bucket_size=8, **_TINY)),
+    "electra_tiny": HubModel("ElectraBackbone", dict(vocab_size=VOCAB, embedding_dim=16,
+                                                     max_sequence_length=64, **_TINY)),
+    "xlm_roberta_tiny": HubModel("XLMRobertaBackbone", dict(vocabulary_size=VOCAB,
+                                                            max_sequence_length=64, **_TINY)),
+    "fnet_tiny": HubModel("FNetBackbone", dict(vocabulary_size=VOCAB, num_layers=2,
+                                               hidden_dim=32, intermediate_dim=64,
+                                               max_sequence_length=64)),
+    "opt_tiny": HubModel("OPTBackbone", dict(vocabulary_size=VOCAB, max_sequence_length=64,
+                                             **_TINY)),
+    "gpt_neox_tiny": HubModel("GPTNeoXBackbone", dict(vocabulary_size=VOCAB,
+                                                      max_sequence_length=64, **_TINY)),
+    "bloom_tiny": HubModel("BloomBackbone", dict(vocabulary_size=VOCAB, **_TINY)),
+    "falcon_tiny": HubModel("FalconBackbone", dict(vocabulary_size=VOCAB, num_layers=2,
+                                                   num_attention_heads=2, hidden_dim=32,
+                                                   intermediate_dim=64)),
+    "llama_tiny": HubModel("LlamaBackbone", dict(_DECODER)),
+    "llama3_tiny": HubModel("Llama3Backbone", dict(_DECODER)),
+    "mistral_tiny": HubModel("MistralBackbone", dict(_DECODER)),
+    "qwen2_tiny": HubModel("Qwen2Backbone", dict(_DECODER)),
+    "qwen3_tiny": HubModel("Qwen3Backbone", dict(_DECODER, head_dim=8)),
+    "phi3_tiny": HubModel("Phi3Backbone", dict(_DECODER)),
+    "gemma_tiny": HubModel("GemmaBackbone", dict(_DECODER, head_dim=8)),
+    "mixtral_tiny": HubModel("MixtralBackbone", dict(_DECODER, num_experts=4, top_k=2)),
+    "roformer_v2_tiny": HubModel("RoformerV2Backbone", dict(vocabulary_size=VOCAB, head_size=16,
+                                                            **_TINY)),
+    "esm2_tiny": HubModel("ESM2Backbone", dict(vocabulary_size=VOCAB, **_TINY)),
+    "bart_tiny": HubModel("BartBackbone", dict(vocabulary_size=VOCAB, max_sequence_length=64,
+                                               **_TINY)),
+    "t5_tiny": HubModel("T5Backbone", dict(vocabulary_size=VOCAB, **_TINY)),
+    "whisper_tiny": HubModel("WhisperBackbone", dict(vocabulary_size=VOCAB, num_mels=16,
+                                                     max_encoder_sequence_length=32,
+                                                     max_decoder_sequence_length=64,
+                                                     **_TINY)),
+    "xlnet_tiny": HubModel("XLNetBackbone", dict(vocabulary_size=VOCAB, **_TINY)),
+    "vit_tiny": HubModel("ViTBackbone", dict(image_shape=(IMAGE, IMAGE, 3), patch_size=8,
+                                             num_layers=2, num_heads=2, hidden_dim=32,
+                                             mlp_dim=64)),
+    "deit_tiny": HubModel("DeiTBackbone", dict(image_shape=(IMAGE, IMAGE, 3), patch_size=8,
+                                               **_TINY)),
+    "dinov2_tiny": HubModel("DINOV2Backbone", dict(patch_size=8, num_layers=2, hidden_dim=32,
+                                                   num_heads=2, intermediate_dim=64,
+                                                   image_shape=(IMAGE, IMAGE, 3),
+                                                   position_embedding_shape=(64, 64, 3))),
+    "swin_tiny": HubModel("SwinTransformerBackbone", dict(image_shape=(IMAGE, IMAGE, 3),
+                                                          embed_dim=16, depths=[2, 2],
+                                                          num_heads=[2, 2], window_size=4,
+                                                          patch_size=2)),
+    "resnet_hub_tiny": HubModel("ResNetBackbone", dict(
+        input_conv_filters=[16], input_conv_kernel_sizes=[7],
+        stackwise_num_filters=[16, 32], stackwise_num_blocks=[1, 1],
+        stackwise_num_strides=[1, 2], block_type="basic_block", use_pre_activation=True,
+        image_shape=(IMAGE, IMAGE, 3))),
+    "resnet_hub_bottleneck": HubModel("ResNetBackbone", dict(
+        input_conv_filters=[16], input_conv_kernel_sizes=[7],
+        stackwise_num_filters=[16, 32], stackwise_num_blocks=[1, 1],
+        stackwise_num_strides=[1, 2], block_type="bottleneck_block",
+        image_shape=(IMAGE, IMAGE, 3))),
+    "cspdarknet_tiny": HubModel("CSPNetBackbone", dict(
+        stem_filters=16, stem_kernel_size=3, stem_strides=1, stackwise_depth=[1, 1],
+        stackwise_strides=[1, 2], stackwise_num_filters=[16, 32], block_type="dark_block",
+        image_shape=(IMAGE, IMAGE, 3))),
+    "mit_tiny": HubModel("MiTBackbone", dict(
+        layerwise_depths=[1, 1], num_layers=2, layerwise_num_heads=[1, 2],
+        layerwise_sr_ratios=[2, 1], max_drop_path_rate=0.0, layerwise_patch_sizes=[7, 3],
+        layerwise_strides=[4, 2], hidden_dims=[16, 32], image_shape=(IMAGE, IMAGE, 3))),
+    "densenet_hub_tiny": HubModel("DenseNetBackbone", dict(
+        stackwise_num_repeats=[1, 1], growth_rate=8, image_shape=(IMAGE, IMAGE, 3))),
+    "vgg_hub_tiny": HubModel("VGGBackbone", dict(
+        stackwise_num_repeats=[1, 1], stackwise_num_filters=[8, 16],
+        image_shape=(IMAGE, IMAGE, 3))),
+    "xception_hub_tiny": HubModel("XceptionBackbone", dict(
+        stackwise_conv_filters=[[8, 16], [32, 32], [32, 64]],
+        stackwise_pooling=[False, True, False], image_shape=(IMAGE * 2, IMAGE * 2, 3))),
+    "mobilenet_hub_tiny": HubModel("MobileNetBackbone", dict(
+        stackwise_expansion=[[16, 24], [32]], stackwise_num_blocks=[2, 1],
+        stackwise_num_filters=[[8, 8], [16]], stackwise_kernel_size=[[3, 3], [5]],
+        stackwise_num_strides=[[2, 1], [2]], stackwise_se_ratio=[[None, None], [0.25]],
+        stackwise_activation=[["relu", "relu"], ["hard_swish"]],
+        stackwise_padding=[[1, 1], [2]], output_num_filters=32, depthwise_filters=8,
+        depthwise_stride=2, depthwise_residual=False, last_layer_filter=32,
+        squeeze_and_excite=0.5, image_shape=(IMAGE * 2, IMAGE * 2, 3))),
+})
+
+ALL = (*APPLICATIONS, *HUB_MODELS, *user_models.NAMES)
+PROBE = (*(n for n in HUB_MODELS if HUB_MODELS[n].inputs is None), *user_models.NAMES)
 
 
 def build(name: str, target: str) -> None:
@@ -64,6 +161,8 @@ def build(name: str, target: str) -> None:
     keras.utils.set_random_seed(0)
     if name in HUB_MODELS:
         _build_hub(HUB_MODELS[name], target)
+    elif name in user_models.NAMES:
+        user_models.build(name, target)
     elif name in APPLICATIONS:
         _application(name).export(target, verbose=False)
     else:
@@ -88,8 +187,30 @@ def _build_hub(spec: HubModel, target: str) -> None:
 
     model = getattr(keras_hub.models, spec.backbone)(**spec.kwargs)
     # A fixed sequence length: the device compiles static shapes (the batch stays free).
-    signature = [{k: tf.TensorSpec([None, SEQ_LEN], "int32", name=k) for k in spec.inputs}]
-    model.export(target, verbose=False, input_signature=signature)
+    if spec.inputs is not None:
+        specs = {k: tf.TensorSpec([None, SEQ_LEN], "int32", name=k) for k in spec.inputs}
+    else:
+        specs = _input_specs(model)
+    model.export(target, verbose=False, input_signature=[specs])
+
+
+def _input_specs(model: object) -> object:
+    """The backbone's inputs with the batch left free and every other unknown dim fixed:
+    SEQ_LEN for sequences (audio frames: twice that), IMAGE for image sides."""
+    import tensorflow as tf
+
+    def spec(t: object, name: str) -> object:
+        dims = list(t.shape)
+        for i in range(1, len(dims)):
+            if dims[i] is None:
+                dims[i] = IMAGE if len(dims) == 4 else (2 * SEQ_LEN if "features" in name
+                                                        else SEQ_LEN)
+        return tf.TensorSpec([None, *dims[1:]], t.dtype, name=name)
+
+    inputs = model.input
+    if isinstance(inputs, dict):
+        return {k: spec(t, k) for k, t in inputs.items()}
+    return spec(inputs, "inputs")
 
 
 def example_inputs(name: str, signature: Callable, batch: int, seed: int) -> dict[str, np.ndarray]:
@@ -97,16 +218,17 @@ def example_inputs(name: str, signature: Callable, batch: int, seed: int) -> dic
     floats ~N(0, 1); token ids within the vocabulary; padding masks mostly ones."""
     rng = np.random.default_rng(seed)
     _, specs = signature.structured_input_signature
-    highs = HUB_MODELS[name].inputs if name in HUB_MODELS else {}
+    highs = (HUB_MODELS[name].inputs if name in HUB_MODELS else None) or user_models.INT_HIGHS
     feeds = {}
     for key, spec in sorted(specs.items()):
         shape = [batch if d is None else d for d in spec.shape.as_list()]
         dtype = spec.dtype.as_numpy_dtype
         if spec.dtype.is_floating:
             feeds[key] = rng.standard_normal(shape).astype(dtype)
-        elif key == "padding_mask":  # leading ones, then a random tail of padding
+        elif key.endswith("padding_mask"):  # leading ones, then a random tail of padding
             keep = rng.integers(SEQ_LEN // 2, SEQ_LEN + 1, size=(shape[0], 1))
             feeds[key] = (np.arange(shape[1])[None, :] < keep).astype(dtype)
         else:
-            feeds[key] = rng.integers(0, highs.get(key, 2), shape).astype(dtype)
+            high = highs.get(key, VOCAB if key.endswith("token_ids") else 2)
+            feeds[key] = rng.integers(0, high, shape).astype(dtype)
     return feeds

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype of auto-cast weights)
 import msgpack
@@ -82,36 +82,89 @@ def _sig_from_raw(raw: dict) -> TensorSig:
                      raw["batch_axis"])
 
 
+def _constant_data(a: np.ndarray) -> memoryview:
+    """The array's little-endian bytes: a view of it on little-endian hosts (copies of
+    the weights cost ~1 s per 500 MB)."""
+    return memoryview(np.ascontiguousarray(a).astype(
+        a.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8))
+
+
+def _bin_header(n: int) -> bytes:
+    """msgpack's header of a bin of `n` bytes, as `Packer(use_bin_type=True)` writes it."""
+    if n <= 0xFF:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n <= 0xFFFF:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+def _body_parts(exe: Executable) -> list[bytes | memoryview]:
+    """The msgpack body as pieces whose concatenation is `packb(body)`: the constants'
+    data are views of the arrays, never copied into a buffer (a GB of weights copied
+    into fresh memory costs ~1 s here), so the body can be hashed and written as is."""
+    pack = msgpack.Packer(use_bin_type=True).pack
+    small = bytearray()
+    parts: list[bytes | memoryview] = []
+
+    def item(key: str, value: object) -> None:
+        small.extend(pack(key))
+        small.extend(pack(value))
+
+    small.extend(b"\x88")  # a map of the 8 keys below, in this order
+    item("compiler", exe.compiler)
+    item("inputs", [_sig_to_raw(s) for s in exe.inputs])
+    item("outputs", [_sig_to_raw(s) for s in exe.outputs])
+    small.extend(pack("constants"))
+    small.extend(msgpack.Packer().pack_array_header(len(exe.constants)))
+    for vid, a in sorted(exe.constants.items()):
+        data = _constant_data(a)
+        small.extend(b"\x84")  # {value, shape, dtype, data}
+        item("value", vid)
+        item("shape", list(a.shape))
+        item("dtype", a.dtype.name)
+        small.extend(pack("data"))
+        small.extend(_bin_header(data.nbytes))
+        parts += (bytes(small), data)
+        small.clear()
+    item("values", [[vid, list(shape), dtype]
+                    for vid, (shape, dtype) in sorted(exe.values.items())])
+    item("memory", {"arena_bytes": exe.arena_bytes,
+                    "offsets": [[vid, off] for vid, off in sorted(exe.offsets.items())]})
+    item("programs", [
+        [{"kind": i.kind, "in": list(i.inputs), "out": list(i.outputs), "attrs": i.attrs,
+          "scratch": list(i.scratch) if i.scratch else None, "tf": list(i.source)}
+         for i in program]
+        for program in exe.programs
+    ])
+    item("stats", exe.stats)
+    parts.append(bytes(small))
+    return parts
+
+
+def _header(parts: list[bytes | memoryview]) -> bytes:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, 0, sum(memoryview(p).nbytes for p in parts),
+                        digest.digest())
+
+
 def to_bytes(exe: Executable) -> bytes:
-    body = {
-        "compiler": exe.compiler,
-        "inputs": [_sig_to_raw(s) for s in exe.inputs],
-        "outputs": [_sig_to_raw(s) for s in exe.outputs],
-        "constants": [
-            {"value": vid, "shape": list(a.shape), "dtype": a.dtype.name,
-             # packed straight from the array (a view on little-endian hosts): copies
-             # of the weights cost ~1 s per 500 MB
-             "data": memoryview(np.ascontiguousarray(a).astype(
-                 a.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8))}
-            for vid, a in sorted(exe.constants.items())
-        ],
-        "values": [[vid, list(shape), dtype] for vid, (shape, dtype) in sorted(exe.values.items())],
-        "memory": {"arena_bytes": exe.arena_bytes,
-                   "offsets": [[vid, off] for vid, off in sorted(exe.offsets.items())]},
-        "programs": [
-            [{"kind": i.kind, "in": list(i.inputs), "out": list(i.outputs), "attrs": i.attrs,
-              "scratch": list(i.scratch) if i.scratch else None, "tf": list(i.source)}
-             for i in program]
-            for program in exe.programs
-        ],
-        "stats": exe.stats,
-    }
-    # The packer's own buffer, not packb's copy of it: the weights are copied once, here.
-    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
-    packer.pack(body)
-    payload = packer.getbuffer()
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(payload), hashlib.sha256(payload).digest())
-    return b"".join((header, payload))
+    """The executable file's bytes (one copy of the weights: the result)."""
+    parts = _body_parts(exe)
+    return b"".join((_header(parts), *parts))
+
+
+def write(exe: Executable, file: BinaryIO) -> int:
+    """Write the executable file's bytes to `file` (open for binary writing) without
+    building them in memory: the weights go from the arrays to the file. Returns the
+    number of bytes written."""
+    parts = _body_parts(exe)
+    header = _header(parts)
+    file.write(header)
+    for part in parts:
+        file.write(part)
+    return len(header) + sum(memoryview(p).nbytes for p in parts)
 
 
 def read_header(data: bytes) -> tuple[int, int]:

@@ -336,12 +336,13 @@ def window_out(size: int, k: int, stride: int, dilation: int, before: int, after
 # unary functions; ACTIVATIONS are the ones the compiler fuses into a producer's epilogue.
 UNARY_FNS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
              "gelu", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
-             "reciprocal", "floor", "sign", "logical_not", "round_bf16", "round_fp16")
+             "reciprocal", "floor", "sign", "logical_not", "round_bf16", "round_fp16",
+             "sin", "cos", "tan", "atan", "log1p", "expm1", "round")
 ACTIVATIONS = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
                          "softplus", "gelu"})
 COMPARISONS = ("greater", "greater_equal", "less", "less_equal", "equal", "not_equal")
 BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
-              *COMPARISONS, "logical_and", "logical_or")
+              *COMPARISONS, "logical_and", "logical_or", "floor_div", "floor_mod")
 
 _ALPHA = Attr("alpha", NUM, 0.2, "leaky_relu's slope")
 _ACTIVATION = (Attr("activation", Choice("none", *UNARY_FNS), "none",
@@ -608,11 +609,13 @@ declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
              traits=_t("elementwise"), rule=_one, doc=(
                  "y = fn(x), same dtype. `gelu` is TF's exact GELU, x·erfc(−x/√2)/2. "
                  "`round_bf16`/`round_fp16` round to that precision "
-                 "and back (round-to-nearest-even; used by `--auto-cast`).")))
+                 "and back (round-to-nearest-even; used by `--auto-cast`). `round` rounds "
+                 "half to even (TF's Round).")))
 declare(Kind("binary", ("a", "b"), attrs=(Attr("fn", Choice(*BINARY_FNS)),),
              traits=_t("elementwise"), rule=_binary, doc=(
                  "numpy broadcasting; a and b share a dtype. Comparisons give bool, the rest "
-                 "the input dtype.")))
+                 "the input dtype. `floor_div`/`floor_mod` round the quotient toward −∞ "
+                 "(TF FloorDiv/FloorMod: the remainder takes the divisor's sign).")))
 declare(Kind("select", ("cond", "a", "b"), traits=_t("elementwise", "no_float_math"),
              rule=_select, doc="numpy `where` with broadcasting (TF SelectV2)."))
 declare(Kind("cast", ("x",), attrs=(Attr("to", DType(), doc="the output dtype"),),

@@ -307,10 +307,10 @@ def test_internal_error_exits_cleanly_with_errors_json(tmp_path: Path, monkeypat
     import neuronish.cc.compiler as compiler
     from neuronish.cc.cli import main
 
-    def broken(*args: object, **kwargs: object) -> bytes:
+    def broken(*args: object, **kwargs: object) -> object:
         raise IndexError("list index out of range")
 
-    monkeypatch.setattr(compiler, "compile_graph", broken)
+    monkeypatch.setattr(compiler, "compile_executable", broken)
     g = dense_relu()
     out, work = tmp_path / "m.neff", tmp_path / "work"
     code = main(["compile", str(_write(tmp_path, g.graph_def)), "--framework", "TENSORFLOW",

@@ -143,6 +143,15 @@ case("Floor", lambda x: raw.Floor(x=x), [np.array([-1.5, -1.0, 0.0, 0.5, 2.0], n
      "edges")
 case("Ceil", lambda x: raw.Ceil(x=x), [np.array([-1.5, -1.0, -0.2, 0.5, 2.0], np.float32)],
      "edges")
+# Rotary embeddings (Sin, Cos) and the rest of TF's float math a model may use.
+for op, lo, hi in (("Sin", -7.0, 7.0), ("Cos", -7.0, 7.0), ("Tan", -1.2, 1.2),
+                   ("Atan", -5.0, 5.0), ("Log1p", -0.9, 4.0), ("Expm1", -3.0, 3.0),
+                   ("Round", -4.0, 4.0)):
+    for dt, shape in (("float32", (2, 3, 4)), ("float64", (3, 5)), ("float16", (6,))):
+        case(op, lambda x, op=op: getattr(raw, op)(x=x), [rand(*shape, dtype=dt, lo=lo, hi=hi)],
+             f"{dt}-{'x'.join(map(str, shape))}", **(F16 if dt == "float16" else {}))
+case("Round", lambda x: raw.Round(x=x),
+     [np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997], np.float32)], "halves-to-even")
 case("LogicalNot", lambda x: raw.LogicalNot(x=x), [rand(3, 4, dtype="bool")], "bool")
 case("LogicalNot", lambda x: raw.LogicalNot(x=x), [rand(7, dtype="bool")], "bool-1d")
 
@@ -155,6 +164,21 @@ _SHAPES = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 4)), ((), (2,
 def _shape_id(sa: tuple, sb: tuple) -> str:
     return f"{'x'.join(map(str, sa)) or 'scalar'}-{'x'.join(map(str, sb)) or 'scalar'}"
 
+
+def _floor_cases() -> None:
+    for op in ("FloorDiv", "FloorMod"):
+        for sa, sb in _SHAPES[:3]:
+            case(op, lambda a, b, op=op: getattr(raw, op)(x=a, y=b),
+                 [rand(*sa, lo=-6, hi=6), nonzero(*sb)], f"f32-{_shape_id(sa, sb)}")
+        for dt in ("int32", "int64"):  # negative operands: rounding toward -inf matters
+            b = rand(2, 3, dtype=dt, lo=1, hi=4) * np.where(rand(2, 3) < 0, -1, 1).astype(dt)
+            case(op, lambda a, b, op=op: getattr(raw, op)(x=a, y=b),
+                 [rand(2, 3, dtype=dt, lo=-9, hi=9), b], dt)
+        case(op, lambda a, b, op=op: getattr(raw, op)(x=a, y=b),
+             [rand(5, dtype="float64", lo=-6, hi=6), nonzero(5, dtype="float64")], "float64")
+
+
+_floor_cases()
 
 for op in ("Add", "AddV2", "Sub", "Mul", "Maximum", "Minimum", "SquaredDifference",
            "Greater", "GreaterEqual", "Less", "LessEqual", "Equal", "NotEqual"):

@@ -229,3 +229,29 @@ def test_a_load_that_fails_after_reserving_releases_the_memory(golden: bytes,
         with pytest.raises(raised, match=message):
             load(golden, duplicates=2, device=device)
         assert len(calls) == 2 and not any(_used(device))
+
+
+def test_streamed_writer_is_msgpacks_own_encoding(golden: bytes, tmp_path: Path) -> None:
+    """The writer emits the constants' bin headers itself (so the weights are written from
+    the arrays, never copied into a buffer): for data of each bin size class (8, 16 and
+    32-bit lengths) the body must be exactly what msgpack writes for the same map, and
+    `write` must put the same bytes in a file as `to_bytes` returns."""
+    from dataclasses import replace
+
+    from neuronish.runtime.executable import write
+
+    exe = from_bytes(golden)
+    (vid, weights), *_ = sorted(exe.constants.items())
+    for count in (3, 100, 20_000):  # 12 bytes, 400 bytes, 80 KB: bin8, bin16, bin32
+        data = np.arange(count, dtype=weights.dtype)
+        grown = replace(exe, constants={**exe.constants, vid: data})
+        raw = to_bytes(grown)
+        body = raw[HEADER_SIZE:]
+        parsed = msgpack.unpackb(body, strict_map_key=False)
+        assert body == msgpack.packb(parsed, use_bin_type=True)
+        (stored,) = [c for c in parsed["constants"] if c["value"] == vid]
+        assert stored["data"] == data.tobytes() and stored["shape"] == [count]
+        path = tmp_path / f"{count}.neff"
+        with open(path, "wb") as f:
+            assert write(grown, f) == len(raw)
+        assert path.read_bytes() == raw

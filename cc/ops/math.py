@@ -37,6 +37,13 @@ UNARY: dict[str, tuple[str, tuple[str, ...]]] = {
     "Erf": ("erf", FLOAT),
     "Erfc": ("erfc", FLOAT),
     "LogicalNot": ("logical_not", BOOL),
+    "Sin": ("sin", FLOAT),
+    "Cos": ("cos", FLOAT),
+    "Tan": ("tan", FLOAT),
+    "Atan": ("atan", FLOAT),
+    "Log1p": ("log1p", FLOAT),
+    "Expm1": ("expm1", FLOAT),
+    "Round": ("round", FLOAT),
 }
 
 
@@ -48,7 +55,9 @@ def _unary_supports(node: TFNode) -> str | None:
 def unary(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """y = f(x) elementwise, same shape and dtype: Abs, Neg, Sign, Square,
     Reciprocal (= Inv, 1/x), Floor, Sqrt, Rsqrt (1/sqrt x), Exp, Log (natural),
-    Erf, Erfc, LogicalNot. IEEE results for out-of-domain inputs (log(-1) = nan)."""
+    Erf, Erfc, LogicalNot, Sin, Cos, Tan, Atan (radians), Log1p log(1 + x), Expm1
+    exp(x) - 1, Round (half to even). IEEE results for out-of-domain inputs
+    (log(-1) = nan)."""
     fn, allowed = UNARY[node.op]
     x = ctx.input(node, 0)
     require_dtype(x, allowed)
@@ -88,6 +97,8 @@ BINARY: dict[str, tuple[str, tuple[str, ...]]] = {
     "NotEqual": ("not_equal", _COMPARE + BOOL),
     "LogicalAnd": ("logical_and", BOOL),
     "LogicalOr": ("logical_or", BOOL),
+    "FloorDiv": ("floor_div", FLOAT_OR_WIDE_INT),
+    "FloorMod": ("floor_mod", FLOAT_OR_WIDE_INT),
 }
 
 

@@ -178,6 +178,13 @@ UNARY: dict[str, UnaryFn] = {
     "logical_not": _ufunc(np.logical_not),
     "round_bf16": _round_bf16,
     "round_fp16": _round_fp16,
+    "sin": _ufunc(np.sin),
+    "cos": _ufunc(np.cos),
+    "tan": _ufunc(np.tan),
+    "atan": _ufunc(np.arctan),
+    "log1p": _ufunc(np.log1p),
+    "expm1": _ufunc(np.expm1),
+    "round": _ufunc(np.rint),  # half to even, as TF's Round
 }
 
 
@@ -225,6 +232,13 @@ def _squared_difference(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.multiply(out, out, out=out)
 
 
+def _floor_div(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    if out.dtype.kind == "f":  # TF: floor(a / b), not numpy's divmod-based quotient
+        np.floor(np.divide(a, b, out=out), out=out)
+    else:
+        np.floor_divide(a, b, out=out)
+
+
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], object]] = {
     "add": lambda a, b, out: np.add(a, b, out=out),
     "sub": lambda a, b, out: np.subtract(a, b, out=out),
@@ -242,6 +256,8 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], object]] = {
     "not_equal": lambda a, b, out: np.not_equal(a, b, out=out),
     "logical_and": lambda a, b, out: np.logical_and(a, b, out=out),
     "logical_or": lambda a, b, out: np.logical_or(a, b, out=out),
+    "floor_div": _floor_div,
+    "floor_mod": lambda a, b, out: np.remainder(a, b, out=out),
 }
 
 
