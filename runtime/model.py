@@ -120,6 +120,9 @@ class Model:
             for program in programs:  # a pipelined copy takes a call per stage at once
                 for _ in range(program.depth):
                     self._idle.put(program)
+            # Each copy and the cores it holds; a copy whose core fails is retired.
+            self._copies = list(zip(programs, self._reservations))
+            self._retired: set[LoadedProgram] = set()
         except BaseException as e:
             # A load that fails must not keep the device memory it reserved.
             for r in self._reservations:
@@ -261,6 +264,11 @@ class Model:
                  cutoff: Cutoff | None = None) -> None:
         queued = time.perf_counter() if profiler.active() else None  # None: not profiled
         program = self._idle.get() if cutoff is None else self._wait_for_copy(cutoff)
+        while program in self._retired:  # (its core failed: taken out of circulation)
+            program = self._idle.get() if cutoff is None else self._wait_for_copy(cutoff)
+        if self._failure is not None:  # (failed while this call waited)
+            self._idle.put(program)
+            raise DeviceError(self._failure)
         busy = self._telemetry.begin(self) if self._telemetry is not None else None
         try:
             # (each stage takes its share of the host's CPUs while it computes: execute)
@@ -272,7 +280,8 @@ class Model:
         finally:
             if busy is not None:
                 self._telemetry.end(busy)  # type: ignore[union-attr]
-            self._idle.put(program)
+            if program not in self._retired:
+                self._idle.put(program)
 
     def _wait_for_copy(self, cutoff: Cutoff) -> LoadedProgram:
         """An idle copy of the program, or Cancelled / DeadlineExceeded once `cutoff` says
@@ -356,9 +365,28 @@ class Model:
     # -- lifetime --------------------------------------------------------------
     _failure: str | None = None  # why the device lost the model (fail), else None
 
+    def lose_core(self, core: int, why: str) -> None:
+        """Core `core` failed under this model: its copies there are retired (a call
+        computing on one finishes; none starts there again, their memory is freed) and
+        the model goes on with its other copies. With none left it fails (`fail`)."""
+        with self._lock:
+            if self._unloaded:
+                return
+            hit = [(p, r) for p, r in self._copies if core in r.cores]
+            keep = [(p, r) for p, r in self._copies if core not in r.cores]
+            if hit and keep:
+                self._copies = keep
+                for program, reservation in hit:
+                    self._retired.add(program)
+                    self._reservations.remove(reservation)
+                    self.device.release(reservation)
+                return
+        if hit:
+            self.fail(why)
+
     def fail(self, why: str) -> None:
-        """The device lost this model (a core under it failed): release it; every later
-        call raises DeviceError(why)."""
+        """The device lost this model: release it; every later call raises
+        DeviceError(why) (a NeuronOp then runs on TensorFlow, neuronish/fallback.py)."""
         self._failure = why
         self.unload()
 
