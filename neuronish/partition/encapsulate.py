@@ -300,6 +300,10 @@ def _no_dynamic_batch_reason(
                 f"told from shapes: no axis, or more than one, follows the batch size exactly")
     if all(axes[t] == -1 for t in inputs + outputs):
         return "no input or output has a batch axis"
+    mixing = getattr(axes, "mixing", {})  # shapes.BatchAxes
+    for m in cluster.nodes:
+        if m in mixing:
+            return mixing[m]
     # Which tensors carry data from a batched input (static members do not:
     # they depend on shapes only, which the compiled program fixes per chunk).
     batched = {t for t in inputs if axes[t] >= 0}

@@ -202,12 +202,65 @@ def _axis(
     return None
 
 
+class BatchAxes(dict):
+    """tensor -> batch axis (see `batch_axes`), and `mixing`: node -> why that node moves
+    data between samples although every shape follows the batch."""
+
+    def __init__(self, axes: Mapping[str, int | None], mixing: Mapping[str, str]) -> None:
+        super().__init__(axes)
+        self.mixing = dict(mixing)
+
+
+def _batch_stride(at_b: tuple[int | None, ...] | None, at_b1: tuple[int | None, ...] | None,
+                  batch: int) -> int | None:
+    """How many elements apart consecutive samples lie in the row-major layout: the
+    product of the dims after the one axis that grows with the batch, times that axis'
+    size per sample (a batch folded in, [b*seq, h], counts seq). None if unclear."""
+    if at_b is None or at_b1 is None or len(at_b) != len(at_b1) or None in at_b + at_b1:
+        return None
+    changed = [i for i, (x, y) in enumerate(zip(at_b, at_b1)) if x != y]
+    if len(changed) != 1:
+        return None
+    k = changed[0]
+    per_sample, rest = divmod(at_b[k], batch)
+    if rest or at_b1[k] != per_sample * (batch + 1):
+        return None
+    stride = per_sample
+    for d in at_b[k + 1:]:
+        stride *= d
+    return stride
+
+
+def _mixing_reshapes(graph_def: graph_pb2.GraphDef, at_b: Mapping[str, TensorInfo],
+                     at_b1: Mapping[str, TensorInfo], batch: int) -> dict[str, str]:
+    """Reshapes that move the batch to another place in the layout ([seq, b, d] ->
+    [b, seq, d]): each output sample then holds pieces of several input samples, so the
+    result at one batch size is not the results at smaller ones side by side."""
+    mixing = {}
+    for node in graph_def.node:
+        if node.op != "Reshape" or not node.input:
+            continue
+        src, out = node.input[0], f"{node.name}:0"
+        src = src if ":" in src else f"{src}:0"
+        if src not in at_b or out not in at_b or src not in at_b1 or out not in at_b1:
+            continue
+        before = _batch_stride(at_b[src].shape, at_b1[src].shape, batch)
+        after = _batch_stride(at_b[out].shape, at_b1[out].shape, batch)
+        if before is not None and after is not None and before != after:
+            mixing[node.name] = (
+                f"{node.name} (Reshape {list(at_b[src].shape)} -> {list(at_b[out].shape)}) "
+                f"moves the batch within the layout, so its samples mix: TensorFlow's result at "
+                f"one batch size is not its results at smaller ones side by side; compile at "
+                f"the batch size you will run")
+    return mixing
+
+
 def batch_axes(
     graph_def: graph_pb2.GraphDef,
     input_shapes: Mapping[str, Sequence[int | None]],
     batch_size: int,
     infos: Mapping[str, TensorInfo] | None = None,
-) -> dict[str, int | None]:
+) -> BatchAxes:
     """The batch axis of every tensor: an axis, -1 for none, None if it cannot be told.
 
     Placeholders in `batched_inputs` are batched on axis 0 (their dim 0 is
@@ -215,7 +268,8 @@ def batch_axes(
     tensor's batch axis is the one axis whose size is `batch_size` in one
     inference and `batch_size + 1` in the other; -1 if no size changed;
     None if several changed, the changed one is not exactly the batch (a
-    batch folded into another dimension), or a shape is unknown.
+    batch folded into another dimension), or a shape is unknown. The result's
+    `mixing` names the Reshapes that mix samples (`_mixing_reshapes`).
 
     `infos`, if given, must be `infer` at `batch_size` (saves one inference).
     """
@@ -230,8 +284,8 @@ def batch_axes(
             f"the graph does not accept batch size {batch_size + 1}, so its batch size is baked "
             f"in and batch axes cannot be found; freeze it with a dynamic batch dimension, or "
             f"turn dynamic batch size off ({e})") from None
-    return {
+    axes = {
         name: _axis(info.shape, bigger[name].shape if name in bigger else None, batch_size)
         for name, info in infos.items()
     }
-
+    return BatchAxes(axes, _mixing_reshapes(graph_def, infos, bigger, batch_size))
