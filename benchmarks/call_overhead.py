@@ -7,7 +7,8 @@ loads it (`kernel_bridge.load`); then, on the same inputs and outputs, the media
 time per call (thread time: the machine's other load does not count) of each layer a
 NeuronOp call passes through, outermost first:
 
-    kernel_bridge.run    what the NeuronOp's C++ kernel calls (minus its own C++ part)
+    kernel_bridge.run    what the NeuronOp's C++ kernel calls (minus its own C++ part),
+                         with the cancel flag TensorFlow's calls come with, and without
     Model.run_list       validation, batch handling, profiler hook
     Model._run_one       a program copy from the idle queue, telemetry, the host's CPUs
     LoadedProgram.execute  an arena, binding the call's buffers, the stage loop
@@ -72,10 +73,11 @@ def main() -> int:
 
     def native_only() -> None:
         for step in runs:
-            program._run_native(stage, step)
+            program._run_native(stage, step, None)
 
     program.execute(x, o)  # binds the call buffers the native-only row reuses
-    rows = [("kernel_bridge.run", lambda: kernel_bridge.run(handle, x, o)),
+    rows = [("kernel_bridge.run", lambda: kernel_bridge.run(handle, x, o, bytearray(1))),
+            ("  (no cancel flag)", lambda: kernel_bridge.run(handle, x, o)),
             ("Model.run_list", lambda: model.run_list(x, out=o)),
             ("Model._run_one", lambda: model._run_one(x, o)),
             ("LoadedProgram.execute", lambda: program.execute(x, o)),

@@ -6,14 +6,17 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
                   input_batch_axis, output_names, output_dtypes, output_shapes,
                   output_batch_axis, model_config, graph_def,
                   external_files)                      # once per op instance
-    run(handle, inputs, outputs)                       # every call
+    run(handle, inputs, outputs, cancel)               # every call
     unload(handle)                                     # kernel destructor
     code, message = error_status(exc)                  # when any of them raised
 
 `inputs` and `outputs` are buffer objects over the TensorFlow tensors' own memory
 (typed and shaped, PEP 3118), so `np.asarray` wraps them without copying; the
 kernel has already checked ranks and sizes against the compiled shapes and
-allocated the outputs with the call's batch size. When the device cannot load or
+allocated the outputs with the call's batch size. `cancel` is a bytearray(1) that
+TensorFlow's cancellation callback sets when the caller gives up on the call (None
+when TensorFlow gave the kernel no cancellation manager); the device then abandons
+the call before its next instruction (runtime/cutoff.py). When the device cannot load or
 run the executable, the op computes `graph_def` on TensorFlow instead
 (neuronish/fallback.py; NEURONISH_FALLBACK=0 turns that off). Keeping this surface to plain
 values and buffers is what would let an out-of-process device (a daemon behind
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from neuronish.runtime import (
+    Cancelled,
     DeadlineExceeded,
     Device,
     DeviceError,
@@ -52,6 +56,7 @@ DEFAULT_MAX_DUPLICATES = 4
 
 # TensorFlow's error codes (tensorflow/core/protobuf/error_codes.proto); the
 # kernel turns (code, message) into a Status.
+CANCELLED = 1
 UNKNOWN = 2
 INVALID_ARGUMENT = 3
 DEADLINE_EXCEEDED = 4
@@ -250,10 +255,12 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     return Handle(node_name, model, config, source)
 
 
-def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> None:
+def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
+        cancel: bytearray | None = None) -> None:
     """Run one call: read `inputs`, write every element of `outputs` (buffer objects
     in signature order, or anything `np.asarray` takes; outputs must be writable).
-    At the compiled batch size the device writes straight into `outputs`."""
+    At the compiled batch size the device writes straight into `outputs`. Once
+    `cancel[0]` is set the rest of the call is abandoned (Cancelled)."""
     # (An OutputBufferError here would be a kernel bug: it sizes the outputs from the
     # attrs, which load() checked against the executable. It surfaces as INTERNAL.)
     model = handle.model
@@ -261,13 +268,13 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object]) -> 
         try:
             ins, outs = [np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs]
             if not profiler.active():  # (the common case, kept free of the span's cost)
-                model.run_list(ins, out=outs, timeout=handle.timeout)
+                model.run_list(ins, out=outs, timeout=handle.timeout, cancel=cancel)
                 return
             with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
-                model.run_list(ins, out=outs, timeout=handle.timeout)
+                model.run_list(ins, out=outs, timeout=handle.timeout, cancel=cancel)
             return
-        except (InvalidInput, OutputBufferError, DeadlineExceeded):
-            raise  # (a call past its deadline is not retried on TensorFlow)
+        except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
+            raise  # (a call past its deadline, or given up, is not retried on TensorFlow)
         except (DeviceError, MemoryError) as e:
             from neuronish import fallback
 
@@ -292,6 +299,8 @@ def error_status(exc: BaseException) -> tuple[int, str]:
         return INVALID_ARGUMENT, str(exc)
     if isinstance(exc, DeadlineExceeded):
         return DEADLINE_EXCEEDED, f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, Cancelled):
+        return CANCELLED, f"{type(exc).__name__}: {exc}"
     if isinstance(getattr(exc, "status_code", None), int):  # fallback.TensorFlowRefused
         return exc.status_code, str(exc)  # type: ignore[attr-defined]
     from neuronish.fallback import ENV_FALLBACK, fallback_enabled

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    Cancelled,
     DeadlineExceeded,
     DeviceError,
     ExecutableError,
@@ -40,6 +41,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DeadlineExceeded", "Device", "DeviceError", "ExecutableError", "ExecutionError",
-           "InvalidInput", "Model", "OutOfDeviceMemory", "OutputBufferError", "get_device",
-           "load"]
+__all__ = ["Cancelled", "DeadlineExceeded", "Device", "DeviceError", "ExecutableError",
+           "ExecutionError", "InvalidInput", "Model", "OutOfDeviceMemory", "OutputBufferError",
+           "get_device", "load"]

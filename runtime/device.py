@@ -65,9 +65,10 @@ class Device:
         return [g for g in groups if not any(c in self._failed for c in g)]
 
     def fail_core(self, core: int, why: str = "hardware error") -> None:
-        """Simulate core `core` failing, as a real device's core can in service: every
-        model with a copy on it fails its next calls with a DeviceError naming the core
-        (a NeuronOp then runs on TensorFlow, neuronish/fallback.py), and loads avoid it."""
+        """Simulate core `core` failing, as a real device's core can in service: a model
+        with a copy on it retires that copy and runs on its others; a model with no other
+        copy fails its next calls with a DeviceError naming the core (a NeuronOp then
+        runs on TensorFlow, neuronish/fallback.py). Loads avoid the core from now on."""
         if core not in self._used:
             raise DeviceError(f"core {core} is not one of the visible cores "
                               f"{list(self.config.visible_cores)}")
@@ -76,7 +77,7 @@ class Device:
             self._failed[core] = message
             hit = [m for m in self._models if any(core in g for g in m.core_groups)]
         for model in hit:
-            model.fail(message)
+            model.lose_core(core, message)
 
     def failed_cores(self) -> dict[int, str]:
         with self._lock:

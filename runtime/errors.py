@@ -29,3 +29,8 @@ class ExecutionError(DeviceError):
 
 class DeadlineExceeded(DeviceError):
     """A call did not finish before its deadline; what was left of it was abandoned."""
+
+
+class Cancelled(DeviceError):
+    """The call's caller gave up on it (e.g. TensorFlow cancelled the step); what was left
+    of it was abandoned."""

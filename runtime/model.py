@@ -18,8 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from . import profiler, telemetry
+from .cutoff import Cutoff
 from .device import Device, Reservation, get_device
 from .errors import (
+    Cancelled,
     DeadlineExceeded,
     DeviceError,
     ExecutableError,
@@ -118,6 +120,9 @@ class Model:
             for program in programs:  # a pipelined copy takes a call per stage at once
                 for _ in range(program.depth):
                     self._idle.put(program)
+            # Each copy and the cores it holds; a copy whose core fails is retired.
+            self._copies = list(zip(programs, self._reservations))
+            self._retired: set[LoadedProgram] = set()
         except BaseException as e:
             # A load that fails must not keep the device memory it reserved.
             for r in self._reservations:
@@ -154,13 +159,15 @@ class Model:
         return [r.cores for r in self._reservations]
 
     # -- calls -----------------------------------------------------------------
-    def run(self, feeds: Mapping[str, object], *,
-            timeout: float | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object], *, timeout: float | None = None,
+            cancel: bytearray | None = None) -> dict[str, np.ndarray]:
         """Run on a dict of input name -> array; returns output name -> array.
 
         With `timeout` (seconds), a call that has not finished by then raises
-        DeadlineExceeded; the rest of its work (queued chunks, later pipeline stages) is
-        abandoned. An instruction already computing is not interrupted."""
+        DeadlineExceeded; with `cancel` (a bytearray(1) another thread may set to
+        non-zero, see runtime/cutoff.py), a call cancelled by then raises Cancelled. Either
+        way the rest of its work (instructions not started, queued chunks, later pipeline
+        stages) is abandoned; an instruction already computing finishes."""
         if not isinstance(feeds, Mapping):
             raise InvalidInput("inputs must be a dict of name -> array, got "
                                f"{type(feeds).__name__}")
@@ -175,19 +182,20 @@ class Model:
             if extra:
                 parts.append("unknown input(s) " + ", ".join(map(repr, extra)))
             raise InvalidInput("; ".join(parts) + f". The model's inputs are {names}")
-        outs = self.run_list([feeds[n] for n in names], timeout=timeout)
+        outs = self.run_list([feeds[n] for n in names], timeout=timeout, cancel=cancel)
         return {s.name: o for s, o in zip(self.outputs, outs)}
 
     @profiler.traced_call
     def run_list(self, values: list[object], out: list[np.ndarray] | None = None, *,
-                 timeout: float | None = None) -> list[np.ndarray]:
+                 timeout: float | None = None,
+                 cancel: bytearray | None = None) -> list[np.ndarray]:
         """Run on inputs in signature order; returns outputs in signature order.
 
         `out`, if given, are the arrays to write the results into (C-contiguous,
         each output's dtype, its shape with this call's batch); they are returned.
-        At the compiled batch size the device writes into them directly. `timeout` as
-        in `run`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        At the compiled batch size the device writes into them directly. `timeout` and
+        `cancel` as in `run`."""
+        cutoff = Cutoff.of(timeout, cancel)
         if self._unloaded:
             raise DeviceError(self._failure or "the model was unloaded")
         arrays, batch = self._validate(values)
@@ -195,9 +203,9 @@ class Model:
             self._check_out(out, batch)
         if batch is None or batch == self.batch_size:
             outs = out if out is not None else [np.empty(s.shape, s.dtype) for s in self.outputs]
-            self._run_one(arrays, outs, deadline)
+            self._run_one(arrays, outs, cutoff)
             return outs
-        results = self._run_split(arrays, batch, deadline)
+        results = self._run_split(arrays, batch, cutoff)
         if out is None:
             return results
         for dest, result in zip(out, results):
@@ -253,28 +261,45 @@ class Model:
         return arrays, (sizes.pop() if sizes else None)
 
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
-                 deadline: float | None = None) -> None:
+                 cutoff: Cutoff | None = None) -> None:
         queued = time.perf_counter() if profiler.active() else None  # None: not profiled
-        try:
-            program = self._idle.get(timeout=_remaining(deadline))
-        except queue.Empty:
-            raise DeadlineExceeded("the call's deadline passed while it waited for the "
-                                   "model's cores (all busy with other calls)") from None
+        program = self._idle.get() if cutoff is None else self._wait_for_copy(cutoff)
+        while program in self._retired:  # (its core failed: taken out of circulation)
+            program = self._idle.get() if cutoff is None else self._wait_for_copy(cutoff)
+        if self._failure is not None:  # (failed while this call waited)
+            self._idle.put(program)
+            raise DeviceError(self._failure)
         busy = self._telemetry.begin(self) if self._telemetry is not None else None
         try:
             # (each stage takes its share of the host's CPUs while it computes: execute)
             if queued is not None:
                 with profiler.chunk(self, queued):
-                    program.execute(inputs, outputs, deadline)
+                    program.execute(inputs, outputs, cutoff)
             else:
-                program.execute(inputs, outputs, deadline)
+                program.execute(inputs, outputs, cutoff)
         finally:
             if busy is not None:
                 self._telemetry.end(busy)  # type: ignore[union-attr]
-            self._idle.put(program)
+            if program not in self._retired:
+                self._idle.put(program)
+
+    def _wait_for_copy(self, cutoff: Cutoff) -> LoadedProgram:
+        """An idle copy of the program, or Cancelled / DeadlineExceeded once `cutoff` says
+        stop first."""
+        cutoff.check("before it started")
+        try:
+            return self._idle.get_nowait()  # (a copy is idle: the common case)
+        except queue.Empty:
+            pass
+        while True:
+            try:
+                return self._idle.get(timeout=cutoff.wait_slice())
+            except queue.Empty:
+                cutoff.check("while it waited for the model's cores (all busy with other "
+                             "calls)")
 
     def _run_split(self, arrays: list[np.ndarray], batch: int,
-                   deadline: float | None = None) -> list[np.ndarray]:
+                   cutoff: Cutoff | None = None) -> list[np.ndarray]:
         size = self.batch_size
         assert size is not None
         if batch == 0:
@@ -317,14 +342,14 @@ class Model:
         jobs = [chunk_io(k) for k in range(chunks)]
         if chunks == 1 or self.duplicates == 1:
             for ins, outs in jobs:
-                self._run_one(ins, outs, deadline)
+                self._run_one(ins, outs, cutoff)
         else:
-            futures = [self.device.pool.submit(self._run_one, ins, outs, deadline)
+            futures = [self.device.pool.submit(self._run_one, ins, outs, cutoff)
                        for ins, outs in jobs]
             try:
                 for f in futures:
                     f.result()
-            except DeadlineExceeded:
+            except (DeadlineExceeded, Cancelled):
                 for f in futures:  # chunks not started are dropped
                     f.cancel()
                 raise
@@ -340,9 +365,28 @@ class Model:
     # -- lifetime --------------------------------------------------------------
     _failure: str | None = None  # why the device lost the model (fail), else None
 
+    def lose_core(self, core: int, why: str) -> None:
+        """Core `core` failed under this model: its copies there are retired (a call
+        computing on one finishes; none starts there again, their memory is freed) and
+        the model goes on with its other copies. With none left it fails (`fail`)."""
+        with self._lock:
+            if self._unloaded:
+                return
+            hit = [(p, r) for p, r in self._copies if core in r.cores]
+            keep = [(p, r) for p, r in self._copies if core not in r.cores]
+            if hit and keep:
+                self._copies = keep
+                for program, reservation in hit:
+                    self._retired.add(program)
+                    self._reservations.remove(reservation)
+                    self.device.release(reservation)
+                return
+        if hit:
+            self.fail(why)
+
     def fail(self, why: str) -> None:
-        """The device lost this model (a core under it failed): release it; every later
-        call raises DeviceError(why)."""
+        """The device lost this model: release it; every later call raises
+        DeviceError(why) (a NeuronOp then runs on TensorFlow, neuronish/fallback.py)."""
         self._failure = why
         self.unload()
 
@@ -375,7 +419,3 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
         data = bytes(source)
     return Model(from_bytes(data), device or get_device(), duplicates)
 
-
-def _remaining(deadline: float | None) -> float | None:
-    """Seconds left before `deadline` (time.monotonic()), at least 0; None: no deadline."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -26,21 +26,36 @@ import ctypes
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import profiler
-from .errors import DeadlineExceeded, ExecutableError, ExecutionError
+from .cutoff import Cutoff
+from .errors import ExecutableError, ExecutionError
 from .executable import Executable
-from .host import HostCPUs
+from .host import HostCPUs, Slot
 from .isa import MATMUL_LIKE
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
 from .native.program import NativeProgram
 from .native.spec import WINDOWED, Ref
 from .validate import value_nbytes
+
+_MID_CALL = "while its instructions ran"  # where a Cutoff stopped a call
+
+
+def _take(lock: threading.Lock | Slot, cutoff: Cutoff) -> None:
+    """`lock.acquire()`, giving up once `cutoff` says stop (Cancelled, DeadlineExceeded)."""
+    if lock.acquire(False):  # (free: the common case, without a timed wait)
+        return
+    while True:
+        wait = cutoff.wait_slice()
+        if lock.acquire(timeout=-1 if wait is None else wait):
+            return
+        cutoff.check("while it waited for a core (the cores or the host's CPUs were busy "
+                     "with other calls)")
 
 
 @dataclass(frozen=True)
@@ -279,11 +294,12 @@ class LoadedProgram:
 
     # -- a call ----------------------------------------------------------------
     def execute(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
-                deadline: float | None = None) -> None:
+                cutoff: Cutoff | None = None) -> None:
         """Run once: `inputs` in signature order (already validated, compiled shapes);
         results are written into `outputs` (compiled shapes, preallocated). Up to
-        `depth` calls may run at once, each in a different stage. Past `deadline`
-        (time.monotonic()), stages not yet started are abandoned: DeadlineExceeded."""
+        `depth` calls may run at once, each in a different stage. Once `cutoff` says
+        stop (its deadline passed, or its caller cancelled), the instructions not yet
+        started are abandoned: DeadlineExceeded or Cancelled."""
         arena = self._arenas.get()
         try:
             inputs = [np.asarray(x, order="C") for x in inputs]  # keeps 0-d arrays 0-d
@@ -300,16 +316,28 @@ class LoadedProgram:
             call_buffers = [arena.address, *(a.ctypes.data for a in inputs),
                             *(a.ctypes.data for a in outputs)] if self._native else ()
             for stage in self.stages:
-                if deadline is None:
+                if cutoff is None:
                     with stage.lock, stage.host:
-                        self._run_stage(stage, slots, arena, call_buffers)
+                        self._run_stage(stage, slots, arena, call_buffers, None)
                     continue
-                with self._holding(stage.lock, deadline), self._holding(stage.host, deadline):
-                    self._run_stage(stage, slots, arena, call_buffers)
+                cutoff.check("before its next stage could start")
+                _take(stage.lock, cutoff)
+                try:
+                    host = stage.host if isinstance(stage.host, Slot) else None
+                    if host is not None:
+                        _take(host, cutoff)
+                    try:
+                        self._run_stage(stage, slots, arena, call_buffers, cutoff)
+                    finally:
+                        if host is not None:
+                            host.release()
+                finally:
+                    stage.lock.release()
         finally:
             self._arenas.put(arena)
 
-    def _run_stage_profiled(self, stage: _Stage, slots: list | None, arena: _Arena) -> None:
+    def _run_stage_profiled(self, stage: _Stage, slots: list | None, arena: _Arena,
+                            cutoff: Cutoff | None) -> None:
         """`_run_stage` with every instruction timed: numpy ones here, native ones by the
         engine itself (one clock read per instruction in C++); the stage is recorded as
         one entry, expanded into spans only when the trace is built."""
@@ -320,8 +348,10 @@ class LoadedProgram:
         try:
             for step in stage.steps:
                 if isinstance(step, _NativeRun):
-                    self._run_native(stage, step)
+                    self._run_native(stage, step, cutoff)
                     continue
+                if cutoff is not None:
+                    cutoff.check(_MID_CALL)
                 marks.append(clock())
                 self._run_numpy(step, slots, arena)
                 marks.append(clock())
@@ -329,43 +359,24 @@ class LoadedProgram:
             times = timing.copy() if timing is not None else None
         profiler.stage_done(self, stage, times, marks)
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _holding(lock: object, deadline: float) -> Iterator[None]:
-        """`with lock`, waiting no later than `deadline` (calls without one take their
-        locks plainly: `execute`)."""
-        left = deadline - time.monotonic()
-        if left <= 0 or not hasattr(lock, "acquire"):
-            if left <= 0:
-                raise DeadlineExceeded("the call's deadline passed before its next stage "
-                                       "could start; the rest of it was abandoned")
-            with lock:  # type: ignore[attr-defined]
-                yield
-            return
-        if not lock.acquire(timeout=left):
-            raise DeadlineExceeded("the call's deadline passed while it waited for a core "
-                                   "(the host's execution slots were all busy)")
-        try:
-            yield
-        finally:
-            lock.release()
-
     def _run_stage(self, stage: _Stage, slots: list | None, arena: _Arena,
-                   call_buffers: Sequence[int]) -> None:
+                   call_buffers: Sequence[int], cutoff: Cutoff | None) -> None:
         if stage.native is not None:
             stage.native.set_call_buffers(call_buffers)
         if profiler.active():
-            self._run_stage_profiled(stage, slots, arena)
+            self._run_stage_profiled(stage, slots, arena, cutoff)
             return
         for step in stage.steps:
             if isinstance(step, _NativeRun):
-                self._run_native(stage, step)
-            else:
-                self._run_numpy(step, slots, arena)
+                self._run_native(stage, step, cutoff)
+                continue
+            if cutoff is not None:
+                cutoff.check(_MID_CALL)
+            self._run_numpy(step, slots, arena)
 
-    def _run_native(self, stage: _Stage, step: _NativeRun) -> None:
+    def _run_native(self, stage: _Stage, step: _NativeRun, cutoff: Cutoff | None) -> None:
         try:
-            stage.native.run(step.first, step.last, self._first_call_slot)
+            stage.native.run(step.first, step.last, self._first_call_slot, cutoff)
         except ExecutionError as e:
             names = sorted({n for i in step.indices for n in self.instructions[i].source})
             raise ExecutionError(f"{e} (in the instructions from TF node(s) "

@@ -116,6 +116,39 @@ def test_fills_device_then_refuses(dense) -> None:
     b.unload()
 
 
+def test_a_failed_core_retires_one_duplicate_and_the_model_runs_on(dense) -> None:
+    """Two copies on cores 0 and 1: core 1 failing takes its copy out (memory freed,
+    no call starts there again); calls, split ones too, run on core 0 alone. When
+    core 0 fails as well, nothing is left and calls fail naming the core."""
+    g, exe = dense
+    device = _device(NEURONISH_NUM_CORES="2")
+    x = np.random.default_rng(2).standard_normal((9, 16)).astype(np.float32)
+    want = g.reference({"x:0": x})["Identity:0"]
+    with load(exe, duplicates=2, device=device) as model:
+        assert sorted(model.core_groups) == [(0,), (1,)]
+        device.fail_core(1, "test")
+        assert model.core_groups == [(0,)] and model.duplicates == 1
+        assert device.memory_report()[1]["used"] == 0
+        ran_on = []
+        real = LoadedProgram.execute
+
+        def spy(program: LoadedProgram, *args: object) -> None:
+            ran_on.append(program)
+            real(program, *args)
+
+        LoadedProgram.execute = spy  # type: ignore[method-assign]
+        try:
+            for _ in range(3):  # more calls than copies: the retired one never comes back
+                got = model.run({"x:0": x})["Identity:0"]
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        finally:
+            LoadedProgram.execute = real  # type: ignore[method-assign]
+        assert len(set(ran_on)) == 1 and len(ran_on) == 9  # 3 calls x 3 chunks, one copy
+        device.fail_core(0, "test again")
+        with pytest.raises(DeviceError, match=r"core 0 failed \(test again\)"):
+            model.run({"x:0": x})
+
+
 def test_a_failed_core_fails_the_models_on_it_and_loads_avoid_it(dense) -> None:
     g, exe = dense
     device = _device(NEURONISH_NUM_CORES="2")

@@ -30,8 +30,9 @@ from neuronish import fallback
 from neuronish.runtime import get_device
 model = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
 x = np.load(sys.argv[2])
-fail_core = int(sys.argv[3]) if len(sys.argv) > 3 else None  # after the first call
-outs, errors, before_failure = {}, [], None
+# cores to fail after the first call, comma-separated
+fail_cores = [int(c) for c in sys.argv[3].split(",")] if len(sys.argv) > 3 else None
+outs, errors, before_failure, used = {}, [], None, None
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     for batch in (1, 3, 1):  # the compiled batch, a split one, and again
@@ -39,11 +40,14 @@ with warnings.catch_warnings(record=True) as caught:
             outs[str(batch)] = model(x=tf.constant(x[:batch]))["y"].numpy().tolist()
         except tf.errors.OpError as e:
             errors.append([type(e).__name__, e.message])
-        if fail_core is not None:
+        if fail_cores is not None:
             before_failure = fallback.fallback_counts()
-            get_device().fail_core(fail_core, "simulated hardware error")
-            fail_core = None
+            used = {c: r["used"] for c, r in get_device().memory_report().items()}
+            for core in fail_cores:
+                get_device().fail_core(core, "simulated hardware error")
+            fail_cores = None
 print(json.dumps({"outs": outs, "errors": errors, "before_failure": before_failure,
+                  "used_before_failure": used if before_failure is not None else None,
                   "counts": fallback.fallback_counts(),
                   "warnings": [str(w.message) for w in caught
                                if w.category is fallback.FallbackWarning],
@@ -134,25 +138,41 @@ def test_damaged_executable_falls_back_to_tensorflow(compiled: tuple[str, Path],
     _check_fell_back(r, src, tmp_path, "ExecutableError")
 
 
-def test_core_failing_at_run_time_falls_back_to_tensorflow(compiled: tuple[str, Path],
-                                                           tmp_path: Path) -> None:
-    """The first call runs on the device; then a core under the model fails, and the
-    next calls (a split batch, then the compiled one) are computed on TensorFlow."""
+def test_one_core_failing_leaves_the_op_on_its_other_duplicate(compiled: tuple[str, Path],
+                                                                tmp_path: Path) -> None:
+    """Two duplicates (on cores 0 and 1): core 1 failing retires one; every call still
+    runs on the device, nothing falls back."""
     src, model_dir = compiled
     r = _run(model_dir, tmp_path, "1", NEURONISH_NUM_CORES="2")
-    _check_fell_back(r, src, tmp_path, "core 1 failed (simulated hardware error)", calls=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for batch, want in _expected(src, tmp_path).items():
+        np.testing.assert_allclose(np.array(got["outs"][batch], np.float32), want,
+                                   rtol=1e-5, atol=1e-5)
+    assert got["errors"] == [] and got["counts"] == {} and got["warnings"] == []
+    used = got["used_before_failure"]
+    assert used["0"] > 0 and used["1"] > 0  # (a copy really was on the core that failed)
+
+
+def test_core_failing_at_run_time_falls_back_to_tensorflow(compiled: tuple[str, Path],
+                                                           tmp_path: Path) -> None:
+    """The first call runs on the device; then the cores under both duplicates fail, and
+    the next calls (a split batch, then the compiled one) are computed on TensorFlow."""
+    src, model_dir = compiled
+    r = _run(model_dir, tmp_path, "1,0", NEURONISH_NUM_CORES="2")
+    _check_fell_back(r, src, tmp_path, "core 0 failed (simulated hardware error)", calls=2)
     assert json.loads(r.stdout.strip().splitlines()[-1])["before_failure"] == {}
 
 
 def test_core_failing_at_run_time_with_fallback_off_is_an_error(
         compiled: tuple[str, Path], tmp_path: Path) -> None:
     _, model_dir = compiled
-    r = _run(model_dir, tmp_path, "1", NEURONISH_NUM_CORES="2", NEURONISH_FALLBACK="0")
+    r = _run(model_dir, tmp_path, "1,0", NEURONISH_NUM_CORES="2", NEURONISH_FALLBACK="0")
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert list(got["outs"]) == ["1"] and got["counts"] == {} and not got["warnings"]
     assert [e[0] for e in got["errors"]] == ["InternalError", "InternalError"]
-    assert all("core 1 failed" in e[1] and "NEURONISH_FALLBACK=0" in e[1]
+    assert all("core 0 failed" in e[1] and "NEURONISH_FALLBACK=0" in e[1]
                for e in got["errors"])
 
 

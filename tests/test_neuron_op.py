@@ -220,17 +220,18 @@ def test_inputs_and_outputs_cross_without_copies(dense, monkeypatch: pytest.Monk
     seen = {}
     run = kernel_bridge.run
 
-    def spy(handle: kernel_bridge.Handle, inputs: tuple, outputs: tuple) -> None:
+    def spy(handle: kernel_bridge.Handle, inputs: tuple, outputs: tuple,
+            cancel: bytearray | None) -> None:
         x, y = np.asarray(inputs[0]), np.asarray(outputs[0])
         seen.update(x=x.ctypes.data, y=y.ctypes.data, x_readonly=not x.flags.writeable)
-        run(handle, inputs, outputs)
+        run(handle, inputs, outputs, cancel)
 
     execute = LoadedProgram.execute
 
     def device_spy(program: LoadedProgram, inputs: list, outputs: list,
-                   deadline: float | None = None) -> None:
+                   cutoff: object = None) -> None:
         seen.update(device_x=inputs[0].ctypes.data, device_y=outputs[0].ctypes.data)
-        execute(program, inputs, outputs, deadline)
+        execute(program, inputs, outputs, cutoff)
 
     monkeypatch.setattr(kernel_bridge, "run", spy)
     monkeypatch.setattr(LoadedProgram, "execute", device_spy)

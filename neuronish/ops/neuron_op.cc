@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -616,8 +617,24 @@ class NeuronOpKernel : public OpKernel {
       if (!view) return StatusFromPython(name());
       PyTuple_SET_ITEM(outs.get(), i, view);
     }
+    // A caller may give up on the call (the model server cancels a request's TF call at
+    // its deadline): TensorFlow's cancellation callback then sets this byte, which the
+    // runtime reads before every instruction, so the device stops computing for nobody.
+    // The callback only stores a byte (no GIL), and is deregistered before `cancel` goes.
+    PyRef cancel(PyByteArray_FromStringAndSize(nullptr, 1));
+    if (!cancel) return StatusFromPython(name());
+    char* flag = PyByteArray_AS_STRING(cancel.get());
+    *flag = 0;
+    tensorflow::CancellationManager* cm = ctx->cancellation_manager();
+    const tensorflow::CancellationToken token =
+        cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
+    auto set_flag = [flag] { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); };
+    if (cm && !cm->RegisterCallback(token, set_flag)) {
+      return absl::CancelledError(Where() + "the call was cancelled before it started");
+    }
     PyObject* handle = handle_.load(std::memory_order_acquire);
-    PyRef r(b->Call(b->run, handle, ins.get(), outs.get()));
+    PyRef r(b->Call(b->run, handle, ins.get(), outs.get(), cm ? cancel.get() : Py_None));
+    if (cm) cm->DeregisterCallback(token);
     return r ? absl::OkStatus() : StatusFromPython(name());
   }
 

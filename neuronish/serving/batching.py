@@ -38,11 +38,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .cancellation import Cancellation
 from .config import BatchingOptions
 from .metrics import Metrics
 from .status import DEADLINE_EXCEEDED, INTERNAL, ServingError, invalid_argument, unavailable
 
-RunFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+# run(merged inputs, the batch's cancellation) -> outputs
+RunFn = Callable[[Mapping[str, np.ndarray], Cancellation], Mapping[str, np.ndarray]]
 
 
 @dataclass(eq=False)
@@ -54,6 +56,15 @@ class _Task:
     result: dict[str, np.ndarray] | None = None
     error: BaseException | None = None
     cancelled: bool = False
+    batch: _Running | None = None  # the batch that computes (or computed) this task
+
+
+@dataclass(eq=False)
+class _Running:
+    """A batch being computed: once every request in it has given up, it is cancelled."""
+
+    tasks: list[_Task]
+    cancellation: Cancellation = field(default_factory=Cancellation)
 
 
 @dataclass(eq=False)
@@ -128,11 +139,18 @@ class BatchScheduler:
         return {k: np.concatenate([r[k] for r in results]) for k in results[0]}  # type: ignore
 
     def _cancel(self, tasks: list[_Task]) -> None:
-        """Leave `tasks` out of the batches not yet taken (a taken batch runs them
-        anyway, and their results are dropped)."""
+        """Leave `tasks` out of the batches not yet taken; a batch already computing is
+        cancelled once none of its requests waits for it any more (else it runs on and
+        their rows are dropped)."""
+        stop = []
         with self._cond:
             for task in tasks:
                 task.cancelled = True
+                running = task.batch
+                if running is not None and all(t.cancelled for t in running.tasks):
+                    stop.append(running.cancellation)
+        for cancellation in stop:
+            cancellation.cancel()
 
     def _enqueue(self, key: Hashable, model_name: str, run: RunFn,
                  inputs: Mapping[str, np.ndarray], size: int) -> list[_Task]:
@@ -227,6 +245,13 @@ class BatchScheduler:
     def _process(self, queue: _Queue, tasks: list[_Task]) -> None:
         total = sum(t.size for t in tasks)
         padded = next((b for b in self.options.allowed_batch_sizes if b >= total), total)
+        running = _Running(tasks)
+        with self._cond:
+            for task in tasks:
+                task.batch = running
+            given_up = all(t.cancelled for t in tasks)  # (all of them since being taken)
+        if given_up:
+            running.cancellation.cancel()
         try:
             merged = {}
             for key in tasks[0].inputs:
@@ -236,7 +261,7 @@ class BatchScheduler:
                 merged[key] = parts[0] if len(parts) == 1 else np.concatenate(parts)
             self.metrics.batch_size.observe(padded, queue.model_name)
             self.metrics.padding_size.observe(padded - total, queue.model_name)
-            outputs = queue.run(merged)
+            outputs = queue.run(merged, running.cancellation)
             for key, array in outputs.items():
                 if np.ndim(array) == 0 or array.shape[0] != padded:
                     raise ServingError(INTERNAL, f"Batched output tensor '{key}' has 0th "

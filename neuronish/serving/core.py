@@ -27,6 +27,7 @@ from tensorflow_serving.apis import (
 
 from . import signatures
 from .batching import BatchScheduler
+from .cancellation import Cancellation
 from .codec import serialized_examples
 from .manager import ModelManager
 from .servable import Servable
@@ -80,7 +81,7 @@ class ServingCore:
         self.timeout_s = timeout_s  # --request_timeout_in_ms; 0 = the client's deadline only
         self.max_elements = max_elements  # --request_max_elements; 0 = no limit
         # Calls with a deadline run here, so the request thread can stop waiting for
-        # one at its deadline and answer; the abandoned call finishes in the background.
+        # one at its deadline, answer, and cancel it.
         self._compute = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, compute_threads), thread_name_prefix="compute")
 
@@ -124,17 +125,20 @@ class ServingCore:
              ) -> dict[str, np.ndarray]:
         check_deadline(deadline)
 
-        def run(batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return servable.run(signature.name, batch, keys)
+        def run(batch: Mapping[str, np.ndarray],
+                cancellation: Cancellation | None = None) -> dict[str, np.ndarray]:
+            return servable.run(signature.name, batch, keys, cancellation)
 
         if self.scheduler is None:
             if deadline is None:
                 return run(inputs)
-            future = self._compute.submit(run, inputs)
+            cancellation = Cancellation()
+            future = self._compute.submit(run, inputs, cancellation)
             try:
                 return future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                future.cancel()  # not started yet: never starts; running: result dropped
+                future.cancel()  # not started yet: never starts
+                cancellation.cancel()  # running: TensorFlow and the device stop computing it
                 raise ServingError(DEADLINE_EXCEEDED, "Deadline exceeded while the model ran; "
                                                       "the call was abandoned") from None
         # Requests meet in a queue only if they can be concatenated on dimension 0.

@@ -18,6 +18,7 @@ import tensorflow as tf
 from google.protobuf import message, text_format
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
+from .cancellation import Cancellation
 from .signatures import DEFAULT_SIGNATURE, Signature
 from .status import (
     DATA_LOSS,
@@ -67,13 +68,19 @@ class Servable:
 
     # -- calls ---------------------------------------------------------------------
     def run(self, signature_name: str, inputs: Mapping[str, np.ndarray],
-            output_keys: Sequence[str]) -> dict[str, np.ndarray]:
+            output_keys: Sequence[str], cancellation: Cancellation | None = None
+            ) -> dict[str, np.ndarray]:
+        """Run a signature; with `cancellation`, another thread can stop the call."""
         function = self._functions.get(signature_name)
         if function is None:
             raise failed_precondition(f"signature '{signature_name}' of model {self.name} "
                                       f"version {self.version} has no function to run")
+
+        def call() -> Mapping[str, tf.Tensor]:
+            return function(**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
+
         try:
-            outputs = function(**{k: tf.convert_to_tensor(v) for k, v in inputs.items()})
+            outputs = call() if cancellation is None else cancellation.run(call)
         except tf.errors.OpError as e:
             raise ServingError(e.error_code, e.message) from None
         return {k: outputs[k].numpy() for k in output_keys}

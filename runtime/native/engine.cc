@@ -56,6 +56,8 @@ enum Bin : int64_t {
   B_LT = 9, B_LE = 10, B_EQ = 11, B_NE = 12,
 };
 enum Red : int64_t { R_SUM = 1, R_MEAN = 2, R_MAX = 3, R_MIN = 4, R_MUL = 5 };
+// Why a run stopped early (ne_run's result; keep in step with runtime/native/program.py).
+enum Stop : int64_t { STOP_CANCELLED = 1, STOP_DEADLINE = 2 };
 
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -735,7 +737,10 @@ struct Program {
     finalized = true;
   }
 
-  void run(int64_t first, int64_t last) {
+  // Returns 0 when done, or STOP_CANCELLED / STOP_DEADLINE when `cancel` (a byte another
+  // thread may set) or `deadline` (CLOCK_MONOTONIC seconds, 0: none) stopped it before an
+  // instruction: an abandoned call gives its core back between instructions.
+  int64_t run(int64_t first, int64_t last, const volatile char* cancel, double deadline) {
     if (!finalized) finalize();
     if (first < 0 || last > (int64_t)instrs.size() || first > last)
       throw Error("instruction range out of bounds");
@@ -749,6 +754,8 @@ struct Program {
     double* const times = timing;
     double end = times ? now() : 0.0;
     for (int64_t k = first; k < last; ++k) {
+      if (cancel && *cancel) return STOP_CANCELLED;
+      if (deadline > 0 && now() >= deadline) return STOP_DEADLINE;
       if (instrs[k].threads != current) omp_set_num_threads(current = instrs[k].threads);
       for (auto& a : instrs[k].steps) {
         for (auto& arg : a.args)
@@ -764,6 +771,7 @@ struct Program {
       }
     }
     strm.wait();
+    return 0;
   }
 };
 
@@ -856,17 +864,17 @@ NE_API int64_t ne_bytes(void* p) {
 }
 
 // Runs instructions [first, last) with per-call slots bound from `ptrs` (slot k gets
-// ptrs[k - first_slot]).
+// ptrs[k - first_slot]). `cancel` (may be null) and `deadline` (0: none) as in
+// Program::run, whose result this returns.
 NE_API int64_t ne_run(void* p, int64_t first, int64_t last, int64_t first_slot, void** ptrs,
-               int64_t n_ptrs, char* err, int64_t len) {
+               int64_t n_ptrs, const char* cancel, double deadline, char* err, int64_t len) {
   return guarded(err, len, [&]() -> int64_t {
     Program* prog = static_cast<Program*>(p);
     for (int64_t k = 0; k < n_ptrs; ++k) {
       prog->base(first_slot + k);
       prog->slots[first_slot + k] = static_cast<char*>(ptrs[k]);
     }
-    prog->run(first, last);
-    return 0;
+    return prog->run(first, last, cancel, deadline);
   });
 }
 

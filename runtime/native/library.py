@@ -95,7 +95,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ne_finalize.restype = i64
     lib.ne_bytes.argtypes = [vp]
     lib.ne_bytes.restype = i64
-    lib.ne_run.argtypes = [vp, i64, i64, i64, ctypes.POINTER(vp), i64, cp, i64]
+    lib.ne_run.argtypes = [vp, i64, i64, i64, ctypes.POINTER(vp), i64, vp, ctypes.c_double,
+                           cp, i64]
     lib.ne_run.restype = i64
     lib.ne_impl.argtypes = [vp, i64, cp, i64]
     lib.ne_impl.restype = i64

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..cutoff import Cutoff
 from ..errors import ExecutionError
 from .spec import SMALL_WORK, Ref, encode, work
 
@@ -105,12 +106,20 @@ class NativeProgram:
         self._lib.ne_set_timing(self._handle, self._timing_ptr if enabled else None)
         return self._timing if enabled else None
 
-    def run(self, first: int, last: int, first_slot: int) -> None:
+    def run(self, first: int, last: int, first_slot: int, cutoff: Cutoff | None = None) -> None:
         """Run engine instructions [first, last) on the call buffers last set (the GIL is
-        released meanwhile: ctypes drops it around foreign calls)."""
-        if self._lib.ne_run(self._handle, first, last, first_slot, self._call_ptrs,
-                            self._n_call, self._err, _ERR) < 0:
+        released meanwhile: ctypes drops it around foreign calls). With a `cutoff`, the
+        engine looks at it before every instruction and stops there: Cancelled or
+        DeadlineExceeded."""
+        flag, deadline = (cutoff.flag_address(), cutoff.deadline or 0.0) if cutoff else (0, 0.0)
+        rc = self._lib.ne_run(self._handle, first, last, first_slot, self._call_ptrs,
+                              self._n_call, flag or None, deadline, self._err, _ERR)
+        if rc < 0:
             raise ExecutionError(f"native engine: {self._err.value.decode()}")
+        if rc:
+            assert cutoff is not None
+            cutoff.check("while its instructions ran")  # (raises: the engine saw it)
+            raise AssertionError(f"native engine stopped ({rc}) with no reason to")
 
     def __del__(self) -> None:
         handle, self._handle = getattr(self, "_handle", None), None

@@ -24,6 +24,7 @@ from tests.serving.harness import (
     predict_request,
     run_clients,
     running_server,
+    wait_for,
     write_text,
 )
 
@@ -148,3 +149,24 @@ def test_prometheus_exports_device_cores_and_memory(server: Server) -> None:
     for c in names:
         util = metric_value(text, ":neuronish:device:core_utilization", core=c)
         assert 0.0 <= util <= 1.0
+
+
+def test_a_request_past_its_deadline_is_cancelled_on_the_device(server: Server) -> None:
+    """The server answers DEADLINE_EXCEEDED at the deadline and cancels the call: the
+    NeuronOp's device call is abandoned (Cancelled), not computed for nobody."""
+    x = np.full((1, 32), device_probe.HOLD, np.float32)  # held by the probe until cancelled
+    before = len(device_probe.outcomes(str(server.log_path.parent / "neuron_op_calls.txt")))
+    with pytest.raises(grpc.RpcError) as raised:
+        server.predictions.Predict(predict_request("mlp_neuron", {"x": x}), timeout=1.0)
+    assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def ended() -> list[tuple[int, int, str]]:
+        path = str(server.log_path.parent / "neuron_op_calls.txt")
+        return [o for o in device_probe.outcomes(path)[before:] if o[1] == 1]
+
+    wait_for(lambda: any(o[2] != "ok" for o in ended()), "the held call to end", timeout=30)
+    assert [o[2] for o in ended()] == ["Cancelled"]
+    # The server, the model and the device go on serving.
+    y = np.zeros((COMPILED_BATCH, 32), np.float32)
+    response = server.predictions.Predict(predict_request("mlp_neuron", {"x": y}), timeout=60)
+    assert tf.make_ndarray(response.outputs["probs"]).shape[0] == COMPILED_BATCH

@@ -20,6 +20,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from neuronish.serving import codec, config, json_codec, server, signatures
 from neuronish.serving.batching import BatchScheduler
+from neuronish.serving.cancellation import Cancellation
 from neuronish.serving.core import ServingCore, Target
 from neuronish.serving.manager import ModelManager, aspired_versions
 from neuronish.serving.metrics import Metrics
@@ -147,7 +148,7 @@ def test_scheduler_merges_pads_and_splits() -> None:
                                     num_batch_threads=1, allowed_batch_sizes=(4, 8))
     seen: list[int] = []
 
-    def run(batch):  # noqa: ANN001, ANN202
+    def run(batch, cancellation=None):  # noqa: ANN001, ANN202
         seen.append(len(batch["x"]))
         return {"y": batch["x"] * 2}
 
@@ -178,7 +179,7 @@ def test_scheduler_splits_large_requests() -> None:
                                     max_execution_batch_size=4, allowed_batch_sizes=(2, 4))
     seen: list[np.ndarray] = []
 
-    def run(batch):  # noqa: ANN001, ANN202
+    def run(batch, cancellation=None):  # noqa: ANN001, ANN202
         seen.append(batch["x"][:, 0].copy())
         return {"y": batch["x"] + 100}
 
@@ -202,7 +203,7 @@ def test_scheduler_splits_large_requests() -> None:
 def test_scheduler_refuses_when_full_and_times_out() -> None:
     scheduler, metrics = _scheduler(max_batch_size=3, batch_timeout_micros=300_000,
                                     max_enqueued_batches=1, num_batch_threads=1)
-    run = lambda b: {"y": b["x"]}  # noqa: E731
+    run = lambda b, c=None: {"y": b["x"]}  # noqa: E731
     waiter = threading.Thread(target=scheduler.run,
                               args=("k", "m", run, {"x": np.zeros((1, 1))}, None))
     waiter.start()
@@ -227,7 +228,7 @@ def test_scheduler_serves_a_max_size_request_split_over_many_batches() -> None:
                                     max_execution_batch_size=4, max_enqueued_batches=16)
     seen: list[int] = []
 
-    def run(batch):  # noqa: ANN001, ANN202
+    def run(batch, cancellation=None):  # noqa: ANN001, ANN202
         seen.append(len(batch["x"]))
         return {"y": batch["x"] * 2}
 
@@ -235,6 +236,55 @@ def test_scheduler_serves_a_max_size_request_split_over_many_batches() -> None:
     result = scheduler.run("k", "m", run, {"x": x}, None)
     np.testing.assert_array_equal(result["y"], x * 2)
     assert seen == [4] * 16 and metrics.queue_full.value("m") == 0
+    scheduler.stop()
+
+
+def test_a_running_batch_is_cancelled_once_all_its_requests_gave_up() -> None:
+    """A batch computes for every request in it: one request past its deadline leaves
+    it running for the others; when the last one gives up, the batch is cancelled."""
+    scheduler, _ = _scheduler(max_batch_size=8, batch_timeout_micros=300_000,
+                              num_batch_threads=1)
+    running: list[Cancellation] = []
+    release = threading.Event()
+
+    def run(batch, cancellation):  # noqa: ANN001, ANN202
+        running.append(cancellation)
+        while not (cancellation.cancelled or release.is_set()):
+            time.sleep(0.005)
+        return {"y": batch["x"] + 1}
+
+    outcome: dict[str, object] = {}
+
+    def request(name: str, value: float, deadline: float | None) -> None:
+        try:
+            x = np.full((1, 1), value, np.float32)
+            outcome[name] = scheduler.run("k", "m", run, {"x": x}, deadline)["y"][0, 0]
+        except ServingError as e:
+            outcome[name] = e.code
+
+    # Round 1: both requests join one batch (0.3 s window); only one of them gives up.
+    soon = time.monotonic() + 0.6
+    threads = [threading.Thread(target=request, args=("impatient", 1.0, soon)),
+               threading.Thread(target=request, args=("patient", 2.0, None))]
+    for t in threads:
+        t.start()
+    threads[0].join(10)
+    assert outcome == {"impatient": DEADLINE_EXCEEDED}
+    assert len(running) == 1 and not running[0].cancelled  # still computing for "patient"
+    release.set()
+    threads[1].join(10)
+    assert outcome["patient"] == 3.0
+    release.clear()
+    # Round 2: both give up: the batch is cancelled.
+    soon = time.monotonic() + 0.6
+    threads = [threading.Thread(target=request, args=(name, 1.0, soon)) for name in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert outcome["a"] == outcome["b"] == DEADLINE_EXCEEDED
+    wait_for(lambda: running[-1].cancelled, "the abandoned batch to be cancelled")
+    assert len(running) == 2
     scheduler.stop()
 
 
@@ -246,7 +296,7 @@ def test_scheduler_refusal_leaves_no_queue_behind() -> None:
     # forced here so that an idle queue refuses, to see that the refusal leaves
     # no empty queue in the scheduler, where it would stay for good.
     object.__setattr__(scheduler.options, "max_enqueued_batches", 2)
-    run = lambda b: {"y": b["x"]}  # noqa: E731
+    run = lambda b, c=None: {"y": b["x"]}  # noqa: E731
     with pytest.raises(ServingError) as raised:
         scheduler.run("k", "m", run, {"x": np.zeros((64, 1))}, None)
     assert raised.value.code == UNAVAILABLE and metrics.queue_full.value("m") == 1
@@ -262,7 +312,7 @@ def test_scheduler_drops_the_other_parts_of_a_failed_split_request() -> None:
                                     max_execution_batch_size=4)
     seen: list[list[float]] = []
 
-    def run(batch):  # noqa: ANN001, ANN202
+    def run(batch, cancellation=None):  # noqa: ANN001, ANN202
         seen.append(batch["x"][:, 0].tolist())
         if (batch["x"] < 0).any():
             raise ServingError(INVALID_ARGUMENT, "model says no")
@@ -285,7 +335,7 @@ def test_scheduler_drops_the_other_parts_of_a_failed_split_request() -> None:
 def test_scheduler_passes_model_errors_to_every_task() -> None:
     scheduler, _ = _scheduler(max_batch_size=4, num_batch_threads=1)
 
-    def run(batch):  # noqa: ANN001, ANN202
+    def run(batch, cancellation=None):  # noqa: ANN001, ANN202
         raise ServingError(INVALID_ARGUMENT, "model says no")
 
     with pytest.raises(ServingError, match="model says no"):
