@@ -6,8 +6,8 @@ These are not whole-graph compilable on purpose, so they live apart from
 - `tf1_mlp`: a TF1 SavedModel written with `tf.compat.v1.saved_model.Builder`
   from a graph with variables (one resource variable, one classic
   `VariableV2`), a placeholder with a dynamic batch, and a TF1 signature.
-- `cnn_cumsum`: a small CNN with an op the device cannot run (`Cumsum`) in the
-  middle, so the compiled model is device -> TensorFlow -> device.
+- `cnn_cumsum`: a small CNN with an op the device cannot run (`CumulativeLogsumexp`, a
+  running log-sum-exp) in the middle, so the compiled model is device -> TensorFlow -> device.
 
 Same conventions as the zoo: fixed seeds, `serving_default` signature,
 readable input keys, dynamic batch dimension.
@@ -63,7 +63,8 @@ class _Serving(tf.Module):
 
 
 def build_cnn_cumsum(export_dir: str) -> None:
-    """Conv -> relu -> Cumsum over width (not on the device) -> conv -> pool -> dense.
+    """Conv -> relu -> CumulativeLogsumexp over width (not on the device) -> conv -> pool
+    -> dense.
 
     Input x float32 [None, 16, 16, 3]; output `logits` [None, 10].
     """
@@ -84,8 +85,9 @@ def build_cnn_cumsum(export_dir: str) -> None:
     @tf.function(input_signature=[tf.TensorSpec((None, 16, 16, 3), tf.float32, name="x")])
     def serve(x: tf.Tensor) -> dict[str, tf.Tensor]:
         h = front(x, training=False)
-        # Scaled so the running sum keeps a sane range.
-        h = tf.math.cumsum(h, axis=2) * 0.25
+        # A running log-sum-exp: a scan like Cumsum, which the device now runs; this one
+        # it does not. Scaled so the values keep a sane range.
+        h = tf.math.cumulative_logsumexp(h, axis=2) * 0.25
         return {"logits": back(h, training=False)}
 
     tf.saved_model.save(module, export_dir, signatures={SIGNATURE_KEY: serve})

@@ -118,17 +118,18 @@ HUB_MODELS.update({
                                                           patch_size=2)),
     "resnet_hub_tiny": HubModel("ResNetBackbone", dict(
         input_conv_filters=[16], input_conv_kernel_sizes=[7],
-        stackwise_num_filters=[16, 32], stackwise_num_blocks=[1, 1],
+        stackwise_num_filters=[64, 32], stackwise_num_blocks=[1, 1],
         stackwise_num_strides=[1, 2], block_type="basic_block", use_pre_activation=True,
         image_shape=(IMAGE, IMAGE, 3))),
     "resnet_hub_bottleneck": HubModel("ResNetBackbone", dict(
         input_conv_filters=[16], input_conv_kernel_sizes=[7],
-        stackwise_num_filters=[16, 32], stackwise_num_blocks=[1, 1],
+        stackwise_num_filters=[64, 32], stackwise_num_blocks=[1, 1],
         stackwise_num_strides=[1, 2], block_type="bottleneck_block",
         image_shape=(IMAGE, IMAGE, 3))),
     "cspdarknet_tiny": HubModel("CSPNetBackbone", dict(
         stem_filters=16, stem_kernel_size=3, stem_strides=1, stackwise_depth=[1, 1],
-        stackwise_strides=[1, 2], stackwise_num_filters=[16, 32], block_type="dark_block",
+        stackwise_strides=[1, 2], stackwise_num_filters=[16, 32], block_type="bottleneck_block",
+        stage_type="csp",
         image_shape=(IMAGE, IMAGE, 3))),
     "mit_tiny": HubModel("MiTBackbone", dict(
         layerwise_depths=[1, 1], num_layers=2, layerwise_num_heads=[1, 2],

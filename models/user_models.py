@@ -122,7 +122,7 @@ class _Module(tf.Module):
 def _gathers(m: _Module, x: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
     e = tf.gather(m.table, ids)                                   # [B, 8, 16]
     e = e + tf.one_hot(tf.argmax(x, axis=-1), 16)[:, None, :]
-    idx = tf.constant([[0, 1], [2, 3], [4, 5]])
+    idx = tf.constant([[0, 1], [2, 0], [7, 1]])
     picked = tf.gather_nd(tf.reshape(m.w, (8, 2, 16)), idx)     # [3, 16]
     e = e + tf.reduce_sum(picked, 0)
     rows = tf.gather(e, [3, 0, 1], axis=1, batch_dims=0)
@@ -161,8 +161,8 @@ def _pads(m: _Module, x: tf.Tensor) -> tf.Tensor:
     a = tf.pad(img, [[0, 0], [2, 2], [1, 1], [0, 0]], mode="REFLECT")
     b = tf.pad(img, [[0, 0], [2, 2], [1, 1], [0, 0]], mode="SYMMETRIC")
     c = tf.pad(img, [[0, 0], [2, 2], [1, 1], [0, 0]], constant_values=-1.0)
-    d = tf.image.resize(img, (6, 8), method="bilinear") + tf.image.resize(img, (8, 6),
-                                                                          "nearest")[:, :6, :8]
+    d = tf.image.resize(img, (8, 6), method="bilinear") + tf.image.resize(img, (8, 6),
+                                                                          "nearest")
     return tf.concat([a, b, c, d], axis=-1)
 
 

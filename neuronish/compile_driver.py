@@ -5,7 +5,7 @@
 
 Every job gets a folder `<dir>/<name>/` holding what is needed to rerun it by hand:
 
-    graph.pb            the subgraph
+    graph.pb            the subgraph (a hard link when the job names a file)
     io-config.json      its io-config
     command_line.txt    the exact command (copy-paste to rerun)
     compiler.log        the compiler's stdout and stderr
@@ -15,6 +15,12 @@ Every job gets a folder `<dir>/<name>/` holding what is needed to rerun it by ha
 With `workdir` the folders are kept (an existing `<workdir>/<name>/` is replaced);
 without it they live in a temporary directory that is removed afterwards, so
 error messages then carry the end of the log instead of its path.
+
+Large graphs cost more to copy than to compile (ConvNeXtXLarge's 1.4 GB), so a job
+may name a file already holding its subgraph instead of carrying the bytes, and
+with `executables_dir` each executable is hard-linked there and mapped into memory
+(`mmap`) instead of read back: the caller can link it onward (into a SavedModel's
+assets/) without anyone copying the weights.
 
 Each compiler is its own session and process group (`start_new_session=True`):
 Ctrl-C in the terminal then reaches only us, and on a timeout or an interrupt we
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import re
 import shlex
@@ -62,10 +69,12 @@ _LOG_TAIL_LINES = 20
 
 @dataclass
 class CompileJob:
-    """One subgraph to compile. `name` names its folder and executable file."""
+    """One subgraph to compile. `name` names its folder and executable file;
+    `graph_def` is the serialized GraphDef, or the path of a file holding it (linked
+    into the job's folder, copied where the filesystem refuses links)."""
 
     name: str
-    graph_def: bytes
+    graph_def: bytes | os.PathLike[str]
     io_config: dict
     compiler_args: tuple[str, ...] = ()  # extra flags, e.g. ("--auto-cast", "matmult")
 
@@ -74,7 +83,8 @@ class CompileJob:
 class CompileResult:
     """What happened to one job. `outcome` is one of OUTCOMES:
 
-    compiled  exit 0 and an executable was written (`executable` holds its bytes)
+    compiled  exit 0 and an executable was written (`executable` holds its bytes; with
+              `executables_dir` a read-only memory map of `executable_file`)
     rejected  exit 1 with errors.json: the compiler refused the graph; `error_class`,
               `error` and `rejected_nodes` (node, op, reason, hint) say why
     timeout   still running after `timeout` seconds; its process group was killed
@@ -87,7 +97,7 @@ class CompileResult:
 
     name: str
     ok: bool
-    executable: bytes | None = field(repr=False)
+    executable: bytes | mmap.mmap | None = field(repr=False)
     seconds: float
     outcome: str
     error: str = ""
@@ -97,6 +107,7 @@ class CompileResult:
     log_path: str | None = None  # None when the job folder was temporary
     workdir: str | None = None  # the job's folder, None when it was temporary
     cached: bool = False  # taken from the compile cache (compile_cache.py), not compiled
+    executable_file: str | None = None  # the executable in `executables_dir`, if given
 
 
 ProgressCallback = Callable[[int, int, CompileResult], None]
@@ -105,6 +116,13 @@ ProgressCallback = Callable[[int, int, CompileResult], None]
 def estimate_compiler_memory(graph_bytes: int) -> int:
     """Peak memory, in bytes, that one `neuronish-cc` needs for a graph of this size."""
     return _BASE_MEMORY + _MEMORY_PER_GRAPH_BYTE * graph_bytes
+
+
+def graph_size(job: CompileJob) -> int:
+    """The bytes of the job's GraphDef."""
+    if isinstance(job.graph_def, (bytes, bytearray, memoryview)):
+        return len(job.graph_def)
+    return os.path.getsize(job.graph_def)
 
 
 def _usable_cpus() -> int:
@@ -150,6 +168,7 @@ def compile_all(
     workdir: str | os.PathLike[str] | None = None,
     compiler: Sequence[str] | None = None,
     progress: ProgressCallback | None = None,
+    executables_dir: str | os.PathLike[str] | None = None,
 ) -> list[CompileResult]:
     """Compile every job with its own `neuronish-cc` process; results in job order.
 
@@ -159,6 +178,8 @@ def compile_all(
     total, result)` is called from this thread as each job finishes. A failing
     job never raises: look at each result's `outcome`. KeyboardInterrupt (or an
     exception from `progress`) kills the running compilers, then propagates.
+    With `executables_dir` (an existing directory the caller owns and removes), each
+    executable is also linked there (`executable_file`), and `executable` maps it.
     """
     jobs = list(jobs)
     _check_jobs(jobs)
@@ -171,7 +192,7 @@ def compile_all(
     if not jobs:
         return []
     if max_num_compilers is None:
-        largest = max(len(j.graph_def) for j in jobs)
+        largest = max(graph_size(j) for j in jobs)
         max_num_compilers = default_max_num_compilers(estimate_compiler_memory(largest))
     command = list(compiler) if compiler is not None else default_compiler()
     if not command:
@@ -188,7 +209,8 @@ def compile_all(
                                   thread_name_prefix="neuronish-cc")
         try:
             pending: dict[Future[CompileResult], int] = {
-                pool.submit(_run_job, job, command, root / job.name, timeout, keep, cancel): i
+                pool.submit(_run_job, job, command, root / job.name, timeout, keep, cancel,
+                            None if executables_dir is None else Path(executables_dir)): i
                 for i, job in enumerate(jobs)
             }
             while pending:
@@ -226,7 +248,8 @@ def _check_jobs(jobs: list[CompileJob]) -> None:
 
 
 def _run_job(job: CompileJob, compiler: list[str], job_dir: Path, timeout: float | None,
-             keep: bool, cancel: threading.Event) -> CompileResult:
+             keep: bool, cancel: threading.Event, executables_dir: Path | None
+             ) -> CompileResult:
     """Worker thread: write the job's inputs, run the compiler, classify what it did."""
     output = job_dir / f"{job.name}.neff"
     log = job_dir / "compiler.log"
@@ -243,7 +266,10 @@ def _run_job(job: CompileJob, compiler: list[str], job_dir: Path, timeout: float
         if job_dir.exists():  # a previous run's errors.json or executable would mislead
             shutil.rmtree(job_dir)
         job_dir.mkdir(parents=True)
-        (job_dir / "graph.pb").write_bytes(job.graph_def)
+        if isinstance(job.graph_def, (bytes, bytearray, memoryview)):
+            (job_dir / "graph.pb").write_bytes(job.graph_def)
+        else:
+            link_or_copy(job.graph_def, job_dir / "graph.pb")
         (job_dir / "io-config.json").write_text(json.dumps(job.io_config, indent=1) + "\n")
         (job_dir / "command_line.txt").write_text(shlex.join(command) + "\n")
     except (OSError, TypeError, ValueError) as e:  # TypeError/ValueError: io_config not JSON
@@ -274,8 +300,40 @@ def _run_job(job: CompileJob, compiler: list[str], job_dir: Path, timeout: float
     # exact, copy-pasteable one (full compiler path, every flag).
     with contextlib.suppress(OSError):
         (job_dir / "command_line.txt").write_text(shlex.join(command) + "\n")
-    _classify(result, proc.returncode, reason, timeout, output, job_dir / "errors.json", log, keep)
+    _classify(result, proc.returncode, reason, timeout, output, job_dir / "errors.json", log, keep,
+              executables_dir)
     return result
+
+
+def link_or_copy(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """`target` becomes `source`'s contents: a hard link (no bytes copied) where the
+    filesystem allows, else a copy. `target` must not exist."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _take_executable(output: Path, executables_dir: Path | None, name: str
+                     ) -> tuple[bytes | mmap.mmap, str | None]:
+    """The executable's bytes, and where they stay for the caller (if asked to keep them).
+    Kept: linked into `executables_dir` under a fresh name and mapped read-only; the
+    job folder may go, the link keeps the file, and nothing writes to it."""
+    if executables_dir is None:
+        return output.read_bytes(), None
+    fd, kept = tempfile.mkstemp(prefix=f"{name}.", suffix=".neff", dir=executables_dir)
+    os.close(fd)
+    os.unlink(kept)  # a link needs a free name; the directory is the caller's alone
+    try:
+        link_or_copy(output, kept)
+        with open(kept, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b"", kept
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), kept
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(kept)
+        raise
 
 
 def _popen(command: list[str], log_file: BinaryIO) -> subprocess.Popen[bytes]:
@@ -317,7 +375,8 @@ def _kill_group(pgid: int) -> None:
 
 
 def _classify(result: CompileResult, status: int, reason: str | None, timeout: float | None,
-              output: Path, errors_json: Path, log: Path, keep: bool) -> None:
+              output: Path, errors_json: Path, log: Path, keep: bool,
+              executables_dir: Path | None) -> None:
     name = result.name
     where = f"see {log}" if keep else "pass workdir=... to keep its inputs and full log"
     if reason == "timeout":
@@ -337,12 +396,16 @@ def _classify(result: CompileResult, status: int, reason: str | None, timeout: f
         return
     if status == 0:
         try:
-            data = output.read_bytes()
+            data, kept = _take_executable(output, executables_dir, name)
         except OSError:
-            data = b""
+            data, kept = b"", None
         if data:
             result.outcome, result.ok, result.executable = "compiled", True, data
+            result.executable_file = kept
             return
+        if kept is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(kept)
         result.error = (f"subgraph {name!r}: neuronish-cc exited 0 but wrote no executable to "
                         f"{output} ({where}){_tail(log)}")
         return

@@ -17,6 +17,8 @@ renamed into place, so a reader never sees half of it.
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import shutil
 import tempfile
@@ -33,12 +35,16 @@ class _CompiledModel(tf.Module):
     """What the new SavedModel's object graph holds: its serving function."""
 
 
+Blob = bytes | mmap.mmap | external.BlobFile
+
+
 def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
-                blobs: Mapping[str, Mapping[str, bytes]] | None = None) -> dict[str, str]:
+                blobs: Mapping[str, Mapping[str, Blob]] | None = None) -> dict[str, str]:
     """Move the NeuronOp attributes `external.plan` picks into files under `staging_dir`
     (in place); returns {placeholder tensor name: file path} to feed the ops' new
     `external_files` inputs. `blobs` holds attribute values not set in `graph_def` yet
-    ({node name: {attribute: bytes}}): each is stored in a file or set inline likewise."""
+    ({node name: {attribute: bytes, or a file holding them}}): each is stored in a file
+    (a file is hard-linked, not copied, where the filesystem allows) or set inline."""
     blobs = blobs or {}
     ops = [n for n in graph_def.node if n.op == "NeuronOp"]
     attrs = [(n, a) for n in ops for a in ("executable", "graph_def")]
@@ -47,6 +53,8 @@ def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
         value = blobs.get(node.name, {}).get(attr)
         # Reading a bytes attr copies it (100 MB for ResNet50), and so does ByteSize,
         # which serializes: blobs are measured without either.
+        if isinstance(value, external.BlobFile):
+            return value.size + 16
         return len(value) + 16 if value is not None else node.attr[attr].ByteSize()
 
     sizes = [size(n, a) for n, a in attrs]
@@ -59,16 +67,15 @@ def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
         value = blobs.get(node.name, {}).get(attr)
         if not go:
             if value is not None:
-                node.attr[attr].s = value
+                node.attr[attr].s = value.read() if isinstance(value, external.BlobFile) \
+                    else bytes(value)
             continue
         if value is None:
             value = node.attr[attr].s
         ref, digest = external.reference(value)
         path = os.path.join(staging_dir, digest + external.SUFFIX[attr])
         if not os.path.exists(path):  # identical subgraphs share one file
-            with open(path + ".tmp", "wb") as f:
-                f.write(value)
-            os.replace(path + ".tmp", path)
+            _store(value, path)
         node.attr[attr].s = ref
         k = node.attr["n_external"].i
         placeholder = node_def_pb2.NodeDef(name=f"{node.name}/external_{k}", op="Placeholder")
@@ -83,6 +90,19 @@ def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
         node.attr["n_external"].i = k + 1
         feeds[placeholder.name + ":0"] = path
     return feeds
+
+
+def _store(value: Blob, path: str) -> None:
+    """Put `value` at `path` (new) whole: a file is linked where it can be."""
+    if isinstance(value, external.BlobFile):
+        with contextlib.suppress(OSError):
+            os.link(value.path, path)
+            return
+        shutil.copyfile(value.path, path + ".tmp")
+    else:
+        with open(path + ".tmp", "wb") as f:
+            f.write(value)
+    os.rename(path + ".tmp", path)  # no file there: ext4 does not flush it as for a replace
 
 
 def _serving_function(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
@@ -108,7 +128,7 @@ def _serving_function(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
 
 def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                       outputs: dict[str, str], new_model_dir: str,
-                      blobs: Mapping[str, Mapping[str, bytes]] | None = None) -> None:
+                      blobs: Mapping[str, Mapping[str, Blob]] | None = None) -> None:
     """Save `graph_def` as a SavedModel at `new_model_dir` (which must not exist).
 
     `outputs` maps each output key to its tensor in `graph_def`. Large NeuronOp
@@ -144,7 +164,10 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
             if not os.path.isfile(copied):
                 raise RuntimeError(f"tf.saved_model.save did not write the asset {copied}; "
                                    "this TensorFlow stores assets differently, please report it")
-            os.replace(path, copied)
+            # Not os.replace: ext4 writes a file renamed over another out to disk at once
+            # (0.3 s for a GB here); a rename to a free name does not.
+            os.unlink(copied)
+            os.rename(path, copied)
         if os.path.exists(new_model_dir):
             raise FileExistsError(f"{new_model_dir} appeared while compiling; not replacing it")
         os.rename(tmp, new_model_dir)

@@ -26,6 +26,7 @@ import hashlib
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from neuronish.runtime import ExecutableError
 from neuronish.runtime.config import parse_bytes
@@ -39,6 +40,27 @@ _REFERENCE = re.compile(rb"neuronish-external:v1:([0-9a-f]{64}):(\d{1,15})")
 SUFFIX = {"executable": ".neff", "graph_def": ".pb"}
 
 
+@dataclass(frozen=True)
+class BlobFile:
+    """An attribute value already written to a file (the compiler's executable, the
+    subgraph it read): export links it into assets/ instead of reading and writing it
+    again. `sha256` (hex) when known, else it is computed from the file."""
+
+    path: str
+    size: int
+    sha256: str | None = None
+
+    def digest(self) -> str:
+        if self.sha256 is not None:
+            return self.sha256
+        with open(self.path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    def read(self) -> bytes:
+        with open(self.path, "rb") as f:
+            return f.read()
+
+
 def threshold_from_env() -> int:
     """`$NEURONISH_EXTERNAL_THRESHOLD` in bytes (`4096`, `512KiB`, `64MiB`)."""
     text = os.environ.get(ENV_THRESHOLD, "").strip()
@@ -47,10 +69,13 @@ def threshold_from_env() -> int:
     return parse_bytes(text, ENV_THRESHOLD)  # (ConfigError is a ValueError)
 
 
-def reference(data: bytes) -> tuple[bytes, str]:
+def reference(data: bytes | BlobFile) -> tuple[bytes, str]:
     """(the attribute value that stands for `data`, the hex digest naming its file)."""
-    digest = hashlib.sha256(data).hexdigest()
-    return PREFIX + f"{digest}:{len(data)}".encode(), digest
+    if isinstance(data, BlobFile):
+        digest, size = data.digest(), data.size
+    else:
+        digest, size = hashlib.sha256(data).hexdigest(), len(data)
+    return PREFIX + f"{digest}:{size}".encode(), digest
 
 
 def parse_reference(value: bytes | memoryview) -> tuple[str, int] | None:

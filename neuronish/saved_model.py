@@ -17,11 +17,16 @@ The stages, each its own module:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import shutil
+import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from neuronish.runtime.executable import from_bytes
 
@@ -31,10 +36,12 @@ from .compile_report import build_report, format_report, modelled_figures
 from .contracts import model_config
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import write_saved_model
+from .external import BlobFile
 from .freeze import freeze_signature
 from .input_shapes import batch_of, compile_shapes
 from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
+from .partition.encapsulate import Subgraph, graph_def_parts
 from .partition.graph import GraphIndex
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 
@@ -82,82 +89,91 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     graph_def = signature.graph_def
     fetches = list(signature.outputs.values())
 
-    cache, cache_stats = CompileCache.from_env(), CacheStats()
-    excluded: dict[str, str] = {}
-    results: dict[str, CompileResult] = {}     # subgraph digest -> result
-    failures: list[dict] = []
-    # What the compiler accepts, node by node, asked once: the partition avoids what it
-    # would refuse, so the recovery rounds below are the rare path.
-    support = compiler_support(graph_def)
-    index = GraphIndex.build(graph_def)
-    for round_ in range(MAX_RECOVERY_ROUNDS):
-        part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
-                         batch_size=batch_of(shapes, batch_size),
-                         no_fuse_ops=no_fuse_ops, force_fuse_ops=force_fuse_ops,
-                         minimum_segment_size=minimum_segment_size,
-                         dynamic_batch_size=dynamic_batch_size, exclude_nodes=excluded,
-                         fetches=fetches)
-        if round_ == 0 and part.marking.unmatched_selectors:
-            ignored = list(part.marking.unmatched_selectors)
-            warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
-                          "op type of the graph; they were ignored (a typo?)", CompileWarning,
-                          stacklevel=2)
-        digests = {sg.name: digest(sg, compiler_args) for sg in part.subgraphs}
-        todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
-        jobs = [CompileJob(sg.name, sg.serialize(), sg.io_config, tuple(compiler_args))
-                for sg in todo]
-        workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
-            os.path.join(compiler_workdir, f"recovery-{round_}")
-        for sg, result in zip(todo, compile_with_cache(
-                jobs, cache, cache_stats, max_num_compilers=max_num_compilers,
-                timeout=compiler_timeout, workdir=workdir, progress=progress), strict=True):
-            results[digests[sg.name]] = result
-        newly_excluded = recover(part, results, digests, excluded, failures,
-                                  compiler_recovery)
-        if not newly_excluded:
-            break
-    else:
-        raise SubgraphCompileError(
-            f"compiler recovery did not converge after {MAX_RECOVERY_ROUNDS} rounds; the "
-            f"last failures: {failures[-3:]}. Pass no_fuse_ops=[...] for the nodes named")
+    with _scratch_dir(new_model_dir) as scratch:
+        cache, cache_stats = CompileCache.from_env(), CacheStats()
+        excluded: dict[str, str] = {}
+        results: dict[str, CompileResult] = {}     # subgraph digest -> result
+        failures: list[dict] = []
+        graphs: dict[str, BlobFile] = {}           # subgraph digest -> its GraphDef's file
+        # What the compiler accepts, node by node, asked once: the partition avoids what it
+        # would refuse, so the recovery rounds below are the rare path.
+        support = compiler_support(graph_def)
+        index = GraphIndex.build(graph_def)
+        for round_ in range(MAX_RECOVERY_ROUNDS):
+            part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
+                             batch_size=batch_of(shapes, batch_size),
+                             no_fuse_ops=no_fuse_ops, force_fuse_ops=force_fuse_ops,
+                             minimum_segment_size=minimum_segment_size,
+                             dynamic_batch_size=dynamic_batch_size, exclude_nodes=excluded,
+                             fetches=fetches)
+            if round_ == 0 and part.marking.unmatched_selectors:
+                ignored = list(part.marking.unmatched_selectors)
+                warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
+                              "op type of the graph; they were ignored (a typo?)", CompileWarning,
+                              stacklevel=2)
+            digests = {sg.name: digest(sg, compiler_args) for sg in part.subgraphs}
+            todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
+            # Each subgraph is written to its file once, streamed (no copy of the weights
+            # held whole): the compiler reads it, and export links it into assets/.
+            graphs.update({digests[sg.name]: _write_subgraph(sg, scratch, digests[sg.name])
+                           for sg in todo})
+            jobs = [CompileJob(sg.name, Path(graphs[digests[sg.name]].path), sg.io_config,
+                               tuple(compiler_args)) for sg in todo]
+            workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
+                os.path.join(compiler_workdir, f"recovery-{round_}")
+            for sg, result in zip(todo, compile_with_cache(
+                    jobs, cache, cache_stats, max_num_compilers=max_num_compilers,
+                    timeout=compiler_timeout, workdir=workdir, progress=progress,
+                    executables_dir=scratch), strict=True):
+                results[digests[sg.name]] = result
+            newly_excluded = recover(part, results, digests, excluded, failures,
+                                      compiler_recovery)
+            if not newly_excluded:
+                break
+        else:
+            raise SubgraphCompileError(
+                f"compiler recovery did not converge after {MAX_RECOVERY_ROUNDS} rounds; the "
+                f"last failures: {failures[-3:]}. Pass no_fuse_ops=[...] for the nodes named")
 
-    compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
-    compiled = [(sg, r) for sg, r in compiled if r.ok]
-    verdicts = []
-    if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
-        from .verification import verify_signature
+        compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
+        compiled = [(sg, r) for sg, r in compiled if r.ok]
+        verdicts = []
+        if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
+            from .verification import verify_signature
 
-        compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
-                                              excluded)
-    # Each executable is read once here, for its signature, core count and modelled
-    # figures; it and its subgraph are handed to export as they are, never copied into
-    # a NodeDef (VGG16's are 553 MB each).
-    # Its constants (a copy of the weights: from_bytes copies them) are dropped at once,
-    # so that only one executable's are held at a time, never all the model's.
-    executables = [replace(from_bytes(r.executable), constants={}) for _, r in compiled]
-    cores = [e.num_cores for e in executables]
-    replacements, blobs = [], {}
-    for (sg, result), exe in zip(compiled, executables, strict=True):
-        assert result.executable is not None
-        node = neuron_op_shell(
-            sg.name, sg.inputs, exe,
-            input_names=sg.input_names, input_dtypes=sg.input_dtypes,
-            input_shapes=sg.input_shapes, input_batch_axis=sg.input_batch_axes,
-            output_names=sg.output_names, output_dtypes=sg.output_dtypes,
-            output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes,
-            # duplicates and placement are left to the runtime
-            model_config=model_config(sum(cores), exe.num_cores))
-        replacements.append((sg, node))
-        blobs[sg.name] = {"executable": result.executable, "graph_def": sg.serialize()}
-    new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
-    outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
-    write_saved_model(new_graph_def, signature, outputs, new_model_dir, blobs)
-    if graph is not None:
-        from .graph_picture import placement, write_graph
+            compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
+                                                  excluded)
+        # Each executable is read once here, for its signature, core count and modelled
+        # figures; it and its subgraph are handed to export as they are, never copied into
+        # a NodeDef (VGG16's are 553 MB each).
+        # Its constants (a copy of the weights: from_bytes copies them) are dropped at once,
+        # so that only one executable's are held at a time, never all the model's.
+        executables = [replace(from_bytes(r.executable), constants={}) for _, r in compiled]
+        cores = [e.num_cores for e in executables]
+        replacements, blobs = [], {}
+        for (sg, result), exe in zip(compiled, executables, strict=True):
+            assert result.executable is not None
+            node = neuron_op_shell(
+                sg.name, sg.inputs, exe,
+                input_names=sg.input_names, input_dtypes=sg.input_dtypes,
+                input_shapes=sg.input_shapes, input_batch_axis=sg.input_batch_axes,
+                output_names=sg.output_names, output_dtypes=sg.output_dtypes,
+                output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes,
+                # duplicates and placement are left to the runtime
+                model_config=model_config(sum(cores), exe.num_cores))
+            replacements.append((sg, node))
+            executable = result.executable if result.executable_file is None else BlobFile(
+                result.executable_file, len(result.executable))
+            blobs[sg.name] = {"executable": executable, "graph_def": graphs[digests[sg.name]]}
+        new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
+        outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
+        write_saved_model(new_graph_def, signature, outputs, new_model_dir, blobs)
+        if graph is not None:
+            from .graph_picture import placement, write_graph
 
-        write_graph(graph, graph_def, placement(graph_def, [sg for sg, _ in compiled],
-                                                part.left_on_tensorflow, excluded),
-                    title=f"{model_dir} at batch {batch_size}")
+            write_graph(graph, graph_def, placement(graph_def, [sg for sg, _ in compiled],
+                                                    part.left_on_tensorflow, excluded),
+                        title=f"{model_dir} at batch {batch_size}")
     report = build_report(signature, part, compiled, failures, excluded,
                           model_dir=model_dir, new_model_dir=new_model_dir,
                           batch_size=batch_size, seconds=time.perf_counter() - start,
@@ -167,6 +183,33 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     if verify:
         report["verification"] = [v.as_dict() for v in verdicts]
     return report
+
+
+@contextlib.contextmanager
+def _scratch_dir(new_model_dir: str) -> Iterator[str]:
+    """A directory for the subgraphs and executables, removed afterwards. Next to the new
+    model where that exists, so export can hard-link its files into assets/ (a link
+    needs one filesystem) instead of copying gigabytes."""
+    parent = os.path.dirname(os.path.abspath(new_model_dir))
+    scratch = tempfile.mkdtemp(prefix=f".{os.path.basename(new_model_dir)}.", suffix=".work",
+                               dir=parent if os.path.isdir(parent) else None)
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _write_subgraph(sg: Subgraph, directory: str, name: str) -> BlobFile:
+    """Serialize `sg.graph_def` to `directory/<name>.pb` piece by piece (its bytes are
+    `sg.serialize()`'s), hashing as it goes; the file export needs."""
+    path = os.path.join(directory, name + ".pb")
+    digest, size = hashlib.sha256(), 0
+    with open(path, "wb") as f:
+        for part in graph_def_parts(sg.graph_def):
+            digest.update(part)
+            f.write(part)
+            size += len(part)
+    return BlobFile(path, size, digest.hexdigest())
 
 
 def _check_dirs(model_dir: str, new_model_dir: str) -> None:

@@ -581,6 +581,22 @@ def _gather(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type(shape, params.dtype)]
 
 
+def _cumulative(t: Sequence[HasType], a: dict) -> list[Type]:
+    _axis(a["axis"], len(t[0].shape), "axis")
+    if t[0].dtype == "bool":
+        raise IsaError("cumulative takes numbers, got bool", "in")
+    return [Type(tuple(t[0].shape), t[0].dtype)]
+
+
+def _top_k(t: Sequence[HasType], a: dict) -> list[Type]:
+    shape = tuple(t[0].shape)
+    if not shape or a["k"] > shape[-1]:
+        raise IsaError(f"k {a['k']} must be at most the last dim of {_fmt(t[0])}", "k")
+    if t[0].dtype == "bool":
+        raise IsaError("top_k takes numbers, got bool", "in")
+    return [Type(shape[:-1] + (a["k"],), a["to"] if a["indices"] else t[0].dtype)]
+
+
 def _one_hot(t: Sequence[HasType], a: dict) -> list[Type]:
     if t[0].dtype not in INTEGERS:
         raise IsaError(f"one_hot indices must be integers, got {t[0].dtype}", "in")
@@ -705,6 +721,19 @@ declare(Kind("one_hot", ("indices",), attrs=(
     Attr("axis", Int(lo=-1), doc="-1: last"), Attr("to", DType())),
     traits=frozenset(), rule=_one_hot,
     doc="TF OneHot; indices outside [0, depth) give an all-off row."))
+declare(Kind("cumulative", ("x",), attrs=(
+    Attr("fn", Choice("sum", "prod")), Attr("axis", Int(lo=0)),
+    Attr("exclusive", BOOL, False, "each element leaves itself out"),
+    Attr("reverse", BOOL, False, "run from the end of the axis")),
+    traits=frozenset(), rule=_cumulative, doc=(
+        "TF Cumsum / Cumprod: running sum (product) along `axis`, same shape and dtype; "
+        "exclusive starts from 0 (1), reverse runs from the last element.")))
+declare(Kind("top_k", ("x",), attrs=(
+    Attr("k", Int(lo=0)), Attr("indices", BOOL, False, "give the indices, not the values"),
+    Attr("to", DType(INDEX_DTYPES), "int32", "the indices' dtype")),
+    traits=frozenset(), rule=_top_k, doc=(
+        "TF TopKV2 (sorted) over the last axis: the k largest values in descending order, "
+        "equal values in index order; or, with `indices`, where they are. Last dim k.")))
 declare(Kind("resize", ("x",), attrs=(
     Attr("mode", Choice("bilinear", "nearest")), Attr("size", Ints(2, lo=1), doc="[h, w]"),
     Attr("align_corners", BOOL, False), Attr("half_pixel_centers", BOOL, False)),

@@ -115,7 +115,7 @@ def _assert_refused(r: subprocess.CompletedProcess, out: Path, *needles: str) ->
 
 def test_unsupported_ops_are_all_named(tmp_path: Path) -> None:
     def fn(x: tf.Tensor) -> tf.Tensor:
-        y = tf.math.cumsum(x, axis=1, name="running_total")
+        y = tf.math.cumulative_logsumexp(x, axis=1, name="running_total")
         y = tf.nn.relu(y)
         return tf.math.bincount(tf.cast(y, tf.int32), minlength=4, name="histogram")
 
@@ -124,9 +124,10 @@ def test_unsupported_ops_are_all_named(tmp_path: Path) -> None:
     r = cc("compile", str(_write(tmp_path, g.graph_def)), "--framework", "TENSORFLOW",
            "--io-config", json.dumps(g.io_config), "--output", str(out),
            "--workdir", str(tmp_path / "w"))
-    _assert_refused(r, out, "running_total (Cumsum)", "DenseBincount", "list-operators")
+    _assert_refused(r, out, "running_total (CumulativeLogsumexp)", "DenseBincount",
+                    "list-operators")
     errors = json.loads((tmp_path / "w" / "errors.json").read_text())
-    assert {n["op"] for n in errors["nodes"]} >= {"Cumsum", "DenseBincount"}
+    assert {n["op"] for n in errors["nodes"]} >= {"CumulativeLogsumexp", "DenseBincount"}
 
 
 def test_nchw_is_refused_with_reason(tmp_path: Path) -> None:
@@ -162,7 +163,7 @@ def _every_kind_of_problem() -> tuple[bytes, dict, dict[str, str]]:
         s = tf.compat.v1.placeholder(tf.int32, [2], name="s")
         y = tf.compat.v1.placeholder(tf.float32, [None, 4], name="y")
         z = tf.compat.v1.placeholder(tf.float32, [3], name="z")
-        tf.math.cumsum(v, axis=1, name="running_total")                    # op type
+        tf.math.cumulative_logsumexp(v, axis=1, name="running_total")      # op type
         tf.nn.conv2d(x, tf.ones([3, 3, 3, 4]), strides=1, padding="SAME",
                      data_format="NCHW", name="conv_nchw")                   # attribute value
         tf.reshape(v, s, name="reshaped")                                   # computed operand
@@ -177,7 +178,7 @@ def _every_kind_of_problem() -> tuple[bytes, dict, dict[str, str]]:
                       "from_z:0", "ok:2",              # an output Relu lacks
                       "ghost:0"]}                      # a node that does not exist
     named = {"y": "Placeholder", "z": "Placeholder", "ok": "Relu", "ghost": "",
-             "running_total": "Cumsum", "conv_nchw": "Conv2D", "reshaped": "Reshape"}
+             "running_total": "CumulativeLogsumexp", "conv_nchw": "Conv2D", "reshaped": "Reshape"}
     return g.as_graph_def().SerializeToString(), io, named
 
 
@@ -189,8 +190,9 @@ def test_every_problem_is_named_in_one_compile(tmp_path: Path) -> None:
     r = cc("compile", str(_write(tmp_path, graph_def)), "--framework", "TENSORFLOW",
            "--io-config", json.dumps(io), "--output", str(out), "--workdir", str(work))
     _assert_refused(r, out, "7 problem(s)", "y (Placeholder): io-config input 'y:0' has shape "
-                    "[-1, 4]", "'z:1'", "ghost:0", "'ok:2'", "running_total (Cumsum)",
-                    "conv_nchw (Conv2D)", "NCHW", "reshaped (Reshape)", "compile-time constant",
+                    "[-1, 4]", "'z:1'", "ghost:0", "'ok:2'",
+                    "running_total (CumulativeLogsumexp)", "conv_nchw (Conv2D)", "NCHW",
+                    "reshaped (Reshape)", "compile-time constant",
                     str(work / "errors.json"))
     assert "internal compiler error" not in r.stderr
     assert "NEURONISH_DUMP_DIR" not in r.stderr  # nothing was lowered, so nothing to dump

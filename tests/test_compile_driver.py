@@ -190,15 +190,16 @@ def test_compiles_in_parallel_and_the_executables_match_tensorflow(
 
 def test_unsupported_op_is_rejected_with_the_node_named(private_tmp: Path) -> None:
     def fn(x: tf.Tensor) -> tf.Tensor:
-        return tf.nn.relu(tf.math.cumsum(x, axis=1, name="running_total"))
+        return tf.nn.relu(tf.math.cumulative_logsumexp(x, axis=1, name="running_total"))
 
     g = trace(fn, tf.TensorSpec([2, 3], tf.float32, name="x"))
     [result] = compile_all([job("cluster_7", g)])
 
     assert result.outcome == "rejected" and not result.ok and result.executable is None
     assert result.error_class == "UnsupportedNodes"
-    assert "cluster_7" in result.error and "running_total (Cumsum)" in result.error
-    assert {"node": "running_total", "op": "Cumsum"}.items() <= result.rejected_nodes[0].items()
+    assert "cluster_7" in result.error and "running_total (CumulativeLogsumexp)" in result.error
+    assert {"node": "running_total", "op": "CumulativeLogsumexp"}.items() <= \
+        result.rejected_nodes[0].items()
     assert set(result.rejected_nodes[0]) == {"node", "op", "reason", "hint"}
     # No workdir: everything lived in a temporary directory, now removed.
     assert result.workdir is None and result.log_path is None

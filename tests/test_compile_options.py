@@ -153,7 +153,7 @@ def test_new_model_dir_inside_model_dir_is_refused(tmp_path: Path) -> None:
 
 
 def test_max_num_compilers_one_compiles_every_subgraph(tmp_path: Path) -> None:
-    src = small_model(tmp_path / "src", split=True)  # a Cumsum splits it in two
+    src = small_model(tmp_path / "src", split=True)  # an op off the device splits it in two
     out = tmp_path / "out"
     report = neuronish.saved_model.compile(src, str(out), batch_size=2, max_num_compilers=1,
                                            minimum_segment_size=1)

@@ -46,7 +46,7 @@ def one_hot_model(path: Path) -> str:
 
 def small_model(path: Path, seq: int | None = 8, split: bool = False) -> str:
     """Two Dense layers, as a plain tf.Module signature with input `x` [None, seq]; with
-    `split`, a Cumsum (not on the device) between them makes two clusters."""
+    `split`, a CumulativeLogsumexp (not on the device) between them makes two clusters."""
     module = tf.Module()
     rng = np.random.default_rng(0)
     module.w1 = tf.Variable(rng.standard_normal((8, 16)).astype(np.float32))
@@ -56,7 +56,7 @@ def small_model(path: Path, seq: int | None = 8, split: bool = False) -> str:
     def serve(x: tf.Tensor) -> dict[str, tf.Tensor]:
         h = tf.nn.relu(tf.matmul(x, module.w1))
         if split:
-            h = tf.math.cumsum(h, axis=1)
+            h = tf.math.cumulative_logsumexp(h, axis=1)
         return {"y": tf.matmul(h, module.w2)}
 
     return _save(module, serve, path)

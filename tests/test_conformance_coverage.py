@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from neuronish.cc.ops.registry import LOWERINGS
-from tests import test_conformance_array, test_conformance_nn
+from tests import test_conformance_array, test_conformance_nn, test_conformance_sequence
 
 # Placeholder is the graph's input, never compiled on its own; NoOp has no outputs
 # and is only reachable through control edges, which the compiler ignores.
@@ -11,7 +11,8 @@ NOT_COMPUTATIONS = {"Placeholder", "NoOp"}
 
 
 def test_every_registered_op_has_a_conformance_case() -> None:
-    covered = {c.op_type for c in test_conformance_nn.CASES + test_conformance_array.CASES}
+    covered = {c.op_type for c in test_conformance_nn.CASES + test_conformance_array.CASES
+               + test_conformance_sequence.CASES}
     missing = sorted(set(LOWERINGS) - covered - NOT_COMPUTATIONS)
     assert not missing, f"ops without a conformance case: {missing}"
 

@@ -152,6 +152,11 @@ for op, lo, hi in (("Sin", -7.0, 7.0), ("Cos", -7.0, 7.0), ("Tan", -1.2, 1.2),
              f"{dt}-{'x'.join(map(str, shape))}", **(F16 if dt == "float16" else {}))
 case("Round", lambda x: raw.Round(x=x),
      [np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997], np.float32)], "halves-to-even")
+_SPECIAL = np.array([0.0, -1.5, np.inf, -np.inf, np.nan, 6e4, -0.0], np.float32)
+for op in ("IsNan", "IsInf", "IsFinite"):
+    for dt in ("float32", "float64", "float16"):
+        case(op, lambda x, op=op: getattr(raw, op)(x=x), [_SPECIAL.astype(dt)], dt)
+case("IsFinite", lambda x: tf.reduce_logsumexp(x, axis=-1), [rand(3, 5)], "logsumexp", atol=1e-5)
 case("LogicalNot", lambda x: raw.LogicalNot(x=x), [rand(3, 4, dtype="bool")], "bool")
 case("LogicalNot", lambda x: raw.LogicalNot(x=x), [rand(7, dtype="bool")], "bool-1d")
 

@@ -150,3 +150,41 @@ def test_plan_keeps_the_graph_under_the_limit() -> None:
     assert external.plan([10, 500, 300, 5], rest=50, threshold=10**9, limit=300) == \
         [False, True, True, False]
     assert external.plan([1], rest=0, threshold=10**9) == [False]
+
+
+def test_assets_are_the_compilers_files_linked_not_copied(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executable neuronish-cc wrote and the subgraph it read become the assets
+    themselves (hard links: the same file, never read and written again), byte for byte
+    what the references name; the model runs from them; the scratch directory the
+    compile worked in next to the new model is gone."""
+    src = small_model(tmp_path / "src")
+    monkeypatch.setenv("NEURONISH_EXTERNAL_THRESHOLD", "1KiB")
+    monkeypatch.setenv("NEURONISH_COMPILE_CACHE", "off")  # a cache hit has no compiler file
+    report = neuronish.saved_model.compile(src, str(tmp_path / "out"), batch_size=2,
+                                           compiler_workdir=str(tmp_path / "work"))
+    (op,) = report["NeuronOps"]
+    ((exe_ref, graph_ref, _),) = _neuron_op_attrs(tmp_path / "out")
+    job = tmp_path / "work" / op["name"]
+    for ref, asset_suffix, job_file in ((exe_ref, ".neff", job / f"{op['name']}.neff"),
+                                        (graph_ref, ".pb", job / "graph.pb")):
+        digest, size = external.parse_reference(ref)
+        asset = tmp_path / "out" / "assets" / (digest + asset_suffix)
+        assert asset.samefile(job_file)
+        data = asset.read_bytes()
+        assert len(data) == size and hashlib.sha256(data).hexdigest() == digest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src", "work"]
+    assert_matches_original(src, tmp_path / "out", tmp_path)
+
+
+def test_an_interrupted_compile_leaves_nothing(tmp_path: Path) -> None:
+    """Stopped while its compiler runs (here: the progress callback raises): no new model,
+    no scratch, staging or temporary files next to where it would have been."""
+    src = small_model(tmp_path / "src")
+
+    def interrupt(done: int, total: int, result: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        neuronish.saved_model.compile(src, str(tmp_path / "out"), progress=interrupt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -102,10 +102,10 @@ def test_compile_draws_each_node_where_the_report_puts_it(partly_compiled) -> No
     data = _page_data(page.read_text())
     by_name = {n["name"]: n for n in data["nodes"]}
     assert set(data["clusters"]) == {op["name"] for op in report["NeuronOps"]}
-    cumsum = [n for n in data["nodes"] if n["op"] == "Cumsum"]
+    cumsum = [n for n in data["nodes"] if n["op"] == "CumulativeLogsumexp"]
     assert len(cumsum) == 1 and cumsum[0]["device"] == TENSORFLOW
     assert "not supported" in cumsum[0]["reason"]
-    # Every convolution is on the device, one before the Cumsum and one after it.
+    # Every convolution is on the device, one before the scan and one after it.
     convs = [n for n in data["nodes"] if n["op"] == "Conv2D"]
     assert len({n["device"] for n in convs}) == 2 and TENSORFLOW not in {n["device"] for n in convs}
     assert all(n["reason"] for n in data["nodes"] if n["device"] == TENSORFLOW)

@@ -21,7 +21,7 @@ def test_compile_prints_the_report_then_benchmark_compares(tmp_path: Path) -> No
     r = neuronish("compile", src, str(out), "--batch-size", "2")
     assert r.returncode == 0, r.stderr
     assert "OnNeuronRatio:" in r.stdout and "neuron_op_0" in r.stdout and "neuron_op_1" in r.stdout
-    assert "left on TensorFlow:" in r.stdout and "Cumsum" in r.stdout
+    assert "left on TensorFlow:" in r.stdout and "CumulativeLogsumexp" in r.stdout
     assert "compiling subgraphs 2/2 100%" in r.stderr
     assert (out / "saved_model.pb").exists()
 

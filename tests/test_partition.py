@@ -257,6 +257,16 @@ def test_batch_axes_follow_the_batch() -> None:
     assert axes["x:0"] == 0
 
 
+def test_a_colocation_with_a_node_inlining_removed_does_not_stop_shape_inference() -> None:
+    # A tf.Module's signature keeps `_class: loc:@StatefulPartitionedCall/Identity_2` on
+    # nodes whose colocation partner inlining removed; importing that graph fails.
+    gd, outs = freeze(lambda x: tf.nn.relu(x, name="r"), spec(None, 4))
+    node = next(n for n in gd.node if n.name == "r")
+    node.attr["_class"].list.s.append(b"loc:@gone/Identity_2")
+    infos = P.infer(gd, {"x": [3, 4]})
+    assert infos["r:0"].shape == (3, 4)
+
+
 def test_batch_axes_refuse_a_graph_with_a_baked_batch() -> None:
     def fn(x):
         return tf.reshape(x, [2, 12])

@@ -111,10 +111,10 @@ def test_unsupported_op_in_the_middle_stays_on_tensorflow(tmp_path: Path) -> Non
     src = cached_saved_model("cnn_cumsum")
     out = tmp_path / "compiled"
     report = neuronish.saved_model.compile(src, str(out), batch_size=COMPILED_BATCH)
-    assert list(report["OnTensorFlow"]) == ["Cumsum"], report["OnTensorFlow"]
-    (reason,) = report["OnTensorFlow"]["Cumsum"]["reasons"]
+    assert list(report["OnTensorFlow"]) == ["CumulativeLogsumexp"], report["OnTensorFlow"]
+    (reason,) = report["OnTensorFlow"]["CumulativeLogsumexp"]["reasons"]
     assert "not supported" in reason
-    # Device before and after the Cumsum: two NeuronOps, nearly everything on the device.
+    # Device before and after the scan: two NeuronOps, nearly everything on the device.
     assert len(report["NeuronOps"]) == 2
     assert 0.8 < report["OnNeuronRatio"] < 1.0
     assert_matches_original(src, out, tmp_path)

@@ -1,6 +1,16 @@
 """TF op lowerings, one module per op family. Importing this package fills
 `registry.LOWERINGS`."""
 
-from . import array, basic, image, linalg, math, nn, registry  # noqa: F401  (importing registers lowerings)
+from . import (  # noqa: F401  (importing registers lowerings)
+    array,
+    basic,
+    blocks,
+    image,
+    linalg,
+    math,
+    nn,
+    registry,
+    sequence,
+)
 
 __all__ = ["registry"]

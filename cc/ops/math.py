@@ -64,6 +64,19 @@ def unary(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("unary", [x], {"fn": fn})]
 
 
+@tf_op("IsNan", "IsInf", "IsFinite", supports=dtype_check(FLOAT))
+def float_class(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """Bool per element: IsNan x != x; IsInf |x| == inf; IsFinite |x| < inf (false for
+    NaN, whose comparisons are all false). reduce_logsumexp and masking code use these."""
+    x = ctx.input(node, 0)
+    require_dtype(x, FLOAT)
+    if node.op == "IsNan":
+        return [ctx.emit1("binary", [x, x], {"fn": "not_equal"})]
+    magnitude = ctx.emit1("unary", [x], {"fn": "abs"})
+    fn = "equal" if node.op == "IsInf" else "less"
+    return [ctx.emit1("binary", [magnitude, ctx.const(np.inf, x.dtype)], {"fn": fn})]
+
+
 @tf_op("Ceil", supports=dtype_check(FLOAT))
 def ceil(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """ceil(x) = -floor(-x) (exact in floating point)."""

@@ -70,9 +70,11 @@ def _light_copy(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
             copy.attr["shape"].shape.CopyFrom(tensor.tensor_shape)
         else:
             copy.CopyFrom(node)
-            # A cached shape from another batch size would contradict the new one.
-            if "_output_shapes" in copy.attr:
-                del copy.attr["_output_shapes"]
+            # A cached shape from another batch size would contradict the new one; a
+            # colocation with a node that inlining removed would fail the import.
+            for attr in ("_output_shapes", "_class"):
+                if attr in copy.attr:
+                    del copy.attr[attr]
     return out
 
 

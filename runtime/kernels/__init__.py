@@ -3,7 +3,7 @@
 Importing this package registers every kernel in `KERNELS`.
 """
 
-from . import array, conv, elementwise, image, linalg, pool, reduce  # noqa: F401 (registers)
+from . import array, conv, elementwise, image, linalg, pool, reduce, sequence  # noqa: F401,E501 (registers)
 from .registry import KERNELS, Kernel, check_complete, evaluate, kernel
 
 check_complete()
