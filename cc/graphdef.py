@@ -10,14 +10,24 @@ a constant may declare at most `MAX_CONSTANT_BYTES` (a splat — one value for a
 whole shape — could otherwise ask for any amount of memory). Cycles (through
 data or control edges, except a TF1 loop's NextIteration -> Merge back edge) are
 refused here, as TensorFlow's graph import refuses them.
+
+The weights are not copied: protobuf's parser would copy every `tensor_content`
+into its message and each read of the field again (three copies of 1.4 GB took
+~5 s for ConvNeXtXLarge), so a binary GraphDef is split into its nodes here, large
+nodes' `tensor_content` fields are cut out before protobuf parses the rest, and the
+constants become views of the bytes read from the file (`TensorValue`).
 """
 
 from __future__ import annotations
 
 import graphlib
 import math
+import os
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from google.protobuf import text_format
@@ -67,6 +77,18 @@ class TensorRef:
         return TensorRef(name, int(index) if index else 0)
 
 
+@dataclass(frozen=True)
+class TensorValue:
+    """A tensor attribute whose `tensor_content` is held outside its TensorProto: a view
+    of the GraphDef's bytes (`proto` has every other field, its tensor_content empty)."""
+
+    proto: pb.TensorProto
+    content: memoryview
+
+
+TENSOR_TYPES = (pb.TensorProto, TensorValue)  # what a tensor-valued attribute can be
+
+
 @dataclass
 class TFNode:
     name: str
@@ -95,10 +117,15 @@ def _constant_shape(t: pb.TensorProto) -> tuple[int, ...]:
     return shape
 
 
-def tensor_to_numpy(t: pb.TensorProto) -> np.ndarray:
+def tensor_to_numpy(t: pb.TensorProto | TensorValue) -> np.ndarray:
     """Decode a TensorProto (raw `tensor_content` or the typed repeated fields) the
     way TensorFlow's Tensor::FromProto does, refusing what it refuses and anything
     larger than MAX_CONSTANT_BYTES before allocating it."""
+    content: bytes | memoryview
+    if isinstance(t, TensorValue):
+        t, content = t.proto, t.content
+    else:
+        content = t.tensor_content  # each read of the field copies it: read once
     dtype = dtype_name(t.dtype)
     if t.dtype not in _DTYPES:
         raise BadConstant(f"constant of dtype {dtype} is not supported on the device")
@@ -110,13 +137,12 @@ def tensor_to_numpy(t: pb.TensorProto) -> np.ndarray:
         raise BadConstant(f"constant of shape {list(shape)} {dtype} would take {nbytes} bytes, "
                           f"more than the limit of {MAX_CONSTANT_BYTES} bytes for one constant",
                           "keep this node on TensorFlow")
-    content = t.tensor_content  # each read of the field copies it: read once
     if content:
         if len(content) != nbytes:
             raise BadConstant(f"constant of shape {list(shape)} {dtype} needs {nbytes} bytes of "
                               f"tensor_content, it has {len(content)}",
                               "the GraphDef is damaged: export it again")
-        # A read-only view of the immutable bytes; converted only on a big-endian host.
+        # A read-only view of the bytes; converted only on a big-endian host.
         return np.frombuffer(content, dtype=np_dtype.newbyteorder("<")).astype(
             np_dtype, copy=False).reshape(shape)
     # The typed fields are wider than the dtype (int_val holds int8 ... int32,
@@ -183,32 +209,167 @@ def _attr(a: pb.AttrValue) -> object:
     return None
 
 
-def parse_graph_def(data: bytes, *, text: bool = False) -> list[TFNode]:
-    """Parse a serialized GraphDef (or its text form) into TFNodes."""
-    graph = pb.GraphDef()
+def parse_graph_def(data: bytes | bytearray | memoryview | np.ndarray, *,
+                    text: bool = False) -> list[TFNode]:
+    """Parse a serialized GraphDef (or its text form) into TFNodes. Binary constants are
+    views of `data` (not copied), so `data` must not change afterwards."""
+    parsed: list[tuple[pb.NodeDef, dict[str, memoryview]]]
     try:
         if text:
-            text_format.Parse(data.decode(), graph, allow_unknown_field=True)
+            graph = pb.GraphDef()
+            text_format.Parse(bytes(data).decode(), graph, allow_unknown_field=True)
+            parsed = [(n, {}) for n in graph.node]
         else:
-            graph.ParseFromString(data)
+            parsed = _parse_binary(memoryview(data).cast("B"))
     except (DecodeError, text_format.ParseError, UnicodeDecodeError, RecursionError,
             ValueError) as e:
         kind = "text GraphDef (.pbtxt)" if text else "binary GraphDef (.pb)"
         raise InvalidGraph(f"cannot parse the input as a {kind}: {e}") from None
     nodes = []
     seen: set[str] = set()
-    for n in graph.node:
+    for n, contents in parsed:
         if n.name in seen:
             raise InvalidGraph(f"node name {n.name!r} appears twice in the GraphDef")
         seen.add(n.name)
         data_inputs = [TensorRef.parse(i) for i in n.input if not i.startswith("^")]
         control = [i[1:] for i in n.input if i.startswith("^")]
-        nodes.append(TFNode(n.name, n.op, data_inputs, control,
-                            {k: _attr(v) for k, v in n.attr.items()}))
+        attrs = {k: _attr(v) for k, v in n.attr.items()}
+        for key, content in contents.items():
+            value = n.attr.get(key)
+            if value is not None and value.WhichOneof("value") == "tensor" \
+                    and not value.tensor.tensor_content:
+                attrs[key] = TensorValue(value.tensor, content)
+        nodes.append(TFNode(n.name, n.op, data_inputs, control, attrs))
     if not nodes:
         raise InvalidGraph("the GraphDef has no nodes (is this really a GraphDef?)")
     _refuse_cycles(nodes)
     return nodes
+
+
+# Nodes at least this large have their tensor_content cut out before protobuf parses
+# them; smaller ones are parsed whole (copying a few KB costs less than cutting).
+_CUT_NODES_FROM = 64 << 10
+_NODE, _ATTR, _ENTRY_KEY, _ENTRY_VALUE, _ATTR_TENSOR, _TENSOR_CONTENT = 1, 5, 1, 2, 8, 4
+
+
+class _Malformed(ValueError):
+    """Not well-formed protobuf wire format (reported like protobuf's DecodeError)."""
+
+
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        if pos >= end or shift > 63:
+            raise _Malformed("truncated or overlong varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _fields(buf: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, start of the tag, start of the value, end) of each field
+    of the message in buf[start:end]; a length-delimited value starts after its length."""
+    pos = start
+    while pos < end:
+        tag_start = pos
+        key, pos = _varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise _Malformed("field number 0")
+        if wire == 0:
+            _, value_end = _varint(buf, pos, end)
+        elif wire == 1:
+            value_end = pos + 8
+        elif wire == 5:
+            value_end = pos + 4
+        elif wire == 2:
+            length, pos = _varint(buf, pos, end)
+            value_end = pos + length
+        else:  # groups: not in a GraphDef's schema; protobuf itself decides
+            raise _Unusual
+        if value_end > end:
+            raise _Malformed("a field runs past the end of its message")
+        yield number, wire, tag_start, pos, value_end
+        pos = value_end
+
+
+class _Unusual(Exception):
+    """Wire features this reader leaves to protobuf (groups)."""
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _submessage(field: int, body: bytes) -> bytes:
+    return _encode_varint(field << 3 | 2) + _encode_varint(len(body)) + body
+
+
+def _parse_binary(buf: memoryview) -> list[tuple[pb.NodeDef, dict[str, memoryview]]]:
+    """Each node with the `tensor_content` views cut out of it (by attribute key)."""
+    try:
+        nodes, rest = [], bytearray()
+        for number, wire, tag, start, end in _fields(buf, 0, len(buf)):
+            if number == _NODE and wire == 2:
+                if end - start < _CUT_NODES_FROM:
+                    nodes.append((pb.NodeDef.FromString(buf[start:end]), {}))
+                else:
+                    contents: dict[str, memoryview] = {}
+                    cut = _cut_node(buf, start, end, contents)
+                    nodes.append((pb.NodeDef.FromString(cut), contents))
+            else:
+                rest += buf[tag:end]
+        pb.GraphDef.FromString(bytes(rest))  # the other fields, checked as protobuf would
+        return nodes
+    except _Malformed as e:
+        raise DecodeError(f"Error parsing message: {e}") from None
+    except _Unusual:
+        graph = pb.GraphDef.FromString(buf)
+        return [(n, {}) for n in graph.node]
+
+
+def _cut_node(buf: memoryview, start: int, end: int, contents: dict[str, memoryview]) -> bytes:
+    """The NodeDef in buf[start:end] without the tensor_content of its tensor attributes,
+    which go to `contents` (a later map entry for a key replaces an earlier one, and a
+    later tensor_content an earlier one, as protobuf's parser does)."""
+    out = bytearray()
+    for number, wire, tag, vstart, vend in _fields(buf, start, end):
+        if number != _ATTR or wire != 2:
+            out += buf[tag:vend]
+            continue
+        key, entry, content = "", bytearray(), None
+        for f, w, t, s, e in _fields(buf, vstart, vend):
+            if f == _ENTRY_KEY and w == 2:
+                key = bytes(buf[s:e]).decode("utf-8", "replace")
+            if f == _ENTRY_VALUE and w == 2:
+                value = bytearray()
+                for f2, w2, t2, s2, e2 in _fields(buf, s, e):
+                    if f2 == _ATTR_TENSOR and w2 == 2:
+                        tensor = bytearray()
+                        for f3, w3, t3, s3, e3 in _fields(buf, s2, e2):
+                            if f3 == _TENSOR_CONTENT and w3 == 2:
+                                content = buf[s3:e3]
+                            else:
+                                tensor += buf[t3:e3]
+                        value += _submessage(_ATTR_TENSOR, bytes(tensor))
+                    else:
+                        value += buf[t2:e2]
+                entry += _submessage(_ENTRY_VALUE, bytes(value))
+            else:
+                entry += buf[t:e]
+        contents.pop(key, None)
+        if content is not None:
+            contents[key] = content
+        out += _submessage(_ATTR, bytes(entry))
+    return bytes(out)
 
 
 def _refuse_cycles(nodes: list[TFNode]) -> None:
@@ -238,10 +399,24 @@ def load_graph_def(path: str | Path) -> list[TFNode]:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_GRAPH_BYTES + 1)
+            data = _read(f)
     except OSError as e:
         raise InvalidGraph(f"cannot read {path}: {e.strerror}") from None
     if len(data) > MAX_GRAPH_BYTES:
         raise InvalidGraph(f"{path} is larger than {MAX_GRAPH_BYTES} bytes, protobuf's limit "
                            "for one GraphDef")
     return parse_graph_def(data, text=path.suffix in (".pbtxt", ".txt"))
+
+
+def _read(f: BinaryIO) -> bytes | np.ndarray:
+    """The file's bytes, at most MAX_GRAPH_BYTES + 1. A regular file is read into a numpy
+    buffer: numpy's large allocations get huge pages, which this VM fills ~3x faster
+    than the 4 KiB pages of a `bytes` (and the constants become views of it)."""
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or st.st_size > MAX_GRAPH_BYTES:
+        return f.read(MAX_GRAPH_BYTES + 1)
+    buf = np.empty(st.st_size, np.uint8)
+    got = f.readinto(memoryview(buf)) or 0  # fewer if the file shrank meanwhile
+    buf = buf[:got]
+    buf.flags.writeable = False  # constants are views of it: read-only, as bytes were
+    return buf

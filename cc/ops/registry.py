@@ -17,9 +17,8 @@ import numpy as np
 
 from .. import kinds
 from ..errors import NodeError
-from ..graphdef import TensorRef, TFNode, tensor_to_numpy
+from ..graphdef import TENSOR_TYPES, TensorRef, TFNode, tensor_to_numpy
 from ..ir import Node, TensorType, Value, constant
-from ..proto.tf_graph_pb2 import TensorProto
 
 LowerFn = Callable[["LowerCtx", TFNode], list[Value]]
 SupportsFn = Callable[[TFNode], "str | None"]
@@ -124,7 +123,7 @@ class LowerCtx:
 def attr_tensor(node: TFNode, key: str = "value") -> np.ndarray:
     """Decode a tensor-valued attribute (e.g. Const's `value`)."""
     value = node.attr.get(key)
-    if not isinstance(value, TensorProto):  # missing, or another kind (a damaged GraphDef)
+    if not isinstance(value, TENSOR_TYPES):  # missing, or another kind (a damaged GraphDef)
         raise NodeError(f"attribute {key!r} is {'missing' if value is None else 'not a tensor'}",
                         "the GraphDef is damaged: export it again")
     return tensor_to_numpy(value)
