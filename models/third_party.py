@@ -117,7 +117,7 @@ HUB_MODELS.update({
                                                           num_heads=[2, 2], window_size=4,
                                                           patch_size=2)),
     "resnet_hub_tiny": HubModel("ResNetBackbone", dict(
-        input_conv_filters=[16], input_conv_kernel_sizes=[7],
+        input_conv_filters=[64], input_conv_kernel_sizes=[7],
         stackwise_num_filters=[64, 32], stackwise_num_blocks=[1, 1],
         stackwise_num_strides=[1, 2], block_type="basic_block", use_pre_activation=True,
         image_shape=(IMAGE, IMAGE, 3))),
@@ -128,8 +128,8 @@ HUB_MODELS.update({
         image_shape=(IMAGE, IMAGE, 3))),
     "cspdarknet_tiny": HubModel("CSPNetBackbone", dict(
         stem_filters=16, stem_kernel_size=3, stem_strides=1, stackwise_depth=[1, 1],
-        stackwise_strides=[1, 2], stackwise_num_filters=[16, 32], block_type="bottleneck_block",
-        stage_type="csp",
+        stackwise_strides=[1, 2], stackwise_num_filters=[16, 32], block_type="dark_block",
+        stage_type="dark",
         image_shape=(IMAGE, IMAGE, 3))),
     "mit_tiny": HubModel("MiTBackbone", dict(
         layerwise_depths=[1, 1], num_layers=2, layerwise_num_heads=[1, 2],
@@ -151,6 +151,35 @@ HUB_MODELS.update({
         stackwise_padding=[[1, 1], [2]], output_num_filters=32, depthwise_filters=8,
         depthwise_stride=2, depthwise_residual=False, last_layer_filter=32,
         squeeze_and_excite=0.5, image_shape=(IMAGE * 2, IMAGE * 2, 3))),
+    # Backbones built around other backbones: a callable argument is built first.
+    "segformer_tiny": HubModel("SegFormerBackbone", dict(
+        image_encoder=lambda hub: hub.models.MiTBackbone(
+            layerwise_depths=[1, 1], num_layers=2, layerwise_num_heads=[1, 2],
+            layerwise_sr_ratios=[2, 1], max_drop_path_rate=0.0, layerwise_patch_sizes=[7, 3],
+            layerwise_strides=[4, 2], hidden_dims=[16, 32], image_shape=(IMAGE, IMAGE, 3)),
+        projection_filters=16)),
+    "deeplab_v3_tiny": HubModel("DeepLabV3Backbone", dict(
+        image_encoder=lambda hub: hub.models.ResNetBackbone(
+            input_conv_filters=[64], input_conv_kernel_sizes=[7],
+            stackwise_num_filters=[64, 32, 32], stackwise_num_blocks=[1, 1, 1],
+            stackwise_num_strides=[1, 2, 2], block_type="basic_block",
+            image_shape=(IMAGE * 2, IMAGE * 2, 3)),
+        spatial_pyramid_pooling_key="P4", upsampling_size=4, dilation_rates=[2, 4],
+        low_level_feature_key="P2", projection_filters=16,
+        image_shape=(IMAGE * 2, IMAGE * 2, 3))),
+    "clip_tiny": HubModel("CLIPBackbone", dict(
+        vision_encoder=lambda hub: _clip("CLIPVisionEncoder", patch_size=8, hidden_dim=32,
+                                         num_layers=2, num_heads=2, intermediate_dim=64,
+                                         image_shape=(IMAGE, IMAGE, 3)),
+        text_encoder=lambda hub: _clip("CLIPTextEncoder", vocabulary_size=VOCAB,
+                                       embedding_dim=32, hidden_dim=32, num_layers=2,
+                                       num_heads=2, intermediate_dim=64,
+                                       max_sequence_length=SEQ_LEN),
+        projection_dim=16)),
+    "gemma3_tiny": HubModel("Gemma3Backbone", dict(_DECODER, head_dim=8, image_size=IMAGE)),
+    "qwen3_moe_tiny": HubModel("Qwen3MoeBackbone", dict(_DECODER, head_dim=8,
+                                                        moe_intermediate_dim=16,
+                                                        num_experts=4, top_k=2)),
 })
 
 ALL = (*APPLICATIONS, *HUB_MODELS, *user_models.NAMES)
@@ -186,13 +215,21 @@ def _build_hub(spec: HubModel, target: str) -> None:
     import keras_hub
     import tensorflow as tf
 
-    model = getattr(keras_hub.models, spec.backbone)(**spec.kwargs)
+    kwargs = {k: v(keras_hub) if callable(v) else v for k, v in spec.kwargs.items()}
+    model = getattr(keras_hub.models, spec.backbone)(**kwargs)
     # A fixed sequence length: the device compiles static shapes (the batch stays free).
     if spec.inputs is not None:
         specs = {k: tf.TensorSpec([None, SEQ_LEN], "int32", name=k) for k in spec.inputs}
     else:
         specs = _input_specs(model)
     model.export(target, verbose=False, input_signature=[specs])
+
+
+def _clip(encoder: str, **kwargs: object) -> object:
+    from keras_hub.src.models.clip import clip_text_encoder, clip_vision_encoder
+
+    module = clip_text_encoder if encoder == "CLIPTextEncoder" else clip_vision_encoder
+    return getattr(module, encoder)(**kwargs)
 
 
 def _input_specs(model: object) -> object:

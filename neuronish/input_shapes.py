@@ -32,7 +32,7 @@ def compile_shapes(signature: FrozenSignature, batch_size: int,
     for inp in signature.inputs:
         if model_feed_dict and inp.key in model_feed_dict:
             value = np.asarray(model_feed_dict[inp.key])
-            if value.dtype != np.dtype(inp.dtype):
+            if not _same_dtype(value.dtype, inp.dtype):
                 raise SavedModelError(f"model_feed_dict[{inp.key!r}] has dtype {value.dtype}; "
                                       f"the signature expects {inp.dtype}")
             shape = list(value.shape)
@@ -60,6 +60,17 @@ def compile_shapes(signature: FrozenSignature, batch_size: int,
                 "model_feed_dict")
         shapes[inp.tensor] = shape
     return shapes
+
+
+def _same_dtype(given: np.dtype, want: str) -> bool:
+    """Whether an example array of numpy dtype `given` feeds an input of TensorFlow dtype
+    `want` ("float32", "string", "bfloat16", ...)."""
+    if want == "string":  # bytes or str, as TensorFlow takes them
+        return given.kind in "OSU"
+    try:
+        return given == np.dtype(want)
+    except TypeError:  # a TensorFlow-only dtype (bfloat16): numpy has no name for it
+        return given.name == want
 
 
 def _fmt_shape(shape: Sequence[int | None] | None) -> str:

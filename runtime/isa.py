@@ -581,6 +581,32 @@ def _gather(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type(shape, params.dtype)]
 
 
+def _conv3d(t: Sequence[HasType], a: dict) -> list[Type]:
+    _rank(t[0], 5, "conv3d's input (NDHWC)")
+    _rank(t[1], 5, "conv3d's filter [KD, KH, KW, C, O]")
+    if t[0].dtype != t[1].dtype:
+        raise IsaError(f"input {_fmt(t[0])} and filter {_fmt(t[1])} dtypes differ", "in")
+    n, *spatial, c = t[0].shape
+    *kernel, fc, o = t[1].shape
+    if fc != c:
+        raise IsaError(f"filter {_fmt(t[1])} reads {fc} channels, the input has {c}", "in")
+    out = [window_out(size, k, s, d, a["pads"][2 * i], a["pads"][2 * i + 1], "filter")
+           for i, (size, k, s, d) in enumerate(zip(spatial, kernel, a["strides"],
+                                                   a["dilations"]))]
+    return [Type((n, *out, o), t[0].dtype)]
+
+
+def _pool3d(t: Sequence[HasType], a: dict) -> list[Type]:
+    _rank(t[0], 5, "pool3d's input (NDHWC)")
+    n, *spatial, c = t[0].shape
+    pads = a["pads"]
+    if any(max(pads[2 * i], pads[2 * i + 1]) >= k for i, k in enumerate(a["ksize"])):
+        raise IsaError(f"pads {pads} must each be smaller than the window {a['ksize']}", "pads")
+    out = [window_out(size, k, s, 1, pads[2 * i], pads[2 * i + 1], "ksize")
+           for i, (size, k, s) in enumerate(zip(spatial, a["ksize"], a["strides"]))]
+    return [Type((n, *out, c), t[0].dtype)]
+
+
 def _cumulative(t: Sequence[HasType], a: dict) -> list[Type]:
     _axis(a["axis"], len(t[0].shape), "axis")
     if t[0].dtype == "bool":
@@ -721,6 +747,21 @@ declare(Kind("one_hot", ("indices",), attrs=(
     Attr("axis", Int(lo=-1), doc="-1: last"), Attr("to", DType())),
     traits=frozenset(), rule=_one_hot,
     doc="TF OneHot; indices outside [0, depth) give an all-off row."))
+declare(Kind("conv3d", ("x", "w"), attrs=(
+    Attr("strides", Ints(3, lo=1), doc="[sd, sh, sw]"),
+    Attr("dilations", Ints(3, lo=1), doc="[dd, dh, dw]"),
+    Attr("pads", Ints(6, lo=0), doc="[front, back, top, bottom, left, right]")),
+    traits=frozenset(), rule=_conv3d, doc=(
+        "NDHWC x [N,D,H,W,C], w [KD,KH,KW,C,O] (TF layout), y [N,OD,OH,OW,O]; windows per "
+        "spatial dim as conv2d's. Zero padding.")))
+declare(Kind("pool3d", ("x",), attrs=(
+    Attr("mode", Choice("max", "avg")), Attr("ksize", Ints(3, lo=1), doc="[kd, kh, kw]"),
+    Attr("strides", Ints(3, lo=1), doc="[sd, sh, sw]"),
+    Attr("pads", Ints(6, lo=0), doc="[front, back, top, bottom, left, right], each smaller "
+                                    "than the window")),
+    traits=frozenset(), rule=_pool3d, doc=(
+        "NDHWC pooling as `pool`: max ignores padding; avg divides by the count of "
+        "non-padded elements in each window.")))
 declare(Kind("cumulative", ("x",), attrs=(
     Attr("fn", Choice("sum", "prod")), Attr("axis", Int(lo=0)),
     Attr("exclusive", BOOL, False, "each element leaves itself out"),

@@ -224,6 +224,83 @@ def test_keras_lstm_compiles_with_its_loop_on_tensorflow(tmp_path: Path) -> None
     assert_matches_original(src, out, tmp_path)
 
 
+def _jpeg(rng: np.random.Generator, height: int, width: int) -> bytes:
+    return tf.io.encode_jpeg(rng.integers(0, 255, (height, width, 3), np.uint8)).numpy()
+
+
+def image_bytes_model(path: Path) -> str:
+    """The usual serving signature for images: JPEG bytes, decoded and resized with
+    tf.map_fn (a loop over TensorLists), then the network."""
+    keras.utils.set_random_seed(3)
+    network = keras.Sequential([keras.Input((16, 16, 3)),
+                                keras.layers.Conv2D(8, 3, activation="relu"),
+                                keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    module = tf.Module()
+    module.network = network
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="image_bytes")])
+    def serve(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        def decode(jpeg: tf.Tensor) -> tf.Tensor:
+            image = tf.image.resize(tf.io.decode_jpeg(jpeg, channels=3), [16, 16])
+            return image / 127.5 - 1.0
+
+        images = tf.map_fn(decode, image_bytes, fn_output_signature=tf.float32)
+        return {"logits": network(images)}
+
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    return str(path)
+
+
+def test_a_map_fn_decoding_images_leaves_the_network_whole_and_batched(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    src = image_bytes_model(tmp_path / "src")
+    out = tmp_path / "out"
+    example = np.array([_jpeg(rng, 20, 24)], dtype=object)  # (a string example is fine)
+    report = neuronish.saved_model.compile(src, str(out), batch_size=1,
+                                           model_feed_dict={"image_bytes": example})
+    (op,) = report["NeuronOps"]
+    assert op["dynamic_batch"] and op["op_counts"]["Conv2D"] == 1
+    assert op["op_counts"]["MatMul"] == 1
+    # Only the decoding loop's machinery stays on TensorFlow.
+    assert set(report["OnTensorFlow"]) <= {"Shape", "StridedSlice", "StatelessWhile", "While",
+                                           "TensorListFromTensor", "TensorListReserve",
+                                           "TensorListStack"}, report["OnTensorFlow"]
+    want = tf.saved_model.load(src).signatures["serving_default"]
+    got = tf.saved_model.load(str(out)).signatures["serving_default"]
+    for batch in (1, 3):  # the compiled batch and another
+        images = tf.constant([_jpeg(rng, 18 + i, 30 - i) for i in range(batch)])
+        np.testing.assert_allclose(got(image_bytes=images)["logits"].numpy(),
+                                   want(image_bytes=images)["logits"].numpy(),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_a_growing_tensor_array_is_not_given_its_reserved_length(tmp_path: Path) -> None:
+    """A TensorArray with dynamic_size grows past the length it was reserved with: its
+    stacked shape is unknown, and what reads it must not be compiled for a wrong one."""
+    module = tf.Module()
+    module.w = tf.Variable(np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def serve(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        n = tf.shape(x)[0]
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[4])
+        for i in tf.range(2 * n):
+            rows = rows.write(i, x[i % n] * tf.cast(i, tf.float32))
+        hidden = tf.nn.relu(tf.matmul(rows.stack(), module.w) + 1.0)
+        return {"y": tf.matmul(hidden, module.w, transpose_b=True) * 2.0}
+
+    src = tmp_path / "src"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": serve})
+    out = tmp_path / "out"
+    neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    want = tf.saved_model.load(str(src)).signatures["serving_default"]
+    got = tf.saved_model.load(str(out)).signatures["serving_default"]
+    for batch in (2, 3):
+        x = tf.constant(np.random.default_rng(batch).standard_normal((batch, 4)), tf.float32)
+        np.testing.assert_allclose(got(x=x)["y"].numpy(), want(x=x)["y"].numpy(), rtol=1e-5,
+                                   atol=1e-5)
+
+
 def test_cli_flags_map_onto_compile_arguments(tmp_path: Path) -> None:
     src = two_signature_model(tmp_path / "src")
     out = tmp_path / "out"

@@ -1,8 +1,9 @@
-"""Conformance of cc/ops/sequence.py and cc/ops/blocks.py against TensorFlow: running sums
-and products, top-k, band parts, reversal, rolls, constant-offset slice updates, gathers by
-index tuples, transposed convolutions and the block rearrangements (dilated 1-D
-convolutions, pixel shuffles), over shapes, dtypes and attribute values; numpy and native
-engines. Inputs come in through placeholders, so each op is compiled, not folded."""
+"""Conformance of cc/ops/sequence.py, blocks.py and volume.py against TensorFlow: running
+sums and products, top-k, band parts, reversal, rolls, constant-offset slice updates,
+gathers by index tuples, transposed convolutions, the block rearrangements (dilated 1-D
+convolutions, pixel shuffles) and 3-D convolution and pooling, over shapes, dtypes and
+attribute values; numpy and native engines. Inputs come in through placeholders, so each
+op is compiled, not folded."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from neuronish.cc.ops import blocks as blocks_ops
 from neuronish.cc.ops import sequence as sequence_ops
+from neuronish.cc.ops import volume as volume_ops
 from neuronish.cc.ops.registry import LOWERINGS
 from tests.conformance import Case, both_engines, run_case  # noqa: F401 (fixture)
 
@@ -152,6 +154,25 @@ case("DepthToSpace", "k3-i32", lambda x: tf.nn.depth_to_space(x, 3), i32(1, 2, 2
 case("SpaceToDepth", "k2", lambda x: tf.nn.space_to_depth(x, 2), f32(2, 4, 6, 3))
 
 
+# --- Conv3D, MaxPool3D, AvgPool3D ------------------------------------------------------------
+def _conv3d(w: np.ndarray, strides: tuple, dilation: int, padding: str) -> object:
+    # (a closure: tf.function would turn an array default argument into an input)
+    return lambda x: tf.nn.conv3d(x, tf.constant(w), [1, *strides, 1], padding,
+                                  dilations=[1, dilation, dilation, dilation, 1])
+
+
+for (k, stride, dilation, padding) in ((3, 1, 1, "SAME"), (2, 2, 1, "VALID"), (3, 2, 1, "SAME"),
+                                       (3, 1, 2, "SAME"), ((1, 3, 2), (1, 2, 1), 1, "VALID")):
+    kernel = (k,) * 3 if isinstance(k, int) else k
+    case("Conv3D", f"k{kernel}-s{stride}-d{dilation}-{padding}".replace(" ", ""),
+         _conv3d(f32(*kernel, 3, 4), (stride,) * 3 if isinstance(stride, int) else stride,
+                 dilation, padding), f32(2, 6, 7, 5, 3), atol=SUM_ATOL)
+for op, fn in (("MaxPool3D", tf.nn.max_pool3d), ("AvgPool3D", tf.nn.avg_pool3d)):
+    for k, stride, padding in ((2, 2, "VALID"), (3, 2, "SAME"), (3, 1, "SAME")):
+        case(op, f"k{k}-s{stride}-{padding}", lambda x, fn=fn, k=k, s=stride, p=padding: fn(
+            x, k, s, p), f32(2, 5, 6, 7, 3), atol=1e-6)
+
+
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_conformance(case: Case) -> None:
     run_case(case)
@@ -159,7 +180,8 @@ def test_conformance(case: Case) -> None:
 
 def test_every_op_is_covered() -> None:
     mine = {op for op, lowering in LOWERINGS.items()
-            if lowering.fn.__module__ in (sequence_ops.__name__, blocks_ops.__name__)}
+            if lowering.fn.__module__ in (sequence_ops.__name__, blocks_ops.__name__,
+                                                  volume_ops.__name__)}
     assert mine - {c.op_type for c in CASES} == set()
 
 

@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (importing registers lowerings)
     nn,
     registry,
     sequence,
+    volume,
 )
 
 __all__ = ["registry"]

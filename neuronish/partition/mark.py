@@ -111,6 +111,12 @@ def _is_stateful(op: str) -> bool:
     return op_def is not None and op_def.is_stateful
 
 
+_LOOP_OPS = frozenset({"While", "StatelessWhile"})
+_LOOP_HINT = ("a loop (tf.while_loop and its TensorLists, as Keras LSTM, GRU and SimpleRNN "
+              "run): the device runs no loops, so it stays on TensorFlow; for a fixed sequence "
+              "length build the Keras RNN layer with unroll=True and it compiles whole")
+
+
 def mark(
     graph_def: graph_pb2.GraphDef,
     infos: Mapping[str, TensorInfo],
@@ -148,6 +154,8 @@ def mark(
         tensors = [*index.data_inputs[node.name], *_outputs(node.name, infos)]
         reason, detail = _first_rule(node.name, node.op, tensors, infos, exclude, no_fuse,
                                      device_dtypes)
+        if node.op in _LOOP_OPS or node.op.startswith("TensorList"):
+            detail = f"{detail}; {_LOOP_HINT}" if detail else _LOOP_HINT
         forced = reason is None and (node.name in force or node.op in force)
         if reason is None and not forced and node.op not in supported_ops:
             reason = Reason.UNSUPPORTED_OP

@@ -4,8 +4,9 @@
 shapes set, so TensorFlow's own shape functions (including their partial
 constant evaluation of Shape -> StridedSlice -> Pack chains) give each
 output's static shape; `loops.refine` carries shapes through functional
-loops.  `batch_axes` infers twice, at the batch size and at the batch size + 1,
-and reads the batch axis off the difference.
+loops, `lists.pin` to the lists stacked after them (`tf.map_fn`).
+`batch_axes` infers twice, at the batch size and at the batch size + 1, and
+reads the batch axis off the difference.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.partition import loops
+from neuronish.partition import lists, loops
 from neuronish.partition.graph import PartitionError
 
 
@@ -113,7 +114,9 @@ def infer(
     infos = _import_shapes(patched, input_shapes)
     # Each round lets the shapes through one more loop of a chain of loops.
     for _ in range(_MAX_LOOP_ROUNDS):
-        if not loops.refine(patched, {k: v.shape for k, v in infos.items()}):
+        known = {k: v.shape for k, v in infos.items()}
+        refined = loops.refine(patched, known)
+        if not (lists.pin(patched, known) or refined):
             break
         infos = _import_shapes(patched, input_shapes)
     return infos

@@ -3,7 +3,17 @@
 Importing this package registers every kernel in `KERNELS`.
 """
 
-from . import array, conv, elementwise, image, linalg, pool, reduce, sequence  # noqa: F401,E501 (registers)
+from . import (  # noqa: F401 (registers)
+    array,
+    conv,
+    elementwise,
+    image,
+    linalg,
+    pool,
+    reduce,
+    sequence,
+    volume,
+)
 from .registry import KERNELS, Kernel, check_complete, evaluate, kernel
 
 check_complete()
