@@ -114,6 +114,11 @@ def _serving_function(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
 
     def serve(*args: tf.Tensor) -> dict[str, tf.Tensor]:
         input_map = {i.tensor: arg for i, arg in zip(signature.inputs, args, strict=True)}
+        # Lookup tables and other captured resources: the handles of the objects the new
+        # model keeps (module.resources), where the frozen graph has placeholders.
+        present = {n.name for n in graph_def.node}
+        input_map.update({r.tensor: tf.identity(r.owner.resource_handle)
+                          for r in signature.resources if r.tensor.rsplit(":", 1)[0] in present})
         # Asset paths: TensorFlow points them at wherever the model is loaded from.
         input_map.update({name: tf.identity(asset.asset_path) for name, asset in assets.items()})
         results = tf.graph_util.import_graph_def(
@@ -143,6 +148,7 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                                dir=parent)
     try:
         module = _CompiledModel()
+        module.resources = [r.owner for r in signature.resources]  # saved with the model
         # Splicing removes nodes other nodes may still name for colocation.
         drop_dangling_colocations(graph_def)
         # In place: a copy of a graph near 2 GiB would not fit twice in memory either.

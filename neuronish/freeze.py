@@ -53,6 +53,16 @@ class FrozenSignature:
     inputs: tuple[SignatureInput, ...]
     outputs: dict[str, str]           # output key -> tensor in the frozen graph
     tags: tuple[str, ...]
+    # Resources the signature captures that are not variables (lookup tables): the
+    # placeholder standing for each in the frozen graph, and the loaded object owning
+    # it, which the new SavedModel keeps (with its initializer) and feeds back in.
+    resources: tuple[CapturedResource, ...] = ()
+
+
+@dataclass(frozen=True)
+class CapturedResource:
+    tensor: str    # its placeholder in the frozen graph ("unknown:0")
+    owner: object  # the loaded trackable whose resource_handle it is
 
 
 def _tags_of(model_dir: str) -> list[list[str]]:
@@ -92,12 +102,21 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
                               f"{sorted(signatures)}")
     concrete = signatures[signature_def_key]
     what = f"signature {signature_def_key!r} of {model_dir}"
+    tables = concrete.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+    if tables:  # (TF2 tables are objects the SavedModel tracks: see _captured_resources)
+        raise SavedModelError(
+            f"{what} is a TF1 graph with lookup tables (initialized by "
+            f"{', '.join(sorted(op.name for op in tables)[:3])}): neuronish cannot carry a TF1 "
+            "table's initialization into the compiled model. Re-export the model with "
+            "TensorFlow 2 (tf.lookup tables or Keras StringLookup on a tf.Module / Keras "
+            "model, saved with tf.saved_model.save or model.export)")
     _refuse_variable_writes(concrete.graph.as_graph_def(), what)
     try:
         graph_def, input_names = _variables_to_constants(concrete)
     except (ValueError, tf.errors.InvalidArgumentError) as e:
         raise SavedModelError(f"{what} could not be frozen (its variables turned into "
                               f"constants): {e}") from None
+    resources = _captured_resources(loaded, concrete, set(input_names), what)
 
     # Signature functions take keyword arguments only; their placeholders come
     # in the flattened (key-sorted) order of the input signature, and so do the
@@ -128,7 +147,35 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     outputs = {k: _rename_ref(t, renamed) for k, t in outputs.items()}
     inputs = [SignatureInput(i.key, _rename_ref(i.tensor, renamed), i.shape, i.dtype)
               for i in inputs]
-    return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags))
+    resources = [CapturedResource(_rename_ref(r.tensor, renamed), r.owner) for r in resources]
+    return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags),
+                           tuple(resources))
+
+
+def _captured_resources(loaded: object, concrete: object, placeholders: set[str],
+                        what: str) -> list[CapturedResource]:
+    """The resources `concrete` captures that freezing left as placeholders (tables:
+    only variables become constants), each with the trackable of `loaded` owning it."""
+    from tensorflow.python.trackable.resource import CapturableResource
+
+    captured = concrete.captured_inputs
+    internal = concrete.inputs[len(concrete.inputs) - len(captured):]
+    wanted = [(t.name, handle) for t, handle in zip(internal, captured, strict=True)
+              if t.name in placeholders and handle.dtype == tf.resource]
+    if not wanted:
+        return []
+    owners = [obj for obj in tf.train.TrackableView(loaded).descendants()
+              if isinstance(obj, CapturableResource)]
+    found = []
+    for name, handle in wanted:
+        owner = next((o for o in owners if o.resource_handle is handle), None)
+        if owner is None:
+            raise SavedModelError(f"{what} reads a resource ({name}) that is neither a "
+                                  "variable nor a resource the SavedModel tracks (a lookup "
+                                  "table, say), so it cannot be carried into the compiled "
+                                  "model; track it on the exported object")
+        found.append(CapturedResource(name, owner))
+    return found
 
 
 class _ConverterData(convert_to_constants._FunctionConverterDataInEager):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import shutil
 import tempfile
@@ -148,10 +149,14 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
                                                   excluded)
         # Each executable is read once here, for its signature, core count and modelled
         # figures; it and its subgraph are handed to export as they are, never copied into
-        # a NodeDef (VGG16's are 553 MB each).
-        # Its constants (a copy of the weights: from_bytes copies them) are dropped at once,
-        # so that only one executable's are held at a time, never all the model's.
-        executables = [replace(from_bytes(r.executable), constants={}) for _, r in compiled]
+        # a NodeDef (VGG16's are 553 MB each). Its constants (views of the file) are not
+        # needed, and the pages the read mapped (the checksum reads them all) go back to
+        # the page cache, where export finds them to link: no weights stay in this process.
+        executables = []
+        for _, r in compiled:
+            executables.append(replace(from_bytes(r.executable), constants={}))
+            if isinstance(r.executable, mmap.mmap):
+                r.executable.madvise(mmap.MADV_DONTNEED)
         cores = [e.num_cores for e in executables]
         replacements, blobs = [], {}
         for (sg, result), exe in zip(compiled, executables, strict=True):

@@ -15,6 +15,7 @@ golden file. Layout (docs/executable-format.md):
 from __future__ import annotations
 
 import hashlib
+import mmap
 import struct
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -204,13 +205,123 @@ def _array(raw: dict) -> np.ndarray:
     return a.reshape(raw["shape"])
 
 
-def from_bytes(data: bytes) -> Executable:
+class _Unexpected(Exception):
+    """A body this module did not write the way it writes: msgpack itself reads it."""
+
+
+# Bytes after the type byte: fixed-size values, then (size of a length, what follows).
+_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8,
+          0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+_SIZED = {0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1),
+          0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0)}
+_CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
+
+
+def _header_of(buf: memoryview, pos: int) -> tuple[int, int, int]:
+    """(end of the object's header, bytes of payload after it, child objects) of the
+    msgpack object at `pos`."""
+    if pos >= len(buf):
+        raise _Unexpected
+    b = buf[pos]
+    if b <= 0x7F or b >= 0xE0:
+        return pos + 1, 0, 0
+    if b <= 0x8F:
+        return pos + 1, 0, 2 * (b & 0x0F)
+    if b <= 0x9F:
+        return pos + 1, 0, b & 0x0F
+    if b <= 0xBF:
+        return pos + 1, b & 0x1F, 0
+    if b in _FIXED:
+        return pos + 1, _FIXED[b], 0
+    if b in _SIZED:
+        width, extra = _SIZED[b]
+        return pos + 1 + width, int.from_bytes(buf[pos + 1:pos + 1 + width], "big") + extra, 0
+    if b in _CONTAINERS:
+        width, per = _CONTAINERS[b]
+        return pos + 1 + width, 0, per * int.from_bytes(buf[pos + 1:pos + 1 + width], "big")
+    raise _Unexpected  # 0xC1: never used
+
+
+def _skip(buf: memoryview, pos: int) -> int:
+    """Where the msgpack object at `pos` ends (its children included)."""
+    remaining = 1
+    while remaining:
+        pos, payload, children = _header_of(buf, pos)
+        pos += payload
+        if pos > len(buf):
+            raise _Unexpected
+        remaining += children - 1
+    return pos
+
+
+def _unpack(buf: memoryview) -> object:
+    return msgpack.unpackb(buf, raw=False, strict_map_key=False)
+
+
+def _unpack_body(body: memoryview) -> dict[str, Any]:
+    """`msgpack.unpackb(body)`, except that each constant's `data` is a view of `body`
+    instead of a copy (the weights: ~1 s per GB here). The body is walked as `_body_parts`
+    writes it; anything else is left to msgpack, so it is read (or refused) the same."""
+    try:
+        if not (0x80 <= body[0] <= 0x8F or body[0] in (0xDE, 0xDF)):  # a map
+            raise _Unexpected
+        pos, _, children = _header_of(body, 0)
+        out: dict[str, Any] = {}
+        for i in range(children // 2):
+            key_end = _skip(body, pos)
+            key = _unpack(body[pos:key_end])
+            if key != "constants":
+                end = _skip(body, key_end)
+                out[key] = _unpack(body[key_end:end])
+                pos = end
+                continue
+            out[key], pos = _constants(body, key_end)
+            left = children // 2 - i - 1  # the rest holds no weights: msgpack reads it
+            rest = _unpack(memoryview(bytes([0x80 | left]) + bytes(body[pos:]))) if left <= 15 \
+                else None
+            if not isinstance(rest, dict):
+                raise _Unexpected
+            out.update(rest)
+            return out
+        if pos != len(body):
+            raise _Unexpected
+        return out
+    except (_Unexpected, ValueError, TypeError, msgpack.UnpackException):
+        return _unpack(body)  # type: ignore[return-value]
+
+
+def _constants(body: memoryview, pos: int) -> tuple[list[dict], int]:
+    """The constants array at `pos` (each `data` a view) and where it ends."""
+    if not (0x90 <= body[pos] <= 0x9F or body[pos] in (0xDC, 0xDD)):  # an array
+        raise _Unexpected
+    pos, _, count = _header_of(body, pos)
+    constants = []
+    for _ in range(count):
+        if not (0x80 <= body[pos] <= 0x8F or body[pos] in (0xDE, 0xDF)):  # a map
+            raise _Unexpected
+        pos, _, fields = _header_of(body, pos)
+        constant: dict[str, Any] = {}
+        for _ in range(fields // 2):
+            key_end = _skip(body, pos)
+            key = _unpack(body[pos:key_end])
+            end = _skip(body, key_end)
+            if key == "data" and body[key_end] in (0xC4, 0xC5, 0xC6):
+                start, size, _ = _header_of(body, key_end)
+                constant[key] = body[start:start + size]
+            else:
+                constant[key] = _unpack(body[key_end:end])
+            pos = end
+        constants.append(constant)
+    return constants, pos
+
+
+def from_bytes(data: bytes | bytearray | memoryview | mmap.mmap) -> Executable:
     """Parse and validate an executable (header, body fields, and that its contents are
-    consistent: runtime/validate.py); raises ExecutableError, never crashes."""
+    consistent: runtime/validate.py); raises ExecutableError, never crashes. The
+    constants are read-only views of `data` (not copies), which must not change."""
     read_header(data)
     try:
-        body: dict[str, Any] = msgpack.unpackb(memoryview(data)[HEADER_SIZE:], raw=False,
-                                               strict_map_key=False)
+        body = _unpack_body(memoryview(data).toreadonly()[HEADER_SIZE:])
         exe = Executable(
             compiler=body["compiler"],
             inputs=[_sig_from_raw(s) for s in body["inputs"]],

@@ -301,6 +301,58 @@ def test_a_growing_tensor_array_is_not_given_its_reserved_length(tmp_path: Path)
                                    atol=1e-5)
 
 
+def test_a_lookup_table_is_carried_over_and_what_follows_it_compiles(tmp_path: Path) -> None:
+    """StringLookup's table is a resource, not a variable: freezing leaves a placeholder
+    for it, which the compiled model must feed (the table kept, with its initializer),
+    and the lookup's result has the keys' shape, so the embedding and the network
+    behind it compile with a dynamic batch."""
+    keras.utils.set_random_seed(5)
+    lookup = keras.layers.StringLookup(vocabulary=["red", "green", "blue"])
+    embedding = keras.layers.Embedding(4, 6)
+    network = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                                keras.layers.Dense(1, activation="sigmoid")])
+    module = tf.Module()
+    module.layers = [lookup, embedding, network]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="colour"),
+                                  tf.TensorSpec([None, 2], tf.float32, name="size")])
+    def serve(colour: tf.Tensor, size: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"p": network(tf.concat([embedding(lookup(colour)), size], axis=1))}
+
+    src = tmp_path / "src"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": serve})
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(str(src), str(out), batch_size=1)
+    assert list(report["OnTensorFlow"]) == ["LookupTableFindV2"], report["OnTensorFlow"]
+    (op,) = report["NeuronOps"]
+    assert op["dynamic_batch"] and op["op_counts"]["MatMul"] == 2
+    want = tf.saved_model.load(str(src)).signatures["serving_default"]
+    got = tf.saved_model.load(str(out)).signatures["serving_default"]
+    rng = np.random.default_rng(0)
+    for colours in (["green"], ["blue", "purple", "red"]):  # "purple": out of vocabulary
+        feeds = {"colour": tf.constant(colours),
+                 "size": tf.constant(rng.standard_normal((len(colours), 2)), tf.float32)}
+        np.testing.assert_allclose(got(**feeds)["p"].numpy(), want(**feeds)["p"].numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_a_tf1_graph_with_a_lookup_table_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        word = tf.compat.v1.placeholder(tf.string, [None], name="word")
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(["x", "y"], [1.0, 2.0]), 0.0)
+        y = table.lookup(word) * 2.0
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.tables_initializer())
+            tf.compat.v1.saved_model.simple_save(
+                session, str(tmp_path / "src"), {"word": word}, {"y": y},
+                legacy_init_op=tf.compat.v1.tables_initializer())
+    with pytest.raises(SavedModelError, match="TF1 graph with lookup tables .* Re-export"):
+        neuronish.saved_model.compile(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_flags_map_onto_compile_arguments(tmp_path: Path) -> None:
     src = two_signature_model(tmp_path / "src")
     out = tmp_path / "out"

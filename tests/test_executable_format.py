@@ -255,3 +255,31 @@ def test_streamed_writer_is_msgpacks_own_encoding(golden: bytes, tmp_path: Path)
         with open(path, "wb") as f:
             assert write(grown, f) == len(raw)
         assert path.read_bytes() == raw
+
+
+def test_constants_are_views_of_the_file_and_the_body_reads_as_msgpack_reads_it(
+        golden: bytes) -> None:
+    """The reader walks the body to take each constant's data as a view of the file's
+    bytes (no copy of the weights); it must read exactly what msgpack reads, for the
+    golden file and for bodies laid out otherwise (keys reordered, duplicated)."""
+    from neuronish.runtime.executable import _unpack_body
+
+    exe = from_bytes(golden)
+    assert all(not a.flags.writeable and not a.flags.owndata for a in exe.constants.values())
+    body = msgpack.unpackb(golden[HEADER_SIZE:], strict_map_key=False)
+
+    def same(raw: dict) -> None:
+        packed = msgpack.packb(raw, use_bin_type=True)
+        want = msgpack.unpackb(packed, strict_map_key=False)
+        got = _unpack_body(memoryview(packed))
+        got["constants"] = [{k: bytes(v) if isinstance(v, memoryview) else v
+                             for k, v in c.items()} for c in got["constants"]]
+        assert got == want
+
+    same(body)
+    same(dict(reversed(list(body.items()))))
+    same({**body, "constants": body["constants"] * 20})  # an array16 of them
+    same({"constants": [], **body, "extra": list(range(20))})
+    bad = msgpack.packb(body, use_bin_type=True) + b"\x00"  # trailing bytes: msgpack refuses
+    with pytest.raises(msgpack.ExtraData):
+        _unpack_body(memoryview(bad))

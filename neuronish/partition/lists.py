@@ -139,13 +139,20 @@ def _replace_with_fill(graph_def: graph_pb2.GraphDef, stack: node_def_pb2.NodeDe
     dims.attr["N"].i = 1 + len(item_shape)
     dims.attr["T"].type = tf.int32.as_datatype_enum
     dims.attr["axis"].i = 0
-    zero = graph_def.node.add(name=f"{stack.name}/neuronish_zero", op="Const")
-    dtype = tf.as_dtype(_item_dtype(stack))
+    replace_with_fill(graph_def, stack, dims.name, tf.as_dtype(_item_dtype(stack)))
+
+
+def replace_with_fill(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef, dims: str,
+                      dtype: tf.DType) -> None:
+    """Turn `node` (in place, keeping its name) into `Fill(dims, zero of dtype)`: a node of
+    the shape `dims` holds, for shape inference to see (its value is never used)."""
+    zero = graph_def.node.add(name=f"{node.name}/neuronish_zero", op="Const")
     zero.attr["dtype"].type = dtype.as_datatype_enum
-    zero.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, dtype))
-    name = stack.name
-    stack.Clear()
-    stack.name, stack.op = name, "Fill"
-    stack.input.extend([dims.name, zero.name])
-    stack.attr["T"].type = dtype.as_datatype_enum
-    stack.attr["index_type"].type = tf.int32.as_datatype_enum
+    value = b"" if dtype == tf.string else False if dtype == tf.bool else 0
+    zero.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype))
+    name = node.name
+    node.Clear()
+    node.name, node.op = name, "Fill"
+    node.input.extend([dims, zero.name])
+    node.attr["T"].type = dtype.as_datatype_enum
+    node.attr["index_type"].type = tf.int32.as_datatype_enum

@@ -4,7 +4,8 @@
 shapes set, so TensorFlow's own shape functions (including their partial
 constant evaluation of Shape -> StridedSlice -> Pack chains) give each
 output's static shape; `loops.refine` carries shapes through functional
-loops, `lists.pin` to the lists stacked after them (`tf.map_fn`).
+loops, `lists.pin` to the lists stacked after them (`tf.map_fn`), and
+`tables.stand_in` to the results of table lookups.
 `batch_axes` infers twice, at the batch size and at the batch size + 1, and
 reads the batch axis off the difference.
 """
@@ -18,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.partition import lists, loops
+from neuronish.partition import lists, loops, tables
 from neuronish.partition.graph import PartitionError
 
 
@@ -101,6 +102,7 @@ def infer(
     Placeholder, or a graph TensorFlow cannot import.
     """
     patched = _light_copy(graph_def)
+    tables.stand_in(patched)
     inputs = _input_names(graph_def)  # not the weights _light_copy made Placeholders
     placeholders = {n.name: n for n in patched.node if n.name in inputs}
     for key, shape in input_shapes.items():
