@@ -102,6 +102,14 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
                               f"{sorted(signatures)}")
     concrete = signatures[signature_def_key]
     what = f"signature {signature_def_key!r} of {model_dir}"
+    tables = concrete.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+    if tables:  # (TF2 tables are objects the SavedModel tracks: see _captured_resources)
+        raise SavedModelError(
+            f"{what} is a TF1 graph with lookup tables (initialized by "
+            f"{', '.join(sorted(op.name for op in tables)[:3])}): neuronish cannot carry a TF1 "
+            "table's initialization into the compiled model. Re-export the model with "
+            "TensorFlow 2 (tf.lookup tables or Keras StringLookup on a tf.Module / Keras "
+            "model, saved with tf.saved_model.save or model.export)")
     _refuse_variable_writes(concrete.graph.as_graph_def(), what)
     try:
         graph_def, input_names = _variables_to_constants(concrete)

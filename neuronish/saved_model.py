@@ -42,6 +42,7 @@ from .input_shapes import batch_of, compile_shapes
 from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .partition.graph import GraphIndex
+from .partition.unroll import unroll_loops
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 
@@ -86,8 +87,10 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
         raise SavedModelError(f"batch_size must be >= 1, got {batch_size}")
     signature = freeze_signature(model_dir, signature_def_key, tags)
     shapes = compile_shapes(signature, batch_size, model_shape_feed_dict, model_feed_dict)
-    graph_def = signature.graph_def
     fetches = list(signature.outputs.values())
+    # Loops whose trip count the shapes fix run unrolled (the device has no loops).
+    signature = replace(signature, graph_def=unroll_loops(signature.graph_def, shapes, fetches))
+    graph_def = signature.graph_def
 
     with _scratch_dir(new_model_dir) as scratch:
         cache, cache_stats = CompileCache.from_env(), CacheStats()

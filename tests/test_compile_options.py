@@ -336,6 +336,23 @@ def test_a_lookup_table_is_carried_over_and_what_follows_it_compiles(tmp_path: P
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_a_tf1_graph_with_a_lookup_table_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        word = tf.compat.v1.placeholder(tf.string, [None], name="word")
+        table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(["x", "y"], [1.0, 2.0]), 0.0)
+        y = table.lookup(word) * 2.0
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.tables_initializer())
+            tf.compat.v1.saved_model.simple_save(
+                session, str(tmp_path / "src"), {"word": word}, {"y": y},
+                legacy_init_op=tf.compat.v1.tables_initializer())
+    with pytest.raises(SavedModelError, match="TF1 graph with lookup tables .* Re-export"):
+        neuronish.saved_model.compile(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_flags_map_onto_compile_arguments(tmp_path: Path) -> None:
     src = two_signature_model(tmp_path / "src")
     out = tmp_path / "out"
