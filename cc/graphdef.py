@@ -269,7 +269,8 @@ def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+def wire_fields(buf: memoryview, start: int, end: int
+                ) -> Iterator[tuple[int, int, int, int, int]]:
     """(field number, wire type, start of the tag, start of the value, end) of each field
     of the message in buf[start:end]; a length-delimited value starts after its length."""
     pos = start
@@ -300,7 +301,7 @@ class _Unusual(Exception):
     """Wire features this reader leaves to protobuf (groups)."""
 
 
-def _encode_varint(n: int) -> bytes:
+def encode_varint(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -310,14 +311,14 @@ def _encode_varint(n: int) -> bytes:
 
 
 def _submessage(field: int, body: bytes) -> bytes:
-    return _encode_varint(field << 3 | 2) + _encode_varint(len(body)) + body
+    return encode_varint(field << 3 | 2) + encode_varint(len(body)) + body
 
 
 def _parse_binary(buf: memoryview) -> list[tuple[pb.NodeDef, dict[str, memoryview]]]:
     """Each node with the `tensor_content` views cut out of it (by attribute key)."""
     try:
         nodes, rest = [], bytearray()
-        for number, wire, tag, start, end in _fields(buf, 0, len(buf)):
+        for number, wire, tag, start, end in wire_fields(buf, 0, len(buf)):
             if number == _NODE and wire == 2:
                 if end - start < _CUT_NODES_FROM:
                     nodes.append((pb.NodeDef.FromString(buf[start:end]), {}))
@@ -341,20 +342,20 @@ def _cut_node(buf: memoryview, start: int, end: int, contents: dict[str, memoryv
     which go to `contents` (a later map entry for a key replaces an earlier one, and a
     later tensor_content an earlier one, as protobuf's parser does)."""
     out = bytearray()
-    for number, wire, tag, vstart, vend in _fields(buf, start, end):
+    for number, wire, tag, vstart, vend in wire_fields(buf, start, end):
         if number != _ATTR or wire != 2:
             out += buf[tag:vend]
             continue
         key, entry, content = "", bytearray(), None
-        for f, w, t, s, e in _fields(buf, vstart, vend):
+        for f, w, t, s, e in wire_fields(buf, vstart, vend):
             if f == _ENTRY_KEY and w == 2:
                 key = bytes(buf[s:e]).decode("utf-8", "replace")
             if f == _ENTRY_VALUE and w == 2:
                 value = bytearray()
-                for f2, w2, t2, s2, e2 in _fields(buf, s, e):
+                for f2, w2, t2, s2, e2 in wire_fields(buf, s, e):
                     if f2 == _ATTR_TENSOR and w2 == 2:
                         tensor = bytearray()
-                        for f3, w3, t3, s3, e3 in _fields(buf, s2, e2):
+                        for f3, w3, t3, s3, e3 in wire_fields(buf, s2, e2):
                             if f3 == _TENSOR_CONTENT and w3 == 2:
                                 content = buf[s3:e3]
                             else:

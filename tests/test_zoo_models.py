@@ -5,8 +5,9 @@ EfficientNet's swish returns an IdentityN beside the batch; the keras_hub backbo
 BERT- and GPT-2-style text models with integer inputs and masks, a Llama-style decoder
 (rotary embeddings: sin, cos), Swin (rolled windows, slice updates) and Mixtral (top-k
 routing). The user models (`models/user_models.py`) bring a dilated causal Conv1D (run
-by TF through SpaceToBatchND), transposed convolutions, and Keras' causal attention mask
-(a cumsum)."""
+by TF through SpaceToBatchND), transposed convolutions, Keras' causal attention mask
+(a cumsum), and LSTM, GRU (a bidirectional one) as `tf.while_loop`s, which the compile
+unrolls, and with `unroll=True`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from tests.test_saved_model_compile import run_in_fresh_process
 MODELS = [pytest.param("bert_tiny"), pytest.param("gpt2_tiny"), pytest.param("llama_tiny"),
           pytest.param("mixtral_tiny"), pytest.param("swin_tiny"),
           pytest.param("keras_conv1d"), pytest.param("keras_conv_transpose"),
-          pytest.param("keras_text_classifier"),
+          pytest.param("keras_text_classifier"), pytest.param("keras_rnn_loop"),
+          pytest.param("keras_rnn_unrolled"),
           pytest.param("EfficientNetB0", marks=pytest.mark.slow),
           pytest.param("ConvNeXtTiny", marks=pytest.mark.slow)]
 BATCHES = (1, 3)
@@ -51,16 +53,3 @@ def test_third_party_model_compiles_whole_and_matches(name: str, tmp_path: Path)
             assert g.shape == w.shape and g.dtype == w.dtype, (batch, key, g.shape, w.shape)
             err = np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30)
             assert err <= 1e-4, f"batch {batch} {key}: relative error {err:.2e}"
-
-
-def test_a_keras_rnn_loop_stays_on_tensorflow_saying_how_to_unroll_it(tmp_path: Path) -> None:
-    src = cached_saved_model("keras_rnn_loop")  # LSTM and GRU without unroll=True
-    report = neuronish.saved_model.compile(src, str(tmp_path / "compiled"), batch_size=1)
-    loops = {n: why for n, why in report["OnTensorFlowNodes"].items() if n.endswith("/while")}
-    assert loops and all("unroll=True" in why for why in loops.values()), loops
-
-
-def test_a_keras_rnn_unrolled_compiles_whole(tmp_path: Path) -> None:
-    report = neuronish.saved_model.compile(cached_saved_model("keras_rnn_unrolled"),
-                                           str(tmp_path / "compiled"), batch_size=1)
-    assert report["OnNeuronRatio"] == 1.0 and len(report["NeuronOps"]) == 1

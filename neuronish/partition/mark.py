@@ -112,9 +112,10 @@ def _is_stateful(op: str) -> bool:
 
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile"})
-_LOOP_HINT = ("a loop (tf.while_loop and its TensorLists, as Keras LSTM, GRU and SimpleRNN "
-              "run): the device runs no loops, so it stays on TensorFlow; for a fixed sequence "
-              "length build the Keras RNN layer with unroll=True and it compiles whole")
+_LOOP_HINT = ("a loop (tf.while_loop and its TensorLists) whose trip count the input shapes do "
+              "not fix, or that partition/unroll.py could not rewrite: the device runs no "
+              "loops, so it stays on TensorFlow (loops of a fixed count, as Keras LSTM, GRU "
+              "and SimpleRNN over fixed-length sequences, are unrolled and compile whole)")
 
 
 def mark(

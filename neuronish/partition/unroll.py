@@ -1,0 +1,345 @@
+"""Unroll loops whose trip count is fixed by shapes (Keras LSTM, GRU, SimpleRNN).
+
+The device runs no loops. A functional `While` (what `tf.while_loop` and Keras RNN layers
+without `unroll=True` leave in a frozen graph) whose condition reads only values fixed by
+constants and tensor shapes runs the same number of times for every input of the compile
+shape. Such a loop is replaced by that many copies of its body, each reading the previous
+copy's loop variables, and a `IdentityN` of the same name passing on the last ones. The
+TensorLists the loop reads and writes (a TensorArray over time steps) then become plain
+tensors: `TensorListFromTensor` + `TensorListGetItem(i)` a `GatherV2` of row i,
+`TensorListReserve` + `TensorListSetItem(i)` + `TensorListStack` a `Pack` of the items.
+
+Anything this cannot prove or rewrite (a trip count that depends on the data, more than
+`MAX_STEPS` iterations, a TensorList used otherwise, a body TensorFlow cannot rebuild)
+leaves the graph as it was: the loop stays on TensorFlow and the report says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+
+from neuronish.contracts import INPUT_OPS
+from neuronish.partition.graph import GraphIndex, producer
+from neuronish.partition.shapes import batched_inputs
+from neuronish.partition.values import static_values
+
+LOOP_OPS = frozenset({"While", "StatelessWhile"})
+MAX_STEPS = 512
+
+
+class _CannotUnroll(Exception):
+    pass
+
+
+def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
+                 fetches: Sequence[str] = ()) -> graph_pb2.GraphDef:
+    """`graph_def` with every loop of a shape-fixed trip count unrolled (a new GraphDef),
+    or `graph_def` itself when there is none or any step fails. `input_shapes` are the
+    compile shapes of the Placeholders (by name or "name:0"); `fetches` the tensors the
+    caller reads, kept whatever happens around them."""
+    if not any(n.op in LOOP_OPS for n in graph_def.node):
+        return graph_def
+    try:
+        out = graph_pb2.GraphDef()
+        out.CopyFrom(graph_def)
+        for _ in range(8):  # loops inside loop bodies surface one level per round
+            loops = [n for n in out.node if n.op in LOOP_OPS]
+            if not loops:
+                break
+            trips = _trip_counts(out, loops, input_shapes)
+            cond_reads = []
+            for node in loops:
+                cond_reads += _unroll(out, node.name, trips[node.name])
+            _check_fixed(out, cond_reads)
+            _lists_to_tensors(out, input_shapes)
+            _bypass(out, {n.name for n in loops} - {producer(_canonical(f)) for f in fetches})
+            _drop_dead(out, fetches)
+        if any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in out.node):
+            return graph_def
+        return out
+    except _CannotUnroll:
+        return graph_def
+
+
+# --- running the graph at the compile shapes -------------------------------------------------
+
+def _evaluate(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
+              tensors: list[str], seed: int) -> list[np.ndarray]:
+    """The values of `tensors` with every input random at its compile shape."""
+    rng = np.random.default_rng(seed)
+    shapes = {k[:-2] if k.endswith(":0") else k: v for k, v in input_shapes.items()}
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        feeds = {}
+        for node in graph_def.node:
+            if node.op not in INPUT_OPS or node.name not in shapes:
+                continue
+            dtype = tf.as_dtype(node.attr["dtype"].type)
+            shape = shapes[node.name]
+            value = rng.integers(0, 2, shape) if dtype.is_integer or dtype.is_bool else \
+                rng.standard_normal(shape)
+            feeds[f"{node.name}:0"] = value.astype(dtype.as_numpy_dtype)
+        with tf.compat.v1.Session(graph=graph) as session:
+            try:
+                return session.run(tensors, feeds)
+            except (tf.errors.OpError, ValueError) as e:
+                raise _CannotUnroll(str(e)) from None
+
+
+def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
+                 input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Iterations of each loop (its loop counter, output 0, at the end): the same for two
+    different inputs, one a batch larger (the compiled program serves every batch), and at
+    most MAX_STEPS."""
+    counters = [f"{n.name}:0" for n in loops]
+    batched = batched_inputs(graph_def)
+    bigger = {k: [d + 1 if i == 0 and (k[:-2] if k.endswith(":0") else k) in batched else d
+                  for i, d in enumerate(v)] for k, v in input_shapes.items()}
+    first = _evaluate(graph_def, input_shapes, counters, seed=1)
+    second = _evaluate(graph_def, bigger, counters, seed=2)
+    trips = {}
+    for node, a, b in zip(loops, first, second):
+        if a.shape != () or int(a) != int(b) or not 0 <= int(a) <= MAX_STEPS:
+            raise _CannotUnroll(f"{node.name} runs {a} / {b} times")
+        trips[node.name] = int(a)
+    return trips
+
+
+def _check_fixed(graph_def: graph_pb2.GraphDef, tensors: list[str]) -> None:
+    """Every tensor in `tensors` is computed from constants and shapes only."""
+    static = static_values(GraphIndex.build(graph_def))
+    fixed = static.constant | static.shape
+    for t in tensors:
+        if producer(t) not in fixed:
+            raise _CannotUnroll(f"the loop condition reads {t}, computed from data")
+
+
+# --- copying the body ------------------------------------------------------------------------
+
+def _function(graph_def: graph_pb2.GraphDef, name: str) -> object:
+    for f in graph_def.library.function:
+        if f.signature.name == name:
+            return f
+    raise _CannotUnroll(f"function {name} is not in the graph's library")
+
+
+def _cond_args(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> list[int]:
+    """Which loop variables the loop's condition reads (positions)."""
+    cond = _function(graph_def, node.attr["cond"].func.name)
+    cond_graph, flat = function_def_to_graph_def(cond)
+    by_name = {n.name: n for n in cond_graph.node}
+    stack = [producer(flat[cond.ret[a.name]]) for a in cond.signature.output_arg]
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        stack.extend(producer(_canonical(i.lstrip("^"))) for i in by_name[name].input)
+    return [k for k, a in enumerate(cond.signature.input_arg) if a.name in seen]
+
+
+def _unroll(graph_def: graph_pb2.GraphDef, loop: str, trips: int) -> list[str]:
+    """Replace node `loop` by `trips` copies of its body and an IdentityN of its name;
+    returns the tensors the condition read at each step (they must be fixed)."""
+    position = next(i for i, n in enumerate(graph_def.node) if n.name == loop)
+    node = graph_def.node[position]
+    body = _function(graph_def, node.attr["body"].func.name)
+    body_graph, flat = function_def_to_graph_def(body)
+    args = [a.name for a in body.signature.input_arg]
+    results = [flat[body.ret[a.name]] for a in body.signature.output_arg]
+    values = [i for i in node.input if not i.startswith("^")]
+    controls = [i for i in node.input if i.startswith("^")]
+    if len(values) != len(args) or len(results) != len(args):
+        raise _CannotUnroll(f"{loop}: {len(values)} loop variables, body takes {len(args)}")
+    cond_args = _cond_args(graph_def, node)
+    cond_reads = []
+    copies = []
+    for step in range(trips + 1):
+        cond_reads.extend(values[k] for k in cond_args)
+        if step == trips:
+            break
+        prefix = f"{loop}/unrolled_{step}/"
+        bound = dict(zip(args, values))
+        for inner in body_graph.node:
+            if inner.name in bound:
+                continue
+            copy = node_def_pb2.NodeDef()
+            copy.CopyFrom(inner)
+            copy.name = prefix + inner.name
+            del copy.input[:]
+            for ref in inner.input:
+                copy.input.append(_rename(ref, bound, prefix))
+            if "_class" in copy.attr:  # colocations name the body's own nodes
+                del copy.attr["_class"]
+            if step == 0 and not inner.input:
+                copy.input.extend(controls)  # the loop's control inputs gate its first step
+            copies.append(copy)
+        values = [_rename(r, bound, prefix) for r in results]
+    passthrough = node_def_pb2.NodeDef(name=loop, op="IdentityN")
+    passthrough.input.extend(values)
+    if trips == 0:
+        passthrough.input.extend(controls)
+    passthrough.attr["T"].CopyFrom(node.attr["T"])
+    del graph_def.node[position]
+    graph_def.node.extend(copies)
+    graph_def.node.append(passthrough)
+    return cond_reads
+
+
+def _rename(ref: str, bound: Mapping[str, str], prefix: str) -> str:
+    control = ref.startswith("^")
+    name = ref[1:] if control else ref
+    node, _, index = name.partition(":")
+    if node in bound:
+        target = bound[node]
+        return "^" + producer(target) if control else target
+    return ("^" if control else "") + prefix + name
+
+
+# --- TensorLists to tensors ------------------------------------------------------------------
+
+def _lists_to_tensors(graph_def: graph_pb2.GraphDef,
+                      input_shapes: Mapping[str, Sequence[int]]) -> None:
+    """Rewrite the TensorList ops of straight-line code into GatherV2, Pack and Identity,
+    following each list from where it is made to where it is read."""
+    index = GraphIndex.build(graph_def)
+    order = [index.nodes[n] for n in index.order]
+    list_ops = [n for n in order if n.op.startswith("TensorList")]
+    if not list_ops:
+        return
+    # Positions and sizes must be fixed by constants and shapes, like the trip count.
+    static = static_values(index)
+    fixed = static.constant | static.shape
+    needed = {}
+    for n in list_ops:
+        for k in {"TensorListGetItem": [1], "TensorListSetItem": [1],
+                  "TensorListReserve": [1]}.get(n.op, []):
+            tensor = _canonical(n.input[k])
+            if producer(tensor) not in fixed:
+                raise _CannotUnroll(f"{n.name} reads position {tensor}, computed from data")
+            needed[tensor] = None
+    names = list(needed)
+    known = dict(zip(names, (int(np.asarray(v).reshape(())) for v in
+                             _evaluate(graph_def, input_shapes, names, seed=1))))
+    lists: dict[str, tuple[str, object]] = {}  # variant tensor -> ("rows", t) | ("items", [..])
+    for n in order:
+        refs = [_canonical(i) for i in n.input if not i.startswith("^")]
+        if n.op == "TensorListFromTensor":
+            lists[f"{n.name}:0"] = ("rows", refs[0])
+        elif n.op == "TensorListReserve":
+            lists[f"{n.name}:0"] = ("items", [None] * known[refs[1]])
+        elif n.op in ("Identity", "IdentityN"):
+            for k, ref in enumerate(refs):
+                if ref in lists:
+                    lists[f"{n.name}:{k}"] = lists[ref]
+        elif n.op == "TensorListSetItem":
+            kind, items = _list(lists, refs[0], n)
+            if kind != "items":
+                raise _CannotUnroll(f"{n.name} writes into a list made from a tensor")
+            items = list(items)
+            position = known[refs[1]]
+            if not 0 <= position < len(items):
+                raise _CannotUnroll(f"{n.name} writes position {position} of {len(items)}")
+            items[position] = refs[2]
+            lists[f"{n.name}:0"] = ("items", items)
+        elif n.op == "TensorListGetItem":
+            kind, value = _list(lists, refs[0], n)
+            position = known[refs[1]]
+            if kind == "rows":
+                int32 = tf.int32.as_datatype_enum
+                _replace(n, "GatherV2", [value, _const(graph_def, n.name + "/position",
+                                                       position),
+                                         _const(graph_def, n.name + "/axis", 0)],
+                         {"Tparams": n.attr["element_dtype"].type, "Tindices": int32,
+                          "Taxis": int32}, {"batch_dims": 0})
+            else:
+                if value[position] is None:
+                    raise _CannotUnroll(f"{n.name} reads position {position}, never written")
+                _replace(n, "Identity", [value[position]], {"T": n.attr["element_dtype"].type})
+        elif n.op == "TensorListStack":
+            kind, value = _list(lists, refs[0], n)
+            if kind == "rows":
+                _replace(n, "Identity", [value], {"T": n.attr["element_dtype"].type})
+            elif None in value or not value:
+                raise _CannotUnroll(f"{n.name} stacks a list with unwritten positions")
+            else:
+                _replace(n, "Pack", list(value), {"T": n.attr["element_dtype"].type},
+                         {"N": len(value), "axis": 0})
+        elif n.op.startswith("TensorList"):
+            raise _CannotUnroll(f"{n.name}: {n.op} is not rewritten")
+        elif any(r in lists for r in refs) and n.op not in ("Identity", "IdentityN"):
+            raise _CannotUnroll(f"{n.name} ({n.op}) reads a TensorList")
+
+
+def _canonical(ref: str) -> str:
+    return ref if ":" in ref else f"{ref}:0"
+
+
+def _list(lists: Mapping[str, tuple[str, object]], ref: str,
+          node: node_def_pb2.NodeDef) -> tuple[str, object]:
+    if ref not in lists:
+        raise _CannotUnroll(f"{node.name} reads a TensorList this cannot follow ({ref})")
+    return lists[ref]
+
+
+def _const(graph_def: graph_pb2.GraphDef, name: str, value: int) -> str:
+    node = graph_def.node.add(name=name, op="Const")
+    node.attr["dtype"].type = tf.int32.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.int32(value)))
+    return f"{name}:0"
+
+
+def _replace(node: node_def_pb2.NodeDef, op: str, inputs: list[str],
+             types: Mapping[str, int], ints: Mapping[str, int] | None = None) -> None:
+    """Turn `node` into `op` over `inputs` (its control inputs kept), with dtype
+    attributes `types` (enums) and integer attributes `ints`."""
+    controls = [i for i in node.input if i.startswith("^")]
+    name = node.name
+    node.Clear()
+    node.name, node.op = name, op
+    node.input.extend([*inputs, *controls])
+    for key, value in types.items():
+        node.attr[key].type = value
+    for key, value in (ints or {}).items():
+        node.attr[key].i = value
+
+
+def _bypass(graph_def: graph_pb2.GraphDef, passthroughs: set[str]) -> None:
+    """Readers of the IdentityN that replaced a loop read its inputs instead, so the lists
+    it passed on are read by nothing (and `_drop_dead` removes them)."""
+    sources = {n.name: list(n.input) for n in graph_def.node if n.name in passthroughs}
+    for node in graph_def.node:
+        rewired = []
+        for ref in node.input:
+            name = ref.lstrip("^")
+            source, _, k = name.partition(":")
+            if source not in sources:
+                rewired.append(ref)
+            elif ref.startswith("^"):
+                continue  # the unrolled steps have no side effects to wait for
+            else:
+                rewired.append(sources[source][int(k or 0)])
+        del node.input[:]
+        node.input.extend(dict.fromkeys(rewired))
+
+
+def _drop_dead(graph_def: graph_pb2.GraphDef, fetches: Sequence[str]) -> None:
+    """Remove nodes nothing reads any more (the lists, the replaced loop's leftovers),
+    keeping inputs and fetched nodes."""
+    keep = {producer(_canonical(f)) for f in fetches}
+    while True:
+        read = {producer(_canonical(i[1:] if i.startswith("^") else i))
+                for n in graph_def.node for i in n.input}
+        dead = [i for i, n in enumerate(graph_def.node)
+                if n.name not in read and n.name not in keep and n.op not in INPUT_OPS]
+        if not dead or not keep:
+            return
+        for i in reversed(dead):
+            del graph_def.node[i]
