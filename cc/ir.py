@@ -9,6 +9,7 @@ came from (`origin`) so errors and profiles can point back at the model.
 from __future__ import annotations
 
 import itertools
+import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -70,13 +71,19 @@ def constant(array: np.ndarray, name: str = "") -> Value:
 
 
 def _immutable(array: np.ndarray) -> bool:
-    """Whether nothing can change `array`'s contents: a read-only view of `bytes` (a
-    GraphDef constant); copying those cost a second copy of every weight."""
+    """Whether nothing can change `array`'s contents: a read-only view of `bytes` or of a
+    read-only file mapping (a GraphDef constant); copying those cost a second copy of
+    every weight."""
     base = array
     while isinstance(base, np.ndarray):
         if base.flags.writeable:
             return False
         base = base.base
+    if isinstance(base, memoryview) and base.readonly:
+        base = base.obj
+    if isinstance(base, mmap.mmap):  # mapped with ACCESS_READ: nothing can write it
+        with memoryview(base) as view:
+            return view.readonly
     return isinstance(base, bytes)
 
 

@@ -18,7 +18,6 @@ The stages, each its own module:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import mmap
 import os
 import shutil
@@ -42,10 +41,10 @@ from .freeze import freeze_signature
 from .input_shapes import batch_of, compile_shapes
 from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
-from .partition.encapsulate import Subgraph, graph_def_parts
 from .partition.graph import GraphIndex
 from .partition.unroll import unroll_loops
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
+from .subgraph_files import hold_constants, release_constants, write_subgraph
 
 
 def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
@@ -103,6 +102,9 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
         # would refuse, so the recovery rounds below are the rare path.
         support = compiler_support(graph_def)
         index = GraphIndex.build(graph_def)
+        # Subgraphs built without copies of the large constants, written with them
+        # (subgraph_files.py); verification runs the subgraphs in memory, so not then.
+        held = {} if verify else hold_constants(index)
         for round_ in range(MAX_RECOVERY_ROUNDS):
             part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
                              batch_size=batch_of(shapes, batch_size),
@@ -119,8 +121,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
             # Each subgraph is written to its file once, streamed (no copy of the weights
             # held whole): the compiler reads it, and export links it into assets/.
-            graphs.update({digests[sg.name]: _write_subgraph(sg, scratch, digests[sg.name])
-                           for sg in todo})
+            graphs.update({digests[sg.name]: write_subgraph(
+                sg, os.path.join(scratch, digests[sg.name] + ".pb"), held) for sg in todo})
             jobs = [CompileJob(sg.name, Path(graphs[digests[sg.name]].path), sg.io_config,
                                tuple(compiler_args)) for sg in todo]
             workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
@@ -138,6 +140,7 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             raise SubgraphCompileError(
                 f"compiler recovery did not converge after {MAX_RECOVERY_ROUNDS} rounds; the "
                 f"last failures: {failures[-3:]}. Pass no_fuse_ops=[...] for the nodes named")
+        release_constants(index, held)
 
         compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
         compiled = [(sg, r) for sg, r in compiled if r.ok]
@@ -205,19 +208,6 @@ def _scratch_dir(new_model_dir: str) -> Iterator[str]:
         yield scratch
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _write_subgraph(sg: Subgraph, directory: str, name: str) -> BlobFile:
-    """Serialize `sg.graph_def` to `directory/<name>.pb` piece by piece (its bytes are
-    `sg.serialize()`'s), hashing as it goes; the file export needs."""
-    path = os.path.join(directory, name + ".pb")
-    digest, size = hashlib.sha256(), 0
-    with open(path, "wb") as f:
-        for part in graph_def_parts(sg.graph_def):
-            digest.update(part)
-            f.write(part)
-            size += len(part)
-    return BlobFile(path, size, digest.hexdigest())
 
 
 def _check_dirs(model_dir: str, new_model_dir: str) -> None:

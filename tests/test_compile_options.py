@@ -336,6 +336,45 @@ def test_a_lookup_table_is_carried_over_and_what_follows_it_compiles(tmp_path: P
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_a_text_model_compiles_what_follows_its_tokenizer(tmp_path: Path) -> None:
+    """Keras TextVectorization (split, lookup, ragged to dense) on raw strings: the
+    tokenizer stays on TensorFlow, the embedding and the network behind it compile,
+    batched (the row count of the split is the batch)."""
+    keras.utils.set_random_seed(2)
+    vectorize = keras.layers.TextVectorization(max_tokens=40, output_sequence_length=6)
+    vectorize.adapt(["the cat sat on the mat", "a dog ran home", "birds fly far away"])
+    text = keras.Input((), dtype="string", name="text")
+    hidden = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(40, 8)(
+        vectorize(text)))
+    model = keras.Model(text, keras.layers.Dense(2)(keras.layers.Dense(8, "relu")(hidden)))
+    src = str(tmp_path / "src")
+    model.export(src)
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(src, str(out), batch_size=1)
+    (op,) = report["NeuronOps"]
+    assert op["dynamic_batch"] and op["op_counts"]["MatMul"] == 2, op["op_counts"]
+    assert "GatherV2" in op["op_counts"] and "StringSplitV2" in report["OnTensorFlow"]
+    want = tf.saved_model.load(src).signatures["serving_default"]
+    got = tf.saved_model.load(str(out)).signatures["serving_default"]
+    for texts in (["the dog sat"], ["a cat", "unknown words only", "far far away home"]):
+        feeds = {"text": tf.constant(texts)}
+        (key,) = want(**feeds)
+        np.testing.assert_allclose(got(**feeds)[key].numpy(), want(**feeds)[key].numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_a_random_augmentation_layer_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    """Keras' RandomFlip flips at serving time too, by a seed variable it advances on
+    every call: frozen, it would flip the same way forever."""
+    image = keras.Input((8, 8, 3), name="image")
+    flipped = keras.layers.RandomFlip()(image)
+    model = keras.Model(image, keras.layers.Dense(2)(keras.layers.Flatten()(flipped)))
+    model.export(str(tmp_path / "src"))
+    with pytest.raises(SavedModelError, match="random_flip.*writes a variable.*without them"):
+        neuronish.saved_model.compile(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_tf1_graph_with_a_lookup_table_is_refused_saying_what_to_do(tmp_path: Path) -> None:
     graph = tf.Graph()
     with graph.as_default():

@@ -94,6 +94,7 @@ def _big_graph() -> tf.compat.v1.GraphDef:
 
 def test_large_constants_are_views_of_the_file_and_equal_tensorflows(tmp_path: Path) -> None:
     from neuronish.cc.graphdef import TensorValue, load_graph_def
+    from neuronish.cc.ir import constant
 
     gd = _big_graph()
     path = tmp_path / "g.pb"
@@ -109,6 +110,9 @@ def test_large_constants_are_views_of_the_file_and_equal_tensorflows(tmp_path: P
             got = tensor_to_numpy(by_name[name].attr["value"])
             assert got.dtype == want.dtype and not got.flags.writeable
             np.testing.assert_array_equal(got, want)
+        # The compiler's IR takes the views as they are (immutable: no copy of the weights).
+        weights = tensor_to_numpy(by_name["w"].attr["value"])
+        assert np.shares_memory(constant(weights).data, weights)
 
 
 def test_cut_nodes_follow_protobufs_last_one_wins() -> None:

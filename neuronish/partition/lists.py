@@ -143,7 +143,7 @@ def _replace_with_fill(graph_def: graph_pb2.GraphDef, stack: node_def_pb2.NodeDe
 
 
 def replace_with_fill(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef, dims: str,
-                      dtype: tf.DType) -> None:
+                      dtype: tf.DType, index_type: tf.DType = tf.int32) -> None:
     """Turn `node` (in place, keeping its name) into `Fill(dims, zero of dtype)`: a node of
     the shape `dims` holds, for shape inference to see (its value is never used)."""
     zero = graph_def.node.add(name=f"{node.name}/neuronish_zero", op="Const")
@@ -155,4 +155,4 @@ def replace_with_fill(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
     node.name, node.op = name, "Fill"
     node.input.extend([dims, zero.name])
     node.attr["T"].type = dtype.as_datatype_enum
-    node.attr["index_type"].type = tf.int32.as_datatype_enum
+    node.attr["index_type"].type = index_type.as_datatype_enum

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.partition import lists, loops, tables
+from neuronish.partition import lists, loops, strings, tables
 from neuronish.partition.graph import PartitionError
 
 
@@ -103,6 +103,7 @@ def infer(
     """
     patched = _light_copy(graph_def)
     tables.stand_in(patched)
+    strings.stand_in(patched)
     inputs = _input_names(graph_def)  # not the weights _light_copy made Placeholders
     placeholders = {n.name: n for n in patched.node if n.name in inputs}
     for key, shape in input_shapes.items():
