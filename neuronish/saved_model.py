@@ -42,7 +42,7 @@ from .input_shapes import batch_of, compile_shapes
 from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .partition.graph import GraphIndex
-from .partition.unroll import unroll_loops
+from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 
@@ -88,8 +88,9 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     signature = freeze_signature(model_dir, signature_def_key, tags)
     shapes = compile_shapes(signature, batch_size, model_shape_feed_dict, model_feed_dict)
     fetches = list(signature.outputs.values())
-    # Loops whose trip count the shapes fix run unrolled (the device has no loops).
-    signature = replace(signature, graph_def=unroll_loops(signature.graph_def, shapes, fetches))
+    # Rewrites into ops the device runs: loops of a fixed count unrolled, real FFTs as matmuls.
+    signature = replace(signature, graph_def=rewrite_for_device(signature.graph_def, shapes,
+                                                                fetches))
     graph_def = signature.graph_def
 
     with _scratch_dir(new_model_dir) as scratch:

@@ -3,10 +3,11 @@ batch 1 in one call: whole on the device, a dynamic batch, and TensorFlow's numb
 batch 1 and at batch 3. ConvNeXt holds grouped convolutions inside XLA-marked functions;
 EfficientNet's swish returns an IdentityN beside the batch; the keras_hub backbones are
 BERT- and GPT-2-style text models with integer inputs and masks, a Llama-style decoder
-(rotary embeddings: sin, cos), Swin (rolled windows, slice updates) and Mixtral (top-k
-routing). The user models (`models/user_models.py`) bring a dilated causal Conv1D (run
-by TF through SpaceToBatchND), transposed convolutions, Keras' causal attention mask
-(a cumsum), and LSTM, GRU (a bidirectional one) as `tf.while_loop`s, which the compile
+(rotary embeddings: sin, cos), FNet (real FFTs, rewritten as DFT matmuls), Swin (rolled
+windows, slice updates) and Mixtral (top-k routing). The user models
+(`models/user_models.py`) bring a dilated causal Conv1D (run by TF through
+SpaceToBatchND), transposed convolutions, Keras' causal attention mask (a cumsum),
+Conv3D, and LSTM and GRU (one bidirectional) as `tf.while_loop`s, which the compile
 unrolls, and with `unroll=True`."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ MODELS = [pytest.param("bert_tiny"), pytest.param("gpt2_tiny"), pytest.param("ll
           pytest.param("mixtral_tiny"), pytest.param("swin_tiny"),
           pytest.param("keras_conv1d"), pytest.param("keras_conv_transpose"),
           pytest.param("keras_text_classifier"), pytest.param("keras_rnn_loop"),
-          pytest.param("keras_rnn_unrolled"),
+          pytest.param("keras_rnn_unrolled"), pytest.param("fnet_tiny"),
+          pytest.param("keras_conv3d"),
           pytest.param("EfficientNetB0", marks=pytest.mark.slow),
           pytest.param("ConvNeXtTiny", marks=pytest.mark.slow)]
 BATCHES = (1, 3)
