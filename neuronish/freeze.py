@@ -233,10 +233,16 @@ def _refuse_variable_writes(graph_def: graph_pb2.GraphDef, what: str) -> None:
     writes += [f"{n.name} ({n.op}) in function {f.signature.name}"
                for f in graph_def.library.function for n in f.node_def if n.op in _WRITES]
     if writes:
+        # Keras' random layers (RandomFlip, RandomRotation, ...) step a seed variable on
+        # every call, and their output depends on it: the usual way this comes about.
+        seeded = any("random" in w.lower() or "seed" in w.lower() for w in writes)
+        hint = (" (Keras random preprocessing layers, such as RandomFlip, advance a seed "
+                "variable on every call and transform their input with it: export the "
+                "inference model without them)") if seeded else ""
         raise SavedModelError(
             f"{what} cannot be frozen: {', '.join(writes[:10])} writes a variable at serving "
             "time, and a compiled model holds its weights as constants. Export a signature "
-            "that only reads its variables")
+            f"that only reads its variables{hint}")
 
 
 def _check_frozen(graph_def: graph_pb2.GraphDef, what: str) -> None:

@@ -363,6 +363,18 @@ def test_a_text_model_compiles_what_follows_its_tokenizer(tmp_path: Path) -> Non
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_a_random_augmentation_layer_is_refused_saying_what_to_do(tmp_path: Path) -> None:
+    """Keras' RandomFlip flips at serving time too, by a seed variable it advances on
+    every call: frozen, it would flip the same way forever."""
+    image = keras.Input((8, 8, 3), name="image")
+    flipped = keras.layers.RandomFlip()(image)
+    model = keras.Model(image, keras.layers.Dense(2)(keras.layers.Flatten()(flipped)))
+    model.export(str(tmp_path / "src"))
+    with pytest.raises(SavedModelError, match="random_flip.*writes a variable.*without them"):
+        neuronish.saved_model.compile(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_tf1_graph_with_a_lookup_table_is_refused_saying_what_to_do(tmp_path: Path) -> None:
     graph = tf.Graph()
     with graph.as_default():

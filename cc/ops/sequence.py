@@ -168,3 +168,21 @@ def gather_nd(ctx: LowerCtx, node: TFNode) -> list[Value]:
         position = ctx.emit1("reduce", [scaled], {"fn": "sum", "axes": [len(indices.shape) - 1],
                                                   "keepdims": False})
     return [ctx.emit1("gather", [flat, position], {"axis": 0, "batch_dims": 0})]
+
+
+@tf_op("Bucketize", supports=dtypes(T=("int32", "int64", "float32", "float64")))
+def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """int32 index of the bucket of each element: how many of the sorted `boundaries`
+    (an attribute) are <= it (Keras Discretization). A compare against every boundary,
+    summed."""
+    x = ctx.input(node, 0)
+    if x.dtype not in ("float32", "float64"):  # TF compares integers with float bounds
+        x = ctx.emit1("cast", [x], {"to": "float64"})
+    bounds = np.asarray(node.get("boundaries") or [], dtype=np.float32).astype(x.dtype)
+    if bounds.size == 0:
+        return [ctx.const(np.zeros(x.shape, np.int32))]
+    column = reshape_to(ctx, x, [*x.shape, 1])
+    above = ctx.emit1("binary", [column, ctx.const(bounds)], {"fn": "greater_equal"})
+    counts = ctx.emit1("cast", [above], {"to": "int32"})
+    return [ctx.emit1("reduce", [counts], {"fn": "sum", "axes": [len(x.shape)],
+                                           "keepdims": False})]
