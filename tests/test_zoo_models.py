@@ -55,3 +55,19 @@ def test_third_party_model_compiles_whole_and_matches(name: str, tmp_path: Path)
             assert g.shape == w.shape and g.dtype == w.dtype, (batch, key, g.shape, w.shape)
             err = np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30)
             assert err <= 1e-4, f"batch {batch} {key}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name, node, words", [
+    # strings have no device dtype; noise drawn at serving differs from call to call
+    ("keras_string_lookup", "LookupTableFindV2", ["dtype", "string"]),
+    ("ops_random", "RandomStandardNormal", ["stateful"]),
+])
+def test_what_cannot_be_on_the_device_is_named_with_why(name: str, node: str, words: list[str],
+                                                        tmp_path: Path) -> None:
+    src = cached_saved_model(name)
+    out = tmp_path / "compiled"
+    report = neuronish.saved_model.compile(src, str(out), batch_size=1)
+    assert report["NeuronOps"], "the rest of the model is on the device"
+    named = {n: why for n, why in report["OnTensorFlowNodes"].items() if n.endswith(node)}
+    assert len(named) == 1, report["OnTensorFlowNodes"]
+    assert all(w in next(iter(named.values())) for w in words), named
