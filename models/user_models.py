@@ -140,6 +140,20 @@ def string_lookup() -> keras.Model:
     return _keras([words], keras.layers.Dense(2)(keras.layers.Flatten()(y)))
 
 
+def mixed_precision() -> keras.Model:
+    """A CNN under Keras' mixed_float16 policy: float16 compute, float32 variables."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = keras.Input((16, 16, 3))
+        y = keras.layers.Conv2D(8, 3, activation="relu")(x)
+        y = keras.layers.BatchNormalization()(y)
+        y = keras.layers.GlobalAveragePooling2D()(y)
+        y = keras.layers.Dense(4, dtype="float32")(y)
+        return _keras([x], y)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 class _Module(tf.Module):
     def __init__(self, fn: Callable, specs: list, seed: int) -> None:
         super().__init__()
@@ -242,7 +256,7 @@ KERAS: dict[str, Callable[[], keras.Model]] = {
     "keras_simple_rnn": simple_rnn, "keras_text_classifier": text_classifier,
     "keras_norms": norms, "keras_lstm_text": lstm_text,
     "keras_attention_layers": attention_layers, "keras_tabular": tabular,
-    "keras_string_lookup": string_lookup,
+    "keras_string_lookup": string_lookup, "keras_mixed_precision": mixed_precision,
 }
 NAMES = (*KERAS, *MODULES)
 # Exclusive upper bounds of integer inputs, by input key.

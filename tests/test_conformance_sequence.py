@@ -167,6 +167,15 @@ for k, s_, r, padding in ((2, 2, 1, "VALID"), (3, 1, 1, "SAME"), (3, 2, 2, "VALI
          f32(2, 7, 8, 3))
 
 
+# --- UnsortedSegmentSum (message passing in graph networks) ------------------------------------
+case("UnsortedSegmentSum", "f32-rows", lambda d, i: tf.math.unsorted_segment_sum(d, i, 4),
+     f32(6, 3), np.array([0, 3, 1, 0, -1, 3], np.int32), atol=1e-6)
+case("UnsortedSegmentSum", "i32-2d-ids", lambda d, i: tf.math.unsorted_segment_sum(d, i, 3),
+     i32(2, 3, 2), np.array([[2, 0, 2], [1, -1, 0]], np.int64))
+case("UnsortedSegmentSum", "f32-scalar-rows", lambda d, i: tf.math.unsorted_segment_sum(
+    d, i, tf.constant(5, tf.int64)), f32(7), _rng.integers(0, 5, 7).astype(np.int32))
+
+
 # --- Conv3D, MaxPool3D, AvgPool3D ------------------------------------------------------------
 def _conv3d(w: np.ndarray, strides: tuple, dilation: int, padding: str) -> object:
     # (a closure: tf.function would turn an array default argument into an input)

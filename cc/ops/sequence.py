@@ -186,3 +186,27 @@ def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
     counts = ctx.emit1("cast", [above], {"to": "int32"})
     return [ctx.emit1("reduce", [counts], {"fn": "sum", "axes": [len(x.shape)],
                                            "keepdims": False})]
+
+
+@tf_op("UnsortedSegmentSum", supports=dtypes(T=("float16", "float32", "float64", "int32",
+                                                "int64"), Tindices=INDEX,
+                                             Tnumsegments=INDEX))
+def unsorted_segment_sum(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """out[s, ...] = sum of data[i..., ...] over the index tuples i whose segment_ids[i] is s,
+    for the constant num_segments; negative ids are dropped, as in TF (an id past
+    num_segments, an error on TF's CPU, is dropped too).
+    A one-hot [n, num_segments] of the ids, transposed, times the data flattened to [n, f]."""
+    data, ids = ctx.input(node, 0), ctx.input(node, 1)
+    segments = scalar_int(ctx.const_input(node, 2, "num_segments"), "num_segments")
+    k = len(ids.shape)
+    if tuple(data.shape[:k]) != tuple(ids.shape) or segments < 0:
+        raise NodeError(f"segment_ids {ids.type} must be a prefix of data {data.type}'s shape "
+                        f"and num_segments {segments} >= 0")
+    rows = int(np.prod(ids.shape, dtype=np.int64))
+    rest = list(data.shape[k:])
+    flat = reshape_to(ctx, data, [rows, int(np.prod(rest, dtype=np.int64))])
+    hot = ctx.emit1("one_hot", [reshape_to(ctx, ids, [rows])], {
+        "depth": segments, "on_value": 1, "off_value": 0, "axis": -1, "to": data.dtype})
+    summed = ctx.emit1("matmul", [hot, flat], {"transpose_a": True, "transpose_b": False,
+                                               "activation": "none", "alpha": 0.0})
+    return [reshape_to(ctx, summed, [segments, *rest])]
