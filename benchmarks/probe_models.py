@@ -2,13 +2,14 @@
 
     python benchmarks/probe_models.py                 # every model below
     python benchmarks/probe_models.py llama_tiny vit_tiny --json rows.jsonl
+    python benchmarks/probe_models.py --table-from rows.jsonl   # the table in docs/models.md
 
 Per model, in its own process: build (random weights, tiny config, no downloads), export
 (`model.export` for Keras models, `tf.saved_model.save` for tf.Modules), then
 `neuronish.saved_model.compile(src, dst, batch_size=1)`, call original and compiled at
 batch 1 and 3, and print one JSON line: compiles? OnNeuronRatio, NeuronOps, max relative
 error at each batch, compile seconds, the ops left on TensorFlow and why.
-The builders live in `models/third_party.py` (the zoo) and `models/probe_extra.py`.
+The builders live in `models/third_party.py` (the zoo) and `models/user_models.py`.
 """
 
 from __future__ import annotations
@@ -79,14 +80,40 @@ def measure(name: str) -> dict:
     return row
 
 
+def _err(value: object) -> str:
+    return f"{value:.1e}" if isinstance(value, float) else f"fails: {str(value)[:80]}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """model | TF ops | OnNeuronRatio | NeuronOps | err @1 | err @3 | compile s | left on TF."""
+    out = ["| model | TF ops | OnNeuronRatio | NeuronOps | max rel err @1 | max rel err @3 | "
+           "compile s | left on TensorFlow (why) |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['model']} | - | - | - | - | - | - | does not compile: "
+                       f"{r['error'][:160]} |")
+            continue
+        left = "; ".join(f"{op} x{sum(why.values())} ({', '.join(why)})"
+                         for op, why in r["left"].items()) or "-"
+        out.append(f"| {r['model']} | {r['tf_ops']} | {r['ratio']:.4f} | {r['neuron_ops']} | "
+                   f"{_err(r['err1'])} | {_err(r['err3'])} | {r['compile_s']:.1f} | {left} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     p = argparse.ArgumentParser()
     p.add_argument("models", nargs="*")
     p.add_argument("--json")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--table-from", metavar="FILE",
+                   help="print the rows a --json run wrote as a markdown table")
     p.add_argument("--one")
     args = p.parse_args(argv)
+    if args.table_from:
+        with open(args.table_from) as f:
+            print(markdown([json.loads(line) for line in f if line.strip()]))
+        return 0
     if args.one:
         try:
             print(json.dumps(measure(args.one)))

@@ -261,7 +261,9 @@ def example_inputs(name: str, signature: Callable, batch: int, seed: int) -> dic
     for key, spec in sorted(specs.items()):
         shape = [batch if d is None else d for d in spec.shape.as_list()]
         dtype = spec.dtype.as_numpy_dtype
-        if spec.dtype.is_floating:
+        if spec.dtype == "string":  # words of the user models' vocabularies, and others
+            feeds[key] = rng.choice(np.array([b"cat", b"dog", b"fish", b"owl"]), shape)
+        elif spec.dtype.is_floating:
             feeds[key] = rng.standard_normal(shape).astype(dtype)
         elif key.endswith("padding_mask"):  # leading ones, then a random tail of padding
             keep = rng.integers(SEQ_LEN // 2, SEQ_LEN + 1, size=(shape[0], 1))

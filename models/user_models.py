@@ -109,6 +109,51 @@ def norms() -> keras.Model:
     return _keras([x], keras.layers.Activation("softsign")(y))
 
 
+def lstm_text() -> keras.Model:
+    ids = keras.Input((12,), dtype="int32", name="ids")
+    y = keras.layers.Embedding(VOCAB, 8, mask_zero=True)(ids)
+    y = keras.layers.LSTM(8, return_sequences=True)(y)
+    y = keras.layers.GRU(8)(y)
+    return _keras([ids], keras.layers.Dense(3)(y))
+
+
+def attention_layers() -> keras.Model:
+    q, v = keras.Input((6, 8)), keras.Input((10, 8))
+    a = keras.layers.Attention(use_scale=True)([q, v])
+    b = keras.layers.AdditiveAttention()([q, v])
+    return _keras([q, v], keras.layers.Concatenate()([a, b]))
+
+
+def tabular() -> keras.Model:
+    x = keras.Input((6,))
+    norm = keras.layers.Normalization(mean=0.5, variance=2.0)(x)
+    bins = keras.layers.Discretization(bin_boundaries=[-1.0, 0.0, 1.0])(x[:, :2])
+    onehot = keras.layers.CategoryEncoding(4, output_mode="multi_hot")(bins)
+    y = keras.layers.Concatenate()([norm, onehot])
+    return _keras([x], keras.layers.Dense(2)(keras.layers.Dense(16, activation="relu")(y)))
+
+
+def string_lookup() -> keras.Model:
+    words = keras.Input((3,), dtype="string", name="words")
+    ids = keras.layers.StringLookup(vocabulary=["cat", "dog", "fish"])(words)
+    y = keras.layers.Embedding(5, 4)(ids)
+    return _keras([words], keras.layers.Dense(2)(keras.layers.Flatten()(y)))
+
+
+def mixed_precision() -> keras.Model:
+    """A CNN under Keras' mixed_float16 policy: float16 compute, float32 variables."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x = keras.Input((16, 16, 3))
+        y = keras.layers.Conv2D(8, 3, activation="relu")(x)
+        y = keras.layers.BatchNormalization()(y)
+        y = keras.layers.GlobalAveragePooling2D()(y)
+        y = keras.layers.Dense(4, dtype="float32")(y)
+        return _keras([x], y)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 class _Module(tf.Module):
     def __init__(self, fn: Callable, specs: list, seed: int) -> None:
         super().__init__()
@@ -128,6 +173,18 @@ def _gathers(m: _Module, x: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
     rows = tf.gather(e, [3, 0, 1], axis=1, batch_dims=0)
     g = tf.gather(x[:, :8], tf.argsort(x[:, :8], axis=-1), batch_dims=1)
     return tf.concat([tf.reshape(rows, (-1, 48)), g], axis=-1)
+
+
+def _random(m: _Module, x: tf.Tensor) -> tf.Tensor:
+    """Noise drawn at serving time (a stateful random op: cannot be on the device)."""
+    return tf.matmul(x, m.w) + tf.random.normal(tf.shape(x), stddev=1e-3)
+
+
+def _patches(m: _Module, x: tf.Tensor) -> tf.Tensor:
+    img = tf.reshape(x, (-1, 4, 4, 1))
+    p = tf.image.extract_patches(img, [1, 2, 2, 1], [1, 2, 2, 1], [1, 1, 1, 1], "VALID")
+    return tf.reshape(p, (-1, 16)) + tf.nn.local_response_normalization(img)[:, :, :, 0][
+        :, 0, :1]
 
 
 def _math(m: _Module, x: tf.Tensor) -> tf.Tensor:
@@ -190,12 +247,16 @@ MODULES: dict[str, tuple[Callable, list]] = {
     "ops_segments": (_segments, [_F]),
     "ops_pads_resize": (_pads, [_F]),
     "ops_rotary_mask": (_rotary, [_F]),
+    "ops_random": (_random, [_F]),
+    "ops_patches_lrn": (_patches, [_F]),
 }
 KERAS: dict[str, Callable[[], keras.Model]] = {
     "keras_conv1d": conv1d, "keras_conv3d": conv3d, "keras_conv_transpose": conv_transpose,
     "keras_resize": resize, "keras_rnn_unrolled": rnn_unrolled, "keras_rnn_loop": rnn_loop,
     "keras_simple_rnn": simple_rnn, "keras_text_classifier": text_classifier,
-    "keras_norms": norms,
+    "keras_norms": norms, "keras_lstm_text": lstm_text,
+    "keras_attention_layers": attention_layers, "keras_tabular": tabular,
+    "keras_string_lookup": string_lookup, "keras_mixed_precision": mixed_precision,
 }
 NAMES = (*KERAS, *MODULES)
 # Exclusive upper bounds of integer inputs, by input key.

@@ -51,14 +51,17 @@ class BlobFile:
     sha256: str | None = None
 
     def digest(self) -> str:
-        if self.sha256 is not None:
-            return self.sha256
-        with open(self.path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        return self.sha256 if self.sha256 is not None else file_sha256(self.path)
 
     def read(self) -> bytes:
         with open(self.path, "rb") as f:
             return f.read()
+
+
+def file_sha256(path: str) -> str:
+    """The hex SHA-256 of a file, read in small pieces (nothing the size of it held)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def threshold_from_env() -> int:

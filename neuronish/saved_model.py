@@ -25,11 +25,13 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from neuronish.runtime.executable import from_bytes
 
+from . import external
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures
@@ -42,7 +44,7 @@ from .input_shapes import batch_of, compile_shapes
 from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .partition.graph import GraphIndex
-from .partition.unroll import unroll_loops
+from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 
@@ -88,16 +90,21 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     signature = freeze_signature(model_dir, signature_def_key, tags)
     shapes = compile_shapes(signature, batch_size, model_shape_feed_dict, model_feed_dict)
     fetches = list(signature.outputs.values())
-    # Loops whose trip count the shapes fix run unrolled (the device has no loops).
-    signature = replace(signature, graph_def=unroll_loops(signature.graph_def, shapes, fetches))
+    # Rewrites into ops the device runs: loops of a fixed count unrolled, real FFTs as matmuls.
+    signature = replace(signature, graph_def=rewrite_for_device(signature.graph_def, shapes,
+                                                                fetches))
     graph_def = signature.graph_def
 
-    with _scratch_dir(new_model_dir) as scratch:
+    # Files are hashed (for their names in assets/) on other threads, while the compilers
+    # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
+    with _scratch_dir(new_model_dir) as scratch, \
+            ThreadPoolExecutor(2, thread_name_prefix="neuronish-hash") as hasher:
         cache, cache_stats = CompileCache.from_env(), CacheStats()
         excluded: dict[str, str] = {}
         results: dict[str, CompileResult] = {}     # subgraph digest -> result
         failures: list[dict] = []
         graphs: dict[str, BlobFile] = {}           # subgraph digest -> its GraphDef's file
+        hashes: dict[str, Future[str]] = {}        # file -> its sha256
         # What the compiler accepts, node by node, asked once: the partition avoids what it
         # would refuse, so the recovery rounds below are the rare path.
         support = compiler_support(graph_def)
@@ -121,8 +128,10 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
             # Each subgraph is written to its file once, streamed (no copy of the weights
             # held whole): the compiler reads it, and export links it into assets/.
-            graphs.update({digests[sg.name]: write_subgraph(
-                sg, os.path.join(scratch, digests[sg.name] + ".pb"), held) for sg in todo})
+            for sg in todo:
+                file = write_subgraph(sg, os.path.join(scratch, digests[sg.name] + ".pb"), held)
+                graphs[digests[sg.name]] = file
+                hashes[file.path] = hasher.submit(external.file_sha256, file.path)
             jobs = [CompileJob(sg.name, Path(graphs[digests[sg.name]].path), sg.io_config,
                                tuple(compiler_args)) for sg in todo]
             workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
@@ -132,6 +141,9 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
                     timeout=compiler_timeout, workdir=workdir, progress=progress,
                     executables_dir=scratch), strict=True):
                 results[digests[sg.name]] = result
+                if result.executable_file is not None:
+                    hashes[result.executable_file] = hasher.submit(external.file_sha256,
+                                                                   result.executable_file)
             newly_excluded = recover(part, results, digests, excluded, failures,
                                       compiler_recovery)
             if not newly_excluded:
@@ -174,8 +186,11 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
                 model_config=model_config(sum(cores), exe.num_cores))
             replacements.append((sg, node))
             executable = result.executable if result.executable_file is None else BlobFile(
-                result.executable_file, len(result.executable))
-            blobs[sg.name] = {"executable": executable, "graph_def": graphs[digests[sg.name]]}
+                result.executable_file, len(result.executable),
+                hashes[result.executable_file].result())
+            graph_file = graphs[digests[sg.name]]
+            blobs[sg.name] = {"executable": executable, "graph_def": replace(
+                graph_file, sha256=hashes[graph_file.path].result())}
         new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
         outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
         write_saved_model(new_graph_def, signature, outputs, new_model_dir, blobs)

@@ -15,7 +15,6 @@ back in the index for splice and later stages.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 
@@ -88,15 +87,15 @@ def _without_content(node: node_def_pb2.NodeDef) -> node_def_pb2.NodeDef:
 
 def write_subgraph(sg: Subgraph, path: str, held: dict[str, node_def_pb2.NodeDef]) -> BlobFile:
     """Write `sg.serialize()`'s bytes to `path`, piece by piece (the held Consts' contents
-    straight from the frozen graph), hashing as it goes."""
-    digest, size = hashlib.sha256(), 0
+    straight from the frozen graph). Not hashed here: the caller hashes the file on
+    another thread while it is compiled."""
+    size = 0
     parts = graph_def_parts(sg.graph_def)  # per node: its tag and length, then its bytes
     with open(path, "wb") as f:
 
         def put(*pieces: bytes) -> None:
             nonlocal size
             for piece in pieces:
-                digest.update(piece)
                 f.write(piece)
                 size += len(piece)
 
@@ -112,7 +111,7 @@ def write_subgraph(sg: Subgraph, path: str, held: dict[str, node_def_pb2.NodeDef
                 prefix, content, suffix)
         for rest in parts:
             put(rest)
-    return BlobFile(os.fspath(path), size, digest.hexdigest())
+    return BlobFile(os.fspath(path), size)
 
 
 # Where a Const's content goes: NodeDef.attr entry "value" -> AttrValue.tensor ->

@@ -154,6 +154,28 @@ case("DepthToSpace", "k3-i32", lambda x: tf.nn.depth_to_space(x, 3), i32(1, 2, 2
 case("SpaceToDepth", "k2", lambda x: tf.nn.space_to_depth(x, 2), f32(2, 4, 6, 3))
 
 
+# --- Bucketize (Keras Discretization), ExtractImagePatches -----------------------------------
+case("Bucketize", "f32", lambda x: raw.Bucketize(input=x, boundaries=[-1.0, 0.0, 0.5, 2.0]),
+     np.array([[-3.0, -1.0, -0.5, 0.0], [0.5, 0.7, 2.0, 9.0]], np.float32))
+case("Bucketize", "i32-float-bounds", lambda x: raw.Bucketize(input=x, boundaries=[-0.5, 2.5]),
+     i32(3, 4))
+case("Bucketize", "no-bounds", lambda x: raw.Bucketize(input=x, boundaries=[]) + 1, f32(5))
+for k, s_, r, padding in ((2, 2, 1, "VALID"), (3, 1, 1, "SAME"), (3, 2, 2, "VALID"),
+                          (2, 3, 1, "SAME")):
+    case("ExtractImagePatches", f"k{k}-s{s_}-r{r}-{padding}", lambda x, k=k, s_=s_, r=r,
+         p=padding: tf.image.extract_patches(x, [1, k, k, 1], [1, s_, s_, 1], [1, r, r, 1], p),
+         f32(2, 7, 8, 3))
+
+
+# --- UnsortedSegmentSum (message passing in graph networks) ------------------------------------
+case("UnsortedSegmentSum", "f32-rows", lambda d, i: tf.math.unsorted_segment_sum(d, i, 4),
+     f32(6, 3), np.array([0, 3, 1, 0, -1, 3], np.int32), atol=1e-6)
+case("UnsortedSegmentSum", "i32-2d-ids", lambda d, i: tf.math.unsorted_segment_sum(d, i, 3),
+     i32(2, 3, 2), np.array([[2, 0, 2], [1, -1, 0]], np.int64))
+case("UnsortedSegmentSum", "f32-scalar-rows", lambda d, i: tf.math.unsorted_segment_sum(
+    d, i, tf.constant(5, tf.int64)), f32(7), _rng.integers(0, 5, 7).astype(np.int32))
+
+
 # --- Conv3D, MaxPool3D, AvgPool3D ------------------------------------------------------------
 def _conv3d(w: np.ndarray, strides: tuple, dilation: int, padding: str) -> object:
     # (a closure: tf.function would turn an array default argument into an input)

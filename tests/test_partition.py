@@ -677,17 +677,19 @@ def test_subgraph_batch_axes_and_io_config() -> None:
     check_end_to_end(gd, outs, part, lambda b: {"x:0": rand(b, 8, seed=b)}, [3, 7])
 
 
-def test_a_batch_reduction_turns_dynamic_batch_off() -> None:
+def test_a_batch_reduction_stays_on_tensorflow_and_the_rest_keeps_a_dynamic_batch() -> None:
     def fn(x):
         y = tf.nn.relu(tf.matmul(x, W), name="y")
         return tf.subtract(y, tf.reduce_mean(y, axis=0, name="batch_mean"), name="centered")
 
     gd, outs = freeze(fn, spec(None, 8))
-    (sub,) = P.partition(gd, {"x": [4, 8]}, SUPPORTED, dynamic_batch_size=True).subgraphs
-    assert sub.input_batch_axes == (-1,) and sub.output_batch_axes == (-1,)
-    assert "batch_mean:0" in sub.dynamic_batch_reason and "mixes samples" in \
-        sub.dynamic_batch_reason
-    assert sub.io_config["inputs"]["x:0"][2] == -1
+    part = P.partition(gd, {"x": [4, 8]}, SUPPORTED, dynamic_batch_size=True, fetches=outs)
+    mean = part.marking.nodes["batch_mean"]
+    assert mean.reason is Reason.BATCH_MIXING and "mixes samples" in mean.detail
+    assert "batch_mean" in part.reasons() and part.subgraphs
+    assert all(s.dynamic_batch_reason is None for s in part.subgraphs)
+    # The mean over whichever batch TF is given: every batch size gives TF's numbers.
+    check_end_to_end(gd, outs, part, lambda b: {"x:0": rand(b, 8, seed=b)}, [4, 3, 7])
     (off,) = P.partition(gd, {"x": [4, 8]}, SUPPORTED, dynamic_batch_size=False).subgraphs
     assert off.output_batch_axes == (-1,) and "dynamic_batch_size is off" in \
         off.dynamic_batch_reason
@@ -708,33 +710,41 @@ def test_identity_n_passing_a_constant_beside_the_batch_keeps_it_dynamic() -> No
     check_end_to_end(gd, outs, part, lambda b: {"x:0": rand(b, 8, seed=b)}, [1, 3])
 
 
-def test_an_ambiguous_batch_axis_turns_dynamic_batch_off() -> None:
+def test_an_output_of_ambiguous_batch_axis_stays_on_tensorflow() -> None:
+    # A flattened [b * 8] output follows the batch in no single axis: the reshape making
+    # it stays on TensorFlow (which computes it at any batch), the rest on the device.
     def fn(x):
         return tf.reshape(tf.nn.relu(tf.matmul(x, W)), [-1], name="flat")
 
-    gd, _ = freeze(fn, spec(None, 8))
-    (sub,) = P.partition(gd, {"x": [2, 8]}, SUPPORTED, dynamic_batch_size=True).subgraphs
-    assert sub.output_batch_axes == (-1,) and "Identity:0 (shape [16])" in \
-        sub.dynamic_batch_reason
+    gd, outs = freeze(fn, spec(None, 8))
+    part = P.partition(gd, {"x": [2, 8]}, SUPPORTED, dynamic_batch_size=True, fetches=outs)
+    (sub,) = part.subgraphs
+    assert sub.dynamic_batch_reason is None and sub.output_batch_axes == (0,)
+    flat = part.marking.nodes["flat"]
+    assert flat.reason is Reason.BATCH_MIXING and "cannot be told from shapes" in flat.detail
+    check_end_to_end(gd, outs, part, lambda b: {"x:0": rand(b, 8, seed=b)}, [2, 3])
 
 
-def test_a_reshape_that_moves_the_batch_turns_dynamic_batch_off() -> None:
+def test_a_reshape_that_moves_the_batch_stays_on_tensorflow() -> None:
     # keras_hub's XLNet reshapes its [seq, batch, d] positional tensor to [batch, seq, d]:
     # every shape follows the batch, but at batch 3 each sample reads rows of the others,
     # so three batch-1 runs side by side are not TensorFlow's batch-3 result.
     def fn(x):
         y = tf.nn.relu(tf.matmul(x, W))                      # [b, 8]
         seq_major = tf.transpose(tf.reshape(y, [-1, 4, 2]), [1, 0, 2])   # [4, b, 2]
-        return tf.reshape(seq_major, [-1, 4, 2], name="mixed")           # [b, 4, 2]
+        mixed = tf.reshape(seq_major, [-1, 4, 2], name="mixed")           # [b, 4, 2]
+        return tf.tanh(mixed * 2.0)
 
     gd, outs = freeze(fn, spec(None, 8))
     x = rand(3, 8, seed=3)
     whole = run_graph(gd, {"x:0": x}, outs)[0]
     apart = np.concatenate([run_graph(gd, {"x:0": x[i:i + 1]}, outs)[0] for i in range(3)])
     assert not np.allclose(whole, apart), "the premise: this graph mixes samples in TF"
-    (sub,) = P.partition(gd, {"x": [1, 8]}, SUPPORTED, dynamic_batch_size=True).subgraphs
-    assert sub.input_batch_axes == (-1,) and sub.output_batch_axes == (-1,)
-    assert "mixed" in sub.dynamic_batch_reason and "moves the batch" in sub.dynamic_batch_reason
+    part = P.partition(gd, {"x": [1, 8]}, SUPPORTED, dynamic_batch_size=True, fetches=outs)
+    mixed = part.marking.nodes["mixed"]
+    assert mixed.reason is Reason.BATCH_MIXING and "moves the batch" in mixed.detail
+    assert all(s.dynamic_batch_reason is None for s in part.subgraphs)
+    check_end_to_end(gd, outs, part, lambda b: {"x:0": rand(b, 8, seed=b)}, [1, 3])
 
 
 def test_a_batch_folded_and_unfolded_by_reshapes_stays_dynamic() -> None:
@@ -747,6 +757,7 @@ def test_a_batch_folded_and_unfolded_by_reshapes_stays_dynamic() -> None:
     part = P.partition(gd, {"x": [1, 8]}, SUPPORTED, dynamic_batch_size=True)
     (sub,) = part.subgraphs
     assert sub.dynamic_batch_reason is None and sub.output_batch_axes == (0,)
+    assert not part.reasons().keys() - {"x"}, part.reasons()  # nothing kept off for it
     check_end_to_end(gd, outs, part, lambda b: {"x:0": rand(b, 8, seed=b)}, [1, 3])
 
 

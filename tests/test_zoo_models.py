@@ -3,10 +3,11 @@ batch 1 in one call: whole on the device, a dynamic batch, and TensorFlow's numb
 batch 1 and at batch 3. ConvNeXt holds grouped convolutions inside XLA-marked functions;
 EfficientNet's swish returns an IdentityN beside the batch; the keras_hub backbones are
 BERT- and GPT-2-style text models with integer inputs and masks, a Llama-style decoder
-(rotary embeddings: sin, cos), Swin (rolled windows, slice updates) and Mixtral (top-k
-routing). The user models (`models/user_models.py`) bring a dilated causal Conv1D (run
-by TF through SpaceToBatchND), transposed convolutions, Keras' causal attention mask
-(a cumsum), and LSTM, GRU (a bidirectional one) as `tf.while_loop`s, which the compile
+(rotary embeddings: sin, cos), FNet (real FFTs, rewritten as DFT matmuls), Swin (rolled
+windows, slice updates) and Mixtral (top-k routing). The user models
+(`models/user_models.py`) bring a dilated causal Conv1D (run by TF through
+SpaceToBatchND), transposed convolutions, Keras' causal attention mask (a cumsum),
+Conv3D, and LSTM and GRU (one bidirectional) as `tf.while_loop`s, which the compile
 unrolls, and with `unroll=True`."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ MODELS = [pytest.param("bert_tiny"), pytest.param("gpt2_tiny"), pytest.param("ll
           pytest.param("mixtral_tiny"), pytest.param("swin_tiny"),
           pytest.param("keras_conv1d"), pytest.param("keras_conv_transpose"),
           pytest.param("keras_text_classifier"), pytest.param("keras_rnn_loop"),
-          pytest.param("keras_rnn_unrolled"),
+          pytest.param("keras_rnn_unrolled"), pytest.param("fnet_tiny"),
+          pytest.param("keras_conv3d"),
           pytest.param("EfficientNetB0", marks=pytest.mark.slow),
           pytest.param("ConvNeXtTiny", marks=pytest.mark.slow)]
 BATCHES = (1, 3)
@@ -53,3 +55,19 @@ def test_third_party_model_compiles_whole_and_matches(name: str, tmp_path: Path)
             assert g.shape == w.shape and g.dtype == w.dtype, (batch, key, g.shape, w.shape)
             err = np.max(np.abs(g - w)) / max(np.max(np.abs(w)), 1e-30)
             assert err <= 1e-4, f"batch {batch} {key}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name, node, words", [
+    # strings have no device dtype; noise drawn at serving differs from call to call
+    ("keras_string_lookup", "LookupTableFindV2", ["dtype", "string"]),
+    ("ops_random", "RandomStandardNormal", ["stateful"]),
+])
+def test_what_cannot_be_on_the_device_is_named_with_why(name: str, node: str, words: list[str],
+                                                        tmp_path: Path) -> None:
+    src = cached_saved_model(name)
+    out = tmp_path / "compiled"
+    report = neuronish.saved_model.compile(src, str(out), batch_size=1)
+    assert report["NeuronOps"], "the rest of the model is on the device"
+    named = {n: why for n, why in report["OnTensorFlowNodes"].items() if n.endswith(node)}
+    assert len(named) == 1, report["OnTensorFlowNodes"]
+    assert all(w in next(iter(named.values())) for w in words), named

@@ -5,9 +5,10 @@ forward convolution with respect to its input: spread the input out by the strid
 (zeros between rows and columns), pad it so every window of the forward convolution is
 seen, and correlate with the filter flipped in space and with its channel axes swapped.
 
-SpaceToBatchND / BatchToSpaceND (what TF runs a dilated 1-D convolution through) and
-SpaceToDepth / DepthToSpace (pixel shuffle) only move elements: a pad or crop, a reshape,
-a transpose and a reshape. A SpaceToBatchND folds the batch into its blocks
+SpaceToBatchND / BatchToSpaceND (what TF runs a dilated 1-D convolution through),
+SpaceToDepth / DepthToSpace (pixel shuffle) and ExtractImagePatches only move elements: a
+pad or crop, a reshape, a transpose and a reshape (patches: strided slices, concatenated).
+A SpaceToBatchND folds the batch into its blocks
 ([b, ...] -> [blocks * b, ...]) and BatchToSpaceND unfolds it; inside one program that is
 exact at any batch chunk, so a cluster holding both keeps its dynamic batch.
 """
@@ -19,7 +20,7 @@ import math
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
-from .array import INDEX, dtypes, ints, reshape_to, slice_dims
+from .array import INDEX, concat, dtypes, ints, reshape_to, slice_dims
 from .basic import DEVICE_DTYPES, FLOAT, dtype_check, require_dtype
 from .nn import _hw, _pads, _window_reason
 from .registry import LowerCtx, tf_op
@@ -171,3 +172,28 @@ def depth_space(ctx: LowerCtx, node: TFNode) -> list[Value]:
     x = reshape_to(ctx, x, [n, h // k, k, w // k, k, c])
     x = ctx.emit1("transpose", [x], {"perm": [0, 1, 3, 2, 4, 5]})
     return [reshape_to(ctx, x, [n, h // k, w // k, k * k * c])]
+
+
+@tf_op("ExtractImagePatches", supports=dtypes(T=DEVICE_DTYPES))
+def extract_patches(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """Every `ksizes` window of NHWC `images` (strides, rates and SAME/VALID padding as a
+    convolution's), flattened into the depth in [kh, kw, c] order: [n, oh, ow, kh*kw*c].
+    One strided slice per window offset, concatenated; SAME pads with zeros."""
+    x = ctx.input(node, 0)
+    if len(x.shape) != 4:
+        raise NodeError(f"images {x.type} must be 4-D NHWC")
+    (kh, kw), (sh, sw), (rh, rw) = (_hw(node.get(k), k) for k in ("ksizes", "strides",
+                                                                  "rates"))
+    n, h, w, c = x.shape
+    top, bottom, left, right = _pads(node, (h, w), (kh, kw), (sh, sw), (rh, rw))
+    if top or bottom or left or right:
+        x = ctx.emit1("pad", [x], {"paddings": [[0, 0], [top, bottom], [left, right], [0, 0]],
+                                   "mode": "constant", "value": 0})
+    oh = (h + top + bottom - (kh - 1) * rh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * rw - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise NodeError(f"the window {kh}x{kw} (rates {rh}, {rw}) is larger than {x.type}")
+    pieces = [slice_dims(ctx, x, [0, i * rh, j * rw, 0],
+                         [n, i * rh + (oh - 1) * sh + 1, j * rw + (ow - 1) * sw + 1, c],
+                         [1, sh, sw, 1]) for i in range(kh) for j in range(kw)]
+    return [concat(ctx, pieces, 3) if len(pieces) > 1 else pieces[0]]

@@ -168,3 +168,45 @@ def gather_nd(ctx: LowerCtx, node: TFNode) -> list[Value]:
         position = ctx.emit1("reduce", [scaled], {"fn": "sum", "axes": [len(indices.shape) - 1],
                                                   "keepdims": False})
     return [ctx.emit1("gather", [flat, position], {"axis": 0, "batch_dims": 0})]
+
+
+@tf_op("Bucketize", supports=dtypes(T=("int32", "int64", "float32", "float64")))
+def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """int32 index of the bucket of each element: how many of the sorted `boundaries`
+    (an attribute) are <= it (Keras Discretization). A compare against every boundary,
+    summed."""
+    x = ctx.input(node, 0)
+    if x.dtype not in ("float32", "float64"):  # TF compares integers with float bounds
+        x = ctx.emit1("cast", [x], {"to": "float64"})
+    bounds = np.asarray(node.get("boundaries") or [], dtype=np.float32).astype(x.dtype)
+    if bounds.size == 0:
+        return [ctx.const(np.zeros(x.shape, np.int32))]
+    column = reshape_to(ctx, x, [*x.shape, 1])
+    above = ctx.emit1("binary", [column, ctx.const(bounds)], {"fn": "greater_equal"})
+    counts = ctx.emit1("cast", [above], {"to": "int32"})
+    return [ctx.emit1("reduce", [counts], {"fn": "sum", "axes": [len(x.shape)],
+                                           "keepdims": False})]
+
+
+@tf_op("UnsortedSegmentSum", supports=dtypes(T=("float16", "float32", "float64", "int32",
+                                                "int64"), Tindices=INDEX,
+                                             Tnumsegments=INDEX))
+def unsorted_segment_sum(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """out[s, ...] = sum of data[i..., ...] over the index tuples i whose segment_ids[i] is s,
+    for the constant num_segments; negative ids are dropped, as in TF (an id past
+    num_segments, an error on TF's CPU, is dropped too).
+    A one-hot [n, num_segments] of the ids, transposed, times the data flattened to [n, f]."""
+    data, ids = ctx.input(node, 0), ctx.input(node, 1)
+    segments = scalar_int(ctx.const_input(node, 2, "num_segments"), "num_segments")
+    k = len(ids.shape)
+    if tuple(data.shape[:k]) != tuple(ids.shape) or segments < 0:
+        raise NodeError(f"segment_ids {ids.type} must be a prefix of data {data.type}'s shape "
+                        f"and num_segments {segments} >= 0")
+    rows = int(np.prod(ids.shape, dtype=np.int64))
+    rest = list(data.shape[k:])
+    flat = reshape_to(ctx, data, [rows, int(np.prod(rest, dtype=np.int64))])
+    hot = ctx.emit1("one_hot", [reshape_to(ctx, ids, [rows])], {
+        "depth": segments, "on_value": 1, "off_value": 0, "axis": -1, "to": data.dtype})
+    summed = ctx.emit1("matmul", [hot, flat], {"transpose_a": True, "transpose_b": False,
+                                               "activation": "none", "alpha": 0.0})
+    return [reshape_to(ctx, summed, [segments, *rest])]

@@ -144,22 +144,36 @@ def partition(
         axes = batch_axes(graph_def, full_shapes, batch, infos)
     else:
         infos, axes = infer(graph_def, input_shapes), {}
-    marking = mark(graph_def, infos, supported, no_fuse_ops, force_fuse_ops,
-                   exclude_nodes=exclude_nodes, device_dtypes=device_dtypes, refused=refused,
-                   index=index)
-    sized = drop_small(cluster(graph_def, marking, index), minimum_segment_size)
-
-    subgraphs, dropped = [], list(sized.dropped)
-    for c in sized.kept:
-        sub = encapsulate(graph_def, c, infos, axes, dynamic_batch_size, fetch_list, index=index)
-        if sub.outputs:
-            subgraphs.append(sub)
-        else:
-            dropped.append(DroppedCluster(c, "none of its results is used outside it; if the "
-                                             "caller reads one, pass it in fetches"))
+    # A node that mixes samples across the batch (a reduction over it, a reshape moving
+    # it) would make its whole cluster run at the compiled batch only; it stays on
+    # TensorFlow instead, and the rest is partitioned again, so the device's part keeps a
+    # dynamic batch and every batch size gives TensorFlow's numbers.
+    mixing: dict[str, str] = {}
+    for _ in range(_MAX_MIXING_ROUNDS):
+        marking = mark(graph_def, infos, supported, no_fuse_ops, force_fuse_ops,
+                       exclude_nodes=exclude_nodes, device_dtypes=device_dtypes,
+                       refused=refused, index=index, batch_mixing=mixing)
+        sized = drop_small(cluster(graph_def, marking, index), minimum_segment_size)
+        subgraphs, dropped = [], list(sized.dropped)
+        for c in sized.kept:
+            sub = encapsulate(graph_def, c, infos, axes, dynamic_batch_size, fetch_list,
+                              index=index)
+            if sub.outputs:
+                subgraphs.append(sub)
+            else:
+                dropped.append(DroppedCluster(c, "none of its results is used outside it; if "
+                                                 "the caller reads one, pass it in fetches"))
+        mixers = {s.batch_mixing_node: s.dynamic_batch_reason or "" for s in subgraphs
+                  if s.batch_mixing_node and s.batch_mixing_node not in mixing}
+        if not mixers:
+            break
+        mixing.update(mixers)
     return Partition(tuple(subgraphs), tuple(dropped), marking, infos, axes,
                      _left_on_tensorflow(index, marking, subgraphs, dropped, fetch_list or ()),
                      index)
+
+
+_MAX_MIXING_ROUNDS = 8
 
 
 def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:

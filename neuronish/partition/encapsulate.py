@@ -73,6 +73,8 @@ class Subgraph:
     control_inputs: tuple[str, ...]  # outer nodes members wait for through control edges
     dynamic_batch_reason: str | None  # why every batch axis is -1; None if batches can split
     op_counts: dict[str, int]  # op type -> members of that type
+    # The member that mixes samples across the batch (the reason's node), if that is why.
+    batch_mixing_node: str | None = None
 
     @property
     def dynamic_batch(self) -> bool:
@@ -169,8 +171,8 @@ def encapsulate(
     subgraph = _subgraph_def(graph_def, cluster, index, inputs, placeholders, infos)
     in_axes = [batch_axes.get(t) for t in inputs]
     out_axes = [batch_axes.get(t) for t in outputs]
-    reason = _no_dynamic_batch_reason(cluster, index, infos, batch_axes, inputs, outputs,
-                                      dynamic_batch_size)
+    reason, mixer = _no_dynamic_batch_reason(cluster, index, infos, batch_axes, inputs,
+                                             outputs, dynamic_batch_size)
     if reason is not None:
         in_axes, out_axes = [-1] * len(inputs), [-1] * len(outputs)
     input_names = tuple(f"{p}:0" for p in placeholders)
@@ -198,6 +200,7 @@ def encapsulate(
         control_inputs=tuple(dict.fromkeys(
             c for m in cluster.nodes for c in index.control_inputs[m] if c not in members)),
         dynamic_batch_reason=reason,
+        batch_mixing_node=mixer,
         op_counts=dict(sorted(Counter(index.nodes[m].op for m in cluster.nodes).items())),
     )
 
@@ -291,19 +294,24 @@ def _no_dynamic_batch_reason(
     inputs: list[str],
     outputs: list[str],
     dynamic_batch_size: bool,
-) -> str | None:
+) -> tuple[str | None, str | None]:
+    """Why the cluster cannot run a batch in chunks (None: it can), and the member that
+    mixes samples when that is the reason."""
     if not dynamic_batch_size:
-        return "dynamic_batch_size is off: the op runs at the compiled batch size only"
+        return "dynamic_batch_size is off: the op runs at the compiled batch size only", None
     unclear = [t for t in inputs + outputs if axes.get(t) is None]
     if unclear:
+        # An output's producer ([b, b] similarities, a flattened [b * s]) can stay on
+        # TensorFlow, which computes it at any batch, so the rest keeps a dynamic batch.
         return (f"the batch axis of {unclear[0]} (shape {list(infos[unclear[0]].shape)}) cannot be "
-                f"told from shapes: no axis, or more than one, follows the batch size exactly")
+                f"told from shapes: no axis, or more than one, follows the batch size "
+                f"exactly"), producer(unclear[0]) if unclear[0] in outputs else None
     if all(axes[t] == -1 for t in inputs + outputs):
-        return "no input or output has a batch axis"
+        return "no input or output has a batch axis", None
     mixing = getattr(axes, "mixing", {})  # shapes.BatchAxes
     for m in cluster.nodes:
         if m in mixing:
-            return mixing[m]
+            return mixing[m], m
     # Which tensors carry data from a batched input (static members do not:
     # they depend on shapes only, which the compiled program fixes per chunk).
     batched = {t for t in inputs if axes[t] >= 0}
@@ -320,5 +328,5 @@ def _no_dynamic_batch_reason(
             if axes.get(t) == -1:
                 return (f"{t} ({index.nodes[m].op}) has no batch axis but is computed from "
                         f"batched inputs: the cluster mixes samples across the batch (e.g. a "
-                        f"reduction over it), so a batch cannot be split into chunks")
-    return None
+                        f"reduction over it), so a batch cannot be split into chunks"), m
+    return None, None

@@ -64,6 +64,7 @@ class Reason(Enum):
     UNSUPPORTED_OP = "op type not supported by neuronish-cc"
     UNSUPPORTED_ATTRS = "attribute values neuronish-cc refuses"
     SHAPE_VALUE = "shape-derived value the device cannot compute whole"
+    BATCH_MIXING = "mixes samples across the batch (kept off so the device keeps a dynamic batch)"
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ def mark(
     device_dtypes: Collection[str] = DEVICE_DTYPES,
     refused: Mapping[str, str] | None = None,
     index: GraphIndex | None = None,
+    batch_mixing: Mapping[str, str] | None = None,
 ) -> Marking:
     """Mark every node of `graph_def` supported or not (see the module docstring).
 
@@ -137,7 +139,8 @@ def mark(
     names to the reason they must stay on TensorFlow; a name not in the graph
     raises PartitionError. `refused` maps node names to the compiler's reason for
     refusing their attribute values (`CompilerSupport.refused`). `index` is
-    `GraphIndex.build(graph_def)` when the caller has it.
+    `GraphIndex.build(graph_def)` when the caller has it. `batch_mixing` maps nodes that
+    mix samples across the batch to why (the partitioner's own second look).
     """
     index = index or GraphIndex.build(graph_def)
     refused = refused or {}
@@ -162,6 +165,8 @@ def mark(
             reason = Reason.UNSUPPORTED_OP
         elif reason is None and node.name in refused:
             reason, detail, forced = Reason.UNSUPPORTED_ATTRS, refused[node.name], False
+        if reason is None and node.name in (batch_mixing or {}):
+            reason, detail, forced = Reason.BATCH_MIXING, batch_mixing[node.name], False
         marks[node.name] = NodeMark(node.name, node.op, reason, detail, forced)
     _keep_shape_values_whole(index, marks)
     return Marking(marks, unmatched)

@@ -58,7 +58,7 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
             _check_fixed(out, cond_reads)
             _lists_to_tensors(out, input_shapes)
             _bypass(out, {n.name for n in loops} - {producer(_canonical(f)) for f in fetches})
-            _drop_dead(out, fetches)
+            drop_dead(out, fetches)
         if any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in out.node):
             return graph_def
         return out
@@ -313,7 +313,7 @@ def _replace(node: node_def_pb2.NodeDef, op: str, inputs: list[str],
 
 def _bypass(graph_def: graph_pb2.GraphDef, passthroughs: set[str]) -> None:
     """Readers of the IdentityN that replaced a loop read its inputs instead, so the lists
-    it passed on are read by nothing (and `_drop_dead` removes them)."""
+    it passed on are read by nothing (and `drop_dead` removes them)."""
     sources = {n.name: list(n.input) for n in graph_def.node if n.name in passthroughs}
     for node in graph_def.node:
         rewired = []
@@ -330,7 +330,7 @@ def _bypass(graph_def: graph_pb2.GraphDef, passthroughs: set[str]) -> None:
         node.input.extend(dict.fromkeys(rewired))
 
 
-def _drop_dead(graph_def: graph_pb2.GraphDef, fetches: Sequence[str]) -> None:
+def drop_dead(graph_def: graph_pb2.GraphDef, fetches: Sequence[str]) -> None:
     """Remove nodes nothing reads any more (the lists, the replaced loop's leftovers),
     keeping inputs and fetched nodes."""
     keep = {producer(_canonical(f)) for f in fetches}
