@@ -51,6 +51,9 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
             loops = [n for n in out.node if n.op in LOOP_OPS]
             if not loops:
                 break
+            # Proven before anything runs: running a loop whose count follows the data on
+            # made-up inputs could take forever.
+            _check_count_is_fixed(out, loops)
             trips = _trip_counts(out, loops, input_shapes)
             cond_reads = []
             for node in loops:
@@ -109,6 +112,45 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
             raise _CannotUnroll(f"{node.name} runs {a} / {b} times")
         trips[node.name] = int(a)
     return trips
+
+
+def _reads(graph_def: graph_pb2.GraphDef, tensors: list[str]) -> set[str]:
+    """The nodes `tensors` are computed from (data edges), themselves included."""
+    by_name = {n.name: n for n in graph_def.node}
+    stack, seen = [producer(t) for t in tensors], set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        stack.extend(producer(_canonical(i)) for i in by_name[name].input
+                     if not i.startswith("^"))
+    return seen
+
+
+def _check_count_is_fixed(graph_def: graph_pb2.GraphDef,
+                          loops: list[node_def_pb2.NodeDef]) -> None:
+    """Each loop's condition reads only loop variables that start fixed (constants and
+    shapes) and that the body computes from such variables only."""
+    static = static_values(GraphIndex.build(graph_def))
+    fixed_outer = static.constant | static.shape
+    for node in loops:
+        body = _function(graph_def, node.attr["body"].func.name)
+        body_graph, flat = function_def_to_graph_def(body)
+        args = [a.name for a in body.signature.input_arg]
+        values = [i for i in node.input if not i.startswith("^")]
+        if len(values) != len(args):
+            raise _CannotUnroll(f"{node.name}: {len(values)} inputs, body takes {len(args)}")
+        reads = [_reads(body_graph, [flat[body.ret[a.name]]]) for a in body.signature.output_arg]
+        fixed = {k for k, v in enumerate(values) if producer(_canonical(v)) in fixed_outer}
+        while True:  # drop variables the body computes from a variable that is not fixed
+            loose = {k for k in fixed if any(args[j] in reads[k] for j in
+                                            set(range(len(args))) - fixed)}
+            if not loose:
+                break
+            fixed -= loose
+        if not set(_cond_args(graph_def, node)) <= fixed:
+            raise _CannotUnroll(f"{node.name}: its condition reads values computed from data")
 
 
 def _check_fixed(graph_def: graph_pb2.GraphDef, tensors: list[str]) -> None:
