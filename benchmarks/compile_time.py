@@ -10,14 +10,15 @@ the end-to-end seconds and the wall seconds of each stage,
 
     freeze      tf.saved_model.load + variables to constants + inlining (TensorFlow's)
     support     `neuronish-cc list-operators --check`: what the compiler would refuse
-    partition   shape inference, mark, cluster, encapsulate (subgraph serialized)
+    partition   shape inference, mark, cluster, encapsulate (large constants held back)
     neuronish-cc  the compiler processes (of which `in cc` is its own compile_graph
-                time from the executables' stats; the rest is its start, reading
+                time from the executables' stats; the rest is its start, mapping
                 the GraphDef and writing the executable)
-    read exe    parsing the executables (signature, cores, modelled figures)
+    read exe    parsing the executables (signature, cores, modelled figures; the
+                checksum reads every byte)
     splice      NeuronOps into the outer graph
-    export      tf.saved_model.save, executables and subgraphs written to assets/
-    other       the rest: input shapes, serializing each subgraph once (its weights),
+    export      tf.saved_model.save; executables and subgraphs linked into assets/
+    other       the rest: input shapes, writing each subgraph's file (its weights),
                 the report
 
 and the machine's load average, because the machine may be shared. Nothing is

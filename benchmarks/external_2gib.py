@@ -15,8 +15,9 @@ neuronish-model-server and compares one gRPC Predict.
 Every step is its own process, so no step holds another's memory; each prints the
 peak RSS of its process tree (the compile's includes the `neuronish-cc` processes
 running alongside it). Memory is what limits this on a small machine: the compile
-peaks at about 4x the weights plus 4x one layer per compiler running
-(`--max-num-compilers`, default 1 here), and a loaded copy of the model holds about
+peaks at about 0.8 GiB + 2x the weights (TensorFlow's freeze; 1.82 GiB for 0.5 GiB)
+plus about 1.5x one layer per compiler running (`--max-num-compilers`, default 1 here;
+its input is mapped, not copied), and a loaded copy of the model holds about
 3x its weights on the host, so the run and the server get a device of `--cores`
 cores (default 1: one copy of each layer; each more core can hold a duplicate).
 Disk: the source SavedModel is deleted once the compile has frozen it (at its first

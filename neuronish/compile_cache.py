@@ -12,12 +12,17 @@ the bundled compiler, a digest of its source files (so editing the compiler
 invalidates the cache even while the version number stays). A compiler whose
 version cannot be read is not cached at all.
 
-Entries: `<dir>/<key>.neff`, each `MAGIC + key + SHA-256(executable) +
-executable`, written to a temporary file and renamed. An entry whose header,
-key or checksum is wrong is damaged: it is deleted and the subgraph compiled
-again, never loaded. Total size is bounded (`NEURONISH_COMPILE_CACHE_SIZE`):
-after a write, least recently used entries (a hit refreshes an entry's mtime)
-are removed until the cache fits. Only successful compiles are cached.
+Entries: `<dir>/<key>.neff`, the executable itself, and `<dir>/<key>.sum`, its
+checksum record `MAGIC + key + SHA-256(executable)`. The executable is hard-linked
+from the compiler's output where the filesystem allows (no copy of the weights: 1.4
+GB for ConvNeXtXLarge), and a hit hands out the entry's file, which export links
+into the new SavedModel likewise; each file is written under a temporary name and
+renamed, the record last. An entry whose record is wrong or whose executable does
+not hash to it is damaged: both files are deleted and the subgraph compiled again,
+never loaded (an executable without a record is a miss). Total size is bounded
+(`NEURONISH_COMPILE_CACHE_SIZE`): after a write, least recently used entries (a hit
+refreshes an entry's mtime) are removed until the cache fits. Only successful
+compiles are cached.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ ENV_CACHE_SIZE = "NEURONISH_COMPILE_CACHE_SIZE"
 DEFAULT_CACHE_DIR = "~/.cache/neuronish/compile"
 DEFAULT_CACHE_SIZE = 10 << 30
 _MAGIC = b"NRNISHCC"
-_HEADER = len(_MAGIC) + 32 + 32  # magic, key, SHA-256 of the executable
+_RECORD = len(_MAGIC) + 32 + 32  # magic, key, SHA-256 of the executable
 _KEY = re.compile(r"[0-9a-f]{64}")
 
 
@@ -94,55 +99,84 @@ class CompileCache:
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.neff"
 
+    def _record(self, key: str) -> Path:
+        return self.root / f"{key}.sum"
+
     def get(self, key: str, stats: CacheStats) -> bytes | None:
-        """The executable stored under `key`, None on a miss; a damaged entry is removed,
-        counted and warned about, and is a miss."""
+        """The executable stored under `key`, None on a miss (see `lookup`)."""
+        found = self.lookup(key, stats)
+        return None if found is None else bytes(found[0])
+
+    def lookup(self, key: str, stats: CacheStats) -> tuple[bytes | mmap.mmap, str] | None:
+        """(the executable stored under `key`, mapped read-only; its file), None on a miss;
+        a damaged entry is removed, counted and warned about, and is a miss."""
         path = self._path(key)
         try:
-            data = path.read_bytes()
+            record = self._record(key).read_bytes()
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                exe = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         except FileNotFoundError:
             return None
         except OSError as e:
             warnings.warn(f"compile cache: cannot read {path} ({e}); compiling instead",
                           CompileWarning, stacklevel=3)
             return None
-        exe = data[_HEADER:]
-        if (data[:len(_MAGIC)] != _MAGIC or data[len(_MAGIC):len(_MAGIC) + 32] !=
-                bytes.fromhex(key) or data[len(_MAGIC) + 32:_HEADER] !=
-                hashlib.sha256(exe).digest()):
+        if record != _MAGIC + bytes.fromhex(key) + hashlib.sha256(exe).digest():
             stats.damaged += 1
-            warnings.warn(f"compile cache: entry {path} is damaged (its header or checksum "
+            warnings.warn(f"compile cache: entry {path} is damaged (its record or checksum "
                           "does not match); removed it and compiling the subgraph again",
                           CompileWarning, stacklevel=3)
-            with contextlib.suppress(OSError):
-                path.unlink()
+            for stale in (self._record(key), path):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # most recently used: evicted last
-        return exe
+        return exe, str(path)
 
-    def put(self, key: str, executable: bytes, stats: CacheStats) -> None:
-        """Store an executable (atomically); a cache that cannot be written only warns."""
-        if len(executable) + _HEADER > self.max_bytes:
+    def put(self, key: str, executable: bytes | mmap.mmap, stats: CacheStats,
+            file: str | None = None) -> None:
+        """Store an executable (atomically): `file`, if given, holds its bytes and is
+        hard-linked where it can be. A cache that cannot be written only warns."""
+        if len(executable) + _RECORD > self.max_bytes:
             return  # would evict everything and still not fit
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(_MAGIC + bytes.fromhex(key) + hashlib.sha256(executable).digest())
-                    f.write(executable)
-                os.replace(tmp, self._path(key))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            record = _MAGIC + bytes.fromhex(key) + hashlib.sha256(executable).digest()
+            self._place(self._path(key), executable, file)
+            self._place(self._record(key), record, None)
         except OSError as e:
             warnings.warn(f"compile cache: cannot write to {self.root} ({e}); the executable "
                           f"is used but not cached. Set {ENV_CACHE_DIR}=DIR or "
                           f"{ENV_CACHE_DIR}=off", CompileWarning, stacklevel=3)
             return
         stats.evicted += self.evict()
+
+    def _place(self, target: Path, data: bytes | mmap.mmap, file: str | None) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
+        try:
+            linked = False
+            if file is not None:
+                os.close(fd)
+                fd = -1
+                os.unlink(tmp)  # a link needs a free name; mkstemp only reserved one
+                try:
+                    os.link(file, tmp)
+                    linked = True
+                except OSError:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            if not linked:
+                with os.fdopen(fd, "wb") as f:
+                    fd = -1
+                    f.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def evict(self) -> int:
         """Remove least recently used entries until the cache fits; returns how many."""
@@ -152,15 +186,17 @@ class CompileCache:
                 if entry.name.endswith(".neff") and _KEY.fullmatch(entry.name[:-5]):
                     with contextlib.suppress(OSError):
                         st = entry.stat(follow_symlinks=False)
-                        entries.append((st.st_mtime_ns, st.st_size, entry.path))
+                        entries.append((st.st_mtime_ns, st.st_size + _RECORD, entry.name[:-5]))
         total = sum(size for _, size, _ in entries)
         removed = 0
-        for _, size, path in sorted(entries):
+        for _, size, key in sorted(entries):
             if total <= self.max_bytes:
                 break
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+                os.unlink(self._path(key))
                 removed += 1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._record(key))
             total -= size
         return removed
 
@@ -252,19 +288,19 @@ def compile_with_cache(jobs: Sequence[CompileJob], cache: CompileCache | None,
     results: dict[int, CompileResult] = {}
     todo: list[int] = []
     for i, (job, key) in enumerate(zip(jobs, keys, strict=True)):
-        exe = cache.get(key, stats)
-        if exe is None:
+        found = cache.lookup(key, stats)
+        if found is None:
             todo.append(i)
             continue
         stats.hits += 1
         stats.hit_names.append(job.name)
-        results[i] = CompileResult(job.name, ok=True, executable=exe, seconds=0.0,
-                                   outcome="compiled", cached=True)
+        results[i] = CompileResult(job.name, ok=True, executable=found[0], seconds=0.0,
+                                   outcome="compiled", cached=True, executable_file=found[1])
     stats.misses += len(todo)
     compiled = compile_all([jobs[i] for i in todo], compiler=compiler,
                            **compile_all_kwargs)  # type: ignore[arg-type]
     for i, result in zip(todo, compiled, strict=True):
         results[i] = result
         if result.ok and result.executable is not None:
-            cache.put(keys[i], result.executable, stats)
+            cache.put(keys[i], result.executable, stats, result.executable_file)
     return [results[i] for i in range(len(jobs))]

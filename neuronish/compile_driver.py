@@ -107,7 +107,7 @@ class CompileResult:
     log_path: str | None = None  # None when the job folder was temporary
     workdir: str | None = None  # the job's folder, None when it was temporary
     cached: bool = False  # taken from the compile cache (compile_cache.py), not compiled
-    executable_file: str | None = None  # the executable in `executables_dir`, if given
+    executable_file: str | None = None  # its file (in `executables_dir`, or a cache entry)
 
 
 ProgressCallback = Callable[[int, int, CompileResult], None]

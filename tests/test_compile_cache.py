@@ -109,3 +109,31 @@ def test_bad_env_flags_are_refused(flags: str, match: str, tmp_path: Path,
     with pytest.raises((SubgraphCompileError, CompilerFlagsError), match=match):
         neuronish.saved_model.compile(src, str(tmp_path / "a"))
     assert not (tmp_path / "a").exists()
+
+
+def test_entries_and_assets_are_one_file_linked_not_copied(
+        tmp_path: Path, _fresh_compile_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A miss links the compiler's executable into the cache, a hit links the entry into
+    the new model's assets/: all the same file (the weights written once), each model
+    loading and matching TensorFlow. An executable without its checksum record (a write
+    cut short) is a miss, not a damaged entry."""
+    from neuronish import external
+    from tests.test_external import _neuron_op_attrs
+
+    monkeypatch.setenv("NEURONISH_EXTERNAL_THRESHOLD", "1KiB")
+    src = small_model(tmp_path / "src")
+    assets = []
+    for name in ("a", "b"):
+        neuronish.saved_model.compile(src, str(tmp_path / name))
+        ((exe_ref, _, _),) = _neuron_op_attrs(tmp_path / name)
+        digest, _ = external.parse_reference(exe_ref)
+        assets.append(tmp_path / name / "assets" / f"{digest}.neff")
+    (entry,) = _entries(_fresh_compile_cache)
+    assert assets[0].samefile(entry) and assets[1].samefile(entry)
+    assert entry.with_suffix(".sum").stat().st_size == 72
+    for name in ("a", "b"):
+        assert_matches_original(src, tmp_path / name, tmp_path)
+    entry.with_suffix(".sum").unlink()
+    stats = CacheStats()
+    assert CompileCache(_fresh_compile_cache).get(entry.stem, stats) is None
+    assert stats.damaged == 0
