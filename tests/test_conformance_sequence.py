@@ -176,6 +176,15 @@ case("UnsortedSegmentSum", "f32-scalar-rows", lambda d, i: tf.math.unsorted_segm
     d, i, tf.constant(5, tf.int64)), f32(7), _rng.integers(0, 5, 7).astype(np.int32))
 
 
+# --- LRN (AlexNet-era local response normalization) --------------------------------------------
+case("LRN", "defaults", lambda x: tf.nn.local_response_normalization(x), f32(2, 3, 3, 8),
+     rtol=1e-5, atol=1e-6)
+case("LRN", "googlenet", lambda x: tf.nn.local_response_normalization(
+    x, depth_radius=2, bias=2.0, alpha=1e-4, beta=0.75), f32(1, 4, 4, 5), rtol=1e-5)
+case("LRN", "radius-past-depth", lambda x: tf.nn.local_response_normalization(
+    x, depth_radius=6, bias=0.5, alpha=0.3, beta=0.6), f32(1, 2, 2, 3), rtol=1e-5)
+
+
 # --- Conv3D, MaxPool3D, AvgPool3D ------------------------------------------------------------
 def _conv3d(w: np.ndarray, strides: tuple, dilation: int, padding: str) -> object:
     # (a closure: tf.function would turn an array default argument into an input)

@@ -11,6 +11,9 @@ pad or crop, a reshape, a transpose and a reshape (patches: strided slices, conc
 A SpaceToBatchND folds the batch into its blocks
 ([b, ...] -> [blocks * b, ...]) and BatchToSpaceND unfolds it; inside one program that is
 exact at any batch chunk, so a cluster holding both keeps its dynamic batch.
+
+LRN (AlexNet-era local response normalization) is a window over the channels too: a sum
+of shifted slices of the padded squares.
 """
 
 from __future__ import annotations
@@ -197,3 +200,32 @@ def extract_patches(ctx: LowerCtx, node: TFNode) -> list[Value]:
                          [n, i * rh + (oh - 1) * sh + 1, j * rw + (ow - 1) * sw + 1, c],
                          [1, sh, sw, 1]) for i in range(kh) for j in range(kw)]
     return [concat(ctx, pieces, 3) if len(pieces) > 1 else pieces[0]]
+
+
+@tf_op("LRN", supports=dtype_check(FLOAT))
+def local_response_normalization(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """TF's LRN over the last axis of a 4-D input: sqr_sum[c] = sum of x[c']^2 for
+    |c' - c| <= depth_radius; y = x / (bias + alpha * sqr_sum) ** beta. The window sum
+    is 2 * depth_radius + 1 shifted slices of the zero-padded squares, added."""
+    x = ctx.input(node, 0)
+    require_dtype(x, FLOAT)
+    if len(x.shape) != 4:
+        raise NodeError(f"input {x.type} must be 4-D")
+    radius = int(node.get("depth_radius", 5))
+    bias, alpha = float(node.get("bias", 1.0)), float(node.get("alpha", 1.0))
+    beta = float(node.get("beta", 0.5))
+    channels = x.shape[3]
+    squares = ctx.emit1("unary", [x], {"fn": "square"})
+    padded = ctx.emit1("pad", [squares], {"paddings": [[0, 0], [0, 0], [0, 0],
+                                                       [radius, radius]],
+                                          "mode": "constant", "value": 0})
+    total = None
+    for k in range(2 * radius + 1):
+        piece = slice_dims(ctx, padded, [0, 0, 0, k], [*x.shape[:3], k + channels],
+                           [1, 1, 1, 1])
+        total = piece if total is None else ctx.emit1("binary", [total, piece], {"fn": "add"})
+    scaled = ctx.emit1("binary", [ctx.emit1("binary", [total, ctx.const(alpha, x.dtype)],
+                                            {"fn": "mul"}), ctx.const(bias, x.dtype)],
+                       {"fn": "add"})
+    denominator = ctx.emit1("binary", [scaled, ctx.const(beta, x.dtype)], {"fn": "pow"})
+    return [ctx.emit1("binary", [x, denominator], {"fn": "div"})]
