@@ -10,6 +10,7 @@ TensorFlow is imported only by the subcommands that need it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -104,12 +105,16 @@ def _compile(args: argparse.Namespace) -> int:
         else:
             print(line, file=sys.stderr)
 
+    from neuronish import keras_files
+
+    source = keras_files.as_saved_model(args.model_dir) \
+        if keras_files.is_keras_file(args.model_dir) else contextlib.nullcontext(args.model_dir)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), source as model_dir:
             warnings.simplefilter("always", CompileWarning)
             warnings.showwarning = show_warning
             report = compile_saved_model(
-                args.model_dir, args.new_model_dir, batch_size=args.batch_size,
+                model_dir, args.new_model_dir, batch_size=args.batch_size,
                 model_shape_feed_dict=_parse_shapes(args.input_shape) or None,
                 tags=args.tags.split(",") if args.tags else None,
                 signature_def_key=args.signature_def_key,
@@ -125,6 +130,7 @@ def _compile(args: argparse.Namespace) -> int:
             bar.close()
         print(f"neuronish: error: {e}", file=sys.stderr)
         return 1
+    report["model_dir"] = args.model_dir  # (not the temporary export of a Keras file)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     if args.graph:
         print(f"neuronish: partition picture written to {args.graph} (Graphviz: .dot alongside)",
@@ -133,11 +139,13 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
-    c = sub.add_parser("compile", help="compile a SavedModel for the device",
+    c = sub.add_parser("compile", help="compile a SavedModel (or a .keras/.h5 model file) "
+                                        "for the device",
                        description="Partition a SavedModel, compile every supported subgraph "
                        "with neuronish-cc and write a SavedModel whose compiled parts run as "
                        "NeuronOps. Prints the compile report.")
-    c.add_argument("model_dir")
+    c.add_argument("model_dir", help="a SavedModel directory, or a Keras model file "
+                                      "(.keras, .h5: loaded and exported with model.export)")
     c.add_argument("new_model_dir", help="must not exist; written atomically")
     c.add_argument("--batch-size", type=int, default=1, help="compiled batch size (default 1)")
     c.add_argument("--input-shape", action="append", default=[], metavar="KEY=D0,D1,...",

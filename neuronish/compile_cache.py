@@ -229,15 +229,15 @@ def compiler_identity(command: Sequence[str]) -> str | None:
                        _source_digest()])
 
 
-def _stable_graph_bytes(graph_def: bytes | mmap.mmap) -> bytes | mmap.mmap:
+def _stable_graph_bytes(graph_def: bytes) -> bytes:
     """The subgraph without `experimental_debug_info`, which names the traced function
     instance (`__inference_serve_293`): a counter that differs between two loads of the
     same SavedModel, even in one process. The compiler does not read it."""
-    if graph_def.find(b"__inference_") < 0:  # a fast scan; parsing costs ~0.3 s per 100 MB
+    if graph_def.find(_MARK) < 0:  # a fast scan; parsing costs ~0.3 s per 100 MB
         return graph_def
     from tensorflow.core.framework import graph_pb2
 
-    graph = graph_pb2.GraphDef.FromString(bytes(graph_def))
+    graph = graph_pb2.GraphDef.FromString(graph_def)
     for node in graph.node:
         node.ClearField("experimental_debug_info")
     for function in graph.library.function:
@@ -247,20 +247,46 @@ def _stable_graph_bytes(graph_def: bytes | mmap.mmap) -> bytes | mmap.mmap:
 
 
 def cache_key(job: CompileJob, identity: str, env_flags: Sequence[str]) -> str:
-    with contextlib.ExitStack() as stack:
-        graph = job.graph_def
-        if not isinstance(graph, (bytes, bytearray, memoryview)):  # a file: mapped, not read
-            f = stack.enter_context(open(graph, "rb"))
-            graph = b"" if os.fstat(f.fileno()).st_size == 0 else \
-                stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-        return _key(_stable_graph_bytes(graph), job, identity, env_flags)
+    graph = job.graph_def
+    if not isinstance(graph, (bytes, bytearray, memoryview)):  # a file
+        streamed = _key_from_file(graph, job, identity, env_flags)
+        if streamed is not None:
+            return streamed
+        with open(graph, "rb") as f:
+            graph = f.read()
+    return _key(_stable_graph_bytes(bytes(graph)), job, identity, env_flags)
 
 
-def _key(graph: bytes | mmap.mmap, job: CompileJob, identity: str,
-         env_flags: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for part in (graph,
-                 json.dumps(job.io_config, sort_keys=True).encode(),
+_MARK = b"__inference_"
+
+
+def _key_from_file(path: str | os.PathLike[str], job: CompileJob, identity: str,
+                   env_flags: Sequence[str]) -> str | None:
+    """`_key` of the file's bytes, hashed as they are read and scanned for the debug
+    info `_stable_graph_bytes` drops (one pass: 1.4 s for 1.4 GB instead of 2.5);
+    None if the file has some (then the bytes must be parsed)."""
+    digest = hashlib.sha256()
+    buf = bytearray(8 << 20)
+    tail = b""
+    with open(path, "rb", buffering=0) as f:
+        digest.update(os.fstat(f.fileno()).st_size.to_bytes(8, "little"))
+        while n := f.readinto(buf):
+            view = memoryview(buf)[:n]
+            if (tail + bytes(view[:len(_MARK) - 1])).find(_MARK) >= 0 or \
+                    buf.find(_MARK, 0, n) >= 0:
+                return None
+            tail = bytes(view[max(0, n - len(_MARK) + 1):])
+            digest.update(view)
+    return _key(b"", job, identity, env_flags, digest)
+
+
+def _key(graph: bytes, job: CompileJob, identity: str, env_flags: Sequence[str],
+         digest: hashlib._Hash | None = None) -> str:
+    """SHA-256 over each part's length and bytes; `digest`, if given, has taken the
+    graph's already (and `graph` is then not used)."""
+    h = digest or hashlib.sha256()
+    parts = [graph] if digest is None else []
+    for part in (*parts, json.dumps(job.io_config, sort_keys=True).encode(),
                  json.dumps([*job.compiler_args, *env_flags]).encode(), identity.encode()):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)

@@ -55,11 +55,12 @@ from typing import BinaryIO
 from .cc_flags import ENV_CC_FLAGS, env_compiler_flags
 from .contracts import ENV_COMPILER, default_compiler
 
-# Measured peak RSS of `neuronish-cc compile`: ~60 MiB for a tiny graph, ~580 MiB
-# for ResNet50 (a 97 MiB GraphDef): about 60 MiB + 5.5x the graph. The estimate
-# below keeps ~1.5x headroom over that.
+# Measured peak RSS of `neuronish-cc compile`: ~60 MiB for a tiny graph, 264 MiB for
+# ResNet50 (a 98 MiB GraphDef), 2.1 GB for ConvNeXtXLarge (1.4 GB): about 60 MiB + 2x
+# the graph at most (it maps the graph, pages counted as it reads them, and writes the
+# weights from there). The estimate below keeps ~1.5x headroom over that.
 _BASE_MEMORY = 128 * 2**20
-_MEMORY_PER_GRAPH_BYTE = 8
+_MEMORY_PER_GRAPH_BYTE = 3
 DEFAULT_MEMORY_PER_COMPILER = 2**30  # when the graphs are not known: a ResNet50-sized one
 
 OUTCOMES = ("compiled", "rejected", "timeout", "crashed", "bad_usage", "failed")

@@ -116,10 +116,18 @@ def _flat_examples(example_inputs: Any) -> tuple[Any, list[np.ndarray], bool]:
     if not flat:
         raise TraceError("example_inputs is empty: give one example tensor per input")
     for i, a in enumerate(flat):
-        if a.dtype == object:
-            raise TraceError(f"example input {i} is not numeric (dtype object): pass tensors "
-                             "or numpy arrays")
+        if a.dtype.kind in "OSU" and not _all_strings(a):
+            raise TraceError(f"example input {i} has dtype {a.dtype} and is not all strings: "
+                             "pass numeric or string tensors or numpy arrays")
     return args, flat, isinstance(example_inputs, dict)
+
+
+def _all_strings(a: np.ndarray) -> bool:
+    return a.dtype.kind in "SU" or all(isinstance(v, (bytes, str)) for v in a.flat)
+
+
+def _tf_dtype(a: np.ndarray) -> tf.DType:
+    return tf.string if a.dtype.kind in "OSU" else tf.as_dtype(a.dtype)
 
 
 def _callable(fn: Any) -> Callable[..., Any]:
@@ -147,13 +155,17 @@ def trace(fn_or_keras_model: Any, example_inputs: Any, **compile_kwargs: Any) ->
     fn = _callable(fn_or_keras_model)
     args, flat, is_dict = _flat_examples(example_inputs)
     # Dynamic batch in the signature, so the result takes any batch size.
-    specs = [tf.TensorSpec([None, *a.shape[1:]] if a.ndim else [], tf.as_dtype(a.dtype),
+    specs = [tf.TensorSpec([None, *a.shape[1:]] if a.ndim else [], _tf_dtype(a),
                            name=f"input_{i}") for i, a in enumerate(flat)]
     out_structure: list[Any] = []
 
+    # A Keras model of several inputs takes them as one list: model([a, b]).
+    as_one = is_dict or (len(args) > 1 and len(getattr(fn_or_keras_model, "inputs", None)
+                                                or ()) == len(args))
+
     def serve(*flat_args: tf.Tensor) -> dict[str, tf.Tensor]:
         packed = tf.nest.pack_sequence_as(args, list(flat_args))
-        result = fn(packed) if is_dict else fn(*packed)
+        result = fn(packed if is_dict else list(packed)) if as_one else fn(*packed)
         out_structure.append(result)
         return {f"output_{i}": t for i, t in enumerate(tf.nest.flatten(result))}
 
@@ -164,8 +176,11 @@ def trace(fn_or_keras_model: Any, example_inputs: Any, **compile_kwargs: Any) ->
         raise TraceError(f"tracing {type(fn_or_keras_model).__name__} with example inputs of "
                          f"shapes {[list(a.shape) for a in flat]} failed: "
                          f"{type(e).__name__}: {e}") from e
-    # The variables it reads must be reachable from the saved object.
+    # The variables it reads must be reachable from the saved object, and so must its
+    # other resources (a Keras StringLookup's table): a trackable model is kept whole.
     module.variables_used = list(concrete.variables)
+    if isinstance(fn_or_keras_model, tf.__internal__.tracking.Trackable):
+        module.source = fn_or_keras_model
     workdir = tempfile.mkdtemp(prefix="neuronish-trace-")
     try:
         src, out = str(Path(workdir) / "src"), str(Path(workdir) / "compiled")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import SavedModelError
+
 TOLERANCES: dict[tuple[str, str], float] = {
     ("float", "none"): 1e-4, ("float", "bf16"): 5e-2, ("float", "fp16"): 1e-2,
     ("float16", "none"): 1e-2, ("float16", "bf16"): 5e-2, ("float16", "fp16"): 1e-2,
@@ -182,6 +184,13 @@ def verify_compiled(frozen_graph_def: bytes,
     return kept, verdicts
 
 
+def _random_example_possible(dtype: str) -> bool:
+    try:
+        return np.dtype(dtype).kind in "biuf"
+    except TypeError:  # string, or a dtype numpy does not name
+        return False
+
+
 def verify_signature(signature: object, shapes: Mapping[str, Sequence[int]],
                      model_feed_dict: Mapping[str, object] | None, compiled: list[tuple],
                      excluded: dict[str, str]) -> tuple[list[tuple], list[Verdict]]:
@@ -191,5 +200,11 @@ def verify_signature(signature: object, shapes: Mapping[str, Sequence[int]],
     placeholders = {i.tensor: (shapes[i.tensor], i.dtype) for i in inputs}
     given = {i.tensor: model_feed_dict[i.key] for i in inputs
              if model_feed_dict and i.key in model_feed_dict}
+    for i in inputs:
+        if i.tensor not in given and not _random_example_possible(i.dtype):
+            raise SavedModelError(
+                f"verify=True runs the model on example inputs, and input {i.key!r} is "
+                f"{i.dtype}: random values of it would not be valid input (image bytes, "
+                f"text). Give an example in model_feed_dict={{{i.key!r}: ...}}")
     return verify_compiled(signature.graph_def.SerializeToString(),  # type: ignore[attr-defined]
                            placeholders, given, compiled, excluded)

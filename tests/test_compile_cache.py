@@ -137,3 +137,24 @@ def test_entries_and_assets_are_one_file_linked_not_copied(
     stats = CacheStats()
     assert CompileCache(_fresh_compile_cache).get(entry.stem, stats) is None
     assert stats.damaged == 0
+
+
+def test_key_of_a_graph_file_is_the_key_of_its_bytes(tmp_path: Path) -> None:
+    """A job naming a file is keyed as if it carried the bytes (hashed while read, in
+    one pass with the scan for traced-function debug info, which makes the bytes be
+    parsed instead, wherever it lies: across the reader's 8 MiB pieces too)."""
+    from neuronish.compile_cache import _key_from_file, cache_key
+    from neuronish.compile_driver import CompileJob
+
+    data = bytes(range(256)) * (40 << 10)  # 10 MiB, more than one piece
+    path = tmp_path / "g.pb"
+    path.write_bytes(data)
+    io = {"inputs": {"x:0": [[1, 2], "float32"]}, "outputs": ["y:0"]}
+    on_file, in_memory = CompileJob("a", path, io), CompileJob("a", data, io)
+    assert cache_key(on_file, "cc 1", ["--x"]) == cache_key(in_memory, "cc 1", ["--x"])
+    assert cache_key(on_file, "cc 1", []) != cache_key(on_file, "cc 2", [])
+    for at in (0, (8 << 20) - 5, len(data) - 12):  # the mark across a piece boundary too
+        marked = bytearray(data)
+        marked[at:at + 12] = b"__inference_"
+        path.write_bytes(marked)
+        assert _key_from_file(path, on_file, "cc 1", []) is None

@@ -271,6 +271,10 @@ def test_a_map_fn_decoding_images_leaves_the_network_whole_and_batched(tmp_path:
                                            "TensorListStack"}, report["OnTensorFlow"]
     want = tf.saved_model.load(src).signatures["serving_default"]
     got = tf.saved_model.load(str(out)).signatures["serving_default"]
+    # verify=True needs a real example of bytes: random ones are not JPEG.
+    with pytest.raises(SavedModelError, match="'image_bytes' is string.*model_feed_dict"):
+        neuronish.saved_model.compile(src, str(tmp_path / "verified"), verify=True)
+    assert not (tmp_path / "verified").exists()
     for batch in (1, 3):  # the compiled batch and another
         images = tf.constant([_jpeg(rng, 18 + i, 30 - i) for i in range(batch)])
         np.testing.assert_allclose(got(image_bytes=images)["logits"].numpy(),

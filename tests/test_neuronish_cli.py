@@ -59,3 +59,26 @@ def test_version_and_python_dash_m() -> None:
     r = subprocess.run([sys.executable, "-m", "neuronish", "no-such-command"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_compile_takes_a_keras_model_file(tmp_path: Path) -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.save(tmp_path / "model.keras")
+    r = neuronish("compile", str(tmp_path / "model.keras"), str(tmp_path / "out"), "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["OnNeuronRatio"] == 1.0 and report["model_dir"].endswith("model.keras")
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    (got,) = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"](
+        tf.constant(x)).values()
+    np.testing.assert_allclose(got.numpy(), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    (tmp_path / "broken.keras").write_bytes(b"not a zip")
+    r = neuronish("compile", str(tmp_path / "broken.keras"), str(tmp_path / "out2"))
+    assert r.returncode == 1 and "cannot load the Keras model" in r.stderr, r.stderr
+    assert not (tmp_path / "out2").exists()

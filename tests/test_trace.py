@@ -78,6 +78,25 @@ def test_tf_function_with_two_inputs_and_structured_outputs() -> None:
                                atol=1e-5)
 
 
+def test_keras_model_of_two_inputs_with_strings_and_a_lookup_table(tmp_path: Path) -> None:
+    """A functional model of two inputs (called as model([a, b])), one of them strings
+    through a StringLookup: its table is kept by the traced model, which saves whole."""
+    keras.utils.set_random_seed(1)
+    words = keras.Input((), dtype="string")
+    numbers = keras.Input((3,))
+    lookup = keras.layers.StringLookup(vocabulary=["cat", "dog"])
+    joined = keras.layers.Concatenate()([keras.layers.Embedding(3, 4)(lookup(words)), numbers])
+    model = keras.Model([words, numbers], keras.layers.Dense(2)(joined))
+    traced = neuronish.trace(model, [np.array([b"cat", b"emu"], dtype=object), _rows(2, 3)])
+    assert traced.report["OnNeuronRatio"] > 0.5 and _neuron_ops(traced) >= 1
+    x = [tf.constant(["dog", "cat", "yak"]), tf.constant(_rows(3, 3, seed=2))]
+    np.testing.assert_allclose(traced(*x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+    tf.saved_model.save(traced, str(tmp_path / "saved"))
+    reloaded = tf.saved_model.load(str(tmp_path / "saved")).signatures["serving_default"]
+    got = reloaded(input_0=x[0], input_1=x[1])["output_0"]
+    np.testing.assert_allclose(got.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_arguments_are_clear() -> None:
     with pytest.raises(TraceError, match="tf.function, a concrete function, a Keras model"):
         neuronish.trace(42, _rows(1, 8))
