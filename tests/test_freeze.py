@@ -111,3 +111,23 @@ def test_a_signature_that_writes_a_variable_is_named(tmp_path: Path) -> None:
         freeze_signature(model)
     text = str(info.value)
     assert "AssignAddVariableOp" in text and "writes a variable at serving time" in text, text
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "int32", "int64",
+                                   "uint8", "bool", "bfloat16"])
+@pytest.mark.parametrize("shape", [(3, 5), (1,), (), (0, 4)])
+def test_constants_without_astype_are_tensorflows_protos(dtype: str,
+                                                         shape: tuple[int, ...]) -> None:
+    """Freezing builds a variable's TensorProto without make_tensor_proto's first copy;
+    whatever it handles itself must be exactly TensorFlow's proto, the rest TensorFlow's."""
+    import numpy as np
+    from tensorflow.python.framework import tensor_util
+
+    from neuronish.freeze import _TensorUtil
+
+    values = (np.arange(int(np.prod(shape))) % 7).astype(tf.as_dtype(dtype).as_numpy_dtype)
+    values = values.reshape(shape)
+    fast = _TensorUtil(tensor_util)
+    for args in ((values, tf.as_dtype(dtype), values.shape),
+                 (values, tf.as_dtype(dtype).as_datatype_enum, None)):
+        assert fast.make_tensor_proto(*args) == tensor_util.make_tensor_proto(*args)
