@@ -212,6 +212,31 @@ def test_a_loop_that_changes_a_shape_keeps_what_follows_on_tensorflow(tmp_path: 
     assert_matches_original(src, out, tmp_path)
 
 
+def test_what_follows_a_conditional_compiles_batched(tmp_path: Path) -> None:
+    """A tf.cond on a request's flag stays on TensorFlow; both branches return [b, 4], so
+    the ops after it have known shapes and compile, with a dynamic batch."""
+    module = tf.Module()
+    rng = np.random.default_rng(6)
+    module.a = tf.Variable(rng.standard_normal((5, 4)).astype(np.float32))
+    module.b = tf.Variable(rng.standard_normal((5, 4)).astype(np.float32))
+    module.c = tf.Variable(rng.standard_normal((4, 3)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.float32, name="x"),
+                                  tf.TensorSpec([], tf.bool, name="flag")])
+    def serve(x: tf.Tensor, flag: tf.Tensor) -> dict[str, tf.Tensor]:
+        h = tf.cond(flag, lambda: tf.matmul(x, module.a), lambda: tf.matmul(x, module.b))
+        return {"y": tf.nn.softmax(tf.matmul(tf.nn.relu(h), module.c))}
+
+    src = tmp_path / "src"
+    tf.saved_model.save(module, str(src), signatures={"serving_default": serve})
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    assert "If" in report["OnTensorFlow"] or "StatelessIf" in report["OnTensorFlow"]
+    (after,) = report["NeuronOps"]
+    assert after["op_counts"]["MatMul"] == 1 and after["dynamic_batch"], after
+    assert_matches_original(str(src), out, tmp_path)
+
+
 def test_keras_lstm_compiles_whole_its_loop_unrolled(tmp_path: Path) -> None:
     # Keras's LSTM is a While over TensorLists: before functional control flow was
     # kept, freezing turned it into a cycle and the whole model failed to compile; its
