@@ -39,6 +39,8 @@ class HubModel:
     # input key -> exclusive upper bound of its values; None: the backbone's own inputs,
     # token ids bounded by the vocabulary, masks of leading ones, floats ~N(0, 1)
     inputs: dict[str, int] | None = None
+    # input key -> its sequence length where SEQ_LEN does not fit (raw audio)
+    lengths: dict[str, int] | None = None
 
 
 HUB_MODELS = {
@@ -180,6 +182,21 @@ HUB_MODELS.update({
     "qwen3_moe_tiny": HubModel("Qwen3MoeBackbone", dict(_DECODER, head_dim=8,
                                                         moe_intermediate_dim=16,
                                                         num_experts=4, top_k=2)),
+    "dinov3_tiny": HubModel("DINOV3Backbone", dict(patch_size=8, num_layers=2, hidden_dim=32,
+                                                   num_heads=2, intermediate_dim=64,
+                                                   image_shape=(IMAGE, IMAGE, 3))),
+    "vitdet_tiny": HubModel("ViTDetBackbone", dict(hidden_size=32, num_layers=2,
+                                                   intermediate_dim=64, num_heads=2,
+                                                   global_attention_layer_indices=[1],
+                                                   image_shape=(IMAGE * 2, IMAGE * 2, 3),
+                                                   patch_size=8, num_output_channels=16,
+                                                   window_size=4)),
+    "moonshine_tiny": HubModel("MoonshineBackbone", dict(
+        vocabulary_size=VOCAB, filter_dim=32, encoder_num_layers=1, decoder_num_layers=1,
+        hidden_dim=32, intermediate_dim=64, encoder_num_heads=2, decoder_num_heads=2),
+        lengths={"encoder_input_values": 1024, "encoder_padding_mask": 1024}),
+    "gpt_oss_tiny": HubModel("GptOssBackbone", dict(_DECODER, num_experts=4, top_k=2,
+                                                    head_dim=8)),
 })
 
 ALL = (*APPLICATIONS, *HUB_MODELS, *user_models.NAMES)
@@ -221,7 +238,7 @@ def _build_hub(spec: HubModel, target: str) -> None:
     if spec.inputs is not None:
         specs = {k: tf.TensorSpec([None, SEQ_LEN], "int32", name=k) for k in spec.inputs}
     else:
-        specs = _input_specs(model)
+        specs = _input_specs(model, spec.lengths or {})
     model.export(target, verbose=False, input_signature=[specs])
 
 
@@ -232,15 +249,18 @@ def _clip(encoder: str, **kwargs: object) -> object:
     return getattr(module, encoder)(**kwargs)
 
 
-def _input_specs(model: object) -> object:
+def _input_specs(model: object, lengths: dict[str, int]) -> object:
     """The backbone's inputs with the batch left free and every other unknown dim fixed:
-    SEQ_LEN for sequences (audio frames: twice that), IMAGE for image sides."""
+    `lengths[name]` if given, else SEQ_LEN for sequences (audio frames: twice that),
+    IMAGE for image sides."""
     import tensorflow as tf
 
     def spec(t: object, name: str) -> object:
         dims = list(t.shape)
         for i in range(1, len(dims)):
-            if dims[i] is None:
+            if dims[i] is None and i == 1 and name in lengths:
+                dims[i] = lengths[name]
+            elif dims[i] is None:
                 dims[i] = IMAGE if len(dims) == 4 else (2 * SEQ_LEN if "features" in name
                                                         else SEQ_LEN)
         return tf.TensorSpec([None, *dims[1:]], t.dtype, name=name)
