@@ -54,6 +54,11 @@ class Cutoff:
             raise DeadlineExceeded(f"the call's deadline passed {what}; the rest of it was "
                                    "abandoned")
 
+    def stopped(self) -> bool:
+        """Whether the call is to stop now (`check` would raise)."""
+        return bool((self.flag is not None and self.flag[0]) or
+                    (self.deadline is not None and time.monotonic() >= self.deadline))
+
     def wait_slice(self) -> float | None:
         """How long to block at most before looking again: until the deadline, and no
         more than POLL_SECONDS while a cancel flag can change; None: no limit."""
