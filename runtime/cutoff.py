@@ -25,7 +25,7 @@ POLL_SECONDS = 0.02
 
 
 class Cutoff:
-    __slots__ = ("deadline", "flag", "_address")
+    __slots__ = ("deadline", "flag", "_view")
 
     def __init__(self, deadline: float | None = None, flag: bytearray | None = None):
         """`deadline` in time.monotonic() seconds; `flag` as in the module doc."""
@@ -35,7 +35,7 @@ class Cutoff:
                             f"got {type(flag).__name__}")
         self.deadline = deadline
         self.flag = flag
-        self._address = 0
+        self._view: ctypes.c_char | None = None
 
     @staticmethod
     def of(timeout: float | None, cancel: bytearray | None) -> Cutoff | None:
@@ -54,6 +54,11 @@ class Cutoff:
             raise DeadlineExceeded(f"the call's deadline passed {what}; the rest of it was "
                                    "abandoned")
 
+    def stopped(self) -> bool:
+        """Whether the call is to stop now (`check` would raise)."""
+        return bool((self.flag is not None and self.flag[0]) or
+                    (self.deadline is not None and time.monotonic() >= self.deadline))
+
     def wait_slice(self) -> float | None:
         """How long to block at most before looking again: until the deadline, and no
         more than POLL_SECONDS while a cancel flag can change; None: no limit."""
@@ -63,7 +68,11 @@ class Cutoff:
         return POLL_SECONDS if left is None else min(left, POLL_SECONDS)
 
     def flag_address(self) -> int:
-        """The flag byte's address for the native engine (0: no flag)."""
-        if self.flag is not None and not self._address:
-            self._address = ctypes.addressof(ctypes.c_char.from_buffer(self.flag))
-        return self._address
+        """The flag byte's address for the native engine (0: no flag). The view taken
+        of it is kept: while it lives, the buffer cannot be resized (moved) under the
+        engine."""
+        if self.flag is None:
+            return 0
+        if self._view is None:
+            self._view = ctypes.c_char.from_buffer(self.flag)
+        return ctypes.addressof(self._view)

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
+from collections.abc import Callable
+
+GIVE_UP_POLL = 0.02  # seconds between a waiter's give_up() checks
 
 
 class HostCPUs:
@@ -32,7 +36,11 @@ class HostCPUs:
             width = self.fixed_width
         return Slot(self, min(max(1, width), self.cpus))
 
-    def acquire(self, n: int, timeout: float | None = None) -> bool:
+    def acquire(self, n: int, timeout: float | None = None,
+                give_up: Callable[[], bool] | None = None) -> bool:
+        """Take `n` CPUs, waiting in line; False after `timeout` seconds, or as soon as
+        `give_up()` says so (asked every GIVE_UP_POLL seconds, keeping the place)."""
+        end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             if not self._waiting and self._free >= n:  # (the common, uncontended case)
                 self._free -= n
@@ -40,11 +48,16 @@ class HostCPUs:
             ticket = object()
             self._waiting.append(ticket)
             try:
-                got = self._cond.wait_for(
-                    lambda: self._waiting[0] is ticket and self._free >= n, timeout)
-                if got:
-                    self._free -= n
-                return got
+                while True:
+                    left = None if end is None else max(0.0, end - time.monotonic())
+                    wait = left if give_up is None else \
+                        GIVE_UP_POLL if left is None else min(left, GIVE_UP_POLL)
+                    if self._cond.wait_for(
+                            lambda: self._waiting[0] is ticket and self._free >= n, wait):
+                        self._free -= n
+                        return True
+                    if (give_up is not None and give_up()) or left == 0.0:
+                        return False
             finally:
                 self._waiting.remove(ticket)
                 self._cond.notify_all()  # the next in line may now be first

@@ -69,6 +69,43 @@ def test_waiters_are_served_in_arrival_order() -> None:
     assert order == ["wide", "narrow"]
 
 
+def test_a_waiter_that_may_give_up_keeps_its_place_in_line() -> None:
+    """A call with a cancel flag asks give_up() while it waits; it must not lose its
+    turn by doing so, and it leaves the line as soon as give_up() says so."""
+    import time
+
+    host = HostCPUs(1)
+    assert host.acquire(1)
+    order: list[str] = []
+    first_in_line = threading.Event()
+    cancelled = threading.Event()
+
+    def patient_polling() -> None:
+        first_in_line.set()
+        if host.acquire(1, give_up=lambda: False):  # polls every GIVE_UP_POLL seconds
+            order.append("polling")
+            host.release(1)
+
+    a = _in_thread(patient_polling)
+    first_in_line.wait(5)
+    time.sleep(0.1)  # several polls: the waiter is first in line all along
+    b = _in_thread(lambda: host.acquire(1) and (order.append("plain"), host.release(1)))
+    time.sleep(0.1)
+    host.release(1)
+    a.join(5)
+    b.join(5)
+    assert order == ["polling", "plain"]
+    assert host.acquire(1)
+    result: list[bool] = []
+    c = _in_thread(lambda: result.append(host.acquire(1, give_up=cancelled.is_set)))
+    time.sleep(0.05)
+    cancelled.set()
+    c.join(5)
+    assert result == [False] and host.free == 0
+    host.release(1)
+    assert host.free == 1
+
+
 def test_a_width_above_the_host_is_clamped() -> None:
     host = HostCPUs(2)
     with host.take(8) as slot:
