@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import neuronish.saved_model
-from neuronish.partition.rewrite import real_fft_as_matmuls
+from neuronish.partition.rewrite import real_fft_as_matmuls, sorted_segments_as_unsorted
 from tests.test_unroll import _frozen, _run
 
 COMPLEX_OPS = {"Complex", "FFT", "FFT2D", "Real"}
@@ -50,3 +50,26 @@ def test_fnet_style_model_compiles_whole(tmp_path: Path) -> None:
     report = neuronish.saved_model.compile(str(tmp_path / "src"), str(tmp_path / "out"),
                                            batch_size=1)
     assert report["OnNeuronRatio"] == 1.0 and not report["OnTensorFlow"], report["OnTensorFlow"]
+
+
+def _segments(module: tf.Module, x: tf.Tensor) -> tf.Tensor:
+    """Sorted segments over constant ids (segment 2 empty), on [b, 6] -> [6, b]."""
+    ids = tf.constant([0, 0, 1, 3, 3, 3])
+    rows = tf.transpose(x)
+    return tf.concat([tf.math.segment_sum(rows, ids), tf.math.segment_mean(rows, ids)], 0)
+
+
+def test_sorted_segments_over_constant_ids_compile_with_tf_numbers(tmp_path: Path) -> None:
+    src = tmp_path / "segments"
+    frozen = _frozen(src, _segments, [None, 6])
+    fetches = list(frozen.outputs.values())
+    rewritten = sorted_segments_as_unsorted(frozen.graph_def, {"x:0": [2, 6]})
+    ops = {n.op for n in rewritten.node}
+    assert "UnsortedSegmentSum" in ops and not {"SegmentSum", "SegmentMean"} & ops
+    for batch in (2, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 6)).astype("float32")
+        (want,), (got,) = _run(frozen.graph_def, fetches, x), _run(rewritten, fetches, x)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    report = neuronish.saved_model.compile(str(src / "src"), str(tmp_path / "out"),
+                                           batch_size=1)
+    assert report["OnNeuronRatio"] == 1.0, report["OnTensorFlow"]

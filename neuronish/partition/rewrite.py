@@ -9,6 +9,10 @@ not apply:
   with constant cosine and sine matrices: with F = C - iS the DFT matrix of each axis,
   Re(F_m X F_n) = C_m X C_n - S_m X S_n, and Re(X F_n) = X C_n for `fft`. The device
   holds no complex numbers; these are plain matmuls.
+- `sorted_segments_as_unsorted`: SegmentSum and SegmentMean over constant segment ids as
+  UnsortedSegmentSum with num_segments = last id + 1 (divided by each segment's constant
+  count for the mean): TensorFlow's shape inference cannot size a SegmentSum's output
+  even when its ids are constants, so nothing after it could be compiled.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def rewrite_for_device(graph_def: graph_pb2.GraphDef,
                        fetches: Sequence[str]) -> graph_pb2.GraphDef:
     """`graph_def` with every rewrite of this module applied (a new GraphDef if any did)."""
     graph_def = unroll_loops(graph_def, input_shapes, fetches)
-    return real_fft_as_matmuls(graph_def, input_shapes, fetches)
+    graph_def = real_fft_as_matmuls(graph_def, input_shapes, fetches)
+    return sorted_segments_as_unsorted(graph_def, input_shapes)
 
 
 def real_fft_as_matmuls(graph_def: graph_pb2.GraphDef,
@@ -129,3 +134,63 @@ def _as_matmuls(graph_def: graph_pb2.GraphDef, real: node_def_pb2.NodeDef, op: s
                        _const(graph_def, f"{name}/dft_sin_n", sin_n), dtype)
     real.op = "Sub"
     real.input.extend([both_cos, both_sin, *controls])
+
+
+def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
+                                input_shapes: Mapping[str, Sequence[int]]
+                                ) -> graph_pb2.GraphDef:
+    """Each SegmentSum / SegmentMean whose segment ids are a sorted, non-negative 1-D Const
+    as UnsortedSegmentSum (and a division by the constant counts); `graph_def` itself
+    when there is none."""
+    by_name = {n.name: n for n in graph_def.node}
+    found = []
+    for node in graph_def.node:
+        if node.op not in ("SegmentSum", "SegmentMean") or len(node.input) < 2:
+            continue
+        ids_node = by_name.get(_source(node.input[1]))
+        if ids_node is None or ids_node.op != "Const":
+            continue
+        ids = tf.make_ndarray(ids_node.attr["value"].tensor)
+        if ids.ndim == 1 and ids.size and (ids >= 0).all() and (np.diff(ids) >= 0).all():
+            found.append((node.name, ids))
+    if not found:
+        return graph_def
+    try:
+        infos = infer(graph_def, input_shapes)
+    except PartitionError:
+        return graph_def
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    nodes = {n.name: n for n in out.node}
+    for name, ids in found:
+        data_info = infos.get(_source_tensor(nodes[name].input[0]))
+        if data_info is None or data_info.shape is None or not data_info.shape:
+            continue
+        node = nodes[name]
+        segments = int(ids[-1]) + 1
+        dtype = node.attr["T"].type
+        count = _const(out, f"{name}/num_segments", np.int64(segments))
+        data, ids_ref = node.input[0], node.input[1]
+        controls = [i for i in node.input if i.startswith("^")]
+        mean = node.op == "SegmentMean"
+        summed = node if not mean else out.node.add(name=f"{name}/sum")
+        summed.op = "UnsortedSegmentSum"
+        del summed.input[:]
+        summed.input.extend([data, ids_ref, count, *controls])
+        for key in list(summed.attr):
+            del summed.attr[key]
+        summed.attr["T"].type = dtype
+        summed.attr["Tindices"].type = nodes[_source(ids_ref)].attr["dtype"].type
+        summed.attr["Tnumsegments"].type = tf.int64.as_datatype_enum
+        if mean:  # empty segments: 0 / 1 = 0, as TensorFlow's SegmentMean gives
+            sizes = np.maximum(np.bincount(ids, minlength=segments), 1)
+            shape = [segments] + [1] * (len(data_info.shape) - 1)
+            divisor = _const(out, f"{name}/sizes", sizes.reshape(shape).astype(
+                tf.as_dtype(dtype).as_numpy_dtype))
+            node.op = "RealDiv" if tf.as_dtype(dtype).is_floating else "Div"
+            del node.input[:]
+            node.input.extend([f"{name}/sum:0", divisor])
+            for key in list(node.attr):
+                del node.attr[key]
+            node.attr["T"].type = dtype
+    return out
