@@ -24,8 +24,8 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.partition.graph import GraphIndex, producer
-from neuronish.partition.shapes import batched_inputs
+from neuronish.partition.graph import GraphIndex, PartitionError, producer
+from neuronish.partition.shapes import batched_inputs, infer
 from neuronish.partition.values import static_values
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
@@ -72,49 +72,93 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
 # --- running the graph at the compile shapes -------------------------------------------------
 
 def _evaluate(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-              tensors: list[str], seed: int) -> list[np.ndarray]:
-    """The values of `tensors` with every input random at its compile shape."""
-    rng = np.random.default_rng(seed)
-    shapes = {k[:-2] if k.endswith(":0") else k: v for k, v in input_shapes.items()}
+              tensors: list[str]) -> list[np.ndarray]:
+    """The values of `tensors`, which must follow from constants and shapes alone: each
+    shape op whose input's shape is known at `input_shapes` becomes that constant, and
+    nothing is fed (no data, tables or other resources are needed)."""
+    try:
+        infos = infer(graph_def, input_shapes)
+    except PartitionError as e:
+        raise _CannotUnroll(str(e)) from None
+    constant = graph_pb2.GraphDef()
+    constant.CopyFrom(graph_def)
+    for original, node in zip(graph_def.node, constant.node):
+        info = infos.get(_canonical(original.input[0])) if original.input else None
+        if original.op in ("Shape", "Size", "Rank") and info is not None and info.fully_known:
+            shape = np.asarray(info.shape, dtype=np.int64)
+            value = {"Shape": shape, "Size": np.prod(shape),
+                     "Rank": np.int64(len(shape))}[original.op]
+            dtype = tf.as_dtype(original.attr["out_type"].type) if "out_type" in \
+                original.attr else tf.int32
+            node.Clear()
+            node.name, node.op = original.name, "Const"
+            node.attr["dtype"].type = dtype.as_datatype_enum
+            node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
+                np.asarray(value).astype(dtype.as_numpy_dtype)))
     graph = tf.Graph()
     with graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
-        feeds = {}
-        for node in graph_def.node:
-            if node.op not in INPUT_OPS or node.name not in shapes:
-                continue
-            dtype = tf.as_dtype(node.attr["dtype"].type)
-            shape = shapes[node.name]
-            if dtype == tf.string:  # words (a text model's front end tokenizes them)
-                feeds[f"{node.name}:0"] = rng.choice(np.array([b"a b", b"c"], object), shape)
-                continue
-            value = rng.integers(0, 2, shape) if dtype.is_integer or dtype.is_bool else \
-                rng.standard_normal(shape)
-            feeds[f"{node.name}:0"] = value.astype(dtype.as_numpy_dtype)
+        tf.graph_util.import_graph_def(constant, name="")
         with tf.compat.v1.Session(graph=graph) as session:
             try:
-                return session.run(tensors, feeds)
+                return session.run(tensors)
             except (tf.errors.OpError, ValueError) as e:
                 raise _CannotUnroll(str(e)) from None
 
 
 def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
                  input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """Iterations of each loop (its loop counter, output 0, at the end): the same for two
-    different inputs, one a batch larger (the compiled program serves every batch), and at
-    most MAX_STEPS."""
-    counters = [f"{n.name}:0" for n in loops]
+    """Iterations of each loop, found by running its condition and the body's fixed
+    variables (`_check_count_is_fixed`) on their starting values: the same at the compile
+    shapes and one batch larger (the compiled program serves every batch), and at most
+    MAX_STEPS."""
     batched = batched_inputs(graph_def)
     bigger = {k: [d + 1 if i == 0 and (k[:-2] if k.endswith(":0") else k) in batched else d
                   for i, d in enumerate(v)] for k, v in input_shapes.items()}
-    first = _evaluate(graph_def, input_shapes, counters, seed=1)
-    second = _evaluate(graph_def, bigger, counters, seed=2)
     trips = {}
-    for node, a, b in zip(loops, first, second):
-        if a.shape != () or int(a) != int(b) or not 0 <= int(a) <= MAX_STEPS:
-            raise _CannotUnroll(f"{node.name} runs {a} / {b} times")
-        trips[node.name] = int(a)
+    for node in loops:
+        counts = {_simulate(graph_def, node, shapes) for shapes in (input_shapes, bigger)}
+        if len(counts) != 1:
+            raise _CannotUnroll(f"{node.name} runs {sorted(counts)} times at two batch sizes")
+        trips[node.name] = counts.pop()
     return trips
+
+
+def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
+              input_shapes: Mapping[str, Sequence[int]]) -> int:
+    """How many times loop `node` runs: its condition and its fixed variables, stepped in
+    TensorFlow sessions from their starting values."""
+    values = [i for i in node.input if not i.startswith("^")]
+    fixed = sorted(_fixed_variables(graph_def, node))
+    current = dict(zip(fixed, _evaluate(graph_def, input_shapes,
+                                        [_canonical(values[k]) for k in fixed])))
+    cond = _function(graph_def, node.attr["cond"].func.name)
+    body = _function(graph_def, node.attr["body"].func.name)
+    cond_graph, cond_flat = function_def_to_graph_def(cond)
+    body_graph, body_flat = function_def_to_graph_def(body)
+    cond_args = [a.name for a in cond.signature.input_arg]
+    body_args = [a.name for a in body.signature.input_arg]
+    cond_out = cond_flat[cond.ret[cond.signature.output_arg[0].name]]
+    body_outs = [body_flat[body.ret[body.signature.output_arg[k].name]] for k in fixed]
+    sessions = []
+    try:
+        for graph_def_ in (cond_graph, body_graph):
+            graph = tf.Graph()
+            with graph.as_default():
+                tf.graph_util.import_graph_def(graph_def_, name="")
+            sessions.append(tf.compat.v1.Session(graph=graph))
+        cond_session, body_session = sessions
+        for step in range(MAX_STEPS + 1):
+            go = cond_session.run(cond_out, {f"{cond_args[k]}:0": v for k, v in current.items()})
+            if not bool(go):
+                return step
+            current = dict(zip(fixed, body_session.run(
+                body_outs, {f"{body_args[k]}:0": v for k, v in current.items()})))
+    except (tf.errors.OpError, ValueError) as e:
+        raise _CannotUnroll(f"{node.name}: {e}") from None
+    finally:
+        for session in sessions:
+            session.close()
+    raise _CannotUnroll(f"{node.name} runs more than {MAX_STEPS} times")
 
 
 def _reads(graph_def: graph_pb2.GraphDef, tensors: list[str]) -> set[str]:
@@ -135,25 +179,30 @@ def _check_count_is_fixed(graph_def: graph_pb2.GraphDef,
                           loops: list[node_def_pb2.NodeDef]) -> None:
     """Each loop's condition reads only loop variables that start fixed (constants and
     shapes) and that the body computes from such variables only."""
+    for node in loops:
+        if not set(_cond_args(graph_def, node)) <= _fixed_variables(graph_def, node):
+            raise _CannotUnroll(f"{node.name}: its condition reads values computed from data")
+
+
+def _fixed_variables(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> set[int]:
+    """Positions of the loop variables that start fixed (constants and shapes) and that
+    the body computes from such variables only."""
     static = static_values(GraphIndex.build(graph_def))
     fixed_outer = static.constant | static.shape
-    for node in loops:
-        body = _function(graph_def, node.attr["body"].func.name)
-        body_graph, flat = function_def_to_graph_def(body)
-        args = [a.name for a in body.signature.input_arg]
-        values = [i for i in node.input if not i.startswith("^")]
-        if len(values) != len(args):
-            raise _CannotUnroll(f"{node.name}: {len(values)} inputs, body takes {len(args)}")
-        reads = [_reads(body_graph, [flat[body.ret[a.name]]]) for a in body.signature.output_arg]
-        fixed = {k for k, v in enumerate(values) if producer(_canonical(v)) in fixed_outer}
-        while True:  # drop variables the body computes from a variable that is not fixed
-            loose = {k for k in fixed if any(args[j] in reads[k] for j in
-                                            set(range(len(args))) - fixed)}
-            if not loose:
-                break
-            fixed -= loose
-        if not set(_cond_args(graph_def, node)) <= fixed:
-            raise _CannotUnroll(f"{node.name}: its condition reads values computed from data")
+    body = _function(graph_def, node.attr["body"].func.name)
+    body_graph, flat = function_def_to_graph_def(body)
+    args = [a.name for a in body.signature.input_arg]
+    values = [i for i in node.input if not i.startswith("^")]
+    if len(values) != len(args):
+        raise _CannotUnroll(f"{node.name}: {len(values)} inputs, body takes {len(args)}")
+    reads = [_reads(body_graph, [flat[body.ret[a.name]]]) for a in body.signature.output_arg]
+    fixed = {k for k, v in enumerate(values) if producer(_canonical(v)) in fixed_outer}
+    while True:  # drop variables the body computes from a variable that is not fixed
+        loose = {k for k in fixed if any(args[j] in reads[k] for j in
+                                        set(range(len(args))) - fixed)}
+        if not loose:
+            return fixed
+        fixed -= loose
 
 
 def _check_fixed(graph_def: graph_pb2.GraphDef, tensors: list[str]) -> None:
@@ -272,7 +321,7 @@ def _lists_to_tensors(graph_def: graph_pb2.GraphDef,
             needed[tensor] = None
     names = list(needed)
     known = dict(zip(names, (int(np.asarray(v).reshape(())) for v in
-                             _evaluate(graph_def, input_shapes, names, seed=1))))
+                             _evaluate(graph_def, input_shapes, names))))
     lists: dict[str, tuple[str, object]] = {}  # variant tensor -> ("rows", t) | ("items", [..])
     for n in order:
         refs = [_canonical(i) for i in n.input if not i.startswith("^")]
