@@ -154,6 +154,17 @@ def mixed_precision() -> keras.Model:
         keras.mixed_precision.set_global_policy("float32")
 
 
+def text_vectorization_lstm() -> keras.Model:
+    """The Keras text tutorial's shape: raw strings -> TextVectorization -> Embedding ->
+    LSTM -> Dense."""
+    text = keras.Input((1,), dtype="string", name="text")
+    ids = keras.layers.TextVectorization(vocabulary=["cat", "dog", "fish"],
+                                         output_sequence_length=8)(text)
+    y = keras.layers.Embedding(6, 8, mask_zero=True)(ids)
+    y = keras.layers.LSTM(8)(y)
+    return _keras([text], keras.layers.Dense(2)(y))
+
+
 class _Module(tf.Module):
     def __init__(self, fn: Callable, specs: list, seed: int) -> None:
         super().__init__()
@@ -257,6 +268,7 @@ KERAS: dict[str, Callable[[], keras.Model]] = {
     "keras_norms": norms, "keras_lstm_text": lstm_text,
     "keras_attention_layers": attention_layers, "keras_tabular": tabular,
     "keras_string_lookup": string_lookup, "keras_mixed_precision": mixed_precision,
+    "keras_text_vectorization_lstm": text_vectorization_lstm,
 }
 NAMES = (*KERAS, *MODULES)
 # Exclusive upper bounds of integer inputs, by input key.

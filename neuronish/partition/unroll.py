@@ -85,6 +85,9 @@ def _evaluate(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence
                 continue
             dtype = tf.as_dtype(node.attr["dtype"].type)
             shape = shapes[node.name]
+            if dtype == tf.string:  # words (a text model's front end tokenizes them)
+                feeds[f"{node.name}:0"] = rng.choice(np.array([b"a b", b"c"], object), shape)
+                continue
             value = rng.integers(0, 2, shape) if dtype.is_integer or dtype.is_bool else \
                 rng.standard_normal(shape)
             feeds[f"{node.name}:0"] = value.astype(dtype.as_numpy_dtype)
