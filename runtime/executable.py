@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -159,13 +160,26 @@ def to_bytes(exe: Executable) -> bytes:
 def write(exe: Executable, file: BinaryIO) -> int:
     """Write the executable file's bytes to `file` (open for binary writing) without
     building them in memory: the weights go from the arrays to the file. Returns the
-    number of bytes written."""
+    number of bytes written. A seekable file gets the body while another thread hashes
+    it (both let go of the GIL: ~1 s per GB each), then the header."""
     parts = _body_parts(exe)
-    header = _header(parts)
-    file.write(header)
-    for part in parts:
-        file.write(part)
-    return len(header) + sum(memoryview(p).nbytes for p in parts)
+    size = HEADER_SIZE + sum(memoryview(p).nbytes for p in parts)
+    if not file.seekable():
+        file.write(_header(parts))
+        for part in parts:
+            file.write(part)
+        return size
+    start = file.tell()
+    file.write(bytes(HEADER_SIZE))  # the header's place, filled in once the hash is known
+    with ThreadPoolExecutor(1, thread_name_prefix="neuronish-exe-hash") as pool:
+        header = pool.submit(_header, parts)
+        for part in parts:
+            file.write(part)
+        end = file.tell()
+        file.seek(start)
+        file.write(header.result())
+        file.seek(end)
+    return size
 
 
 def read_header(data: bytes) -> tuple[int, int]:

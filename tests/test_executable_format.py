@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import subprocess
@@ -253,8 +254,23 @@ def test_streamed_writer_is_msgpacks_own_encoding(golden: bytes, tmp_path: Path)
         assert stored["data"] == data.tobytes() and stored["shape"] == [count]
         path = tmp_path / f"{count}.neff"
         with open(path, "wb") as f:
+            f.write(b"lead-in")  # the header goes where the executable starts
             assert write(grown, f) == len(raw)
-        assert path.read_bytes() == raw
+        assert path.read_bytes() == b"lead-in" + raw
+        stream = _Unseekable()  # a pipe: hashed first, then written in order
+        assert write(grown, stream) == len(raw) and bytes(stream.data) == raw
+
+
+class _Unseekable(io.RawIOBase):
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: object) -> int:
+        self.data += b
+        return len(memoryview(b))
 
 
 def test_constants_are_views_of_the_file_and_the_body_reads_as_msgpack_reads_it(
