@@ -23,6 +23,7 @@ from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
 from neuronish.partition.loops import LOOP_OPS
+from neuronish.partition.stand_ins import const, replace_with_fill
 
 Shape = tuple[int | None, ...] | None
 
@@ -44,7 +45,7 @@ def pin(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, Shape]) -> bool:
         if found is None:
             continue
         num_elements, item_shape = found
-        _replace_with_fill(graph_def, node, num_elements, item_shape)
+        _stack_stand_in(graph_def, node, num_elements, item_shape)
         changed = True
     return changed
 
@@ -127,32 +128,13 @@ def _item_shape(body: function_pb2.FunctionDef, k: int,
     return tuple(item.as_list())
 
 
-def _replace_with_fill(graph_def: graph_pb2.GraphDef, stack: node_def_pb2.NodeDef,
-                       num_elements: str, item_shape: tuple[int, ...]) -> None:
+def _stack_stand_in(graph_def: graph_pb2.GraphDef, stack: node_def_pb2.NodeDef,
+                    num_elements: str, item_shape: tuple[int, ...]) -> None:
     dims = graph_def.node.add(name=f"{stack.name}/neuronish_dims", op="Pack")
     dims.input.append(num_elements)
-    for i, d in enumerate(item_shape):
-        const = graph_def.node.add(name=f"{stack.name}/neuronish_dim_{i}", op="Const")
-        const.attr["dtype"].type = tf.int32.as_datatype_enum
-        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(d, tf.int32))
-        dims.input.append(const.name)
+    dims.input.extend(const(graph_def, f"{stack.name}/neuronish_dim_{i}", d, tf.int32)
+                      for i, d in enumerate(item_shape))
     dims.attr["N"].i = 1 + len(item_shape)
     dims.attr["T"].type = tf.int32.as_datatype_enum
     dims.attr["axis"].i = 0
     replace_with_fill(graph_def, stack, dims.name, tf.as_dtype(_item_dtype(stack)))
-
-
-def replace_with_fill(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef, dims: str,
-                      dtype: tf.DType, index_type: tf.DType = tf.int32) -> None:
-    """Turn `node` (in place, keeping its name) into `Fill(dims, zero of dtype)`: a node of
-    the shape `dims` holds, for shape inference to see (its value is never used)."""
-    zero = graph_def.node.add(name=f"{node.name}/neuronish_zero", op="Const")
-    zero.attr["dtype"].type = dtype.as_datatype_enum
-    value = b"" if dtype == tf.string else False if dtype == tf.bool else 0
-    zero.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value, dtype))
-    name = node.name
-    node.Clear()
-    node.name, node.op = name, "Fill"
-    node.input.extend([dims, zero.name])
-    node.attr["T"].type = dtype.as_datatype_enum
-    node.attr["index_type"].type = index_type.as_datatype_enum

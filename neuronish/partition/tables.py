@@ -14,7 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.partition.lists import replace_with_fill
+from neuronish.partition.stand_ins import concat, replace_with_fill
 
 LOOKUP_OPS = frozenset({"LookupTableFindV2"})
 
@@ -32,12 +32,5 @@ def stand_in(graph_def: graph_pb2.GraphDef) -> None:
             shape.attr["T"].type = node.attr["Tin" if what == "keys" else "Tout"].type
             shape.attr["out_type"].type = tf.int32.as_datatype_enum
             shapes.append(shape.name)
-        axis = graph_def.node.add(name=f"{node.name}/neuronish_axis", op="Const")
-        axis.attr["dtype"].type = tf.int32.as_datatype_enum
-        axis.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, tf.int32))
-        dims = graph_def.node.add(name=f"{node.name}/neuronish_dims", op="ConcatV2")
-        dims.input.extend([*shapes, axis.name])
-        dims.attr["N"].i = 2
-        dims.attr["T"].type = tf.int32.as_datatype_enum
-        dims.attr["Tidx"].type = tf.int32.as_datatype_enum
-        replace_with_fill(graph_def, node, dims.name, tf.as_dtype(node.attr["Tout"].type))
+        dims = concat(graph_def, f"{node.name}/neuronish_dims", shapes, tf.int32)
+        replace_with_fill(graph_def, node, dims, tf.as_dtype(node.attr["Tout"].type))
