@@ -51,15 +51,14 @@ def _take(lock: threading.Lock | Slot, cutoff: Cutoff) -> None:
     if lock.acquire(False):  # (free: the common case, without a timed wait)
         return
     if isinstance(lock, Slot):  # waits in line for the host's CPUs, keeping its place
-        if not lock.host.acquire(lock.width, give_up=cutoff.stopped):
+        while not lock.host.acquire(lock.width, give_up=cutoff.stopped):
             cutoff.check("while it waited for the host's CPUs (busy with other calls)")
         return
     while True:
         wait = cutoff.wait_slice()
         if lock.acquire(timeout=-1 if wait is None else wait):
             return
-        cutoff.check("while it waited for a core (the cores or the host's CPUs were busy "
-                     "with other calls)")
+        cutoff.check("while it waited for a core (busy with other calls)")
 
 
 @dataclass(frozen=True)
