@@ -79,6 +79,7 @@ class Telemetry:
         self.pid = os.getpid()
         self.path = self.directory / f"{self.pid}.json"
         self._lock = threading.Lock()
+        self._publishing = threading.Lock()  # see publish
         self._models: dict[int, _ModelCounters] = {}  # id(model) -> counters
         self._ids = itertools.count()
         self._core_busy: dict[int, float] = {}
@@ -177,16 +178,20 @@ class Telemetry:
     def publish(self) -> None:
         if self._device is None:
             return
-        data = json.dumps(self.snapshot())
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.getpid()}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # One publish at a time, snapshot to rename: the background loop's write of an
+        # older snapshot must not land after (and over) a newer one.
+        with self._publishing:
+            data = json.dumps(self.snapshot())
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.getpid()}.",
+                                       suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(data)
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     def close(self) -> None:
         """Stop publishing and remove this process's file (at exit)."""
