@@ -25,21 +25,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _max_rel_error(got: dict, want: dict) -> float:
-    import numpy as np
-
-    worst = 0.0
-    for key, w in want.items():
-        w = w.numpy()
-        g = got[key].numpy()
-        if g.shape != w.shape or g.dtype != w.dtype:
-            return float("inf")
-        if w.size:
-            scale = max(float(np.max(np.abs(w.astype("float64")))), 1e-30)
-            worst = max(worst, float(np.max(np.abs(g.astype("float64") - w))) / scale)
-    return worst
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from zoo import max_rel_error  # noqa: E402 (a sibling script, found by the line above)
 
 
 def measure(name: str) -> dict:
@@ -74,7 +61,7 @@ def measure(name: str) -> dict:
             feeds = {k: tf.constant(v) for k, v in
                      third_party.example_inputs(name, original, b, seed=b).items()}
             try:
-                row[f"err{b}"] = _max_rel_error(compiled(**feeds), original(**feeds))
+                row[f"err{b}"] = max_rel_error(compiled(**feeds), original(**feeds))
             except Exception as e:  # noqa: BLE001
                 row[f"err{b}"] = f"{type(e).__name__}: {str(e)[:400]}"
     return row

@@ -39,7 +39,9 @@ def _saved_model(name: str) -> str:
     return cached_saved_model(name)
 
 
-def _max_rel_error(got: dict, want: dict) -> float:
+def max_rel_error(got: dict, want: dict) -> float:
+    """Over all outputs: max |got - want| / max |want| (inf on a shape or dtype mismatch).
+    `benchmarks/probe_models.py` measures with it too."""
     import numpy as np
 
     worst = 0.0
@@ -48,8 +50,8 @@ def _max_rel_error(got: dict, want: dict) -> float:
         g = got[key].numpy()
         if g.shape != w.shape or g.dtype != w.dtype:
             return float("inf")
-        scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
         if w.size:
+            scale = max(float(np.max(np.abs(w.astype("float64")))), 1e-30)
             worst = max(worst, float(np.max(np.abs(g.astype("float64") - w))) / scale)
     return worst
 
@@ -94,7 +96,7 @@ def measure(name: str, batch: int, other_batch: int, slices: int, seconds: float
         for b in (batch, other_batch):
             feeds[b] = {k: tf.constant(v) for k, v in
                         third_party.example_inputs(name, original, b, seed=b).items()}
-            errors.append(_max_rel_error(compiled(**feeds[b]), original(**feeds[b])))
+            errors.append(max_rel_error(compiled(**feeds[b]), original(**feeds[b])))
         ratio = _throughput_ratio(original, compiled, feeds[batch], slices, seconds)
     left = {op: t["count"] for op, t in report["OnTensorFlow"].items()}
     return {"model": name, "tf_ops": report["operations"], "ratio": report["OnNeuronRatio"],

@@ -73,11 +73,12 @@ def _pads(node: TFNode, spatial: tuple[int, int], kernel: tuple[int, int],
     return [t, b, lf, r]
 
 
-def _nhwc_input(ctx: LowerCtx, node: TFNode) -> Value:
+def float_input(ctx: LowerCtx, node: TFNode, layout: str = "NHWC") -> Value:
+    """Input 0, a float tensor of the rank `layout` ("NHWC", "NDHWC") names."""
     x = ctx.input(node, 0)
     require_dtype(x, FLOAT)
-    if len(x.shape) != 4:
-        raise NodeError(f"input {x.type} must be 4-D NHWC")
+    if len(x.shape) != len(layout):
+        raise NodeError(f"input {x.type} must be {len(layout)}-D {layout}")
     return x
 
 
@@ -100,7 +101,7 @@ def conv2d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     blocks, block g reading input group g. One input channel per group
     (G = C) is depthwise convolution with the filter reshaped to
     [KH, KW, C, O/C]; other G become `conv2d` with `groups=G`."""
-    x = _nhwc_input(ctx, node)
+    x = float_input(ctx, node)
     w = ctx.input(node, 1)
     if len(w.shape) != 4:
         raise NodeError(f"filter {w.type} must be 4-D [KH, KW, C, O]")
@@ -144,7 +145,7 @@ def _pool_supports(node: TFNode) -> str | None:
 
 
 def _pool(ctx: LowerCtx, node: TFNode, mode: str, ksize: object, strides: object) -> Value:
-    x = _nhwc_input(ctx, node)
+    x = float_input(ctx, node)
     k, s = _hw(ksize, "ksize"), _hw(strides, "strides")
     if min(k) < 1 or min(s) < 1:
         raise NodeError(f"ksize {k} and strides {s} must be >= 1")

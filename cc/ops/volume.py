@@ -7,8 +7,8 @@ from __future__ import annotations
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
-from .basic import FLOAT, dtype_check, require_dtype
-from .nn import same_pads
+from .basic import FLOAT, dtype_check
+from .nn import float_input, same_pads
 from .registry import LowerCtx, tf_op
 
 
@@ -45,19 +45,11 @@ def _pads(node: TFNode, spatial: tuple[int, ...], kernel: list[int], strides: li
             for p in same_pads(s, k, st, d)]
 
 
-def _volume(ctx: LowerCtx, node: TFNode) -> Value:
-    x = ctx.input(node, 0)
-    require_dtype(x, FLOAT)
-    if len(x.shape) != 5:
-        raise NodeError(f"input {x.type} must be 5-D NDHWC")
-    return x
-
-
 @tf_op("Conv3D", supports=_volume_supports(("strides", "dilations")))
 def conv3d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """3-D cross-correlation of NDHWC `input` with a [KD, KH, KW, C, O] `filter`;
     strides and dilations as NDHWC 5-lists."""
-    x, w = _volume(ctx, node), ctx.input(node, 1)
+    x, w = float_input(ctx, node, "NDHWC"), ctx.input(node, 1)
     if len(w.shape) != 5 or w.shape[3] != x.shape[4]:
         raise NodeError(f"filter {w.type} must be [KD, KH, KW, C, O] with the input's C "
                         f"({x.type}); grouped 3-D convolution is not supported")
@@ -72,7 +64,7 @@ def conv3d(ctx: LowerCtx, node: TFNode) -> list[Value]:
 def pool3d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Max / average pooling over NDHWC windows `ksize` with `strides` (5-lists); max
     ignores padded cells, average divides by the number of real cells."""
-    x = _volume(ctx, node)
+    x = float_input(ctx, node, "NDHWC")
     ksize, strides = _dhw(node.get("ksize"), "ksize"), _dhw(node.get("strides"), "strides")
     pads = _pads(node, x.shape[1:4], ksize, strides, [1, 1, 1])
     return [ctx.emit1("pool3d", [x], {"mode": "max" if node.op == "MaxPool3D" else "avg",

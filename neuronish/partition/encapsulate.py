@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from neuronish.cc.graphdef import encode_varint
 from neuronish.partition.cluster import Cluster
 from neuronish.partition.graph import GraphIndex, PartitionError, canonical, parse_input, producer
 from neuronish.partition.shapes import TensorInfo
@@ -111,21 +112,12 @@ def graph_def_parts(graph_def: graph_pb2.GraphDef) -> Iterator[bytes]:
             setattr(rest, field.name, value)
     for node in graph_def.node:  # field 1, the first in field-number order
         data = node.SerializeToString(deterministic=True)
-        yield _NODE_TAG + _varint(len(data))
+        yield _NODE_TAG + encode_varint(len(data))
         yield data
     yield rest.SerializeToString(deterministic=True)
 
 
 _NODE_TAG = b"\x0a"  # GraphDef.node: field 1, length-delimited
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def encapsulate(

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from neuronish.partition.shapes import PartitionError, infer
+from neuronish.partition.shapes import PartitionError, TensorInfo, infer
 from neuronish.partition.unroll import drop_dead, unroll_loops
 
 _FLOAT = {tf.float32.as_datatype_enum: np.float32, tf.float64.as_datatype_enum: np.float64}
@@ -45,15 +45,10 @@ def real_fft_as_matmuls(graph_def: graph_pb2.GraphDef,
     with constant DFT matrices; `graph_def` itself when there is none."""
     by_name = {n.name: n for n in graph_def.node}
     found = [n for n in graph_def.node if n.op == "Real" and _real_of_fft(n, by_name)]
-    if not found:
+    prepared = _copy_with_shapes(graph_def, input_shapes) if found else None
+    if prepared is None:
         return graph_def
-    try:
-        infos = infer(graph_def, input_shapes)
-    except PartitionError:
-        return graph_def
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    nodes = {n.name: n for n in out.node}
+    out, nodes, infos = prepared
     changed = False
     for real in found:
         fft = by_name[_source(real.input[0])]
@@ -69,6 +64,20 @@ def real_fft_as_matmuls(graph_def: graph_pb2.GraphDef,
         return graph_def
     drop_dead(out, fetches)
     return out
+
+
+def _copy_with_shapes(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]]
+                      ) -> tuple[graph_pb2.GraphDef, dict[str, node_def_pb2.NodeDef],
+                                 dict[str, TensorInfo]] | None:
+    """A copy of `graph_def` to rewrite, its nodes by name, and the static shapes of the
+    tensors; None when shape inference fails (then nothing is rewritten)."""
+    try:
+        infos = infer(graph_def, input_shapes)
+    except PartitionError:
+        return None
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    return out, {n.name: n for n in out.node}, infos
 
 
 def _source(ref: str) -> str:
@@ -153,15 +162,10 @@ def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
         ids = tf.make_ndarray(ids_node.attr["value"].tensor)
         if ids.ndim == 1 and ids.size and (ids >= 0).all() and (np.diff(ids) >= 0).all():
             found.append((node.name, ids))
-    if not found:
+    prepared = _copy_with_shapes(graph_def, input_shapes) if found else None
+    if prepared is None:
         return graph_def
-    try:
-        infos = infer(graph_def, input_shapes)
-    except PartitionError:
-        return graph_def
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    nodes = {n.name: n for n in out.node}
+    out, nodes, infos = prepared
     for name, ids in found:
         data_info = infos.get(_source_tensor(nodes[name].input[0]))
         if data_info is None or data_info.shape is None or not data_info.shape:
