@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ("model", "TF ops", "OnNeuronRatio", "NeuronOps", "max rel err @B", "max rel err @odd",
            "compile s", "throughput vs TF")
+# --exact: both float32 results against the float64 twin, at batch B
+EXACT_COLUMNS = ("TF vs float64", "compiled vs float64")
 
 
 def _saved_model(name: str) -> str:
@@ -39,16 +41,17 @@ def _saved_model(name: str) -> str:
     return cached_saved_model(name)
 
 
-def max_rel_error(got: dict, want: dict) -> float:
+def max_rel_error(got: dict, want: dict, *, exact: bool = False) -> float:
     """Over all outputs: max |got - want| / max |want| (inf on a shape or dtype mismatch).
-    `benchmarks/probe_models.py` measures with it too."""
+    With `exact`, `want` is the float64 twin's answer (`models/float64.py`) and only
+    shapes must agree. `benchmarks/probe_models.py` measures with it too."""
     import numpy as np
 
     worst = 0.0
     for key, w in want.items():
-        w = w.numpy()
-        g = got[key].numpy()
-        if g.shape != w.shape or g.dtype != w.dtype:
+        w = np.asarray(w)
+        g = np.asarray(got[key])
+        if g.shape != w.shape or (g.dtype != w.dtype and not exact):
             return float("inf")
         if w.size:
             scale = max(float(np.max(np.abs(w.astype("float64")))), 1e-30)
@@ -76,7 +79,8 @@ def _throughput_ratio(original: object, compiled: object, feeds: dict, slices: i
     return statistics.median(ratios)
 
 
-def measure(name: str, batch: int, other_batch: int, slices: int, seconds: float) -> dict:
+def measure(name: str, batch: int, other_batch: int, slices: int, seconds: float,
+            exact: bool = False) -> dict:
     """One row of the table (runs in the model's own process)."""
     import tensorflow as tf
 
@@ -98,17 +102,35 @@ def measure(name: str, batch: int, other_batch: int, slices: int, seconds: float
                         third_party.example_inputs(name, original, b, seed=b).items()}
             errors.append(max_rel_error(compiled(**feeds[b]), original(**feeds[b])))
         ratio = _throughput_ratio(original, compiled, feeds[batch], slices, seconds)
+        if exact:
+            exact_errors = _errors_vs_float64(name, src, original, compiled, feeds[batch])
     left = {op: t["count"] for op, t in report["OnTensorFlow"].items()}
-    return {"model": name, "tf_ops": report["operations"], "ratio": report["OnNeuronRatio"],
-            "neuron_ops": len(report["NeuronOps"]), "err_batch": errors[0],
-            "err_other": errors[1], "compile_s": compile_s, "throughput": ratio,
-            "left_on_tf": left, "batch": batch, "other_batch": other_batch}
+    row = {"model": name, "tf_ops": report["operations"], "ratio": report["OnNeuronRatio"],
+           "neuron_ops": len(report["NeuronOps"]), "err_batch": errors[0],
+           "err_other": errors[1], "compile_s": compile_s, "throughput": ratio,
+           "left_on_tf": left, "batch": batch, "other_batch": other_batch}
+    if exact:
+        row["tf_vs_exact"], row["compiled_vs_exact"] = exact_errors
+    return row
+
+
+def _errors_vs_float64(name: str, src: str, original: object, compiled: object,
+                       feeds: dict) -> tuple[float, float]:
+    """TF's and the compiled model's max relative error against the float64 twin."""
+    from models import third_party
+    from models.float64 import exact_outputs, float64_twin
+
+    twin = float64_twin(lambda: third_party.keras_model(name), src)
+    want = original(**feeds)
+    exact = exact_outputs(twin, {k: v.numpy() for k, v in feeds.items()}, list(want))
+    return (max_rel_error(want, exact, exact=True),
+            max_rel_error(compiled(**feeds), exact, exact=True))
 
 
 def _run_one(name: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--one", name, "--batch-size", str(args.batch_size),
            "--other-batch", str(args.other_batch), "--slices", str(args.slices),
-           "--slice-seconds", str(args.slice_seconds)]
+           "--slice-seconds", str(args.slice_seconds)] + (["--exact"] if args.exact else [])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -117,21 +139,29 @@ def _run_one(name: str, args: argparse.Namespace) -> dict:
     return json.loads(lines[-1])
 
 
-def _cells(row: dict) -> list[str]:
+def _cells(row: dict, exact: bool) -> list[str]:
     if "error" in row:
-        return [row["model"], "-", "-", "-", "-", "-", "-", f"failed: {row['error']}"]
-    return [row["model"], str(row["tf_ops"]), f"{row['ratio']:.4f}", str(row["neuron_ops"]),
-            f"{row['err_batch']:.1e}", f"{row['err_other']:.1e}", f"{row['compile_s']:.1f}",
-            f"{row['throughput']:.2f}x"]
+        return ([row["model"], "-", "-", "-", "-", "-", "-", f"failed: {row['error']}"]
+                + ["-"] * len(EXACT_COLUMNS) * exact)
+    cells = [row["model"], str(row["tf_ops"]), f"{row['ratio']:.4f}", str(row["neuron_ops"]),
+             f"{row['err_batch']:.1e}", f"{row['err_other']:.1e}", f"{row['compile_s']:.1f}",
+             f"{row['throughput']:.2f}x"]
+    if exact:
+        cells += [f"{row[k]:.1e}" if k in row else "-"
+                  for k in ("tf_vs_exact", "compiled_vs_exact")]
+    return cells
 
 
 def format_table(rows: list[dict], markdown: bool) -> str:
-    cells = [list(COLUMNS)] + [_cells(r) for r in rows]
+    """The table; the float64 columns appear when any row has them (`--exact`)."""
+    exact = any("tf_vs_exact" in r for r in rows)
+    columns = COLUMNS + EXACT_COLUMNS * exact
+    cells = [list(columns)] + [_cells(r, exact) for r in rows]
     if markdown:
         out = ["| " + " | ".join(c) + " |" for c in cells]
-        out.insert(1, "|" + "|".join("---" for _ in COLUMNS) + "|")
+        out.insert(1, "|" + "|".join("---" for _ in columns) + "|")
         return "\n".join(out)
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     out = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
@@ -149,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slice-seconds", type=float, default=1.0)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per model")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--exact", action="store_true",
+                   help="also measure TF and the compiled model against the model built in "
+                        "float64 (keras.applications and keras_hub models)")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON lines here")
     p.add_argument("--table-from", metavar="FILE", help="print the table of the rows a "
                    "--json run wrote, without running anything")
@@ -161,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one:
         print(json.dumps(measure(args.one, args.batch_size, args.other_batch, args.slices,
-                                 args.slice_seconds)))
+                                 args.slice_seconds, args.exact)))
         return 0
     unknown = [m for m in args.models if m not in third_party.ALL]
     if unknown:
@@ -170,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models or third_party.ALL:
         row = _run_one(name, args)
         rows.append(row)
-        print("  ".join(_cells(row)), file=sys.stderr, flush=True)
+        print("  ".join(_cells(row, args.exact)), file=sys.stderr, flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -7,7 +7,10 @@ Layout under the cache root (`$NEURONISH_MODEL_CACHE`, else
     <name>-<key>-frozen-b<batch>/    `FrozenGraph.save` output (graph.pb, io_config.json, ...)
 
 `<key>` hashes the builder/freezer sources and the TF and Keras versions, so
-an edited builder or a TF upgrade gets a fresh entry instead of a stale one.
+an edited builder or a TF upgrade gets a fresh entry instead of a stale one. A
+model's entries under other keys are deleted when a new one is built, once
+they have gone unused for `STALE_AFTER_S` (an older checkout may still be
+using one; each use touches the entry's marker).
 
 Every entry is built in a temporary directory next to its final place and
 renamed into place, so a reader never sees half a model; a lock file makes
@@ -20,8 +23,10 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,6 +39,7 @@ except ImportError:  # pragma: no cover - non-POSIX: fall back to rename-only sa
     fcntl = None  # type: ignore[assignment]
 
 ENV_VAR = "NEURONISH_MODEL_CACHE"
+STALE_AFTER_S = 3600.0
 _HERE = Path(__file__).resolve().parent
 # Model name -> (builder, the source file whose hash keys its cache entry).
 _BUILDERS: dict[str, tuple[Callable[[str], None], str]] = {
@@ -79,10 +85,32 @@ def _locked(path: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _drop_stale(root: str, final: str, marker: str) -> None:
+    """Delete the entries of `final`'s model and kind under other keys that have gone
+    unused for STALE_AFTER_S (whole models are large: the cache otherwise grows by the
+    whole zoo at every edit of a builder)."""
+    name, key, kind = re.fullmatch(r"(.+)-([0-9a-f]{12})(.*)", os.path.basename(final)).groups()
+    same_model = re.compile(re.escape(name) + r"-[0-9a-f]{12}" + re.escape(kind))
+    for entry in os.listdir(root):
+        path = os.path.join(root, entry)
+        if entry == os.path.basename(final) or not same_model.fullmatch(entry):
+            continue
+        try:
+            idle = time.time() - os.path.getmtime(os.path.join(path, marker))
+        except OSError:  # no marker: a leftover nobody can be using
+            idle = float("inf")
+        if idle > STALE_AFTER_S:
+            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.remove(path + ".lock")
+
+
 def _build_atomically(final: str, marker: str, build: Callable[[str], None], root: str) -> str:
     """Run `build(tmp_dir)` and rename the result to `final` unless it exists."""
     done = os.path.join(final, marker)
     if os.path.exists(done):
+        with contextlib.suppress(OSError):
+            os.utime(done)  # in use: not stale
         return final
     os.makedirs(root, exist_ok=True)
     with _locked(final + ".lock"):
@@ -102,6 +130,7 @@ def _build_atomically(final: str, marker: str, build: Callable[[str], None], roo
                     raise
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    _drop_stale(root, final, marker)
     return final
 
 

@@ -206,14 +206,22 @@ PROBE = (*(n for n in HUB_MODELS if HUB_MODELS[n].inputs is None), *user_models.
 def build(name: str, target: str) -> None:
     """Build model `name` (an application or a `HUB_MODELS` key) and export it to `target`."""
     keras.utils.set_random_seed(0)
-    if name in HUB_MODELS:
-        _build_hub(HUB_MODELS[name], target)
-    elif name in user_models.NAMES:
+    if name in user_models.NAMES:
         user_models.build(name, target)
-    elif name in APPLICATIONS:
-        _application(name).export(target, verbose=False)
     else:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(ALL)}")
+        model = keras_model(name)
+        specs = [_hub_input_specs(name, model)] if name in HUB_MODELS else None
+        model.export(target, verbose=False, input_signature=specs)
+
+
+def keras_model(name: str) -> keras.Model:
+    """The Keras model `build` exports for an application or a `HUB_MODELS` key, built under
+    the current dtype policy (`models/float64.py` builds it in float64)."""
+    if name in HUB_MODELS:
+        return _hub_backbone(HUB_MODELS[name])
+    if name in APPLICATIONS:
+        return _application(name)
+    raise KeyError(f"unknown model {name!r}; known: {', '.join(ALL)}")
 
 
 def _application(name: str) -> keras.Model:
@@ -228,18 +236,21 @@ def _application(name: str) -> keras.Model:
     return model
 
 
-def _build_hub(spec: HubModel, target: str) -> None:
+def _hub_backbone(spec: HubModel) -> keras.Model:
     import keras_hub
-    import tensorflow as tf
 
     kwargs = {k: v(keras_hub) if callable(v) else v for k, v in spec.kwargs.items()}
-    model = getattr(keras_hub.models, spec.backbone)(**kwargs)
-    # A fixed sequence length: the device compiles static shapes (the batch stays free).
+    return getattr(keras_hub.models, spec.backbone)(**kwargs)
+
+
+def _hub_input_specs(name: str, model: keras.Model) -> object:
+    """A fixed sequence length: the device compiles static shapes (the batch stays free)."""
+    import tensorflow as tf
+
+    spec = HUB_MODELS[name]
     if spec.inputs is not None:
-        specs = {k: tf.TensorSpec([None, SEQ_LEN], "int32", name=k) for k in spec.inputs}
-    else:
-        specs = _input_specs(model, spec.lengths or {})
-    model.export(target, verbose=False, input_signature=[specs])
+        return {k: tf.TensorSpec([None, SEQ_LEN], "int32", name=k) for k in spec.inputs}
+    return _input_specs(model, spec.lengths or {})
 
 
 def _clip(encoder: str, **kwargs: object) -> object:
