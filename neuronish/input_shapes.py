@@ -29,6 +29,7 @@ def compile_shapes(signature: FrozenSignature, batch_size: int,
                                   f"{signature.signature_key!r} does not have; its inputs "
                                   f"are {sorted(keys)}")
     shapes: dict[str, list[int]] = {}
+    free: list[tuple[str, tuple, list[int | None]]] = []  # key, declared, shape so far
     for inp in signature.inputs:
         if model_feed_dict and inp.key in model_feed_dict:
             value = np.asarray(model_feed_dict[inp.key])
@@ -53,13 +54,34 @@ def compile_shapes(signature: FrozenSignature, batch_size: int,
             raise SavedModelError(f"{source} gives input {inp.key!r} the shape {shape}; the "
                                   f"signature declares {_fmt_shape(inp.shape)}")
         if any(d is None or d < 0 for d in shape):
-            raise SavedModelError(
-                f"input {inp.key!r} has shape {_fmt_shape(inp.shape)}: dimensions other than "
-                "the batch are unknown, and the device needs static shapes. Pass "
-                f"model_shape_feed_dict={{{inp.key!r}: [...]}} or an example array in "
-                "model_feed_dict")
+            free.append((inp.key, inp.shape, shape))
+            continue
         shapes[inp.tensor] = shape
+    if free:
+        raise SavedModelError(_free_dims_message(free, signature.signature_key))
     return shapes
+
+
+def _free_dims_message(free: list[tuple[str, tuple, list[int | None]]],
+                       signature_key: str) -> str:
+    """Every input whose non-batch dimensions are free, and the argument that fixes them,
+    ready to fill in (images: H, W; other dims: d1, d2, ...)."""
+    def template(shape: list[int | None]) -> list[str]:
+        image = len(shape) == 4 and shape[1] is None and shape[2] is None
+        return [str(d) if d is not None and d >= 0 else
+                ("H" if i == 1 else "W") if image and i in (1, 2) else f"d{i}"
+                for i, d in enumerate(shape)]
+
+    listed = ", ".join(f"{k!r} {_fmt_shape(declared)}" for k, declared, _ in free)
+    python = ", ".join(f"{k!r}: [{', '.join(template(s))}]" for k, _, s in free)
+    cli = " ".join(f"--input-shape {k}={','.join(template(s))}" for k, _, s in free)
+    return (f"signature {signature_key!r}: {listed} {'has' if len(free) == 1 else 'have'} "
+            "dimensions other than the batch left free, and the device compiles static "
+            "shapes (the batch stays dynamic). Pass the size you will serve: "
+            f"model_shape_feed_dict={{{python}}} with each letter replaced (`neuronish "
+            f"compile ... {cli}`), or example arrays in model_feed_dict. A call of another "
+            "size is then refused naming the compiled shape: compile once per size you "
+            "serve")
 
 
 def _same_dtype(given: np.dtype, want: str) -> bool:
