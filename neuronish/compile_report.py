@@ -141,7 +141,24 @@ def format_report(report: dict) -> str:
     for f in report["compile_failures"]:
         lines += ["", f"subgraph {f['subgraph']} failed ({f['outcome']}); its nodes were "
                       f"partitioned again or left on TensorFlow. Log: {f['log'] or '-'}"]
+    lines += _other_signatures(report)
     return "\n".join(lines)
+
+
+def _other_signatures(report: dict) -> list[str]:
+    """The compiled model's other signatures, one line each."""
+    lines = []
+    if report.get("aliases"):
+        lines.append(f"also served as: {', '.join(report['aliases'])} (the same function)")
+    for key, r in report.get("signatures", {}).items():
+        also = f" (also served as {', '.join(r['aliases'])})" if r.get("aliases") else ""
+        lines.append(f"signature {key!r}{also}: stays on TensorFlow: {r['error']}"
+                     if "error" in r else
+                     f"signature {key!r}{also}: OnNeuronRatio {r['OnNeuronRatio']:.4f}, "
+                     f"{len(r['NeuronOps'])} NeuronOp(s)")
+    for key, why in report.get("signatures_dropped", {}).items():
+        lines.append(f"signature {key!r} is not in the compiled model: {why}")
+    return [""] + lines if lines else []
 
 
 def _fmt_bytes(n: int) -> str:

@@ -22,7 +22,8 @@ import mmap
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
@@ -131,14 +132,27 @@ def _serving_function(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
     return tf.function(serve, input_signature=specs).get_concrete_function()
 
 
+@dataclass(frozen=True)
+class ExportedSignature:
+    """One more signature of the new SavedModel: its rewritten graph, as
+    `write_saved_model` takes the first one."""
+
+    graph_def: graph_pb2.GraphDef
+    signature: FrozenSignature
+    outputs: dict[str, str]
+    blobs: Mapping[str, Mapping[str, Blob]]
+
+
 def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                       outputs: dict[str, str], new_model_dir: str,
-                      blobs: Mapping[str, Mapping[str, Blob]] | None = None) -> None:
+                      blobs: Mapping[str, Mapping[str, Blob]] | None = None,
+                      more: Sequence[ExportedSignature] = ()) -> None:
     """Save `graph_def` as a SavedModel at `new_model_dir` (which must not exist).
 
     `outputs` maps each output key to its tensor in `graph_def`. Large NeuronOp
     attributes of `graph_def`, and the `blobs` not set in it yet (`externalize`), are
-    replaced by references.
+    replaced by references. `more` are further signatures, each its own function; every
+    signature is saved under its key and its `aliases`.
     """
     parent = os.path.dirname(os.path.abspath(new_model_dir))
     os.makedirs(parent, exist_ok=True)
@@ -148,24 +162,32 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                                dir=parent)
     try:
         module = _CompiledModel()
-        module.resources = [r.owner for r in signature.resources]  # saved with the model
-        # Splicing removes nodes other nodes may still name for colocation.
-        drop_dangling_colocations(graph_def)
-        # In place: a copy of a graph near 2 GiB would not fit twice in memory either.
-        files = externalize(graph_def, staging, external.threshold_from_env(), blobs)
+        everything = [ExportedSignature(graph_def, signature, outputs, blobs or {}), *more]
+        module.resources = [r.owner for e in everything for r in e.signature.resources]
         # TensorFlow copies every asset into the new model's assets/ (VGG16's 1.1 GB took
         # 1.8 s): it is given empty stand-ins of the same names, and the real files are
         # renamed over its copies before the model is renamed into place.
         stand_ins = os.path.join(staging, "stand-ins")
         os.mkdir(stand_ins)
-        for path in files.values():
-            open(os.path.join(stand_ins, os.path.basename(path)), "wb").close()
-        module.external_files = [tf.saved_model.Asset(
-            os.path.join(stand_ins, os.path.basename(p))) for p in files.values()]
-        assets = dict(zip(files, module.external_files, strict=True))
-        fn = _serving_function(graph_def, signature, outputs, assets)
-        tf.saved_model.save(module, tmp, signatures={signature.signature_key: fn})
-        for path in dict.fromkeys(files.values()):
+        asset_of: dict[str, tf.saved_model.Asset] = {}  # file -> its one Asset
+        signatures = {}
+        for e in everything:
+            # Splicing removes nodes other nodes may still name for colocation.
+            drop_dangling_colocations(e.graph_def)
+            # In place: a copy of a graph near 2 GiB would not fit twice in memory either.
+            feeds = externalize(e.graph_def, staging, external.threshold_from_env(), e.blobs)
+            for path in feeds.values():
+                if path not in asset_of:
+                    open(os.path.join(stand_ins, os.path.basename(path)), "wb").close()
+                    asset_of[path] = tf.saved_model.Asset(
+                        os.path.join(stand_ins, os.path.basename(path)))
+            fn = _serving_function(e.graph_def, e.signature, e.outputs,
+                                   {k: asset_of[p] for k, p in feeds.items()})
+            for key in (e.signature.signature_key, *e.signature.aliases):
+                signatures[key] = fn
+        module.external_files = list(asset_of.values())
+        tf.saved_model.save(module, tmp, signatures=signatures)
+        for path in asset_of:
             copied = os.path.join(tmp, "assets", os.path.basename(path))
             if not os.path.isfile(copied):
                 raise RuntimeError(f"tf.saved_model.save did not write the asset {copied}; "

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
@@ -61,6 +61,8 @@ class FrozenSignature:
     # placeholder standing for each in the frozen graph, and the loaded object owning
     # it, which the new SavedModel keeps (with its initializer) and feeds back in.
     resources: tuple[CapturedResource, ...] = ()
+    # Other signature keys of the SavedModel that serve the same function.
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,17 +85,8 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
                      tags: list[str] | tuple[str, ...] | None = None) -> FrozenSignature:
     """Load `model_dir` and freeze one of its signatures (default `serving_default`,
     or the only one there is)."""
-    available_tags = _tags_of(model_dir)
-    if tags is None:
-        tags = available_tags[0] if len(available_tags) == 1 else [tf.saved_model.SERVING]
-    if sorted(tags) not in [sorted(t) for t in available_tags]:
-        raise SavedModelError(f"{model_dir} has no MetaGraph tagged {list(tags)}; it has "
-                              f"{available_tags}. Pass tags=...")
-    loaded = tf.saved_model.load(model_dir, tags=list(tags))
+    loaded, tags = _load(model_dir, tags)
     signatures = dict(loaded.signatures)
-    if not signatures:
-        raise SavedModelError(f"{model_dir} has no signatures; export the model with a "
-                              "serving signature (tf.saved_model.save(..., signatures=...))")
     if signature_def_key is None:
         signature_def_key = (tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
                              if tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY in signatures
@@ -104,7 +97,81 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     if signature_def_key not in signatures:
         raise SavedModelError(f"{model_dir} has no signature {signature_def_key!r}; it has "
                               f"{sorted(signatures)}")
-    concrete = signatures[signature_def_key]
+    return _freeze(loaded, signatures[signature_def_key], signature_def_key, model_dir, tags)
+
+
+@dataclass(frozen=True)
+class FrozenSignatures:
+    """Every signature of a SavedModel, frozen: `frozen[0]` is the main one (the default
+    signature), each signature function frozen once (`aliases` name the other keys
+    serving it); `refused` maps the key of a signature that could not be frozen to why."""
+
+    frozen: tuple[FrozenSignature, ...]
+    refused: dict[str, str]
+
+
+def freeze_signatures(model_dir: str, signature_def_key: str | None = None,
+                      tags: list[str] | tuple[str, ...] | None = None) -> FrozenSignatures:
+    """Freeze every signature of `model_dir` (just `signature_def_key` if given): the
+    default one (`serving_default`, else the first by name) first; signatures that wrap
+    the same function with the same inputs (Keras' `serve` and `serving_default`) once.
+    A signature other than the main one that cannot be frozen is left out with why;
+    the main one raises."""
+    if signature_def_key is not None:
+        return FrozenSignatures((freeze_signature(model_dir, signature_def_key, tags),), {})
+    loaded, tags = _load(model_dir, tags)
+    signatures = dict(loaded.signatures)
+    default = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+    keys = sorted(signatures, key=lambda k: (k != default, k))
+    groups: dict[tuple, list[str]] = {}
+    for key in keys:
+        groups.setdefault(_identity(signatures[key]), []).append(key)
+    frozen, refused = [], {}
+    for first, *aliases in groups.values():
+        try:
+            one = _freeze(loaded, signatures[first], first, model_dir, tags)
+        except SavedModelError as e:
+            if not frozen:  # the main signature
+                raise
+            refused.update({k: str(e) for k in (first, *aliases)})
+            continue
+        frozen.append(replace(one, aliases=tuple(aliases)))
+    return FrozenSignatures(tuple(frozen), refused)
+
+
+def _identity(concrete: object) -> tuple:
+    """What makes two loaded signatures the same computation: their inputs and output
+    keys, the functions their wrappers call and the resources they capture (Keras'
+    `serve` and `serving_default` differ only in their wrappers' names)."""
+    _, specs = concrete.structured_input_signature
+    calls = tuple((op.type, op.get_attr("f").name if op.type in _CALL_OPS else b"")
+                  for op in concrete.graph.get_operations())
+    return (tuple((k, tuple(s.shape.as_list()) if s.shape.rank is not None else None,
+                   s.dtype.name) for k, s in sorted(specs.items())),
+            tuple(sorted(concrete.structured_outputs)), calls,
+            tuple(id(c) for c in concrete.captured_inputs))
+
+
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _load(model_dir: str, tags: list[str] | tuple[str, ...] | None
+          ) -> tuple[object, list[str] | tuple[str, ...]]:
+    available_tags = _tags_of(model_dir)
+    if tags is None:
+        tags = available_tags[0] if len(available_tags) == 1 else [tf.saved_model.SERVING]
+    if sorted(tags) not in [sorted(t) for t in available_tags]:
+        raise SavedModelError(f"{model_dir} has no MetaGraph tagged {list(tags)}; it has "
+                              f"{available_tags}. Pass tags=...")
+    loaded = tf.saved_model.load(model_dir, tags=list(tags))
+    if not loaded.signatures:
+        raise SavedModelError(f"{model_dir} has no signatures; export the model with a "
+                              "serving signature (tf.saved_model.save(..., signatures=...))")
+    return loaded, tags
+
+
+def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir: str,
+            tags: list[str] | tuple[str, ...]) -> FrozenSignature:
     what = f"signature {signature_def_key!r} of {model_dir}"
     tables = concrete.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
     if tables:  # (TF2 tables are objects the SavedModel tracks: see _captured_resources)

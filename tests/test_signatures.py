@@ -1,0 +1,123 @@
+"""A SavedModel with several signatures compiles into one that serves them all: Keras'
+`model.export` (`serve` and `serving_default`, one function), a `keras.export.ExportArchive`
+with two endpoints, a `tf.Module` saved with two signatures and no default. Each signature
+of the compiled model gives TensorFlow's numbers; one that cannot be compiled stays on
+TensorFlow, one that cannot be frozen is named as dropped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import neuronish.saved_model
+from neuronish.errors import CompileWarning
+from tests.test_compile_options import two_signature_model
+
+
+def _cnn() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    x = keras.Input((12, 12, 3))
+    y = keras.layers.Conv2D(8, 3, activation="relu")(x)
+    y = keras.layers.GlobalAveragePooling2D(name="features")(y)
+    return keras.Model(x, keras.layers.Dense(4)(y))
+
+
+def _assert_same(compiled: object, original: object, keys: list[str]) -> None:
+    for key in keys:
+        want_fn, got_fn = original.signatures[key], compiled.signatures[key]
+        (name, spec), = want_fn.structured_input_signature[1].items()
+        for batch in (1, 3):
+            x = np.random.default_rng(batch).standard_normal(
+                [batch, *(d or 5 for d in spec.shape[1:])]).astype("float32")
+            want, got = want_fn(**{name: tf.constant(x)}), got_fn(**{name: tf.constant(x)})
+            assert set(got) == set(want), key
+            for out in want:
+                np.testing.assert_allclose(got[out], want[out], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{key}/{out} at batch {batch}")
+
+
+def test_export_archive_endpoints_are_all_compiled(tmp_path: Path) -> None:
+    model = _cnn()
+    features = keras.Model(model.input, model.get_layer("features").output)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(features)
+    spec = [tf.TensorSpec([None, 12, 12, 3], tf.float32)]
+    archive.add_endpoint("serve", model.call, input_signature=spec)
+    archive.add_endpoint("features", features.call, input_signature=spec)
+    archive.write_out(str(tmp_path / "src"), verbose=False)
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(str(tmp_path / "src"), str(out))
+    original = tf.saved_model.load(str(tmp_path / "src"))
+    compiled = tf.saved_model.load(str(out))
+    assert set(compiled.signatures) == set(original.signatures) == {
+        "serving_default", "serve", "features"}
+    # serving_default is the `serve` endpoint: compiled once, saved under both keys
+    assert report["aliases"] == ["serve"] and list(report["signatures"]) == ["features"]
+    assert report["signatures"]["features"]["OnNeuronRatio"] == 1.0
+    _assert_same(compiled, original, ["serving_default", "serve", "features"])
+
+
+def test_a_module_with_two_signatures_and_no_default(tmp_path: Path) -> None:
+    src = two_signature_model(tmp_path / "src")
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(src, str(out))
+    assert report["signature_def_key"] == "double" and report["OnNeuronRatio"] == 1.0
+    assert report["signatures"]["square"]["OnNeuronRatio"] == 1.0
+    compiled = tf.saved_model.load(str(out))
+    assert set(compiled.signatures) == {"double", "square"}
+    _assert_same(compiled, tf.saved_model.load(src), ["double", "square"])
+
+
+def test_a_signature_that_cannot_be_compiled_stays_on_tensorflow(tmp_path: Path) -> None:
+    """The second signature takes images of any size (the device needs static shapes),
+    the third writes a variable (nothing to freeze): the first is compiled, the second
+    kept on TensorFlow, the third named as dropped; each with a warning saying so."""
+    module = tf.Module()
+    module.w = tf.Variable(tf.random.stateless_normal([3, 4], seed=[1, 2]))
+    module.count = tf.Variable(0.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+    def logits(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": tf.nn.relu(tf.matmul(x, module.w)) * 2.0}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.float32, name="x")])
+    def pooled(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": tf.matmul(tf.reduce_mean(x, axis=1), module.w)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+    def counted(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        module.count.assign_add(1.0)
+        return {"y": x + module.count}
+
+    src, out = str(tmp_path / "src"), tmp_path / "out"
+    tf.saved_model.save(module, src, signatures={"serving_default": logits, "pooled": pooled,
+                                                 "counted": counted})
+    with pytest.warns(CompileWarning) as warned:
+        report = neuronish.saved_model.compile(src, str(out))
+    said = " ".join(str(w.message) for w in warned)
+    assert "'pooled'" in said and "stays on TensorFlow" in said and "static shapes" in said
+    assert "'counted'" in said and "not in the compiled model" in said
+    assert report["OnNeuronRatio"] == 1.0
+    assert report["signatures"]["pooled"]["OnNeuronRatio"] == 0.0
+    assert "static shapes" in report["signatures"]["pooled"]["error"]
+    assert "AssignAddVariableOp" in report["signatures_dropped"]["counted"]
+    text = neuronish.saved_model.format_report(report)
+    assert "signature 'pooled': stays on TensorFlow" in text
+    assert "signature 'counted' is not in the compiled model" in text
+    compiled = tf.saved_model.load(str(out))
+    assert set(compiled.signatures) == {"serving_default", "pooled"}
+    _assert_same(compiled, tf.saved_model.load(src), ["serving_default", "pooled"])
+
+
+def test_an_explicit_signature_key_compiles_that_one_only(tmp_path: Path) -> None:
+    src = str(tmp_path / "src")
+    _cnn().export(src, verbose=False)
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(src, str(out), signature_def_key="serve")
+    assert report["signatures"] == {} and report["aliases"] == []
+    assert set(tf.saved_model.load(str(out)).signatures) == {"serve"}
