@@ -3,7 +3,7 @@ computes its own `graph_def` (the subgraph it was compiled from) on TensorFlow.
 
     runner = GraphRunner(node_name, graph_def, input_names, output_names,
                          input_shapes, input_batch_axis, output_batch_axis)
-    runner.run(inputs, outputs)        # numpy arrays in, writes into `outputs`
+    runner.run(inputs, outputs, cutoff)  # numpy arrays in, writes into `outputs`
 
 kernel_bridge decides when (a load refused with a device error: out of device
 memory, too few cores, a damaged executable; or a call the device fails to
@@ -17,20 +17,24 @@ so TensorFlow is already loaded. The subgraph runs in its own
 `tf.compat.v1.Session` with its own inter-op thread, so a kernel that blocks one
 of TensorFlow's inter-op threads while it waits cannot starve it. Its
 placeholders have the compiled (static) shapes, so a call with another batch is
-cut into compiled-size chunks (the last padded), as the device does.
+cut into compiled-size chunks (the last padded), as the device does. A call's cutoff
+(its deadline and cancel flag, runtime/cutoff.py) is honoured as on the device: checked
+before each chunk, and the deadline bounds each chunk's `Session.run` too.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from neuronish.runtime import DeviceError
+from neuronish.runtime import DeadlineExceeded, DeviceError
+from neuronish.runtime.cutoff import Cutoff
 
 ENV_FALLBACK = "NEURONISH_FALLBACK"
 
@@ -85,7 +89,7 @@ def record_fallback(node_name: str, reason: str) -> None:
 
 
 def run_failed_call(handle, error: BaseException, inputs: Sequence[object],
-                    outputs: Sequence[object]) -> None:
+                    outputs: Sequence[object], cutoff: Cutoff | None = None) -> None:
     """A call the device failed (not a bad input, not a deadline): compute it on TensorFlow.
 
     If TensorFlow computes it, the device was at fault (a core failed, say): the op runs
@@ -101,7 +105,7 @@ def run_failed_call(handle, error: BaseException, inputs: Sequence[object],
     except FallbackError as e:
         raise FallbackError(f"the device failed the call ({why}); {e}") from None
     try:
-        runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs])
+        runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs], cutoff)
     except tf.errors.OpError as e:
         raise TensorFlowRefused(e.error_code, f"{e.message} (TensorFlow refused the call as "
                                 f"well as the device, which said: {why})") from None
@@ -141,16 +145,31 @@ class GraphRunner:
     def close(self) -> None:
         self.session.close()
 
-    def _run_chunk(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
-        return self.session.run(self.output_names, dict(zip(self.input_names, feeds)))
+    def _run_chunk(self, feeds: list[np.ndarray], cutoff: Cutoff | None,
+                   where: str) -> list[np.ndarray]:
+        options = None
+        if cutoff is not None:
+            cutoff.check(where)
+            if cutoff.deadline is not None:
+                left_ms = max(1, int((cutoff.deadline - time.monotonic()) * 1000))
+                options = self._tf.compat.v1.RunOptions(timeout_in_ms=left_ms)
+        try:
+            return self.session.run(self.output_names, dict(zip(self.input_names, feeds)),
+                                    options=options)
+        except self._tf.errors.DeadlineExceededError:
+            raise DeadlineExceeded(f"NeuronOp '{self.node_name}' (on TensorFlow): the call's "
+                                   "deadline passed while TensorFlow computed it; the rest "
+                                   "of it was abandoned") from None
 
-    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
-        """Compute the subgraph on `inputs` and write each result into `outputs`."""
+    def run(self, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+            cutoff: Cutoff | None = None) -> None:
+        """Compute the subgraph on `inputs` and write each result into `outputs`; stop
+        with Cancelled or DeadlineExceeded when `cutoff` says so (outputs then unset)."""
         inputs = [np.asarray(x) for x in inputs]
         batch = next((x.shape[a] for x, a in zip(inputs, self.input_axes) if a >= 0), None)
         size = self.compiled_batch
         if batch is None or size is None or batch == size:
-            results = [self._run_chunk(inputs)]
+            results = [self._run_chunk(inputs, cutoff, "before TensorFlow could start it")]
             chunks = [(0, batch)]
         else:
             results, chunks = [], []
@@ -158,7 +177,8 @@ class GraphRunner:
                 stop = min(start + size, batch)
                 feeds = [x if a < 0 else _pad(np.take(x, range(start, stop), axis=a), a, size)
                          for x, a in zip(inputs, self.input_axes)]
-                results.append(self._run_chunk(feeds))
+                results.append(self._run_chunk(
+                    feeds, cutoff, f"before TensorFlow could start samples {start}-{stop - 1}"))
                 chunks.append((start, stop))
         for i, out in enumerate(outputs):
             out = np.asarray(out)

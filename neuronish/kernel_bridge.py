@@ -46,6 +46,7 @@ from neuronish.runtime import (
     get_device,
     profiler,
 )
+from neuronish.runtime.cutoff import Cutoff
 from neuronish.runtime.executable import Executable, TensorSig, from_bytes
 
 # When model_config does not bound the duplicates (max_num_duplicates = -1), load
@@ -280,12 +281,14 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
 
             if handle.fallback is None or not fallback.fallback_enabled():
                 raise
-            fallback.run_failed_call(handle, e, inputs, outputs)
+            fallback.run_failed_call(handle, e, inputs, outputs,
+                                     Cutoff.of(handle.timeout, cancel))
             return
     from neuronish.fallback import count_call
 
     count_call(handle.node_name)
-    handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs])
+    handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs],
+                      Cutoff.of(handle.timeout, cancel))
 
 
 def unload(handle: Handle) -> None:

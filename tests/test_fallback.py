@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import neuronish.saved_model
+from neuronish.fallback import GraphRunner
+from neuronish.runtime import Cancelled, DeadlineExceeded
+from neuronish.runtime.cutoff import Cutoff
 from tests.test_compile_recovery import small_model
 
 _RUN = r"""
@@ -231,3 +235,36 @@ def test_bad_input_at_run_time_gets_tensorflows_error_and_stays_on_device(
     fn = tf.saved_model.load(src).signatures["serving_default"]
     want = fn(x=tf.ones((2, 8)), idx=tf.constant([1, 2], tf.int32))["y"].numpy()
     np.testing.assert_allclose(np.array(got["y"], np.float32), want, rtol=1e-5, atol=1e-5)
+
+
+def _long_loop_runner() -> GraphRunner:
+    """A subgraph that computes for minutes: 10^7 steps of a 64x64 matmul."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [1, 64], name="x")
+        w = tf.constant(np.eye(64, dtype=np.float32))
+        _, y = tf.while_loop(lambda i, v: i < 10_000_000,
+                             lambda i, v: (i + 1, tf.tanh(tf.matmul(v, w))), (0, x))
+        tf.identity(y, name="y")
+    return GraphRunner("loop_op", graph.as_graph_def().SerializeToString(), ["x:0"], ["y:0"],
+                       [[1, 64]], [0], [0])
+
+
+def test_fallback_call_past_its_deadline_stops_inside_tensorflow() -> None:
+    """On TensorFlow, too, a call's deadline ends the computation: DEADLINE_EXCEEDED,
+    the output left unwritten (without the cutoff the loop runs for minutes)."""
+    runner = _long_loop_runner()
+    out = np.full((1, 64), 7.0, np.float32)
+    with pytest.raises(DeadlineExceeded, match="loop_op.*on TensorFlow.*deadline"):
+        runner.run([np.ones((1, 64), np.float32)], [out], Cutoff(time.monotonic() + 0.3))
+    assert (out == 7.0).all()
+    runner.close()
+
+
+def test_fallback_call_cancelled_by_its_caller_does_not_start() -> None:
+    runner = _long_loop_runner()
+    out = np.full((3, 64), 7.0, np.float32)
+    with pytest.raises(Cancelled, match="cancelled by its caller before TensorFlow"):
+        runner.run([np.ones((3, 64), np.float32)], [out], Cutoff(None, bytearray(b"\x01")))
+    assert (out == 7.0).all()
+    runner.close()
