@@ -8,9 +8,13 @@ that alternate between the models and the concurrency levels (A1 B1 A4 B4, then
 B4 A4 B1 A1, ...), so that machine noise hits every setting alike: the ratio between
 models, and between 1 and 4 clients of one model, are both measured side by side. In
 a slice, N client threads call the signature back to back on random
-inputs (the same inputs for both models). Reported per model and setting: the
-median over slices of the throughput (samples/s), the p50 and p99 latency of
-single calls, and the throughput ratio of each model to the first (MODEL_DIR).
+inputs (the same inputs for both models), or on the examples of `--inputs`: a TF
+Serving REST predict request (the JSON a serving client posts, `{"instances": ...}`
+or `{"inputs": ...}`, binary strings as `{"b64": ...}`), its rows cycled to fill each
+batch size; models with string inputs (image bytes, text) need it. Reported per
+model and setting: the median over slices of the throughput (samples/s), the p50
+and p99 latency of single calls, and the throughput ratio of each model to the
+first (MODEL_DIR).
 `--duration` is the measured time per model and setting, split over the rounds;
 `--requests` is instead a number of calls per model and setting.
 
@@ -122,6 +126,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="TensorFlow's intra-op threads for both models (default 0: "
                         "TensorFlow's choice)")
     p.add_argument("--signature", default="serving_default", help="signature to call")
+    p.add_argument("--inputs", metavar="REQUEST_JSON",
+                   help="call on these examples instead of random inputs: a TF Serving REST "
+                        "predict request body, its rows cycled to each batch size")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
@@ -142,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
                            duration=args.duration, requests=args.requests, rounds=args.rounds,
                            warmup=args.warmup, signature=args.signature,
                            inter_op_threads=args.inter_op_threads,
-                           intra_op_threads=args.intra_op_threads)
+                           intra_op_threads=args.intra_op_threads, inputs=args.inputs)
     except BenchmarkError as e:
         print(f"neuronish benchmark: error: {e}", file=sys.stderr)
         return 1
@@ -167,8 +174,11 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
               duration: float | None = None, requests: int | None = None,
               rounds: int = DEFAULT_ROUNDS, warmup: int = 3,
               signature: str = "serving_default", progress: bool = True,
-              inter_op_threads: int = 0, intra_op_threads: int = 0) -> dict:
+              inter_op_threads: int = 0, intra_op_threads: int = 0,
+              inputs: str | None = None) -> dict:
     """Measure the SavedModels in `model_dirs` side by side; the report `--json` prints.
+    `inputs`: a TF Serving REST predict request file whose rows the calls cycle through
+    (random inputs without it).
 
     Raises BenchmarkError naming the model directory or input that is wrong.
     """
@@ -181,6 +191,7 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
                                                                      _labels(model_dirs))]
     for other in models[1:]:
         _check_same_inputs(models[0], other)
+    examples = None if inputs is None else inputs_from_request(inputs, models[0].specs)
     if requests is not None:
         rounds = min(rounds, requests)
 
@@ -190,7 +201,8 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
     bar = ProgressBar(len(settings) * rounds * len(models), "benchmark", enabled=progress)
     with bar:
         for batch in batch_sizes:
-            feeds = _to_tensors(make_inputs(models[0].specs, batch))
+            feeds = _to_tensors(make_inputs(models[0].specs, batch) if examples is None
+                                else cycle_rows(examples, batch))
             if len(models) > 1:
                 output_diff[str(batch)] = _max_relative_difference(models, feeds)
             rows += _measure(models, feeds, batch, concurrency, duration, requests, rounds,
@@ -393,8 +405,45 @@ def make_inputs(specs: dict, batch_size: int, seed: int = 0) -> dict[str, np.nda
             feeds[name] = rng.integers(0, 2, size=shape).astype(bool)
         else:
             raise BenchmarkError(f"input {name!r} has dtype {spec.dtype.name}; the benchmark "
-                                 "only generates numbers and booleans")
+                                 "only generates numbers and booleans: pass --inputs with a "
+                                 "TF Serving predict request (JSON) holding examples")
     return feeds
+
+
+def inputs_from_request(path: str, specs: dict) -> dict[str, np.ndarray]:
+    """The examples in a TF Serving REST predict request body at `path`, decoded for the
+    signature's `{name: tf.TensorSpec}` by the model server's own rules; every input
+    needs a batch (dimension 0) of at least one row."""
+    from neuronish.serving.json_codec import decode_predict, parse_body
+    from neuronish.serving.signatures import TensorSpec
+    from neuronish.serving.status import ServingError
+
+    try:
+        body = Path(path).read_bytes()
+    except OSError as e:
+        raise BenchmarkError(f"--inputs {path}: {e.strerror or e}") from None
+    wanted = {name: TensorSpec(name, spec.dtype, None if spec.shape.rank is None else
+                               tuple(-1 if d is None else d for d in spec.shape.as_list()))
+              for name, spec in specs.items()}
+    try:
+        examples, _ = decode_predict(parse_body(body), wanted)
+    except ServingError as e:
+        raise BenchmarkError(f"--inputs {path}: not a predict request for this signature: "
+                             f"{e.message}") from None
+    for name, array in examples.items():
+        dims = specs[name].shape
+        if array.ndim == 0 or array.shape[0] == 0 or (
+                dims.rank is not None and not dims[1:].is_compatible_with(array.shape[1:])):
+            raise BenchmarkError(f"--inputs {path}: input {name!r} has shape "
+                                 f"{list(array.shape)}; the signature takes {dims}, with a "
+                                 "batch (dimension 0) of at least one row")
+    return examples
+
+
+def cycle_rows(examples: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """A batch of `batch_size` rows cycled from the examples' rows (dimension 0)."""
+    return {name: np.take(a, np.arange(batch_size) % a.shape[0], axis=0)
+            for name, a in examples.items()}
 
 
 def _to_tensors(feeds: dict[str, np.ndarray]) -> dict:

@@ -192,3 +192,63 @@ def test_progress_disabled_and_time_format() -> None:
         bar.update(3)
     assert out.getvalue() == ""
     assert format_seconds(75.2) == "1:15" and format_seconds(3725) == "1:02:05"
+
+
+# --------------------------------------------------------------------------- --inputs
+
+
+@pytest.fixture(scope="module")
+def bytes_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A signature taking raw bytes and a float row, as image or text servers do."""
+    module = tf.Module()
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="blob"),
+                                  tf.TensorSpec([None, 2], tf.float32, name="x")])
+    def serve(blob: tf.Tensor, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": tf.cast(tf.strings.length(blob), tf.float32)[:, None] * x}
+
+    path = tmp_path_factory.mktemp("models") / "bytes_model"
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    return str(path)
+
+
+def test_inputs_from_a_predict_request_feed_models_with_string_inputs(
+        bytes_model: str, tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"instances": [
+        {"blob": {"b64": "AAEC/w=="}, "x": [1.0, 2.0]},  # 4 binary bytes, a trailing 0xff
+        {"blob": "hello", "x": [3.0, 4.0]}]}))
+    r = bench(bytes_model, "--batch-size", "3", "--requests", "4", "--inputs", str(request),
+              "--json")
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)["results"]
+    assert row["batch_size"] == 3 and row["requests"] == 4
+
+
+def test_inputs_rows_are_decoded_as_the_server_does_and_cycled(bytes_model: str,
+                                                               tmp_path: Path) -> None:
+    from neuronish.benchmark import cycle_rows, inputs_from_request
+
+    specs = tf.saved_model.load(bytes_model).signatures["serving_default"] \
+        .structured_input_signature[1]
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"inputs": {"blob": [{"b64": "AAEC/w=="}, "hello"],
+                                              "x": [[1, 2], [3, 4]]}}))
+    batch = cycle_rows(inputs_from_request(str(request), specs), 5)
+    assert batch["blob"].tolist() == [b"\x00\x01\x02\xff", b"hello"] * 2 + [b"\x00\x01\x02\xff"]
+    np.testing.assert_array_equal(batch["x"], np.array([[1, 2], [3, 4]] * 2 + [[1, 2]],
+                                                       np.float32))
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"instances": [{"blob": "a"}]}, "x"),                     # an input missing
+    ({"inputs": {"blob": ["a"], "x": [[1.0, 2.0, 3.0]]}}, "'x' has shape [1, 3]"),
+    ({"inputs": {"blob": ["a"], "x": [["no"]]}}, "not a predict request"),
+])
+def test_inputs_that_do_not_fit_the_signature_are_named(bytes_model: str, tmp_path: Path,
+                                                        body: dict, needle: str) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps(body))
+    r = bench(bytes_model, "--requests", "1", "--inputs", str(request))
+    assert r.returncode == 1, r.stderr
+    assert "--inputs" in r.stderr and needle in r.stderr, r.stderr
