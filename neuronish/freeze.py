@@ -196,6 +196,8 @@ def _identity(concrete: object) -> tuple:
     return (tuple((k, tuple(s.shape.as_list()) if s.shape.rank is not None else None,
                    s.dtype.name) for k, s in sorted(specs.items())),
             tuple(sorted(concrete.structured_outputs)), calls,
+            # TF1 signatures prune one shared graph: the tensors tell them apart
+            tuple(t.name for t in concrete.inputs), tuple(t.name for t in concrete.outputs),
             tuple(id(c) for c in concrete.captured_inputs))
 
 

@@ -145,3 +145,27 @@ def test_an_explicit_signature_key_compiles_that_one_only(tmp_path: Path) -> Non
     report = neuronish.saved_model.compile(src, str(out), signature_def_key="serve")
     assert report["signatures"] == {} and report["aliases"] == []
     assert set(tf.saved_model.load(str(out)).signatures) == {"serve"}
+
+
+def test_tf1_signatures_of_one_graph_are_told_apart(tmp_path: Path) -> None:
+    """TF1 signatures prune one graph: same inputs and output keys, other tensors."""
+    src = str(tmp_path / "src")
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=tf.random.stateless_normal(
+            [4, 3], seed=[3, 4]))
+        h = tf.matmul(x, w)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(src)
+            sig = tf.compat.v1.saved_model.predict_signature_def
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": sig({"x": x}, {"y": tf.nn.relu(h)}),
+                "tanh": sig({"x": x}, {"y": tf.tanh(h)})})
+            builder.save()
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(src, str(out))
+    assert report["aliases"] == [] and list(report["signatures"]) == ["tanh"]
+    compiled = tf.saved_model.load(str(out))
+    _assert_same(compiled, tf.saved_model.load(src), ["serving_default", "tanh"])
