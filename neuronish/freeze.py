@@ -116,20 +116,24 @@ class FrozenSignatures:
 
 def freeze_signatures(model_dir: str, signature_def_key: str | None = None,
                       tags: list[str] | tuple[str, ...] | None = None) -> FrozenSignatures:
-    """Freeze every signature of `model_dir` (just `signature_def_key` if given): the
-    default one (`serving_default`, else the first by name) first; signatures that wrap
-    the same function with the same inputs (Keras' `serve` and `serving_default`) once.
+    """Freeze every signature of `model_dir` (just `signature_def_key` if given, with the
+    keys serving the same function): the default one (`serving_default`, else the first
+    by name) first; signatures that wrap the same function with the same inputs (Keras'
+    `serve` and `serving_default`) once.
     A signature other than the main one that cannot be frozen is left out with why;
     the main one raises."""
-    if signature_def_key is not None:
-        return FrozenSignatures((freeze_signature(model_dir, signature_def_key, tags),), {})
     loaded, tags = _load(model_dir, tags)
     signatures = dict(loaded.signatures)
-    default = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
-    keys = sorted(signatures, key=lambda k: (k != default, k))
+    if signature_def_key is not None and signature_def_key not in signatures:
+        raise SavedModelError(f"{model_dir} has no signature {signature_def_key!r}; it has "
+                              f"{sorted(signatures)}")
+    main = signature_def_key or tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+    keys = sorted(signatures, key=lambda k: (k != main, k))
     groups: dict[tuple, list[str]] = {}
     for key in keys:
         groups.setdefault(_identity(signatures[key]), []).append(key)
+    if signature_def_key is not None:  # that one, under its keys (Keras' serve too)
+        groups = {k: g for k, g in groups.items() if g[0] == signature_def_key}
     frozen, refused = [], {}
     for first, *aliases in groups.values():
         try:

@@ -139,12 +139,22 @@ def test_a_signature_that_cannot_be_compiled_stays_on_tensorflow(tmp_path: Path)
 
 
 def test_an_explicit_signature_key_compiles_that_one_only(tmp_path: Path) -> None:
+    """With the keys serving the same function: `serve` is Keras' `serving_default`."""
     src = str(tmp_path / "src")
     _cnn().export(src, verbose=False)
     out = tmp_path / "out"
-    report = neuronish.saved_model.compile(src, str(out), signature_def_key="serve")
+    report = neuronish.saved_model.compile(src, str(out), signature_def_key="serving_default")
+    assert report["signatures"] == {} and report["aliases"] == ["serve"]
+    compiled = tf.saved_model.load(str(out))
+    assert set(compiled.signatures) == {"serving_default", "serve"}
+    x, original = tf.zeros((2, 12, 12, 3)), tf.saved_model.load(src)
+    np.testing.assert_allclose(compiled.serve(x), original.serve(x), atol=1e-6)
+
+    src = two_signature_model(tmp_path / "two")
+    report = neuronish.saved_model.compile(src, str(tmp_path / "square"),
+                                           signature_def_key="square")
     assert report["signatures"] == {} and report["aliases"] == []
-    assert set(tf.saved_model.load(str(out)).signatures) == {"serve"}
+    assert set(tf.saved_model.load(str(tmp_path / "square")).signatures) == {"square"}
 
 
 def test_tf1_signatures_of_one_graph_are_told_apart(tmp_path: Path) -> None:
