@@ -10,6 +10,13 @@ Per model, in its own process: build (random weights, tiny config, no downloads)
 batch 1 and 3, and print one JSON line: compiles? OnNeuronRatio, NeuronOps, max relative
 error at each batch, compile seconds, the ops left on TensorFlow and why.
 The builders live in `models/third_party.py` (the zoo) and `models/user_models.py`.
+
+    python benchmarks/probe_models.py --variants --json variants.jsonl
+
+runs the variants of `models/variants.py` instead (softmax heads, no heads, other input
+sizes, free image sides, `tf.saved_model.save`, several signatures, batch 4, keras_hub task
+models): each compiled with its own arguments, every signature of the compiled model
+compared with TensorFlow at each of its batches (the error columns: the worst signature).
 """
 
 from __future__ import annotations
@@ -34,17 +41,21 @@ def measure(name: str) -> dict:
 
     import neuronish  # noqa: F401
     import neuronish.saved_model
-    from models import third_party
+    from models import third_party, variants
 
+    variant = variants.VARIANTS.get(name)
+    kwargs = variant.compile_kwargs if variant else {"batch_size": 1}
+    batches = variant.batches if variant else (1, 3)
+    example_inputs = variants.example_inputs if variant else third_party.example_inputs
     row: dict = {"model": name}
     with tempfile.TemporaryDirectory(dir=os.environ.get("PROBE_TMP")) as tmp:
         src, dst = os.path.join(tmp, "src"), os.path.join(tmp, "dst")
         t = time.perf_counter()
-        third_party.build(name, src)
+        variant.save(src) if variant else third_party.build(name, src)
         row["build_s"] = round(time.perf_counter() - t, 1)
         t = time.perf_counter()
         try:
-            report = neuronish.saved_model.compile(src, dst, batch_size=1)
+            report = neuronish.saved_model.compile(src, dst, **kwargs)
         except Exception as e:  # noqa: BLE001 - the probe reports whatever breaks
             row["error"] = f"compile: {type(e).__name__}: {e}"[:1500]
             return row
@@ -55,16 +66,32 @@ def measure(name: str) -> dict:
                             if not op["dynamic_batch"]],
                    failures=report["compile_failures"],
                    left={op: t["reasons"] for op, t in report["OnTensorFlow"].items()})
-        original = tf.saved_model.load(src).signatures["serving_default"]
-        compiled = tf.saved_model.load(dst).signatures["serving_default"]
-        for b in (1, 3):
-            feeds = {k: tf.constant(v) for k, v in
-                     third_party.example_inputs(name, original, b, seed=b).items()}
-            try:
-                row[f"err{b}"] = max_rel_error(compiled(**feeds), original(**feeds))
-            except Exception as e:  # noqa: BLE001
-                row[f"err{b}"] = f"{type(e).__name__}: {str(e)[:400]}"
+        if variant:
+            row.update(batches=list(batches), compile_kwargs={
+                k: v for k, v in kwargs.items() if k != "model_shape_feed_dict"})
+        originals = tf.saved_model.load(src).signatures
+        compiled = tf.saved_model.load(dst).signatures
+        keys = list(compiled) if variant else ["serving_default"]
+        row["signatures"] = keys
+        missing = sorted(set(originals) - set(compiled))
+        for b in batches:
+            worst: float | str = 0.0
+            for key in keys:
+                feeds = {k: tf.constant(v) for k, v in
+                         example_inputs(name, originals[key], b, seed=b).items()}
+                try:
+                    err = max_rel_error(compiled[key](**feeds), originals[key](**feeds))
+                    worst = max(worst, err) if isinstance(worst, float) else worst
+                except Exception as e:  # noqa: BLE001
+                    worst = f"{key}: {type(e).__name__}: {str(e)[:400]}"
+            row[f"err{b}"] = f"signatures {missing} missing" if missing else worst
     return row
+
+
+def _is_variant(row: dict) -> bool:
+    from models import variants
+
+    return row["model"] in variants.VARIANTS
 
 
 def _err(value: object) -> str:
@@ -87,6 +114,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def variant_markdown(rows: list[dict]) -> str:
+    """variant | compile arguments | signatures | TF ops | ratio | NeuronOps | err per batch."""
+    out = ["| variant | compiled with | signatures | TF ops | OnNeuronRatio | NeuronOps | "
+           "max rel err by batch | compile s |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['model']} | - | - | - | - | - | does not compile: "
+                       f"{r['error'][:160]} | - |")
+            continue
+        args = ", ".join(f"{k}={v}" for k, v in r["compile_kwargs"].items()) or "defaults"
+        errs = ", ".join(f"{b}: {_err(r[f'err{b}'])}" for b in r["batches"])
+        out.append(f"| {r['model']} | {args} | {', '.join(r['signatures'])} | {r['tf_ops']} | "
+                   f"{r['ratio']:.4f} | {r['neuron_ops']} | {errs} | {r['compile_s']:.1f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     p = argparse.ArgumentParser()
@@ -96,10 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table-from", metavar="FILE",
                    help="print the rows a --json run wrote as a markdown table")
     p.add_argument("--one")
+    p.add_argument("--variants", action="store_true",
+                   help="run the variants of models/variants.py (all, or those named)")
     args = p.parse_args(argv)
     if args.table_from:
         with open(args.table_from) as f:
-            print(markdown([json.loads(line) for line in f if line.strip()]))
+            rows = [json.loads(line) for line in f if line.strip()]
+        models = [r for r in rows if not _is_variant(r)]
+        found = [r for r in rows if _is_variant(r)]
+        print("\n\n".join([markdown(models)] * bool(models) +
+                          [variant_markdown(found)] * bool(found)))
         return 0
     if args.one:
         try:
@@ -108,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"model": args.one, "error": f"{type(e).__name__}: {e}"[:1500],
                               "trace": traceback.format_exc()[-1500:]}))
         return 0
-    from models import third_party
+    from models import third_party, variants
 
-    names = args.models or list(third_party.PROBE)
+    names = args.models or list(variants.VARIANTS if args.variants else third_party.PROBE)
     for name in names:
         cmd = [sys.executable, __file__, "--one", name]
         try:

@@ -29,7 +29,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
 from . import external
-from .freeze import FrozenSignature, drop_dangling_colocations
+from .freeze import FrozenSignature, Method, drop_dangling_colocations
 
 
 class _CompiledModel(tf.Module):
@@ -143,6 +143,17 @@ class ExportedSignature:
     blobs: Mapping[str, Mapping[str, Blob]]
 
 
+def _method_function(fn: tf.types.experimental.ConcreteFunction, signature: FrozenSignature,
+                     method: Method) -> tf.types.experimental.Function:
+    """`method` of the original object, computed by the compiled signature `fn`."""
+    def call(*args: object) -> object:
+        given = dict(zip(method.input_keys, tf.nest.flatten(args), strict=True))
+        result = fn(*[given[i.key] for i in signature.inputs])
+        return tf.nest.map_structure(lambda key: result[key], method.outputs)
+
+    return tf.function(call, input_signature=list(method.input_signature))
+
+
 def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                       outputs: dict[str, str], new_model_dir: str,
                       blobs: Mapping[str, Mapping[str, Blob]] | None = None,
@@ -185,6 +196,8 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                                    {k: asset_of[p] for k, p in feeds.items()})
             for key in (e.signature.signature_key, *e.signature.aliases):
                 signatures[key] = fn
+            for method in e.signature.methods:  # `compiled.serve(x)` as `original.serve(x)`
+                setattr(module, method.name, _method_function(fn, e.signature, method))
         module.external_files = list(asset_of.values())
         tf.saved_model.save(module, tmp, signatures=signatures)
         for path in asset_of:

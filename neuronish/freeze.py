@@ -63,6 +63,8 @@ class FrozenSignature:
     resources: tuple[CapturedResource, ...] = ()
     # Other signature keys of the SavedModel that serve the same function.
     aliases: tuple[str, ...] = ()
+    # Functions of the loaded object computing it under a key of it (Keras' `serve`).
+    methods: tuple[Method, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,9 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
     if signature_def_key not in signatures:
         raise SavedModelError(f"{model_dir} has no signature {signature_def_key!r}; it has "
                               f"{sorted(signatures)}")
-    return _freeze(loaded, signatures[signature_def_key], signature_def_key, model_dir, tags)
+    frozen = _freeze(loaded, signatures[signature_def_key], signature_def_key, model_dir, tags)
+    method = _method(loaded, signature_def_key, signatures[signature_def_key])
+    return replace(frozen, methods=(method,) if method else ())
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,51 @@ def freeze_signatures(model_dir: str, signature_def_key: str | None = None,
                 raise
             refused.update({k: str(e) for k in (first, *aliases)})
             continue
-        frozen.append(replace(one, aliases=tuple(aliases)))
+        methods = (_method(loaded, k, signatures[k]) for k in (first, *aliases))
+        frozen.append(replace(one, aliases=tuple(aliases), methods=tuple(m for m in methods if m)))
     return FrozenSignatures(tuple(frozen), refused)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A function of the loaded object that computes a signature under the signature's
+    key, called with positional tensors and returning its own structure (Keras' `serve`:
+    `tf.saved_model.load(dir).serve(x)` is how Keras documents calling an export)."""
+
+    name: str
+    input_signature: tuple        # its arguments' TensorSpecs, as it takes them
+    input_keys: tuple[str, ...]   # the signature input each flattened argument feeds
+    outputs: object               # its output structure, each tensor the signature's key
+
+
+def _method(loaded: object, key: str, signature: object) -> Method | None:
+    """The attribute `key` of `loaded` as a `Method` of `signature`, if it is one: a
+    function with one traced input signature whose tensors are the signature's inputs
+    by name, and whose outputs are its outputs (a dict by key, else `output_<i>` in
+    flattened order, as `tf.saved_model.save` names a signature's outputs)."""
+    concretes = getattr(getattr(loaded, key, None), "concrete_functions", None)
+    if not key.isidentifier() or not concretes or len(concretes) != 1:
+        return None
+    args, kwargs = concretes[0].structured_input_signature
+    # Trailing arguments left at None (`model.call`'s training and mask) are not given.
+    while args and args[-1] is None:
+        args = args[:-1]
+    flat = tf.nest.flatten(args)
+    _, specs = signature.structured_input_signature
+    if kwargs or not all(isinstance(t, tf.TensorSpec) for t in flat) or \
+            sorted(t.name for t in flat) != sorted(specs):
+        return None
+    returned = concretes[0].structured_outputs
+    out_keys = sorted(signature.structured_outputs)
+    if isinstance(returned, dict) and sorted(returned) == out_keys and \
+            all(not isinstance(v, (dict, list, tuple)) for v in returned.values()):
+        outputs = {k: k for k in returned}
+    elif sorted(f"output_{i}" for i in range(len(tf.nest.flatten(returned)))) == out_keys:
+        outputs = tf.nest.pack_sequence_as(returned, [
+            f"output_{i}" for i in range(len(out_keys))])
+    else:
+        return None
+    return Method(key, tuple(args), tuple(t.name for t in flat), outputs)
 
 
 def _identity(concrete: object) -> tuple:
@@ -149,6 +196,8 @@ def _identity(concrete: object) -> tuple:
     return (tuple((k, tuple(s.shape.as_list()) if s.shape.rank is not None else None,
                    s.dtype.name) for k, s in sorted(specs.items())),
             tuple(sorted(concrete.structured_outputs)), calls,
+            # TF1 signatures prune one shared graph: the tensors tell them apart
+            tuple(t.name for t in concrete.inputs), tuple(t.name for t in concrete.outputs),
             tuple(id(c) for c in concrete.captured_inputs))
 
 

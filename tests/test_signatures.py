@@ -60,6 +60,30 @@ def test_export_archive_endpoints_are_all_compiled(tmp_path: Path) -> None:
     assert report["aliases"] == ["serve"] and list(report["signatures"]) == ["features"]
     assert report["signatures"]["features"]["OnNeuronRatio"] == 1.0
     _assert_same(compiled, original, ["serving_default", "serve", "features"])
+    # Keras documents calling an export as `reloaded.serve(x)`: the endpoints are there too
+    x = tf.constant(np.random.default_rng(0).standard_normal((2, 12, 12, 3)), tf.float32)
+    for endpoint in ("serve", "features"):
+        np.testing.assert_allclose(getattr(compiled, endpoint)(x),
+                                   getattr(original, endpoint)(x), rtol=1e-5, atol=1e-6)
+
+
+def test_keras_serve_keeps_its_output_structure(tmp_path: Path) -> None:
+    """A model with two outputs: `serve(x)` returns a list, the signatures a dict of
+    output_0, output_1."""
+    keras.utils.set_random_seed(0)
+    x = keras.Input((6,), name="numbers")
+    hidden = keras.layers.Dense(5, activation="relu")(x)
+    model = keras.Model(x, [keras.layers.Dense(2)(hidden), keras.layers.Dense(3)(hidden)])
+    src, out = str(tmp_path / "src"), tmp_path / "out"
+    model.export(src, verbose=False)
+    neuronish.saved_model.compile(src, str(out))
+    original, compiled = tf.saved_model.load(src), tf.saved_model.load(str(out))
+    numbers = tf.constant(np.random.default_rng(1).standard_normal((3, 6)), tf.float32)
+    want, got = original.serve(numbers), compiled.serve(numbers)
+    assert isinstance(got, list) and len(got) == len(want) == 2
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    _assert_same(compiled, original, ["serving_default", "serve"])
 
 
 def test_a_module_with_two_signatures_and_no_default(tmp_path: Path) -> None:
@@ -121,3 +145,27 @@ def test_an_explicit_signature_key_compiles_that_one_only(tmp_path: Path) -> Non
     report = neuronish.saved_model.compile(src, str(out), signature_def_key="serve")
     assert report["signatures"] == {} and report["aliases"] == []
     assert set(tf.saved_model.load(str(out)).signatures) == {"serve"}
+
+
+def test_tf1_signatures_of_one_graph_are_told_apart(tmp_path: Path) -> None:
+    """TF1 signatures prune one graph: same inputs and output keys, other tensors."""
+    src = str(tmp_path / "src")
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=tf.random.stateless_normal(
+            [4, 3], seed=[3, 4]))
+        h = tf.matmul(x, w)
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(src)
+            sig = tf.compat.v1.saved_model.predict_signature_def
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": sig({"x": x}, {"y": tf.nn.relu(h)}),
+                "tanh": sig({"x": x}, {"y": tf.tanh(h)})})
+            builder.save()
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(src, str(out))
+    assert report["aliases"] == [] and list(report["signatures"]) == ["tanh"]
+    compiled = tf.saved_model.load(str(out))
+    _assert_same(compiled, tf.saved_model.load(src), ["serving_default", "tanh"])
