@@ -89,7 +89,10 @@ def _drop_stale(root: str, final: str, marker: str) -> None:
     """Delete the entries of `final`'s model and kind under other keys that have gone
     unused for STALE_AFTER_S (whole models are large: the cache otherwise grows by the
     whole zoo at every edit of a builder)."""
-    name, key, kind = re.fullmatch(r"(.+)-([0-9a-f]{12})(.*)", os.path.basename(final)).groups()
+    keyed = re.fullmatch(r"(.+)-[0-9a-f]{12}(.*)", os.path.basename(final))
+    if keyed is None:  # not a keyed entry: nothing of it can be stale
+        return
+    name, kind = keyed.groups()
     same_model = re.compile(re.escape(name) + r"-[0-9a-f]{12}" + re.escape(kind))
     for entry in os.listdir(root):
         path = os.path.join(root, entry)

@@ -45,3 +45,15 @@ def test_a_new_entry_drops_the_same_models_long_unused_entries(tmp_path: Path) -
     assert cache._build_atomically(final, marker, build, str(tmp_path)) == final
     assert len(built) == 1
     assert time.time() - os.path.getmtime(Path(final, marker)) < 60
+
+
+def test_an_entry_without_a_key_drops_nothing(tmp_path: Path) -> None:
+    old = _entry(tmp_path, "entry-aaaaaaaaaaaa", "done", cache.STALE_AFTER_S + 60)
+
+    def build(target: str) -> None:
+        os.makedirs(target)
+        Path(target, "done").write_text("ok")
+
+    final = str(tmp_path / "entry")
+    assert cache._build_atomically(final, "done", build, str(tmp_path)) == final
+    assert old.exists()
