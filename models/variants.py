@@ -100,18 +100,22 @@ def _image_classifier(pooling: str) -> Callable[[], keras.Model]:
     return build
 
 
+_SIDES_224 = {"model_shape_feed_dict": {"keras_tensor": [1, 224, 224, 3]}}
 _TEXT_SHAPES = {k: [1, SEQ_LEN] for k in ("padding_mask", "segment_ids", "token_ids")}
 
 VARIANTS: dict[str, Variant] = {
     # the default head: softmax
     "ResNet50_softmax": Variant(_export(lambda: _app("ResNet50"))),
     "InceptionV3_softmax": Variant(_export(lambda: _app("InceptionV3"))),
-    # no head, each pooling
+    # no head, each pooling: without input_shape Keras leaves the image sides free, so the
+    # compile is given them (without, it names the input and what to pass)
     "ResNet50_notop_avg": Variant(_export(lambda: _app("ResNet50", include_top=False,
-                                                       pooling="avg"))),
+                                                       pooling="avg")), _SIDES_224, free_size=224),
     "EfficientNetB0_notop_max": Variant(_export(lambda: _app("EfficientNetB0", include_top=False,
-                                                             pooling="max"))),
-    "ConvNeXtTiny_notop_maps": Variant(_export(lambda: _app("ConvNeXtTiny", include_top=False))),
+                                                             pooling="max")), _SIDES_224,
+                                        free_size=224),
+    "ConvNeXtTiny_notop_maps": Variant(_export(lambda: _app("ConvNeXtTiny", include_top=False)),
+                                       _SIDES_224, free_size=224),
     "MobileNetV3Small_notop_avg": Variant(_export(lambda: _app(
         "MobileNetV3Small", include_top=False, pooling="avg", input_shape=(224, 224, 3)))),
     # other input sizes

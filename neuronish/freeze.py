@@ -65,6 +65,8 @@ class FrozenSignature:
     aliases: tuple[str, ...] = ()
     # Functions of the loaded object computing it under a key of it (Keras' `serve`).
     methods: tuple[Method, ...] = ()
+    # Variable writes no output sees, left out of the frozen graph (`_drop_dead_writes`).
+    dropped_writes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -234,10 +236,12 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
             "table's initialization into the compiled model. Re-export the model with "
             "TensorFlow 2 (tf.lookup tables or Keras StringLookup on a tf.Module / Keras "
             "model, saved with tf.saved_model.save or model.export)")
-    _refuse_variable_writes(concrete.graph.as_graph_def(), what)
+    writes = _variable_writes(concrete.graph.as_graph_def())
     try:
         graph_def, input_names = _variables_to_constants(concrete)
     except (ValueError, tf.errors.InvalidArgumentError) as e:
+        if writes:
+            _refuse_variable_writes(writes, what)
         raise SavedModelError(f"{what} could not be frozen (its variables turned into "
                               f"constants): {e}") from None
     resources = _captured_resources(loaded, concrete, set(input_names), what)
@@ -262,7 +266,11 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
     try:
         graph_def = inline_calls(graph_def)
     except InlineError as e:
+        if writes:
+            _refuse_variable_writes(writes, what)
         raise SavedModelError(f"{what} could not be fully frozen: {e}") from None
+    dropped = _drop_dead_writes(graph_def, list(outputs.values()), writes, what) if writes \
+        else ()
     _check_frozen(graph_def, what)
     drop_dangling_colocations(graph_def)
     _drop_ordering_edges(graph_def)
@@ -273,7 +281,8 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
               for i in inputs]
     resources = [CapturedResource(_rename_ref(r.tensor, renamed), r.owner) for r in resources]
     return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags),
-                           tuple(resources))
+                           tuple(resources),
+                           dropped_writes=dropped)
 
 
 def _captured_resources(loaded: object, concrete: object, placeholders: set[str],
@@ -392,11 +401,62 @@ def drop_dangling_colocations(graph_def: graph_pb2.GraphDef) -> None:
                 del node.attr["_class"]
 
 
-def _refuse_variable_writes(graph_def: graph_pb2.GraphDef, what: str) -> None:
-    """Name every node, in the graph or a function it calls, that writes a variable."""
+def _variable_writes(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """Every node, in the graph or a function it calls, that writes a variable."""
     writes = [f"{n.name} ({n.op})" for n in graph_def.node if n.op in _WRITES]
-    writes += [f"{n.name} ({n.op}) in function {f.signature.name}"
-               for f in graph_def.library.function for n in f.node_def if n.op in _WRITES]
+    return writes + [f"{n.name} ({n.op}) in function {f.signature.name}"
+                     for f in graph_def.library.function for n in f.node_def if n.op in _WRITES]
+
+
+def _drop_dead_writes(graph_def: graph_pb2.GraphDef, outputs: list[str], writes: list[str],
+                      what: str) -> tuple[str, ...]:
+    """Remove, in place, the variable writes no output can see, and return their names;
+    refuse the signature (naming the writes) if an output can.
+
+    Keras runs BatchNormalization in training mode at serving when a layer whose `training`
+    defaults to True (`Resizing`, `CenterCrop`) comes first in the model: the outputs use
+    the batch's statistics and the moving averages are written, but nothing in the
+    signature reads them. Such a write changes no output of any call, so the frozen graph
+    goes without it. A write is visible when the variable it writes (the constant its
+    handle became) or the write itself is a data input, at any distance, of an output
+    (Keras' random layers read the seed they advance), or when it sits in a control flow
+    body, which this does not look into.
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    own = [n for n in graph_def.node if n.op in _WRITES]
+    if len(own) < len(writes):  # some are left in control flow bodies
+        _refuse_variable_writes(writes, what)
+
+    def root(ref: str) -> str:  # through the Identity chain a read or a write takes
+        name = ref.split(":")[0]
+        while name in nodes and nodes[name].op == "Identity" and nodes[name].input:
+            name = nodes[name].input[0].split(":")[0]
+        return name
+
+    written = {root(w.input[0]) for w in own}
+    seen: set[str] = set()
+    todo = [t.split(":")[0] for t in outputs]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        todo.extend(i.split(":")[0] for i in nodes[name].input if not i.startswith("^"))
+    if seen & (written | {w.name for w in own}):
+        _refuse_variable_writes(writes, what)
+    gone = {w.name for w in own}
+    for i in reversed([i for i, n in enumerate(graph_def.node) if n.name in gone]):
+        del graph_def.node[i]
+    for node in graph_def.node:
+        if any(i.startswith("^") and i[1:] in gone for i in node.input):
+            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in gone)]
+            del node.input[:]
+            node.input.extend(kept)
+    return tuple(sorted(f"{w.name} ({w.op})" for w in own))
+
+
+def _refuse_variable_writes(writes: list[str], what: str) -> None:
+    """Refuse a signature whose variable writes matter, naming them."""
     if writes:
         # Keras' random layers (RandomFlip, RandomRotation, ...) step a seed variable on
         # every call, and their output depends on it: the usual way this comes about.

@@ -138,6 +138,20 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     # function under another key (Keras' `serve`).
     report["aliases"] = list(main.aliases)
     report["signatures"] = {k: r for k, r in reports.items()}
+    dropped = {s.signature_key: list(s.dropped_writes) for s in signatures.frozen
+               if s.dropped_writes}
+    if dropped:
+        # Keras' BatchNormalization in training mode (a Resizing layer in front makes it so)
+        # updates moving averages nothing in the signature reads.
+        report["dropped_variable_writes"] = dropped
+        for key, writes in dropped.items():
+            warnings.warn(
+                f"signature {key!r} of {model_dir} writes variables no output reads "
+                f"({', '.join(writes[:4])}{', ...' if len(writes) > 4 else ''}: "
+                f"{len(writes)} in all); the compiled model leaves the writes out, its outputs "
+                "are TensorFlow's. (Keras runs BatchNormalization in training mode, on the "
+                "batch's statistics, when a layer such as Resizing comes first in the model; "
+                "its moving averages are the writes.)", CompileWarning, stacklevel=2)
     if signatures.refused:
         report["signatures_dropped"] = dict(signatures.refused)
         for key, why in signatures.refused.items():

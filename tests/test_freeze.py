@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import neuronish.saved_model
 from neuronish.errors import SavedModelError
-from neuronish.freeze import freeze_signature
+from neuronish.freeze import VARIABLE_OPS, freeze_signature
 from tests.test_saved_model_compile import assert_matches_original
 
 _rng = np.random.default_rng(7)
@@ -105,12 +105,31 @@ def test_nodes_no_output_needs_are_dropped(tmp_path: Path) -> None:
     assert "Shape" not in ops and "Prod" not in ops and "Placeholder" in ops, ops
 
 
-def test_a_signature_that_writes_a_variable_is_named(tmp_path: Path) -> None:
-    model = _save(_Counter(), tmp_path / "counter")
+class _CountingOutput(tf.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = tf.Variable(0.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        self.calls.assign_add(1.0)
+        return {"y": x * self.calls}
+
+
+def test_a_signature_whose_output_sees_a_variable_write_is_refused_naming_it(
+        tmp_path: Path) -> None:
+    model = _save(_CountingOutput(), tmp_path / "counter")
     with pytest.raises(SavedModelError) as info:
         freeze_signature(model)
     text = str(info.value)
     assert "AssignAddVariableOp" in text and "writes a variable at serving time" in text, text
+
+
+def test_a_variable_write_no_output_sees_is_dropped_and_named(tmp_path: Path) -> None:
+    """The output is x * 2 at every call: the counter's write changes nothing it returns."""
+    frozen = freeze_signature(_save(_Counter(), tmp_path / "counter"))
+    assert len(frozen.dropped_writes) == 1 and "AssignAddVariableOp" in frozen.dropped_writes[0]
+    assert not {n.op for n in frozen.graph_def.node} & VARIABLE_OPS
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64", "int8", "int32", "int64",

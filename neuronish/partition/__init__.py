@@ -163,8 +163,8 @@ def partition(
             else:
                 dropped.append(DroppedCluster(c, "none of its results is used outside it; if "
                                                  "the caller reads one, pass it in fetches"))
-        mixers = {s.batch_mixing_node: s.dynamic_batch_reason or "" for s in subgraphs
-                  if s.batch_mixing_node and s.batch_mixing_node not in mixing}
+        mixers = {m: s.dynamic_batch_reason or "" for s in subgraphs
+                  for m in s.batch_mixing_nodes if m not in mixing}
         if not mixers:
             break
         mixing.update(mixers)

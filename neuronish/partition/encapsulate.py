@@ -74,8 +74,10 @@ class Subgraph:
     control_inputs: tuple[str, ...]  # outer nodes members wait for through control edges
     dynamic_batch_reason: str | None  # why every batch axis is -1; None if batches can split
     op_counts: dict[str, int]  # op type -> members of that type
-    # The member that mixes samples across the batch (the reason's node), if that is why.
-    batch_mixing_node: str | None = None
+    # The members that mix samples across the batch (the first is the reason's node), if
+    # that is why: every one found in one pass, so the partitioner can keep them all on
+    # TensorFlow at once (a BatchNormalization on batch statistics has two per layer).
+    batch_mixing_nodes: tuple[str, ...] = ()
 
     @property
     def dynamic_batch(self) -> bool:
@@ -163,7 +165,7 @@ def encapsulate(
     subgraph = _subgraph_def(graph_def, cluster, index, inputs, placeholders, infos)
     in_axes = [batch_axes.get(t) for t in inputs]
     out_axes = [batch_axes.get(t) for t in outputs]
-    reason, mixer = _no_dynamic_batch_reason(cluster, index, infos, batch_axes, inputs,
+    reason, mixers = _no_dynamic_batch_reason(cluster, index, infos, batch_axes, inputs,
                                              outputs, dynamic_batch_size)
     if reason is not None:
         in_axes, out_axes = [-1] * len(inputs), [-1] * len(outputs)
@@ -192,7 +194,7 @@ def encapsulate(
         control_inputs=tuple(dict.fromkeys(
             c for m in cluster.nodes for c in index.control_inputs[m] if c not in members)),
         dynamic_batch_reason=reason,
-        batch_mixing_node=mixer,
+        batch_mixing_nodes=mixers,
         op_counts=dict(sorted(Counter(index.nodes[m].op for m in cluster.nodes).items())),
     )
 
@@ -287,26 +289,27 @@ def _no_dynamic_batch_reason(
     outputs: list[str],
     dynamic_batch_size: bool,
 ) -> tuple[str | None, str | None]:
-    """Why the cluster cannot run a batch in chunks (None: it can), and the member that
-    mixes samples when that is the reason."""
+    """Why the cluster cannot run a batch in chunks (None: it can), and the members that
+    mix samples when that is the reason (the reason's first)."""
     if not dynamic_batch_size:
-        return "dynamic_batch_size is off: the op runs at the compiled batch size only", None
+        return "dynamic_batch_size is off: the op runs at the compiled batch size only", ()
     unclear = [t for t in inputs + outputs if axes.get(t) is None]
     if unclear:
         # An output's producer ([b, b] similarities, a flattened [b * s]) can stay on
         # TensorFlow, which computes it at any batch, so the rest keeps a dynamic batch.
         return (f"the batch axis of {unclear[0]} (shape {list(infos[unclear[0]].shape)}) cannot be "
                 f"told from shapes: no axis, or more than one, follows the batch size "
-                f"exactly"), producer(unclear[0]) if unclear[0] in outputs else None
+                f"exactly"), (producer(unclear[0]),) if unclear[0] in outputs else ()
     if all(axes[t] == -1 for t in inputs + outputs):
-        return "no input or output has a batch axis", None
+        return "no input or output has a batch axis", ()
     mixing = getattr(axes, "mixing", {})  # shapes.BatchAxes
-    for m in cluster.nodes:
-        if m in mixing:
-            return mixing[m], m
+    moving = [m for m in cluster.nodes if m in mixing]
+    if moving:
+        return mixing[moving[0]], tuple(moving)
     # Which tensors carry data from a batched input (static members do not:
     # they depend on shapes only, which the compiled program fixes per chunk).
     batched = {t for t in inputs if axes[t] >= 0}
+    reason, mixers = None, []
     for m in cluster.nodes:
         if m in cluster.static_nodes:
             continue
@@ -316,9 +319,15 @@ def _no_dynamic_batch_reason(
             sources = data[k:k + 1] if index.nodes[m].op == "IdentityN" else data
             if not any(s in batched for s in sources):
                 continue
-            batched.add(t)
-            if axes.get(t) == -1:
-                return (f"{t} ({index.nodes[m].op}) has no batch axis but is computed from "
-                        f"batched inputs: the cluster mixes samples across the batch (e.g. a "
-                        f"reduction over it), so a batch cannot be split into chunks"), m
-    return None, None
+            if axes.get(t) != -1:
+                batched.add(t)
+                continue
+            # A mixer: off the device, its result comes back without a batch axis, so
+            # what reads it is not a mixer for that (the scan goes on for the others).
+            reason = reason or (
+                f"{t} ({index.nodes[m].op}) has no batch axis but is computed from "
+                f"batched inputs: the cluster mixes samples across the batch (e.g. a "
+                f"reduction over it), so a batch cannot be split into chunks")
+            if m not in mixers:
+                mixers.append(m)
+    return reason, tuple(mixers)
