@@ -67,8 +67,7 @@ def measure(name: str) -> dict:
                    failures=report["compile_failures"],
                    left={op: t["reasons"] for op, t in report["OnTensorFlow"].items()})
         if variant:
-            row.update(batches=list(batches), compile_kwargs={
-                k: v for k, v in kwargs.items() if k != "model_shape_feed_dict"})
+            row["batches"] = list(batches)
         originals = tf.saved_model.load(src).signatures
         compiled = tf.saved_model.load(dst).signatures
         keys = list(compiled) if variant else ["serving_default"]
@@ -86,6 +85,12 @@ def measure(name: str) -> dict:
                     worst = f"{key}: {type(e).__name__}: {str(e)[:400]}"
             row[f"err{b}"] = f"signatures {missing} missing" if missing else worst
     return row
+
+
+def _compile_kwargs(name: str) -> dict:
+    from models import variants
+
+    return variants.VARIANTS[name].compile_kwargs
 
 
 def _is_variant(row: dict) -> bool:
@@ -123,7 +128,8 @@ def variant_markdown(rows: list[dict]) -> str:
             out.append(f"| {r['model']} | - | - | - | - | - | does not compile: "
                        f"{r['error'][:160]} | - |")
             continue
-        args = ", ".join(f"{k}={v}" for k, v in r["compile_kwargs"].items()) or "defaults"
+        args = ", ".join(f"{k}={v}" for k, v in _compile_kwargs(r["model"]).items()) or \
+            "defaults"
         errs = ", ".join(f"{b}: {_err(r[f'err{b}'])}" for b in r["batches"])
         out.append(f"| {r['model']} | {args} | {', '.join(r['signatures'])} | {r['tf_ops']} | "
                    f"{r['ratio']:.4f} | {r['neuron_ops']} | {errs} | {r['compile_s']:.1f} |")

@@ -76,6 +76,12 @@ def _two_signatures(target: str) -> None:
     tf.saved_model.save(module, target, signatures={"logits": logits, "probs": probs})
 
 
+def _behind_resizing() -> keras.Model:
+    base = _app("MobileNetV2", include_top=False, pooling="avg", input_shape=(96, 96, 3))
+    return keras.Sequential([keras.Input((128, 128, 3)), keras.layers.Resizing(96, 96), base,
+                             keras.layers.Dense(3)])
+
+
 def _bert_classifier() -> keras.Model:
     import keras_hub
 
@@ -134,6 +140,9 @@ VARIANTS: dict[str, Variant] = {
         _export(lambda: _app("MobileNetV2", include_top=False, pooling="avg",
                              input_shape=(None, None, 3))),
         {"model_shape_feed_dict": {"keras_tensor": [1, 160, 160, 3]}}),
+    # Resizing in front: Keras then serves BatchNormalization on the batch's statistics
+    # (its moving-average writes are left out; the batch reductions stay on TensorFlow)
+    "MobileNetV2_behind_resizing": Variant(_export(_behind_resizing), batches=(1, 3, 4)),
     # saved with tf.saved_model.save
     "EfficientNetB0_tf_save": Variant(_tf_save(lambda: _app("EfficientNetB0",
                                                             classifier_activation=None))),
