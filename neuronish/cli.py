@@ -68,7 +68,9 @@ def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
     for item in items:
         key, sep, dims = item.partition("=")
         try:
-            shapes[key] = [int(d) for d in dims.split(",")] if dims else []
+            # "?", "None" or -1 for the batch, as TensorFlow prints a free dimension
+            shapes[key] = [-1 if d.strip() in ("?", "None") else int(d)
+                           for d in dims.split(",")] if dims else []
         except ValueError:
             sep = ""
         if not sep or not key:
@@ -149,7 +151,8 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("new_model_dir", help="must not exist; written atomically")
     c.add_argument("--batch-size", type=int, default=1, help="compiled batch size (default 1)")
     c.add_argument("--input-shape", action="append", default=[], metavar="KEY=D0,D1,...",
-                   help="compile shape of one signature input (model_shape_feed_dict)")
+                   help="compile shape of one signature input (model_shape_feed_dict); "
+                        "? or -1 in dim 0: the batch size")
     c.add_argument("--tags", help="MetaGraph tags, comma-separated (default: serve)")
     c.add_argument("--signature-def-key", help="default: serving_default")
     c.add_argument("--minimum-segment-size", type=int, default=2)

@@ -39,7 +39,7 @@ def compile_shapes(signature: FrozenSignature, batch_size: int,
             shape = list(value.shape)
             source = "model_feed_dict"
         elif model_shape_feed_dict and inp.key in model_shape_feed_dict:
-            shape = [int(d) for d in model_shape_feed_dict[inp.key]]
+            shape = _given_shape(inp.key, model_shape_feed_dict[inp.key], inp.shape, batch_size)
             source = "model_shape_feed_dict"
         else:
             if inp.shape is None:
@@ -82,6 +82,22 @@ def _free_dims_message(free: list[tuple[str, tuple, list[int | None]]],
             f"compile ... {cli}`), or example arrays in model_feed_dict. A call of another "
             "size is then refused naming the compiled shape: compile once per size you "
             "serve")
+
+
+def _given_shape(key: str, given: object, declared: tuple | None,
+                 batch_size: int) -> list[int | None]:
+    """A `model_shape_feed_dict` entry as a shape: None or -1 in dim 0 of an input whose
+    batch the signature leaves free is `batch_size` (users write the batch as free, as
+    TensorFlow does); elsewhere it stays free, for the error that lists such inputs."""
+    try:
+        dims = list(given)  # type: ignore[call-overload]
+        shape = [None if d is None or int(d) < 0 else int(d) for d in dims]
+    except (TypeError, ValueError):
+        raise SavedModelError(f"model_shape_feed_dict[{key!r}] is {given!r}; expected a list "
+                              "of integers (None or -1 for the batch)") from None
+    if shape and shape[0] is None and declared is not None and declared[:1] == (None,):
+        shape[0] = batch_size
+    return shape
 
 
 def _same_dtype(given: np.dtype, want: str) -> bool:

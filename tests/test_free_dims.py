@@ -71,3 +71,25 @@ def test_given_a_size_it_compiles_and_refuses_others_by_name(tmp_path: Path) -> 
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"has shape \[1,20,20,3\]; expected float32\[\*,16,16,3\]"):
         compiled(image=tf.zeros((1, 20, 20, 3)))
+
+
+def test_the_batch_may_be_given_as_free_in_a_shape(tmp_path: Path) -> None:
+    """[None, 16, 16, 3] or [-1, ...] (how TensorFlow writes a free batch) compiles at
+    batch_size; a free dimension elsewhere, or a shape that is no list of integers, is
+    an error naming the input."""
+    src = _free_image_model(tmp_path / "src")
+    for i, batch in enumerate((None, -1)):
+        report = neuronish.saved_model.compile(src, str(tmp_path / f"out{i}"), batch_size=2,
+                                               model_shape_feed_dict={"image": [batch, 16, 16, 3]})
+        (op,) = report["NeuronOps"]
+        assert list(op["inputs"].values()) == [[[2, 16, 16, 3], "float32"]]
+    with pytest.raises(SavedModelError, match=re.escape("'image' [?, ?, ?, 3] has dimensions")):
+        neuronish.saved_model.compile(src, str(tmp_path / "a"),
+                                      model_shape_feed_dict={"image": [1, None, 16, 3]})
+    with pytest.raises(SavedModelError, match=r"model_shape_feed_dict\['image'\] is 'big'"):
+        neuronish.saved_model.compile(src, str(tmp_path / "a"),
+                                      model_shape_feed_dict={"image": "big"})
+    from neuronish.cli import _parse_shapes
+
+    assert _parse_shapes(["image=?,16,16,3", "mask=-1,8"]) == {"image": [-1, 16, 16, 3],
+                                                              "mask": [-1, 8]}
