@@ -152,7 +152,8 @@ def partition(
     for _ in range(_MAX_MIXING_ROUNDS):
         marking = mark(graph_def, infos, supported, no_fuse_ops, force_fuse_ops,
                        exclude_nodes=exclude_nodes, device_dtypes=device_dtypes,
-                       refused=refused, index=index, batch_mixing=mixing)
+                       refused=refused, index=index, batch_mixing=mixing,
+                       fetches=fetch_list)
         sized = drop_small(cluster(graph_def, marking, index), minimum_segment_size)
         subgraphs, dropped = [], list(sized.dropped)
         for c in sized.kept:

@@ -319,6 +319,8 @@ def _no_dynamic_batch_reason(
             sources = data[k:k + 1] if index.nodes[m].op == "IdentityN" else data
             if not any(s in batched for s in sources):
                 continue
+            if t not in outputs and not index.tensor_consumers.get(t):
+                continue  # read by nothing (FusedBatchNormV3's batch_mean in inference)
             if axes.get(t) != -1:
                 batched.add(t)
                 continue

@@ -44,7 +44,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
 from neuronish import contracts
-from neuronish.partition.graph import GraphIndex, PartitionError, producer
+from neuronish.partition.graph import GraphIndex, PartitionError, canonical, producer
 from neuronish.partition.shapes import TensorInfo
 from neuronish.partition.values import device_static_nodes, static_values
 
@@ -131,6 +131,7 @@ def mark(
     refused: Mapping[str, str] | None = None,
     index: GraphIndex | None = None,
     batch_mixing: Mapping[str, str] | None = None,
+    fetches: Iterable[str] | None = None,
 ) -> Marking:
     """Mark every node of `graph_def` supported or not (see the module docstring).
 
@@ -153,9 +154,21 @@ def mark(
     known = set(index.nodes) | {n.op for n in graph_def.node}
     unmatched = tuple(sorted((no_fuse | force) - known))
 
+    # Rules 4 and 5 look at the outputs something uses: a node's first, the ones read or
+    # fetched. TensorFlow leaves FusedBatchNormV3's reserve_space_3 (undefined in
+    # inference) without a shape, and nothing reads it; without `fetches`, every output
+    # of a node nothing reads counts as fetched.
+    fetched = None if fetches is None else {canonical(f) for f in fetches}
+
+    def used(t: str) -> bool:
+        return (t.endswith(":0") or bool(index.tensor_consumers.get(t))
+                or (t in fetched if fetched is not None else
+                    not index.consumers(producer(t))))
+
     marks: dict[str, NodeMark] = {}
     for node in graph_def.node:
-        tensors = [*index.data_inputs[node.name], *_outputs(node.name, infos)]
+        tensors = [*index.data_inputs[node.name],
+                   *(t for t in _outputs(node.name, infos) if used(t))]
         reason, detail = _first_rule(node.name, node.op, tensors, infos, exclude, no_fuse,
                                      device_dtypes)
         if node.op in _LOOP_OPS or node.op.startswith("TensorList"):

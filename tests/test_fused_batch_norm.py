@@ -1,0 +1,47 @@
+"""Keras 2 (tf_keras, `TF_USE_LEGACY_KERAS=1`) and TF1-era models run batch norm as one
+`FusedBatchNormV3`, whose outputs besides `y` nothing reads in inference, and one of
+which (reserve_space_3) TensorFlow leaves without a shape. Those outputs decide nothing:
+the node compiles, and the whole model is one NeuronOp with a dynamic batch (tf_keras'
+MobileNetV2 saved with `model.save` was 52 batch norms on TensorFlow, 45 NeuronOps)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+import neuronish.saved_model
+
+
+class _ConvBatchNorm(tf.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        rng = np.random.default_rng(0)
+        self.kernel = tf.Variable(rng.standard_normal((3, 3, 3, 8)).astype("float32"))
+        self.stats = [tf.Variable(rng.uniform(0.5, 1.5, 8).astype("float32")) for _ in range(4)]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 10, 10, 3], tf.float32, name="image")])
+    def serve(self, image: tf.Tensor) -> dict[str, tf.Tensor]:
+        x = tf.nn.conv2d(image, self.kernel, 1, "SAME")
+        scale, offset, mean, variance = self.stats
+        y, _, _ = tf.compat.v1.nn.fused_batch_norm(x, scale, offset, mean, variance,
+                                                   epsilon=1e-3, is_training=False)
+        return {"y": tf.nn.relu(y)}
+
+
+def test_inference_fused_batch_norm_compiles_whole(tmp_path: Path) -> None:
+    module = _ConvBatchNorm()
+    src, out = str(tmp_path / "src"), tmp_path / "out"
+    tf.saved_model.save(module, src, signatures={"serving_default": module.serve})
+    report = neuronish.saved_model.compile(src, str(out))
+    assert report["OnNeuronRatio"] == 1.0, report["OnTensorFlowNodes"]
+    (op,) = report["NeuronOps"]
+    assert op["dynamic_batch"] and op["op_counts"]["FusedBatchNormV3"] == 1
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
+    for batch in (1, 3):
+        x = tf.constant(np.random.default_rng(batch).standard_normal((batch, 10, 10, 3)),
+                        tf.float32)
+        np.testing.assert_allclose(compiled(image=x)["y"], original(image=x)["y"], rtol=1e-5,
+                                   atol=1e-5)
