@@ -611,6 +611,13 @@ def _strip_call_prefixes(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
         refs = [_rename_ref(r, renamed) for r in node.input]
         del node.input[:]
         node.input.extend(refs)
+        # Colocations name nodes too ("loc:@lstm/Identity"): renamed with them, or
+        # TensorFlow refuses to import the graph (Keras 2's LSTM and GRU carry them).
+        if "_class" in node.attr:
+            locs = [b"loc:@" + renamed.get(c[5:].decode(), c[5:].decode()).encode()
+                    if c.startswith(b"loc:@") else c for c in node.attr["_class"].list.s]
+            del node.attr["_class"].list.s[:]
+            node.attr["_class"].list.s.extend(locs)
     return renamed
 
 

@@ -150,3 +150,23 @@ def test_constants_without_astype_are_tensorflows_protos(dtype: str,
     for args in ((values, tf.as_dtype(dtype), values.shape),
                  (values, tf.as_dtype(dtype).as_datatype_enum, None)):
         assert fast.make_tensor_proto(*args) == tensor_util.make_tensor_proto(*args)
+
+
+def test_renamed_nodes_keep_their_colocations() -> None:
+    """Stripping call prefixes renames nodes; a colocation naming one ("loc:@...", as
+    Keras 2's LSTM carries) is renamed with it, or TensorFlow refuses the graph (the
+    LSTM's compile failed with "expects to be colocated with unknown node")."""
+    from neuronish.freeze import _strip_call_prefixes
+
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.constant(1.0, name="StatefulPartitionedCall/lstm/Identity")
+        with tf.compat.v1.colocate_with(a):
+            tf.identity(a, name="Func/StatefulPartitionedCall/input/_12")
+    graph_def = graph.as_graph_def()
+    renamed = _strip_call_prefixes(graph_def)
+    assert renamed["StatefulPartitionedCall/lstm/Identity"] == "lstm/Identity"
+    (reader,) = [n for n in graph_def.node if n.op == "Identity"]
+    assert list(reader.attr["_class"].list.s) == [b"loc:@lstm/Identity"]
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")

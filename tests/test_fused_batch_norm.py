@@ -45,3 +45,43 @@ def test_inference_fused_batch_norm_compiles_whole(tmp_path: Path) -> None:
                         tf.float32)
         np.testing.assert_allclose(compiled(image=x)["y"], original(image=x)["y"], rtol=1e-5,
                                    atol=1e-5)
+
+
+class _Keras2LayerNorm(tf.Module):
+    """Keras 2's LayerNormalization: the batch folded into the channels of a
+    [1, b * s, d, 1] tensor, normalized by a training-mode FusedBatchNormV3 (NCHW),
+    reshaped back; a dense layer on either side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        rng = np.random.default_rng(1)
+        self.w1 = tf.Variable(rng.standard_normal((6, 8)).astype("float32"))
+        self.w2 = tf.Variable(rng.standard_normal((8, 4)).astype("float32"))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5, 6], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        h = tf.nn.relu(tf.einsum("bsi,ij->bsj", x, self.w1) + 0.5)
+        shape = tf.shape(h)
+        rows = shape[0] * shape[1]
+        folded = tf.reshape(h, [1, rows, 8, 1])
+        normed, _, _ = tf.compat.v1.nn.fused_batch_norm(
+            folded, tf.ones([rows]), tf.zeros([rows]), epsilon=1e-3, data_format="NCHW")
+        return {"y": tf.tanh(tf.einsum("bsj,jk->bsk", tf.reshape(normed, shape), self.w2))}
+
+
+def test_keras2_layer_norm_keeps_the_rest_dynamic(tmp_path: Path) -> None:
+    """The [1, b * s, d, 1] tensor has no batch axis shapes can tell: what reads it stays
+    on TensorFlow with what made it, so the dense layers compile with a dynamic batch and
+    a call at batch 3 gives TensorFlow's numbers (the cluster reading it was compiled at
+    batch 1 and refused batch 3)."""
+    module = _Keras2LayerNorm()
+    src, out = str(tmp_path / "src"), tmp_path / "out"
+    tf.saved_model.save(module, src, signatures={"serving_default": module.serve})
+    report = neuronish.saved_model.compile(src, str(out))
+    assert report["NeuronOps"] and all(op["dynamic_batch"] for op in report["NeuronOps"]), \
+        [op["dynamic_batch_note"] for op in report["NeuronOps"]]
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
+    for batch in (1, 3):
+        x = tf.constant(np.random.default_rng(batch).standard_normal((batch, 5, 6)), tf.float32)
+        np.testing.assert_allclose(compiled(x=x)["y"], original(x=x)["y"], rtol=1e-5, atol=1e-5)

@@ -296,10 +296,16 @@ def _no_dynamic_batch_reason(
     unclear = [t for t in inputs + outputs if axes.get(t) is None]
     if unclear:
         # An output's producer ([b, b] similarities, a flattened [b * s]) can stay on
-        # TensorFlow, which computes it at any batch, so the rest keeps a dynamic batch.
+        # TensorFlow, which computes it at any batch, so the rest keeps a dynamic batch;
+        # so can the members reading such an input (Keras 2's LayerNormalization folds
+        # the batch into a [1, b * s, d, 1] it normalizes on TensorFlow, then reshapes
+        # it back).
+        dark = set(unclear)
+        movers = [producer(t) for t in unclear if t in outputs]
+        movers += [m for m in cluster.nodes if any(t in dark for t in index.data_inputs[m])]
         return (f"the batch axis of {unclear[0]} (shape {list(infos[unclear[0]].shape)}) cannot be "
                 f"told from shapes: no axis, or more than one, follows the batch size "
-                f"exactly"), (producer(unclear[0]),) if unclear[0] in outputs else ()
+                f"exactly"), tuple(dict.fromkeys(movers))
     if all(axes[t] == -1 for t in inputs + outputs):
         return "no input or output has a batch axis", ()
     mixing = getattr(axes, "mixing", {})  # shapes.BatchAxes
