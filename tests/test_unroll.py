@@ -74,6 +74,35 @@ def test_a_loop_of_fixed_count_over_tensor_lists_becomes_straight_line_code(
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def _two_loops(module: tf.Module, x: tf.Tensor) -> tf.Tensor:
+    """A loop counted from the shape of what another loop returns, which shape inference
+    leaves unknown until that loop is unrolled (Keras 2's Bidirectional GRU, then an LSTM
+    over its output)."""
+    h = tf.while_loop(lambda t, h: t < 3,
+                      lambda t, h: (t + 1, tf.tanh(tf.matmul(h, module.w) + x)),
+                      [tf.constant(0), tf.zeros_like(x)],
+                      shape_invariants=[tf.TensorShape([]), tf.TensorShape(None)])[1]
+    steps = tf.shape(h)[1]
+    return tf.while_loop(lambda t, acc: t < steps, lambda t, acc: (t + 1, acc * 0.5 + h),
+                         [tf.constant(0), tf.zeros_like(x)],
+                         shape_invariants=[tf.TensorShape([]), tf.TensorShape(None)])[1]
+
+
+def test_a_loop_counted_from_another_loops_output_is_unrolled_after_it(
+        tmp_path: Path) -> None:
+    frozen = _frozen(tmp_path, _two_loops, [None, 4])
+    fetches = list(frozen.outputs.values())
+    assert sum(n.op in ("While", "StatelessWhile") for n in frozen.graph_def.node) == 2
+    unrolled = unroll_loops(frozen.graph_def, {"x:0": [2, 4]}, fetches)
+    ops = {n.op for n in unrolled.node}
+    assert not {"While", "StatelessWhile"} & ops and not any(o.startswith("TensorList")
+                                                             for o in ops), ops
+    for batch in (2, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 4)).astype("float32")
+        (want,), (got,) = _run(frozen.graph_def, fetches, x), _run(unrolled, fetches, x)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_loops_whose_count_the_shapes_do_not_fix_are_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     evaluated = []

@@ -55,6 +55,9 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
             # made-up inputs could take forever.
             _check_count_is_fixed(out, loops)
             trips = _trip_counts(out, loops, input_shapes)
+            if not trips:
+                raise _CannotUnroll("no loop's trip count follows from constants and shapes")
+            loops = [n for n in loops if n.name in trips]
             cond_reads = []
             for node in loops:
                 cond_reads += _unroll(out, node.name, trips[node.name])
@@ -116,7 +119,13 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
                   for i, d in enumerate(v)] for k, v in input_shapes.items()}
     trips = {}
     for node in loops:
-        counts = {_simulate(graph_def, node, shapes) for shapes in (input_shapes, bigger)}
+        try:
+            counts = {_simulate(graph_def, node, shapes) for shapes in (input_shapes, bigger)}
+        except _CannotUnroll:
+            # Its count may follow from shapes that loops before it leave unknown until
+            # they are unrolled (Keras 2's Bidirectional GRU, then an LSTM over its output):
+            # the next round counts it.
+            continue
         if len(counts) != 1:
             raise _CannotUnroll(f"{node.name} runs {sorted(counts)} times at two batch sizes")
         trips[node.name] = counts.pop()
@@ -325,6 +334,9 @@ def _lists_to_tensors(graph_def: graph_pb2.GraphDef,
     lists: dict[str, tuple[str, object]] = {}  # variant tensor -> ("rows", t) | ("items", [..])
     for n in order:
         refs = [_canonical(i) for i in n.input if not i.startswith("^")]
+        if n.op.startswith("TensorList") and refs and refs[0] not in lists and \
+                index.nodes[producer(refs[0])].op in LOOP_OPS:
+            continue  # a list a loop counted in a later round returns: read then
         if n.op == "TensorListFromTensor":
             lists[f"{n.name}:0"] = ("rows", refs[0])
         elif n.op == "TensorListReserve":
@@ -368,6 +380,8 @@ def _lists_to_tensors(graph_def: graph_pb2.GraphDef,
                          {"N": len(value), "axis": 0})
         elif n.op.startswith("TensorList"):
             raise _CannotUnroll(f"{n.name}: {n.op} is not rewritten")
+        elif any(r in lists for r in refs) and n.op in LOOP_OPS:
+            continue  # a loop counted in a later round: its lists stay lists till then
         elif any(r in lists for r in refs) and n.op not in ("Identity", "IdentityN"):
             raise _CannotUnroll(f"{n.name} ({n.op}) reads a TensorList")
 
