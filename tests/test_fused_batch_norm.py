@@ -52,9 +52,10 @@ class _Keras2LayerNorm(tf.Module):
     [1, b * s, d, 1] tensor, normalized by a training-mode FusedBatchNormV3 (NCHW),
     reshaped back; a dense layer on either side."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale: float = 1.0) -> None:
         super().__init__()
         rng = np.random.default_rng(1)
+        self.scale = scale
         self.w1 = tf.Variable(rng.standard_normal((6, 8)).astype("float32"))
         self.w2 = tf.Variable(rng.standard_normal((8, 4)).astype("float32"))
 
@@ -65,23 +66,44 @@ class _Keras2LayerNorm(tf.Module):
         rows = shape[0] * shape[1]
         folded = tf.reshape(h, [1, rows, 8, 1])
         normed, _, _ = tf.compat.v1.nn.fused_batch_norm(
-            folded, tf.ones([rows]), tf.zeros([rows]), epsilon=1e-3, data_format="NCHW")
+            folded, tf.fill([rows], self.scale), tf.zeros([rows]), epsilon=1e-3,
+            data_format="NCHW")
         return {"y": tf.tanh(tf.einsum("bsj,jk->bsk", tf.reshape(normed, shape), self.w2))}
 
 
-def test_keras2_layer_norm_keeps_the_rest_dynamic(tmp_path: Path) -> None:
-    """The [1, b * s, d, 1] tensor has no batch axis shapes can tell: what reads it stays
-    on TensorFlow with what made it, so the dense layers compile with a dynamic batch and
-    a call at batch 3 gives TensorFlow's numbers (the cluster reading it was compiled at
-    batch 1 and refused batch 3)."""
-    module = _Keras2LayerNorm()
+def _compile_layer_norm(tmp_path: Path, scale: float) -> tuple[dict, str, Path]:
+    module = _Keras2LayerNorm(scale)
     src, out = str(tmp_path / "src"), tmp_path / "out"
     tf.saved_model.save(module, src, signatures={"serving_default": module.serve})
-    report = neuronish.saved_model.compile(src, str(out))
-    assert report["NeuronOps"] and all(op["dynamic_batch"] for op in report["NeuronOps"]), \
-        [op["dynamic_batch_note"] for op in report["NeuronOps"]]
+    return neuronish.saved_model.compile(src, str(out)), src, out
+
+
+def _assert_matches(src: str, out: Path) -> None:
     original = tf.saved_model.load(src).signatures["serving_default"]
     compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
     for batch in (1, 3):
         x = tf.constant(np.random.default_rng(batch).standard_normal((batch, 5, 6)), tf.float32)
         np.testing.assert_allclose(compiled(x=x)["y"], original(x=x)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_keras2_layer_norm_compiles_whole_as_a_layer_norm(tmp_path: Path) -> None:
+    """Rewritten into mean, variance and rsqrt over the last axis of [b, s, d]: one
+    NeuronOp with a dynamic batch (the fold, the batch norm and the unfold stayed on
+    TensorFlow, splitting the model there)."""
+    report, src, out = _compile_layer_norm(tmp_path, 1.0)
+    assert report["OnNeuronRatio"] == 1.0, report["OnTensorFlowNodes"]
+    (op,) = report["NeuronOps"]
+    assert op["dynamic_batch"] and "FusedBatchNormV3" not in op["op_counts"]
+    _assert_matches(src, out)
+
+
+def test_an_unfoldable_batch_fold_keeps_the_rest_dynamic(tmp_path: Path) -> None:
+    """With a scale other than 1 the rewrite does not apply: the [1, b * s, d, 1] tensor
+    has no batch axis shapes can tell, so what reads it stays on TensorFlow with what
+    made it, and the dense layers compile with a dynamic batch (the cluster reading it
+    was compiled at batch 1 and refused batch 3)."""
+    report, src, out = _compile_layer_norm(tmp_path, 2.0)
+    assert report["NeuronOps"] and all(op["dynamic_batch"] for op in report["NeuronOps"]), \
+        [op["dynamic_batch_note"] for op in report["NeuronOps"]]
+    assert report["OnNeuronRatio"] < 1.0
+    _assert_matches(src, out)

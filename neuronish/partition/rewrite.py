@@ -13,6 +13,11 @@ not apply:
   UnsortedSegmentSum with num_segments = last id + 1 (divided by each segment's constant
   count for the mean): TensorFlow's shape inference cannot size a SegmentSum's output
   even when its ids are constants, so nothing after it could be compiled.
+- `folded_layer_norms_as_moments`: Keras 2's LayerNormalization, which reshapes x to
+  `[1, rows, width, 1]` (the batch folded into the channels), normalizes it with a
+  training-mode `FusedBatchNormV3` (NCHW, scale 1, offset 0) and reshapes it back, as
+  the same normalization over x's trailing axes: mean, variance, rsqrt. The fold mixed
+  samples as far as shapes tell, so it, and the layer norm, stayed on TensorFlow.
 """
 
 from __future__ import annotations
@@ -35,7 +40,108 @@ def rewrite_for_device(graph_def: graph_pb2.GraphDef,
     """`graph_def` with every rewrite of this module applied (a new GraphDef if any did)."""
     graph_def = unroll_loops(graph_def, input_shapes, fetches)
     graph_def = real_fft_as_matmuls(graph_def, input_shapes, fetches)
+    graph_def = folded_layer_norms_as_moments(graph_def, input_shapes, fetches)
     return sorted_segments_as_unsorted(graph_def, input_shapes)
+
+
+_FUSED_BN = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
+                                  input_shapes: Mapping[str, Sequence[int]],
+                                  fetches: Sequence[str]) -> graph_pb2.GraphDef:
+    """Each Reshape(FusedBatchNorm(Reshape(x, [1, rows, width, 1]), ones, zeros,
+    is_training, NCHW), Shape(x)) whose width is the size of x's trailing axes as the
+    normalization of x over those axes; `graph_def` itself when there is none."""
+    by_name = {n.name: n for n in graph_def.node}
+    readers: dict[str, list[node_def_pb2.NodeDef]] = {}
+    for n in graph_def.node:
+        for i in n.input:
+            readers.setdefault(_source_tensor(i.lstrip("^")) if not i.startswith("^")
+                               else "^" + _source(i), []).append(n)
+    found = []
+    for bn in graph_def.node:
+        if bn.op not in _FUSED_BN or not bn.attr["is_training"].b or \
+                bn.attr["data_format"].s != b"NCHW" or len(bn.input) < 3:
+            continue
+        fold = by_name.get(_source(bn.input[0]))
+        back = readers.get(f"{bn.name}:0", [])
+        used = [t for t in readers if t.startswith(f"{bn.name}:") and t != f"{bn.name}:0"]
+        if fold is None or fold.op != "Reshape" or used or len(back) != 1 or \
+                back[0].op != "Reshape" or not _filled(by_name, bn.input[1], 1.0) or \
+                not _filled(by_name, bn.input[2], 0.0):
+            continue
+        x = _source_tensor(fold.input[0])
+        shape_of = by_name.get(_source(back[0].input[1]))
+        if shape_of is None or shape_of.op != "Shape" or _source_tensor(shape_of.input[0]) != x:
+            continue
+        found.append((bn.name, back[0].name, x))
+    prepared = _copy_with_shapes(graph_def, input_shapes) if found else None
+    if prepared is None:
+        return graph_def
+    out, nodes, infos = prepared
+    changed = False
+    for bn_name, back_name, x in found:
+        bn = nodes[bn_name]
+        x_info, folded = infos.get(x), infos.get(_source_tensor(bn.input[0]))
+        if x_info is None or folded is None or not x_info.fully_known or \
+                not folded.fully_known or len(folded.shape) != 4:
+            continue
+        width = folded.shape[2] * folded.shape[3]
+        sizes = list(x_info.shape)
+        axes = next((list(range(k, len(sizes))) for k in range(len(sizes) - 1, 0, -1)
+                     if int(np.prod(sizes[k:])) == width), None)
+        if axes is None or folded.shape[0] != 1:
+            continue
+        normed = _layer_norm(out, bn_name, x, axes, bn.attr["epsilon"].f, bn.attr["T"].type)
+        back = nodes[back_name]  # its readers now read the normalization itself
+        back.op = "Identity"
+        del back.input[:]
+        back.input.append(normed)
+        for key in list(back.attr):
+            del back.attr[key]
+        back.attr["T"].type = bn.attr["T"].type
+        changed = True
+    if not changed:
+        return graph_def
+    drop_dead(out, fetches)
+    return out
+
+
+def _filled(by_name: Mapping[str, node_def_pb2.NodeDef], ref: str, value: float) -> bool:
+    """Whether `ref` is `value` everywhere: a Const, or a Fill of a Const scalar."""
+    node = by_name.get(_source(ref))
+    if node is not None and node.op == "Fill":
+        node = by_name.get(_source(node.input[1]))
+    if node is None or node.op != "Const":
+        return False
+    return bool(np.all(tf.make_ndarray(node.attr["value"].tensor) == value))
+
+
+def _layer_norm(graph_def: graph_pb2.GraphDef, name: str, x: str, axes: list[int],
+                epsilon: float, dtype: int) -> str:
+    """(x - mean) * rsqrt(variance + epsilon) over `axes`, as nodes `name/...`."""
+    np_dtype = tf.as_dtype(dtype).as_numpy_dtype
+    axes_ref = _const(graph_def, f"{name}/moments/axes", np.asarray(axes, np.int32))
+    eps_ref = _const(graph_def, f"{name}/moments/epsilon", np.asarray(epsilon, np_dtype))
+
+    def add(op: str, suffix: str, inputs: list[str], **attrs: object) -> str:
+        node = graph_def.node.add(name=f"{name}/{suffix}", op=op)
+        node.input.extend(inputs)
+        node.attr["T"].type = dtype
+        for key, value in attrs.items():
+            if isinstance(value, bool):
+                node.attr[key].b = value
+            else:
+                node.attr[key].type = value
+        return f"{node.name}:0"
+
+    int32 = tf.int32.as_datatype_enum
+    mean = add("Mean", "moments/mean", [x, axes_ref], keep_dims=True, Tidx=int32)
+    squares = add("SquaredDifference", "moments/squares", [x, mean])
+    variance = add("Mean", "moments/variance", [squares, axes_ref], keep_dims=True, Tidx=int32)
+    scale = add("Rsqrt", "rsqrt", [add("AddV2", "add_epsilon", [variance, eps_ref])])
+    return add("Mul", "normalized", [add("Sub", "centered", [x, mean]), scale])
 
 
 def real_fft_as_matmuls(graph_def: graph_pb2.GraphDef,
