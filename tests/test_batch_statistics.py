@@ -53,3 +53,25 @@ def test_batch_norm_on_batch_statistics_compiles_and_matches_at_any_batch(
         want, got = original(image=x)["output_0"], compiled(image=x)["output_0"]
         err = np.max(np.abs(got - want)) / np.max(np.abs(want))
         assert err <= 1e-4, f"batch {batch}: relative error {err:.1e}"
+
+
+def test_a_cluster_still_mixing_after_every_round_stays_on_tensorflow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given one round only, the clusters holding batch reductions cannot be made dynamic:
+    they stay on TensorFlow, so every batch size still works (they were compiled at the
+    compile batch and refused any other)."""
+    import neuronish.partition
+
+    monkeypatch.setattr(neuronish.partition, "_MAX_MIXING_ROUNDS", 1)
+    src, out = _resized_cnn(tmp_path / "src"), tmp_path / "out"
+    with pytest.warns(CompileWarning):
+        report = neuronish.saved_model.compile(src, str(out), batch_size=1)
+    assert all(op["dynamic_batch"] for op in report["NeuronOps"]), \
+        [op["dynamic_batch_note"] for op in report["NeuronOps"]]
+    assert any("could not be made dynamic in 1 round(s)" in why
+               for why in report["OnTensorFlowNodes"].values()), report["OnTensorFlowNodes"]
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
+    x = tf.constant(np.random.default_rng(3).standard_normal((3, 12, 12, 3)), tf.float32)
+    want, got = original(image=x)["output_0"], compiled(image=x)["output_0"]
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) <= 1e-4

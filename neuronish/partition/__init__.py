@@ -155,12 +155,13 @@ def partition(
                        refused=refused, index=index, batch_mixing=mixing,
                        fetches=fetch_list)
         sized = drop_small(cluster(graph_def, marking, index), minimum_segment_size)
-        subgraphs, dropped = [], list(sized.dropped)
+        subgraphs, dropped, clusters = [], list(sized.dropped), {}
         for c in sized.kept:
             sub = encapsulate(graph_def, c, infos, axes, dynamic_batch_size, fetch_list,
                               index=index)
             if sub.outputs:
                 subgraphs.append(sub)
+                clusters[sub.name] = c
             else:
                 dropped.append(DroppedCluster(c, "none of its results is used outside it; if "
                                                  "the caller reads one, pass it in fetches"))
@@ -169,6 +170,15 @@ def partition(
         if not mixers:
             break
         mixing.update(mixers)
+    else:
+        # Still mixing after every round: such a cluster would run at the compiled batch
+        # only, and a call of another size would fail; it stays on TensorFlow instead.
+        stuck = [s for s in subgraphs if s.batch_mixing_nodes]
+        subgraphs = [s for s in subgraphs if not s.batch_mixing_nodes]
+        dropped += [DroppedCluster(clusters[s.name], f"its batch could not be made dynamic in "
+                                   f"{_MAX_MIXING_ROUNDS} round(s) ({s.dynamic_batch_reason}); "
+                                   "kept on TensorFlow so that every batch size works")
+                    for s in stuck]
     return Partition(tuple(subgraphs), tuple(dropped), marking, infos, axes,
                      _left_on_tensorflow(index, marking, subgraphs, dropped, fetch_list or ()),
                      index)
