@@ -5,7 +5,8 @@ a `serve` function (saved with `tf.saved_model.save`), batch free, weights rando
 fixed seed. They cover what the keras.applications and keras_hub zoo does not: 1-D and
 3-D convolutions, transposed and separable convolutions, resizes, recurrent layers
 (unrolled and as `tf.while_loop`), embeddings, masks, gathers, cumulative sums, top-k,
-segment sums, mirror padding, group and RMS normalization, rotary embeddings.
+segment sums, mirror padding, group and RMS normalization, rotary embeddings,
+spectrograms and MFCCs.
 """
 
 from __future__ import annotations
@@ -165,6 +166,26 @@ def text_vectorization_lstm() -> keras.Model:
     return _keras([text], keras.layers.Dense(2)(y))
 
 
+def audio_keyword_spotting() -> keras.Model:
+    """A keyword spotter over 0.25 s of 16 kHz audio: Keras' MelSpectrogram layer, and
+    MFCCs from `tf.signal` (stft -> mel -> log -> dct), each into a Conv1D."""
+    wave = keras.Input((4000,), name="audio")
+    mel = keras.layers.MelSpectrogram(fft_length=256, sequence_stride=128, num_mel_bins=32,
+                                      sampling_rate=16000)(wave)            # [B, 32, 32]
+    mel = keras.layers.Permute((2, 1))(mel)
+
+    def mfcc(x: tf.Tensor) -> tf.Tensor:
+        spectrum = tf.abs(tf.signal.stft(x, 256, 128, 256))
+        weights = tf.signal.linear_to_mel_weight_matrix(32, 129, 16000, 20.0, 7600.0)
+        log_mel = tf.math.log(tf.tensordot(spectrum, weights, 1) + 1e-6)
+        return tf.signal.mfccs_from_log_mel_spectrograms(log_mel)[..., :13]
+
+    coefficients = keras.layers.Lambda(mfcc, output_shape=(30, 13))(wave)
+    branches = [keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Conv1D(16, 3, activation="relu")(y)) for y in (mel, coefficients)]
+    return _keras([wave], keras.layers.Dense(4)(keras.layers.Concatenate()(branches)))
+
+
 class _Module(tf.Module):
     def __init__(self, fn: Callable, specs: list, seed: int) -> None:
         super().__init__()
@@ -269,6 +290,7 @@ KERAS: dict[str, Callable[[], keras.Model]] = {
     "keras_attention_layers": attention_layers, "keras_tabular": tabular,
     "keras_string_lookup": string_lookup, "keras_mixed_precision": mixed_precision,
     "keras_text_vectorization_lstm": text_vectorization_lstm,
+    "keras_audio_keyword_spotting": audio_keyword_spotting,
 }
 NAMES = (*KERAS, *MODULES)
 # Exclusive upper bounds of integer inputs, by input key.

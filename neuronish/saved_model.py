@@ -249,7 +249,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     batch_size = options.batch_size
     shapes = compile_shapes(signature, batch_size, shape_feeds, example_feeds)
     fetches = list(signature.outputs.values())
-    # Rewrites into ops the device runs: loops of a fixed count unrolled, real FFTs as matmuls.
+    # Rewrites into ops the device runs: constants folded, loops of a fixed count unrolled,
+    # complex values as pairs of real ones.
     signature = replace(signature, graph_def=rewrite_for_device(signature.graph_def, shapes,
                                                                 fetches))
     graph_def = signature.graph_def
