@@ -7,7 +7,7 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
                   output_batch_axis, model_config, graph_def,
                   external_files)                      # once per op instance
     run(handle, inputs, outputs, cancel)               # every call
-    unload(handle)                                     # kernel destructor
+    unload(handle)                                     # kernel destructor (queued)
     code, message = error_status(exc)                  # when any of them raised
 
 `inputs` and `outputs` are buffer objects over the TensorFlow tensors' own memory
@@ -28,6 +28,8 @@ must stay importable (and testable) on its own.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -292,8 +294,47 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
 
 
 def unload(handle: Handle) -> None:
-    """Free the model's device memory (idempotent)."""
-    handle.unload()
+    """Free the model's device memory (idempotent), on the unloader thread.
+
+    The kernel's destructor calls this, and TensorFlow destroys kernels wherever a
+    function is garbage-collected: on any thread, inside whatever that thread was doing,
+    holding TensorFlow's function-library lock. Unloading takes the model's, the device's
+    and telemetry's locks; a thread collected while holding one of them would wait for
+    itself, and every other thread would then wait for TensorFlow's lock (seen: the
+    telemetry thread, mid-snapshot). So this only queues the handle: SimpleQueue.put
+    waits for no lock. `wait_for_unloads` waits until the queue is empty."""
+    if not _unloader.is_alive():  # (a forked child: the thread did not come along)
+        handle.unload()
+        return
+    _unloads.put(handle)
+
+
+def wait_for_unloads(timeout: float | None = None) -> bool:
+    """Wait until every unload queued so far is done; False if `timeout` passed first."""
+    if not _unloader.is_alive():
+        return True
+    done = threading.Event()
+    _unloads.put(done)
+    return done.wait(timeout)
+
+
+def _unload_queued() -> None:
+    while True:
+        item = _unloads.get()
+        if isinstance(item, threading.Event):
+            item.set()
+            continue
+        try:
+            item.unload()
+        except Exception as e:  # noqa: BLE001 - one model's failure must not stop the rest
+            logging.getLogger(__name__).warning("NeuronOp '%s': unloading failed: %s: %s",
+                                                item.node_name, type(e).__name__, e)
+
+
+# Started at import, from the kernel's first load(): never from inside a destructor.
+_unloads: queue.SimpleQueue = queue.SimpleQueue()
+_unloader = threading.Thread(target=_unload_queued, name="neuronish-unload", daemon=True)
+_unloader.start()
 
 
 def error_status(exc: BaseException) -> tuple[int, str]:

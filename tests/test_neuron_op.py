@@ -273,6 +273,36 @@ def _device_used() -> int:
     return sum(m["used"] for m in get_device().memory_report().values())
 
 
+def test_a_kernel_collected_by_a_thread_holding_a_runtime_lock_does_not_hang(dense) -> None:
+    """TensorFlow destroys kernels wherever their function is garbage-collected. Seen:
+    the telemetry thread, mid-snapshot under its lock, collected a NeuronOp function; the
+    kernel's unload wanted that lock again (a hang), and every thread then waited for
+    TensorFlow's function-library lock. Unloads are now queued."""
+    from neuronish.runtime import telemetry
+
+    g, _, node, _ = dense
+    publisher = telemetry.get_telemetry()
+    assert publisher is not None, "telemetry is on by default; this test needs it"
+    f = neuron_function(g, node, [tf.TensorSpec([None, 16], tf.float32)])
+    f(tf.constant(rows(2)))  # loaded, so tracked by telemetry
+    gc.collect()
+    before_drop = _device_used()
+    holder: list = [f]
+    f = None
+
+    def collect_under_the_lock() -> None:
+        with publisher._lock:  # as snapshot() holds it when a collection strikes
+            holder.clear()
+            gc.collect()
+
+    thread = threading.Thread(target=collect_under_the_lock, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "collecting a NeuronOp under telemetry's lock hung"
+    assert kernel_bridge.wait_for_unloads(timeout=30)
+    assert _device_used() < before_drop  # and the model was still unloaded
+
+
 def test_loads_once_per_op_even_when_first_called_concurrently_and_unloads(dense) -> None:
     g, exe, node, _ = dense
     gc.collect()  # earlier tests' functions (and their loaded models) go first
@@ -295,6 +325,7 @@ def test_loads_once_per_op_even_when_first_called_concurrently_and_unloads(dense
     assert _device_used() - before == expected  # exactly one model, 4 duplicates
     f = None  # drops the function, its graph and its kernels
     gc.collect()
+    assert kernel_bridge.wait_for_unloads(timeout=30)
     assert _device_used() == before  # the kernel's destructor unloaded it
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from .. import kernel_bridge
 from .servable import Servable, load_servable
 from .status import (
     FAILED_PRECONDITION,
@@ -293,6 +294,7 @@ class ModelManager:
             servable.wait_idle()
             servable.release()
             gc.collect()  # TF resources are freed with their Python owners
+            kernel_bridge.wait_for_unloads(timeout=60)  # and their device memory, queued
             with self._cond:
                 if model.states.get(version, _VersionState(0)).state == State.UNLOADING:
                     model.states[version] = _VersionState(State.END)
