@@ -9,6 +9,8 @@ compiled once in its own process, with the compile cache off, as a new user woul
 the end-to-end seconds and the wall seconds of each stage,
 
     freeze      tf.saved_model.load + variables to constants + inlining (TensorFlow's)
+    rewrite     before partitioning: constants folded, fixed loops unrolled, complex
+                values as real pairs (neuronish/partition/rewrite.py)
     support     `neuronish-cc list-operators --check`: what the compiler would refuse
     partition   shape inference, mark, cluster, encapsulate (large constants held back)
     neuronish-cc  the compiler processes (of which `in cc` is its own compile_graph
@@ -41,7 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODELS = ("ResNet50", "VGG16", "NASNetMobile")
 # neuronish.saved_model's names of the stage functions it calls, by stage.
-STAGES = {"freeze": "freeze_signature", "support": "compiler_support",
+STAGES = {"freeze": "freeze_signatures", "rewrite": "rewrite_for_device",
+          "support": "compiler_support",
           "partition": "partition", "neuronish-cc": "compile_with_cache",
           "read exe": "from_bytes", "splice": "splice", "export": "write_saved_model"}
 

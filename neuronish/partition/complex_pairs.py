@@ -55,19 +55,19 @@ def complex_as_pairs(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, S
                      fetches: Sequence[str]) -> graph_pb2.GraphDef:
     """`graph_def` with each complex region it can rewrite as pairs of real tensors (a new
     GraphDef), or `graph_def` itself when there is none."""
-    if not any(n.op in _EXITS for n in graph_def.node):
-        return graph_def
+    if not any(n.op in _EXITS and n.op != "Shape" for n in graph_def.node):
+        return graph_def  # (cheap: most graphs hold no complex values at all)
     try:
         infos = infer(graph_def, input_shapes)
     except PartitionError:
         return graph_def
+    fetched = {canonical(f) for f in fetches}
+    if not _Rewriter(graph_def, infos).regions(fetched):
+        return graph_def  # found before copying the graph, weights and all
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     rewriter = _Rewriter(out, infos)
-    regions = rewriter.regions({canonical(f) for f in fetches})
-    if not regions:
-        return graph_def
-    for exits in regions:
+    for exits in rewriter.regions(fetched):
         for exit_ in exits:
             rewriter.lower_exit(exit_)
     drop_dead(out, fetches)

@@ -8,10 +8,11 @@ that needs it as a compile-time constant, which splits the model. `fold_constant
 such computations once in TensorFlow, so the values are TensorFlow's own, and puts each
 result in a Const where it is read.
 
-What is not folded: pass-through ops alone (a weight read through Identity stays as it
-is: copying every weight would cost time and memory for nothing), stateful ops and
-graph inputs (PlaceholderWithDefault can be fed), results over `MAX_BYTES` (a large
-broadcast is cheaper computed than stored), strings, resources and variants.
+What is not folded: pass-through and reshaping ops alone (a weight read through Identity
+or reshaped stays as it is: copying every weight would cost time and memory for
+nothing), stateful ops and graph inputs (PlaceholderWithDefault can be fed), results over
+`MAX_BYTES` (a large broadcast is cheaper computed than stored), strings, resources and
+variants.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from neuronish.partition.graph import canonical, parse_input, producer
 from neuronish.partition.unroll import drop_dead
 
 MAX_BYTES = 1 << 20
+# Ops that only re-label a value's shape: a weight reshaped for a convolution's bias is not
+# worth folding (the compiler takes it as it is), and finding none spares copying the graph.
+_RELABELS = contracts.PASS_THROUGH_OPS | {"Reshape", "Squeeze", "ExpandDims"}
 _NOT_FOLDED_DTYPES = (tf.string, tf.resource, tf.variant)
 
 
@@ -92,8 +96,7 @@ def _fixed_nodes(graph_def: graph_pb2.GraphDef, nodes: dict) -> tuple[set[str], 
                                                                  for s in sources)))
             if state[top]:
                 fixed.add(top)
-                if node.op not in contracts.PASS_THROUGH_OPS or \
-                        any(s in computed for s in sources):
+                if node.op not in _RELABELS or any(s in computed for s in sources):
                     computed.add(top)
         return state[name]
 
