@@ -33,10 +33,15 @@ AVAILABLE = get_model_status_pb2.ModelVersionStatus.State.AVAILABLE
 START_TIMEOUT_S = 120
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free loopback ports. The sockets are held open together: asked one
+    after another, the kernel may hand back the port it just released (seen in CI: the
+    gRPC and REST ports came out equal and the server could not bind the second)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def copy_version(saved_model: str, base_path: Path, version: int) -> Path:
@@ -158,8 +163,8 @@ def running_server(args: Sequence[str], workdir: Path, models: Mapping[str, Sequ
                    env: Mapping[str, str] | None = None) -> Iterator[Server]:
     """Start the server (`command`, then its flags) on free loopback ports, wait
     until `models` have the given versions available, and always terminate it."""
-    grpc_port = free_port()
-    rest_port = free_port() if rest else 0
+    grpc_port, rest_port = free_ports(2)
+    rest_port = rest_port if rest else 0
     log_path = workdir / f"server-{grpc_port}.log"
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     with open(log_path, "wb") as log:
