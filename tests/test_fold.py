@@ -5,10 +5,12 @@ through Identity, graph inputs with defaults and large results are left as they 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
 
 import neuronish.saved_model
 from neuronish.partition import fold
@@ -75,3 +77,26 @@ def test_weights_fed_defaults_and_large_values_are_left_as_they_are(tmp_path: Pa
     x = np.random.default_rng(0).standard_normal((3, 4)).astype("float32")
     np.testing.assert_array_equal(_run(folded, fetches, x)[0], _run(frozen.graph_def, fetches,
                                                                     x)[0])
+
+
+def test_a_graph_with_a_cycle_is_left_as_it_is() -> None:
+    """A TF1 loop (Merge <- NextIteration) is a cycle; the partitioner names it. Folding
+    leaves such a graph alone, and must not chase the cycle forever."""
+    graph = graph_pb2.GraphDef()
+    one = graph.node.add(name="one", op="Const")
+    one.attr["dtype"].type = tf.float32.as_datatype_enum
+    one.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.float32(1.0)))
+    merge = graph.node.add(name="merge", op="Merge")
+    merge.input.extend(["one", "next"])
+    merge.attr["T"].type = tf.float32.as_datatype_enum
+    merge.attr["N"].i = 2
+    step = graph.node.add(name="next", op="NextIteration")
+    step.input.append("merge")
+    step.attr["T"].type = tf.float32.as_datatype_enum
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fold_constants(graph, ["merge:0"])),
+                              daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "folding chased the cycle"
+    assert result == [graph] and result[0] is graph

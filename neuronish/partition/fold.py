@@ -24,7 +24,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import op_def_registry
 
 from neuronish import contracts
-from neuronish.partition.graph import canonical, parse_input, producer
+from neuronish.partition.graph import GraphIndex, PartitionError, canonical, parse_input, producer
 from neuronish.partition.unroll import drop_dead
 
 MAX_BYTES = 1 << 20
@@ -38,15 +38,17 @@ def fold_constants(graph_def: graph_pb2.GraphDef,
                    fetches: Sequence[str] = ()) -> graph_pb2.GraphDef:
     """`graph_def` with each value computed from Consts alone by a non-pass-through op
     replaced by a Const (a new GraphDef), or `graph_def` itself when there is none."""
-    nodes = {n.name: n for n in graph_def.node}
-    fixed, computed = _fixed_nodes(graph_def, nodes)
+    try:
+        index = GraphIndex.build(graph_def)
+    except PartitionError:
+        return graph_def  # (a cycle, a dangling input: the partitioner says what is wrong)
+    fixed, computed = _fixed_nodes(index)
     fetched = {canonical(f) for f in fetches}
-    tensors = sorted({canonical(ref) for n in graph_def.node if n.name not in fixed
-                      for ref in n.input if not ref.startswith("^")
-                      and producer(canonical(ref)) in computed} - fetched)
+    tensors = sorted({t for name in index.order if name not in fixed
+                      for t in index.data_inputs[name] if producer(t) in computed} - fetched)
     if not tensors:
         return graph_def
-    values = _evaluate(_closure(graph_def, nodes, tensors), tensors)
+    values = _evaluate(_closure(graph_def, index, tensors), tensors)
     if values is None:
         return graph_def
     out = graph_pb2.GraphDef()
@@ -54,8 +56,8 @@ def fold_constants(graph_def: graph_pb2.GraphDef,
     taken = {n.name for n in out.node}
     replacement = {}
     for tensor, value in values.items():
-        name, index = parse_input(tensor)
-        const_name = f"{name}/folded" + (f"_{index}" if index else "")
+        name, output = parse_input(tensor)
+        const_name = f"{name}/folded" + (f"_{output}" if output else "")
         while const_name in taken:
             const_name += "_"
         taken.add(const_name)
@@ -71,38 +73,19 @@ def fold_constants(graph_def: graph_pb2.GraphDef,
     return out
 
 
-def _fixed_nodes(graph_def: graph_pb2.GraphDef, nodes: dict) -> tuple[set[str], set[str]]:
+def _fixed_nodes(index: GraphIndex) -> tuple[set[str], set[str]]:
     """(nodes whose outputs follow from Consts alone, those of them that compute)."""
     fixed: set[str] = set()
     computed: set[str] = set()
-    state: dict[str, bool] = {}
-
-    def visit(name: str) -> bool:  # iterative: graphs are deep
-        stack = [name]
-        while stack:
-            top = stack[-1]
-            if top in state:
-                stack.pop()
-                continue
-            node = nodes.get(top)
-            sources = [] if node is None else [parse_input(r)[0] for r in node.input]
-            pending = [s for s in sources if s not in state and s in nodes]
-            if pending:
-                stack.extend(pending)
-                continue
-            stack.pop()
-            state[top] = node is not None and _foldable(node) and (
-                node.op == "Const" or (bool(node.input) and all(state.get(s, False)
-                                                                 for s in sources)))
-            if state[top]:
-                fixed.add(top)
-                if node.op not in _RELABELS or any(s in computed for s in sources):
-                    computed.add(top)
-        return state[name]
-
-    for n in graph_def.node:
-        visit(n.name)
-    return fixed, {c for c in computed if nodes[c].op != "Const"}
+    for name in index.order:  # producers first
+        node, sources = index.nodes[name], index.producers(name)
+        if not _foldable(node) or not (node.op == "Const" or (
+                sources and all(s in fixed for s in sources))):
+            continue
+        fixed.add(name)
+        if node.op not in _RELABELS or any(s in computed for s in sources):
+            computed.add(name)
+    return fixed, computed
 
 
 def _foldable(node: object) -> bool:
@@ -112,7 +95,7 @@ def _foldable(node: object) -> bool:
     return op_def is not None and not op_def.is_stateful
 
 
-def _closure(graph_def: graph_pb2.GraphDef, nodes: dict, tensors: list[str]
+def _closure(graph_def: graph_pb2.GraphDef, index: GraphIndex, tensors: list[str]
              ) -> graph_pb2.GraphDef:
     """The nodes `tensors` are computed from (Consts at the roots), as their own graph: the
     model's other weights are not copied to compute a few small tables."""
@@ -122,7 +105,7 @@ def _closure(graph_def: graph_pb2.GraphDef, nodes: dict, tensors: list[str]
         name = stack.pop()
         if name not in keep:
             keep.add(name)
-            stack.extend(parse_input(r)[0] for r in nodes[name].input)
+            stack.extend(index.producers(name))
     sub = graph_pb2.GraphDef()
     sub.versions.CopyFrom(graph_def.versions)
     sub.library.CopyFrom(graph_def.library)
