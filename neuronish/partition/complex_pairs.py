@@ -23,7 +23,8 @@ value is fetched, is left as it is: it stays on TensorFlow and the report names 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import functools
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -36,14 +37,10 @@ from neuronish.partition.unroll import drop_dead
 _PART_DTYPE = {tf.complex64.as_datatype_enum: tf.float32.as_datatype_enum,
                tf.complex128.as_datatype_enum: tf.float64.as_datatype_enum}
 # Ops that move values about: each part goes through a copy of the op with the same other
-# inputs; the value is which inputs are the complex data.
-_MOVES: dict[str, Callable[[int], range]] = {
-    "Identity": lambda n: range(1), "StridedSlice": lambda n: range(1),
-    "Slice": lambda n: range(1), "Reshape": lambda n: range(1),
-    "ExpandDims": lambda n: range(1), "Squeeze": lambda n: range(1),
-    "Transpose": lambda n: range(1), "ConcatV2": lambda n: range(n - 1),
-    "Pack": lambda n: range(n),
-}
+# inputs. Their complex data is input 0, but for ConcatV2 (all inputs but the axis) and
+# Pack (all inputs).
+_MOVES = frozenset({"Identity", "StridedSlice", "Slice", "Reshape", "ExpandDims", "Squeeze",
+                    "Transpose", "ConcatV2", "Pack"})
 _ARITHMETIC = {"Const", "Complex", "Cast", "RFFT", "FFT", "FFT2D", "Exp", "Mul", "AddV2", "Add",
                "Sub", "Neg", "Conj"}
 _EXITS = {"Real", "Imag", "ComplexAbs", "Angle", "Shape"}
@@ -61,15 +58,14 @@ def complex_as_pairs(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, S
         infos = infer(graph_def, input_shapes)
     except PartitionError:
         return graph_def
-    fetched = {canonical(f) for f in fetches}
-    if not _Rewriter(graph_def, infos).regions(fetched):
+    exits = _Rewriter(graph_def, infos).exits({canonical(f) for f in fetches})
+    if not exits:
         return graph_def  # found before copying the graph, weights and all
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     rewriter = _Rewriter(out, infos)
-    for exits in rewriter.regions(fetched):
-        for exit_ in exits:
-            rewriter.lower_exit(exit_)
+    for name in exits:
+        rewriter.lower_exit(rewriter.nodes[name])
     drop_dead(out, fetches)
     return out
 
@@ -80,16 +76,21 @@ class _Rewriter:
         self.infos = infos
         self.nodes = {n.name: n for n in graph_def.node}
         self.pairs: dict[str, Pair] = {}
-        self.readers: dict[str, list[node_def_pb2.NodeDef]] = {}
-        for n in graph_def.node:
-            for ref in n.input:
-                key = producer(canonical(ref)) if not ref.startswith("^") else ref
-                self.readers.setdefault(key, []).append(n)
 
     # --- which regions can be rewritten --------------------------------------------------
 
-    def regions(self, fetched: set[str]) -> list[list[node_def_pb2.NodeDef]]:
-        """The exits of each region that can be rewritten whole."""
+    @functools.cached_property
+    def readers(self) -> dict[str, list[node_def_pb2.NodeDef]]:
+        """Node -> the nodes reading its outputs; "^node" -> those waiting for it."""
+        readers: dict[str, list[node_def_pb2.NodeDef]] = {}
+        for n in self.graph_def.node:
+            for ref in n.input:
+                key = producer(canonical(ref)) if not ref.startswith("^") else ref
+                readers.setdefault(key, []).append(n)
+        return readers
+
+    def exits(self, fetched: set[str]) -> list[str]:
+        """The exits of every region that can be rewritten whole, by name."""
         complex_nodes = {n.name for n in self.graph_def.node if self._is_complex(f"{n.name}:0")}
         seen: set[str] = set()
         found = []
@@ -107,10 +108,10 @@ class _Rewriter:
                           and producer(canonical(r)) in complex_nodes]
                 stack += [r.name for r in self.readers.get(name, []) if r.name in complex_nodes]
             seen |= region
-            exits = [r for name in region for r in self.readers.get(name, [])
-                     if r.name not in region and r.op in _EXITS]
-            if exits and self._can_rewrite(region, fetched):
-                found.append(sorted(exits, key=lambda n: n.name))
+            leaving = [r for name in region for r in self.readers.get(name, [])
+                       if r.name not in region and r.op in _EXITS]
+            if leaving and self._can_rewrite(region, fetched):
+                found += sorted(n.name for n in leaving)
         return found
 
     def _can_rewrite(self, region: set[str], fetched: set[str]) -> bool:
@@ -209,7 +210,9 @@ class _Rewriter:
 
     def _move(self, node: node_def_pb2.NodeDef, data: list[str], dtype: int) -> Pair:
         """The same op on each part; the other inputs (shapes, axes, indices) as they are."""
-        complex_inputs = set(_MOVES[node.op](len(data)))
+        n = len(data)
+        complex_inputs = set(range(n - 1 if node.op == "ConcatV2" else
+                                   n if node.op == "Pack" else 1))
         parts = [self.pair(t) if k in complex_inputs else None for k, t in enumerate(data)]
         re = self._copy(node, "re", [p[0] if p else t for p, t in zip(parts, data)], dtype)
         if all(p is None or p[1] is None for p in parts):
