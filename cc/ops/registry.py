@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import kinds
+from ..batch import BatchRule
 from ..errors import NodeError
 from ..graphdef import TENSOR_TYPES, TensorRef, TFNode, tensor_to_numpy
 from ..ir import Node, TensorType, Value, constant
@@ -29,6 +30,8 @@ class Lowering:
     op_type: str
     fn: LowerFn
     supports: SupportsFn | None = None
+    # How the op treats the batch axis (`batch.py`); None: undeclared, taken as mixing.
+    batch: BatchRule | None = None
 
     def check(self, node: TFNode) -> str | None:
         return self.supports(node) if self.supports else None
@@ -37,14 +40,16 @@ class Lowering:
 LOWERINGS: dict[str, Lowering] = {}
 
 
-def tf_op(*op_types: str, supports: SupportsFn | None = None) -> Callable[[LowerFn], LowerFn]:
-    """Register `fn` as the lowering of each TF op type in `op_types`."""
+def tf_op(*op_types: str, supports: SupportsFn | None = None,
+          batch: BatchRule | None = None) -> Callable[[LowerFn], LowerFn]:
+    """Register `fn` as the lowering of each TF op type in `op_types`; `batch` is how
+    the op treats a per-sample input (`batch.py`)."""
 
     def register(fn: LowerFn) -> LowerFn:
         for op_type in op_types:
             if op_type in LOWERINGS:
                 raise RuntimeError(f"TF op {op_type!r} has two lowerings")
-            LOWERINGS[op_type] = Lowering(op_type, fn, supports)
+            LOWERINGS[op_type] = Lowering(op_type, fn, supports, batch)
         return fn
 
     return register

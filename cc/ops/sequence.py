@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -26,7 +27,8 @@ from .basic import DEVICE_DTYPES, NUMERIC, require_dtype
 from .registry import LowerCtx, tf_op
 
 
-@tf_op("Cumsum", "Cumprod", supports=dtypes(T=NUMERIC, Tidx=INDEX))
+@tf_op("Cumsum", "Cumprod", supports=dtypes(T=NUMERIC, Tidx=INDEX),
+       batch=batch.along(batch.const_axes(1), "cumulative"))
 def cumulative(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Running sum (Cumsum) or product (Cumprod) along the constant scalar `axis`;
     `exclusive` leaves each element out (starting from 0 or 1), `reverse` runs from the
@@ -42,7 +44,8 @@ def cumulative(ctx: LowerCtx, node: TFNode) -> list[Value]:
         "reverse": bool(node.get("reverse", False))})]
 
 
-@tf_op("TopKV2", supports=dtypes(T=NUMERIC, Tk=INDEX, index_type=INDEX))
+@tf_op("TopKV2", supports=dtypes(T=NUMERIC, Tk=INDEX, index_type=INDEX),
+       batch=batch.along(batch.last_axes(1), "top-k"))
 def top_k(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """The constant `k` largest entries of the last axis, in descending order (equal values
     in index order, as TF's CPU kernel), and their indices (`index_type`, default int32).
@@ -57,7 +60,8 @@ def top_k(ctx: LowerCtx, node: TFNode) -> list[Value]:
             ctx.emit1("top_k", [x], {"k": k, "indices": True, "to": to})]
 
 
-@tf_op("MatrixBandPart", supports=dtypes(T=DEVICE_DTYPES, Tindex=INDEX))
+@tf_op("MatrixBandPart", supports=dtypes(T=DEVICE_DTYPES, Tindex=INDEX),
+       batch=batch.along(batch.last_axes(2), "band"))
 def matrix_band_part(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Keep the band of each innermost matrix [..., M, N]: entry (m, n) stays when
     (num_lower < 0 or m - n <= num_lower) and (num_upper < 0 or n - m <= num_upper), the
@@ -74,7 +78,8 @@ def matrix_band_part(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("select", [ctx.const(keep), x, zero])]
 
 
-@tf_op("ReverseV2", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX))
+@tf_op("ReverseV2", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX),
+       batch=batch.along(batch.const_axes(1), "reverse"))
 def reverse(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Reverse along each of the constant `axis` (a strided slice with stride -1)."""
     x = ctx.input(node, 0)
@@ -89,7 +94,8 @@ def reverse(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [slice_dims(ctx, x, begin, end, strides)]
 
 
-@tf_op("Roll", supports=dtypes(T=DEVICE_DTYPES, Tshift=INDEX, Taxis=INDEX))
+@tf_op("Roll", supports=dtypes(T=DEVICE_DTYPES, Tshift=INDEX, Taxis=INDEX),
+       batch=batch.along(batch.const_axes(2), "roll"))
 def roll(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Shift elements along the constant axes by the constant shifts, wrapping around
     (shifts on one axis add up); the two pieces of each axis are concatenated."""
@@ -113,7 +119,8 @@ def roll(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [y]
 
 
-@tf_op("XlaDynamicUpdateSlice", supports=dtypes(T=DEVICE_DTYPES, Tindices=INDEX))
+@tf_op("XlaDynamicUpdateSlice", supports=dtypes(T=DEVICE_DTYPES, Tindices=INDEX),
+       batch=batch.mixes("it writes at computed positions of the whole tensor"))
 def dynamic_update_slice(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """`input` with the block `update` written at the constant start `indices` (clamped so
     the block fits, as XLA does): a select between `input` and `update` padded to its
@@ -136,7 +143,7 @@ def dynamic_update_slice(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("select", [ctx.const(keep), padded, x])]
 
 
-@tf_op("GatherNd", supports=dtypes(Tparams=DEVICE_DTYPES, Tindices=INDEX))
+@tf_op("GatherNd", supports=dtypes(Tparams=DEVICE_DTYPES, Tindices=INDEX), batch=batch.gather_nd)
 def gather_nd(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """params[indices[..., 0], .., indices[..., K-1]] for the last axis of `indices` of
     length K <= rank(params): the first K axes of params are flattened into one and each
@@ -170,7 +177,8 @@ def gather_nd(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("gather", [flat, position], {"axis": 0, "batch_dims": 0})]
 
 
-@tf_op("Bucketize", supports=dtypes(T=("int32", "int64", "float32", "float64")))
+@tf_op("Bucketize", supports=dtypes(T=("int32", "int64", "float32", "float64")),
+       batch=batch.elementwise)
 def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """int32 index of the bucket of each element: how many of the sorted `boundaries`
     (an attribute) are <= it (Keras Discretization). A compare against every boundary,
@@ -190,7 +198,8 @@ def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 @tf_op("UnsortedSegmentSum", supports=dtypes(T=("float16", "float32", "float64", "int32",
                                                 "int64"), Tindices=INDEX,
-                                             Tnumsegments=INDEX))
+                                             Tnumsegments=INDEX),
+       batch=batch.segment_sum)
 def unsorted_segment_sum(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """out[s, ...] = sum of data[i..., ...] over the index tuples i whose segment_ids[i] is s,
     for the constant num_segments; negative ids are dropped, as in TF (an id past

@@ -61,7 +61,9 @@ def eliminate_identities(graph: Graph) -> Graph:
             continue
         out = node.outputs[0]
         if out in graph.outputs and (x in graph.inputs or x in graph.outputs):
-            kept.append(Node("copy", [x], node.outputs, {}, node.origin))  # must stay distinct
+            copy = Node("copy", [x], node.outputs, {}, node.origin)  # must stay distinct
+            out.producer = copy
+            kept.append(copy)
             continue
         graph.replace_uses(out, x)
         if out in graph.outputs:
