@@ -33,8 +33,15 @@ COMPILE_BATCHES = (1, 2)
 Op = Callable[[object], object]
 
 
-def _ops() -> dict[str, tuple[Op, bool]]:
-    """name -> (op, keeps the batch size); built lazily so that importing this module
+@dataclass(frozen=True)
+class FuzzOp:
+    fn: Op
+    per_sample: bool  # treats every sample on its own (else it mixes them)
+    keeps_batch: bool  # returns as many rows as it takes (may be followed by more ops)
+
+
+def _ops() -> dict[str, FuzzOp]:
+    """Every op the fuzzer composes, by name; built lazily so that importing this module
     does not import TensorFlow."""
     import tensorflow as tf
 
@@ -115,8 +122,9 @@ def _ops() -> dict[str, tuple[Op, bool]]:
         "take_two": lambda x: x[:2],
         "pad_stride": lambda x: tf.pad(x, [[0, 2], [0, 0], [0, 0]])[::2],
     }
-    ops = {k: (v, True) for k, v in per_sample.items()}
-    ops.update({k: (v, k not in ("take_two", "pad_stride")) for k, v in mixing.items()})
+    ops = {k: FuzzOp(v, True, True) for k, v in per_sample.items()}
+    ops.update({k: FuzzOp(v, False, k not in ("take_two", "pad_stride"))
+                for k, v in mixing.items()})
     return ops
 
 
@@ -129,20 +137,16 @@ class Case:
 def cases(count: int, seed: int) -> list[Case]:
     """Every op alone first, then random chains of 2-4 ops (a batch-changing op only
     last)."""
-    ops = _op_traits()
+    ops = _ops()
     names = sorted(ops)
     rng = random.Random(seed)
     out = [Case(f"single:{n}", [n]) for n in names][:count]
     while len(out) < count:
-        keep = [n for n in names if ops[n]]
+        keep = [n for n in names if ops[n].keeps_batch]
         chain = [rng.choice(keep) for _ in range(rng.randint(1, 3))]
         chain.append(rng.choice(names))
         out.append(Case("chain:" + "+".join(chain), chain))
     return out
-
-
-def _op_traits() -> dict[str, bool]:
-    return {k: keeps for k, (_, keeps) in _ops().items()}
 
 
 @dataclass
@@ -151,6 +155,8 @@ class Report:
     silent: list[str] = field(default_factory=list)  # wrong numbers or shapes, no error
     errors: list[str] = field(default_factory=list)  # a call TensorFlow runs that we refused
     placement: Counter = field(default_factory=Counter)  # chunked / partly on TensorFlow
+    # case -> the compile batches at which some of its nodes stayed on TensorFlow
+    on_tensorflow: dict[str, list[int]] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (f"{self.graphs} graphs x {len(COMPILE_BATCHES)} compile batches: "
@@ -179,7 +185,7 @@ def _run_model(group: list[Case], workdir: Path, report: Report) -> None:
                 with tf.name_scope(f"g{i}"):
                     y = x
                     for op in case.chain:
-                        y = ops[op][0](y)
+                        y = ops[op].fn(y)
                     outs[f"g{i}"] = tf.identity(y)
             return outs
 
@@ -196,8 +202,10 @@ def _run_model(group: list[Case], workdir: Path, report: Report) -> None:
         rep = neuronish.saved_model.compile(str(src), str(dst), batch_size=cb)
         left = {n.split("/")[0] for n in rep.get("OnTensorFlowNodes", {})}
         compiled = tf.saved_model.load(str(dst)).signatures["serving_default"]
-        for i in range(len(group)):
+        for i, case in enumerate(group):
             report.placement["partly on TensorFlow" if f"g{i}" in left else "on device"] += 1
+            if f"g{i}" in left:
+                report.on_tensorflow.setdefault(case.name, []).append(cb)
         for b, x in feeds.items():
             try:
                 got = compiled(x=tf.constant(x))
