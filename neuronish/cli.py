@@ -109,7 +109,8 @@ def _compile(args: argparse.Namespace) -> int:
 
     from neuronish import keras_files
 
-    source = keras_files.as_saved_model(args.model_dir) \
+    shapes = _parse_shapes(args.input_shape) or None
+    source = keras_files.as_saved_model(args.model_dir, shapes) \
         if keras_files.is_keras_file(args.model_dir) else contextlib.nullcontext(args.model_dir)
     try:
         with warnings.catch_warnings(), source as model_dir:
@@ -117,7 +118,7 @@ def _compile(args: argparse.Namespace) -> int:
             warnings.showwarning = show_warning
             report = compile_saved_model(
                 model_dir, args.new_model_dir, batch_size=args.batch_size,
-                model_shape_feed_dict=_parse_shapes(args.input_shape) or None,
+                model_shape_feed_dict=shapes,
                 tags=args.tags.split(",") if args.tags else None,
                 signature_def_key=args.signature_def_key,
                 minimum_segment_size=args.minimum_segment_size, no_fuse_ops=args.no_fuse_ops,
