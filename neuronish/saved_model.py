@@ -275,13 +275,14 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     # Subgraphs built without copies of the large constants, written with them
     # (subgraph_files.py); verification runs the subgraphs in memory, so not then.
     held = {} if verify else hold_constants(index)
+    mixing: dict[str, str] = {}  # nodes the compiler's batch check keeps on TensorFlow
     for round_ in range(MAX_RECOVERY_ROUNDS):
         part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
                          batch_size=batch_of(shapes, batch_size),
                          no_fuse_ops=no_fuse_ops, force_fuse_ops=force_fuse_ops,
                          minimum_segment_size=minimum_segment_size,
                          dynamic_batch_size=dynamic_batch_size, exclude_nodes=excluded,
-                         fetches=fetches)
+                         fetches=fetches, batch_mixing=mixing)
         if round_ == 0 and main and part.marking.unmatched_selectors:
             ignored = list(part.marking.unmatched_selectors)
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
@@ -308,7 +309,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
                 hashes[result.executable_file] = hasher.submit(external.file_sha256,
                                                                result.executable_file)
         newly_excluded = recover(part, results, digests, excluded, failures,
-                                  compiler_recovery)
+                                 compiler_recovery, mixing)
         if not newly_excluded:
             break
     else:

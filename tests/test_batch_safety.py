@@ -160,3 +160,27 @@ def test_verify_runs_a_second_batch_that_is_not_a_multiple(tmp_path: Path) -> No
     assert kept == [] and not verdicts[0].passed
     assert "verify at batch 3" in verdicts[0].reason
     assert excluded[out] == verdicts[0].reason
+
+
+def test_report_says_which_node_stays_on_tensorflow_and_why(tmp_path: Path) -> None:
+    # Keeping a mixing node on TensorFlow is the designed path: no compile failure, no
+    # warning, and the report names the node with the compiler's reason.
+    import warnings
+
+    import neuronish
+
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, *bf.SHAPE], tf.float32)])
+        def serve(self, x: tf.Tensor) -> dict:
+            return {"y": bf._ops()["times_batch"].fn(x)}
+
+    m = Model()
+    tf.saved_model.save(m, str(tmp_path / "m"), signatures={"serving_default": m.serve})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = neuronish.saved_model.compile(str(tmp_path / "m"), str(tmp_path / "c"),
+                                               batch_size=2, minimum_segment_size=1)
+    assert report["compile_failures"] == []
+    assert "reads the batch size as a value" in report["OnTensorFlowNodes"]["mul"]
+    assert report["OnTensorFlowNodes"]["mul"].startswith("mixes samples across the batch")
+    assert report["operations_on_neuron"] > 0  # tanh stays on the device
