@@ -115,7 +115,7 @@ def elementwise(view: OpView) -> str | None:
 def per_output(view: OpView) -> str | None:
     """Output k is input k (IdentityN)."""
     for k, f in enumerate(view.ins):
-        if f.kind == "sample" and view.outs[k] != f:
+        if f.kind == "sample" and view.outs[k] is not None and view.outs[k] != f:
             return f"output {k} does not keep input {k}'s batch axis"
     return None
 
@@ -454,6 +454,7 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
     facts: dict[TensorRef, Fact] = {ref: (Fact("sample", a) if a >= 0 else FREE)
                                     for ref, a in fed.items()}
     problems: list[NodeProblem] = []
+    reported: set[str] = set()
     fed_nodes = {r.node for r in fed}
     for node in order:
         if node.name in fed_nodes:
@@ -465,6 +466,7 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
                 node.name, node.op, f"does not accept batch size {batch + 1} (compiled for "
                 f"{batch}), so chunks of another batch would fail: {at_next.failed[node.name]}",
                 _HINT))
+            reported.add(node.name)
             _set(facts, refs, MIXED)
             continue
         if any(f.kind == "mixed" for f in ins):
@@ -489,11 +491,12 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
         if reason is not None:
             problems.append(NodeProblem(node.name, node.op, f"mixes samples across the batch: "
                                         f"{reason}", _HINT))
-            _set(facts, refs, MIXED)
-            continue
+            reported.add(node.name)
+            # Kept on TensorFlow, the node is computed whole and its result comes back
+            # with the batch axis its shape shows: judge what reads it on that, so one
+            # compile names every mixing node, not one per round.
         for r in refs:
             facts[r] = _shape_fact(at_batch.shapes.get(r), at_next.shapes.get(r), batch)
-    reported = {p.node for p in problems}
     for ref, axis in outputs:
         f = facts.get(ref, MIXED)
         if f.kind == "mixed" or ref.node in reported:

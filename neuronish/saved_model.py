@@ -315,7 +315,9 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     else:
         raise SubgraphCompileError(
             f"compiler recovery did not converge after {MAX_RECOVERY_ROUNDS} rounds; the "
-            f"last failures: {failures[-3:]}. Pass no_fuse_ops=[...] for the nodes named")
+            f"last failures: {failures[-3:]}; nodes kept on TensorFlow for mixing samples "
+            f"across the batch: {len(mixing)} (the last: {list(mixing)[-3:]}). Pass "
+            "no_fuse_ops=[...] for the nodes named, or dynamic_batch_size=False")
     release_constants(index, held)
 
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]

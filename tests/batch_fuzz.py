@@ -85,6 +85,15 @@ def _ops() -> dict[str, FuzzOp]:
         "bmm_rows": lambda x: tf.einsum("bij,bkj->bik", x, x)[:, :, :4] @ tf.ones([4, 6]),
         "conv1d": lambda x: tf.nn.conv1d(x, tf.ones([3, 6, 6]) * 0.1, 1, "SAME"),
         "full_slice": lambda x: x[: tf.shape(x)[0]],
+        "silu": tf.nn.silu,  # a custom gradient: IdentityN with an output nothing reads
+        "gelu_approx": lambda x: tf.nn.gelu(x, approximate=True),
+        "attention": lambda x: tf.einsum("bqk,bkd->bqd", tf.nn.softmax(
+            tf.einsum("bqd,bkd->bqk", x, x) * 0.3, -1), x),
+        "top_k_last": lambda x: tf.concat([tf.math.top_k(x, 3).values, x[:, :, 3:]], 2),
+        "one_hot_argmax": lambda x: x + tf.one_hot(tf.argmax(x, 2), 6),
+        "batch_norm": lambda x: tf.reshape(tf.compat.v1.nn.fused_batch_norm(
+            tf.reshape(x, [-1, 4, 6, 1]), tf.ones([1]), tf.zeros([1]), tf.zeros([1]),
+            tf.ones([1]), is_training=False)[0], [-1, 4, 6]),
     }
     mixing: dict[str, Op] = {
         "times_batch": lambda x: tf.tanh(x) * bsize(x),
