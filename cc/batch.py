@@ -28,7 +28,7 @@ op type without a declaration is taken as mixing: the default is safe.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class Fact:
     kind: str  # "free" | "size" | "sample" | "mixed"
     axis: int = -1
     fold: int = 1
+    # The batch is the fastest-varying part of a folded axis (entry k * B + b belongs to
+    # sample b), as SpaceToBatchND leaves it; only per-image and element-wise ops keep it.
+    interleaved: bool = False
 
     def __str__(self) -> str:
         if self.kind != "sample":
@@ -65,6 +68,9 @@ class OpView:
     out_shapes: list[tuple[int, ...]]
     consts: list[np.ndarray | None]  # input values at the compiled batch (None: computed)
     consts_next: list[np.ndarray | None]  # the same at the compiled batch + 1
+    # Set by a rule that knows its outputs' facts better than shapes do (an interleaved
+    # batch looks like a sample-major fold).
+    outputs: list[Fact] | None = None
 
     def samples(self) -> list[int]:
         """Indices of the inputs computed per sample."""
@@ -103,12 +109,18 @@ def elementwise(view: OpView) -> str | None:
     if out is None:
         return "its result has no batch axis"
     rank = len(view.out_shapes[0])
+    interleaved = {view.ins[i].interleaved for i in view.samples()}
+    if len(interleaved) > 1:
+        return "it combines an interleaved batch with a plain one"
     for i in view.samples():
         f = view.ins[i]
         aligned = f.axis + rank - len(view.in_shapes[i])
         if aligned != out.axis or f.fold != out.fold:
             return (f"input {i}'s batch axis {f.axis} meets output axis {aligned} under "
                     f"broadcasting, not the output's batch axis {out.axis}")
+    if interleaved == {True}:
+        view.outputs = [replace(o, interleaved=True) if o is not None and o.kind == "sample"
+                        else o for o in view.outs]
     return None
 
 
@@ -192,6 +204,11 @@ def reshape(view: OpView) -> str | None:
     out = _out_sample(view)
     if out is None:
         return "its result has no single batch axis (the batch is folded into another axis)"
+    if f.interleaved:  # only the trailing axes may change: axis 0 keeps every entry
+        if (f.axis, out.axis) != (0, 0) or view.in_shapes[0][0] != view.out_shapes[0][0]:
+            return "it reshapes an axis that holds the batch interleaved with image blocks"
+        view.outputs = [f]
+        return None
     if int(np.prod(view.in_shapes[0][:f.axis])) != 1 or \
             int(np.prod(view.out_shapes[0][:out.axis])) != 1:
         return "it moves the batch inside another axis (samples interleave)"
@@ -305,7 +322,31 @@ def image(view: OpView) -> str | None:
             return f"input {i} (filter or sizes) is computed per sample"
         if view.ins[i].axis != 0:
             return f"the batch is on axis {view.ins[i].axis}, which the op mixes (not N)"
+        # Images stay where they were along N, however the batch is folded into it.
+        view.outputs = [view.ins[i] if o is not None and o.kind == "sample" and
+                        (o.axis, o.fold) == (0, view.ins[i].fold) else o for o in view.outs]
     return _all_outputs_batched(view)
+
+
+def space_to_batch(view: OpView) -> str | None:
+    """SpaceToBatchND moves image blocks into N, the batch fastest (entry k * B + b);
+    convolutions and element-wise ops on it stay per image, and BatchToSpaceND with the
+    same block undoes it: TF's dilated convolution."""
+    f, out, block = view.ins[0], _out_sample(view), view.const_ints(1)
+    if view.samples() != [0] or f.axis != 0 or f.fold != 1 or f.interleaved or \
+            block is None or out is None or (out.axis, out.fold) != (0, int(np.prod(block))):
+        return "it moves image blocks into the batch axis in a way that mixes samples"
+    view.outputs = [replace(out, interleaved=True)]
+    return None
+
+
+def batch_to_space(view: OpView) -> str | None:
+    f, out, block = view.ins[0], _out_sample(view), view.const_ints(1)
+    if view.samples() != [0] or f.axis != 0 or block is None or out is None or \
+            (f.interleaved, f.fold) != (True, int(np.prod(block))) or \
+            (out.axis, out.fold) != (0, 1):
+        return "it moves batch entries into image blocks that are not one sample's"
+    return None
 
 
 def _image_input(op: str) -> int:
@@ -479,6 +520,7 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
         if all(f.kind == "free" for f in ins):
             _set(facts, refs, FREE)
             continue
+        known: list[Fact] | None = None
         reads = at_next.const_reads.get(node.name, set())
         data_size = [i for i, f in enumerate(ins) if f.kind == "size" and i not in reads]
         if data_size:
@@ -487,16 +529,18 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
         elif not any(f.kind == "sample" for f in ins):
             reason = _free_but_resized(node, refs, at_batch, at_next, batch)
         else:
-            reason = _apply_rule(node, refs, ins, used, at_batch, at_next, batch, rules)
+            reason, known = _apply_rule(node, refs, ins, used, at_batch, at_next, batch, rules)
         if reason is not None:
             problems.append(NodeProblem(node.name, node.op, f"mixes samples across the batch: "
                                         f"{reason}", _HINT))
             reported.add(node.name)
+            known = None
             # Kept on TensorFlow, the node is computed whole and its result comes back
             # with the batch axis its shape shows: judge what reads it on that, so one
             # compile names every mixing node, not one per round.
-        for r in refs:
-            facts[r] = _shape_fact(at_batch.shapes.get(r), at_next.shapes.get(r), batch)
+        for k, r in enumerate(refs):
+            f = known[k] if known and k < len(known) and known[k] is not None else None
+            facts[r] = f or _shape_fact(at_batch.shapes.get(r), at_next.shapes.get(r), batch)
     for ref, axis in outputs:
         f = facts.get(ref, MIXED)
         if f.kind == "mixed" or ref.node in reported:
@@ -515,10 +559,15 @@ _HINT = ("keep this node on TensorFlow (the partitioner does this when it compil
 
 def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[TensorRef],
                 at_batch: Lowered, at_next: Lowered, batch: int,
-                rules: dict[str, BatchRule | None]) -> str | None:
+                rules: dict[str, BatchRule | None]) -> tuple[str | None, list[Fact] | None]:
+    """Why the node mixes samples (or None), and its outputs' facts if the rule knows them
+    better than shapes."""
     rule = rules.get(node.op)
     if rule is None:
-        return f"op type {node.op} declares no batch rule, so it is taken as mixing"
+        return f"op type {node.op} declares no batch rule, so it is taken as mixing", None
+    if any(f.interleaved for f in ins) and rule not in _KEEPS_INTERLEAVED:
+        return ("its input holds the batch interleaved with image blocks (after "
+                "SpaceToBatchND), which only per-image and element-wise ops keep apart"), None
     outs = [_shape_fact(at_batch.shapes.get(r), at_next.shapes.get(r), batch) for r in refs]
     # An output nothing reads decides nothing (FusedBatchNormV3's reserve spaces).
     view = OpView(node, ins, [at_batch.shapes.get(r, ()) for r in node.inputs],
@@ -527,7 +576,10 @@ def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[
                   [at_batch.shapes.get(r, ()) for r in refs],
                   [at_batch.values.get(r) for r in node.inputs],
                   [at_next.values.get(r) for r in node.inputs])
-    return rule(view)
+    return rule(view), view.outputs
+
+
+_KEEPS_INTERLEAVED = (elementwise, image, reshape, batch_to_space)
 
 
 def _free_but_resized(node: TFNode, refs: list[TensorRef], at_batch: Lowered,

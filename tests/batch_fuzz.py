@@ -85,6 +85,8 @@ def _ops() -> dict[str, FuzzOp]:
         "bmm_rows": lambda x: tf.einsum("bij,bkj->bik", x, x)[:, :, :4] @ tf.ones([4, 6]),
         "conv1d": lambda x: tf.nn.conv1d(x, tf.ones([3, 6, 6]) * 0.1, 1, "SAME"),
         "full_slice": lambda x: x[: tf.shape(x)[0]],
+        "dilated_conv": lambda x: tf.nn.convolution(x, tf.ones([3, 6, 6]) * 0.1, padding="SAME",
+                                                    dilations=[2]),  # via SpaceToBatchND
         "silu": tf.nn.silu,  # a custom gradient: IdentityN with an output nothing reads
         "gelu_approx": lambda x: tf.nn.gelu(x, approximate=True),
         "attention": lambda x: tf.einsum("bqk,bkd->bqd", tf.nn.softmax(

@@ -97,7 +97,7 @@ def _blocks(ctx: LowerCtx, node: TFNode, x: Value, what: str) -> tuple[list[int]
 
 
 @tf_op("SpaceToBatchND", supports=dtypes(T=DEVICE_DTYPES, Tblock_shape=INDEX, Tpaddings=INDEX),
-       batch=batch.mixes("it moves image blocks into the batch axis (samples interleave)"))
+       batch=batch.space_to_batch)
 def space_to_batch(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Pad the M spatial dims after the batch, cut each into blocks of block_shape, and
     move the offsets within a block to the front of the batch:
@@ -124,7 +124,7 @@ def space_to_batch(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 
 @tf_op("BatchToSpaceND", supports=dtypes(T=DEVICE_DTYPES, Tblock_shape=INDEX, Tcrops=INDEX),
-       batch=batch.mixes("it moves batch entries into image blocks (samples interleave)"))
+       batch=batch.batch_to_space)
 def batch_to_space(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """SpaceToBatchND's inverse: [b1 * .. * bM * b, s1, .., sM, rest] -> [b, s1 * b1, ..,
     sM * bM, rest], then `crops` cut from the start and end of each spatial dim."""
