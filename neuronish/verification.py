@@ -114,8 +114,10 @@ def tensorflow_values(graph_def: bytes, feeds: Mapping[str, np.ndarray],
 
 def verify_subgraph(name: str, executable: bytes, graph_def: bytes,
                     input_names: Sequence[str], output_names: Sequence[str],
-                    inputs: Sequence[np.ndarray]) -> Verdict:
-    """Run one subgraph both ways on `inputs` (in `input_names` order) and compare."""
+                    inputs: Sequence[np.ndarray],
+                    expected: Sequence[np.ndarray] | None = None) -> Verdict:
+    """Run one subgraph both ways on `inputs` (in `input_names` order) and compare; with
+    `expected` (TensorFlow's outputs, from the whole graph), only on the device."""
     from neuronish.runtime import DeviceError, load
     from neuronish.runtime.executable import from_bytes
 
@@ -124,8 +126,8 @@ def verify_subgraph(name: str, executable: bytes, graph_def: bytes,
     auto_cast = str(options.get("auto_cast", "none") or "none")
     cast_type = str(options.get("auto_cast_type", "bf16") or "bf16")
     mode = auto_cast if auto_cast == "none" else f"{auto_cast} {cast_type}"
-    want = tensorflow_values(graph_def, dict(zip(input_names, inputs, strict=True)),
-                             output_names)
+    want = dict(zip(output_names, expected, strict=True)) if expected is not None else \
+        tensorflow_values(graph_def, dict(zip(input_names, inputs, strict=True)), output_names)
     try:
         model = load(executable)
         try:
@@ -171,8 +173,11 @@ def verify_compiled(frozen_graph_def: bytes,
     feeds = example_feeds(placeholders, given)
     fetches = sorted({_tensor(t) for sg, _ in compiled for t in sg.inputs})
     values = tensorflow_values(frozen_graph_def, feeds, fetches)
-    other = _other_batch_values(frozen_graph_def, placeholders, feeds, set(given or ()),
-                                batched or set(), batch, fetches)
+    # The subgraphs' own GraphDefs fix the compiled batch in their placeholders, so at
+    # the other batch TensorFlow's answer for a subgraph is the whole graph's.
+    other = _other_batch_values(
+        frozen_graph_def, placeholders, feeds, set(given or ()), batched or set(), batch,
+        sorted(set(fetches) | {_tensor(t) for sg, _ in compiled for t in sg.outputs}))
     kept, verdicts = [], []
     for sg, result in compiled:
         verdict = verify_subgraph(sg.name, result.executable, sg.serialize(), sg.input_names,
@@ -182,7 +187,8 @@ def verify_compiled(frozen_graph_def: bytes,
             # batch that is not a multiple of it (the last chunk padded).
             again = verify_subgraph(sg.name, result.executable, sg.serialize(),
                                     sg.input_names, sg.output_names,
-                                    [other[_tensor(t)] for t in sg.inputs])
+                                    [other[_tensor(t)] for t in sg.inputs],
+                                    [other[_tensor(t)] for t in sg.outputs])
             if not again.passed:
                 verdict = Verdict(sg.name, False, again.outputs, again.auto_cast,
                                   again.reason.replace("verify: ", f"verify at batch "

@@ -126,6 +126,7 @@ class _Subgraph:
     name: str
     graph_def: bytes
     inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     input_batch_axes: tuple[int, ...]
@@ -149,7 +150,8 @@ def test_verify_runs_a_second_batch_that_is_not_a_multiple(tmp_path: Path) -> No
     done = _compile(tmp_path, lambda x: x * 1.0 + 0.0, batch=1)
     assert done.returncode == 0, done.stderr
     cumsum, out = _frozen(lambda x: tf.cumsum(x, 0))
-    sg = _Subgraph("neuron_op_0", cumsum, ("x:0",), ("x:0",), (f"{out}:0",), (0,), (out,))
+    sg = _Subgraph("neuron_op_0", cumsum, ("x:0",), (f"{out}:0",), ("x:0",), (f"{out}:0",),
+                   (0,), (out,))
     placeholders = {"x:0": ((1, *bf.SHAPE), "float32")}
     result = _Result((tmp_path / "g.neff").read_bytes())
     once, verdicts = verify_compiled(cumsum, placeholders, None, [(sg, result)], {}, batch=1)
