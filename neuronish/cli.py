@@ -107,11 +107,14 @@ def _compile(args: argparse.Namespace) -> int:
         else:
             print(line, file=sys.stderr)
 
-    from neuronish import keras_files
+    from neuronish import keras_files, tfn_compat
 
-    source = keras_files.as_saved_model(args.model_dir) \
-        if keras_files.is_keras_file(args.model_dir) else contextlib.nullcontext(args.model_dir)
     try:
+        # The modules first: loading a Keras file needs the custom objects they register.
+        tfn_compat.import_modules(args.imports)
+        source = keras_files.as_saved_model(args.model_dir) \
+            if keras_files.is_keras_file(args.model_dir) \
+            else contextlib.nullcontext(args.model_dir)
         with warnings.catch_warnings(), source as model_dir:
             warnings.simplefilter("always", CompileWarning)
             warnings.showwarning = show_warning
@@ -121,7 +124,7 @@ def _compile(args: argparse.Namespace) -> int:
                 tags=args.tags.split(",") if args.tags else None,
                 signature_def_key=args.signature_def_key,
                 minimum_segment_size=args.minimum_segment_size, no_fuse_ops=args.no_fuse_ops,
-                force_fuse_ops=args.force_fuse_ops, compiler_args=args.compiler_args.split(),
+                force_fuse_ops=args.force_fuse_ops, compiler_args=args.compiler_args,
                 compiler_workdir=args.compiler_workdir, compiler_timeout=args.compiler_timeout,
                 max_num_compilers=args.max_num_compilers,
                 dynamic_batch_size=not args.fixed_batch_size,
@@ -171,6 +174,10 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    "TensorFlow and on the device with example inputs; one beyond tolerance "
                    "stays on TensorFlow")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable): the module that registers a Keras "
+                        "model's custom layers (keras.saving.register_keras_serializable); "
+                        "the current directory is searched")
     c.add_argument("--graph", metavar="FILE.html", help="draw the partition: each node coloured "
                    "by where it runs and why (HTML page; Graphviz .dot alongside)")
 
@@ -198,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        # Ctrl-C: the compile's outputs are written to temporary names and renamed at the
+        # end, so nothing half-written is left; one line says so, not a traceback.
+        print("\nneuronish: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (`neuronish benchmark ... | head`): stop quietly, as
         # Unix tools do, and keep the interpreter's last flush from raising again.
