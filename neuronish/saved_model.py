@@ -37,7 +37,7 @@ from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures
 from .contracts import model_config
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
-from .export import ExportedSignature, write_saved_model
+from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
 from .input_shapes import batch_of, compile_shapes
@@ -150,7 +150,8 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
             more.append(extra)
         write_saved_model(done.graph_def, main, done.outputs, new_model_dir, done.blobs,
                           more=[ExportedSignature(m.graph_def, m.signature, m.outputs, m.blobs)
-                                for m in more])
+                                for m in more],
+                          method_names=signature_method_names(model_dir))
         for m in more:
             reports[m.signature.signature_key] = m.report(model_dir, new_model_dir, batch_size)
         if graph is not None:
