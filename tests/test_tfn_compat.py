@@ -150,3 +150,34 @@ def test_a_keras_file_with_a_custom_layer_compiles_with_import(tmp_path: Path) -
                          text=True)
     assert api.returncode == 0, api.stderr
     assert api.stdout.split()[-2:] == ["model.keras", "True"]
+
+
+def test_ctrl_c_during_a_compile_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from tests.test_compile_recovery import wrapper_compiler
+
+    src = small_model(tmp_path / "src")
+    marker = tmp_path / "compiling"
+    # The compiler of the (only) subgraph says it started, then hangs: Ctrl-C lands
+    # while a compile is really in flight.
+    compiler = wrapper_compiler(tmp_path, f"touch {marker}; sleep 120")
+    proc = subprocess.Popen([sys.executable, "-m", "neuronish.cli", "compile", src,
+                             str(tmp_path / "out")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NEURONISH_CC": compiler,
+                                 "NEURONISH_COMPILE_CACHE": "off"})
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marker.exists(), proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    lines = [x for x in err.splitlines() if x.strip() and "neuronish" in x]
+    assert lines[-1] == "neuronish: interrupted", err[-3000:]
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no scratch
