@@ -78,6 +78,22 @@ def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def _load_examples(items: list[str]) -> dict[str, np.ndarray]:
+    """--example KEY=FILE.npy, repeatable: model_feed_dict."""
+    from neuronish.errors import SavedModelError
+
+    examples = {}
+    for item in items:
+        key, sep, path = item.partition("=")
+        if not sep or not key:
+            raise SavedModelError(f"--example {item!r}: expected KEY=FILE.npy")
+        try:
+            examples[key] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise SavedModelError(f"--example {key}: cannot read {path}: {e}") from None
+    return examples
+
+
 def _compile(args: argparse.Namespace) -> int:
     import json
     import os
@@ -121,6 +137,8 @@ def _compile(args: argparse.Namespace) -> int:
             report = compile_saved_model(
                 model_dir, args.new_model_dir, batch_size=args.batch_size,
                 model_shape_feed_dict=_parse_shapes(args.input_shape) or None,
+                model_feed_dict=_load_examples(args.example) or None,
+                warmup_requests=args.warmup_requests,
                 tags=args.tags.split(",") if args.tags else None,
                 signature_def_key=args.signature_def_key,
                 minimum_segment_size=args.minimum_segment_size, no_fuse_ops=args.no_fuse_ops,
@@ -174,6 +192,11 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    "TensorFlow and on the device with example inputs; one beyond tolerance "
                    "stays on TensorFlow")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--example", action="append", default=[], metavar="KEY=FILE.npy",
+                   help="an example input (model_feed_dict): its shape is compiled")
+    c.add_argument("--warmup-requests", action="store_true",
+                   help="write TF Serving's assets.extra/tf_serving_warmup_requests: a "
+                        "Predict on the --example inputs, replayed by the server at load")
     c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (repeatable): the module that registers a Keras "
                         "model's custom layers (keras.saving.register_keras_serializable); "

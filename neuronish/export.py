@@ -193,14 +193,17 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                       outputs: dict[str, str], new_model_dir: str,
                       blobs: Mapping[str, Mapping[str, Blob]] | None = None,
                       more: Sequence[ExportedSignature] = (),
-                      method_names: Mapping[str, str] | None = None) -> None:
+                      method_names: Mapping[str, str] | None = None,
+                      extra_files: Mapping[str, bytes] | None = None) -> None:
     """Save `graph_def` as a SavedModel at `new_model_dir` (which must not exist).
 
     `outputs` maps each output key to its tensor in `graph_def`. Large NeuronOp
     attributes of `graph_def`, and the `blobs` not set in it yet (`externalize`), are
     replaced by references. `more` are further signatures, each its own function; every
     signature is saved under its key and its `aliases`. `method_names` (signature key ->
-    the original's `method_name`) are written back into the new model's SignatureDefs.
+    the original's `method_name`) are written back into the new model's SignatureDefs;
+    `extra_files` (relative path -> bytes, e.g. the warm-up file) are added before the
+    model is renamed into place.
     """
     parent = os.path.dirname(os.path.abspath(new_model_dir))
     os.makedirs(parent, exist_ok=True)
@@ -239,6 +242,10 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
         tf.saved_model.save(module, tmp, signatures=signatures)
         if method_names:
             _restore_method_names(tmp, method_names)
+        for relative, data in (extra_files or {}).items():
+            os.makedirs(os.path.dirname(os.path.join(tmp, relative)), exist_ok=True)
+            with open(os.path.join(tmp, relative), "wb") as f:
+                f.write(data)
         for path in asset_of:
             copied = os.path.join(tmp, "assets", os.path.basename(path))
             if not os.path.isfile(copied):

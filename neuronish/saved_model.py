@@ -47,6 +47,7 @@ from .partition.graph import GraphIndex
 from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .subgraph_files import hold_constants, release_constants, write_subgraph
+from .warmup_file import WARMUP_FILE, warmup_records
 
 
 def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from tensorflow-neuron)
@@ -72,6 +73,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     graph: str | None = None,
     verify: bool = False,
     import_modules: Sequence[str] = (),
+    warmup_requests: bool = False,
     **tensorflow_neuron_args: object,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
@@ -80,7 +82,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     its order, with its `None` defaults; its other keyword arguments are taken as
     `tfn_compat.translate` says (docs/saved-model-compile.md, the migration table).
     `model_dir` may also be a Keras model file (`.keras`, `.h5`); `import_modules` are
-    imported first, so the custom layers they register can be loaded.
+    imported first, so the custom layers they register can be loaded. With
+    `warmup_requests`, the new model gets TF Serving's warm-up file
+    (`assets.extra/tf_serving_warmup_requests`), a Predict on `model_feed_dict`.
 
     Shapes come from `model_feed_dict` (example arrays), else
     `model_shape_feed_dict` (shapes), else the signature with its batch
@@ -107,7 +111,8 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                              max_num_compilers=max_num_compilers,
                              dynamic_batch_size=dynamic_batch_size,
                              compiler_recovery=compiler_recovery, progress=progress,
-                             graph=graph, verify=verify, **tensorflow_neuron_args)
+                             graph=graph, verify=verify, import_modules=(),
+                             warmup_requests=warmup_requests, **tensorflow_neuron_args)
         report["model_dir"] = model_dir
         return report
     tags = tfn_compat.tags_list(tags)
@@ -118,6 +123,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     _check_dirs(model_dir, new_model_dir)
     if batch_size < 1:
         raise SavedModelError(f"batch_size must be >= 1, got {batch_size}")
+    if warmup_requests and not model_feed_dict:
+        raise SavedModelError("warmup_requests writes a Predict request of model_feed_dict: "
+                              "pass example inputs in model_feed_dict")
     signatures = freeze_signatures(model_dir, signature_def_key, tags)
     options = _Options(batch_size, model_shape_feed_dict, model_feed_dict, minimum_segment_size,
                        tuple(no_fuse_ops), tuple(force_fuse_ops), tuple(compiler_args),
@@ -151,7 +159,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
         write_saved_model(done.graph_def, main, done.outputs, new_model_dir, done.blobs,
                           more=[ExportedSignature(m.graph_def, m.signature, m.outputs, m.blobs)
                                 for m in more],
-                          method_names=signature_method_names(model_dir))
+                          method_names=signature_method_names(model_dir),
+                          extra_files=_warmup_file(main, signatures, options)
+                          if warmup_requests else None)
         for m in more:
             reports[m.signature.signature_key] = m.report(model_dir, new_model_dir, batch_size)
         if graph is not None:
@@ -191,6 +201,20 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
             warnings.warn(f"signature {key!r} of {model_dir} is not in the compiled model: "
                           f"{why}", CompileWarning, stacklevel=2)
     return report
+
+
+def _warmup_file(main: FrozenSignature, signatures: FrozenSignatures, options: _Options
+                 ) -> dict[str, bytes]:
+    """TF Serving's warm-up file: a Predict of the main signature on its examples, which
+    must then name every input of it."""
+    feeds = _feeds_for(main, signatures, options)[1] or {}
+    missing = sorted({i.key for i in main.inputs} - set(feeds))
+    if missing:
+        raise SavedModelError(f"warmup_requests: model_feed_dict has no example for "
+                              f"{missing} of signature {main.signature_key!r}; a warm-up "
+                              "request must feed every input")
+    return {WARMUP_FILE: warmup_records(main.signature_key,
+                                        {i.key: feeds[i.key] for i in main.inputs})}
 
 
 @dataclass(frozen=True)

@@ -181,3 +181,35 @@ def test_ctrl_c_during_a_compile_is_one_line_and_exit_130(tmp_path: Path) -> Non
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no scratch
+
+
+def test_compile_writes_tf_servings_warmup_file_from_the_examples(tmp_path: Path) -> None:
+    import numpy as np
+
+    from neuronish.serving.servable import load_servable, warm_up
+
+    src = small_model(tmp_path / "src")
+    out = tmp_path / "out"
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    compile_(src, str(out), model_feed_dict={"x": x}, warmup_requests=True)
+    assert (out / "assets.extra" / "tf_serving_warmup_requests").is_file()
+    servable = load_servable("m", 1, str(out), ["serve"], warmup=False)
+    assert warm_up(servable) == 1  # the record replays on the compiled model
+    with pytest.raises(SavedModelError, match="pass example inputs in model_feed_dict"):
+        compile_(src, str(tmp_path / "b"), warmup_requests=True)
+
+
+def test_the_cli_writes_the_warmup_file_from_example_files(tmp_path: Path) -> None:
+    import numpy as np
+
+    src = small_model(tmp_path / "src")
+    np.save(tmp_path / "x.npy", np.ones((3, 8), np.float32))
+    cli = [sys.executable, "-m", "neuronish.cli", "compile", src, str(tmp_path / "out"),
+           "--example", f"x={tmp_path / 'x.npy'}", "--warmup-requests"]
+    done = subprocess.run(cli, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "assets.extra" / "tf_serving_warmup_requests").is_file()
+    assert "[3, 8]" in done.stdout or "3, 8" in done.stdout  # the example's shape compiled
+    bad = subprocess.run([*cli[:6], "--example", "x=/nonexistent.npy"], capture_output=True,
+                         text=True)
+    assert bad.returncode == 1 and "--example x: cannot read /nonexistent.npy" in bad.stderr
