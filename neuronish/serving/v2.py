@@ -98,8 +98,9 @@ class InputTensor:
 
     def _from_raw(self, raw: bytes, count: int) -> np.ndarray:
         if self.datatype == "BYTES":
+            elements = split_bytes(raw, count, self.name)  # checked before any allocation
             values = np.empty(count, dtype=object)
-            values[:] = split_bytes(raw, count, self.name)
+            values[:] = elements
             return values.reshape(self.shape)
         dtype = _numpy_dtype(self.datatype)
         if len(raw) != count * dtype.itemsize:

@@ -10,14 +10,49 @@ tritonclient does), else typed `contents`.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
 import grpc
 
-from .grpc_service import _call, _deadline
 from .metrics import Metrics
 from .proto import grpc_predict_v2_pb2 as pb
 from .proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from .status import invalid_argument
+from .status import INTERNAL, OK, ServingError, grpc_status, invalid_argument
 from .v2 import InputTensor, V2Service, to_raw
+
+log = logging.getLogger("neuronish.serving")
+T = TypeVar("T")
+ENTRYPOINT = "GRPC"
+
+
+def _deadline(context: grpc.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    # grpc reports "no deadline" as a huge number of seconds.
+    return None if remaining is None or remaining > 1e8 else time.monotonic() + remaining
+
+
+def _call(metrics: Metrics, api: str, model: str, context: grpc.ServicerContext,
+          fn: Callable[[], T]) -> T:
+    """Run `fn`, turning a ServingError into its gRPC status (TF Serving's mapping, as
+    the PredictionService answers), and count it."""
+    start = time.perf_counter()
+    code = OK
+    try:
+        return fn()
+    except ServingError as e:
+        code = e.code
+        context.abort(grpc_status(e.code), e.message)
+    except Exception as e:
+        code = INTERNAL
+        log.exception("%s failed", api)
+        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    finally:
+        metrics.record_request(model, api, ENTRYPOINT, ServingError(code, "").code_name,
+                               (time.perf_counter() - start) * 1e6)
+    raise AssertionError("unreachable: context.abort raises")
 
 # Which typed-contents field holds each datatype (FP16 and BF16 have none: raw only).
 CONTENTS_FIELD = {

@@ -308,6 +308,12 @@ def test_bad_requests_get_a_clear_error(server: Server, http: object,
          400, "input 'x_other': datatype 'FP8' is not one of"),
         ({"inputs": [{**good, "shape": [-1, 3], "data": []}]}, b"", 400, "negative dimension"),
         ({"inputs": "x"}, b"", 400, "'inputs' list"),
+        # A shape of 2^40 elements with one element of data: refused, nothing allocated.
+        ({"inputs": [{"name": "x_bytes", "datatype": "BYTES", "shape": [1 << 40, 1],
+                      "parameters": {"binary_data_size": 5}}]}, b"\x01\x00\x00\x00a", 400,
+         "holds 1099511627776 elements, but the BYTES data holds 1"),
+        ({"inputs": [{**good, "shape": [1 << 40, 3], "data": [0, 0, 0]}]}, b"", 400,
+         "holds 3298534883328 elements, but 3 came"),
     ]
     for doc, binary, want_status, message in cases:
         status, answer = v2_infer(server, "dtypes", doc, binary)
