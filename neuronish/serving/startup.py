@@ -4,9 +4,11 @@ The `NeuronOp` kernel loads its executable onto the device when it first runs, s
 without this the first client paid for the load, the model was reported available
 before it was, and `neuronish ls` right after start-up saw no process using the
 device. After the version's recorded warm-up requests (servable.warm_up), a version
-whose graph holds NeuronOps and that no record ran runs each of its signatures once
-on synthetic inputs (zeros, empty strings; batch 1, or the fixed batch), which loads
-every NeuronOp; the version is made available only afterwards. The device models it
+whose graph holds NeuronOps and that no record ran runs each of its signatures on
+synthetic inputs (zeros, empty strings; batch 1, or the fixed batch), which loads
+every NeuronOp, once per copy the device holds of a model (sequential calls take the
+copies in turn, and each copy's first run is slow); the version is made available
+only afterwards. The device models it
 loaded are labelled with the served name and version, which is what `neuronish ls`
 and `top` show.
 
@@ -76,6 +78,13 @@ def labelled_device_loads(servable: Servable, meta_graph: meta_graph_pb2.MetaGra
                 model.label = f"{servable.name}:{servable.version} {node.rsplit('/', 1)[-1]}"
 
 
+def _most_copies() -> int:
+    from neuronish.runtime import get_device
+
+    return max((int(getattr(m, "duplicates", 1)) for m in get_device().loaded_models()),
+               default=1)
+
+
 def load_on_device(servable: Servable) -> int:
     """Run each signature once on synthetic inputs; the number that ran."""
     ran = 0
@@ -89,6 +98,10 @@ def load_on_device(servable: Servable) -> int:
             continue
         try:
             servable.run(name, inputs, sorted(signature.outputs))
+            # A model's copies on other core groups take calls in turn, and each copy's
+            # first run is slow too (its kernels' first use): one call per copy.
+            for _ in range(_most_copies() - 1):
+                servable.run(name, inputs, sorted(signature.outputs))
             ran += 1
         except Exception as e:  # noqa: BLE001 (any model error; the load still succeeds)
             log.warning("%s version %d: signature %r did not run on synthetic inputs (%s); "
