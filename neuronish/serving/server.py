@@ -1,4 +1,5 @@
-"""`neuronish-model-server`: TF Serving's command line, protocols and behaviour.
+"""`neuronish-model-server`: TF Serving's command line, protocols and behaviour, and the
+Open Inference Protocol (KServe v2: v2.py) on the same gRPC and REST ports.
 
     neuronish-model-server --port=8500 --rest_api_port=8501 \\
         --model_name=resnet --model_base_path=/models/resnet
@@ -293,6 +294,17 @@ class ModelServer:
             PredictionService(self.core, self.metrics), server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
             ModelService(self.core, self.metrics, self.reload_config_request), server)
+        # The Open Inference Protocol (KServe v2) on the same two ports.
+        from neuronish import __version__
+
+        from .proto import grpc_predict_v2_pb2_grpc
+        from .v2 import V2Service
+        from .v2_grpc import InferenceService
+        from .v2_rest import V2RestApi
+
+        v2 = V2Service(self.core, __version__)
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceService(v2, self.metrics), server)
         if options.port > 0:
             if self.ssl_credentials is not None:
                 server.add_secure_port(f"0.0.0.0:{options.port}", self.ssl_credentials)
@@ -312,6 +324,7 @@ class ModelServer:
                                           cors=options.rest_api_enable_cors_support,
                                           idle_timeout_s=options.rest_api_idle_timeout_in_ms / 1000,
                                           max_connections=options.rest_api_max_connections)
+            self.rest_server.v2 = V2RestApi(v2, self.metrics, options.rest_api_timeout_in_ms)
             self.rest_server.start()
             log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
