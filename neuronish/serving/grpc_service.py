@@ -82,7 +82,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 self.core.deadline(_deadline(context)))
             response = predict_pb2.PredictResponse(model_spec=spec)
             for key, array in outputs.items():
-                response.outputs[key].CopyFrom(to_tensor_proto(array))
+                to_tensor_proto(array, into=response.outputs[key])
             return response
         return _call(self.metrics, "predict", request.model_spec.name, context, run)
 
