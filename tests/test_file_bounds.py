@@ -161,3 +161,49 @@ def test_deep_json_helper_counts_depth() -> None:
     from neuronish.runtime.files import json_depth
     assert json_depth(json.loads('{"a": [1, {"b": []}]}')) == 4
     assert json_depth(5) == 0
+
+
+# ------------------------------------------------------------------ NeuronOp external files
+
+def _external(tmp_path: Path, data: bytes) -> tuple[bytes, str, Path]:
+    from neuronish import external
+    value, digest = external.reference(data)
+    assets = tmp_path / "model" / "assets"
+    assets.mkdir(parents=True)
+    return value, digest, assets
+
+
+def test_an_external_file_outside_assets_is_refused(tmp_path: Path) -> None:
+    """An asset name `../../outside/<sha>.neff` made the model load an executable from
+    outside its SavedModel: the runtime checked only the base name and the hash."""
+    from neuronish import external
+    from neuronish.runtime import ExecutableError
+    data = GOLDEN.read_bytes()
+    value, digest, assets = _external(tmp_path, data)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / f"{digest}.neff").write_bytes(data)  # the right bytes, the wrong place
+    sneaky = f"{assets}/../../outside/{digest}.neff"
+    with pytest.raises(ExecutableError, match="not a plain file name inside the SavedModel's "
+                                              "assets/ directory"):
+        external.resolve(value, [sneaky], "net/neuron_op", "executable")
+    with pytest.raises(ExecutableError, match="not a plain file name"):
+        external.resolve(value, [str(outside / f"{digest}.neff")], "net/neuron_op",
+                         "executable")
+    (assets / f"{digest}.neff").write_bytes(data)
+    assert external.resolve(value, [str(assets / f"{digest}.neff")], "n", "executable") == data
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_external_file_that_is_not_a_regular_file_is_refused(kind: str,
+                                                                tmp_path: Path) -> None:
+    script = ("import sys\nfrom neuronish import external\nfrom neuronish.runtime import "
+              "ExecutableError\ntry:\n    external.resolve(sys.argv[1].encode(), [sys.argv[2]], "
+              "'net/op', 'executable')\nexcept ExecutableError as e:\n    print('refused:', e)\n")
+    data = GOLDEN.read_bytes()
+    value, digest, assets = _external(tmp_path, data)
+    path = _hostile(assets, kind, f"{digest}.neff")
+    done = _run([sys.executable, "-c", script, value.decode(), str(path)])
+    assert done.stdout.startswith("refused: NeuronOp 'net/op': "), done.stderr[-2000:]
+    assert (f"more than the {len(data)} bytes" if kind == "sparse 3 GiB" else WHY[kind]) \
+        in done.stdout
