@@ -123,6 +123,12 @@ class LowerCtx:
         input is a constant and the result is within `interpret.fold_fits`)."""
         attrs = dict(attrs or {})
         out_types = kinds.infer(kind, [v.type for v in inputs], attrs)
+        for t in out_types:  # what the executable's validator would refuse, refused here
+            try:
+                isa.check_type(list(t.shape), t.dtype)
+            except isa.IsaError as e:
+                raise NodeError(f"{kind} output: {e.reason}", "the graph asks for a tensor "
+                                "larger than the device holds") from None
         origin = (self.node.name,) if self.node else ()
         node = Node(kind, list(inputs), [], attrs, origin)
         node.outputs = [Value(t, producer=node) for t in out_types]
