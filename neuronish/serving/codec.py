@@ -45,6 +45,7 @@ from tensorflow_serving.apis import input_pb2
 from .status import RESOURCE_EXHAUSTED, ServingError, invalid_argument
 
 SPLAT_MAX_ELEMENTS = 1 << 16
+REQUEST_MEMORY_MULTIPLE = 8  # server memory a Predict holds, per byte of its tensors
 ENCODE_CHUNK = 1 << 16  # values converted to Python objects at once, for typed fields
 # Packed fixed-width fields of TensorProto: field number, little-endian dtype.
 _PACKED = {"float_val": (5, "<f4"), "double_val": (6, "<f8")}
@@ -73,7 +74,9 @@ _register(np.int64, tf.int64, "int64_val")
 _register(np.uint32, tf.uint32, "uint32_val")
 _register(np.uint64, tf.uint64, "uint64_val")
 _register(np.bool_, tf.bool, "bool_val")
-
+_ITEMSIZE = {enum: dtype.itemsize for dtype, (enum, _) in _FIELDS.items()}
+_ITEMSIZE[tf.float16.as_datatype_enum] = 2
+_ITEMSIZE[tf.bfloat16.as_datatype_enum] = 2
 
 def declared_elements(key: str, proto: tensor_pb2.TensorProto) -> int:
     """The element count `proto`'s shape declares, checked against the values it
@@ -94,14 +97,19 @@ def declared_elements(key: str, proto: tensor_pb2.TensorProto) -> int:
     return count
 
 
-def check_request_size(tensors: dict[str, tensor_pb2.TensorProto], max_elements: int) -> None:
-    """Every tensor well-formed and carrying its values; the request within the limit."""
-    total = sum(declared_elements(k, v) for k, v in tensors.items())
+def check_request_size(tensors: dict[str, tensor_pb2.TensorProto], max_elements: int) -> int:
+    """Every tensor well-formed and carrying its values; the request within the limit.
+    Returns the server memory the request will hold (`REQUEST_MEMORY_MULTIPLE` times
+    the bytes its tensors declare; 8 bytes per element of a dtype without a size)."""
+    counts = {k: declared_elements(k, v) for k, v in tensors.items()}
+    total = sum(counts.values())
     if max_elements > 0 and total > max_elements:
         raise ServingError(RESOURCE_EXHAUSTED,
                            f"the request declares {total} elements over its tensors, more than "
                            f"this server accepts in one request ({max_elements}, "
                            "--request_max_elements); split it into smaller requests")
+    return REQUEST_MEMORY_MULTIPLE * sum(count * _ITEMSIZE.get(tensors[k].dtype, 8)
+                                         for k, count in counts.items())
 
 
 def to_ndarray(key: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
