@@ -638,16 +638,18 @@ def fill(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 @tf_op("ZerosLike", supports=dtypes(T=DEVICE_DTYPES), batch=batch.elementwise)
 def zeros_like(ctx: LowerCtx, node: TFNode) -> list[Value]:
-    """TF ZerosLike: zeros of x's (static) shape and dtype; a constant."""
+    """TF ZerosLike: zeros of x's (static) shape and dtype; a constant (folded
+    within the folding bound, else broadcast on the device)."""
     x = ctx.input(node, 0)
-    return [ctx.const(np.zeros(x.shape, dtype=x.dtype))]
+    return [broadcast_to(ctx, ctx.const(np.zeros((), dtype=x.dtype)), x.shape)]
 
 
 @tf_op("OnesLike", supports=dtypes(T=DEVICE_DTYPES), batch=batch.elementwise)
 def ones_like(ctx: LowerCtx, node: TFNode) -> list[Value]:
-    """TF OnesLike: ones of x's (static) shape and dtype; a constant."""
+    """TF OnesLike: ones of x's (static) shape and dtype; a constant (folded
+    within the folding bound, else broadcast on the device)."""
     x = ctx.input(node, 0)
-    return [ctx.const(np.ones(x.shape, dtype=x.dtype))]
+    return [broadcast_to(ctx, ctx.const(np.ones((), dtype=x.dtype)), x.shape)]
 
 
 @tf_op("Shape", supports=dtypes(T=DEVICE_DTYPES, out_type=INDEX), batch=batch.by_value)
@@ -700,5 +702,6 @@ def range_(ctx: LowerCtx, node: TFNode) -> list[Value]:
     else:
         span, step = abs(int(limit) - int(start)), abs(int(delta))
         count = (span + step - 1) // step
+    ctx.check_const_size([count], dtype.name, f"Range({start}, {limit}, {delta})")
     values = start + np.arange(count).astype(dtype) * delta
     return [ctx.const(values.astype(dtype))]

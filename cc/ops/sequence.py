@@ -14,6 +14,7 @@ from ..graphdef import TFNode
 from ..ir import Value
 from .array import (
     INDEX,
+    broadcast_to,
     concat,
     dtypes,
     ints,
@@ -72,6 +73,7 @@ def matrix_band_part(ctx: LowerCtx, node: TFNode) -> list[Value]:
     lower = scalar_int(ctx.const_input(node, 1, "num_lower"), "num_lower")
     upper = scalar_int(ctx.const_input(node, 2, "num_upper"), "num_upper")
     m, n = x.shape[-2:]
+    ctx.check_const_size([m, n], "int64", "the band mask")
     diff = np.arange(m)[:, None] - np.arange(n)[None, :]
     keep = ((lower < 0) | (diff <= lower)) & ((upper < 0) | (-diff <= upper))
     zero = ctx.const(np.zeros((), dtype=x.dtype))
@@ -134,6 +136,7 @@ def dynamic_update_slice(ctx: LowerCtx, node: TFNode) -> list[Value]:
         raise NodeError(f"update {update.type} is larger than input {x.type}")
     starts = [min(max(s, 0), d - u) for s, d, u in zip(starts, x.shape, update.shape)]
     paddings = [[s, d - s - u] for s, d, u in zip(starts, x.shape, update.shape)]
+    ctx.check_const_size(x.shape, "bool", "the update mask")
     keep = np.zeros(x.shape, dtype=bool)
     keep[tuple(slice(s, s + u) for s, u in zip(starts, update.shape))] = True
     if keep.all():
@@ -188,7 +191,7 @@ def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
         x = ctx.emit1("cast", [x], {"to": "float64"})
     bounds = np.asarray(node.get("boundaries") or [], dtype=np.float32).astype(x.dtype)
     if bounds.size == 0:
-        return [ctx.const(np.zeros(x.shape, np.int32))]
+        return [broadcast_to(ctx, ctx.const(np.zeros((), np.int32)), x.shape)]
     column = reshape_to(ctx, x, [*x.shape, 1])
     above = ctx.emit1("binary", [column, ctx.const(bounds)], {"fn": "greater_equal"})
     counts = ctx.emit1("cast", [above], {"to": "int32"})

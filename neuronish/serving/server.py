@@ -61,6 +61,7 @@ class Options:
     shutdown_grace_period_seconds: int = 30
     request_timeout_in_ms: int = 0
     request_max_elements: int = 1 << 27
+    request_memory_budget_bytes: int = 8 << 30
     rest_api_idle_timeout_in_ms: int = 30000
     rest_api_max_connections: int = 1024
     allow_reload_config_request: bool = False
@@ -106,6 +107,10 @@ HELP = {
                              "DEADLINE_EXCEEDED; 0 = the client's deadline only",
     "request_max_elements": "most tensor elements one request may declare "
                             "(RESOURCE_EXHAUSTED above it); 0 = no limit",
+    "request_memory_budget_bytes": "server memory gRPC Predicts may hold at once, each "
+                                   "counted as 8x its tensors' bytes; one that does not fit "
+                                   "waits (until its deadline), one larger than the budget is "
+                                   "RESOURCE_EXHAUSTED; 0 = no budget",
     "rest_api_idle_timeout_in_ms": "close a REST connection that is idle, or whose request has "
                                    "not fully arrived, after this long; <= 0 = never",
     "rest_api_max_connections": "most REST connections open at once (each holds a thread); "
@@ -256,7 +261,8 @@ class ModelServer:
                                 options.enable_signature_method_name_check,
                                 timeout_s=max(0, options.request_timeout_in_ms) / 1000,
                                 max_elements=max(0, options.request_max_elements),
-                                compute_threads=options.grpc_max_threads)
+                                compute_threads=options.grpc_max_threads,
+                                memory_budget=max(0, options.request_memory_budget_bytes))
         # Base paths a HandleReloadConfigRequest may name: those served at start, and
         # anything under --reload_config_allowed_roots.
         self._reload_paths = {os.path.realpath(m.base_path)
