@@ -176,7 +176,7 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     start = time.perf_counter()
     nodes = parse_graph_def(graph_def) if isinstance(graph_def, bytes) else graph_def
     io = parse_io_config(io_config)
-    graph = lower(nodes, io)
+    graph = lower(nodes, io, notes)
     by_name = {n.name: n.op for n in nodes}
     tf_ops = Counter(by_name[name] for node in graph.nodes for name in node.origin)
     dumper = Dumper(dump_dir)

@@ -44,6 +44,9 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     batch_axis: int = 0
+    # False when the io-config left the axis to its default (0): a graph that mixes
+    # samples is then compiled for a fixed batch instead of refused.
+    batch_axis_given: bool = True
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,8 @@ def _input(name: object, entry: object, problems: list[IOProblem]) -> TensorSpec
         problems.append(IOProblem(name, f"io-config input {name!r} has batch axis {batch_axis}, "
                                   f"outside its shape {shape}", f"use -1 (none) or an axis in "
                                   f"[0, {len(shape)})"))
-    return TensorSpec(name, tuple(shape), dtype, batch_axis) if len(problems) == before else None
+    return TensorSpec(name, tuple(shape), dtype, batch_axis, len(entry) == 3) \
+        if len(problems) == before else None
 
 
 def parse_io_config(text_or_path: str | dict | IOConfig) -> IOConfig:

@@ -209,10 +209,13 @@ def _check_output_batch_axes(io: IOConfig, values: dict[TensorRef, Value],
                         f"use -1 (none) or an axis in [0, {len(value.shape)})")
 
 
-def lower(nodes: list[TFNode], io: IOConfig) -> Graph:
+def lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None = None) -> Graph:
     """Lower the part of `nodes` that `io.outputs` needs into an IR graph.
 
-    Raises `UnsupportedNodes` listing every problem found, io-config and graph alike."""
+    Raises `UnsupportedNodes` listing every problem found, io-config and graph alike. A
+    graph that mixes samples across the batch is refused naming the nodes when the
+    io-config gives batch axes; when it left them to their default, it is compiled for
+    the fixed batch instead (every axis -1), said in `notes`."""
     by_name = {n.name: n for n in nodes}
     problems = _Problems()
     fed, fed_nodes = _check_inputs(by_name, io, problems)
@@ -244,14 +247,29 @@ def lower(nodes: list[TFNode], io: IOConfig) -> Graph:
             values[TensorRef(node.name, i)] = v
     _check_outputs(by_name, io, values, output_counts, problems)
     _check_output_batch_axes(io, values, problems)
+    fixed_batch = []
     if not problems.all(order):
-        problems.nodes += _batch_problems(order, fed, fed_nodes, values, io)
+        mixing = _batch_problems(order, fed, fed_nodes, values, io)
+        if any(spec.batch_axis_given for spec in fed.values()):
+            problems.nodes += mixing
+        else:
+            fixed_batch = mixing
     if found := problems.all(order):
         raise UnsupportedNodes(found)
 
     outputs = [values[TensorRef.parse(name)] for name in io.outputs]
     graph = Graph(inputs, outputs, ctx.nodes, [s.batch_axis for s in io.inputs])
     graph.output_batch_axes = _output_batch_axes(graph, io)
+    if fixed_batch:
+        graph.input_batch_axes = [-1] * len(graph.inputs)
+        graph.output_batch_axes = [-1] * len(graph.outputs)
+        if notes is not None:
+            notes.append(f"compiled for a fixed batch (calls of another batch size are refused):"
+                         f" {fixed_batch[0].node} ({fixed_batch[0].op}) "
+                         f"{fixed_batch[0].reason}" + (f", and {len(fixed_batch) - 1} more node(s)"
+                                                       if len(fixed_batch) > 1 else "") +
+                         "; give the inputs' batch axes in the io-config to have them named "
+                         "as errors instead")
     return graph
 
 
