@@ -22,9 +22,10 @@ from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
-from .passes.idioms import recognize_gelu, recognize_layer_norm
+from .passes.idioms import recognize_gelu, recognize_gelu_tanh, recognize_layer_norm
 from .passes.layout import assign_layouts
 from .passes.movement import sink_reshapes
+from .passes.powers import expand_constant_powers
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
 from .passes.window import fold_pad_into_window
 from .verify import verify
@@ -39,9 +40,12 @@ class Pass:
 def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -> list[Pass]:
     return [
         Pass("fold_constants", fold_constants),
+        # x ** 3 (approximate GELU), x ** 2, x ** -0.5 ... as TF's grappler rewrites them.
+        Pass("expand_constant_powers", expand_constant_powers),
         Pass("eliminate_identities", eliminate_identities),
-        # TF's exact GELU (five ops) is one instruction.
+        # TF's exact GELU (five ops) and its approximate one (eight) are one instruction.
         Pass("recognize_gelu", recognize_gelu),
+        Pass("recognize_gelu_tanh", recognize_gelu_tanh),
         Pass("recognize_layer_norm", recognize_layer_norm),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # Reshapes move below bias adds and activations, next to their matmul...

@@ -153,6 +153,18 @@ def _gelu(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
     np.multiply(np.multiply(x, x.dtype.type(0.5)), t, out=y)
 
 
+def _gelu_tanh(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
+    # TF's approximate gelu, in its own order (x ** 3 as x * square(x), as grappler runs it):
+    # (0.5 * x) * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))).
+    t = np.multiply(x, np.square(x))
+    np.multiply(x.dtype.type(0.044715), t, out=t)
+    np.add(x, t, out=t)
+    np.multiply(x.dtype.type(0.7978845608028654), t, out=t)
+    np.tanh(t, out=t)
+    np.add(x.dtype.type(1.0), t, out=t)
+    np.multiply(np.multiply(x.dtype.type(0.5), x), t, out=y)
+
+
 UNARY: dict[str, UnaryFn] = {
     "relu": _relu,
     "relu6": _relu6,
@@ -163,6 +175,7 @@ UNARY: dict[str, UnaryFn] = {
     "tanh": _ufunc(np.tanh),
     "softplus": _softplus,
     "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh,
     "erf": _ufunc(special.erf),
     "erfc": _ufunc(special.erfc),
     "exp": _ufunc(np.exp),
