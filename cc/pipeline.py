@@ -21,6 +21,7 @@ from pathlib import Path
 from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
+from .passes.dtypes import assign_dtypes
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
 from .passes.idioms import recognize_gelu, recognize_gelu_tanh, recognize_layer_norm
 from .passes.layout import assign_layouts
@@ -62,6 +63,9 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         # device would store them.
         Pass("auto_cast", functools.partial(auto_cast, mode=auto_cast_mode,
                                             cast_type=auto_cast_type)),
+        # ...and with bf16, values stay bf16 between the instructions that take it.
+        Pass("assign_dtypes", functools.partial(assign_dtypes, mode=auto_cast_mode,
+                                                cast_type=auto_cast_type)),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # Last: which activations may stay channel-blocked between windowed instructions.
         Pass("assign_layouts", assign_layouts),

@@ -133,13 +133,20 @@ def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
     return fn(attrs, list(ins), list(outs), list(constant))
 
 
+def _io_ok(x: str, y: str, compute: str) -> bool:
+    """A matmul-like instruction's activation dtypes: float32, or bfloat16 in and/or out
+    when it computes in bfloat16 (cc/passes/dtypes.py keeps such values bf16)."""
+    allowed = ("float32", "bfloat16") if compute == "bfloat16" else ("float32",)
+    return x in allowed and y in allowed
+
+
 def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
           depthwise: bool) -> tuple[list[int], list[float]] | None:
     x, w, y = ins[0], ins[1], outs[0]
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
     compute = attrs.get("compute", "float32")
-    if x.dtype != "float32" or y.dtype != "float32" or w.dtype != compute:
+    if not _io_ok(x.dtype, y.dtype, compute) or w.dtype != compute:
         return None  # (computed weights in reduced precision: left to numpy)
     act = _activation(attrs)
     if act is None:
@@ -162,7 +169,7 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     a, b, y = ins[0], ins[1], outs[0]
     compute = attrs.get("compute", "float32")
-    if a.dtype != "float32" or y.dtype != "float32" or b.dtype not in ("float32", compute):
+    if not _io_ok(a.dtype, y.dtype, compute) or b.dtype not in ("float32", compute):
         return None
     act = _activation(attrs)
     rank = len(y.shape)
@@ -181,7 +188,7 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
           const: list[bool]) -> tuple[list[int], list[float]] | None:
-    if ins[0].dtype != "float32":
+    if ins[0].dtype not in ("float32", "bfloat16"):
         return None
     ints = [OP_POOL, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
             *attrs["ksize"], *attrs["strides"], *attrs["pads"]]
@@ -194,7 +201,7 @@ def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
     if fn in MAP and x.dtype == ("bool" if fn == "logical_not" else "float32"):
         return [OP_MAP, MAP[fn], *x.encode(), *outs[0].encode()], []
     chain = _chain(fn, attrs.get("alpha", 0.2))
-    if chain is None or x.dtype != "float32" or len(x.shape) > 6:
+    if chain is None or x.dtype not in ("float32", "bfloat16") or len(x.shape) > 6:
         return None
     ints = [OP_ELTWISE, *x.encode(), *outs[0].encode()]
     floats: list[float] = []
@@ -211,7 +218,7 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
     rank = max(len(y.shape), 1)
     shape_y = _padded(y.shape, rank)
     sa, sb = _padded(a.shape, rank), _padded(b.shape, rank)
-    onednn = fn in BINARY and a.dtype == "float32" and len(y.shape) <= 6 and (
+    onednn = fn in BINARY and a.dtype in ("float32", "bfloat16") and len(y.shape) <= 6 and (
         sa == shape_y or (sb == shape_y and fn in _SWAPPED))
     if not onednn:  # (oneDNN's binary: float32, only the second operand broadcasting)
         fn = attrs["fn"]
