@@ -8,9 +8,11 @@ assigns each value a dtype instead:
 - a matmul-like instruction computing in bfloat16 writes bfloat16 (its bias, residual and
   activation epilogue still work on the float32 accumulator; the result is rounded once,
   to nearest even, as oneDNN's bf16 primitives do);
-- instructions that are exact or elementwise in any float dtype — max/avg pooling,
-  relu/relu6, add/sub/mul/maximum/minimum, concat and the movement kinds — write bfloat16
-  when every value they read is bfloat16 (a constant operand is rounded to bfloat16);
+- pooling, the activations and element-wise functions oneDNN has bf16 kernels for,
+  add/sub/mul/div/maximum/minimum (where oneDNN takes the broadcast), a mean or max over
+  an image's H and W (a global pool), concat and the movement kinds write bfloat16 when
+  every value they read is bfloat16 (a constant operand is rounded to bfloat16); each
+  computes in float32 and rounds its result once (both engines);
 - conversions (`cast`) happen only at the edges of such regions: a float32 value entering
   a matmul-like instruction, a bfloat16 value read by anything else (softmax, layer norm,
   reductions, the graph's outputs), each value converted once.
@@ -28,10 +30,14 @@ from neuronish.runtime import isa
 from ..ir import Graph, Node, TensorType, Value, constant
 
 BF16 = "bfloat16"
-# Kinds that compute the same in bfloat16 as in float32 then rounded (or exactly).
-_FOLLOW_UNARY = frozenset({"relu", "relu6"})
-_FOLLOW_BINARY = frozenset({"add", "sub", "mul", "maximum", "minimum"})
-_MOVEMENT = frozenset({"reshape", "copy", "transpose", "concat", "strided_slice", "pad"})
+# What the native engine runs on bfloat16 tensors with oneDNN (runtime/native/spec.py):
+# its element-wise functions, its binary ops with the second operand broadcasting.
+_FOLLOW_UNARY = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
+                           "gelu", "gelu_tanh", "exp", "sqrt", "rsqrt", "square", "abs",
+                           "neg", "reciprocal"})
+_FOLLOW_BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
+_COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})
+_MOVEMENT = frozenset({"reshape", "copy", "transpose", "concat", "strided_slice"})
 
 
 def _follows(node: Node) -> bool:
@@ -41,7 +47,13 @@ def _follows(node: Node) -> bool:
     if node.kind == "unary":
         return node.attrs["fn"] in _FOLLOW_UNARY
     if node.kind == "binary":
-        return node.attrs["fn"] in _FOLLOW_BINARY
+        a, b = node.inputs
+        y = node.outputs[0].shape
+        return node.attrs["fn"] in _FOLLOW_BINARY and (
+            a.shape == y or (b.shape == y and node.attrs["fn"] in _COMMUTATIVE))
+    if node.kind == "reduce":  # NHWC's H and W: a global pool on the native engine
+        return len(node.inputs[0].shape) == 4 and sorted(node.attrs["axes"]) == [1, 2] \
+            and node.attrs["fn"] in ("mean", "max")
     return node.kind in _MOVEMENT
 
 

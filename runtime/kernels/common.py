@@ -111,6 +111,28 @@ def reduced_precision(fn: Callable) -> Callable:
     return run
 
 
+def bf16_via_float32(fn: Callable) -> Callable:
+    """For element-wise and reducing kernels: bfloat16 operands are computed in float32
+    and each result rounded once to nearest even, the way oneDNN's bf16 primitives do
+    (numpy's bfloat16 ufuncs would round every intermediate of a formula)."""
+
+    @functools.wraps(fn)
+    def run(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
+            scratch: np.ndarray | None) -> None:
+        if not any(x.dtype.name == "bfloat16" for x in (*ins, *outs)):
+            fn(ins, outs, attrs, scratch)
+            return
+        wide_ins = [x.astype(np.float32) if x.dtype.name == "bfloat16" else x for x in ins]
+        wide = [np.empty(o.shape, np.float32) if o.dtype.name == "bfloat16" else o
+                for o in outs]
+        fn(wide_ins, wide, attrs, scratch)
+        for o, w in zip(outs, wide):
+            if w is not o:
+                np.copyto(o, w.astype(o.dtype))
+
+    return run
+
+
 def _through(x: np.ndarray, dtype: str) -> np.ndarray:
     """`x` as float32 after a round trip through `dtype` (exact when it already is one)."""
     if x.dtype == np.float32:

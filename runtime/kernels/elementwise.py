@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy import special
 
+from .common import bf16_via_float32
 from .registry import kernel
 
 UnaryFn = Callable[[np.ndarray, np.ndarray, float], None]
@@ -221,6 +222,7 @@ def activate(y: np.ndarray, attrs: dict) -> None:
 
 
 @kernel("unary")
+@bf16_via_float32
 def unary(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
           scratch: np.ndarray | None) -> None:
     apply_unary(attrs["fn"], ins[0], outs[0], attrs.get("alpha", 0.2))
@@ -275,6 +277,7 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], object]] = {
 
 
 @kernel("binary")
+@bf16_via_float32
 def binary(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
     fn = attrs["fn"]

@@ -254,8 +254,8 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
     axes = set(attrs["axes"])
-    if attrs["fn"] not in REDUCE or x.dtype != "float32" or not axes or not x.shape \
-            or len(x.shape) > 6:
+    if attrs["fn"] not in REDUCE or x.dtype not in ("float32", "bfloat16") or not axes \
+            or not x.shape or len(x.shape) > 6:
         return None
     kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
     if len(x.shape) == 4 and axes == {1, 2} and attrs["fn"] in ("mean", "max"):
@@ -264,6 +264,8 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
         _, h, w, _ = x.shape
         return [OP_POOL, int(attrs["fn"] == "max"), *x.encode(), *outs[0].encode(kept),
                 h, w, 1, 1, 0, 0, 0, 0], []
+    if x.dtype != "float32":
+        return None
     return [OP_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *outs[0].encode(kept)], []
 
 
