@@ -726,7 +726,7 @@ def test_native_engine_takes_the_hot_instructions() -> None:
                         "pads": [1, 1, 1, 1]}, set()),
         ("unary", [x4], {"fn": "relu6"}, set()),
         ("binary", [randn(2, 5), randn(5)], {"fn": "add"}, set()),
-        ("binary", [randn(5), randn(2, 5)], {"fn": "sub"}, set()),  # swaps are not free
+        ("binary", [randn(5), randn(2, 5)], {"fn": "sub"}, set()),  # the engine's own loop
         ("softmax", [randn(2, 5)], {"axis": 1}, set()),
         ("reduce", [x4], {"fn": "mean", "axes": [1, 2], "keepdims": False}, set()),
         ("reduce", [randn(3, 7)], {"fn": "sum", "axes": [1], "keepdims": True}, set()),
@@ -739,8 +739,7 @@ def test_native_engine_takes_the_hot_instructions() -> None:
         types = kinds.infer(kind, [TensorType(x.shape, x.dtype.name) for x in ins], attrs)
         _, ran[i] = evaluate_one(kind, ins, attrs, [(t.shape, t.dtype) for t in types],
                                  constant=frozenset(const), native=lib)
-    expected_numpy = {11}  # sub with a broadcast first operand
-    assert {i for i, e in ran.items() if e == "numpy"} == expected_numpy, ran
+    assert {i for i, e in ran.items() if e == "numpy"} == set(), ran
 
 
 @pytest.mark.parametrize("compute", ["bfloat16", "float16"])

@@ -98,7 +98,7 @@ def reduced_precision(fn: Callable) -> Callable:
                 x.astype(np.float32) if x.dtype.name in ("bfloat16", "float16") else x
                 for x in ins[2:]]
             attrs = {k: v for k, v in attrs.items() if k != "compute"}
-        if outs[0].dtype == np.float32:
+        if compute == "float32" or outs[0].dtype.name not in ("bfloat16", "float16"):
             fn(ins, outs, attrs, scratch)
             return
         # A 16-bit output (cc/passes/dtypes.py): the float32 result, epilogue included,
