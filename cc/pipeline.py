@@ -23,7 +23,12 @@ from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.dtypes import assign_dtypes
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
-from .passes.idioms import recognize_gelu, recognize_gelu_tanh, recognize_layer_norm
+from .passes.idioms import (
+    recognize_gelu,
+    recognize_gelu_tanh,
+    recognize_layer_norm,
+    recognize_swish,
+)
 from .passes.layout import assign_layouts
 from .passes.movement import sink_reshapes
 from .passes.powers import expand_constant_powers
@@ -47,6 +52,7 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         # TF's exact GELU (five ops) and its approximate one (eight) are one instruction.
         Pass("recognize_gelu", recognize_gelu),
         Pass("recognize_gelu_tanh", recognize_gelu_tanh),
+        Pass("recognize_swish", recognize_swish),
         Pass("recognize_layer_norm", recognize_layer_norm),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # Reshapes move below bias adds and activations, next to their matmul...

@@ -193,3 +193,20 @@ def test_a_power_by_another_constant_stays_a_pow() -> None:
     exe = compile_graph(g.graph_def, g.io_config)
     assert [a["fn"] for k, a in _kinds(exe) if k == "binary"] == ["pow"]
     _run(g, exe, np.abs(RNG.standard_normal((4, 16))).astype(np.float32))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "native"])
+def test_swish_is_one_conv_epilogue(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EfficientNet's conv + swish (x * sigmoid(x)) is one conv2d with activation swish."""
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
+    w = tf.constant(RNG.standard_normal((3, 3, 4, 8)).astype(np.float32) * 0.3)
+    g = trace(lambda x: tf.nn.silu(tf.nn.conv2d(x, w, 1, "SAME")),
+              tf.TensorSpec([2, 6, 6, 4], tf.float32, name="x"))
+    exe = compile_graph(g.graph_def, g.io_config)
+    kinds = _kinds(exe)
+    assert [(k, a.get("activation")) for k, a in kinds] == [("conv2d", "swish")], kinds
+    x = RNG.standard_normal((2, 6, 6, 4)).astype(np.float32) * 3
+    with load(exe) as model:
+        got = model.run({"x:0": x})
+    for key, want in g.reference({"x:0": x}).items():
+        np.testing.assert_allclose(got[key], want, rtol=2e-5, atol=2e-6)

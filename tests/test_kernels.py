@@ -137,6 +137,7 @@ UNARY_TF = {
     "floor": tf.math.floor, "sign": tf.math.sign,
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),
     "gelu_tanh": lambda x: tf.nn.gelu(x, approximate=True),
+    "swish": tf.nn.silu,
 }
 POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
 

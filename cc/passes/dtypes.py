@@ -33,7 +33,7 @@ BF16 = "bfloat16"
 # What the native engine runs on bfloat16 tensors with oneDNN (runtime/native/spec.py):
 # its element-wise functions, its binary ops with the second operand broadcasting.
 _FOLLOW_UNARY = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
-                           "gelu", "gelu_tanh", "exp", "sqrt", "rsqrt", "square", "abs",
+                           "gelu", "gelu_tanh", "swish", "exp", "sqrt", "rsqrt", "square", "abs",
                            "neg", "reciprocal"})
 _FOLLOW_BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
 _COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})

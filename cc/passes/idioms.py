@@ -10,6 +10,9 @@ arrives as eight ops once x ** 3 is x * square(x): (0.5 * x) * (1 + tanh(sqrt(2/
 (x + 0.044715 * x ** 3))); as one `unary gelu_tanh` it is oneDNN's gelu_tanh, again an
 epilogue a matmul can take.
 
+Swish (Keras' `swish`/`silu`, EfficientNet's activation) arrives as x * sigmoid(x): as
+one `unary swish` it is oneDNN's eltwise_swish, again a convolution's epilogue.
+
 Layer normalization over the last axis (Keras' LayerNormalization, tf.nn.moments with
 tf.nn.batch_normalization) arrives as ten to twelve ops: two means, a squared difference,
 rsqrt(var + eps), then x * inv + (beta - mean * inv) with inv = rsqrt(...) * gamma. As
@@ -156,6 +159,26 @@ def recognize_gelu_tanh(graph: Graph) -> Graph:
             uses = graph.consumers()
             break
     return graph  # the dead pieces go in eliminate_dead_code
+
+
+def recognize_swish(graph: Graph) -> Graph:
+    """x * sigmoid(x) or x * sigmoid(1.0 * x) (either order) becomes `unary swish(x)`."""
+    for k, node in enumerate(graph.nodes):
+        if node.kind != "binary" or node.attrs["fn"] != "mul":
+            continue
+        a, b = node.inputs
+        for x, s in ((a, b), (b, a)):
+            sig = _made_by(s, "unary", "sigmoid")
+            if sig is None or node.outputs[0].type != x.type:
+                continue
+            # tf.nn.silu writes sigmoid(beta * x) with beta = 1.0
+            arg = sig.inputs[0]
+            if arg is x or _scaled_by(arg.producer, 1.0) is x:
+                graph.nodes[k] = Node("unary", [x], node.outputs, {"fn": "swish"},
+                                      tuple(dict.fromkeys((*sig.origin, *node.origin))))
+                node.outputs[0].producer = graph.nodes[k]
+                break
+    return graph  # an unread sigmoid goes in eliminate_dead_code
 
 
 def _made_by(v: Value, kind: str, fn: str | None = None) -> Node | None:

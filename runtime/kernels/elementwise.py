@@ -166,6 +166,13 @@ def _gelu_tanh(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
     np.multiply(np.multiply(x.dtype.type(0.5), x), t, out=y)
 
 
+def _swish(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
+    # x * sigmoid(x) with the sigmoid kernel itself: the numbers of the two-op form.
+    s = np.empty_like(y)
+    UNARY["sigmoid"](x, s, alpha)
+    np.multiply(x, s, out=y)
+
+
 UNARY: dict[str, UnaryFn] = {
     "relu": _relu,
     "relu6": _relu6,
@@ -177,6 +184,7 @@ UNARY: dict[str, UnaryFn] = {
     "softplus": _softplus,
     "gelu": _gelu,
     "gelu_tanh": _gelu_tanh,
+    "swish": _swish,
     "erf": _ufunc(special.erf),
     "erfc": _ufunc(special.erfc),
     "exp": _ufunc(np.exp),

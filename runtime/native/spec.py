@@ -28,6 +28,7 @@ DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8"
 
 E_RELU, E_CLIP, E_ELU, E_LOGISTIC, E_TANH, E_EXP = 1, 2, 3, 4, 5, 7
 E_SQRT, E_SQUARE, E_ABS, E_LINEAR, E_POW, E_GELU_TANH, E_GELU_ERF = 9, 10, 11, 12, 13, 15, 16
+E_SWISH = 17
 
 # TF function -> oneDNN element-wise chain [(code, alpha, beta)]; `alpha` in the
 # attributes replaces the first alpha where the function takes one (leaky_relu).
@@ -46,6 +47,7 @@ ELTWISE: dict[str, list[tuple[int, float, float]]] = {
     "exp": [(E_EXP, 0.0, 0.0)],
     "gelu": [(E_GELU_ERF, 0.0, 0.0)],
     "gelu_tanh": [(E_GELU_TANH, 0.0, 0.0)],
+    "swish": [(E_SWISH, 1.0, 0.0)],  # x * sigmoid(alpha * x)
     "sqrt": [(E_SQRT, 0.0, 0.0)],
     "rsqrt": [(E_POW, 1.0, -0.5)],
     "square": [(E_SQUARE, 0.0, 0.0)],
