@@ -99,3 +99,19 @@ def test_fp32_and_fp16_keep_float32_values() -> None:
         e = from_bytes(exe)
         assert all(e.values[i.outputs[0]][1] != "bfloat16" for i in _program(exe))
         assert "cast" not in [i.kind for i in _program(exe)]
+
+
+def test_inspect_shows_the_value_dtypes(compiled, tmp_path) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, exe = compiled
+    path = tmp_path / "model.neff"
+    path.write_bytes(exe)
+    cli = Path(sys.executable).parent / "neuronish-cc"
+    r = subprocess.run([str(cli), "inspect", str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if "values written, by dtype" in x)
+    assert "bfloat16 x" in line and "float32 x" in line, line
