@@ -55,6 +55,8 @@ enum MapFn : int64_t {
   M_ERF = 1, M_ERFC = 2, M_LOG = 3, M_SOFTPLUS = 4, M_LOG1P = 5, M_EXPM1 = 6, M_FLOOR = 7,
   M_SIGN = 8, M_ROUND = 9, M_SIN = 10, M_COS = 11, M_TAN = 12, M_ATAN = 13,
   M_LOGICAL_NOT = 14 /* bool */, M_ROUND_BF16 = 15, M_CEIL = 16,
+  // int32, wrapping as numpy does (abs and neg of INT_MIN are INT_MIN)
+  M_I_ABS = 20, M_I_NEG = 21, M_I_RELU = 22, M_I_RELU6 = 23, M_I_SIGN = 24, M_I_SQUARE = 25,
 };
 // OP_BINARY_LOOP functions; L_* element types.
 enum LoopFn : int64_t {
@@ -915,12 +917,33 @@ struct Program {
     Ref x = rd.ref(), y = rd.ref();
     int64_t n = count(x);
     if (n != count(y) || x.type != y.type) throw Error("map: x and y differ");
-    bool boolean = fn == M_LOGICAL_NOT;
-    if (x.type != (boolean ? dt::u8 : dt::f32) || fn < M_ERF || fn > M_CEIL)
+    bool boolean = fn == M_LOGICAL_NOT, integer = fn >= M_I_ABS && fn <= M_I_SQUARE;
+    if (x.type != (boolean ? dt::u8 : integer ? dt::s32 : dt::f32) || fn < M_ERF ||
+        (fn > M_CEIL && !integer))
       throw Error("map: bad function or dtype");
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
+    if (integer) {
+      push_loop(ins, s, "neuronish:map_i32", [n, fn](const Step& st, int threads) {
+        const int32_t* a = data<const int32_t>(st, 0);
+        int32_t* o = data<int32_t>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t i = 0; i < n; ++i) {
+          int32_t v = a[i];
+          uint32_t u = (uint32_t)v;
+          switch (fn) {
+            case M_I_ABS: o[i] = v < 0 ? (int32_t)(0u - u) : v; break;
+            case M_I_NEG: o[i] = (int32_t)(0u - u); break;
+            case M_I_RELU: o[i] = v > 0 ? v : 0; break;
+            case M_I_RELU6: o[i] = v > 6 ? 6 : v > 0 ? v : 0; break;
+            case M_I_SIGN: o[i] = (v > 0) - (v < 0); break;
+            default: o[i] = (int32_t)(u * u); break;  // M_I_SQUARE
+          }
+        }
+      });
+      return;
+    }
     if (boolean) {
       push_loop(ins, s, "neuronish:map_bool", [n](const Step& st, int threads) {
         const uint8_t* a = data<const uint8_t>(st, 0);

@@ -66,6 +66,8 @@ LOOP = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "gre
         "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12,
         "pow": 13, "floor_div": 14, "floor_mod": 15, "logical_and": 16, "logical_or": 17,
         "squared_difference": 18}
+# unary fn on int32 -> MapFn (wrapping integer arithmetic, as numpy)
+MAP_I32 = {"abs": 20, "neg": 21, "relu": 22, "relu6": 23, "sign": 24, "square": 25}
 _LOOP_DTYPES = {"float32": set(LOOP) - {"logical_and", "logical_or"},
                 "int32": set(LOOP) - {"logical_and", "logical_or", "pow"},
                 "bool": {"logical_and", "logical_or", "equal", "not_equal"}}
@@ -202,6 +204,8 @@ def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
     fn, x = attrs["fn"], ins[0]
     if fn in MAP and x.dtype == ("bool" if fn == "logical_not" else "float32"):
         return [OP_MAP, MAP[fn], *x.encode(), *outs[0].encode()], []
+    if fn in MAP_I32 and x.dtype == "int32":
+        return [OP_MAP, MAP_I32[fn], *x.encode(), *outs[0].encode()], []
     chain = _chain(fn, attrs.get("alpha", 0.2))
     if chain is None or x.dtype not in ("float32", "bfloat16") or len(x.shape) > 6:
         return None
