@@ -286,6 +286,15 @@ def _inspect(args: argparse.Namespace) -> int:
     if info["compute_precision"]:
         print("  matmul-like operands read in: " + ", ".join(
             f"{k} x{n}" for k, n in info["compute_precision"].items()))
+    if info["value_dtypes"]:
+        print("  values written, by dtype (assign_dtypes): " + ", ".join(
+            f"{k} x{n}" for k, n in info["value_dtypes"].items()))
+    slow = exe.stats.get("numpy_instructions", [])
+    if slow:
+        print(f"  warning: {len(slow)} instruction(s) will run on the numpy reference engine "
+              "(no native kernel): " + ", ".join(
+                  f"#{i['index']} {i['kind']} {i['fn']}".rstrip() for i in slow[:8]) +
+              (", ..." if len(slow) > 8 else ""))
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
+from neuronish.runtime.native.spec import numpy_instructions
 
 from . import __version__
 from .device_model import DeviceDescription, estimate, load_device
@@ -204,6 +205,9 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
                 notes.append(note)
     # Modelled device time per instruction (docs/device-model.md): an optional key.
     exe.stats["device_model"] = estimate(exe, device).to_stats()
+    # What the native engine will leave to numpy (slow): the compile report warns of it.
+    exe.stats["numpy_instructions"] = numpy_instructions(exe.programs, exe.values,
+                                                         exe.constants)
     exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
     if dumper.directory:
         memory = "\n".join(f"%{k} @ {off}" for k, off in sorted(exe.offsets.items()))

@@ -21,10 +21,17 @@ from pathlib import Path
 from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
+from .passes.dtypes import assign_dtypes
 from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
-from .passes.idioms import recognize_gelu, recognize_layer_norm
+from .passes.idioms import (
+    recognize_gelu,
+    recognize_gelu_tanh,
+    recognize_layer_norm,
+    recognize_swish,
+)
 from .passes.layout import assign_layouts
 from .passes.movement import sink_reshapes
+from .passes.powers import expand_constant_powers
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
 from .passes.window import fold_pad_into_window
 from .verify import verify
@@ -39,9 +46,13 @@ class Pass:
 def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -> list[Pass]:
     return [
         Pass("fold_constants", fold_constants),
+        # x ** 3 (approximate GELU), x ** 2, x ** -0.5 ... as TF's grappler rewrites them.
+        Pass("expand_constant_powers", expand_constant_powers),
         Pass("eliminate_identities", eliminate_identities),
-        # TF's exact GELU (five ops) is one instruction.
+        # TF's exact GELU (five ops) and its approximate one (eight) are one instruction.
         Pass("recognize_gelu", recognize_gelu),
+        Pass("recognize_gelu_tanh", recognize_gelu_tanh),
+        Pass("recognize_swish", recognize_swish),
         Pass("recognize_layer_norm", recognize_layer_norm),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # Reshapes move below bias adds and activations, next to their matmul...
@@ -58,6 +69,9 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         # device would store them.
         Pass("auto_cast", functools.partial(auto_cast, mode=auto_cast_mode,
                                             cast_type=auto_cast_type)),
+        # ...and with bf16, values stay bf16 between the instructions that take it.
+        Pass("assign_dtypes", functools.partial(assign_dtypes, mode=auto_cast_mode,
+                                                cast_type=auto_cast_type)),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # Last: which activations may stay channel-blocked between windowed instructions.
         Pass("assign_layouts", assign_layouts),

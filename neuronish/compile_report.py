@@ -29,23 +29,35 @@ def modelled_figures(executable: object | None) -> dict:
             "inferences_per_second": round(m["throughput_per_second"], 1)}
 
 
+def numpy_steps(executable: object | None) -> list[dict]:
+    """The instructions of a parsed executable the native engine will leave to the numpy
+    reference kernels (`runtime/native/spec.py`'s `numpy_instructions`): slow steps."""
+    if executable is None:
+        return []
+    return list(executable.stats.get("numpy_instructions", []))
+
+
 def build_report(signature: FrozenSignature, part: Partition,
                  compiled: list[tuple[Subgraph, CompileResult]], failures: list[dict],
                  excluded: dict[str, str], *, model_dir: str, new_model_dir: str,
                  batch_size: int, seconds: float,
-                 modelled: Mapping[str, dict] | None = None) -> dict:
+                 modelled: Mapping[str, dict] | None = None,
+                 numpy: Mapping[str, list[dict]] | None = None) -> dict:
     """The compile report: what runs where, and why.
 
     `OnNeuronRatio` is the share of the frozen graph's operations (every node but
     those in `_NOT_OPERATIONS`: inputs, constants, pass-throughs) that now run
     inside a `NeuronOp`. `modelled` maps a NeuronOp's name to its `modelled_figures`
-    (read from its executable when not given).
+    (read from its executable when not given), `numpy` to its `numpy_steps` (likewise).
     """
-    if modelled is None:
+    if modelled is None or numpy is None:
         from neuronish.runtime.executable import from_bytes
 
-        modelled = {sg.name: modelled_figures(from_bytes(r.executable) if r.executable
-                                              else None) for sg, r in compiled}
+        parsed = {sg.name: from_bytes(r.executable) if r.executable else None
+                  for sg, r in compiled}
+        modelled = modelled if modelled is not None else {
+            k: modelled_figures(e) for k, e in parsed.items()}
+        numpy = numpy if numpy is not None else {k: numpy_steps(e) for k, e in parsed.items()}
     ops = {n.name: n.op for n in signature.graph_def.node if n.op not in _NOT_OPERATIONS}
     stays = part.left_on_tensorflow
     on_device = {name for sg, _ in compiled for name in sg.node_names
@@ -79,6 +91,7 @@ def build_report(signature: FrozenSignature, part: Partition,
             "cached": result.cached,
             "outcome": result.outcome,
             "modelled": modelled.get(sg.name, {}),
+            "numpy_instructions": numpy.get(sg.name, []),
         })
     return {
         "OnNeuronRatio": round(len(on_device) / len(ops), 4) if ops else 0.0,
@@ -131,6 +144,14 @@ def format_report(report: dict) -> str:
                          f"{m['inferences_per_second']:,.0f} inferences/s per group")
         if op["dynamic_batch_note"]:
             lines.append(f"    fixed batch: {op['dynamic_batch_note']}")
+        slow = op.get("numpy_instructions", [])
+        if slow:
+            kinds = Counter(f"{i['kind']} {i['fn']} {'/'.join(i['dtypes'])}".replace("  ", " ")
+                            for i in slow)
+            lines.append(f"    warning: {len(slow)} instruction(s) will run on the numpy "
+                         "reference engine (slow; no native kernel for them): " +
+                         ", ".join(f"{k} x{n}" for k, n in kinds.most_common(6)) +
+                         (", ..." if len(kinds) > 6 else ""))
     if report["OnTensorFlow"]:
         lines += ["", "left on TensorFlow:"]
         rows = [("op type", "count", "reason")]

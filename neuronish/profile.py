@@ -66,14 +66,16 @@ def format_top(rows: list[dict]) -> str:
     if not rows:
         return ("no device instructions were recorded: nothing in this model runs in a "
                 "NeuronOp (was it compiled with `neuronish compile`?)")
-    lines = [f"{'total ms':>9} {'calls':>6} {'mean us':>10} {'modelled us':>12}  "
-             f"{'instruction':<28} TF nodes"]
+    lines = [f"{'total ms':>9} {'calls':>6} {'mean us':>10} {'modelled us':>12} "
+             f"{'engine':<6}  {'instruction':<28} TF nodes"]
     for r in rows:
         modelled = f"{r['modelled_us']:12.1f}" if r["modelled_us"] is not None else \
             f"{'-':>12}"
         nodes = ", ".join(r["tf_nodes"][:3]) + (", ..." if len(r["tf_nodes"]) > 3 else "")
-        lines.append(f"{r['total_ms']:9.2f} {r['calls']:>6} {r['mean_us']:10.1f} {modelled}  "
+        lines.append(f"{r['total_ms']:9.2f} {r['calls']:>6} {r['mean_us']:10.1f} {modelled} "
+                     f"{r.get('engine', '?'):<6}  "
                      f"{r['instruction'][:28]:<28} {nodes}")
     lines.append("(mean us: measured on this host; modelled us: the device model's estimate, "
-                 "docs/device-model.md)")
+                 "docs/device-model.md; engine: native (oneDNN) or numpy (the reference "
+                 "kernels, a slow path))")
     return "\n".join(lines)

@@ -34,7 +34,7 @@ from neuronish.runtime.executable import from_bytes
 from . import external, keras_files, tfn_compat
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
-from .compile_report import build_report, format_report, modelled_figures
+from .compile_report import build_report, format_report, modelled_figures, numpy_steps
 from .contracts import model_config
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import ExportedSignature, signature_method_names, write_saved_model
@@ -278,7 +278,9 @@ class _Compiled:
                               self.excluded, model_dir=model_dir, new_model_dir=new_model_dir,
                               batch_size=batch_size, seconds=seconds,
                               modelled={sg.name: modelled_figures(e) for (sg, _), e in
-                                        zip(self.compiled, self.executables, strict=True)})
+                                        zip(self.compiled, self.executables, strict=True)},
+                              numpy={sg.name: numpy_steps(e) for (sg, _), e in
+                                     zip(self.compiled, self.executables, strict=True)})
         report["aliases"] = list(self.signature.aliases)
         return report
 

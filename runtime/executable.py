@@ -387,8 +387,13 @@ def describe(exe: Executable) -> dict:
     kinds: dict[str, int] = {}
     layouts: dict[str, int] = {}  # the layout pass's decisions (windowed outputs)
     compute: dict[str, int] = {}  # the precision matmul-like instructions read operands in
+    written: dict[str, int] = {}  # dtypes of the values instructions write (assign_dtypes)
     for program in exe.programs:
         for ins in program:
+            for v in ins.outputs:
+                if v in exe.values:
+                    dtype = exe.values[v][1]
+                    written[dtype] = written.get(dtype, 0) + 1
             kinds[ins.kind] = kinds.get(ins.kind, 0) + 1
             if "layout" in ins.attrs:
                 layouts[ins.attrs["layout"]] = layouts.get(ins.attrs["layout"], 0) + 1
@@ -404,6 +409,7 @@ def describe(exe: Executable) -> dict:
         "instruction_kinds": dict(sorted(kinds.items())),
         "activation_layouts": dict(sorted(layouts.items())),
         "compute_precision": dict(sorted(compute.items())),
+        "value_dtypes": dict(sorted(written.items())),
         "constants": {"count": len(exe.constants), "bytes": exe.constant_bytes},
         "memory": {"arena_bytes": exe.arena_bytes, "planned_values": len(exe.offsets)},
         "stats": exe.stats,

@@ -335,11 +335,11 @@ def window_out(size: int, k: int, stride: int, dilation: int, before: int, after
 
 # unary functions; ACTIVATIONS are the ones the compiler fuses into a producer's epilogue.
 UNARY_FNS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
-             "gelu", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
-             "reciprocal", "floor", "sign", "logical_not", "round_bf16", "round_fp16",
-             "sin", "cos", "tan", "atan", "log1p", "expm1", "round")
+             "gelu", "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs",
+             "neg", "reciprocal", "floor", "sign", "logical_not", "round_bf16", "round_fp16",
+             "sin", "cos", "tan", "atan", "log1p", "expm1", "round", "swish")
 ACTIVATIONS = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
-                         "softplus", "gelu"})
+                         "softplus", "gelu", "gelu_tanh", "swish"})
 COMPARISONS = ("greater", "greater_equal", "less", "less_equal", "equal", "not_equal")
 BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
               *COMPARISONS, "logical_and", "logical_or", "floor_div", "floor_mod")
@@ -649,7 +649,9 @@ def _t(*names: str) -> frozenset[str]:
 
 declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
              traits=_t("elementwise"), rule=_one, doc=(
-                 "y = fn(x), same dtype. `gelu` is TF's exact GELU, x·erfc(−x/√2)/2. "
+                 "y = fn(x), same dtype. `gelu` is TF's exact GELU, x·erfc(−x/√2)/2; "
+                 "`gelu_tanh` its approximate one, x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³))). "
+                 "`swish` is x·sigmoid(x) (Keras' swish / silu). "
                  "`round_bf16`/`round_fp16` round to that precision "
                  "and back (round-to-nearest-even; used by `--auto-cast`). `round` rounds "
                  "half to even (TF's Round).")))

@@ -334,9 +334,11 @@ def _us(t: float) -> float:
 
 def top_instructions(trace: dict, n: int = 10) -> list[dict]:
     """Instruction spans grouped by (name, TF nodes): total and mean measured host time,
-    with the modelled device time of the same instructions when recorded."""
+    the engine that ran them (native or numpy), with the modelled device time of the
+    same instructions when recorded."""
     measured: dict[tuple[str, tuple[str, ...]], list[float]] = {}
     parts_of: dict[tuple[str, tuple[str, ...]], list[list[str]]] = {}
+    engine_of: dict[tuple[str, tuple[str, ...]], str] = {}
     modelled: dict[tuple[str, ...], list[float]] = {}
     for e in trace["traceEvents"]:
         if e.get("ph") != "X":
@@ -346,6 +348,7 @@ def top_instructions(trace: dict, n: int = 10) -> list[dict]:
         if e["cat"] == "instruction":
             measured.setdefault((e["name"], nodes), []).append(e["dur"])
             parts_of[(e["name"], nodes)] = args.get("parts", [list(nodes)])
+            engine_of[(e["name"], nodes)] = args.get("engine", "?")
         elif e["cat"] == "modelled":
             modelled.setdefault(nodes, []).append(e["dur"])
     rows = []
@@ -355,7 +358,7 @@ def top_instructions(trace: dict, n: int = 10) -> list[dict]:
         model_us = sum(sum(m) / len(m) for m in means if m) if all(means) else None
         rows.append({"instruction": key[0], "tf_nodes": list(key[1]), "calls": len(durs),
                      "total_ms": sum(durs) / 1e3, "mean_us": sum(durs) / len(durs),
-                     "modelled_us": model_us})
+                     "modelled_us": model_us, "engine": engine_of[key]})
     rows.sort(key=lambda r: -r["total_ms"])
     return rows[:n]
 

@@ -134,3 +134,79 @@ def test_near_layer_norms_are_left_alone() -> None:
         exe = compile_graph(g.graph_def, g.io_config)
         assert "layer_norm" not in [k for k, _ in _kinds(exe)], fn.__name__
         _run(g, exe, x)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "native"])
+def test_approximate_gelu_is_one_matmul_epilogue(engine: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """keras_hub's BERT feed-forward: Dense with gelu(approximate=True) on a sequence. TF's
+    eight-op approximate GELU (with its x ** 3) ends up as the matmul's gelu_tanh."""
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
+    dense = tf.keras.layers.Dense(
+        32, activation=lambda x: tf.keras.activations.gelu(x, approximate=True))
+    dense.build((None, 5, 16))
+    g = trace(lambda x: dense(x), tf.TensorSpec([None, 5, 16], tf.float32, name="x"), batch=3)
+    exe = compile_graph(g.graph_def, g.io_config)
+    kinds = _kinds(exe)
+    matmuls = [a for k, a in kinds if k == "matmul"]
+    assert len(matmuls) == 1 and matmuls[0]["activation"] == "gelu_tanh", kinds
+    assert not [k for k, a in kinds if k in ("unary", "binary")], kinds
+    _run(g, exe, RNG.standard_normal((3, 5, 16)).astype(np.float32) * 3)
+
+
+def test_approximate_gelu_with_other_constants_stays_as_written() -> None:
+    def near_gelu(x: tf.Tensor) -> tf.Tensor:  # 0.05 instead of 0.044715
+        y = x @ W
+        return 0.5 * y * (1.0 + tf.tanh(0.7978845608028654 * (y + 0.05 * tf.pow(y, 3))))
+
+    g = trace(near_gelu, tf.TensorSpec([None, 16], tf.float32, name="x"), batch=4)
+    exe = compile_graph(g.graph_def, g.io_config)
+    assert not any(a.get("activation") == "gelu_tanh" or a.get("fn") == "gelu_tanh"
+                   for _, a in _kinds(exe))
+    _run(g, exe, RNG.standard_normal((4, 16)).astype(np.float32) * 2)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "native"])
+@pytest.mark.parametrize("exponent,fns", [(2.0, ["square"]), (3.0, ["square", "mul"]),
+                                          (0.5, ["sqrt"]), (-0.5, ["rsqrt"]),
+                                          (-1.0, ["reciprocal"]), (1.0, [])])
+def test_constant_powers_become_what_grappler_makes_them(
+        engine: str, exponent: float, fns: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
+    g = trace(lambda x: tf.pow(x @ W, exponent) + 1.0,
+              tf.TensorSpec([None, 16], tf.float32, name="x"), batch=4)
+    exe = compile_graph(g.graph_def, g.io_config)
+    got = [a["fn"] for k, a in _kinds(exe) if k in ("unary", "binary") and a["fn"] != "add"]
+    assert got == fns, _kinds(exe)
+    x = RNG.standard_normal((4, 16)).astype(np.float32)
+    if exponent in (0.5, -0.5):
+        x = np.abs(x) + 0.1
+    with load(exe) as model:
+        have = model.run({"x:0": x})
+    for key, want in g.reference({"x:0": x}).items():
+        # x @ W may be negative for the roots: NaN where TF gives NaN
+        np.testing.assert_allclose(have[key], want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_power_by_another_constant_stays_a_pow() -> None:
+    g = trace(lambda x: tf.pow(x, 2.5), tf.TensorSpec([None, 16], tf.float32, name="x"), batch=4)
+    exe = compile_graph(g.graph_def, g.io_config)
+    assert [a["fn"] for k, a in _kinds(exe) if k == "binary"] == ["pow"]
+    _run(g, exe, np.abs(RNG.standard_normal((4, 16))).astype(np.float32))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "native"])
+def test_swish_is_one_conv_epilogue(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EfficientNet's conv + swish (x * sigmoid(x)) is one conv2d with activation swish."""
+    monkeypatch.setenv("NEURONISH_ENGINE", engine)
+    w = tf.constant(RNG.standard_normal((3, 3, 4, 8)).astype(np.float32) * 0.3)
+    g = trace(lambda x: tf.nn.silu(tf.nn.conv2d(x, w, 1, "SAME")),
+              tf.TensorSpec([2, 6, 6, 4], tf.float32, name="x"))
+    exe = compile_graph(g.graph_def, g.io_config)
+    kinds = _kinds(exe)
+    assert [(k, a.get("activation")) for k, a in kinds] == [("conv2d", "swish")], kinds
+    x = RNG.standard_normal((2, 6, 6, 4)).astype(np.float32) * 3
+    with load(exe) as model:
+        got = model.run({"x:0": x})
+    for key, want in g.reference({"x:0": x}).items():
+        np.testing.assert_allclose(got[key], want, rtol=2e-5, atol=2e-6)

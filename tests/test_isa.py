@@ -177,7 +177,7 @@ BAD_INSTRUCTIONS = {
     "negative-pad": (_conv_attr("pads", [1, 1, -3, 1]), "'conv2d'", "'attrs.pads'"),
     "stride-changes-shape": (_conv_attr("strides", [2, 2]), "declares outputs", "'out'"),
     "groups-not-dividing": (_conv_attr("groups", 2), "group", "'attrs.groups'"),
-    "unknown-activation": (_conv_attr("activation", "swish"), "swish", "'attrs.activation'"),
+    "unknown-activation": (_conv_attr("activation", "mish"), "mish", "'attrs.activation'"),
     "unknown-attr": (_conv_attr("tiling", "8x8"), "no attribute 'tiling'", "'tiling'"),
     "missing-attr": (lambda b: b["programs"][0][0]["attrs"].pop("pads"), "needs attribute",
                      "'attrs.pads'"),

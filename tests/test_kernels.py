@@ -136,6 +136,8 @@ UNARY_TF = {
     "abs": tf.math.abs, "neg": tf.math.negative, "reciprocal": tf.math.reciprocal,
     "floor": tf.math.floor, "sign": tf.math.sign,
     "gelu": lambda x: tf.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: tf.nn.gelu(x, approximate=True),
+    "swish": tf.nn.silu,
 }
 POSITIVE_ONLY = {"log", "sqrt", "rsqrt"}
 
@@ -158,6 +160,8 @@ def test_unary_matches_tf(fn: str, dtype: object) -> None:
     tol = {np.float16: 2e-3, np.float32: 2e-6, np.float64: 1e-12}[dtype]
     if fn == "gelu" and dtype == np.float64:
         tol = 1e-8  # TF rewrites its gelu into oneDNN's, accurate to ~5e-9 in float64
+    if fn == "gelu_tanh" and dtype == np.float64:
+        tol = 1e-6  # likewise its approximate one: ~2e-7 from the formula in float64
     close(run("unary", [x], {"fn": fn}), UNARY_TF[fn](x), rtol=tol, atol=tol)
 
 
@@ -723,7 +727,7 @@ def test_native_engine_takes_the_hot_instructions() -> None:
                         "pads": [1, 1, 1, 1]}, set()),
         ("unary", [x4], {"fn": "relu6"}, set()),
         ("binary", [randn(2, 5), randn(5)], {"fn": "add"}, set()),
-        ("binary", [randn(5), randn(2, 5)], {"fn": "sub"}, set()),  # swaps are not free
+        ("binary", [randn(5), randn(2, 5)], {"fn": "sub"}, set()),  # the engine's own loop
         ("softmax", [randn(2, 5)], {"axis": 1}, set()),
         ("reduce", [x4], {"fn": "mean", "axes": [1, 2], "keepdims": False}, set()),
         ("reduce", [randn(3, 7)], {"fn": "sum", "axes": [1], "keepdims": True}, set()),
@@ -736,8 +740,7 @@ def test_native_engine_takes_the_hot_instructions() -> None:
         types = kinds.infer(kind, [TensorType(x.shape, x.dtype.name) for x in ins], attrs)
         _, ran[i] = evaluate_one(kind, ins, attrs, [(t.shape, t.dtype) for t in types],
                                  constant=frozenset(const), native=lib)
-    expected_numpy = {11}  # sub with a broadcast first operand
-    assert {i for i, e in ran.items() if e == "numpy"} == expected_numpy, ran
+    assert {i for i, e in ran.items() if e == "numpy"} == set(), ran
 
 
 @pytest.mark.parametrize("compute", ["bfloat16", "float16"])

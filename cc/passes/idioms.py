@@ -5,6 +5,14 @@ ops: 0.5 * x * erfc(-x * 1/sqrt(2)). As separate instructions that is four passe
 activation and an erfc the device's vector unit has no fast path for; as one `unary gelu`
 it is one pass (oneDNN's gelu_erf), and a producing matmul can take it as its epilogue.
 
+TensorFlow's approximate GELU (`tf.nn.gelu(approximate=True)`, keras_hub's BERT family)
+arrives as eight ops once x ** 3 is x * square(x): (0.5 * x) * (1 + tanh(sqrt(2/pi) *
+(x + 0.044715 * x ** 3))); as one `unary gelu_tanh` it is oneDNN's gelu_tanh, again an
+epilogue a matmul can take.
+
+Swish (Keras' `swish`/`silu`, EfficientNet's activation) arrives as x * sigmoid(x): as
+one `unary swish` it is oneDNN's eltwise_swish, again a convolution's epilogue.
+
 Layer normalization over the last axis (Keras' LayerNormalization, tf.nn.moments with
 tf.nn.batch_normalization) arrives as ten to twelve ops: two means, a squared difference,
 rsqrt(var + eps), then x * inv + (beta - mean * inv) with inv = rsqrt(...) * gamma. As
@@ -87,6 +95,90 @@ def recognize_gelu(graph: Graph) -> Graph:
         graph.replace_uses(final.outputs[0], gelu.outputs[0])
         uses = graph.consumers()
     return graph  # the dead pieces go in eliminate_dead_code
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+
+
+def _cube_of(v: Value) -> Value | None:
+    """x if `v` = x * square(x) (either order) or x ** 3."""
+    node = v.producer
+    if node is None or node.kind != "binary":
+        return None
+    a, b = node.inputs
+    if node.attrs["fn"] == "pow":
+        return a if _scalar(b, 3.0) else None
+    if node.attrs["fn"] != "mul":
+        return None
+    for x, sq in ((a, b), (b, a)):
+        if (n := _made_by(sq, "unary", "square")) is not None and n.inputs[0] is x:
+            return x
+    return None
+
+
+def _tanh_gelu_source(t: Value) -> Value | None:
+    """x if `t` = sqrt(2/pi) * (x + 0.044715 * x**3), in TF's spelling."""
+    s = _scaled_by(t.producer, _SQRT_2_OVER_PI)
+    add = None if s is None else s.producer
+    if add is None or add.kind != "binary" or add.attrs["fn"] != "add":
+        return None
+    a, b = add.inputs
+    for x, rest in ((a, b), (b, a)):
+        cube = _scaled_by(rest.producer, 0.044715)
+        if cube is not None and _cube_of(cube) is x:
+            return x
+    return None
+
+
+def recognize_gelu_tanh(graph: Graph) -> Graph:
+    """(0.5 * x) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))) becomes
+    `unary gelu_tanh(x)`."""
+    uses = graph.consumers()
+    for node in list(graph.nodes):
+        if node.kind != "unary" or node.attrs["fn"] != "tanh" or node.outputs[0].dtype not in (
+                "float32", "float64", "float16"):
+            continue
+        x = _tanh_gelu_source(node.inputs[0])
+        readers = uses.get(node.outputs[0].id, [])
+        if x is None or len(readers) != 1:
+            continue
+        plus_one = readers[0]
+        one = _binary_operands(plus_one, "add", node.outputs[0])
+        if one is None or not _scalar(one, 1.0):
+            continue
+        for final in uses.get(plus_one.outputs[0].id, []):
+            half = _binary_operands(final, "mul", plus_one.outputs[0])
+            if half is None or _scaled_by(half.producer, 0.5) is not x \
+                    or final.outputs[0].type != x.type:
+                continue
+            gelu = Node("unary", [x], [], {"fn": "gelu_tanh"}, tuple(dict.fromkeys(
+                (*node.origin, *plus_one.origin, *half.producer.origin, *final.origin))))
+            gelu.outputs = [Value(TensorType(x.shape, x.dtype), producer=gelu)]
+            graph.nodes[graph.nodes.index(final)] = gelu
+            graph.replace_uses(final.outputs[0], gelu.outputs[0])
+            uses = graph.consumers()
+            break
+    return graph  # the dead pieces go in eliminate_dead_code
+
+
+def recognize_swish(graph: Graph) -> Graph:
+    """x * sigmoid(x) or x * sigmoid(1.0 * x) (either order) becomes `unary swish(x)`."""
+    for k, node in enumerate(graph.nodes):
+        if node.kind != "binary" or node.attrs["fn"] != "mul":
+            continue
+        a, b = node.inputs
+        for x, s in ((a, b), (b, a)):
+            sig = _made_by(s, "unary", "sigmoid")
+            if sig is None or node.outputs[0].type != x.type:
+                continue
+            # tf.nn.silu writes sigmoid(beta * x) with beta = 1.0
+            arg = sig.inputs[0]
+            if arg is x or _scaled_by(arg.producer, 1.0) is x:
+                graph.nodes[k] = Node("unary", [x], node.outputs, {"fn": "swish"},
+                                      tuple(dict.fromkeys((*sig.origin, *node.origin))))
+                node.outputs[0].producer = graph.nodes[k]
+                break
+    return graph  # an unread sigmoid goes in eliminate_dead_code
 
 
 def _made_by(v: Value, kind: str, fn: str | None = None) -> Node | None:

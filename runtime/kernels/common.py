@@ -53,7 +53,8 @@ def spatial_out(size: int, k: int, stride: int, dilation: int, before: int, afte
 
 def lowest(dtype: np.dtype) -> object:
     """The identity of max: -inf for floats, the minimum for integers."""
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+    floating = dtype.kind == "f" or dtype.name == "bfloat16"  # (ml_dtypes' kind is "V")
+    return -np.inf if floating else np.iinfo(dtype).min
 
 
 def pad_hw(x: np.ndarray, pads: Sequence[int], fill: object, out: np.ndarray) -> np.ndarray:
@@ -93,9 +94,41 @@ def reduced_precision(fn: Callable) -> Callable:
             scratch: np.ndarray | None) -> None:
         compute = attrs.get("compute", "float32")
         if compute != "float32":
-            ins = [_through(x, compute) for x in ins[:2]] + list(ins[2:])
+            ins = [_through(x, compute) for x in ins[:2]] + [
+                x.astype(np.float32) if x.dtype.name in ("bfloat16", "float16") else x
+                for x in ins[2:]]
             attrs = {k: v for k, v in attrs.items() if k != "compute"}
-        fn(ins, outs, attrs, scratch)
+        if compute == "float32" or outs[0].dtype.name not in ("bfloat16", "float16"):
+            fn(ins, outs, attrs, scratch)
+            return
+        # A 16-bit output (cc/passes/dtypes.py): the float32 result, epilogue included,
+        # rounded once to nearest even, as the native engine's primitives write it.
+        wide = [np.empty(o.shape, np.float32) for o in outs]
+        fn(ins, wide, attrs, scratch)
+        for o, w in zip(outs, wide):
+            np.copyto(o, w.astype(o.dtype))
+
+    return run
+
+
+def bf16_via_float32(fn: Callable) -> Callable:
+    """For element-wise and reducing kernels: bfloat16 operands are computed in float32
+    and each result rounded once to nearest even, the way oneDNN's bf16 primitives do
+    (numpy's bfloat16 ufuncs would round every intermediate of a formula)."""
+
+    @functools.wraps(fn)
+    def run(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
+            scratch: np.ndarray | None) -> None:
+        if not any(x.dtype.name == "bfloat16" for x in (*ins, *outs)):
+            fn(ins, outs, attrs, scratch)
+            return
+        wide_ins = [x.astype(np.float32) if x.dtype.name == "bfloat16" else x for x in ins]
+        wide = [np.empty(o.shape, np.float32) if o.dtype.name == "bfloat16" else o
+                for o in outs]
+        fn(wide_ins, wide, attrs, scratch)
+        for o, w in zip(outs, wide):
+            if w is not o:
+                np.copyto(o, w.astype(o.dtype))
 
     return run
 

@@ -46,7 +46,9 @@ TAP_BLOCK_BYTES = 2 << 20  # accumulator block of depthwise's per-tap loop
 
 def compute_dtype(dtype: object) -> np.dtype:
     dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
+    # 16-bit floats compute in float32 (numpy has no 16-bit BLAS; a matrix unit reading
+    # bfloat16 accumulates in float32 too)
+    return np.dtype(np.float32) if dtype.name in ("float16", "bfloat16") else dtype
 
 
 @dataclass(frozen=True)

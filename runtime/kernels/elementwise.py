@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy import special
 
+from .common import bf16_via_float32
 from .registry import kernel
 
 UnaryFn = Callable[[np.ndarray, np.ndarray, float], None]
@@ -153,6 +154,25 @@ def _gelu(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
     np.multiply(np.multiply(x, x.dtype.type(0.5)), t, out=y)
 
 
+def _gelu_tanh(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
+    # TF's approximate gelu, in its own order (x ** 3 as x * square(x), as grappler runs it):
+    # (0.5 * x) * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))).
+    t = np.multiply(x, np.square(x))
+    np.multiply(x.dtype.type(0.044715), t, out=t)
+    np.add(x, t, out=t)
+    np.multiply(x.dtype.type(0.7978845608028654), t, out=t)
+    np.tanh(t, out=t)
+    np.add(x.dtype.type(1.0), t, out=t)
+    np.multiply(np.multiply(x.dtype.type(0.5), x), t, out=y)
+
+
+def _swish(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
+    # x * sigmoid(x) with the sigmoid kernel itself: the numbers of the two-op form.
+    s = np.empty_like(y)
+    UNARY["sigmoid"](x, s, alpha)
+    np.multiply(x, s, out=y)
+
+
 UNARY: dict[str, UnaryFn] = {
     "relu": _relu,
     "relu6": _relu6,
@@ -163,6 +183,8 @@ UNARY: dict[str, UnaryFn] = {
     "tanh": _ufunc(np.tanh),
     "softplus": _softplus,
     "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh,
+    "swish": _swish,
     "erf": _ufunc(special.erf),
     "erfc": _ufunc(special.erfc),
     "exp": _ufunc(np.exp),
@@ -208,6 +230,7 @@ def activate(y: np.ndarray, attrs: dict) -> None:
 
 
 @kernel("unary")
+@bf16_via_float32
 def unary(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
           scratch: np.ndarray | None) -> None:
     apply_unary(attrs["fn"], ins[0], outs[0], attrs.get("alpha", 0.2))
@@ -262,6 +285,7 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], object]] = {
 
 
 @kernel("binary")
+@bf16_via_float32
 def binary(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
     fn = attrs["fn"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .common import bf16_via_float32
 from .registry import kernel
 
 
@@ -18,6 +19,7 @@ def _acc(dtype: np.dtype) -> np.dtype:
 
 
 @kernel("reduce")
+@bf16_via_float32
 def reduce(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
     x, y = ins[0], outs[0]

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -44,6 +45,24 @@ namespace {
 enum Op : int64_t {
   OP_CONV = 1, OP_MATMUL = 2, OP_POOL = 3, OP_ELTWISE = 4, OP_BINARY = 5, OP_SOFTMAX = 6,
   OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10, OP_LAYER_NORM = 11,
+  // Loops of our own (below) for what oneDNN 3.2 has no primitive for, or none as accurate
+  // as TF's: keep in step with spec.py.
+  OP_MAP = 12, OP_BINARY_LOOP = 13, OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16,
+  OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
+};
+// OP_MAP functions (float32 unless said).
+enum MapFn : int64_t {
+  M_ERF = 1, M_ERFC = 2, M_LOG = 3, M_SOFTPLUS = 4, M_LOG1P = 5, M_EXPM1 = 6, M_FLOOR = 7,
+  M_SIGN = 8, M_ROUND = 9, M_SIN = 10, M_COS = 11, M_TAN = 12, M_ATAN = 13,
+  M_LOGICAL_NOT = 14 /* bool */, M_ROUND_BF16 = 15, M_CEIL = 16,
+  // int32, wrapping as numpy does (abs and neg of INT_MIN are INT_MIN)
+  M_I_ABS = 20, M_I_NEG = 21, M_I_RELU = 22, M_I_RELU6 = 23, M_I_SIGN = 24, M_I_SQUARE = 25,
+};
+// OP_BINARY_LOOP functions; L_* element types.
+enum LoopFn : int64_t {
+  F_ADD = 1, F_SUB = 2, F_MUL = 3, F_DIV = 4, F_MAX = 5, F_MIN = 6, F_GT = 7, F_GE = 8,
+  F_LT = 9, F_LE = 10, F_EQ = 11, F_NE = 12, F_POW = 13, F_FLOOR_DIV = 14, F_FLOOR_MOD = 15,
+  F_AND = 16, F_OR = 17, F_SQUARED_DIFFERENCE = 18,
 };
 enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5 };
 enum Elt : int64_t {
@@ -214,7 +233,150 @@ struct Step {
   // kernel is slow on innermost axes (a layer norm's mean over [256, 64]: 47 us, numpy
   // 14 us, this loop ~2 us).
   int64_t rows = 0, inner_len = 0, reduce = 0;
+  // Instead of both, when set: one of our own loops over the args' data (see "Loops").
+  std::function<void(const Step&, int)> loop;
+  const char* loop_name = nullptr;
 };
+
+// --- Loops: kernels of our own, where oneDNN 3.2 has none (or a less accurate one) ----------
+//
+// Element-wise functions as glibc's single-precision libm computes them (within 1 ulp, as
+// accurate as TF's Eigen kernels or more), broadcasting element-wise loops, and data
+// movement. Each parallelizes over rows with the instruction's OpenMP team.
+
+template <class T>
+T* data(const Step& s, size_t k) {
+  return static_cast<T*>(s.args[k].mem.get_data_handle());
+}
+
+// TF's Softplus for float32: x above -threshold, exp(x) below threshold, log1p(exp(x))
+// between (threshold = log(float32 eps) + 2).
+inline float softplus(float x) {
+  const float threshold = -13.942385152878742f;
+  if (x > -threshold) return x;
+  float e = std::exp(x);
+  return x < threshold ? e : std::log1p(e);
+}
+
+// float32 -> nearest bfloat16 (ties to even) -> float32, NaN kept a NaN (as TF's cast).
+inline float round_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    u |= 0x00400000u;  // quiet NaN, payload's top bits kept
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+  }
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+inline float map_f32(int64_t fn, float x) {
+  switch (fn) {
+    case M_ERF: return std::erf(x);
+    case M_ERFC: return std::erfc(x);
+    case M_LOG: return std::log(x);
+    case M_SOFTPLUS: return softplus(x);
+    case M_LOG1P: return std::log1p(x);
+    case M_EXPM1: return std::expm1(x);
+    case M_FLOOR: return std::floor(x);
+    case M_CEIL: return std::ceil(x);
+    case M_SIGN: return x > 0.f ? 1.f : x < 0.f ? -1.f : x;  // 0, -0 and NaN pass through
+    case M_ROUND: return std::nearbyint(x);                  // half to even (default mode)
+    case M_SIN: return std::sin(x);
+    case M_COS: return std::cos(x);
+    case M_TAN: return std::tan(x);
+    case M_ATAN: return std::atan(x);
+    case M_ROUND_BF16: return round_bf16(x);
+  }
+  return x;
+}
+
+// Rows of the output [rows, inner] and, per input, its element strides over the output's
+// dims (0 where it broadcasts). Dims are y's, every input padded to y's rank.
+struct Broadcast {
+  std::vector<int64_t> dims;
+  std::vector<std::vector<int64_t>> strides;
+  int64_t rows = 1, inner = 1;
+
+  Broadcast(const memory::dims& y, const std::vector<memory::dims>& ins) : dims(y) {
+    size_t r = y.size();
+    for (const auto& d : ins) {
+      if (d.size() != r) throw Error("broadcast: operand ranks differ from the output's");
+      std::vector<int64_t> st(r);
+      int64_t s = 1;
+      for (size_t k = r; k-- > 0;) {
+        if (d[k] != y[k] && d[k] != 1) throw Error("broadcast: operand does not broadcast");
+        st[k] = d[k] == 1 && y[k] != 1 ? 0 : s;
+        s *= d[k];
+      }
+      strides.push_back(st);
+    }
+    inner = r ? y[r - 1] : 1;
+    for (size_t k = 0; k + 1 < r; ++k) rows *= y[k];
+  }
+
+  // Element offset of input `i`'s first element in output row `row`.
+  int64_t offset(size_t i, int64_t row) const {
+    int64_t off = 0;
+    for (size_t k = dims.size() - 1; k-- > 0;) {
+      off += (row % dims[k]) * strides[i][k];
+      row /= dims[k];
+    }
+    return off;
+  }
+};
+
+template <class T, class R, class F>
+void binary_rows(const Step& s, int threads, const Broadcast& b, F f) {
+  const T* x0 = data<const T>(s, 0);
+  const T* x1 = data<const T>(s, 1);
+  R* y = data<R>(s, 2);
+  const int64_t s0 = b.strides[0].back(), s1 = b.strides[1].back(), n = b.inner;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+  for (int64_t row = 0; row < b.rows; ++row) {
+    const T* p = x0 + b.offset(0, row);
+    const T* q = x1 + b.offset(1, row);
+    R* o = y + row * n;
+    if (s0 == 1 && s1 == 1) {
+      for (int64_t j = 0; j < n; ++j) o[j] = f(p[j], q[j]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) o[j] = f(p[j * s0], q[j * s1]);
+    }
+  }
+}
+
+// numpy's float remainder (the result takes the divisor's sign), as the reference engine.
+inline float floor_mod_f32(float a, float b) {
+  float m = std::fmod(a, b);
+  if (b == 0.f) return m;
+  if (m != 0.f) {
+    if ((b < 0.f) != (m < 0.f)) m += b;
+  } else {
+    m = std::copysign(0.f, b);
+  }
+  return m;
+}
+
+// Integer division rounding toward -inf / its remainder; a zero divisor gives 0, as numpy.
+inline int32_t floor_div_i32(int32_t a, int32_t b) {
+  if (b == 0) return 0;
+  if (b == -1) return (int32_t)(0u - (uint32_t)a);  // INT_MIN / -1 wraps, as numpy
+  int32_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+inline int32_t floor_mod_i32(int32_t a, int32_t b) {
+  if (b == 0 || b == -1) return 0;
+  int32_t m = a % b;
+  return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
+}
+inline int32_t trunc_div_i32(int32_t a, int32_t b) {
+  if (b == 0) return 0;
+  if (b == -1) return (int32_t)(0u - (uint32_t)a);
+  return a / b;
+}
+inline int32_t wrap_i32(int64_t v) { return (int32_t)(uint32_t)(uint64_t)v; }
 
 // One reduction of `n` contiguous floats (a mean is the sum / n, as in TF). Built for
 // each vector width; the loader picks the widest this CPU has.
@@ -432,6 +594,14 @@ struct Program {
       case OP_TRANSPOSE: add_transpose(rd, ins); break;
       case OP_REORDER: add_reorder(rd, ins); break;
       case OP_LAYER_NORM: add_layer_norm(rd, ins); break;
+      case OP_MAP: add_map(rd, ins); break;
+      case OP_BINARY_LOOP: add_binary_loop(rd, ins); break;
+      case OP_SELECT: add_select(rd, ins); break;
+      case OP_GATHER: add_gather(rd, ins); break;
+      case OP_STRIDED_COPY: add_strided_copy(rd, ins); break;
+      case OP_PAD: add_pad(rd, ins); break;
+      case OP_LOG_SOFTMAX: add_log_softmax(rd, ins); break;
+      case OP_CAST_LOOP: add_cast_loop(rd, ins); break;
       default: throw Error("unknown op code " + std::to_string(op));
     }
     if (rd.i != rd.n) throw Error("spec has trailing values");
@@ -719,6 +889,399 @@ struct Program {
     push<dnnl::reorder>(ins, s, pd);
   }
 
+  // --- loops of our own (see "Loops" above) ------------------------------------------------
+
+  // `r` as raw bytes for a loop step (loops read the data handle, nothing else).
+  void byte_arg(Step& s, const Ref& r) {
+    int64_t n = (int64_t)memory::data_type_size(r.type);
+    for (auto d : r.dims) n *= d;
+    arg(s, (int)s.args.size(), r, memory::desc({std::max<int64_t>(n, 1)}, dt::u8, tag::a));
+  }
+
+  void push_loop(Instr& ins, Step& s, const char* name,
+                 std::function<void(const Step&, int)> loop) {
+    s.loop = std::move(loop);
+    s.loop_name = name;
+    ins.steps.push_back(std::move(s));
+  }
+
+  static int64_t count(const Ref& r) {
+    int64_t n = 1;
+    for (auto d : r.dims) n *= d;
+    return n;
+  }
+
+  // x -> y, one function per element: float32 (or bool for logical_not), same shape.
+  void add_map(Reader& rd, Instr& ins) {
+    int64_t fn = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    int64_t n = count(x);
+    if (n != count(y) || x.type != y.type) throw Error("map: x and y differ");
+    bool boolean = fn == M_LOGICAL_NOT, integer = fn >= M_I_ABS && fn <= M_I_SQUARE;
+    if (x.type != (boolean ? dt::u8 : integer ? dt::s32 : dt::f32) || fn < M_ERF ||
+        (fn > M_CEIL && !integer))
+      throw Error("map: bad function or dtype");
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    if (integer) {
+      push_loop(ins, s, "neuronish:map_i32", [n, fn](const Step& st, int threads) {
+        const int32_t* a = data<const int32_t>(st, 0);
+        int32_t* o = data<int32_t>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t i = 0; i < n; ++i) {
+          int32_t v = a[i];
+          uint32_t u = (uint32_t)v;
+          switch (fn) {
+            case M_I_ABS: o[i] = v < 0 ? (int32_t)(0u - u) : v; break;
+            case M_I_NEG: o[i] = (int32_t)(0u - u); break;
+            case M_I_RELU: o[i] = v > 0 ? v : 0; break;
+            case M_I_RELU6: o[i] = v > 6 ? 6 : v > 0 ? v : 0; break;
+            case M_I_SIGN: o[i] = (v > 0) - (v < 0); break;
+            default: o[i] = (int32_t)(u * u); break;  // M_I_SQUARE
+          }
+        }
+      });
+      return;
+    }
+    if (boolean) {
+      push_loop(ins, s, "neuronish:map_bool", [n](const Step& st, int threads) {
+        const uint8_t* a = data<const uint8_t>(st, 0);
+        uint8_t* o = data<uint8_t>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t i = 0; i < n; ++i) o[i] = a[i] == 0;
+      });
+      return;
+    }
+    push_loop(ins, s, "neuronish:map_f32", [n, fn](const Step& st, int threads) {
+      const float* a = data<const float>(st, 0);
+      float* o = data<float>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
+      for (int64_t i = 0; i < n; ++i) o[i] = map_f32(fn, a[i]);
+    });
+  }
+
+  // a, b (padded to y's rank, either may broadcast) -> y.
+  void add_binary_loop(Reader& rd, Instr& ins) {
+    int64_t fn = rd.next();
+    Ref A = rd.ref(), B = rd.ref(), y = rd.ref();
+    if (A.type != B.type) throw Error("binary loop: operand dtypes differ");
+    Broadcast b(y.dims, {A.dims, B.dims});
+    Step s;
+    byte_arg(s, A);
+    byte_arg(s, B);
+    byte_arg(s, y);
+    bool cmp = fn >= F_GT && fn <= F_NE;
+    if (cmp != (y.type == dt::u8 && A.type != dt::u8) && !(A.type == dt::u8))
+      throw Error("binary loop: comparisons give bool");
+    auto run = [&](auto loop) { push_loop(ins, s, "neuronish:binary_loop", loop); };
+#define NE_BIN(T, R, EXPR)                                                              \
+  run([b](const Step& st, int threads) {                                                \
+    binary_rows<T, R>(st, threads, b, [](T p, T q) -> R { return EXPR; });              \
+  });                                                                                   \
+  return
+    if (A.type == dt::f32) {
+      switch (fn) {
+        case F_ADD: NE_BIN(float, float, p + q);
+        case F_SUB: NE_BIN(float, float, p - q);
+        case F_MUL: NE_BIN(float, float, p * q);
+        case F_DIV: NE_BIN(float, float, p / q);
+        case F_MAX: NE_BIN(float, float, (p != p || q != q) ? NAN : std::max(p, q));
+        case F_MIN: NE_BIN(float, float, (p != p || q != q) ? NAN : std::min(p, q));
+        case F_GT: NE_BIN(float, uint8_t, p > q);
+        case F_GE: NE_BIN(float, uint8_t, p >= q);
+        case F_LT: NE_BIN(float, uint8_t, p < q);
+        case F_LE: NE_BIN(float, uint8_t, p <= q);
+        case F_EQ: NE_BIN(float, uint8_t, p == q);
+        case F_NE: NE_BIN(float, uint8_t, p != q);
+        case F_POW: NE_BIN(float, float, std::pow(p, q));
+        case F_FLOOR_DIV: NE_BIN(float, float, std::floor(p / q));
+        case F_FLOOR_MOD: NE_BIN(float, float, floor_mod_f32(p, q));
+        case F_SQUARED_DIFFERENCE: NE_BIN(float, float, (p - q) * (p - q));
+      }
+    } else if (A.type == dt::s32) {
+      switch (fn) {
+        case F_ADD: NE_BIN(int32_t, int32_t, wrap_i32((int64_t)p + q));
+        case F_SUB: NE_BIN(int32_t, int32_t, wrap_i32((int64_t)p - q));
+        case F_MUL: NE_BIN(int32_t, int32_t, wrap_i32((int64_t)p * q));
+        case F_DIV: NE_BIN(int32_t, int32_t, trunc_div_i32(p, q));
+        case F_MAX: NE_BIN(int32_t, int32_t, std::max(p, q));
+        case F_MIN: NE_BIN(int32_t, int32_t, std::min(p, q));
+        case F_GT: NE_BIN(int32_t, uint8_t, p > q);
+        case F_GE: NE_BIN(int32_t, uint8_t, p >= q);
+        case F_LT: NE_BIN(int32_t, uint8_t, p < q);
+        case F_LE: NE_BIN(int32_t, uint8_t, p <= q);
+        case F_EQ: NE_BIN(int32_t, uint8_t, p == q);
+        case F_NE: NE_BIN(int32_t, uint8_t, p != q);
+        case F_FLOOR_DIV: NE_BIN(int32_t, int32_t, floor_div_i32(p, q));
+        case F_FLOOR_MOD: NE_BIN(int32_t, int32_t, floor_mod_i32(p, q));
+        case F_SQUARED_DIFFERENCE:
+          NE_BIN(int32_t, int32_t, wrap_i32(((int64_t)p - q) * ((int64_t)p - q)));
+      }
+    } else if (A.type == dt::u8) {  // bool
+      switch (fn) {
+        case F_AND: NE_BIN(uint8_t, uint8_t, p && q);
+        case F_OR: NE_BIN(uint8_t, uint8_t, p || q);
+        case F_EQ: NE_BIN(uint8_t, uint8_t, (p != 0) == (q != 0));
+        case F_NE: NE_BIN(uint8_t, uint8_t, (p != 0) != (q != 0));
+      }
+    }
+#undef NE_BIN
+    throw Error("binary loop: no loop for this function and dtype");
+  }
+
+  // cond (bool), a, b (padded to y's rank, any may broadcast) -> y: cond ? a : b.
+  void add_select(Reader& rd, Instr& ins) {
+    Ref c = rd.ref(), A = rd.ref(), B = rd.ref(), y = rd.ref();
+    if (A.type != B.type || A.type != y.type || c.type != dt::u8)
+      throw Error("select: bad dtypes");
+    Broadcast b(y.dims, {c.dims, A.dims, B.dims});
+    size_t size = memory::data_type_size(y.type);
+    if (size != 1 && size != 2 && size != 4) throw Error("select: bad element size");
+    Step s;
+    for (const Ref* r : {&c, &A, &B, &y}) byte_arg(s, *r);
+    auto loop = [b, size](const Step& st, int threads) {
+      const uint8_t* cond = data<const uint8_t>(st, 0);
+      const char* pa = data<const char>(st, 1);
+      const char* pb = data<const char>(st, 2);
+      char* py = data<char>(st, 3);
+      const int64_t sc = b.strides[0].back(), sa = b.strides[1].back(),
+                    sb = b.strides[2].back(), n = b.inner;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t row = 0; row < b.rows; ++row) {
+        const uint8_t* cr = cond + b.offset(0, row);
+        const char* ar = pa + b.offset(1, row) * size;
+        const char* br = pb + b.offset(2, row) * size;
+        char* yr = py + row * n * size;
+        auto pick = [&](auto tag) {
+          using T = decltype(tag);
+          const T* a = reinterpret_cast<const T*>(ar);
+          const T* bb = reinterpret_cast<const T*>(br);
+          T* o = reinterpret_cast<T*>(yr);
+          for (int64_t j = 0; j < n; ++j) o[j] = cr[j * sc] ? a[j * sa] : bb[j * sb];
+        };
+        if (size == 4) pick(uint32_t());
+        else if (size == 2) pick(uint16_t());
+        else pick(uint8_t());
+      }
+    };
+    push_loop(ins, s, "neuronish:select", loop);
+  }
+
+  // params, indices (int32) -> y: y[o, j, i] = params[o, indices[j], i] (batch_dims 0), with
+  // `outer` = the params dims before the axis, `inner` bytes after it. An index out of
+  // [0, dim) stops the run with an error (as TF's CPU kernel and the reference engine).
+  void add_gather(Reader& rd, Instr& ins) {
+    int64_t outer = rd.next(), dim = rd.next(), inner_elems = rd.next();
+    Ref p = rd.ref(), idx = rd.ref(), y = rd.ref();
+    if (idx.type != dt::s32) throw Error("gather: indices must be int32");
+    int64_t n_idx = count(idx);
+    int64_t row = inner_elems * (int64_t)memory::data_type_size(p.type);
+    if (outer * dim * inner_elems != count(p) || outer * n_idx * inner_elems != count(y))
+      throw Error("gather: shapes do not agree");
+    Step s;
+    for (const Ref* r : {&p, &idx, &y}) byte_arg(s, *r);
+    memory::dims pdims = p.dims;
+    push_loop(ins, s, "neuronish:gather", [=](const Step& st, int threads) {
+      const char* src = data<const char>(st, 0);
+      const int32_t* ix = data<const int32_t>(st, 1);
+      char* dst = data<char>(st, 2);
+      for (int64_t j = 0; j < n_idx; ++j)
+        if (ix[j] < 0 || ix[j] >= dim) {
+          std::string shape;
+          for (auto d : pdims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+          throw Error("gather index " + std::to_string(ix[j]) + " is out of range [0, " +
+                      std::to_string(dim) + ") for the gathered axis of params with shape [" +
+                      shape + "]");
+        }
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t j = 0; j < n_idx; ++j)
+          std::memcpy(dst + (o * n_idx + j) * row, src + (o * dim + ix[j]) * row, row);
+    });
+  }
+
+  // y (dense, dims D) = x read at byte offset `start` with element strides S (any sign, 0
+  // to repeat): strided_slice, broadcast_to, tile. Also pad's interior copy.
+  struct Strided {
+    std::vector<int64_t> dims, strides;  // per y dim; strides in x elements
+    int64_t start = 0;                   // x elements
+  };
+
+  static void strided_copy(const char* x, char* y, const Strided& t, size_t size, int threads,
+                           const std::vector<int64_t>& y_strides) {
+    size_t r = t.dims.size();
+    int64_t rows = 1, n = r ? t.dims[r - 1] : 1, sx = r ? t.strides[r - 1] : 1;
+    for (size_t k = 0; k + 1 < r; ++k) rows *= t.dims[k];
+    int64_t sy = r ? y_strides[r - 1] : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t xo = t.start, yo = 0, rest = row;
+      for (size_t k = r - 1; k-- > 0;) {
+        int64_t i = rest % t.dims[k];
+        rest /= t.dims[k];
+        xo += i * t.strides[k];
+        yo += i * y_strides[k];
+      }
+      const char* xs = x + xo * (int64_t)size;
+      char* ys = y + yo * (int64_t)size;
+      if (sx == 1 && sy == 1) {
+        std::memcpy(ys, xs, n * size);
+      } else {
+        for (int64_t j = 0; j < n; ++j)
+          std::memcpy(ys + j * sy * (int64_t)size, xs + j * sx * (int64_t)size, size);
+      }
+    }
+  }
+
+  static std::vector<int64_t> dense_strides(const std::vector<int64_t>& dims) {
+    std::vector<int64_t> st(dims.size());
+    int64_t s = 1;
+    for (size_t k = dims.size(); k-- > 0;) {
+      st[k] = s;
+      s *= dims[k];
+    }
+    return st;
+  }
+
+  Strided read_strided(Reader& rd, size_t rank) {
+    Strided t;
+    t.start = rd.next();
+    for (size_t k = 0; k < rank; ++k) {
+      t.dims.push_back(rd.next());
+      t.strides.push_back(rd.next());
+    }
+    return t;
+  }
+
+  // x, y, then start and (dim, stride) per y dim of a view of x (up to 12 dims: tile
+  // doubles the rank).
+  void add_strided_copy(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), y = rd.ref();
+    int64_t rank = rd.next();
+    if (rank < 1 || rank > 12 || x.type != y.type) throw Error("strided copy: bad spec");
+    Strided t = read_strided(rd, (size_t)rank);
+    int64_t n = 1, lo = t.start, hi = t.start;
+    for (int64_t k = 0; k < rank; ++k) {
+      n *= t.dims[k];
+      (t.strides[k] < 0 ? lo : hi) += (t.dims[k] - 1) * t.strides[k];
+    }
+    if (n != count(y) || lo < 0 || hi >= count(x)) throw Error("strided copy: out of x");
+    size_t size = memory::data_type_size(x.type);
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    std::vector<int64_t> ys = dense_strides(t.dims);
+    push_loop(ins, s, "neuronish:strided_copy", [t, size, ys](const Step& st, int threads) {
+      strided_copy(data<const char>(st, 0), data<char>(st, 1), t, size, threads, ys);
+    });
+  }
+
+  // Constant padding: x, y, the fill value's bytes (as an int64), then per dim `before`.
+  void add_pad(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), y = rd.ref();
+    int64_t fill = rd.next();
+    size_t r = y.dims.size(), size = memory::data_type_size(y.type);
+    if (x.dims.size() != r || x.type != y.type) throw Error("pad: bad spec");
+    std::vector<int64_t> before = rd.ints((int64_t)r);
+    std::vector<int64_t> yst = dense_strides(y.dims);
+    Strided t;  // x dense, written into y's interior
+    t.dims = x.dims;
+    t.strides = dense_strides(x.dims);
+    int64_t y_start = 0;
+    for (size_t k = 0; k < r; ++k) y_start += before[k] * yst[k];
+    int64_t total = count(y);
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:pad", [=](const Step& st, int threads) {
+      char* py = data<char>(st, 1);
+      if (size == 1) {
+        std::memset(py, (int)(fill & 0xff), total);
+      } else {
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t i = 0; i < total; ++i) std::memcpy(py + i * size, &fill, size);
+      }
+      strided_copy(data<const char>(st, 0), py + y_start * (int64_t)size, t, size, threads,
+                   yst);
+    });
+  }
+
+  // log-softmax over the last axis of x [rows, n], float32: (x - max) - log(sum(exp(x -
+  // max))) in the reference engine's order, with libm's exp and log.
+  void add_log_softmax(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), y = rd.ref();
+    if (x.dims.size() != 2 || y.dims != x.dims || x.type != dt::f32)
+      throw Error("log_softmax: expected float32 x [rows, n]");
+    int64_t rows = x.dims[0], n = x.dims[1];
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:log_softmax", [rows, n](const Step& st, int threads) {
+      const float* px = data<const float>(st, 0);
+      float* py = data<float>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* a = px + r * n;
+        float* o = py + r * n;
+        float m = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) m = a[j] > m || a[j] != a[j] ? a[j] : m;
+        float sum = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          o[j] = a[j] - m;
+          sum += std::exp(o[j]);
+        }
+        float ls = std::log(sum);
+        for (int64_t j = 0; j < n; ++j) o[j] -= ls;
+      }
+    });
+  }
+
+  // Casts oneDNN's reorder does not round as TF does: float32 -> int32 / int8 / uint8
+  // truncate, anything -> bool is "not zero", bool <-> integers. `to_bool` tells a bool
+  // destination from a uint8 one.
+  void add_cast_loop(Reader& rd, Instr& ins) {
+    int64_t to_bool = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    int64_t n = count(x);
+    if (n != count(y)) throw Error("cast loop: sizes differ");
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    dt from = x.type, to = y.type;
+    auto ok = [](dt t) { return t == dt::f32 || t == dt::s32 || t == dt::s8 || t == dt::u8; };
+    if (!ok(from) || !ok(to)) throw Error("cast loop: unsupported dtypes");
+    push_loop(ins, s, "neuronish:cast", [=](const Step& st, int threads) {
+      const void* px = data<const void>(st, 0);
+      void* py = data<void>(st, 1);
+      auto get = [from, px](int64_t i) -> double {
+        switch (from) {
+          case dt::f32: return static_cast<const float*>(px)[i];
+          case dt::s32: return static_cast<const int32_t*>(px)[i];
+          case dt::s8: return static_cast<const int8_t*>(px)[i];
+          default: return static_cast<const uint8_t*>(px)[i];
+        }
+      };
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
+      for (int64_t i = 0; i < n; ++i) {
+        double v = get(i);
+        if (to_bool) {
+          static_cast<uint8_t*>(py)[i] = v != 0.0;  // NaN is true, as TF
+        } else if (to == dt::f32) {
+          static_cast<float*>(py)[i] = (float)v;
+        } else {
+          // Truncation toward zero; NaN and out-of-range values wrap as numpy's C cast
+          // does on x86 (the integer indefinite 0x80000000, then narrowed).
+          int32_t w = v != v || v >= 2147483648.0 || v < -2147483648.0
+                          ? INT32_MIN : (int32_t)v;
+          if (to == dt::s32) static_cast<int32_t*>(py)[i] = w;
+          else if (to == dt::s8) static_cast<int8_t*>(py)[i] = (int8_t)w;
+          else static_cast<uint8_t*>(py)[i] = (uint8_t)w;
+        }
+      }
+    });
+  }
+
   void finalize() {
     if (finalized) return;
     if (temp_bytes) temp = std::aligned_alloc(64, (temp_bytes + 63) / 64 * 64);
@@ -760,7 +1323,9 @@ struct Program {
       for (auto& a : instrs[k].steps) {
         for (auto& arg : a.args)
           if (arg.slot >= 0) arg.mem.set_data_handle(slots[arg.slot] + arg.offset);
-        if (a.inner_len)
+        if (a.loop)
+          a.loop(a, instrs[k].threads);
+        else if (a.inner_len)
           inner_reduce(a, instrs[k].threads);
         else
           a.prim.execute(strm, a.map);
@@ -884,6 +1449,10 @@ NE_API int64_t ne_impl(void* p, int64_t k, char* out, int64_t len) {
     Program* prog = static_cast<Program*>(p);
     if (k < 0 || k >= (int64_t)prog->instrs.size()) throw Error("no such instruction");
     auto& s = prog->instrs[k].steps.back();
+    if (s.loop_name) {
+      set_error(out, len, s.loop_name);
+      return 0;
+    }
     if (s.inner_len) {
       set_error(out, len, "neuronish:inner_reduce");
       return 0;

@@ -19,18 +19,22 @@ WINDOWED = ("conv2d", "depthwise_conv2d", "pool")
 OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
 OP_SOFTMAX, OP_REDUCE, OP_CONCAT, OP_TRANSPOSE, OP_REORDER = 6, 7, 8, 9, 10
 OP_LAYER_NORM = 11
+# Loops of engine.cc's own, for what oneDNN has no (accurate enough) primitive for.
+OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 16
+OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
 
 DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
           "float16": 5}
 
 E_RELU, E_CLIP, E_ELU, E_LOGISTIC, E_TANH, E_EXP = 1, 2, 3, 4, 5, 7
-E_SQRT, E_SQUARE, E_ABS, E_LINEAR, E_POW, E_GELU_ERF = 9, 10, 11, 12, 13, 16
+E_SQRT, E_SQUARE, E_ABS, E_LINEAR, E_POW, E_GELU_TANH, E_GELU_ERF = 9, 10, 11, 12, 13, 15, 16
+E_SWISH = 17
 
 # TF function -> oneDNN element-wise chain [(code, alpha, beta)]; `alpha` in the
 # attributes replaces the first alpha where the function takes one (leaky_relu).
-# Left to numpy on purpose: log (oneDNN's is off by up to 3e-6 absolute near 1) and
-# softplus (its soft_relu loses TF's relative accuracy for large |x|); erf, erfc,
-# floor, sign and the rounding functions have no oneDNN counterpart.
+# Not oneDNN's: log (its log is off by up to 3e-6 absolute near 1) and softplus (its
+# soft_relu loses TF's relative accuracy for large |x|); erf, erfc, floor, sign and the
+# rounding functions have no oneDNN counterpart. Those run as MAP loops (libm) below.
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
 ELTWISE: dict[str, list[tuple[int, float, float]]] = {
     "relu": [(E_RELU, 0.0, 0.0)],
@@ -42,6 +46,8 @@ ELTWISE: dict[str, list[tuple[int, float, float]]] = {
     "tanh": [(E_TANH, 0.0, 0.0)],
     "exp": [(E_EXP, 0.0, 0.0)],
     "gelu": [(E_GELU_ERF, 0.0, 0.0)],
+    "gelu_tanh": [(E_GELU_TANH, 0.0, 0.0)],
+    "swish": [(E_SWISH, 1.0, 0.0)],  # x * sigmoid(alpha * x)
     "sqrt": [(E_SQRT, 0.0, 0.0)],
     "rsqrt": [(E_POW, 1.0, -0.5)],
     "square": [(E_SQUARE, 0.0, 0.0)],
@@ -49,6 +55,24 @@ ELTWISE: dict[str, list[tuple[int, float, float]]] = {
     "neg": [(E_LINEAR, -1.0, 0.0)],
     "reciprocal": [(E_POW, 1.0, -1.0)],
 }
+
+# unary fn -> engine.cc's MapFn: one libm call per element (float32; logical_not on bool).
+MAP = {"erf": 1, "erfc": 2, "log": 3, "softplus": 4, "log1p": 5, "expm1": 6, "floor": 7,
+       "sign": 8, "round": 9, "sin": 10, "cos": 11, "tan": 12, "atan": 13, "logical_not": 14,
+       "round_bf16": 15}
+# binary fn -> engine.cc's LoopFn, for what oneDNN's binary lacks: pow, the floor
+# divisions, integer and bool operands, and broadcasting of both operands.
+LOOP = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "greater": 7,
+        "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12,
+        "pow": 13, "floor_div": 14, "floor_mod": 15, "logical_and": 16, "logical_or": 17,
+        "squared_difference": 18}
+# unary fn on int32 -> MapFn (wrapping integer arithmetic, as numpy)
+MAP_I32 = {"abs": 20, "neg": 21, "relu": 22, "relu6": 23, "sign": 24, "square": 25}
+_LOOP_DTYPES = {"float32": set(LOOP) - {"logical_and", "logical_or"},
+                "int32": set(LOOP) - {"logical_and", "logical_or", "pow"},
+                "bool": {"logical_and", "logical_or", "equal", "not_equal"}}
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "bool": 1, "int32": 4, "int8": 1,
+             "float16": 2}
 
 BINARY = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "greater": 7,
           "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
@@ -113,13 +137,20 @@ def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
     return fn(attrs, list(ins), list(outs), list(constant))
 
 
+def _io_ok(x: str, y: str, compute: str) -> bool:
+    """A matmul-like instruction's activation dtypes: float32, or bfloat16 in and/or out
+    when it computes in bfloat16 (cc/passes/dtypes.py keeps such values bf16)."""
+    allowed = ("float32", "bfloat16") if compute == "bfloat16" else ("float32",)
+    return x in allowed and y in allowed
+
+
 def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
           depthwise: bool) -> tuple[list[int], list[float]] | None:
     x, w, y = ins[0], ins[1], outs[0]
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
     compute = attrs.get("compute", "float32")
-    if x.dtype != "float32" or y.dtype != "float32" or w.dtype != compute:
+    if not _io_ok(x.dtype, y.dtype, compute) or w.dtype != compute:
         return None  # (computed weights in reduced precision: left to numpy)
     act = _activation(attrs)
     if act is None:
@@ -142,7 +173,7 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     a, b, y = ins[0], ins[1], outs[0]
     compute = attrs.get("compute", "float32")
-    if a.dtype != "float32" or y.dtype != "float32" or b.dtype not in ("float32", compute):
+    if not _io_ok(a.dtype, y.dtype, compute) or b.dtype not in ("float32", compute):
         return None
     act = _activation(attrs)
     rank = len(y.shape)
@@ -161,7 +192,7 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
           const: list[bool]) -> tuple[list[int], list[float]] | None:
-    if ins[0].dtype != "float32":
+    if ins[0].dtype not in ("float32", "bfloat16"):
         return None
     ints = [OP_POOL, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
             *attrs["ksize"], *attrs["strides"], *attrs["pads"]]
@@ -170,10 +201,15 @@ def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
            const: list[bool]) -> tuple[list[int], list[float]] | None:
-    chain = _chain(attrs["fn"], attrs.get("alpha", 0.2))
-    if chain is None or ins[0].dtype != "float32" or len(ins[0].shape) > 6:
+    fn, x = attrs["fn"], ins[0]
+    if fn in MAP and x.dtype == ("bool" if fn == "logical_not" else "float32"):
+        return [OP_MAP, MAP[fn], *x.encode(), *outs[0].encode()], []
+    if fn in MAP_I32 and x.dtype == "int32":
+        return [OP_MAP, MAP_I32[fn], *x.encode(), *outs[0].encode()], []
+    chain = _chain(fn, attrs.get("alpha", 0.2))
+    if chain is None or x.dtype not in ("float32", "bfloat16") or len(x.shape) > 6:
         return None
-    ints = [OP_ELTWISE, *ins[0].encode(), *outs[0].encode()]
+    ints = [OP_ELTWISE, *x.encode(), *outs[0].encode()]
     floats: list[float] = []
     _epilogue(chain, ints, floats)
     return ints, floats
@@ -185,14 +221,18 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
     post: list[tuple[int, float, float]] = []
     if fn == "squared_difference":
         fn, post = "sub", [(E_SQUARE, 0.0, 0.0)]
-    if fn not in BINARY or a.dtype != "float32" or len(y.shape) > 6:
-        return None
     rank = max(len(y.shape), 1)
     shape_y = _padded(y.shape, rank)
     sa, sb = _padded(a.shape, rank), _padded(b.shape, rank)
+    onednn = fn in BINARY and a.dtype in ("float32", "bfloat16") and len(y.shape) <= 6 and (
+        sa == shape_y or (sb == shape_y and fn in _SWAPPED))
+    if not onednn:  # (oneDNN's binary: float32, only the second operand broadcasting)
+        fn = attrs["fn"]
+        if fn not in _LOOP_DTYPES.get(a.dtype, ()) or rank > 8:
+            return None
+        return [OP_BINARY_LOOP, LOOP[fn], *a.encode(sa), *b.encode(sb),
+                *y.encode(shape_y)], []
     if sa != shape_y:
-        if sb != shape_y or fn not in _SWAPPED:
-            return None  # only the second operand may broadcast
         a, b, sa, sb, fn = b, a, sb, sa, _SWAPPED[fn]
     ints = [OP_BINARY, BINARY[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)]
     floats: list[float] = []
@@ -202,10 +242,16 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
              const: list[bool]) -> tuple[list[int], list[float]] | None:
-    # log-softmax stays on numpy: oneDNN's is off by up to 3e-6 absolute (its log).
-    if attrs.get("log") or ins[0].dtype != "float32" or not ins[0].shape \
-            or len(ins[0].shape) > 6:
+    x = ins[0]
+    if x.dtype != "float32" or not x.shape or len(x.shape) > 6:
         return None
+    if attrs.get("log"):
+        # Not oneDNN's log-softmax (off by up to 3e-6 absolute: its log): a loop of ours,
+        # over the last axis only.
+        if attrs["axis"] != len(x.shape) - 1:
+            return None
+        flat = [elements(x.shape[:-1]), x.shape[-1]]
+        return [OP_LOG_SOFTMAX, *x.encode(flat), *outs[0].encode(flat)], []
     return [OP_SOFTMAX, attrs["axis"], 0, *ins[0].encode(),
             *outs[0].encode()], []
 
@@ -214,8 +260,8 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
     axes = set(attrs["axes"])
-    if attrs["fn"] not in REDUCE or x.dtype != "float32" or not axes or not x.shape \
-            or len(x.shape) > 6:
+    if attrs["fn"] not in REDUCE or x.dtype not in ("float32", "bfloat16") or not axes \
+            or not x.shape or len(x.shape) > 6:
         return None
     kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
     if len(x.shape) == 4 and axes == {1, 2} and attrs["fn"] in ("mean", "max"):
@@ -224,6 +270,8 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
         _, h, w, _ = x.shape
         return [OP_POOL, int(attrs["fn"] == "max"), *x.encode(), *outs[0].encode(kept),
                 h, w, 1, 1, 0, 0, 0, 0], []
+    if x.dtype != "float32":
+        return None
     return [OP_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *outs[0].encode(kept)], []
 
 
@@ -274,9 +322,112 @@ def _cast(attrs: dict, ins: list[Ref], outs: list[Ref],
     src, dst = ins[0].dtype, outs[0].dtype
     ok = (src in ("int32", "int8", "uint8", "bool") and dst == "float32") or \
         {src, dst} == {"float32", "bfloat16"}
-    if not ok or not ins[0].shape or len(ins[0].shape) > 6:
+    if ok and ins[0].shape and len(ins[0].shape) <= 6:
+        return [OP_REORDER, *ins[0].encode(), *outs[0].encode()], []
+    loop = ("float32", "int32", "int8", "uint8", "bool")
+    if src not in loop or dst not in loop or src == dst:
         return None
-    return [OP_REORDER, *ins[0].encode(), *outs[0].encode()], []
+    return [OP_CAST_LOOP, int(dst == "bool"), *ins[0].encode([elements(ins[0].shape)]),
+            *outs[0].encode([elements(outs[0].shape)])], []
+
+
+def _dense_strides(shape: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return strides[::-1]
+
+
+def _strided(x: Ref, y: Ref, start: int, dims: Sequence[int], strides: Sequence[int]
+             ) -> tuple[list[int], list[float]] | None:
+    """y = the view of x at element `start` with these dims and element strides."""
+    if x.dtype not in _ITEMSIZE or x.dtype != y.dtype or not 1 <= len(dims) <= 12:
+        return None
+    ints = [OP_STRIDED_COPY, *x.encode([elements(x.shape)]), *y.encode([elements(y.shape)]),
+            len(dims), start]
+    for d, st in zip(dims, strides):
+        ints += [d, st]
+    return ints, []
+
+
+def _strided_slice(attrs: dict, ins: list[Ref], outs: list[Ref],
+                   const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x = ins[0]
+    if not x.shape:
+        return None
+    dense = _dense_strides(x.shape)
+    start, dims, strides = 0, [], []
+    for d, b, e, st, k in zip(x.shape, attrs["begin"], attrs["end"], attrs["strides"], dense):
+        first, stop, step = slice(b, e, st).indices(d)
+        dims.append(len(range(first, stop, step)))
+        start += first * k
+        strides.append(step * k)
+    return _strided(x, outs[0], start, dims, strides)
+
+
+def _broadcast_to(attrs: dict, ins: list[Ref], outs: list[Ref],
+                  const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, y = ins[0], outs[0]
+    if not y.shape:
+        return None
+    shape_x = _padded(x.shape, len(y.shape))
+    dense = _dense_strides(shape_x)
+    strides = [0 if dx == 1 and dy != 1 else k for dx, dy, k in zip(shape_x, y.shape, dense)]
+    return _strided(x, y, 0, list(y.shape), strides)
+
+
+def _tile(attrs: dict, ins: list[Ref], outs: list[Ref],
+          const: list[bool]) -> tuple[list[int], list[float]] | None:
+    # y viewed as [m0, d0, m1, d1, ...]: x repeated (stride 0) along each multiple's axis.
+    x = ins[0]
+    dims: list[int] = []
+    strides: list[int] = []
+    for d, m, k in zip(x.shape, attrs["multiples"], _dense_strides(x.shape)):
+        dims += [m, d]
+        strides += [0, k]
+    return _strided(x, outs[0], 0, dims, strides) if dims else None
+
+
+def _pad(attrs: dict, ins: list[Ref], outs: list[Ref],
+         const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, y = ins[0], outs[0]
+    if attrs.get("mode", "constant") != "constant" or x.dtype not in _ITEMSIZE \
+            or x.dtype == "bfloat16" or not x.shape:
+        return None
+    import numpy as np  # (the fill value's bytes, in the tensor's dtype)
+
+    raw = np.zeros(8, np.uint8)
+    value = np.asarray(attrs.get("value", 0)).astype(x.dtype)
+    raw[:value.itemsize] = np.frombuffer(value.tobytes(), np.uint8)
+    fill = int(raw.view(np.int64)[0])
+    return [OP_PAD, *x.encode(), *y.encode(), fill,
+            *[before for before, _ in attrs["paddings"]]], []
+
+
+def _select(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    c, a, b = ins
+    y = outs[0]
+    rank = max(len(y.shape), 1)
+    if c.dtype != "bool" or a.dtype not in _ITEMSIZE or rank > 8:
+        return None
+    return [OP_SELECT, *[v for r in (c, a, b, y) for v in r.encode(_padded(r.shape, rank))]
+            ], []
+
+
+def _gather(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    params, indices = ins
+    axis = attrs["axis"]
+    if attrs.get("batch_dims", 0) != 0 or indices.dtype != "int32" \
+            or params.dtype not in _ITEMSIZE or not params.shape:
+        return None
+    outer = elements(params.shape[:axis])
+    inner = elements(params.shape[axis + 1:])
+    return [OP_GATHER, outer, params.shape[axis], inner, *params.encode([elements(params.shape)]),
+            *indices.encode([max(elements(indices.shape), 1)]),
+            *outs[0].encode([elements(outs[0].shape)])], []
 
 
 _ENCODERS = {
@@ -294,6 +445,12 @@ _ENCODERS = {
     "copy": _flat_copy,
     "reshape": _flat_copy,
     "cast": _cast,
+    "strided_slice": _strided_slice,
+    "broadcast_to": _broadcast_to,
+    "tile": _tile,
+    "pad": _pad,
+    "select": _select,
+    "gather": _gather,
 }
 
 
@@ -316,3 +473,33 @@ def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int
         a = ins[0].shape
         return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
     return 16 * (out + sum(elements(r.shape) for r in ins))
+
+
+def numpy_instructions(programs: Sequence[Sequence[object]], values: dict,
+                       constants: dict) -> list[dict]:
+    """The instructions of an executable's programs that the native engine will leave to
+    the numpy reference kernels (as far as `encode` can tell before loading: oneDNN may
+    still refuse a rare shape at load). Each: index, kind, fn, dtypes, TF nodes."""
+    from ..isa import KINDS
+
+    def ref(v: int) -> Ref:
+        if v in constants:  # (an array: constants are not among the values)
+            return Ref(0, 0, constants[v].dtype.name, tuple(constants[v].shape))
+        return Ref(0, 0, values[v][1], tuple(values[v][0]))
+
+    found = []
+    index = 0
+    for program in programs:
+        for ins in program:
+            attrs = KINDS[ins.kind].with_defaults(ins.attrs)
+            ins_refs = [ref(v) for v in ins.inputs]
+            out_refs = [ref(v) for v in ins.outputs]
+            constant = [v in constants for v in ins.inputs]
+            if encode(ins.kind, attrs, ins_refs, out_refs, constant) is None \
+                    and not any(0 in r.shape for r in (*ins_refs, *out_refs)):
+                fn = attrs.get("fn") or attrs.get("to") or ""
+                found.append({"index": index, "kind": ins.kind, "fn": fn,
+                              "dtypes": [r.dtype for r in ins_refs],
+                              "tf": list(ins.source)})
+            index += 1
+    return found

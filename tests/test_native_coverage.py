@@ -1,0 +1,149 @@
+"""Instructions the native engine runs with loops of its own (engine.cc's "Loops"):
+each is really taken by the engine (not left to numpy), matches TensorFlow as closely as
+the reference engine does, and the compiler says which instructions numpy will run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.cc.compiler import compile_graph
+from neuronish.runtime import load
+from neuronish.runtime.errors import ExecutionError
+from neuronish.runtime.executable import from_bytes
+from neuronish.runtime.native import library
+from tests.graphs import trace
+
+RNG = np.random.default_rng(11)
+raw = tf.raw_ops
+
+
+def _f32(*shape: int, lo: float = -3.0, hi: float = 3.0) -> np.ndarray:
+    return RNG.uniform(lo, hi, shape).astype(np.float32)
+
+
+def _i32(*shape: int, lo: int = -9, hi: int = 9) -> np.ndarray:
+    return RNG.integers(lo, hi, shape).astype(np.int32)
+
+
+def _bool(*shape: int) -> np.ndarray:
+    return RNG.uniform(size=shape) < 0.5
+
+
+# (id, fn, inputs, rtol): float tolerances are TF's own ulps (libm vs Eigen), not looser.
+CASES = [
+    *[(f"unary-{name}", fn, [x], 2e-6) for name, fn, x in [
+        ("erf", tf.math.erf, _f32(4, 33)), ("erfc", tf.math.erfc, _f32(4, 33)),
+        ("log", tf.math.log, _f32(4, 33, lo=1e-3, hi=50)),
+        ("softplus", tf.math.softplus, _f32(4, 33, lo=-30, hi=30)),
+        ("log1p", tf.math.log1p, _f32(4, 33, lo=-0.9, hi=4)),
+        ("expm1", tf.math.expm1, _f32(4, 33)), ("floor", tf.math.floor, _f32(4, 33)),
+        ("sign", tf.math.sign, np.array([-2, 0, 3, -0.0], np.float32)),
+        ("round", tf.math.round, np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.7], np.float32)),
+        ("sin", tf.math.sin, _f32(4, 33, lo=-7, hi=7)),
+        ("cos", tf.math.cos, _f32(4, 33, lo=-7, hi=7)),
+        ("tan", tf.math.tan, _f32(4, 33, lo=-1.2, hi=1.2)),
+        ("atan", tf.math.atan, _f32(4, 33, lo=-5, hi=5))]],
+    ("logical_not", tf.math.logical_not, [_bool(3, 5)], 0),
+    *[(f"unary-i32-{name}", fn, [np.array([-2**31, -7, -1, 0, 1, 5, 9, 2**31 - 1], np.int32)],
+       0) for name, fn in [("abs", tf.math.abs), ("neg", tf.math.negative),
+                           ("relu", tf.nn.relu), ("relu6", tf.nn.relu6),
+                           ("sign", tf.math.sign), ("square", tf.math.square)]],
+    ("pow-tensor", lambda a, b: tf.pow(a, b), [_f32(2, 3, 4, lo=0.1, hi=3), _f32(4)], 2e-6),
+    ("pow-left-broadcast", lambda a, b: tf.pow(a, b), [_f32(4, lo=0.1, hi=3), _f32(2, 4)],
+     2e-6),
+    ("sub-left-broadcast", lambda a, b: a - b, [_f32(1, 4), _f32(3, 4)], 0),
+    ("both-broadcast", lambda a, b: a * b, [_f32(3, 1), _f32(1, 4)], 0),
+    ("floor_div-f32", tf.math.floordiv, [_f32(3, 4), _f32(4, lo=0.5, hi=2)], 0),
+    ("floor_mod-f32", tf.math.floormod, [_f32(3, 4), _f32(4, lo=0.5, hi=2)], 1e-6),
+    ("floor_div-i32", tf.math.floordiv, [_i32(3, 4), _i32(4, lo=1, hi=4) * -1], 0),
+    ("floor_mod-i32", tf.math.floormod, [_i32(3, 4), _i32(4, lo=1, hi=4)], 0),
+    ("add-i32", lambda a, b: a + b, [_i32(3, 4), _i32(4)], 0),
+    ("mul-i32", lambda a, b: a * b, [_i32(3, 4), _i32(3, 4)], 0),
+    ("max-i32", tf.math.maximum, [_i32(3, 4), _i32(1, 4)], 0),
+    ("less-i32", tf.math.less, [_i32(3, 4), _i32(4)], 0),
+    ("squared_difference-i32", tf.math.squared_difference, [_i32(3, 4), _i32(4)], 0),
+    ("logical_and", tf.math.logical_and, [_bool(3, 4), _bool(4)], 0),
+    ("logical_or", tf.math.logical_or, [_bool(3, 4), _bool(3, 4)], 0),
+    # BERT's attention mask: a bool [B, 1, 1, S] picks scores [B, H, S, S] or a constant.
+    ("select-mask", lambda m, s: tf.where(m, s, -1e9), [_bool(2, 1, 1, 8), _f32(2, 3, 8, 8)],
+     0),
+    ("select-i32", lambda m, a, b: tf.where(m, a, b), [_bool(3, 1), _i32(3, 4), _i32(4)], 0),
+    ("gather-rows", lambda i: tf.gather(tf.constant(_f32(50, 16)), i), [_i32(2, 7, lo=0, hi=50)],
+     0),
+    ("gather-axis1", lambda p, i: tf.gather(p, i, axis=1), [_f32(3, 6, 5), _i32(4, lo=0, hi=6)],
+     0),
+    ("strided_slice", lambda x: x[:, 1:7:2, ::-1], [_f32(3, 8, 5)], 0),
+    ("first-token", lambda x: x[:, 0, :], [_f32(4, 9, 16)], 0),
+    ("broadcast_to", lambda x: tf.broadcast_to(x, [3, 4, 5]), [_f32(4, 1)], 0),
+    ("tile", lambda x: tf.tile(x, [2, 3]), [_i32(3, 4)], 0),
+    ("pad-f32", lambda x: tf.pad(x, [[1, 2], [0, 3]], constant_values=-1.5), [_f32(3, 4)], 0),
+    ("pad-i32", lambda x: tf.pad(x, [[0, 1], [2, 0], [1, 1]]), [_i32(2, 3, 4)], 0),
+    ("log_softmax", tf.nn.log_softmax, [_f32(5, 33, lo=-20, hi=20)], 1e-6),
+    ("cast-f32-i32", lambda x: tf.cast(x, tf.int32), [_f32(3, 7, lo=-50, hi=50)], 0),
+    ("cast-i32-bool", lambda x: tf.cast(x, tf.bool), [_i32(3, 7, lo=-2, hi=2)], 0),
+    ("cast-f32-bool", lambda x: tf.cast(x, tf.bool),
+     [np.array([0.0, -0.0, 1.5, np.nan], np.float32)], 0),
+]
+
+
+def _trace(fn: object, inputs: list[np.ndarray]):  # noqa: ANN202
+    specs = [tf.TensorSpec(x.shape, tf.as_dtype(x.dtype), name=f"in{i}")
+             for i, x in enumerate(inputs)]
+    return trace(fn, *specs)
+
+
+def _run(exe: bytes, feeds: dict) -> tuple[dict, list[str]]:
+    """The outputs, and the instructions the native engine left to numpy."""
+    with load(exe) as model:
+        got = model.run(feeds)
+        program = model._idle.get()
+        model._idle.put(program)
+        left = [program.instructions[i].kind for stage in program.stages if stage.native
+                for i in stage.native.rejected]
+    return got, left
+
+
+@pytest.fixture
+def native(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE", "native")
+    assert library.load() is not None, f"native engine unavailable: {library.why_not()}"
+
+
+@pytest.mark.parametrize("case_id,fn,inputs,rtol", CASES, ids=[c[0] for c in CASES])
+def test_runs_natively_and_matches_tf(native: None, case_id: str, fn: object,
+                                      inputs: list[np.ndarray], rtol: float) -> None:
+    g = _trace(fn, inputs)
+    exe = compile_graph(g.graph_def, g.io_config)
+    assert from_bytes(exe).stats["numpy_instructions"] == []
+    feeds = {f"in{i}:0": x for i, x in enumerate(inputs)}
+    got, left = _run(exe, feeds)
+    assert left == [], f"left to numpy: {left}"
+    for key, want in g.reference(feeds).items():
+        want = np.asarray(want)
+        assert got[key].dtype == want.dtype and got[key].shape == want.shape
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(got[key], want, rtol=rtol, atol=rtol * 1e-1)
+        else:
+            np.testing.assert_array_equal(got[key], want)
+
+
+def test_a_gather_index_out_of_range_is_an_error_naming_it(native: None) -> None:
+    g = _trace(lambda i: tf.gather(tf.constant(_f32(5, 3)), i), [_i32(4, lo=0, hi=5)])
+    exe = compile_graph(g.graph_def, g.io_config)
+    with load(exe) as model:
+        with pytest.raises(ExecutionError, match="gather index 7 is out of range"):
+            model.run({"in0:0": np.array([0, 7, 1, 2], np.int32)})
+        ok = model.run({"in0:0": np.array([4, 0, 1, 2], np.int32)})  # still usable after
+    assert next(iter(ok.values())).shape == (4, 3)
+
+
+def test_the_compiler_lists_what_numpy_will_run() -> None:
+    """A cumulative sum has no native kernel yet: the executable's stats name it (the
+    compile report warns with them); the exp beside it is native and not listed."""
+    g = _trace(lambda x: tf.math.cumsum(tf.exp(x), axis=1), [_f32(3, 5)])
+    slow = from_bytes(compile_graph(g.graph_def, g.io_config)).stats["numpy_instructions"]
+    assert [(s["kind"], s["fn"], s["dtypes"]) for s in slow] == [
+        ("cumulative", "sum", ["float32"])], slow
+    assert slow[0]["tf"] and "Cumsum" in slow[0]["tf"][0]
