@@ -29,6 +29,18 @@ def modelled_figures(executable: object | None) -> dict:
             "inferences_per_second": round(m["throughput_per_second"], 1)}
 
 
+def quantization_lines(q: Mapping) -> list[str]:
+    """The int8 accuracy debugger: per quantizable instruction, its precision and the
+    relative error quantizing it alone adds to its own output (docs/int8.md)."""
+    bound = "" if q.get("max_error") is None else f", max_error {q['max_error']:g}"
+    lines = [f"    int8 on {q['samples']} calibration sample(s){bound}: output error "
+             f"{q['output_error']:.3g} (all int8: {q['all_int8_error']:.3g})"]
+    for row in q["instructions"]:
+        lines.append(f"      {row['precision']:<9} {row['error']:9.2e}  {row['instruction']:<7} "
+                     f"{', '.join(row['tf'])}")
+    return lines
+
+
 def build_report(signature: FrozenSignature, part: Partition,
                  compiled: list[tuple[Subgraph, CompileResult]], failures: list[dict],
                  excluded: dict[str, str], *, model_dir: str, new_model_dir: str,
@@ -131,6 +143,8 @@ def format_report(report: dict) -> str:
                          f"{m['inferences_per_second']:,.0f} inferences/s per group")
         if op["dynamic_batch_note"]:
             lines.append(f"    fixed batch: {op['dynamic_batch_note']}")
+        if op.get("quantization"):
+            lines += quantization_lines(op["quantization"])
     if report["OnTensorFlow"]:
         lines += ["", "left on TensorFlow:"]
         rows = [("op type", "count", "reason")]

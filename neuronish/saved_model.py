@@ -24,14 +24,14 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from neuronish.runtime.executable import from_bytes
 
-from . import external
+from . import calibration, external
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures
@@ -70,6 +70,9 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     progress: Callable[[int, int, CompileResult], None] | None = None,
     graph: str | None = None,
     verify: bool = False,
+    quantize: str | None = None,
+    calibration_data: Iterable[Mapping[str, object]] | None = None,
+    max_error: float | None = None,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
 
@@ -81,17 +84,34 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     in (Graphviz DOT alongside; see `graph_picture`). With `verify`, each compiled
     subgraph runs on TensorFlow and on the device with example inputs, and one that
     differs beyond its tolerance stays on TensorFlow (neuronish/verification.py; the
-    report's `verification`). Returns the compile report.
+    report's `verification`). With `quantize="int8"`, convolutions and matmuls are
+    quantized from `calibration_data` (feed dicts like `model_feed_dict`); `max_error`
+    keeps the costliest in float32 until the outputs' relative error on that set is
+    within it (docs/int8.md; each NeuronOp's `quantization` in the report). Returns the
+    compile report.
     """
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
     if batch_size < 1:
         raise SavedModelError(f"batch_size must be >= 1, got {batch_size}")
+    if quantize not in (None, "none", "int8"):
+        raise SavedModelError(f"quantize must be None or 'int8', got {quantize!r}")
+    if (quantize == "int8") != (calibration_data is not None) or \
+            (max_error is not None and quantize != "int8"):
+        raise SavedModelError("quantize='int8' needs calibration_data (and calibration_data "
+                              "and max_error need quantize='int8')")
+    if max_error is not None and not max_error >= 0:
+        raise SavedModelError(f"max_error must be a number >= 0, got {max_error!r}")
     signatures = freeze_signatures(model_dir, signature_def_key, tags)
+    int8 = None
+    if quantize == "int8":
+        keys = [i.key for i in signatures.frozen[0].inputs]
+        samples = calibration.collect(calibration_data, keys)  # type: ignore[arg-type]
+        int8 = _Int8(samples, calibration.fingerprint(samples), max_error)
     options = _Options(batch_size, model_shape_feed_dict, model_feed_dict, minimum_segment_size,
                        tuple(no_fuse_ops), tuple(force_fuse_ops), tuple(compiler_args),
                        compiler_workdir, compiler_timeout, max_num_compilers,
-                       dynamic_batch_size, compiler_recovery, progress, verify)
+                       dynamic_batch_size, compiler_recovery, progress, verify, int8)
     # Files are hashed (for their names in assets/) on other threads, while the compilers
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
@@ -178,6 +198,21 @@ class _Options:
     compiler_recovery: bool
     progress: Callable[[int, int, CompileResult], None] | None
     verify: bool
+    int8: _Int8 | None = None
+
+
+@dataclass(frozen=True)
+class _Int8:
+    """quantize='int8': the calibration samples (by signature input key) and the bound."""
+
+    samples: list
+    fingerprint: str
+    max_error: float | None
+
+    def key_args(self) -> tuple[str, ...]:
+        """What the compile key needs beyond the file: the flags and the set's hash."""
+        bound = () if self.max_error is None else ("--max-error", repr(self.max_error))
+        return ("--quantize", "int8", f"calibration={self.fingerprint}", *bound)
 
 
 @dataclass
@@ -221,6 +256,9 @@ class _Compiled:
                               batch_size=batch_size, seconds=seconds,
                               modelled={sg.name: modelled_figures(e) for (sg, _), e in
                                         zip(self.compiled, self.executables, strict=True)})
+        for op, exe in zip(report["NeuronOps"], self.executables, strict=True):
+            if "quantization" in exe.stats:  # per instruction: precision and error it adds
+                op["quantization"] = exe.stats["quantization"]
         report["aliases"] = list(self.signature.aliases)
         return report
 
@@ -287,8 +325,10 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
                           "op type of the graph; they were ignored (a typo?)", CompileWarning,
                           stacklevel=4)
-        digests = {sg.name: digest(sg, compiler_args) for sg in part.subgraphs}
+        key_args = o.int8.key_args() if o.int8 else ()
+        digests = {sg.name: digest(sg, (*compiler_args, *key_args)) for sg in part.subgraphs}
         todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
+        extra = _int8_args(o.int8, signature, todo, scratch, round_)
         # Each subgraph is written to its file once, streamed (no copy of the weights
         # held whole): the compiler reads it, and export links it into assets/.
         for sg in todo:
@@ -296,7 +336,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             graphs[digests[sg.name]] = file
             hashes[file.path] = hasher.submit(external.file_sha256, file.path)
         jobs = [CompileJob(sg.name, Path(graphs[digests[sg.name]].path), sg.io_config,
-                           tuple(compiler_args)) for sg in todo]
+                           (*compiler_args, *extra.get(sg.name, ()))) for sg in todo]
         workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
             os.path.join(compiler_workdir, f"recovery-{round_}")
         for sg, result in zip(todo, compile_with_cache(
@@ -358,6 +398,21 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature, new_graph_def, outputs, blobs, part, compiled, excluded,
                      failures, executables, verdicts)
+
+
+def _int8_args(int8: _Int8 | None, signature: FrozenSignature, todo: list, scratch: str,
+               round_: int) -> dict[str, tuple[str, ...]]:
+    """Per subgraph to compile: the compiler's int8 flags, with its calibration file."""
+    if int8 is None or not todo or any(i.key not in int8.samples[0] for i in signature.inputs):
+        return {}  # (another signature, whose inputs the calibration set does not feed)
+    directory = os.path.join(scratch, f"calibration-{round_}")
+    os.makedirs(directory, exist_ok=True)
+    tensor_of_key = {i.key: i.tensor for i in signature.inputs}
+    files = calibration.write_files(signature.graph_def.SerializeToString(), int8.samples,
+                                    tensor_of_key, todo, directory)
+    bound = () if int8.max_error is None else ("--max-error", repr(int8.max_error))
+    return {name: ("--quantize", "int8", "--calibration", path, *bound)
+            for name, path in files.items()}
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ def _conv2d_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
     act = _activation(attrs)
     if act is None or not const[1]:
         return None
-    residual = bool(attrs["residual"])
+    residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 4
     ints = [OP_QCONV, int(has_bias), int(residual)]
     for r in (*ins, outs[0]):
@@ -34,7 +34,7 @@ def _conv2d_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
     ints += [*attrs["strides"], *attrs["dilations"], *attrs["pads"]]
     floats: list[float] = []
     _epilogue(act, ints, floats)
-    return ints, floats + [attrs["x_scale"], attrs["y_scale"]]
+    return ints, floats + [attrs["x_scale"], attrs.get("y_scale", 1.0)]
 
 
 def _matmul_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
@@ -51,7 +51,7 @@ def _matmul_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
     ints += outs[0].encode()
     floats: list[float] = []
     _epilogue(act, ints, floats)
-    return ints, floats + [attrs["a_scale"], attrs["y_scale"]]
+    return ints, floats + [attrs["a_scale"], attrs.get("y_scale", 1.0)]
 
 
 ENCODERS = {"quantize": _quantize, "conv2d_int8": _conv2d_int8, "matmul_int8": _matmul_int8}
