@@ -265,3 +265,105 @@ def test_native_and_numpy_engines_agree_on_a_quantized_model(monkeypatch) -> Non
                 assert not [v for v in impls.values() if v.startswith("ref")], impls
     for k, v in results["numpy"].items():
         np.testing.assert_allclose(results["native"][k], v, rtol=1e-5, atol=1e-5 * np.abs(v).max())
+
+
+# --- a real task ---------------------------------------------------------------------------------
+
+def _digits_model(directory: Path):  # noqa: ANN202
+    """A small CNN trained on scikit-learn's 8x8 digits (a few seconds), exported."""
+    sklearn = pytest.importorskip("sklearn.datasets", reason="scikit-learn (the test extra) "
+                                  "holds the digits data set")
+    digits = sklearn.load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[..., None]
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(x))
+    x, y = x[order], y[order]
+    split = 1200
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([
+        tf.keras.Input((8, 8, 1), name="image"),
+        tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+        tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        tf.keras.layers.MaxPooling2D(2),
+        tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x[:split], y[:split], epochs=8, batch_size=32, verbose=0)
+    model.export(str(directory), verbose=False)
+    return x[:split], x[split:], y[split:]
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.ndarray,
+                                                               np.ndarray]:
+    directory = tmp_path_factory.mktemp("int8") / "digits"
+    return (directory, *_digits_model(directory))
+
+
+def test_digits_cnn_keeps_its_accuracy_in_int8(digits: tuple, tmp_path: Path) -> None:
+    import neuronish.saved_model
+
+    source, train, test_x, test_y = digits
+    original = tf.saved_model.load(str(source)).signatures["serving_default"]
+    key = next(iter(original.structured_input_signature[1]))
+    calibration = [{key: train[i:i + 32]} for i in range(0, 256, 32)]
+    report = neuronish.saved_model.compile(str(source), str(tmp_path / "int8"),
+                                           batch_size=32, quantize="int8",
+                                           calibration_data=calibration)
+    (op,) = report["NeuronOps"]
+    q = op["quantization"]
+    assert q["samples"] == 8 and {r["precision"] for r in q["instructions"]} == {"int8"}
+    assert len(q["instructions"]) == 5  # three convolutions, two dense layers
+    assert "int8 on 8 calibration sample(s)" in neuronish.saved_model.format_report(report)
+    compiled = tf.saved_model.load(str(tmp_path / "int8")).signatures["serving_default"]
+
+    def accuracy(fn) -> float:  # noqa: ANN001
+        logits = next(iter(fn(**{key: tf.constant(test_x)}).values())).numpy()
+        return float(np.mean(np.argmax(logits, axis=1) == test_y))
+
+    fp32, int8 = accuracy(original), accuracy(compiled)
+    print(f"digits: {len(test_y)} test images, accuracy TF fp32 {fp32:.4f}, int8 {int8:.4f}")
+    assert fp32 > 0.9, fp32  # the model did learn
+    assert abs(int8 - fp32) <= 0.01, (fp32, int8)
+    # ...and it ran in int8: its logits differ from TF's by the quantization error
+    want = next(iter(original(**{key: tf.constant(test_x)}).values())).numpy()
+    got = next(iter(compiled(**{key: tf.constant(test_x)}).values())).numpy()
+    assert 1e-4 < _rel(got, want) < 0.05, _rel(got, want)
+
+
+def test_compile_refuses_quantize_without_calibration(tmp_path: Path) -> None:
+    import neuronish.saved_model
+    from neuronish.errors import SavedModelError
+
+    (tmp_path / "m").mkdir()  # (checked before the model is read)
+    model, out = str(tmp_path / "m"), str(tmp_path / "out")
+    with pytest.raises(SavedModelError, match="needs calibration_data"):
+        neuronish.saved_model.compile(model, out, quantize="int8")
+    with pytest.raises(SavedModelError, match="must be None or 'int8'"):
+        neuronish.saved_model.compile(model, out, quantize="int4")
+    with pytest.raises(SavedModelError, match="need quantize='int8'"):
+        neuronish.saved_model.compile(model, out, max_error=0.1)
+
+
+def test_neuronish_cli_compiles_int8_from_a_calibration_file(digits: tuple,
+                                                             tmp_path: Path) -> None:
+    source, train, _, _ = digits
+    key = next(iter(tf.saved_model.load(str(source)).signatures["serving_default"]
+                    .structured_input_signature[1]))
+    np.savez(tmp_path / "calib.npz", **{key: train[:100]})  # 100 rows: 3 calls of 32 + 4
+    cmd = [sys.executable, "-m", "neuronish.cli", "compile", str(source),
+           str(tmp_path / "out"), "--batch-size", "32", "--quantize", "int8",
+           "--calibration-data", str(tmp_path / "calib.npz"), "--max-error", "0.5", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    q = report["NeuronOps"][0]["quantization"]
+    assert q["samples"] == 3 and q["max_error"] == 0.5 and q["output_error"] <= 0.5
+    np.savez(tmp_path / "bad.npz", nothing=train[:4])
+    bad = subprocess.run([*cmd[:5], str(tmp_path / "out2"), *cmd[6:8], "--quantize", "int8",
+                          "--calibration-data", str(tmp_path / "bad.npz")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and f"no value for input(s) ['{key}']" in bad.stderr, bad.stderr
