@@ -301,6 +301,12 @@ def _inspect(args: argparse.Namespace) -> int:
     if info["compute_precision"]:
         print("  matmul-like operands read in: " + ", ".join(
             f"{k} x{n}" for k, n in info["compute_precision"].items()))
+    q = exe.stats.get("quantization")
+    if q:  # docs/int8.md
+        n8 = sum(r["precision"] == "int8" for r in q["instructions"])
+        print(f"  int8: {n8} of {len(q['instructions'])} convolutions/matmuls, output error "
+              f"{q['output_error']:.3g} on {q['samples']} calibration sample(s)" +
+              (f" (max_error {q['max_error']:g})" if q.get("max_error") is not None else ""))
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))

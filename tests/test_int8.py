@@ -204,7 +204,7 @@ def test_cli_quantizes_with_a_calibration_file(tmp_path: Path) -> None:
         assert 0 < _rel(got[name], want) < 0.03, _rel(got[name], want)
     shown = subprocess.run([sys.executable, "-m", "neuronish.cc.cli", "inspect",
                             str(tmp_path / "int8.neff")], capture_output=True, text=True)
-    assert "conv2d_int8 x3" in shown.stdout, shown.stdout
+    assert "conv2d_int8 x3" in shown.stdout and "int8: 4 of 4" in shown.stdout, shown.stdout
 
     # Bad calibration files are bad usage (exit 2), naming what is wrong.
     np.savez(tmp_path / "wrong.npz", y=calib)
@@ -312,8 +312,10 @@ def test_digits_cnn_keeps_its_accuracy_in_int8(digits: tuple, tmp_path: Path) ->
     calibration = [{key: train[i:i + 32]} for i in range(0, 256, 32)]
     report = neuronish.saved_model.compile(str(source), str(tmp_path / "int8"),
                                            batch_size=32, quantize="int8",
-                                           calibration_data=calibration)
+                                           calibration_data=calibration, verify=True)
     (op,) = report["NeuronOps"]
+    (verdict,) = report["verification"]  # judged by its calibrated error, not float rounding
+    assert verdict["passed"] and verdict["auto_cast"] == "int8", verdict
     q = op["quantization"]
     assert q["samples"] == 8 and {r["precision"] for r in q["instructions"]} == {"int8"}
     assert len(q["instructions"]) == 5  # three convolutions, two dense layers
