@@ -363,7 +363,10 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
         from .verification import verify_signature
 
-        compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
+        # int8 is judged on data like its calibration set: random inputs unlike it
+        # (negative pixels for a uint8 input) would fail it for no fault of its own.
+        examples = model_feed_dict or (o.int8.samples[0] if o.int8 else None)
+        compiled, verdicts = verify_signature(signature, shapes, examples, compiled,
                                               excluded)
     # Each executable is read once here, for its signature, core count and modelled
     # figures; it and its subgraph are handed to export as they are, never copied into

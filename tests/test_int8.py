@@ -313,8 +313,8 @@ def test_digits_cnn_keeps_its_accuracy_in_int8(digits: tuple, tmp_path: Path) ->
     report = neuronish.saved_model.compile(str(source), str(tmp_path / "int8"),
                                            batch_size=32, quantize="int8",
                                            calibration_data=calibration, verify=True)
-    (op,) = report["NeuronOps"]
-    (verdict,) = report["verification"]  # judged by its calibrated error, not float rounding
+    (verdict,) = report["verification"]
+    (op,) = report["NeuronOps"]  # judged by its calibrated error, not float rounding
     assert verdict["passed"] and verdict["auto_cast"] == "int8", verdict
     q = op["quantization"]
     assert q["samples"] == 8 and {r["precision"] for r in q["instructions"]} == {"int8"}
