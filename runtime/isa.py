@@ -857,8 +857,10 @@ def _int8_operands(t: Sequence[HasType], a: dict, x_scale: str, out_ch: int) -> 
 def _float_extras(extras: Sequence[HasType], bias_n: int, out: Type, residual: bool) -> None:
     rest = list(extras)
     if residual:
-        if not rest or tuple(rest[-1].shape) != out.shape or rest[-1].dtype != "float32":
-            raise IsaError(f"residual must be float32{list(out.shape)}", "residual")
+        if not rest or tuple(rest[-1].shape) != out.shape or \
+                rest[-1].dtype not in QUANTIZED | {"float32"}:
+            raise IsaError(f"residual must be float32, uint8 or int8 {list(out.shape)}",
+                           "residual")
         rest = rest[:-1]
     if len(rest) > 1:
         raise IsaError("too many inputs for the residual flag", "in")
@@ -900,11 +902,15 @@ declare(Kind("quantize", ("x",), attrs=(
         "[−128, 127]; NaN gives 0. The edge of an int8 region (docs/int8.md).")))
 declare(Kind("conv2d_int8", ("x", "w", "w_scale"), ("bias", "residual"), attrs=(
     *_WINDOW[:3], Attr("x_scale", NUM, doc="x's quantization step"),
-    Attr("residual", BOOL, False, "the last input (float32, y's shape) is added after bias"),
+    Attr("residual", BOOL, False, "the last input (y's shape) is added after bias"),
+    Attr("residual_scale", NUM, 1.0, "an 8-bit residual's step: it adds residual·"
+         "float32(residual_scale)"),
     *_ACTIVATION[:2], *_QOUT),
     rule=_conv2d_int8, doc=(
         "conv2d (NHWC, one group) on a quantized x (uint8/int8) and w (int8 [KH,KW,C,O], "
-        "per-output-channel steps w_scale)." + _INT8_DOC.format(s="x_scale"))))
+        "per-output-channel steps w_scale)." + _INT8_DOC.format(s="x_scale") +
+        " A uint8/int8 residual (a quantized shortcut) adds float32(residual)·"
+        "float32(residual_scale).")))
 declare(Kind("matmul_int8", ("a", "b", "w_scale"), ("bias",), attrs=(
     Attr("a_scale", NUM, doc="a's quantization step"), *_ACTIVATION[:2], *_QOUT),
     rule=_matmul_int8, doc=(

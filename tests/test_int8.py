@@ -99,7 +99,8 @@ def test_quantize_rounds_half_to_even_and_saturates(to: str) -> None:
 
 @pytest.mark.parametrize("x_dtype", ["uint8", "int8"])
 @pytest.mark.parametrize("out", ["float32", "uint8", "int8"])
-@pytest.mark.parametrize("case", ["bias_relu", "strided_dilated", "residual"])
+@pytest.mark.parametrize("case", ["bias_relu", "strided_dilated", "residual",
+                                  "residual_uint8"])
 def test_conv2d_int8_matches_reference(x_dtype: str, out: str, case: str) -> None:
     lo, hi = (0, 256) if x_dtype == "uint8" else (-128, 128)
     x = RNG.integers(lo, hi, (2, 9, 10, 24)).astype(x_dtype)
@@ -115,8 +116,14 @@ def test_conv2d_int8_matches_reference(x_dtype: str, out: str, case: str) -> Non
     if case == "residual":
         attrs["residual"] = True
         extras.append(RNG.standard_normal((2, 9, 10, 32)).astype(np.float32))
+    inputs = list(extras)
+    if case == "residual_uint8":  # a quantized shortcut adds r * residual_scale
+        attrs.update(residual=True, residual_scale=0.03, activation="relu")
+        r = RNG.integers(0, 256, (2, 9, 10, 32)).astype(np.uint8)
+        inputs.append(r)
+        extras.append(r.astype(np.float32) * np.float32(0.03))
     want = _conv_reference(x, w, ws, extras, attrs)
-    for got in _both_engines("conv2d_int8", [x, w, ws, *extras], attrs,
+    for got in _both_engines("conv2d_int8", [x, w, ws, *inputs], attrs,
                              (want.shape, out)).values():
         _agree(got, want)
 
@@ -188,12 +195,13 @@ def test_cli_quantizes_with_a_calibration_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     exe = from_bytes((tmp_path / "int8.neff").read_bytes())
     kinds = [i.kind for i in exe.programs[0]]
-    # One quantize per float edge: the input, the value both a conv and a residual read,
-    # the mean in front of the dense layer; the chained pair passes uint8 directly.
-    assert kinds.count("quantize") == 3 and kinds.count("conv2d_int8") == 3, kinds
+    # One quantize per float edge: the input, the mean in front of the dense layer; the
+    # convolutions pass uint8 on, to the next one's input and to the residual alike.
+    assert kinds.count("quantize") == 2 and kinds.count("conv2d_int8") == 3, kinds
     assert "matmul_int8" in kinds and "conv2d" not in kinds, kinds
-    outs = [i.attrs["out"] for i in exe.programs[0] if i.kind == "conv2d_int8"]
-    assert outs == ["float32", "uint8", "float32"], outs
+    convs = [i for i in exe.programs[0] if i.kind == "conv2d_int8"]
+    assert [i.attrs["out"] for i in convs] == ["uint8", "uint8", "float32"]
+    assert convs[2].attrs["residual_scale"] == convs[1].attrs["x_scale"]
     q = exe.stats["quantization"]
     assert q["samples"] == 6 and len(q["instructions"]) == 4
     assert all(r["precision"] == "int8" and 0 < r["error"] < 0.05 for r in q["instructions"])

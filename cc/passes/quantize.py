@@ -11,9 +11,10 @@ conv2d (one group) and matmul with constant weights becomes `conv2d_int8` /
   (after a ReLU: all 256 levels), else symmetric int8; no zero points;
 - a `quantize` instruction only where a quantized instruction reads a float value (the
   edge of an int8 region); an instruction whose every reader is a quantized instruction
-  reading it as its input writes 8 bits itself (requantized in its epilogue), so a chain
-  of convolutions passes uint8 from one to the next; the rest write float32
-  (dequantized in the epilogue, with bias, residual and activation in float32).
+  reading it as its input or as its residual writes 8 bits itself (requantized in its
+  epilogue), so a chain of convolutions, ResNet's shortcuts included, passes uint8 from
+  one to the next; the rest write float32 (dequantized in the epilogue, with bias,
+  residual and activation in float32).
 
 Accuracy control (like NNCF's `quantize_with_accuracy_control`): each instruction's
 cost is the relative error of its own output when it alone is quantized (from float32
@@ -244,12 +245,17 @@ def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges) -> tuple[Graph, dic
     readers = graph.consumers()
     outputs = {v.id for v in graph.outputs}
 
+    def eight_bit_use(u: Node, v: Value) -> bool:
+        """u reads v only as its input, or (a conv) as its residual."""
+        residual = u.kind == "conv2d" and bool(u.attrs.get("residual"))
+        uses = [k for k, w in enumerate(u.inputs) if w is v]
+        return id(u) in chosen_nodes and all(
+            k == 0 or (residual and k == len(u.inputs) - 1) for k in uses)
+
     def eight_bit_out(n: Node) -> bool:
         v = n.outputs[0]
         users = readers.get(v.id, [])
-        return v.id not in outputs and bool(users) and all(
-            id(u) in chosen_nodes and u.inputs[0] is v and
-            all(w is not v for w in u.inputs[1:]) for u in users)
+        return v.id not in outputs and bool(users) and all(eight_bit_use(u, v) for u in users)
 
     mapped: dict[int, Value] = {}
     quantized: dict[int, Value] = {}  # float value id -> its quantize node's output
@@ -276,6 +282,9 @@ def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges) -> tuple[Graph, dic
             new = _int8_node(n, mx, xp, out)
             new.inputs = [new.inputs[0], new.inputs[1], new.inputs[2],
                           *(m(v) for v in new.inputs[3:])]
+            if new.attrs.get("residual") and new.inputs[-1].dtype != "float32":
+                # a quantized shortcut: read as it is, at its step
+                new.attrs["residual_scale"] = ranges.params(n.inputs[-1]).scale
         else:
             new = Node(n.kind, [m(v) for v in n.inputs], [], dict(n.attrs), n.origin)
             new.outputs = [Value(o.type, producer=new, name=o.name) for o in n.outputs]

@@ -68,7 +68,10 @@ def conv2d_int8(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
     acc = evaluate("conv2d", [x.astype(np.float64), w.astype(np.float64)], plain,
                    [(y.shape, "float64")])[0]
     scale = np.float32(attrs["x_scale"]) * w_scale
-    _epilogue(acc, scale, list(ins[3:]), y, attrs)
+    extras = list(ins[3:])
+    if attrs.get("residual") and extras[-1].dtype != np.float32:  # a quantized shortcut
+        extras[-1] = extras[-1].astype(np.float32) * np.float32(attrs.get("residual_scale", 1.0))
+    _epilogue(acc, scale, extras, y, attrs)
 
 
 @kernel("matmul_int8")

@@ -943,13 +943,15 @@ void add_quantize(Program& p, Reader& rd, Instr& ins) {
 
 // The scales and post-ops of an int8 primitive; `wmask` selects the weights' output axis.
 primitive_attr int8_attr(Program& p, int wmask, bool out_int, const memory::desc* residual,
-                         const Epilogue& act) {
+                         const Epilogue& act, float res_step = 0.f) {
   primitive_attr a = p.attr();
   a.set_scales_mask(DNNL_ARG_SRC, 0);
   a.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
   if (out_int) a.set_scales_mask(DNNL_ARG_DST, 0);
   dnnl::post_ops po;
+  if (res_step > 0) po.append_eltwise(algorithm::eltwise_linear, 1.f / res_step, 0.f);
   if (residual) po.append_binary(algorithm::binary_add, *residual);
+  if (res_step > 0) po.append_eltwise(algorithm::eltwise_linear, res_step, 0.f);
   append_eltwise(po, act);
   a.set_post_ops(po);
   return a;
@@ -971,7 +973,7 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   Ref y = rd.ref();
   memory::dims strides = rd.ints(2), dil = rd.ints(2), pads = rd.ints(4);
   Epilogue act = read_epilogue(rd);
-  float x_scale = rd.nextf(), y_scale = rd.nextf();
+  float x_scale = rd.nextf(), y_scale = rd.nextf(), res_scale = rd.nextf();
   for (auto& d : dil) d -= 1;
   if (w.dims.size() != 4 || w.type != dt::s8) throw Error("conv2d_int8 weights must be s8 4-D");
   bool out_int = y.type != dt::f32;
@@ -980,11 +982,15 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   size_t temp_at = 0;
   memory::desc x_use, res_use;
   p.bind_image(ins, s, DNNL_ARG_SRC, x, x.type, false, temp_at, &x_use);
+  // An 8-bit residual r adds r * res_scale; oneDNN's binary post-op has no scale of its
+  // own (3.2), so the sum is taken at the residual's scale: (v / res_scale + r) * res_scale
+  // (then the binary is post-op 1, after that division).
+  float res_step = has_res && res.type != dt::f32 ? res_scale : 0.f;
   if (has_res)
-    p.bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, res.type,
-                 false, temp_at, &res_use);
+    p.bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(res_step > 0 ? 1 : 0) | DNNL_ARG_SRC_1,
+                 res, res.type, false, temp_at, &res_use);
   memory::desc b_md = has_bias ? plain(b) : memory::desc();
-  primitive_attr a = int8_attr(p, 1, out_int, has_res ? &res_use : nullptr, act);
+  primitive_attr a = int8_attr(p, 1, out_int, has_res ? &res_use : nullptr, act, res_step);
   auto pd = dnnl::convolution_forward::primitive_desc(
       p.eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
       memory::desc(w_given.get_dims(), dt::s8, tag::any), b_md, nhwc(y), strides, dil,

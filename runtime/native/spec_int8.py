@@ -34,7 +34,8 @@ def _conv2d_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
     ints += [*attrs["strides"], *attrs["dilations"], *attrs["pads"]]
     floats: list[float] = []
     _epilogue(act, ints, floats)
-    return ints, floats + [attrs["x_scale"], attrs.get("y_scale", 1.0)]
+    return ints, floats + [attrs["x_scale"], attrs.get("y_scale", 1.0),
+                           attrs.get("residual_scale", 1.0)]
 
 
 def _matmul_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
