@@ -1,7 +1,9 @@
-"""neuronish-model-server over gRPC: requests/s and p50/p99 latency, batching off vs on.
+"""neuronish-model-server over gRPC: requests/s and p50/p99 latency, batching off vs on,
+TF Serving's protocol vs the Open Inference Protocol (KServe v2).
 
     python benchmarks/serving.py [--clients 64] [--seconds 5] [--windows 3] [--rows 1]
                                  [--models mlp,mlp_neuron] [--client-processes 2]
+                                 [--protocols tfs,v2]
 
 For each model (the zoo's `mlp`, and `mlp_neuron`: the same model compiled for
 the device with batch size 4) and each mode (batching off, then on with the
@@ -10,7 +12,10 @@ clients (threads spread over a few client processes, so the client side is not
 one GIL) send Predict requests of `--rows` rows through the official stubs for
 `--windows` windows of `--seconds` each, after a warm-up. Each window gives
 requests/s and the p50/p99 of its latencies; the medians over the windows are
-reported. One run: these machines are shared, so quote medians, not best cases.
+reported. `tfs` clients call PredictionService/Predict with TF Serving's stubs; `v2`
+clients call inference.GRPCInferenceService/ModelInfer with tritonclient (raw tensor
+bytes), the same model, input and server. One run: these machines are shared, so
+quote medians, not best cases.
 """
 
 from __future__ import annotations
@@ -50,22 +55,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _v2_call(port: int, model: str, x: np.ndarray):  # noqa: ANN202 (a closure)
+    """One tritonclient gRPC client and its request; errors raise as grpc.RpcError does."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return lambda: client.infer(model, [inp], client_timeout=60)
+
+
 def _client_process(port: int, model: str, threads: int, rows: int,
                     ready: multiprocessing.Queue, schedule: multiprocessing.Queue,
-                    out: multiprocessing.Queue) -> None:
+                    out: multiprocessing.Queue, protocol: str = "tfs") -> None:
     """Run `threads` clients until the last window ends; report latencies per window.
     The schedule comes once every client process is ready (imports take seconds)."""
     import grpc
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
     x = np.random.default_rng(0).standard_normal((rows, 32)).astype(np.float32)
-    request.inputs["x"].CopyFrom(tf.make_tensor_proto(x))
-    channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(4)]
-    for channel in channels:
-        grpc.channel_ready_future(channel).result(timeout=60)
+    if protocol == "v2":
+        from tritonclient.utils import InferenceServerException
+
+        calls = [_v2_call(port, model, x) for _ in range(threads)]
+        failures: tuple[type[Exception], ...] = (InferenceServerException, grpc.RpcError)
+    else:
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = model
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto(x))
+        channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _ in range(4)]
+        for channel in channels:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        stubs = [prediction_service_pb2_grpc.PredictionServiceStub(channels[k % 4])
+                 for k in range(threads)]
+        calls = [lambda stub=stub: stub.Predict(request, timeout=60) for stub in stubs]
+        failures = (grpc.RpcError,)
     ready.put(True)
     start_at, windows = schedule.get()
     per_window: list[list[float]] = [[] for _ in windows]
@@ -74,14 +100,14 @@ def _client_process(port: int, model: str, threads: int, rows: int,
     end = windows[-1][1]
 
     def client(k: int) -> None:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channels[k % len(channels)])
+        call = calls[k]
         mine: list[list[float]] = [[] for _ in windows]
         while time.time() < start_at:
             time.sleep(0.001)
         while (now := time.time()) < end:
             try:
-                stub.Predict(request, timeout=60)
-            except grpc.RpcError:
+                call()
+            except failures:
                 with lock:
                     errors[0] += 1
                 continue
@@ -171,13 +197,13 @@ def _collect(q: multiprocessing.Queue, procs: list, timeout_s: float, what: str)
     return items
 
 
-def _measure(port: int, model: str, args: argparse.Namespace) -> dict:
+def _measure(port: int, model: str, args: argparse.Namespace, protocol: str = "tfs") -> dict:
     ctx = multiprocessing.get_context("spawn")
     ready, schedule, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     k = args.client_processes
     counts = [args.clients // k + (i < args.clients % k) for i in range(k)]
     procs = [ctx.Process(target=_client_process,
-                         args=(port, model, n, args.rows, ready, schedule, out))
+                         args=(port, model, n, args.rows, ready, schedule, out, protocol))
              for n in counts if n]
     for p in procs:
         p.start()
@@ -221,7 +247,13 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--rows", type=int, default=1, help="rows per request")
     p.add_argument("--models", default="mlp,mlp_neuron")
+    p.add_argument("--protocols", default="tfs,v2",
+                   help="tfs: TF Serving's Predict; v2: the Open Inference Protocol's "
+                        "ModelInfer (tritonclient)")
     args = p.parse_args()
+    protocols = args.protocols.split(",")
+    if set(protocols) - {"tfs", "v2"}:
+        raise SystemExit(f"unknown protocol in {args.protocols!r} (tfs, v2)")
 
     from models.cache import cached_saved_model
 
@@ -245,21 +277,24 @@ def main() -> int:
               f"{args.rows} row(s)/request, {args.windows} windows x {args.seconds:g}s, "
               f"{os.cpu_count()} CPUs")
         print(f"batching on: {BATCHING}")
-        print(f"{'model':<12} {'batching':<9} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'errors':>6}  req/s per window")
+        print(f"{'model':<12} {'batching':<9} {'protocol':<9} {'req/s':>8} {'p50 ms':>8} "
+              f"{'p99 ms':>8} {'errors':>6}  req/s per window")
         for batching in (False, True):
             proc, port = _serve(model_dirs, batching, work)
             try:
                 for name in model_dirs:
-                    try:
-                        r = _measure(port, name, args)
-                    except ClientFailed as e:
-                        print(f"benchmarks/serving.py: {name}, batching "
-                              f"{'on' if batching else 'off'}: {e}", file=sys.stderr)
-                        return 1
-                    print(f"{name:<12} {'on' if batching else 'off':<9} {r['rps']:>8.0f} "
-                          f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['errors']:>6}  "
-                          + " ".join(f"{x:.0f}" for x in r["windows_rps"]), flush=True)
+                    for protocol in protocols:
+                        try:
+                            r = _measure(port, name, args, protocol)
+                        except ClientFailed as e:
+                            print(f"benchmarks/serving.py: {name}, batching "
+                                  f"{'on' if batching else 'off'}, {protocol}: {e}",
+                                  file=sys.stderr)
+                            return 1
+                        print(f"{name:<12} {'on' if batching else 'off':<9} {protocol:<9} "
+                              f"{r['rps']:>8.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                              f"{r['errors']:>6}  "
+                              + " ".join(f"{x:.0f}" for x in r["windows_rps"]), flush=True)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(60)

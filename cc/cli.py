@@ -239,7 +239,7 @@ def _list_operators(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from neuronish.runtime.errors import ExecutableError
-    from neuronish.runtime.executable import describe, from_bytes
+    from neuronish.runtime.executable import describe, from_bytes, read_file
 
     from .device_model import DeviceModelError, estimate, load_device
 
@@ -258,7 +258,7 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"neuronish-cc: error: {e}", file=sys.stderr)
         return 2
     try:
-        exe = from_bytes(path.read_bytes())
+        exe = from_bytes(read_file(path))
         info = describe(exe)
         modelled = estimate(exe, device)
     except OSError as e:

@@ -23,7 +23,6 @@ overlap in steady state). Nothing here is measured: see docs/device-model.md.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, fields
@@ -32,10 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from neuronish.runtime.executable import Executable, Instruction
+from neuronish.runtime.files import FileRefused, read_json
 
 from .errors import CompilerError
 
 ENV_VAR = "NEURONISH_DEVICE_MODEL"
+MAX_DEVICE_MODEL_BYTES = 1 << 20  # a dozen numbers; a file past this is not one
 MATRIX_KINDS = frozenset({"matmul", "conv2d"})
 _CAST_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -92,11 +93,11 @@ def load_device(path: str | os.PathLike | None = None) -> DeviceDescription:
     if not path:
         return INFERENTIA2
     try:
-        raw = json.loads(Path(path).read_text())
+        raw = read_json(path, MAX_DEVICE_MODEL_BYTES, "device model")
+    except FileRefused as e:
+        raise DeviceModelError(f"device model {path}: {e.strerror}") from None
     except OSError as e:
         raise DeviceModelError(f"device model {path}: cannot read: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise DeviceModelError(f"device model {path}: not JSON: {e}") from None
     if not isinstance(raw, dict):
         raise DeviceModelError(f"device model {path}: expected a JSON object of fields, "
                                f"got {type(raw).__name__}")

@@ -17,9 +17,26 @@ from __future__ import annotations
 
 import numpy as np
 
+from neuronish.runtime import isa
 from neuronish.runtime.kernels import evaluate
 
 from .ir import Graph, Node, Value, constant
+
+# What constant folding may compute: a fold whose outputs take more than
+# MAX_FOLD_BYTES and more than FOLD_GROWTH times its constant inputs is left as an
+# instruction the device runs. Without it a 200-byte GraphDef (Fill to [2^28, 4])
+# made the compiler allocate 4 GiB; with it a compile's folding costs at most a
+# multiple of the constants the graph itself holds. (Reshaped, transposed or
+# dequantized weights grow by at most 4x and still fold.)
+MAX_FOLD_BYTES = 64 << 20
+FOLD_GROWTH = 4
+
+
+def fold_fits(node: Node) -> bool:
+    """Whether folding `node` stays within the bound above (exact integer sizes)."""
+    out = sum(isa.nbytes(o.shape, o.dtype) for o in node.outputs)
+    given = sum(isa.nbytes(v.shape, v.dtype) for v in node.inputs)
+    return out <= max(MAX_FOLD_BYTES, FOLD_GROWTH * given)
 
 
 def run_node(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:

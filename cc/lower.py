@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import traceback
 
-from . import ops  # noqa: F401  (registers every lowering)
+from . import batch, ops  # noqa: F401  (ops registers every lowering)
 from .errors import CompilerError, InvalidGraph, NodeError, NodeProblem, UnsupportedNodes
 from .graphdef import TensorRef, TFNode
 from .interpret import fold_node
@@ -234,24 +234,18 @@ def lower(nodes: list[TFNode], io: IOConfig) -> Graph:
         if any(r.node in problems.failed for r in node.inputs):
             problems.failed.add(node.name)  # already explained by the node it depends on
             continue
-        ctx.node = node
         try:
-            outs = LOWERINGS[node.op].fn(ctx, node)
+            outs = _lower_node(ctx, node)
         except NodeError as e:
             problems.add(node, e.reason, e.hint)
             continue
-        except CompilerError:
-            raise
-        except Exception as e:  # a bug in a lowering: say where, keep the trace
-            raise CompilerError(
-                f"internal compiler error while lowering node {node.name!r} ({node.op}): "
-                f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-                "Please report this with the GraphDef.") from e
         output_counts[node.name] = len(outs)
         for i, v in enumerate(outs):
             values[TensorRef(node.name, i)] = v
     _check_outputs(by_name, io, values, output_counts, problems)
     _check_output_batch_axes(io, values, problems)
+    if not problems.all(order):
+        problems.nodes += _batch_problems(order, fed, fed_nodes, values, io)
     if found := problems.all(order):
         raise UnsupportedNodes(found)
 
@@ -261,16 +255,108 @@ def lower(nodes: list[TFNode], io: IOConfig) -> Graph:
     return graph
 
 
+def _lower_node(ctx: LowerCtx, node: TFNode) -> list[Value]:
+    """One node's lowering; NodeError if it cannot be lowered."""
+    ctx.node = node
+    try:
+        return LOWERINGS[node.op].fn(ctx, node)
+    except CompilerError:
+        raise
+    except Exception as e:  # a bug in a lowering: say where, keep the trace
+        raise CompilerError(
+            f"internal compiler error while lowering node {node.name!r} ({node.op}): "
+            f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+            "Please report this with the GraphDef.") from e
+
+
+class _ConstReads(LowerCtx):
+    """A lowering context that records which inputs each lowering takes as compile-time
+    constants (its shape operands), for the batch check."""
+
+    def __init__(self, values: dict[TensorRef, Value]):
+        super().__init__(values, fold_node)
+        self.reads: dict[str, set[int]] = {}
+
+    def const_input(self, node: TFNode, i: int, what: str):  # noqa: ANN201 (as the base)
+        self.reads.setdefault(node.name, set()).add(i)
+        return super().const_input(node, i, what)
+
+
+def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
+                    fed_nodes: set[str], values: dict[TensorRef, Value],
+                    io: IOConfig) -> list[NodeProblem]:
+    """The nodes that would make a batch split into chunks give other numbers
+    (`batch.check`), found by lowering the graph again at the compiled batch + 1."""
+    batches = {spec.shape[spec.batch_axis] for spec in fed.values() if spec.batch_axis >= 0}
+    if len(batches) != 1:
+        return []  # nothing is batched (or the io-config already disagrees with itself)
+    b = batches.pop()
+    nxt: dict[TensorRef, Value] = {}
+    for ref, spec in fed.items():
+        shape = list(spec.shape)
+        if spec.batch_axis >= 0:
+            shape[spec.batch_axis] = b + 1
+        nxt[ref] = Value(TensorType(tuple(shape), spec.dtype), name=spec.name)
+    # Nodes no fed tensor reaches are the same at any batch: reuse them (weights).
+    reached = set(fed_nodes)
+    ctx = _ConstReads(nxt)
+    failed: dict[str, str] = {}
+    for node in order:
+        if node.name in fed_nodes:
+            continue
+        refs = [TensorRef(node.name, k) for k in range(_count(values, node.name))]
+        if not any(r.node in reached for r in node.inputs):
+            for r in refs:
+                nxt[r] = values[r]
+            continue
+        reached.add(node.name)
+        if any(r.node in failed for r in node.inputs):
+            failed[node.name] = "an input could not be computed at that batch"
+            continue
+        try:
+            for r, v in zip(refs, _lower_node(ctx, node)):
+                nxt[r] = v
+        except NodeError as e:
+            failed[node.name] = e.reason
+    used = {r for node in order for r in node.inputs} | {TensorRef.parse(n) for n in io.outputs}
+    outputs = [(TensorRef.parse(n), a) for n, a in zip(io.outputs, _declared_axes(io, values))]
+    return batch.check(order, {ref: spec.batch_axis for ref, spec in fed.items()}, used,
+                       outputs, b, _facts(values, {}, {}), _facts(nxt, ctx.reads, failed),
+                       {op: lowering.batch for op, lowering in LOWERINGS.items()})
+
+
+def _count(values: dict[TensorRef, Value], node: str) -> int:
+    k = 0
+    while TensorRef(node, k) in values:
+        k += 1
+    return k
+
+
+def _facts(values: dict[TensorRef, Value], reads: dict[str, set[int]],
+           failed: dict[str, str]) -> batch.Lowered:
+    return batch.Lowered({r: v.shape for r, v in values.items()},
+                         {r: v.data for r, v in values.items()}, reads, failed)
+
+
+def _declared_axes(io: IOConfig, values: dict[TensorRef, Value]) -> list[int]:
+    """Each output's batch axis as the executable will record it."""
+    batches = {s.shape[s.batch_axis] for s in io.inputs if s.batch_axis >= 0}
+    return [_output_axis(values.get(TensorRef.parse(n)), given, batches)
+            for n, given in zip(io.outputs, io.output_batch_axes)]
+
+
+def _output_axis(v: Value | None, given: int | None, batches: set[int]) -> int:
+    if given is not None:
+        return given
+    if v is not None and len(batches) == 1 and v.shape and v.shape[0] in batches \
+            and not v.is_const:
+        return 0
+    return -1
+
+
 def _output_batch_axes(graph: Graph, io: IOConfig) -> list[int]:
     """Given axes win; otherwise an output is batched on axis 0 when its first dim
     equals the batch of the batched inputs."""
     batches = {v.shape[a] for v, a in zip(graph.inputs, graph.input_batch_axes) if a >= 0}
-    axes = []
-    for v, given in zip(graph.outputs, io.output_batch_axes):
-        if given is not None:
-            axes.append(given)
-        elif len(batches) == 1 and v.shape and v.shape[0] in batches and not v.is_const:
-            axes.append(0)
-        else:
-            axes.append(-1)
-    return axes
+    return [_output_axis(v, given, batches) for v, given in zip(graph.outputs,
+                                                                io.output_batch_axes)]

@@ -26,6 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuronish.runtime.files import FileRefused, read_regular
+
+MAX_SAVED_MODEL_BYTES = (2 << 30) - 1  # protobuf's limit for one message
 _REFERENCE = re.compile(rb"neuronish-external:v1:([0-9a-f]{64}):(\d{1,15})")
 
 
@@ -106,7 +109,8 @@ def neuron_op_executables(model_dir: str | Path) -> list[NeuronOpExecutable]:
     """Every NeuronOp's executable in the SavedModel at `model_dir`, external ones read
     from assets/ and checked. Raises SavedModelReadError or OSError."""
     root = Path(model_dir)
-    data = memoryview((root / "saved_model.pb").read_bytes())
+    data = memoryview(read_regular(root / "saved_model.pb", MAX_SAVED_MODEL_BYTES,
+                                   "saved_model.pb"))
     found: list[NeuronOpExecutable] = []
     for meta in _sub(data, 2):
         for graph in _sub(meta, 2):
@@ -125,7 +129,11 @@ def neuron_op_executables(model_dir: str | Path) -> list[NeuronOpExecutable]:
                     continue
                 digest, size = ref.group(1).decode(), int(ref.group(2))
                 path = root / "assets" / f"{digest}.neff"
-                exe = path.read_bytes()
+                try:  # the size the reference declares, checked before reading
+                    exe = read_regular(path, size, f"executable of NeuronOp '{name}' "
+                                                   f"(declared {size} bytes)")
+                except FileRefused as e:
+                    raise SavedModelReadError(str(e)) from None
                 if len(exe) != size or hashlib.sha256(exe).hexdigest() != digest:
                     raise SavedModelReadError(f"NeuronOp '{name}': {path} does not hash to the "
                                               "executable the op was compiled with (sha256 "

@@ -4,6 +4,10 @@ tensorflow-neuron), e.g.
 
     NEURONISH_CC_FLAGS="--auto-cast matmult --auto-cast-type bf16" python train_and_compile.py
 
+tensorflow-neuron's own `NEURON_CC_FLAGS` is honoured too, so a migrated
+job's environment carries over: its flags come first, `NEURONISH_CC_FLAGS`'
+after them (so the neuronish variable wins for a flag set in both).
+
 They go after the driver's own arguments and after `compiler_args`, so for a
 flag given twice the environment wins (argparse keeps the last). They are
 checked the way `compiler_args` are: split like a shell would, the flags the
@@ -20,6 +24,7 @@ import shlex
 from .errors import SavedModelError
 
 ENV_CC_FLAGS = "NEURONISH_CC_FLAGS"
+TFN_ENV_CC_FLAGS = "NEURON_CC_FLAGS"  # tensorflow-neuron's name, read first
 
 # Set by the compile driver for each subgraph: a second value would compile another
 # graph or write somewhere else.
@@ -49,11 +54,15 @@ def check_compiler_flags(flags: list[str] | tuple[str, ...], source: str) -> tup
 
 
 def env_compiler_flags() -> tuple[str, ...]:
-    """The flags in `$NEURONISH_CC_FLAGS`, split like a shell would; () when unset."""
-    text = os.environ.get(ENV_CC_FLAGS, "")
-    try:
-        flags = shlex.split(text)
-    except ValueError as e:  # an unclosed quote
-        raise CompilerFlagsError(f"${ENV_CC_FLAGS}={text!r} cannot be split into flags: {e}. "
-                                 "Quote it as a shell would") from None
-    return check_compiler_flags(flags, f"${ENV_CC_FLAGS}")
+    """The flags in `$NEURON_CC_FLAGS` then `$NEURONISH_CC_FLAGS`, each split like a shell
+    would; () when neither is set."""
+    flags: list[str] = []
+    for name in (TFN_ENV_CC_FLAGS, ENV_CC_FLAGS):
+        text = os.environ.get(name, "")
+        try:
+            split = shlex.split(text)
+        except ValueError as e:  # an unclosed quote
+            raise CompilerFlagsError(f"${name}={text!r} cannot be split into flags: {e}. "
+                                     "Quote it as a shell would") from None
+        flags += check_compiler_flags(split, f"${name}")
+    return tuple(flags)

@@ -78,6 +78,22 @@ def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def _load_examples(items: list[str]) -> dict[str, np.ndarray]:
+    """--example KEY=FILE.npy, repeatable: model_feed_dict."""
+    from neuronish.errors import SavedModelError
+
+    examples = {}
+    for item in items:
+        key, sep, path = item.partition("=")
+        if not sep or not key:
+            raise SavedModelError(f"--example {item!r}: expected KEY=FILE.npy")
+        try:
+            examples[key] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise SavedModelError(f"--example {key}: cannot read {path}: {e}") from None
+    return examples
+
+
 def _compile(args: argparse.Namespace) -> int:
     import json
     import os
@@ -107,21 +123,27 @@ def _compile(args: argparse.Namespace) -> int:
         else:
             print(line, file=sys.stderr)
 
-    from neuronish import keras_files
+    from neuronish import keras_files, tfn_compat
 
-    source = keras_files.as_saved_model(args.model_dir) \
-        if keras_files.is_keras_file(args.model_dir) else contextlib.nullcontext(args.model_dir)
+    shapes = _parse_shapes(args.input_shape) or None
     try:
+        # The modules first: loading a Keras file needs the custom objects they register.
+        tfn_compat.import_modules(args.imports)
+        source = keras_files.as_saved_model(args.model_dir, shapes) \
+            if keras_files.is_keras_file(args.model_dir) \
+            else contextlib.nullcontext(args.model_dir)
         with warnings.catch_warnings(), source as model_dir:
             warnings.simplefilter("always", CompileWarning)
             warnings.showwarning = show_warning
             report = compile_saved_model(
                 model_dir, args.new_model_dir, batch_size=args.batch_size,
-                model_shape_feed_dict=_parse_shapes(args.input_shape) or None,
+                model_shape_feed_dict=shapes,
+                model_feed_dict=_load_examples(args.example) or None,
+                warmup_requests=args.warmup_requests,
                 tags=args.tags.split(",") if args.tags else None,
                 signature_def_key=args.signature_def_key,
                 minimum_segment_size=args.minimum_segment_size, no_fuse_ops=args.no_fuse_ops,
-                force_fuse_ops=args.force_fuse_ops, compiler_args=args.compiler_args.split(),
+                force_fuse_ops=args.force_fuse_ops, compiler_args=args.compiler_args,
                 compiler_workdir=args.compiler_workdir, compiler_timeout=args.compiler_timeout,
                 max_num_compilers=args.max_num_compilers,
                 dynamic_batch_size=not args.fixed_batch_size,
@@ -202,6 +224,15 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    "costliest instructions in float32 until the outputs' relative error on the "
                    "calibration data is at most X")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--example", action="append", default=[], metavar="KEY=FILE.npy",
+                   help="an example input (model_feed_dict): its shape is compiled")
+    c.add_argument("--warmup-requests", action="store_true",
+                   help="write TF Serving's assets.extra/tf_serving_warmup_requests: a "
+                        "Predict on the --example inputs, replayed by the server at load")
+    c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (repeatable): the module that registers a Keras "
+                        "model's custom layers (keras.saving.register_keras_serializable); "
+                        "the current directory is searched")
     c.add_argument("--graph", metavar="FILE.html", help="draw the partition: each node coloured "
                    "by where it runs and why (HTML page; Graphviz .dot alongside)")
 
@@ -229,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        # Ctrl-C: the compile's outputs are written to temporary names and renamed at the
+        # end, so nothing half-written is left; one line says so, not a traceback.
+        print("\nneuronish: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader went away (`neuronish benchmark ... | head`): stop quietly, as
         # Unix tools do, and keep the interpreter's last flush from raising again.

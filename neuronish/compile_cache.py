@@ -13,7 +13,16 @@ invalidates the cache even while the version number stays). A compiler whose
 version cannot be read is not cached at all.
 
 Entries: `<dir>/<key>.neff`, the executable itself, and `<dir>/<key>.sum`, its
-checksum record `MAGIC + key + SHA-256(executable)`. The executable is hard-linked
+checksum record `MAGIC + key + HMAC-SHA-256(secret, key + SHA-256(executable))`,
+the secret being 32 random bytes in `<dir>/.secret` (0600): a record rewritten by
+anything but this cache (another executable's checksum, an fp16 entry presented
+under an fp32 key) does not match. The directory follows the rule of every
+neuronish cache (runtime/buildcache.py: a real directory of ours that nobody else
+can write, else the cache is not used and a warning says why); entries and records
+are read only if they are regular files of ours (no symlinks, no FIFOs) of the size
+expected, through runtime/files.py. A hit hands out its own hard link of the very
+file it checked (through /proc/self/fd), so a concurrent re-put of the key that
+renames a new file over the entry cannot change what the caller links. The executable is hard-linked
 from the compiler's output where the filesystem allows (no copy of the weights: 1.4
 GB for ConvNeXtXLarge), and a hit hands out the entry's file, which export links
 into the new SavedModel likewise; each file is written under a temporary name and
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import importlib.util
 import json
 import mmap
@@ -44,14 +54,22 @@ from pathlib import Path
 from .cc_flags import env_compiler_flags
 from .compile_driver import CompileJob, CompileResult, compile_all, default_compiler
 from .errors import CompileWarning, SavedModelError
+from .runtime.buildcache import BuildError, Cache
 from .runtime.config import ConfigError, parse_bytes
+from .runtime.files import FileRefused, open_regular, read_regular
 
 ENV_CACHE_DIR = "NEURONISH_COMPILE_CACHE"
 ENV_CACHE_SIZE = "NEURONISH_COMPILE_CACHE_SIZE"
 DEFAULT_CACHE_DIR = "~/.cache/neuronish/compile"
 DEFAULT_CACHE_SIZE = 10 << 30
-_MAGIC = b"NRNISHCC"
-_RECORD = len(_MAGIC) + 32 + 32  # magic, key, SHA-256 of the executable
+_MAGIC = b"NRNISHC2"  # 2: the record's checksum is keyed with the cache's secret
+_RECORD = len(_MAGIC) + 32 + 32  # magic, key, HMAC-SHA-256
+_SECRET = ".secret"
+_MAX_ENTRY_BYTES = 1 << 40  # a sanity bound; the record's checksum is the real check
+
+
+class UntrustedCache(BuildError):
+    """The compile cache's directory could have been written by another user."""
 _KEY = re.compile(r"[0-9a-f]{64}")
 
 
@@ -86,6 +104,47 @@ class CompileCache:
     def __init__(self, root: str | os.PathLike[str], max_bytes: int = DEFAULT_CACHE_SIZE):
         self.root = Path(root).expanduser()
         self.max_bytes = max_bytes
+        self._secret: bytes | None = None
+
+    def secure(self) -> None:
+        """Create the directory 0700 or check it can be trusted, and read (or make) its
+        secret. Raises UntrustedCache, or OSError if it cannot be written."""
+        Cache(self.root, "compile cache", ENV_CACHE_DIR, UntrustedCache,
+              risk="could make this process use executables it did not compile",
+              title="the").secure()
+        path = self.root / _SECRET
+        try:
+            self._secret = self._read_secret(path)
+            return
+        except FileNotFoundError:
+            pass
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+            with contextlib.suppress(FileExistsError):  # another process made one first
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+        self._secret = self._read_secret(path)
+
+    def _read_secret(self, path: Path) -> bytes:
+        with open_regular(path, 32, "compile cache's secret", follow_symlinks=False) as (fd, _):
+            _check_ours(path, os.fstat(fd), "compile cache's secret", private=True)
+            secret = os.read(fd, 33)
+        if len(secret) != 32:
+            raise UntrustedCache(f"the compile cache's secret {path} has {len(secret)} bytes, "
+                                 f"not 32; remove it (a new one is made) or set "
+                                 f"{ENV_CACHE_DIR} to another directory")
+        return secret
+
+    def _seal(self, key: str, executable: bytes | mmap.mmap) -> bytes:
+        if self._secret is None:
+            self.secure()
+        assert self._secret is not None
+        mac = hmac.new(self._secret, bytes.fromhex(key) + hashlib.sha256(executable).digest(),
+                       hashlib.sha256).digest()
+        return _MAGIC + bytes.fromhex(key) + mac
 
     @staticmethod
     def from_env() -> CompileCache | None:
@@ -107,33 +166,44 @@ class CompileCache:
         found = self.lookup(key, stats)
         return None if found is None else bytes(found[0])
 
-    def lookup(self, key: str, stats: CacheStats) -> tuple[bytes | mmap.mmap, str] | None:
-        """(the executable stored under `key`, mapped read-only; its file), None on a miss;
-        a damaged entry is removed, counted and warned about, and is a miss."""
+    def lookup(self, key: str, stats: CacheStats, into: str | os.PathLike[str] | None = None
+               ) -> tuple[bytes | mmap.mmap, str | None] | None:
+        """(the executable stored under `key`, mapped read-only; a file holding it), None
+        on a miss; a damaged entry is removed, counted and warned about, and is a miss.
+
+        The file is a hard link of the very file checked, made in `into` (a directory
+        the caller owns), so nothing renamed over the entry meanwhile reaches the
+        caller; without `into`, the entry's own path (read it only if you trust no
+        one re-puts the key meanwhile)."""
         path = self._path(key)
         try:
-            record = self._record(key).read_bytes()
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                exe = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            record = read_regular(self._record(key), _RECORD, "compile-cache record",
+                                  follow_symlinks=False)
+            with open_regular(path, _MAX_ENTRY_BYTES, "compile-cache entry",
+                              follow_symlinks=False) as (fd, size):
+                _check_ours(path, os.fstat(fd), "compile-cache entry")
+                exe = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+                if not hmac.compare_digest(record, self._seal(key, exe)):
+                    raise _Damaged("its record or checksum does not match")
+                file = str(path) if into is None else _own_link(fd, exe, Path(into), key)
         except FileNotFoundError:
             return None
-        except OSError as e:
-            warnings.warn(f"compile cache: cannot read {path} ({e}); compiling instead",
-                          CompileWarning, stacklevel=3)
-            return None
-        if record != _MAGIC + bytes.fromhex(key) + hashlib.sha256(exe).digest():
+        except (_Damaged, FileRefused, UntrustedCache) as e:
             stats.damaged += 1
-            warnings.warn(f"compile cache: entry {path} is damaged (its record or checksum "
-                          "does not match); removed it and compiling the subgraph again",
+            warnings.warn(f"compile cache: entry {path} is damaged or untrusted ({e}); "
+                          "removed it and compiling the subgraph again",
                           CompileWarning, stacklevel=3)
             for stale in (self._record(key), path):
                 with contextlib.suppress(OSError):
                     stale.unlink()
             return None
+        except OSError as e:
+            warnings.warn(f"compile cache: cannot read {path} ({e}); compiling instead",
+                          CompileWarning, stacklevel=3)
+            return None
         with contextlib.suppress(OSError):
-            os.utime(path)  # most recently used: evicted last
-        return exe, str(path)
+            os.utime(path, follow_symlinks=False)  # most recently used: evicted last
+        return exe, file
 
     def put(self, key: str, executable: bytes | mmap.mmap, stats: CacheStats,
             file: str | None = None) -> None:
@@ -142,11 +212,10 @@ class CompileCache:
         if len(executable) + _RECORD > self.max_bytes:
             return  # would evict everything and still not fit
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            record = _MAGIC + bytes.fromhex(key) + hashlib.sha256(executable).digest()
+            record = self._seal(key, executable)
             self._place(self._path(key), executable, file)
             self._place(self._record(key), record, None)
-        except OSError as e:
+        except (OSError, UntrustedCache) as e:
             warnings.warn(f"compile cache: cannot write to {self.root} ({e}); the executable "
                           f"is used but not cached. Set {ENV_CACHE_DIR}=DIR or "
                           f"{ENV_CACHE_DIR}=off", CompileWarning, stacklevel=3)
@@ -199,6 +268,39 @@ class CompileCache:
                 os.unlink(self._record(key))
             total -= size
         return removed
+
+
+class _Damaged(Exception):
+    """An entry that does not match its record."""
+
+
+def _check_ours(path: Path, st: os.stat_result, what: str, private: bool = False) -> None:
+    """A cache file must be ours and writable by nobody else (`private`: readable by
+    nobody else either); raises UntrustedCache naming it."""
+    if st.st_uid != os.getuid():
+        raise UntrustedCache(f"the {what} {path} belongs to uid {st.st_uid}, not to you")
+    if st.st_mode & (0o077 if private else 0o022):
+        raise UntrustedCache(f"the {what} {path} has mode {st.st_mode & 0o777:04o}; others "
+                             f"may {'read or ' if private else ''}write it")
+
+
+def _own_link(fd: int, data: bytes | mmap.mmap, into: Path, key: str) -> str:
+    """A new name in `into` for the file open at `fd` (the inode checked, whatever now
+    sits at its path), else a copy of `data`, which was read from it."""
+    handle, name = tempfile.mkstemp(prefix=f"{key[:16]}.", suffix=".neff", dir=into)
+    os.close(handle)
+    os.unlink(name)  # a link needs a free name; the directory is the caller's alone
+    target = Path(name)
+    try:  # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: os.link uses it only given a dir fd
+        fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.link(str(fd), target, src_dir_fd=fds, follow_symlinks=True)
+        finally:
+            os.close(fds)
+    except OSError:  # no /proc, or another filesystem: the checked bytes, copied
+        with open(target, "xb") as f:
+            f.write(data)
+    return str(target)
 
 
 def _source_digest() -> str:
@@ -303,6 +405,15 @@ def compile_with_cache(jobs: Sequence[CompileJob], cache: CompileCache | None,
         stats.uncacheable = stats.uncacheable or f"{ENV_CACHE_DIR}=off"
         return compile_all(jobs, compiler=compiler, **compile_all_kwargs)  # type: ignore[arg-type]
     stats.dir = str(cache.root)
+    if jobs:
+        try:
+            cache.secure()
+        except (UntrustedCache, OSError) as e:
+            reason = str(e) if isinstance(e, UntrustedCache) else \
+                f"cannot create {cache.root}: {e.strerror}"
+            warnings.warn(f"compile cache not used: {reason}", CompileWarning, stacklevel=2)
+            stats.uncacheable = reason
+            return compile_all(jobs, compiler=compiler, **compile_all_kwargs)  # type: ignore[arg-type]
     command = list(compiler) if compiler is not None else default_compiler()
     identity = compiler_identity(command) if jobs else None
     if identity is None:
@@ -314,7 +425,7 @@ def compile_with_cache(jobs: Sequence[CompileJob], cache: CompileCache | None,
     results: dict[int, CompileResult] = {}
     todo: list[int] = []
     for i, (job, key) in enumerate(zip(jobs, keys, strict=True)):
-        found = cache.lookup(key, stats)
+        found = cache.lookup(key, stats, compile_all_kwargs.get("executables_dir"))  # type: ignore[arg-type]
         if found is None:
             todo.append(i)
             continue

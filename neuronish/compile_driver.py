@@ -52,7 +52,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from .cc_flags import ENV_CC_FLAGS, env_compiler_flags
+from .cc_flags import ENV_CC_FLAGS, TFN_ENV_CC_FLAGS, env_compiler_flags
 from .contracts import ENV_COMPILER, default_compiler
 
 # Measured peak RSS of `neuronish-cc compile`: ~60 MiB for a tiny graph, 264 MiB for
@@ -379,7 +379,8 @@ def _classify(result: CompileResult, status: int, reason: str | None, timeout: f
               output: Path, errors_json: Path, log: Path, keep: bool,
               executables_dir: Path | None) -> None:
     name = result.name
-    where = f"see {log}" if keep else "pass workdir=... to keep its inputs and full log"
+    where = f"see {log}" if keep else ("pass compiler_workdir=DIR (neuronish compile "
+                                       "--compiler-workdir DIR) to keep its inputs and full log")
     if reason == "timeout":
         result.outcome = "timeout"
         result.error = (f"subgraph {name!r}: neuronish-cc did not finish within {timeout:g} s and "
@@ -431,7 +432,8 @@ def _classify(result: CompileResult, status: int, reason: str | None, timeout: f
         else:
             result.outcome = "bad_usage"
             usage = (" (bad usage: check the job's compiler_args" +
-                     (f" and ${ENV_CC_FLAGS}" if os.environ.get(ENV_CC_FLAGS) else "") + ")")
+                     "".join(f" and ${v}" for v in (TFN_ENV_CC_FLAGS, ENV_CC_FLAGS)
+                             if os.environ.get(v)) + ")")
     result.error = (f"subgraph {name!r}: neuronish-cc exited with status {status}{usage} "
                     f"({where}){_tail(log)}")
 

@@ -109,14 +109,28 @@ def format_top(processes: list[dict], r: dict) -> str:
     return "\n".join(lines)
 
 
+def _read(reported: set[str] | None = None) -> list[dict]:
+    """Every process's counters; files in the run dir that are not counters are named
+    on stderr, one line each (not a traceback: anyone's file can be there), once per
+    command (`reported` holds those named already)."""
+    skipped: list[str] = []
+    processes = telemetry.read_all(skipped=skipped)
+    for line in skipped:
+        if reported is None or line not in reported:
+            print(f"neuronish: skipped {line}", file=sys.stderr)
+    if reported is not None:
+        reported.update(skipped)
+    return processes
+
+
 def ls(args: argparse.Namespace) -> int:
     try:
-        processes = telemetry.read_all()
+        processes = _read()
         if args.json:
             print(json.dumps({"processes": processes}, indent=1))
         else:
             print(format_ls(processes))
-    except ConfigError as e:
+    except (ConfigError, telemetry.UntrustedRunDir) as e:
         print(f"neuronish: error: {e}", file=sys.stderr)
         return 2
     return 0
@@ -127,12 +141,17 @@ def top(args: argparse.Namespace) -> int:
         print("neuronish: error: --interval must be > 0", file=sys.stderr)
         return 2
     clear = sys.stdout.isatty() and not args.json
-    before = telemetry.read_all()
+    reported: set[str] = set()
+    try:
+        before = _read(reported)
+    except telemetry.UntrustedRunDir as e:
+        print(f"neuronish: error: {e}", file=sys.stderr)
+        return 2
     done = 0
     try:
         while args.iterations == 0 or done < args.iterations:
             time.sleep(args.interval)
-            after = telemetry.read_all()
+            after = _read(reported)
             r = rates(before, after)
             if args.json:
                 print(json.dumps({"time": time.time(), **r}), flush=True)
@@ -143,6 +162,9 @@ def top(args: argparse.Namespace) -> int:
             before, done = after, done + 1
     except KeyboardInterrupt:
         pass
+    except telemetry.UntrustedRunDir as e:
+        print(f"neuronish: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
+from tensorflow.core.protobuf import saved_model_pb2
 
 from . import external
 from .freeze import FrozenSignature, Method, drop_dangling_colocations
@@ -154,16 +155,55 @@ def _method_function(fn: tf.types.experimental.ConcreteFunction, signature: Froz
     return tf.function(call, input_signature=list(method.input_signature))
 
 
+def signature_method_names(model_dir: str) -> dict[str, str]:
+    """Each SignatureDef's `method_name` in the SavedModel at `model_dir` (every MetaGraph;
+    a TF1 model's `classify`/`regress` signatures name their API there)."""
+    saved_model = saved_model_pb2.SavedModel()
+    path = os.path.join(model_dir, "saved_model.pb")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, "rb") as f:
+        saved_model.ParseFromString(f.read())
+    return {key: sd.method_name for mg in saved_model.meta_graphs
+            for key, sd in mg.signature_def.items() if sd.method_name}
+
+
+def _restore_method_names(model_dir: str, method_names: Mapping[str, str]) -> None:
+    """tf.saved_model.save writes every signature as `tensorflow/serving/predict`; TF
+    Serving's --enable_signature_method_name_check then refuses Classify and Regress on
+    a TF1 model's signatures that the original served. Their method names are put back."""
+    path = os.path.join(model_dir, "saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    with open(path, "rb") as f:
+        saved_model.ParseFromString(f.read())
+    changed = False
+    for mg in saved_model.meta_graphs:
+        for key, sd in mg.signature_def.items():
+            want = method_names.get(key)
+            if want and sd.method_name != want:
+                sd.method_name = want
+                changed = True
+    if changed:
+        with open(path + ".tmp", "wb") as f:
+            f.write(saved_model.SerializeToString())
+        os.replace(path + ".tmp", path)
+
+
 def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                       outputs: dict[str, str], new_model_dir: str,
                       blobs: Mapping[str, Mapping[str, Blob]] | None = None,
-                      more: Sequence[ExportedSignature] = ()) -> None:
+                      more: Sequence[ExportedSignature] = (),
+                      method_names: Mapping[str, str] | None = None,
+                      extra_files: Mapping[str, bytes] | None = None) -> None:
     """Save `graph_def` as a SavedModel at `new_model_dir` (which must not exist).
 
     `outputs` maps each output key to its tensor in `graph_def`. Large NeuronOp
     attributes of `graph_def`, and the `blobs` not set in it yet (`externalize`), are
     replaced by references. `more` are further signatures, each its own function; every
-    signature is saved under its key and its `aliases`.
+    signature is saved under its key and its `aliases`. `method_names` (signature key ->
+    the original's `method_name`) are written back into the new model's SignatureDefs;
+    `extra_files` (relative path -> bytes, e.g. the warm-up file) are added before the
+    model is renamed into place.
     """
     parent = os.path.dirname(os.path.abspath(new_model_dir))
     os.makedirs(parent, exist_ok=True)
@@ -200,6 +240,12 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                 setattr(module, method.name, _method_function(fn, e.signature, method))
         module.external_files = list(asset_of.values())
         tf.saved_model.save(module, tmp, signatures=signatures)
+        if method_names:
+            _restore_method_names(tmp, method_names)
+        for relative, data in (extra_files or {}).items():
+            os.makedirs(os.path.dirname(os.path.join(tmp, relative)), exist_ok=True)
+            with open(os.path.join(tmp, relative), "wb") as f:
+                f.write(data)
         for path in asset_of:
             copied = os.path.join(tmp, "assets", os.path.basename(path))
             if not os.path.isfile(copied):

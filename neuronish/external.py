@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from neuronish.runtime import ExecutableError
 from neuronish.runtime.config import parse_bytes
+from neuronish.runtime.files import FileRefused, read_regular
 
 ENV_THRESHOLD = "NEURONISH_EXTERNAL_THRESHOLD"
 DEFAULT_THRESHOLD = 64 << 20
@@ -122,16 +123,20 @@ def resolve(value: bytes | memoryview, files: Sequence[str], node: str, what: st
                               f"{name}, but none of its external_files {list(files)} is that "
                               "file; copy the whole SavedModel directory, assets/ included")
     path = matches[0]
+    parts = path.replace(os.sep, "/").split("/")
+    if len(parts) < 2 or parts[-2] != "assets" or ".." in parts:
+        raise ExecutableError(f"NeuronOp '{node}': its {what} file {path!r} is not a plain file "
+                              "name inside the SavedModel's assets/ directory; an external "
+                              "file must be assets/<sha256>.neff or .pb. Recompile the model")
     try:
-        st = os.stat(path)
-        if st.st_size != size:
-            raise ExecutableError(f"NeuronOp '{node}': {path} has {st.st_size} bytes; its "
-                                  f"{what} has {size}. The file is damaged or was replaced")
-        with open(path, "rb") as f:
-            data = f.read(size + 1)
+        data = read_regular(path, size, f"{what} file of NeuronOp '{node}' (declared "
+                                        f"{size} bytes)")
     except FileNotFoundError:
         raise ExecutableError(f"NeuronOp '{node}': its {what} file {path} does not exist; "
                               "copy the whole SavedModel directory, assets/ included") from None
+    except FileRefused as e:
+        raise ExecutableError(f"NeuronOp '{node}': {e}. The file is damaged or was "
+                              "replaced") from None
     except OSError as e:
         raise ExecutableError(f"NeuronOp '{node}': cannot read its {what} from {path}: "
                               f"{e.strerror or e}") from None

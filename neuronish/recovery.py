@@ -31,14 +31,31 @@ def digest(sg: Subgraph, compiler_args: Sequence[str]) -> str:
                           ).hexdigest()
 
 
+BATCH_MIXING = "mixes samples across the batch"  # how the compiler's batch check begins
+
+
 def recover(part: Partition, results: dict[str, CompileResult], digests: dict[str, str],
-             excluded: dict[str, str], failures: list[dict], recovery: bool) -> bool:
+            excluded: dict[str, str], failures: list[dict], recovery: bool,
+            mixing: dict[str, str] | None = None) -> bool:
     """Decide what to do with the subgraphs that did not compile; True if the graph must be
-    partitioned again (some nodes are now excluded)."""
+    partitioned again (some nodes are now excluded). Nodes the compiler's batch check
+    names (`cc/batch.py`) go to `mixing` instead: keeping them on TensorFlow is how a
+    dynamic batch stays right, not a failure, so it is neither warned about nor listed
+    in `failures`."""
     changed = False
     for sg in part.subgraphs:
         result = results[digests[sg.name]]
         if result.ok:
+            continue
+        members = set(sg.node_names)
+        named = [n for n in result.rejected_nodes if n.get("node") in members]
+        mixers = {n["node"]: n.get("reason", "") for n in named
+                  if str(n.get("reason", "")).startswith(BATCH_MIXING)}
+        if mixing is not None and mixers and len(mixers) == len(named) and recovery \
+                and result.outcome == "rejected":
+            mixing.update({node: why.removeprefix(BATCH_MIXING).lstrip(": ")
+                           for node, why in mixers.items()})
+            changed = True
             continue
         where = (f"subgraph {sg.name} ({len(sg.node_names)} nodes): {result.outcome}. "
                  f"Command line: {' '.join(result.command_line)}" +
@@ -48,8 +65,6 @@ def recover(part: Partition, results: dict[str, CompileResult], digests: dict[st
             # A command line the compiler refuses fails every subgraph alike: recovering
             # would quietly leave the whole model on TensorFlow.
             raise SubgraphCompileError(f"{where}\n{result.error}")
-        members = set(sg.node_names)
-        named = [n for n in result.rejected_nodes if n.get("node") in members]
         if result.outcome == "rejected" and named:
             for n in named:
                 excluded[n["node"]] = f"neuronish-cc rejected it: {n.get('reason', '')}".strip()

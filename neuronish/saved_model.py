@@ -31,13 +31,13 @@ from pathlib import Path
 
 from neuronish.runtime.executable import from_bytes
 
-from . import calibration, external
+from . import calibration, external, keras_files, tfn_compat
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures
 from .contracts import model_config
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
-from .export import ExportedSignature, write_saved_model
+from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
 from .input_shapes import batch_of, compile_shapes
@@ -47,21 +47,23 @@ from .partition.graph import GraphIndex
 from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .subgraph_files import hold_constants, release_constants, write_subgraph
+from .warmup_file import WARMUP_FILE, warmup_records
 
 
-def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
+def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from tensorflow-neuron)
     model_dir: str,
     new_model_dir: str,
+    tags: str | Sequence[str] | None = None,
+    model_feed_dict: Mapping[str, object] | None = None,
+    minimum_segment_size: int = 2,
+    op_whitelist: Sequence[str] | None = None,
+    no_fuse_ops: Sequence[str] | None = None,
+    force_fuse_ops: Sequence[str] | None = None,
     *,
     batch_size: int = 1,
     model_shape_feed_dict: Mapping[str, Sequence[int]] | None = None,
-    model_feed_dict: Mapping[str, object] | None = None,
-    tags: Sequence[str] | None = None,
     signature_def_key: str | None = None,
-    minimum_segment_size: int = 2,
-    no_fuse_ops: Sequence[str] = (),
-    force_fuse_ops: Sequence[str] = (),
-    compiler_args: Sequence[str] = (),
+    compiler_args: str | Sequence[str] | None = None,
     compiler_workdir: str | None = None,
     compiler_timeout: float | None = None,
     max_num_compilers: int | None = None,
@@ -73,14 +75,27 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     quantize: str | None = None,
     calibration_data: Iterable[Mapping[str, object]] | None = None,
     max_error: float | None = None,
+    import_modules: Sequence[str] = (),
+    warmup_requests: bool = False,
+    **tensorflow_neuron_args: object,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
+
+    The positional arguments after the two directories are tensorflow-neuron 1.x's, in
+    its order, with its `None` defaults; its other keyword arguments are taken as
+    `tfn_compat.translate` says (docs/saved-model-compile.md, the migration table).
+    `model_dir` may also be a Keras model file (`.keras`, `.h5`); `import_modules` are
+    imported first, so the custom layers they register can be loaded. With
+    `warmup_requests`, the new model gets TF Serving's warm-up file
+    (`assets.extra/tf_serving_warmup_requests`), a Predict on `model_feed_dict`.
 
     Shapes come from `model_feed_dict` (example arrays), else
     `model_shape_feed_dict` (shapes), else the signature with its batch
     dimension set to `batch_size`; both dicts are keyed by signature input key.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
-    / to fuse regardless of size. `graph` names an HTML file to draw the partition
+    / to fuse regardless of size; `op_whitelist` (tensorflow-neuron's), when given,
+    limits the op types the device may run. `compiler_args` is a list of flags or one
+    string split as a shell would. `graph` names an HTML file to draw the partition
     in (Graphviz DOT alongside; see `graph_picture`). With `verify`, each compiled
     subgraph runs on TensorFlow and on the device with example inputs, and one that
     differs beyond its tolerance stays on TensorFlow (neuronish/verification.py; the
@@ -90,6 +105,29 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     within it (docs/int8.md; each NeuronOp's `quantization` in the report). Returns the
     compile report.
     """
+    extras = tfn_compat.translate(tensorflow_neuron_args, op_whitelist)
+    tfn_compat.import_modules(import_modules)
+    if keras_files.is_keras_file(model_dir):
+        with keras_files.as_saved_model(model_dir, model_shape_feed_dict) as exported:
+            report = compile(exported, new_model_dir, tags, model_feed_dict,
+                             minimum_segment_size, op_whitelist, no_fuse_ops, force_fuse_ops,
+                             batch_size=batch_size, model_shape_feed_dict=model_shape_feed_dict,
+                             signature_def_key=signature_def_key, compiler_args=compiler_args,
+                             compiler_workdir=compiler_workdir,
+                             compiler_timeout=compiler_timeout,
+                             max_num_compilers=max_num_compilers,
+                             dynamic_batch_size=dynamic_batch_size,
+                             compiler_recovery=compiler_recovery, progress=progress,
+                             graph=graph, verify=verify, import_modules=(),
+                             warmup_requests=warmup_requests, quantize=quantize,
+                             calibration_data=calibration_data, max_error=max_error,
+                             **tensorflow_neuron_args)
+        report["model_dir"] = model_dir
+        return report
+    tags = tfn_compat.tags_list(tags)
+    no_fuse_ops = (*tfn_compat.names_tuple(no_fuse_ops, "no_fuse_ops"), *extras.no_fuse_ops)
+    force_fuse_ops = tfn_compat.names_tuple(force_fuse_ops, "force_fuse_ops")
+    compiler_args = (*tfn_compat.compiler_args_tuple(compiler_args), *extras.compiler_args)
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
     if batch_size < 1:
@@ -102,6 +140,9 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
                               "and max_error need quantize='int8')")
     if max_error is not None and not max_error >= 0:
         raise SavedModelError(f"max_error must be a number >= 0, got {max_error!r}")
+    if warmup_requests and not model_feed_dict:
+        raise SavedModelError("warmup_requests writes a Predict request of model_feed_dict: "
+                              "pass example inputs in model_feed_dict")
     signatures = freeze_signatures(model_dir, signature_def_key, tags)
     int8 = None
     if quantize == "int8":
@@ -111,7 +152,8 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     options = _Options(batch_size, model_shape_feed_dict, model_feed_dict, minimum_segment_size,
                        tuple(no_fuse_ops), tuple(force_fuse_ops), tuple(compiler_args),
                        compiler_workdir, compiler_timeout, max_num_compilers,
-                       dynamic_batch_size, compiler_recovery, progress, verify, int8)
+                       dynamic_batch_size, compiler_recovery, progress, verify,
+                       extras.op_whitelist, int8)
     # Files are hashed (for their names in assets/) on other threads, while the compilers
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
@@ -138,7 +180,10 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
             more.append(extra)
         write_saved_model(done.graph_def, main, done.outputs, new_model_dir, done.blobs,
                           more=[ExportedSignature(m.graph_def, m.signature, m.outputs, m.blobs)
-                                for m in more])
+                                for m in more],
+                          method_names=signature_method_names(model_dir),
+                          extra_files=_warmup_file(main, signatures, options)
+                          if warmup_requests else None)
         for m in more:
             reports[m.signature.signature_key] = m.report(model_dir, new_model_dir, batch_size)
         if graph is not None:
@@ -180,6 +225,20 @@ def compile(  # noqa: A001 (the name users know from tensorflow-neuron)
     return report
 
 
+def _warmup_file(main: FrozenSignature, signatures: FrozenSignatures, options: _Options
+                 ) -> dict[str, bytes]:
+    """TF Serving's warm-up file: a Predict of the main signature on its examples, which
+    must then name every input of it."""
+    feeds = _feeds_for(main, signatures, options)[1] or {}
+    missing = sorted({i.key for i in main.inputs} - set(feeds))
+    if missing:
+        raise SavedModelError(f"warmup_requests: model_feed_dict has no example for "
+                              f"{missing} of signature {main.signature_key!r}; a warm-up "
+                              "request must feed every input")
+    return {WARMUP_FILE: warmup_records(main.signature_key,
+                                        {i.key: feeds[i.key] for i in main.inputs})}
+
+
 @dataclass(frozen=True)
 class _Options:
     """The compile's arguments that each signature is compiled with."""
@@ -198,6 +257,7 @@ class _Options:
     compiler_recovery: bool
     progress: Callable[[int, int, CompileResult], None] | None
     verify: bool
+    op_whitelist: frozenset[str] | None = None  # tensorflow-neuron's; None: every op type
     int8: _Int8 | None = None
 
 
@@ -309,17 +369,20 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     # What the compiler accepts, node by node, asked once: the partition avoids what it
     # would refuse, so the recovery rounds below are the rare path.
     support = compiler_support(graph_def)
+    if o.op_whitelist is not None:
+        support = replace(support, ops=support.ops & o.op_whitelist)
     index = GraphIndex.build(graph_def)
     # Subgraphs built without copies of the large constants, written with them
     # (subgraph_files.py); verification runs the subgraphs in memory, so not then.
     held = {} if verify else hold_constants(index)
+    mixing: dict[str, str] = {}  # nodes the compiler's batch check keeps on TensorFlow
     for round_ in range(MAX_RECOVERY_ROUNDS):
         part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
                          batch_size=batch_of(shapes, batch_size),
                          no_fuse_ops=no_fuse_ops, force_fuse_ops=force_fuse_ops,
                          minimum_segment_size=minimum_segment_size,
                          dynamic_batch_size=dynamic_batch_size, exclude_nodes=excluded,
-                         fetches=fetches)
+                         fetches=fetches, batch_mixing=mixing)
         if round_ == 0 and main and part.marking.unmatched_selectors:
             ignored = list(part.marking.unmatched_selectors)
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
@@ -348,13 +411,15 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
                 hashes[result.executable_file] = hasher.submit(external.file_sha256,
                                                                result.executable_file)
         newly_excluded = recover(part, results, digests, excluded, failures,
-                                  compiler_recovery)
+                                 compiler_recovery, mixing)
         if not newly_excluded:
             break
     else:
         raise SubgraphCompileError(
             f"compiler recovery did not converge after {MAX_RECOVERY_ROUNDS} rounds; the "
-            f"last failures: {failures[-3:]}. Pass no_fuse_ops=[...] for the nodes named")
+            f"last failures: {failures[-3:]}; nodes kept on TensorFlow for mixing samples "
+            f"across the batch: {len(mixing)} (the last: {list(mixing)[-3:]}). Pass "
+            "no_fuse_ops=[...] for the nodes named, or dynamic_batch_size=False")
     release_constants(index, held)
 
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]

@@ -2,8 +2,8 @@
 
     traced = neuronish.trace(model, example_inputs)      # Keras model, tf.function,
     y = traced(x)                                         # concrete function, callable
-    traced.report["OnNeuronRatio"]
-    tf.saved_model.save(traced, "model_neuron/")          # loads and serves like compile's
+    traced.on_neuron_ratio                                # = traced.report["OnNeuronRatio"]
+    traced.save("model_neuron/")                          # loads and serves like compile's
 
 (tensorflow-neuron's `tfn.trace`.) The function is traced at the example
 inputs' shapes and compiled at them (their batch is the compiled batch; other
@@ -18,12 +18,18 @@ from it on first call). This module is the `module` in the name module (not
 Inputs: `example_inputs` is one tensor/array, a tuple or list of them (one per
 positional argument), or a dict of them (one argument, as Keras models with
 named inputs take). Outputs keep the function's structure (tensor, tuple,
-list, dict).
+list, dict). A dict's keys name the saved signature's inputs (`token_ids`, not
+`input_0`), and a dict of outputs names its outputs.
+
+The non-batch dimensions are the examples' (the device compiles static shapes,
+as `compile` does with `model_feed_dict`); a call with another size is refused
+naming the input, the traced shape and what to do.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import weakref
@@ -44,24 +50,29 @@ class TraceError(SavedModelError):
 class TracedModel(tf.Module):
     """The compiled function: call it like the original; save it with tf.saved_model.save.
 
-    `serve` is its flat form (inputs `input_0`, ... with a dynamic batch, outputs a dict
+    `serve` is its flat form (inputs named by the example dict's keys, else `input_0`,
+    ...; a dynamic batch; outputs a dict named by the function's output dict, else
     `output_0`, ...), which a saved copy offers as its `serving_default` signature."""
 
     def __init__(self, loaded: Any, args_structure: Any, out_structure: Any,
-                 specs: list[tf.TensorSpec], report: dict, workdir: str):
+                 specs: list[tf.TensorSpec], out_names: list[str], report: dict,
+                 workdir: str):
         super().__init__(name="neuronish_traced")
         self._loaded = loaded  # tracked: saving this object saves the compiled graph
         signature_fn = loaded.signatures["serving_default"]
+        names = [s.name for s in specs]
 
         @tf.function(input_signature=specs)
         def serve(*flat: tf.Tensor) -> dict[str, tf.Tensor]:
-            return signature_fn(**{f"input_{i}": t for i, t in enumerate(flat)})
+            return signature_fn(**dict(zip(names, flat, strict=True)))
 
         self.serve = serve
         # Plain JSON, not containers: tf.Module would wrap those for tracking.
         self._report_json = json.dumps(report)
         self._args_json = json.dumps(args_structure)
         self._outs_json = json.dumps(out_structure)
+        self._out_names_json = json.dumps(out_names)
+        self._specs_json = json.dumps([[s.name, s.shape.as_list()] for s in specs])
         self._cleanup = weakref.finalize(self, shutil.rmtree, workdir, True)
 
     @property
@@ -69,15 +80,42 @@ class TracedModel(tf.Module):
         """The compile report (as `neuronish.saved_model.compile` returns it)."""
         return json.loads(self._report_json)
 
+    @property
+    def on_neuron_ratio(self) -> float:
+        """The share of the function's TensorFlow operations that run on the device."""
+        return float(self.report["OnNeuronRatio"])
+
+    def save(self, path: str, **options: Any) -> None:
+        """Save as a SavedModel whose `serving_default` is `serve` (tensorflow-neuronx's
+        `traced.save`); it loads and serves like a compiled SavedModel."""
+        tf.saved_model.save(self, path, signatures={"serving_default": self.serve},
+                            **options)
+
     def __call__(self, *args: Any) -> Any:
         structure = _from_json(json.loads(self._args_json))
         if isinstance(structure, dict):
             args = args[0]
         flat = tf.nest.flatten(tf.nest.map_structure(tf.convert_to_tensor, args))
+        self._check_shapes(flat)
         results = self.serve(*flat)
         outs = _from_json(json.loads(self._outs_json))
-        return tf.nest.pack_sequence_as(outs, [results[f"output_{i}"]
-                                               for i in range(len(results))])
+        return tf.nest.pack_sequence_as(outs, [results[k] for k in
+                                               json.loads(self._out_names_json)])
+
+    def _check_shapes(self, flat: list[tf.Tensor]) -> None:
+        specs = json.loads(self._specs_json)
+        if len(flat) != len(specs):
+            raise TraceError(f"the traced function takes {len(specs)} input tensor(s), got "
+                             f"{len(flat)}")
+        for t, (name, shape) in zip(flat, specs):
+            got = t.shape.as_list()
+            if len(got) != len(shape) or any(w is not None and g != w
+                                              for g, w in zip(got, shape)):
+                raise TraceError(
+                    f"input {name!r} has shape {got}; it was traced and compiled at "
+                    f"{['batch' if d is None else d for d in shape]} (the device compiles "
+                    "static shapes; the batch is free). Trace again with example inputs "
+                    "of this size, one traced model per size you serve")
 
 
 def _to_json(structure: Any) -> Any:
@@ -122,6 +160,18 @@ def _flat_examples(example_inputs: Any) -> tuple[Any, list[np.ndarray], bool]:
     return args, flat, isinstance(example_inputs, dict)
 
 
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]*")
+
+
+def _input_names(args: dict, count: int) -> list[str]:
+    """The signature's input names for a dict of examples: its keys, when it is flat and
+    they are names TensorFlow takes; else input_0, input_1, ..."""
+    keys = sorted(args)  # tf.nest.flatten's order
+    if len(keys) == count and all(isinstance(k, str) and _NAME.fullmatch(k) for k in keys):
+        return keys
+    return [f"input_{i}" for i in range(count)]
+
+
 def _all_strings(a: np.ndarray) -> bool:
     return a.dtype.kind in "SU" or all(isinstance(v, (bytes, str)) for v in a.flat)
 
@@ -155,9 +205,12 @@ def trace(fn_or_keras_model: Any, example_inputs: Any, **compile_kwargs: Any) ->
     fn = _callable(fn_or_keras_model)
     args, flat, is_dict = _flat_examples(example_inputs)
     # Dynamic batch in the signature, so the result takes any batch size.
+    names = _input_names(args, len(flat)) if is_dict else [f"input_{i}" for i in
+                                                           range(len(flat))]
     specs = [tf.TensorSpec([None, *a.shape[1:]] if a.ndim else [], _tf_dtype(a),
-                           name=f"input_{i}") for i, a in enumerate(flat)]
+                           name=name) for name, a in zip(names, flat)]
     out_structure: list[Any] = []
+    out_names: list[str] = []
 
     # A Keras model of several inputs takes them as one list: model([a, b]).
     as_one = is_dict or (len(args) > 1 and len(getattr(fn_or_keras_model, "inputs", None)
@@ -167,7 +220,14 @@ def trace(fn_or_keras_model: Any, example_inputs: Any, **compile_kwargs: Any) ->
         packed = tf.nest.pack_sequence_as(args, list(flat_args))
         result = fn(packed if is_dict else list(packed)) if as_one else fn(*packed)
         out_structure.append(result)
-        return {f"output_{i}": t for i, t in enumerate(tf.nest.flatten(result))}
+        flat_out = tf.nest.flatten(result)
+        # A flat dict of outputs keeps its keys (flatten orders them sorted, as does
+        # pack_sequence_as); anything else is output_0, output_1, ...
+        keys = sorted(result) if isinstance(result, dict) and all(
+            isinstance(k, str) and _NAME.fullmatch(k) for k in result) and len(
+            flat_out) == len(result) else [f"output_{i}" for i in range(len(flat_out))]
+        out_names[:] = keys
+        return dict(zip(keys, flat_out, strict=True))
 
     module = tf.Module()
     try:
@@ -185,12 +245,12 @@ def trace(fn_or_keras_model: Any, example_inputs: Any, **compile_kwargs: Any) ->
     try:
         src, out = str(Path(workdir) / "src"), str(Path(workdir) / "compiled")
         tf.saved_model.save(module, src, signatures={"serving_default": concrete})
-        feeds = {f"input_{i}": a for i, a in enumerate(flat)}
+        feeds = dict(zip(names, flat, strict=True))
         report = compile_saved_model(src, out, model_feed_dict=feeds, **compile_kwargs)
         shutil.rmtree(src, ignore_errors=True)
         loaded = tf.saved_model.load(out)
         traced = TracedModel(loaded, _to_json(args), _to_json(out_structure[-1]), specs,
-                             report, workdir)
+                             list(out_names), report, workdir)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

@@ -119,8 +119,10 @@ def tensorflow_values(graph_def: bytes, feeds: Mapping[str, np.ndarray],
 
 def verify_subgraph(name: str, executable: bytes, graph_def: bytes,
                     input_names: Sequence[str], output_names: Sequence[str],
-                    inputs: Sequence[np.ndarray]) -> Verdict:
-    """Run one subgraph both ways on `inputs` (in `input_names` order) and compare."""
+                    inputs: Sequence[np.ndarray],
+                    expected: Sequence[np.ndarray] | None = None) -> Verdict:
+    """Run one subgraph both ways on `inputs` (in `input_names` order) and compare; with
+    `expected` (TensorFlow's outputs, from the whole graph), only on the device."""
     from neuronish.runtime import DeviceError, load
     from neuronish.runtime.executable import from_bytes
 
@@ -132,8 +134,8 @@ def verify_subgraph(name: str, executable: bytes, graph_def: bytes,
     int8 = exe.stats.get("quantization") if options.get("quantize") == "int8" else None
     if int8:  # (docs/int8.md) judged by what calibration measured, not by float rounding
         mode = "int8" if auto_cast == "none" else f"int8 + {mode}"
-    want = tensorflow_values(graph_def, dict(zip(input_names, inputs, strict=True)),
-                             output_names)
+    want = dict(zip(output_names, expected, strict=True)) if expected is not None else \
+        tensorflow_values(graph_def, dict(zip(input_names, inputs, strict=True)), output_names)
     try:
         model = load(executable)
         try:
@@ -165,10 +167,13 @@ def _tensor(name: str) -> str:
 def verify_compiled(frozen_graph_def: bytes,
                     placeholders: Mapping[str, tuple[Sequence[int], str]],
                     given: Mapping[str, object] | None, compiled: list[tuple],
-                    excluded: dict[str, str]) -> tuple[list[tuple], list[Verdict]]:
+                    excluded: dict[str, str], batch: int = 1,
+                    batched: set[str] | None = None) -> tuple[list[tuple], list[Verdict]]:
     """Check each compiled `(subgraph, CompileResult)`; returns those that passed and every
     verdict. The nodes of a failed subgraph get its reason in `excluded` (the report's
-    OnTensorFlow reasons); it is not spliced, so they stay on TensorFlow."""
+    OnTensorFlow reasons); it is not spliced, so they stay on TensorFlow. A subgraph with
+    a dynamic batch is checked at the compiled `batch` and at `2 * batch + 1` (the
+    placeholders in `batched` carry the batch on axis 0)."""
     import warnings
 
     from .errors import CompileWarning
@@ -178,10 +183,26 @@ def verify_compiled(frozen_graph_def: bytes,
     feeds = example_feeds(placeholders, given)
     fetches = sorted({_tensor(t) for sg, _ in compiled for t in sg.inputs})
     values = tensorflow_values(frozen_graph_def, feeds, fetches)
+    # The subgraphs' own GraphDefs fix the compiled batch in their placeholders, so at
+    # the other batch TensorFlow's answer for a subgraph is the whole graph's.
+    other = _other_batch_values(
+        frozen_graph_def, placeholders, feeds, set(given or ()), batched or set(), batch,
+        sorted(set(fetches) | {_tensor(t) for sg, _ in compiled for t in sg.outputs}))
     kept, verdicts = [], []
     for sg, result in compiled:
         verdict = verify_subgraph(sg.name, result.executable, sg.serialize(), sg.input_names,
                                   sg.output_names, [values[_tensor(t)] for t in sg.inputs])
+        if verdict.passed and other and any(a >= 0 for a in sg.input_batch_axes):
+            # A dynamic batch runs in chunks of the compiled one: check that too, at a
+            # batch that is not a multiple of it (the last chunk padded).
+            again = verify_subgraph(sg.name, result.executable, sg.serialize(),
+                                    sg.input_names, sg.output_names,
+                                    [other[_tensor(t)] for t in sg.inputs],
+                                    [other[_tensor(t)] for t in sg.outputs])
+            if not again.passed:
+                verdict = Verdict(sg.name, False, again.outputs, again.auto_cast,
+                                  again.reason.replace("verify: ", f"verify at batch "
+                                                       f"{2 * batch + 1}: ", 1))
         verdicts.append(verdict)
         if verdict.passed:
             kept.append((sg, result))
@@ -192,6 +213,28 @@ def verify_compiled(frozen_graph_def: bytes,
                       f"its nodes stay on TensorFlow: {verdict.reason}", CompileWarning,
                       stacklevel=3)
     return kept, verdicts
+
+
+def _other_batch_values(frozen_graph_def: bytes,
+                        placeholders: Mapping[str, tuple[Sequence[int], str]],
+                        feeds: Mapping[str, np.ndarray], given: set[str], batched: set[str],
+                        batch: int, fetches: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """TensorFlow's values of `fetches` with every batched input at batch `2 * batch + 1`:
+    the given examples' rows repeated, or fresh random rows. None if nothing is batched
+    or the graph refuses that batch (its batch is fixed, so it never splits)."""
+    if not batched:
+        return None
+    other = 2 * batch + 1
+    rows = np.arange(other) % batch
+    shapes = {t: ((other, *shape[1:]) if t in batched else shape, dtype)
+              for t, (shape, dtype) in placeholders.items()}
+    fresh = example_feeds(shapes, None, seed=1)
+    grown = {t: (np.take(np.asarray(v), rows, axis=0) if t in given else fresh[t])
+             if t in batched else v for t, v in feeds.items()}
+    try:
+        return tensorflow_values(frozen_graph_def, grown, fetches)
+    except Exception:  # noqa: BLE001 (TensorFlow's own refusal of that batch)
+        return None
 
 
 def _random_example_possible(dtype: str) -> bool:
@@ -216,5 +259,13 @@ def verify_signature(signature: object, shapes: Mapping[str, Sequence[int]],
                 f"verify=True runs the model on example inputs, and input {i.key!r} is "
                 f"{i.dtype}: random values of it would not be valid input (image bytes, "
                 f"text). Give an example in model_feed_dict={{{i.key!r}: ...}}")
+    batch = next((int(shapes[i.tensor][0]) for i in inputs if _batched(i)), 1)
     return verify_compiled(signature.graph_def.SerializeToString(),  # type: ignore[attr-defined]
-                           placeholders, given, compiled, excluded)
+                           placeholders, given, compiled, excluded, batch,
+                           {i.tensor for i in inputs if _batched(i)})
+
+
+def _batched(i: object) -> bool:
+    """A signature input whose first dimension is free: the batch."""
+    shape = i.shape  # type: ignore[attr-defined]
+    return bool(shape) and shape[0] is None

@@ -43,11 +43,15 @@ class Cache:
     what: str        # "the NeuronOp library"
     env_var: str     # the variable that moves the cache, named in every hint
     error: type[BuildError] = BuildError
+    # What another user could do with the directory (the compile cache and the
+    # telemetry run directory share these rules: runtime/files.py's trust rule).
+    risk: str = "could have put code there that this process would run"
+    title: str = "the cache of"
 
     def untrusted(self, kind: str, path: Path, reason: str) -> BuildError:
         return self.error(
-            f"refusing the cache of {self.what}: {kind} {path} {reason}, so another user "
-            "could have put code there that this process would run. Remove it, or set "
+            f"refusing {self.title} {self.what}: {kind} {path} {reason}, so another user "
+            f"{self.risk}. Remove it, or set "
             f"{self.env_var} to a directory only you can write (it is created with mode 0700)")
 
     def check_owned(self, kind: str, path: Path, st: os.stat_result) -> None:
@@ -70,7 +74,7 @@ class Cache:
                 pass
             st = os.lstat(path)
         except OSError as e:
-            raise self.error(f"cannot create the cache of {self.what} {path}: {e.strerror}; "
+            raise self.error(f"cannot create {self.title} {self.what} {path}: {e.strerror}; "
                              f"set {self.env_var} to a writable directory") from None
         if stat.S_ISLNK(st.st_mode):
             raise self.untrusted("directory", path, "is a symbolic link")

@@ -83,6 +83,12 @@ class Device:
         with self._lock:
             return dict(self._failed)
 
+    def loaded_models(self) -> list[object]:
+        """The models loaded onto this device now (a server labels its own with the
+        model name and version it serves them under)."""
+        with self._lock:
+            return list(self._models)
+
     def track(self, model: object) -> None:
         """A model loaded onto this device (so fail_core can reach it)."""
         with self._lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype of auto-cast we
 import msgpack
 import numpy as np
 
+from . import files
 from .errors import ExecutableError
 from .validate import check_executable
 
@@ -32,6 +34,7 @@ MAGIC = b"NRNISHEX"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQ32s")
 HEADER_SIZE = _HEADER.size  # 56
+MAX_FILE_BYTES = 1 << 40  # a sanity bound; the header's declared length is the real one
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,22 @@ def read_header(data: bytes) -> tuple[int, int]:
         raise ExecutableError("executable checksum mismatch: the file is corrupt (recompile it "
                               "or copy it again)")
     return version, length
+
+
+def read_file(path: str | os.PathLike) -> bytes:
+    """An executable file's bytes, read only once its header has been checked and the
+    file is the size the header declares: a FIFO, a device, or gigabytes of anything
+    else (a sparse file) are refused before a byte of the body is read."""
+    with files.open_regular(path, MAX_FILE_BYTES, "executable") as (fd, size):
+        head = os.pread(fd, HEADER_SIZE, 0)
+        if len(head) < HEADER_SIZE or not head.startswith(MAGIC):
+            read_header(head)  # raises: truncated, or not an executable
+        length = _HEADER.unpack(head)[3]
+        if HEADER_SIZE + length != size:
+            raise ExecutableError(f"executable {os.fspath(path)} is truncated or padded: the "
+                                  f"header says the body has {length} bytes, the file has "
+                                  f"{size - HEADER_SIZE}")
+        return files.read_fd(fd, path, size, "executable")
 
 
 def _array(raw: dict) -> np.ndarray:

@@ -28,7 +28,7 @@ from .errors import (
     InvalidInput,
     OutputBufferError,
 )
-from .executable import Executable, TensorSig, from_bytes
+from .executable import Executable, TensorSig, from_bytes, read_file
 from .native import native_library
 from .program import LoadedProgram, aligned_empty
 
@@ -412,7 +412,7 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     """Load an executable (a path or its bytes) onto the device."""
     if isinstance(source, (str, Path)):
         try:
-            data = Path(source).read_bytes()
+            data = read_file(source)
         except OSError as e:
             raise DeviceError(f"cannot read executable {source}: {e.strerror}") from None
     else:

@@ -14,6 +14,13 @@ to the moment of publishing.
 
 Run dir: `NEURONISH_RUN_DIR`, else `$XDG_RUNTIME_DIR/neuronish`, else
 `/tmp/neuronish-<uid>`. `NEURONISH_TELEMETRY=0` turns publishing off.
+
+The run dir follows the rule of every neuronish cache (runtime/buildcache.py):
+created 0700, and used only if it is a real directory we own that nobody else can
+write, its parents safe too; otherwise a publisher warns once and stops, and a
+reader refuses it. A reader takes only regular files (no symlinks) of at most
+`MAX_RECORD_BYTES` holding the fields below with the types below; any other file
+is skipped with one line saying why (`read_all`'s `skipped`).
 """
 
 from __future__ import annotations
@@ -31,8 +38,23 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from .buildcache import BuildError, Cache
+from .files import read_json
+
 PUBLISH_INTERVAL = 0.5  # seconds
 FORMAT = 1
+MAX_RECORD_BYTES = 1 << 20  # one process's counters: a few KiB
+
+
+class UntrustedRunDir(BuildError):
+    """The run directory could have been written by another user."""
+
+
+def _trusted(directory: Path) -> Path:
+    """`directory`, created 0700 if missing, else checked; raises UntrustedRunDir."""
+    return Cache(directory, "device counters", "NEURONISH_RUN_DIR", UntrustedRunDir,
+                 risk="could plant or replace the counters that neuronish ls/top show, or "
+                      "read this process's", title="the run directory of").secure()
 
 
 def run_dir() -> Path:
@@ -87,6 +109,7 @@ class Telemetry:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.started = time.time()
+        self._trusted = False  # the run dir has been checked (see the module doc)
 
     # -- hooks (runtime/model.py) ---------------------------------------------
     def track(self, model: object) -> None:
@@ -182,7 +205,9 @@ class Telemetry:
         # older snapshot must not land after (and over) a newer one.
         with self._publishing:
             data = json.dumps(self.snapshot())
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self._trusted:
+                _trusted(self.directory)
+                self._trusted = True
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{os.getpid()}.",
                                        suffix=".tmp")
             try:
@@ -208,6 +233,10 @@ class Telemetry:
                 self.publish()
             except OSError:  # a full or read-only disk must not stop the device
                 pass
+            except UntrustedRunDir as e:  # say so once; the device carries on unpublished
+                print(f"neuronish: warning: not publishing device counters: {e}",
+                      file=sys.stderr)
+                return
             self._stop.wait(PUBLISH_INTERVAL)
 
 
@@ -267,17 +296,73 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_all(directory: Path | None = None) -> list[dict]:
-    """Every live process's latest counters; files of dead processes are removed."""
+def _number(x: object, integer: bool = False) -> bool:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    if integer and not isinstance(x, int):
+        return False
+    return 0 <= x <= 2**53  # finite, and what a float holds exactly
+
+
+def _ints(x: object) -> bool:
+    return isinstance(x, list) and all(_number(i, True) for i in x)
+
+
+def check_record(d: object) -> str | None:
+    """Why a counters file's JSON is not one `neuronish ls`/`top` can show, or None."""
+    if not isinstance(d, dict):
+        return f"expected a JSON object, got {type(d).__name__}"
+    for key, ok in (("pid", lambda v: _number(v, True) and 0 < v < 2**31),
+                    ("time", _number), ("command", lambda v: isinstance(v, str)),
+                    ("device", lambda v: isinstance(v, dict)),
+                    ("cores", lambda v: isinstance(v, dict)),
+                    ("models", lambda v: isinstance(v, list))):
+        if not ok(d.get(key)):
+            return f"field {key!r} is missing or of the wrong type ({str(d.get(key))[:40]!r})"
+    dev = d["device"]
+    if not (_number(dev.get("num_cores"), True) and _ints(dev.get("visible_cores"))
+            and isinstance(dev.get("core_groups"), list) and all(
+                _ints(g) for g in dev["core_groups"]) and _number(dev.get("core_memory"))):
+        return "field 'device' needs num_cores, visible_cores, core_groups and core_memory"
+    for core, c in d["cores"].items():
+        if not (core.isdigit() and len(core) < 10 and isinstance(c, dict)
+                and _number(c.get("used_bytes")) and _number(c.get("busy_seconds"))):
+            return f"core {core[:20]!r} needs a numeric used_bytes and busy_seconds"
+    for m in d["models"]:
+        if not (isinstance(m, dict) and _number(m.get("id"), True)
+                and isinstance(m.get("name"), str) and isinstance(m.get("core_groups"), list)
+                and all(_ints(g) for g in m["core_groups"]) and _ints(m.get("bytes_per_core"))
+                and m["bytes_per_core"] and _number(m.get("calls"), True)
+                and _number(m.get("inferences"), True)):
+            return "an entry of 'models' lacks id, name, core_groups, bytes_per_core, calls " \
+                   "or inferences of the right types"
+    return None
+
+
+def read_all(directory: Path | None = None, skipped: list[str] | None = None) -> list[dict]:
+    """Every live process's latest counters; files of dead processes are removed.
+    Files that are not counters are left alone and described in `skipped`. Raises
+    UntrustedRunDir if the directory could have been written by another user."""
     directory = directory or run_dir()
+    if not os.path.lexists(directory):
+        return []
+    _trusted(directory)
     out = []
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+    for path in sorted(directory.glob("*.json")):
         try:
-            data = json.loads(path.read_text())
-            pid = int(data["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # half-gone or not ours
-        if not _alive(pid):
+            data = read_json(path, MAX_RECORD_BYTES, "counters file", follow_symlinks=False,
+                             max_depth=8)
+        except FileNotFoundError:
+            continue  # its process exited meanwhile
+        except OSError as e:
+            if skipped is not None:
+                skipped.append(f"{path}: {e.strerror}")
+            continue
+        if (why := check_record(data)) is not None:
+            if skipped is not None:
+                skipped.append(f"{path}: {why}")
+            continue
+        if not _alive(data["pid"]):
             path.unlink(missing_ok=True)
             continue
         out.append(data)

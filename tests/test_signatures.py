@@ -179,3 +179,54 @@ def test_tf1_signatures_of_one_graph_are_told_apart(tmp_path: Path) -> None:
     assert report["aliases"] == [] and list(report["signatures"]) == ["tanh"]
     compiled = tf.saved_model.load(str(out))
     _assert_same(compiled, tf.saved_model.load(src), ["serving_default", "tanh"])
+
+
+def test_tf1_classify_and_regress_signatures_keep_their_method_name(tmp_path: Path) -> None:
+    """tf.saved_model.save writes every signature as a predict one; TF Serving's
+    --enable_signature_method_name_check would then refuse Classify/Regress on the
+    compiled model while it serves the original."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    src = str(tmp_path / "src")
+    graph = tf.Graph()
+    with graph.as_default():
+        serialized = tf.compat.v1.placeholder(tf.string, [None], name="tf_example")
+        x = tf.io.parse_example(serialized, {"x": tf.io.FixedLenFeature([4], tf.float32)})["x"]
+        w = tf.compat.v1.get_variable("w", initializer=tf.random.stateless_normal(
+            [4, 3], seed=[3, 4]))
+        scores = tf.nn.softmax(tf.nn.relu(tf.matmul(x, w) + 1.0))
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            builder = tf.compat.v1.saved_model.Builder(src)
+            sm = tf.compat.v1.saved_model
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": sm.predict_signature_def({"examples": serialized},
+                                                            {"y": scores}),
+                "classify": sm.classification_signature_def(serialized, None, scores),
+                "regress": sm.regression_signature_def(serialized, tf.reduce_sum(
+                    scores * 2.0, 1, keepdims=True))})
+            builder.save()
+    out = tmp_path / "out"
+    report = neuronish.saved_model.compile(src, str(out), model_shape_feed_dict={
+        "examples": [2], "inputs": [2]})
+    assert report["OnNeuronRatio"] > 0
+    examples = tf.constant([tf.train.Example(features=tf.train.Features(feature={
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, -1.0, 2.0, 0.5]))}))
+        .SerializeToString() for i in (0.0, 3.0)])
+    compiled, original = tf.saved_model.load(str(out)), tf.saved_model.load(src)
+    for key, arg, output in (("serving_default", "examples", "y"), ("classify", "inputs",
+                                                                     "scores"),
+                             ("regress", "inputs", "outputs")):
+        np.testing.assert_allclose(compiled.signatures[key](**{arg: examples})[output],
+                                   original.signatures[key](**{arg: examples})[output],
+                                   rtol=1e-5, atol=1e-6)
+
+    def methods(path: str) -> dict[str, str]:
+        sm = saved_model_pb2.SavedModel()
+        sm.ParseFromString((Path(path) / "saved_model.pb").read_bytes())
+        return {k: v.method_name for k, v in sm.meta_graphs[0].signature_def.items()
+                if not k.startswith("__")}
+
+    assert methods(str(out)) == methods(src) == {
+        "serving_default": "tensorflow/serving/predict",
+        "classify": "tensorflow/serving/classify", "regress": "tensorflow/serving/regress"}

@@ -104,3 +104,35 @@ def test_bad_arguments_are_clear() -> None:
         neuronish.trace(tf.function(lambda: tf.constant(1.0)), ())
     with pytest.raises(TraceError, match="failed"):
         neuronish.trace(tf.function(lambda x: tf.matmul(x, tf.ones((3, 3)))), _rows(2, 8))
+
+
+def test_dict_inputs_keep_their_names_and_the_result_saves_like_tfnx(tmp_path: Path) -> None:
+    """tensorflow-neuronx's `trace` result: `.save(path)`, `.on_neuron_ratio`; a dict of
+    examples names the saved signature's inputs, a dict of outputs its outputs; another
+    sequence length is refused naming the traced shape."""
+    table = tf.Variable(np.linspace(-1, 1, 20 * 4).reshape(20, 4).astype(np.float32))
+
+    @tf.function
+    def encode(features: dict) -> dict:
+        h = tf.nn.embedding_lookup(table, features["token_ids"])
+        h = h * tf.cast(features["mask"], tf.float32)[..., None]
+        return {"pooled": tf.reduce_sum(h, axis=1), "tokens": tf.nn.relu(h)}
+
+    examples = {"token_ids": np.array([[1, 2, 3, 4, 5, 6]] * 2, np.int32),
+                "mask": np.ones((2, 6), np.int32)}
+    traced = neuronish.trace(encode, examples)
+    assert traced.on_neuron_ratio == traced.report["OnNeuronRatio"] > 0
+    got = traced(examples)
+    assert set(got) == {"pooled", "tokens"}
+    np.testing.assert_allclose(got["pooled"].numpy(), encode(examples)["pooled"].numpy(),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(TraceError, match=r"input 'token_ids' has shape \[2, 9\]; it was traced "
+                                         r"and compiled at \['batch', 6\]"):
+        traced({"token_ids": np.zeros((2, 9), np.int32), "mask": np.ones((2, 6), np.int32)})
+    traced.save(str(tmp_path / "saved"))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    fn = loaded.signatures["serving_default"]
+    assert sorted(fn.structured_input_signature[1]) == ["mask", "token_ids"]
+    assert sorted(fn.structured_outputs) == ["pooled", "tokens"]
+    again = fn(token_ids=tf.constant(examples["token_ids"]), mask=tf.constant(examples["mask"]))
+    np.testing.assert_allclose(again["tokens"].numpy(), got["tokens"].numpy(), rtol=1e-6)

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -141,7 +142,7 @@ def resolve_shape(x: Value, shape: list[int]) -> tuple[int, ...]:
     return tuple(shape)
 
 
-@tf_op("Reshape", supports=dtypes(T=DEVICE_DTYPES, Tshape=INDEX))
+@tf_op("Reshape", supports=dtypes(T=DEVICE_DTYPES, Tshape=INDEX), batch=batch.reshape)
 def reshape(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Reshape: row-major reshape to the (constant) `shape` operand; one entry may
     be -1 and is inferred from the element count."""
@@ -151,7 +152,7 @@ def reshape(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [reshape_to(ctx, x, resolve_shape(x, dims))]
 
 
-@tf_op("Squeeze", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("Squeeze", supports=dtypes(T=DEVICE_DTYPES), batch=batch.reshape)
 def squeeze(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Squeeze: drop the size-1 dims listed in `squeeze_dims` (negative counts from
     the end), or every size-1 dim when the list is empty. A listed dim whose size is
@@ -170,7 +171,7 @@ def squeeze(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [reshape_to(ctx, x, [d for i, d in enumerate(x.shape) if i not in drop])]
 
 
-@tf_op("ExpandDims", supports=dtypes(T=DEVICE_DTYPES, Tdim=INDEX))
+@tf_op("ExpandDims", supports=dtypes(T=DEVICE_DTYPES, Tdim=INDEX), batch=batch.reshape)
 def expand_dims(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF ExpandDims: insert a size-1 dim at `dim` (constant, in [-(R+1), R]; -1
     appends)."""
@@ -180,7 +181,7 @@ def expand_dims(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [reshape_to(ctx, x, x.shape[:dim] + (1,) + x.shape[dim:])]
 
 
-@tf_op("Transpose", supports=dtypes(T=DEVICE_DTYPES, Tperm=INDEX))
+@tf_op("Transpose", supports=dtypes(T=DEVICE_DTYPES, Tperm=INDEX), batch=batch.transpose)
 def transpose(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Transpose: y.shape[i] = x.shape[perm[i]] (perm constant, a permutation of
     the dims; negative entries count from the end)."""
@@ -207,7 +208,8 @@ def _concat_values(ctx: LowerCtx, node: TFNode, values: list[Value], axis_arr: n
     return [concat(ctx, values, axis)]
 
 
-@tf_op("ConcatV2", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX))
+@tf_op("ConcatV2", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX),
+       batch=batch.concat(lambda v: len(v.ins) - 1, lambda v: range(len(v.ins) - 1)))
 def concat_v2(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF ConcatV2: the N value inputs joined along `axis`, the last input (constant;
     negative counts from the end). All other dims must match."""
@@ -216,14 +218,15 @@ def concat_v2(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return _concat_values(ctx, node, values, ctx.const_input(node, n, "axis"))
 
 
-@tf_op("Concat", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("Concat", supports=dtypes(T=DEVICE_DTYPES),
+       batch=batch.concat(lambda v: 0, lambda v: range(1, len(v.ins))))
 def concat_v1(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Concat (v1): as ConcatV2, but the axis (`concat_dim`) is the first input."""
     values = [ctx.input(node, i) for i in range(1, len(node.inputs))]
     return _concat_values(ctx, node, values, ctx.const_input(node, 0, "concat_dim"))
 
 
-@tf_op("Pack", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("Pack", supports=dtypes(T=DEVICE_DTYPES), batch=batch.pack)
 def pack(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Pack (tf.stack): N tensors of one shape joined along a new dim at `axis`
     (in [-(R+1), R], R the inputs' rank)."""
@@ -238,7 +241,7 @@ def pack(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [concat(ctx, parts, axis)]
 
 
-@tf_op("Unpack", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("Unpack", supports=dtypes(T=DEVICE_DTYPES), batch=batch.unpack)
 def unpack(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Unpack (tf.unstack): `num` tensors, the slices x[..., i, ...] along `axis`
     (that dim removed)."""
@@ -260,7 +263,7 @@ def _split(ctx: LowerCtx, x: Value, axis: int, sizes: list[int]) -> list[Value]:
     return outs
 
 
-@tf_op("Split", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("Split", supports=dtypes(T=DEVICE_DTYPES), batch=batch.split(axis_input=0, data=1))
 def split(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Split: `value` (input 1) cut into `num_split` equal pieces along `split_dim`
     (input 0, constant, negative counts from the end); the dim must divide evenly."""
@@ -274,7 +277,8 @@ def split(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return _split(ctx, x, axis, [x.shape[axis] // num] * num)
 
 
-@tf_op("SplitV", supports=dtypes(T=DEVICE_DTYPES, Tlen=INDEX))
+@tf_op("SplitV", supports=dtypes(T=DEVICE_DTYPES, Tlen=INDEX),
+       batch=batch.split(axis_input=2, data=0))
 def split_v(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF SplitV: `value` cut along `split_dim` (input 2, constant) into pieces of
     `size_splits` (input 1, constant); one size may be -1 (the rest of the dim)."""
@@ -297,7 +301,22 @@ def split_v(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 # --- slicing ------------------------------------------------------------------------
 
-@tf_op("Slice", supports=dtypes(T=DEVICE_DTYPES, Index=INDEX))
+def _slice_batch(view: batch.OpView) -> str | None:
+    """Slice keeps a per-sample input per sample only if it takes the whole batch axis:
+    begin 0 and size -1 (or a size that follows the batch size)."""
+    if view.samples() != [0]:
+        return "its begin or size is computed per sample"
+    axis = view.ins[0].axis
+    begin, size = view.const_ints(1), view.const_ints(2)
+    if begin is None or size is None:
+        return "its begin or size is computed"
+    dim = view.in_shapes[0][axis]
+    end = dim if size[axis] == -1 else begin[axis] + size[axis]
+    return batch.whole_batch_slice(begin[axis], end, 1, dim, size[axis] == -1,
+                                   view.tracks_batch(2))
+
+
+@tf_op("Slice", supports=dtypes(T=DEVICE_DTYPES, Index=INDEX), batch=_slice_batch)
 def slice_(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Slice: x[begin[i] : begin[i] + size[i]] in every dim (begin and size
     constant); size -1 takes the rest of the dim. Out-of-range slices are errors."""
@@ -425,7 +444,37 @@ def strided_slice_plan(shape: tuple[int, ...], begin: list[int], end: list[int],
     return k_begin, k_end, k_stride, final
 
 
-@tf_op("StridedSlice", supports=dtypes(T=DEVICE_DTYPES, Index=INDEX))
+def _strided_slice_batch(view: batch.OpView) -> str | None:
+    """StridedSlice keeps a per-sample input per sample only if, along the batch axis,
+    it takes every sample in order at the compiled batch, at the next one, and at any
+    larger one (the end is masked, huge, or follows the batch size)."""
+    if view.samples() != [0]:
+        return "its bounds are computed per sample"
+    axis = view.ins[0].axis
+    masks = {k: int(view.node.get(k, 0) or 0) for k in (
+        "begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
+    spans = []
+    for shape, values in ((view.in_shapes[0], view.consts), (view.in_shapes_next[0],
+                                                             view.consts_next)):
+        bounds = [values[i] for i in (1, 2, 3)]
+        if any(b is None for b in bounds):
+            return "its bounds are computed"
+        plan = strided_slice_plan(shape, *(ints(b, "bounds") for b in bounds), **masks)
+        spans.append((plan[0][axis], plan[1][axis], plan[2][axis], shape[axis]))
+    huge = list(view.in_shapes[0])
+    huge[axis] = 1 << 40
+    begin, end, strides = (ints(view.consts[i], "bounds") for i in (1, 2, 3))
+    plan = strided_slice_plan(tuple(huge), begin, end, strides, **masks)
+    endless = plan[0][axis] == 0 and plan[1][axis] == huge[axis] and plan[2][axis] == 1
+    for b, e, stride, dim in spans:
+        if (reason := batch.whole_batch_slice(b, e, stride, dim, endless,
+                                              view.tracks_batch(2))) is not None:
+            return reason
+    return None
+
+
+@tf_op("StridedSlice", supports=dtypes(T=DEVICE_DTYPES, Index=INDEX),
+       batch=_strided_slice_batch)
 def strided_slice(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF StridedSlice with every mask: begin/end/strides constant; `begin_mask` /
     `end_mask` bits take the whole range in the stride's direction; one
@@ -463,14 +512,16 @@ def _pad(ctx: LowerCtx, x: Value, paddings: list[list[int]], mode: str, value: o
     return ctx.emit1("pad", [x], {"paddings": paddings, "mode": mode, "value": value})
 
 
-@tf_op("Pad", supports=dtypes(T=DEVICE_DTYPES, Tpaddings=INDEX))
+@tf_op("Pad", supports=dtypes(T=DEVICE_DTYPES, Tpaddings=INDEX),
+       batch=batch.paddings_keep_batch)
 def pad(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Pad: zero padding, paddings[i] = [before, after] per dim (constant)."""
     x = ctx.input(node, 0)
     return [_pad(ctx, x, _paddings(ctx, node, x), "constant", _zero(x.dtype))]
 
 
-@tf_op("PadV2", supports=dtypes(T=DEVICE_DTYPES, Tpaddings=INDEX))
+@tf_op("PadV2", supports=dtypes(T=DEVICE_DTYPES, Tpaddings=INDEX),
+       batch=batch.paddings_keep_batch)
 def pad_v2(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF PadV2: as Pad, filled with `constant_values` (a constant scalar)."""
     x = ctx.input(node, 0)
@@ -484,7 +535,7 @@ def _mirror_supports(node: TFNode) -> str | None:
     return dtypes(T=DEVICE_DTYPES, Tpaddings=INDEX)(node)
 
 
-@tf_op("MirrorPad", supports=_mirror_supports)
+@tf_op("MirrorPad", supports=_mirror_supports, batch=batch.paddings_keep_batch)
 def mirror_pad(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF MirrorPad: REFLECT mirrors without the edge element (padding < dim),
     SYMMETRIC with it (padding <= dim)."""
@@ -499,7 +550,7 @@ def mirror_pad(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [_pad(ctx, x, paddings, mode, _zero(x.dtype))]
 
 
-@tf_op("Tile", supports=dtypes(T=DEVICE_DTYPES, Tmultiples=INDEX))
+@tf_op("Tile", supports=dtypes(T=DEVICE_DTYPES, Tmultiples=INDEX), batch=batch.tile)
 def tile(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Tile: repeat x multiples[i] times along dim i (constant, one per dim)."""
     x = ctx.input(node, 0)
@@ -512,7 +563,8 @@ def tile(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("tile", [x], {"multiples": multiples})]
 
 
-@tf_op("BroadcastTo", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX))
+@tf_op("BroadcastTo", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX),
+       batch=batch.broadcast_to)
 def broadcast_to_op(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF BroadcastTo: numpy broadcasting of x to the (constant) `shape`."""
     x = ctx.input(node, 0)
@@ -522,7 +574,8 @@ def broadcast_to_op(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 # --- gathering and one-hot -------------------------------------------------------
 
-@tf_op("GatherV2", supports=dtypes(Tparams=DEVICE_DTYPES, Tindices=INDEX, Taxis=INDEX))
+@tf_op("GatherV2", supports=dtypes(Tparams=DEVICE_DTYPES, Tindices=INDEX, Taxis=INDEX),
+       batch=batch.gather)
 def gather_v2(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF GatherV2: params gathered along `axis` (input 2, constant; negative counts
     from the end) at `indices`; the first `batch_dims` dims (negative counts from
@@ -544,7 +597,8 @@ def gather_v2(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("gather", [params, indices], {"axis": axis, "batch_dims": batch_dims})]
 
 
-@tf_op("OneHot", supports=dtypes(T=DEVICE_DTYPES, TI=("uint8", "int8", "int32", "int64")))
+@tf_op("OneHot", supports=dtypes(T=DEVICE_DTYPES, TI=("uint8", "int8", "int32", "int64")),
+       batch=batch.along(lambda v: [], "one-hot", data=(0,), keeps_rank=False))
 def one_hot(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF OneHot: a new dim of size `depth` at `axis` (-1: last) holding on_value at
     the index and off_value elsewhere (depth/on/off constant); an index outside
@@ -568,7 +622,8 @@ def one_hot(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 # --- creating tensors and shape queries -------------------------------------------
 
-@tf_op("Fill", supports=dtypes(T=DEVICE_DTYPES, index_type=INDEX))
+@tf_op("Fill", supports=dtypes(T=DEVICE_DTYPES, index_type=INDEX),
+       batch=batch.mixes("its value is computed per sample"))
 def fill(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Fill: a tensor of shape `dims` (constant) filled with the scalar `value`
     (which may be computed)."""
@@ -581,42 +636,44 @@ def fill(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [broadcast_to(ctx, value, dims)]
 
 
-@tf_op("ZerosLike", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("ZerosLike", supports=dtypes(T=DEVICE_DTYPES), batch=batch.elementwise)
 def zeros_like(ctx: LowerCtx, node: TFNode) -> list[Value]:
-    """TF ZerosLike: zeros of x's (static) shape and dtype; a constant."""
+    """TF ZerosLike: zeros of x's (static) shape and dtype; a constant (folded
+    within the folding bound, else broadcast on the device)."""
     x = ctx.input(node, 0)
-    return [ctx.const(np.zeros(x.shape, dtype=x.dtype))]
+    return [broadcast_to(ctx, ctx.const(np.zeros((), dtype=x.dtype)), x.shape)]
 
 
-@tf_op("OnesLike", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("OnesLike", supports=dtypes(T=DEVICE_DTYPES), batch=batch.elementwise)
 def ones_like(ctx: LowerCtx, node: TFNode) -> list[Value]:
-    """TF OnesLike: ones of x's (static) shape and dtype; a constant."""
+    """TF OnesLike: ones of x's (static) shape and dtype; a constant (folded
+    within the folding bound, else broadcast on the device)."""
     x = ctx.input(node, 0)
-    return [ctx.const(np.ones(x.shape, dtype=x.dtype))]
+    return [broadcast_to(ctx, ctx.const(np.ones((), dtype=x.dtype)), x.shape)]
 
 
-@tf_op("Shape", supports=dtypes(T=DEVICE_DTYPES, out_type=INDEX))
+@tf_op("Shape", supports=dtypes(T=DEVICE_DTYPES, out_type=INDEX), batch=batch.by_value)
 def shape(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Shape: x's static shape as a 1-D `out_type` (int32/int64) constant."""
     x = ctx.input(node, 0)
     return [ctx.const(np.array(x.shape, dtype=str(node.get("out_type") or "int32")))]
 
 
-@tf_op("ShapeN", supports=dtypes(T=DEVICE_DTYPES, out_type=INDEX))
+@tf_op("ShapeN", supports=dtypes(T=DEVICE_DTYPES, out_type=INDEX), batch=batch.by_value)
 def shape_n(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF ShapeN: the static shape of each of the N inputs, as `out_type` constants."""
     dtype = str(node.get("out_type") or "int32")
     return [ctx.const(np.array(x.shape, dtype=dtype)) for x in ctx.inputs(node)]
 
 
-@tf_op("Size", supports=dtypes(T=DEVICE_DTYPES, out_type=INDEX))
+@tf_op("Size", supports=dtypes(T=DEVICE_DTYPES, out_type=INDEX), batch=batch.by_value)
 def size(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Size: x's element count as an `out_type` scalar constant."""
     x = ctx.input(node, 0)
     return [ctx.const(np.array(x.type.size, dtype=str(node.get("out_type") or "int32")))]
 
 
-@tf_op("Rank", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("Rank", supports=dtypes(T=DEVICE_DTYPES), batch=batch.by_value)
 def rank(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Rank: x's number of dims as an int32 scalar constant."""
     return [ctx.const(np.array(len(ctx.input(node, 0).shape), dtype="int32"))]
@@ -625,7 +682,8 @@ def rank(ctx: LowerCtx, node: TFNode) -> list[Value]:
 _RANGE_DTYPES = ("float32", "float64", "int32", "int64", "int8", "int16", "uint8")
 
 
-@tf_op("Range", supports=dtypes(Tidx=_RANGE_DTYPES))
+@tf_op("Range", supports=dtypes(Tidx=_RANGE_DTYPES),
+       batch=batch.mixes("its bounds are computed per sample"))
 def range_(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF Range: [start, start + delta, ...) up to but excluding `limit` (all three
     constant, since the output's size depends on them); a constant of dtype Tidx.
@@ -644,5 +702,6 @@ def range_(ctx: LowerCtx, node: TFNode) -> list[Value]:
     else:
         span, step = abs(int(limit) - int(start)), abs(int(delta))
         count = (span + step - 1) // step
+    ctx.check_const_size([count], dtype.name, f"Range({start}, {limit}, {delta})")
     values = start + np.arange(count).astype(dtype) * delta
     return [ctx.const(values.astype(dtype))]

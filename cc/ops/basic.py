@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -73,7 +74,7 @@ def require_dtype(v: Value, allowed: tuple[str, ...], what: str = "input") -> No
 
 # --- the plumbing ops -------------------------------------------------------
 
-@tf_op("Placeholder")
+@tf_op("Placeholder", batch=batch.by_value)
 def placeholder(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """A graph input. Only a Placeholder the io-config feeds has a value; reaching
     this lowering means the compiled subgraph needs an input nobody gives it."""
@@ -81,7 +82,7 @@ def placeholder(ctx: LowerCtx, node: TFNode) -> list[Value]:
                     f"add '{node.name}:0' to the io-config inputs with its shape and dtype")
 
 
-@tf_op("PlaceholderWithDefault")
+@tf_op("PlaceholderWithDefault", batch=batch.elementwise)
 def placeholder_with_default(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """An input that falls back to its `input` when not fed: not fed here (the
     io-config feeds it otherwise), so it is its default value."""
@@ -92,26 +93,26 @@ def _const_supports(node: TFNode) -> str | None:
     return dtype_reason(node.get("dtype"), DEVICE_DTYPES, "constant of dtype")
 
 
-@tf_op("Const", supports=_const_supports)
+@tf_op("Const", supports=_const_supports, batch=batch.by_value)
 def const(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """A constant tensor from the `value` attribute (TensorProto, splats expanded)."""
     return [ctx.const(attr_tensor(node, "value"))]
 
 
-@tf_op("Identity", "StopGradient", "Snapshot", "PreventGradient")
+@tf_op("Identity", "StopGradient", "Snapshot", "PreventGradient", batch=batch.elementwise)
 def identity(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """y = x. StopGradient/PreventGradient only matter for training; Snapshot is a
     copy TF may elide. No instruction: the input value is handed on."""
     return [ctx.input(node, 0)]
 
 
-@tf_op("IdentityN")
+@tf_op("IdentityN", batch=batch.per_output)
 def identity_n(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """y_i = x_i for every input (Keras uses it around custom gradients)."""
     return ctx.inputs(node)
 
 
-@tf_op("NoOp")
+@tf_op("NoOp", batch=batch.by_value)
 def no_op(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """No outputs; only ever reached through control edges, which the device ignores."""
     return []

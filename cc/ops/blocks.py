@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -33,7 +34,7 @@ def _conv_transpose_supports(node: TFNode) -> str | None:
     return dtype_check(FLOAT)(node) or _window_reason(node, ("strides", "dilations"))
 
 
-@tf_op("Conv2DBackpropInput", supports=_conv_transpose_supports)
+@tf_op("Conv2DBackpropInput", supports=_conv_transpose_supports, batch=batch.image)
 def conv2d_transpose(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """The input gradient of Conv2D: `input_sizes` (a constant NHWC shape, the forward
     input's), `filter` [KH, KW, C, O] (C: this op's output channels), `out_backprop`
@@ -95,8 +96,8 @@ def _blocks(ctx: LowerCtx, node: TFNode, x: Value, what: str) -> tuple[list[int]
     return block, [[int(a), int(b)] for a, b in pairs.tolist()]
 
 
-@tf_op("SpaceToBatchND", supports=dtypes(T=DEVICE_DTYPES, Tblock_shape=INDEX,
-                                         Tpaddings=INDEX))
+@tf_op("SpaceToBatchND", supports=dtypes(T=DEVICE_DTYPES, Tblock_shape=INDEX, Tpaddings=INDEX),
+       batch=batch.space_to_batch)
 def space_to_batch(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Pad the M spatial dims after the batch, cut each into blocks of block_shape, and
     move the offsets within a block to the front of the batch:
@@ -122,7 +123,8 @@ def space_to_batch(ctx: LowerCtx, node: TFNode) -> list[Value]:
                                                          zip(spatial, block)] + rest)]
 
 
-@tf_op("BatchToSpaceND", supports=dtypes(T=DEVICE_DTYPES, Tblock_shape=INDEX, Tcrops=INDEX))
+@tf_op("BatchToSpaceND", supports=dtypes(T=DEVICE_DTYPES, Tblock_shape=INDEX, Tcrops=INDEX),
+       batch=batch.batch_to_space)
 def batch_to_space(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """SpaceToBatchND's inverse: [b1 * .. * bM * b, s1, .., sM, rest] -> [b, s1 * b1, ..,
     sM * bM, rest], then `crops` cut from the start and end of each spatial dim."""
@@ -154,7 +156,7 @@ def _depth_supports(node: TFNode) -> str | None:
     return dtypes(T=DEVICE_DTYPES)(node)
 
 
-@tf_op("DepthToSpace", "SpaceToDepth", supports=_depth_supports)
+@tf_op("DepthToSpace", "SpaceToDepth", supports=_depth_supports, batch=batch.image)
 def depth_space(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """NHWC pixel shuffle with `block_size` k: DepthToSpace [n, h, w, k*k*c] ->
     [n, h*k, w*k, c] (depth index (i*k + j)*c + ch goes to row h*k + i, column w*k + j);
@@ -177,7 +179,7 @@ def depth_space(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [reshape_to(ctx, x, [n, h // k, w // k, k * k * c])]
 
 
-@tf_op("ExtractImagePatches", supports=dtypes(T=DEVICE_DTYPES))
+@tf_op("ExtractImagePatches", supports=dtypes(T=DEVICE_DTYPES), batch=batch.image)
 def extract_patches(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Every `ksizes` window of NHWC `images` (strides, rates and SAME/VALID padding as a
     convolution's), flattened into the depth in [kh, kw, c] order: [n, oh, ow, kh*kw*c].
@@ -202,7 +204,7 @@ def extract_patches(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [concat(ctx, pieces, 3) if len(pieces) > 1 else pieces[0]]
 
 
-@tf_op("LRN", supports=dtype_check(FLOAT))
+@tf_op("LRN", supports=dtype_check(FLOAT), batch=batch.image)
 def local_response_normalization(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF's LRN over the last axis of a 4-D input: sqr_sum[c] = sum of x[c']^2 for
     |c' - c| <= depth_radius; y = x / (bias + alpha * sqr_sum) ** beta. The window sum

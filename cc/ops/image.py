@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -46,7 +47,7 @@ _bilinear = _resize("bilinear")
 _nearest = _resize("nearest")
 
 
-@tf_op("ResizeBilinear", supports=_resize_supports)
+@tf_op("ResizeBilinear", supports=_resize_supports, batch=batch.image)
 def resize_bilinear(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF ResizeBilinear: NHWC images resized to `size` (constant [h, w]) by bilinear
     interpolation, output float32. Source coordinate of output pixel y:
@@ -55,7 +56,7 @@ def resize_bilinear(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return _bilinear(ctx, node)
 
 
-@tf_op("ResizeNearestNeighbor", supports=_resize_supports)
+@tf_op("ResizeNearestNeighbor", supports=_resize_supports, batch=batch.image)
 def resize_nearest(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF ResizeNearestNeighbor: NHWC images resized to `size` (constant [h, w]),
     each output pixel copying one input pixel, same dtype. Source index of output

@@ -14,6 +14,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -28,7 +29,7 @@ def _matmul(ctx: LowerCtx, a: Value, b: Value, ta: bool, tb: bool) -> Value:
                                        "activation": "none", "alpha": 0.0})
 
 
-@tf_op("MatMul", supports=dtype_check(MATMUL_DTYPES))
+@tf_op("MatMul", supports=dtype_check(MATMUL_DTYPES), batch=batch.matmul)
 def matmul(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """a @ b on rank-2 operands; `transpose_a`/`transpose_b` transpose first."""
     a, b = ctx.input(node, 0), ctx.input(node, 1)
@@ -44,7 +45,8 @@ def _bmm_supports(node: TFNode) -> str | None:
     return dtype_check(MATMUL_DTYPES)(node)
 
 
-@tf_op("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", supports=_bmm_supports)
+@tf_op("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", supports=_bmm_supports,
+       batch=batch.batch_matmul)
 def batch_matmul(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Batched x @ y over the last two axes (rank >= 2); `adj_x`/`adj_y` transpose
     (the adjoint of a real matrix). BatchMatMul (V1) needs equal batch dims;
@@ -217,7 +219,7 @@ def _einsum_supports(node: TFNode) -> str | None:
     return dtype_check(MATMUL_DTYPES)(node)
 
 
-@tf_op("Einsum", supports=_einsum_supports)
+@tf_op("Einsum", supports=_einsum_supports, batch=batch.einsum)
 def einsum(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF's Einsum: one or two operands, an explicit output ('ab,bc->ac'), '...'
     broadcasting; labels only one operand has and the output lacks are summed.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -51,7 +52,7 @@ def _unary_supports(node: TFNode) -> str | None:
     return dtype_check(UNARY[node.op][1])(node)
 
 
-@tf_op(*UNARY, supports=_unary_supports)
+@tf_op(*UNARY, supports=_unary_supports, batch=batch.elementwise)
 def unary(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """y = f(x) elementwise, same shape and dtype: Abs, Neg, Sign, Square,
     Reciprocal (= Inv, 1/x), Floor, Sqrt, Rsqrt (1/sqrt x), Exp, Log (natural),
@@ -64,7 +65,7 @@ def unary(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("unary", [x], {"fn": fn})]
 
 
-@tf_op("IsNan", "IsInf", "IsFinite", supports=dtype_check(FLOAT))
+@tf_op("IsNan", "IsInf", "IsFinite", supports=dtype_check(FLOAT), batch=batch.elementwise)
 def float_class(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Bool per element: IsNan x != x; IsInf |x| == inf; IsFinite |x| < inf (false for
     NaN, whose comparisons are all false). reduce_logsumexp and masking code use these."""
@@ -77,7 +78,7 @@ def float_class(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("binary", [magnitude, ctx.const(np.inf, x.dtype)], {"fn": fn})]
 
 
-@tf_op("Ceil", supports=dtype_check(FLOAT))
+@tf_op("Ceil", supports=dtype_check(FLOAT), batch=batch.elementwise)
 def ceil(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """ceil(x) = -floor(-x) (exact in floating point)."""
     x = ctx.input(node, 0)
@@ -119,7 +120,7 @@ def _binary_supports(node: TFNode) -> str | None:
     return dtype_check(BINARY[node.op][1])(node)
 
 
-@tf_op(*BINARY, supports=_binary_supports)
+@tf_op(*BINARY, supports=_binary_supports, batch=batch.elementwise)
 def binary(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """y = a (op) b with numpy broadcasting: Add/AddV2, Sub, Mul, Div/RealDiv
     (float true division), Maximum, Minimum, SquaredDifference ((a-b)^2), Pow,
@@ -132,7 +133,7 @@ def binary(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("binary", [a, b], {"fn": fn})]
 
 
-@tf_op("ClipByValue", supports=dtype_check(NUMERIC))
+@tf_op("ClipByValue", supports=dtype_check(NUMERIC), batch=batch.elementwise)
 def clip_by_value(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """min(max(t, clip_value_min), clip_value_max), bounds broadcast against t."""
     t, lo, hi = ctx.inputs(node)
@@ -141,7 +142,7 @@ def clip_by_value(ctx: LowerCtx, node: TFNode) -> list[Value]:
                       {"fn": "minimum"})]
 
 
-@tf_op("AddN", supports=dtype_check(NUMERIC))
+@tf_op("AddN", supports=dtype_check(NUMERIC), batch=batch.elementwise)
 def add_n(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Sum of N same-shape tensors, as a chain of adds (left to right)."""
     xs = ctx.inputs(node)
@@ -156,7 +157,7 @@ def add_n(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 # --- select and cast ---------------------------------------------------------
 
-@tf_op("Select", supports=dtype_check(DEVICE_DTYPES))
+@tf_op("Select", supports=dtype_check(DEVICE_DTYPES), batch=batch.select_v1)
 def select(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """TF v1 Select: `condition` has the branches' shape, or is a scalar, or (when
     the branches have rank > 1) is a vector picking whole rows along axis 0; no
@@ -174,13 +175,13 @@ def select(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("select", [cond, a, b])]
 
 
-@tf_op("SelectV2", supports=dtype_check(DEVICE_DTYPES))
+@tf_op("SelectV2", supports=dtype_check(DEVICE_DTYPES), batch=batch.elementwise)
 def select_v2(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """where(condition, t, e) with numpy broadcasting over all three."""
     return [ctx.emit1("select", ctx.inputs(node))]
 
 
-@tf_op("Cast", supports=dtype_check(DEVICE_DTYPES, "SrcT", "DstT"))
+@tf_op("Cast", supports=dtype_check(DEVICE_DTYPES, "SrcT", "DstT"), batch=batch.elementwise)
 def cast(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Convert SrcT to DstT like C: float→int truncates toward zero, →bool is
     x != 0. The `Truncate` attr (only meaningful for float narrowing in TF's
@@ -221,9 +222,10 @@ def _reduce(ctx: LowerCtx, node: TFNode) -> list[Value]:
                                       "keepdims": bool(node.get("keep_dims", False))})]
 
 
-reduce_numeric = tf_op("Sum", "Mean", "Max", "Min", "Prod",
-                       supports=dtype_check(NUMERIC))(_reduce)
-reduce_bool = tf_op("Any", "All")(_reduce)
+_reduce_batch = batch.along(batch.const_axes(1), "reduction", keeps_rank=False)
+reduce_numeric = tf_op("Sum", "Mean", "Max", "Min", "Prod", supports=dtype_check(NUMERIC),
+                       batch=_reduce_batch)(_reduce)
+reduce_bool = tf_op("Any", "All", batch=_reduce_batch)(_reduce)
 
 
 def _argminmax_supports(node: TFNode) -> str | None:
@@ -231,7 +233,8 @@ def _argminmax_supports(node: TFNode) -> str | None:
         ("int32", "int64"), "output_type")(node)
 
 
-@tf_op("ArgMax", "ArgMin", supports=_argminmax_supports)
+@tf_op("ArgMax", "ArgMin", supports=_argminmax_supports,
+       batch=batch.along(batch.const_axes(1), "arg-reduction", keeps_rank=False))
 def argminmax(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Index of the first largest (ArgMax) / smallest (ArgMin) element along the
     constant scalar `dimension`, which is removed; `output_type` int32 or int64

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -88,7 +89,7 @@ def _conv_supports(node: TFNode) -> str | None:
     return dtype_check(FLOAT)(node) or _window_reason(node, ("strides", "dilations"))
 
 
-@tf_op("Conv2D", "DepthwiseConv2dNative", supports=_conv_supports)
+@tf_op("Conv2D", "DepthwiseConv2dNative", supports=_conv_supports, batch=batch.image)
 def conv2d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """2-D convolution (cross-correlation) on NHWC `input` with an HWIO `filter`
     ([KH, KW, C, O]; DepthwiseConv2dNative: [KH, KW, C, M] giving C*M channels,
@@ -160,7 +161,7 @@ def _pool(ctx: LowerCtx, node: TFNode, mode: str, ksize: object, strides: object
                                    "pads": pads})
 
 
-@tf_op("MaxPool", "AvgPool", supports=_pool_supports)
+@tf_op("MaxPool", "AvgPool", supports=_pool_supports, batch=batch.image)
 def pool(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Max / average pooling over NHWC windows `ksize` with `strides` (NHWC
     4-lists). Padding as the module docstring (EXPLICIT: MaxPool only); max
@@ -169,7 +170,7 @@ def pool(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [_pool(ctx, node, mode, node.get("ksize"), node.get("strides"))]
 
 
-@tf_op("MaxPoolV2", supports=_pool_supports)
+@tf_op("MaxPoolV2", supports=_pool_supports, batch=batch.image)
 def max_pool_v2(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """MaxPool with `ksize` and `strides` given as constant inputs 1 and 2."""
     ksize = ctx.const_input(node, 1, "ksize").tolist()
@@ -187,7 +188,8 @@ def _bn_supports(node: TFNode) -> str | None:
     return dtype_check(FLOAT)(node) or dtype_check(("float32",), "U")(node)
 
 
-@tf_op("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", supports=_bn_supports)
+@tf_op("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", supports=_bn_supports,
+       batch=batch.fused_batch_norm)
 def fused_batch_norm(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Inference batch norm over the last (channel) axis:
     y = (x - mean) * scale / sqrt(variance + epsilon) + offset, emitted as
@@ -229,7 +231,7 @@ def fused_batch_norm(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return outs
 
 
-@tf_op("BiasAdd", "BiasAddV1", supports=dtype_check(NUMERIC))
+@tf_op("BiasAdd", "BiasAddV1", supports=dtype_check(NUMERIC), batch=batch.elementwise)
 def bias_add(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """value + bias, the rank-1 bias added along the last (channel, NHWC) axis."""
     x, bias = ctx.input(node, 0), ctx.input(node, 1)
@@ -242,7 +244,8 @@ def bias_add(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 # --- softmax and activations ---------------------------------------------------------
 
-@tf_op("Softmax", "LogSoftmax", supports=dtype_check(FLOAT))
+@tf_op("Softmax", "LogSoftmax", supports=dtype_check(FLOAT),
+       batch=batch.along(batch.last_axes(1), "softmax"))
 def softmax(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """softmax / log-softmax over the last axis (TF's raw ops have no axis attr;
     tf.nn.softmax(axis=k) transposes around them)."""
@@ -271,7 +274,7 @@ def _activation_supports(node: TFNode) -> str | None:
     return dtype_check(ACTIVATIONS[node.op][1])(node)
 
 
-@tf_op(*ACTIVATIONS, supports=_activation_supports)
+@tf_op(*ACTIVATIONS, supports=_activation_supports, batch=batch.elementwise)
 def activation(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Elementwise activations: Relu max(x, 0); Relu6 min(max(x, 0), 6); LeakyRelu
     x if x > 0 else alpha * x (`alpha` attr, default 0.2); Elu x if x > 0 else
@@ -286,7 +289,7 @@ def activation(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("unary", [x], attrs)]
 
 
-@tf_op("Softsign", supports=dtype_check(FLOAT))
+@tf_op("Softsign", supports=dtype_check(FLOAT), batch=batch.elementwise)
 def softsign(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """x / (1 + |x|)."""
     x = ctx.input(node, 0)

@@ -15,9 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from neuronish.runtime import isa
+
 from .. import kinds
+from ..batch import BatchRule
 from ..errors import NodeError
 from ..graphdef import TENSOR_TYPES, TensorRef, TFNode, tensor_to_numpy
+from ..interpret import MAX_FOLD_BYTES, fold_fits
 from ..ir import Node, TensorType, Value, constant
 
 LowerFn = Callable[["LowerCtx", TFNode], list[Value]]
@@ -29,6 +33,8 @@ class Lowering:
     op_type: str
     fn: LowerFn
     supports: SupportsFn | None = None
+    # How the op treats the batch axis (`batch.py`); None: undeclared, taken as mixing.
+    batch: BatchRule | None = None
 
     def check(self, node: TFNode) -> str | None:
         return self.supports(node) if self.supports else None
@@ -37,14 +43,16 @@ class Lowering:
 LOWERINGS: dict[str, Lowering] = {}
 
 
-def tf_op(*op_types: str, supports: SupportsFn | None = None) -> Callable[[LowerFn], LowerFn]:
-    """Register `fn` as the lowering of each TF op type in `op_types`."""
+def tf_op(*op_types: str, supports: SupportsFn | None = None,
+          batch: BatchRule | None = None) -> Callable[[LowerFn], LowerFn]:
+    """Register `fn` as the lowering of each TF op type in `op_types`; `batch` is how
+    the op treats a per-sample input (`batch.py`)."""
 
     def register(fn: LowerFn) -> LowerFn:
         for op_type in op_types:
             if op_type in LOWERINGS:
                 raise RuntimeError(f"TF op {op_type!r} has two lowerings")
-            LOWERINGS[op_type] = Lowering(op_type, fn, supports)
+            LOWERINGS[op_type] = Lowering(op_type, fn, supports, batch)
         return fn
 
     return register
@@ -103,15 +111,33 @@ class LowerCtx:
     def const(self, array: np.ndarray | float | int, dtype: str | None = None) -> Value:
         return constant(np.asarray(array, dtype=dtype))
 
+    def check_const_size(self, shape: tuple[int, ...] | list[int], dtype: str,
+                         what: str) -> None:
+        """Refuse, before allocating it, a constant the lowering would compute whose
+        size comes from the graph (a Range's count, a mask of a tensor's shape) and
+        exceeds what folding may compute (`interpret.MAX_FOLD_BYTES`)."""
+        nbytes = isa.nbytes([int(d) for d in shape], dtype)
+        if nbytes > MAX_FOLD_BYTES:
+            raise NodeError(
+                f"{what} would be a {dtype}{list(shape)} constant of {nbytes} bytes, more "
+                f"than the {MAX_FOLD_BYTES >> 20} MiB the compiler computes at compile time",
+                "make it smaller, or keep this node on TensorFlow")
+
     def emit(self, kind: str, inputs: list[Value], attrs: dict | None = None) -> list[Value]:
         """Append one instruction; returns its outputs (constant-folded when every
-        input is a constant)."""
+        input is a constant and the result is within `interpret.fold_fits`)."""
         attrs = dict(attrs or {})
         out_types = kinds.infer(kind, [v.type for v in inputs], attrs)
+        for t in out_types:  # what the executable's validator would refuse, refused here
+            try:
+                isa.check_type(list(t.shape), t.dtype)
+            except isa.IsaError as e:
+                raise NodeError(f"{kind} output: {e.reason}", "the graph asks for a tensor "
+                                "larger than the device holds") from None
         origin = (self.node.name,) if self.node else ()
         node = Node(kind, list(inputs), [], attrs, origin)
         node.outputs = [Value(t, producer=node) for t in out_types]
-        if inputs and all(v.is_const for v in inputs):
+        if inputs and all(v.is_const for v in inputs) and fold_fits(node):
             return self._fold(node)
         self.nodes.append(node)
         return node.outputs

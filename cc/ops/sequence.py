@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
 from .array import (
     INDEX,
+    broadcast_to,
     concat,
     dtypes,
     ints,
@@ -26,7 +28,8 @@ from .basic import DEVICE_DTYPES, NUMERIC, require_dtype
 from .registry import LowerCtx, tf_op
 
 
-@tf_op("Cumsum", "Cumprod", supports=dtypes(T=NUMERIC, Tidx=INDEX))
+@tf_op("Cumsum", "Cumprod", supports=dtypes(T=NUMERIC, Tidx=INDEX),
+       batch=batch.along(batch.const_axes(1), "cumulative"))
 def cumulative(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Running sum (Cumsum) or product (Cumprod) along the constant scalar `axis`;
     `exclusive` leaves each element out (starting from 0 or 1), `reverse` runs from the
@@ -42,7 +45,8 @@ def cumulative(ctx: LowerCtx, node: TFNode) -> list[Value]:
         "reverse": bool(node.get("reverse", False))})]
 
 
-@tf_op("TopKV2", supports=dtypes(T=NUMERIC, Tk=INDEX, index_type=INDEX))
+@tf_op("TopKV2", supports=dtypes(T=NUMERIC, Tk=INDEX, index_type=INDEX),
+       batch=batch.along(batch.last_axes(1), "top-k"))
 def top_k(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """The constant `k` largest entries of the last axis, in descending order (equal values
     in index order, as TF's CPU kernel), and their indices (`index_type`, default int32).
@@ -57,7 +61,8 @@ def top_k(ctx: LowerCtx, node: TFNode) -> list[Value]:
             ctx.emit1("top_k", [x], {"k": k, "indices": True, "to": to})]
 
 
-@tf_op("MatrixBandPart", supports=dtypes(T=DEVICE_DTYPES, Tindex=INDEX))
+@tf_op("MatrixBandPart", supports=dtypes(T=DEVICE_DTYPES, Tindex=INDEX),
+       batch=batch.along(batch.last_axes(2), "band"))
 def matrix_band_part(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Keep the band of each innermost matrix [..., M, N]: entry (m, n) stays when
     (num_lower < 0 or m - n <= num_lower) and (num_upper < 0 or n - m <= num_upper), the
@@ -68,13 +73,15 @@ def matrix_band_part(ctx: LowerCtx, node: TFNode) -> list[Value]:
     lower = scalar_int(ctx.const_input(node, 1, "num_lower"), "num_lower")
     upper = scalar_int(ctx.const_input(node, 2, "num_upper"), "num_upper")
     m, n = x.shape[-2:]
+    ctx.check_const_size([m, n], "int64", "the band mask")
     diff = np.arange(m)[:, None] - np.arange(n)[None, :]
     keep = ((lower < 0) | (diff <= lower)) & ((upper < 0) | (-diff <= upper))
     zero = ctx.const(np.zeros((), dtype=x.dtype))
     return [ctx.emit1("select", [ctx.const(keep), x, zero])]
 
 
-@tf_op("ReverseV2", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX))
+@tf_op("ReverseV2", supports=dtypes(T=DEVICE_DTYPES, Tidx=INDEX),
+       batch=batch.along(batch.const_axes(1), "reverse"))
 def reverse(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Reverse along each of the constant `axis` (a strided slice with stride -1)."""
     x = ctx.input(node, 0)
@@ -89,7 +96,8 @@ def reverse(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [slice_dims(ctx, x, begin, end, strides)]
 
 
-@tf_op("Roll", supports=dtypes(T=DEVICE_DTYPES, Tshift=INDEX, Taxis=INDEX))
+@tf_op("Roll", supports=dtypes(T=DEVICE_DTYPES, Tshift=INDEX, Taxis=INDEX),
+       batch=batch.along(batch.const_axes(2), "roll"))
 def roll(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Shift elements along the constant axes by the constant shifts, wrapping around
     (shifts on one axis add up); the two pieces of each axis are concatenated."""
@@ -113,7 +121,8 @@ def roll(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [y]
 
 
-@tf_op("XlaDynamicUpdateSlice", supports=dtypes(T=DEVICE_DTYPES, Tindices=INDEX))
+@tf_op("XlaDynamicUpdateSlice", supports=dtypes(T=DEVICE_DTYPES, Tindices=INDEX),
+       batch=batch.mixes("it writes at computed positions of the whole tensor"))
 def dynamic_update_slice(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """`input` with the block `update` written at the constant start `indices` (clamped so
     the block fits, as XLA does): a select between `input` and `update` padded to its
@@ -127,6 +136,7 @@ def dynamic_update_slice(ctx: LowerCtx, node: TFNode) -> list[Value]:
         raise NodeError(f"update {update.type} is larger than input {x.type}")
     starts = [min(max(s, 0), d - u) for s, d, u in zip(starts, x.shape, update.shape)]
     paddings = [[s, d - s - u] for s, d, u in zip(starts, x.shape, update.shape)]
+    ctx.check_const_size(x.shape, "bool", "the update mask")
     keep = np.zeros(x.shape, dtype=bool)
     keep[tuple(slice(s, s + u) for s, u in zip(starts, update.shape))] = True
     if keep.all():
@@ -136,7 +146,7 @@ def dynamic_update_slice(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("select", [ctx.const(keep), padded, x])]
 
 
-@tf_op("GatherNd", supports=dtypes(Tparams=DEVICE_DTYPES, Tindices=INDEX))
+@tf_op("GatherNd", supports=dtypes(Tparams=DEVICE_DTYPES, Tindices=INDEX), batch=batch.gather_nd)
 def gather_nd(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """params[indices[..., 0], .., indices[..., K-1]] for the last axis of `indices` of
     length K <= rank(params): the first K axes of params are flattened into one and each
@@ -170,7 +180,8 @@ def gather_nd(ctx: LowerCtx, node: TFNode) -> list[Value]:
     return [ctx.emit1("gather", [flat, position], {"axis": 0, "batch_dims": 0})]
 
 
-@tf_op("Bucketize", supports=dtypes(T=("int32", "int64", "float32", "float64")))
+@tf_op("Bucketize", supports=dtypes(T=("int32", "int64", "float32", "float64")),
+       batch=batch.elementwise)
 def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """int32 index of the bucket of each element: how many of the sorted `boundaries`
     (an attribute) are <= it (Keras Discretization). A compare against every boundary,
@@ -180,7 +191,7 @@ def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
         x = ctx.emit1("cast", [x], {"to": "float64"})
     bounds = np.asarray(node.get("boundaries") or [], dtype=np.float32).astype(x.dtype)
     if bounds.size == 0:
-        return [ctx.const(np.zeros(x.shape, np.int32))]
+        return [broadcast_to(ctx, ctx.const(np.zeros((), np.int32)), x.shape)]
     column = reshape_to(ctx, x, [*x.shape, 1])
     above = ctx.emit1("binary", [column, ctx.const(bounds)], {"fn": "greater_equal"})
     counts = ctx.emit1("cast", [above], {"to": "int32"})
@@ -190,7 +201,8 @@ def bucketize(ctx: LowerCtx, node: TFNode) -> list[Value]:
 
 @tf_op("UnsortedSegmentSum", supports=dtypes(T=("float16", "float32", "float64", "int32",
                                                 "int64"), Tindices=INDEX,
-                                             Tnumsegments=INDEX))
+                                             Tnumsegments=INDEX),
+       batch=batch.segment_sum)
 def unsorted_segment_sum(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """out[s, ...] = sum of data[i..., ...] over the index tuples i whose segment_ids[i] is s,
     for the constant num_segments; negative ids are dropped, as in TF (an id past

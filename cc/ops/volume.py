@@ -4,6 +4,7 @@ ops: SAME pads `total // 2` before and the rest after each spatial dim."""
 
 from __future__ import annotations
 
+from .. import batch
 from ..errors import NodeError
 from ..graphdef import TFNode
 from ..ir import Value
@@ -45,7 +46,7 @@ def _pads(node: TFNode, spatial: tuple[int, ...], kernel: list[int], strides: li
             for p in same_pads(s, k, st, d)]
 
 
-@tf_op("Conv3D", supports=_volume_supports(("strides", "dilations")))
+@tf_op("Conv3D", supports=_volume_supports(("strides", "dilations")), batch=batch.image)
 def conv3d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """3-D cross-correlation of NDHWC `input` with a [KD, KH, KW, C, O] `filter`;
     strides and dilations as NDHWC 5-lists."""
@@ -60,7 +61,8 @@ def conv3d(ctx: LowerCtx, node: TFNode) -> list[Value]:
                                          "pads": pads})]
 
 
-@tf_op("MaxPool3D", "AvgPool3D", supports=_volume_supports(("ksize", "strides")))
+@tf_op("MaxPool3D", "AvgPool3D", supports=_volume_supports(("ksize", "strides")),
+       batch=batch.image)
 def pool3d(ctx: LowerCtx, node: TFNode) -> list[Value]:
     """Max / average pooling over NDHWC windows `ksize` with `strides` (5-lists); max
     ignores padded cells, average divides by the number of real cells."""

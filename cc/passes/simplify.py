@@ -6,16 +6,17 @@ import numpy as np
 
 from neuronish.runtime import isa
 
-from ..interpret import fold_node
+from ..interpret import fold_fits, fold_node
 from ..ir import Graph, Node, Value
 
 
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants (with the device's own
-    kernels, so the folded numbers are the ones the device would compute)."""
+    kernels, so the folded numbers are the ones the device would compute), unless
+    its result is too large to fold (`fold_fits`): the device computes that one."""
     kept: list[Node] = []
     for node in graph.nodes:
-        if node.inputs and all(v.is_const for v in node.inputs):
+        if node.inputs and all(v.is_const for v in node.inputs) and fold_fits(node):
             for old, new in zip(node.outputs, fold_node(node)):
                 new.name = old.name
                 graph.replace_uses(old, new)
@@ -61,7 +62,9 @@ def eliminate_identities(graph: Graph) -> Graph:
             continue
         out = node.outputs[0]
         if out in graph.outputs and (x in graph.inputs or x in graph.outputs):
-            kept.append(Node("copy", [x], node.outputs, {}, node.origin))  # must stay distinct
+            copy = Node("copy", [x], node.outputs, {}, node.origin)  # must stay distinct
+            out.producer = copy
+            kept.append(copy)
             continue
         graph.replace_uses(out, x)
         if out in graph.outputs:

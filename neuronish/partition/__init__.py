@@ -107,6 +107,7 @@ def partition(
     device_dtypes: Collection[str] = DEVICE_DTYPES,
     refused: Mapping[str, str] | None = None,
     index: GraphIndex | None = None,
+    batch_mixing: Mapping[str, str] | None = None,
 ) -> Partition:
     """mark -> cluster -> drop_small -> encapsulate over a frozen GraphDef.
 
@@ -117,6 +118,8 @@ def partition(
     0 of every batched input (`shapes.batched_inputs`) is the batch
     (`batch_size`, by default read from the input shapes) and batch axes are
     found by `shapes.batch_axes`.
+    `batch_mixing` maps nodes already known to mix samples across the batch (the
+    compiler's batch check, `cc/batch.py`) to why; they stay on TensorFlow.
     `fetches` are the tensors the caller reads (signature outputs); None
     treats the outputs of nodes nothing reads as fetched.  A cluster none of
     whose results is used is dropped.
@@ -148,7 +151,7 @@ def partition(
     # it) would make its whole cluster run at the compiled batch only; it stays on
     # TensorFlow instead, and the rest is partitioned again, so the device's part keeps a
     # dynamic batch and every batch size gives TensorFlow's numbers.
-    mixing: dict[str, str] = {}
+    mixing: dict[str, str] = dict(batch_mixing or {})
     for _ in range(_MAX_MIXING_ROUNDS):
         marking = mark(graph_def, infos, supported, no_fuse_ops, force_fuse_ops,
                        exclude_nodes=exclude_nodes, device_dtypes=device_dtypes,

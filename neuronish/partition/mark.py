@@ -117,6 +117,9 @@ _LOOP_HINT = ("a loop (tf.while_loop and its TensorLists) whose trip count the i
               "not fix, or that partition/unroll.py could not rewrite: the device runs no "
               "loops, so it stays on TensorFlow (loops of a fixed count, as Keras LSTM, GRU "
               "and SimpleRNN over fixed-length sequences, are unrolled and compile whole)")
+_LIST_HINT = ("a TensorList (a TensorArray written outside any loop) whose positions or "
+              "element shapes the input shapes do not fix, so partition/unroll.py could not "
+              "rewrite it into tensors: it stays on TensorFlow")
 
 
 def mark(
@@ -165,6 +168,7 @@ def mark(
                 or (t in fetched if fetched is not None else
                     not index.consumers(producer(t))))
 
+    has_loops = any(n.op in _LOOP_OPS for n in graph_def.node)
     marks: dict[str, NodeMark] = {}
     for node in graph_def.node:
         tensors = [*index.data_inputs[node.name],
@@ -172,7 +176,8 @@ def mark(
         reason, detail = _first_rule(node.name, node.op, tensors, infos, exclude, no_fuse,
                                      device_dtypes)
         if node.op in _LOOP_OPS or node.op.startswith("TensorList"):
-            detail = f"{detail}; {_LOOP_HINT}" if detail else _LOOP_HINT
+            hint = _LOOP_HINT if has_loops else _LIST_HINT
+            detail = f"{detail}; {hint}" if detail else hint
         forced = reason is None and (node.name in force or node.op in force)
         if reason is None and not forced and node.op not in supported_ops:
             reason = Reason.UNSUPPORTED_OP

@@ -42,7 +42,9 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
     or `graph_def` itself when there is none or any step fails. `input_shapes` are the
     compile shapes of the Placeholders (by name or "name:0"); `fetches` the tensors the
     caller reads, kept whatever happens around them."""
-    if not any(n.op in LOOP_OPS for n in graph_def.node):
+    # TensorLists without a loop are rewritten too: a TensorArray filled in a Python loop
+    # traces to straight-line TensorListReserve / SetItem / Stack (keras_hub's RWKV7).
+    if not any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in graph_def.node):
         return graph_def
     try:
         out = graph_pb2.GraphDef()
@@ -64,6 +66,9 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
             _check_fixed(out, cond_reads)
             _lists_to_tensors(out, input_shapes)
             _bypass(out, {n.name for n in loops} - {producer(_canonical(f)) for f in fetches})
+            drop_dead(out, fetches)
+        if any(n.op.startswith("TensorList") for n in out.node):
+            _lists_to_tensors(out, input_shapes)
             drop_dead(out, fetches)
         if any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in out.node):
             return graph_def

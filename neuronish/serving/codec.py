@@ -19,6 +19,18 @@ and a request may declare at most `max_elements` elements over all its tensors
 (`--request_max_elements`). The first is refused INVALID_ARGUMENT (TF Serving's
 code for a tensor it cannot parse), the second RESOURCE_EXHAUSTED (gRPC's code for
 a message over its size limit), both before anything is allocated.
+
+Memory per request is a small multiple of its tensors: decoding holds the
+request message and the array (2x); encoding writes each output straight into
+the response's typed field without Python objects per value, float and double
+as one packed block parsed by protobuf, other dtypes in chunks of
+`ENCODE_CHUNK` values (before, `array.tolist()` made a Python float per value:
+32 bytes each, 8x a float32 output at once, and seconds per 2^24 values).
+gRPC then holds the serialized response (1x). A Predict of 2^24 float32 values
+(64 MiB) through y = 2x peaks at 7.7x the tensor over the server's idle size,
+16.0x before (benchmarks/serving_memory.py measures it): the request's bytes, its
+message, the array, TensorFlow's input and output, the response field, the packed
+block and the serialized response, about one tensor each.
 """
 
 from __future__ import annotations
@@ -33,6 +45,10 @@ from tensorflow_serving.apis import input_pb2
 from .status import RESOURCE_EXHAUSTED, ServingError, invalid_argument
 
 SPLAT_MAX_ELEMENTS = 1 << 16
+REQUEST_MEMORY_MULTIPLE = 8  # server memory a Predict holds, per byte of its tensors
+ENCODE_CHUNK = 1 << 16  # values converted to Python objects at once, for typed fields
+# Packed fixed-width fields of TensorProto: field number, little-endian dtype.
+_PACKED = {"float_val": (5, "<f4"), "double_val": (6, "<f8")}
 DEFAULT_MAX_ELEMENTS = 1 << 27  # 512 MiB of float32 per request
 MAX_RANK = 254  # TensorFlow's TensorShape limit
 _VALUE_FIELDS = ("float_val", "double_val", "int_val", "int64_val", "bool_val", "string_val",
@@ -58,7 +74,9 @@ _register(np.int64, tf.int64, "int64_val")
 _register(np.uint32, tf.uint32, "uint32_val")
 _register(np.uint64, tf.uint64, "uint64_val")
 _register(np.bool_, tf.bool, "bool_val")
-
+_ITEMSIZE = {enum: dtype.itemsize for dtype, (enum, _) in _FIELDS.items()}
+_ITEMSIZE[tf.float16.as_datatype_enum] = 2
+_ITEMSIZE[tf.bfloat16.as_datatype_enum] = 2
 
 def declared_elements(key: str, proto: tensor_pb2.TensorProto) -> int:
     """The element count `proto`'s shape declares, checked against the values it
@@ -79,14 +97,19 @@ def declared_elements(key: str, proto: tensor_pb2.TensorProto) -> int:
     return count
 
 
-def check_request_size(tensors: dict[str, tensor_pb2.TensorProto], max_elements: int) -> None:
-    """Every tensor well-formed and carrying its values; the request within the limit."""
-    total = sum(declared_elements(k, v) for k, v in tensors.items())
+def check_request_size(tensors: dict[str, tensor_pb2.TensorProto], max_elements: int) -> int:
+    """Every tensor well-formed and carrying its values; the request within the limit.
+    Returns the server memory the request will hold (`REQUEST_MEMORY_MULTIPLE` times
+    the bytes its tensors declare; 8 bytes per element of a dtype without a size)."""
+    counts = {k: declared_elements(k, v) for k, v in tensors.items()}
+    total = sum(counts.values())
     if max_elements > 0 and total > max_elements:
         raise ServingError(RESOURCE_EXHAUSTED,
                            f"the request declares {total} elements over its tensors, more than "
                            f"this server accepts in one request ({max_elements}, "
                            "--request_max_elements); split it into smaller requests")
+    return REQUEST_MEMORY_MULTIPLE * sum(count * _ITEMSIZE.get(tensors[k].dtype, 8)
+                                         for k, count in counts.items())
 
 
 def to_ndarray(key: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
@@ -98,22 +121,50 @@ def to_ndarray(key: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
         raise invalid_argument(f"tensor parsing error: {key}: {e}") from None
 
 
-def to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
-    """Encode a response tensor the way TF Serving does (typed value fields)."""
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _fill_field(proto: tensor_pb2.TensorProto, field: str, values: np.ndarray) -> None:
+    """`proto.<field>` = the values of the 1-D `values`, never all as Python objects."""
+    if field in _PACKED and values.size:
+        number, dtype = _PACKED[field]
+        data = np.ascontiguousarray(values, dtype=dtype).tobytes()
+        # One packed field on the wire: tag (number, wire type 2), length, the values.
+        proto.MergeFromString(_varint(number << 3 | 2) + _varint(len(data)) + data)
+        return
+    target = getattr(proto, field)
+    for start in range(0, values.size, ENCODE_CHUNK):
+        target.extend(values[start:start + ENCODE_CHUNK].tolist())
+
+
+def to_tensor_proto(array: np.ndarray, into: tensor_pb2.TensorProto | None = None
+                    ) -> tensor_pb2.TensorProto:
+    """Encode a response tensor the way TF Serving does (typed value fields), into
+    `into` if given (a response's own message: no copy of it is made)."""
     array = np.asarray(array)
-    proto = tensor_pb2.TensorProto()
+    proto = tensor_pb2.TensorProto() if into is None else into
     kind = _FIELDS.get(array.dtype)
     if array.dtype == object or array.dtype.kind in "SU":
         proto.dtype = tf.string.as_datatype_enum
         proto.string_val.extend(_as_bytes(v) for v in array.ravel().tolist())
     elif array.dtype == np.float16:
         proto.dtype = tf.float16.as_datatype_enum
-        proto.half_val.extend(array.ravel().view(np.uint16).tolist())
+        _fill_field(proto, "half_val", array.ravel().view(np.uint16))
     elif kind is not None:
         proto.dtype = kind[0]
-        getattr(proto, kind[1]).extend(array.ravel().tolist())
+        _fill_field(proto, kind[1], array.ravel())
     else:  # complex, bfloat16, ...: TensorFlow's own encoder
-        return tf.make_tensor_proto(array)
+        encoded = tf.make_tensor_proto(array)
+        if into is None:
+            return encoded
+        into.CopyFrom(encoded)
+        return into
     proto.tensor_shape.CopyFrom(shape_proto(array.shape))
     return proto
 

@@ -10,8 +10,10 @@ unload never pulls a model from under a request.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +30,7 @@ from tensorflow_serving.apis import (
 from . import signatures
 from .batching import BatchScheduler
 from .cancellation import Cancellation
-from .codec import serialized_examples
+from .codec import REQUEST_MEMORY_MULTIPLE, serialized_examples
 from .manager import ModelManager
 from .servable import Servable
 from .signatures import Signature
@@ -69,10 +71,54 @@ def check_deadline(deadline: float | None) -> None:
         raise ServingError(DEADLINE_EXCEEDED, "Deadline exceeded before the model ran")
 
 
+class MemoryBudget:
+    """Request memory in flight, server-wide (`--request_memory_budget_bytes`).
+
+    A gRPC Predict holds about `REQUEST_MEMORY_MULTIPLE` times its tensors' bytes
+    while it is answered (codec.py lists the copies; benchmarks/serving_memory.py
+    measured 7.7x), so it reserves that much before it is decoded. A request that
+    alone needs more than the budget is RESOURCE_EXHAUSTED at once; one that does
+    not fit beside the requests in flight waits for them, until its deadline
+    (then RESOURCE_EXHAUSTED). 0 = no budget."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.used = 0
+        self._free = threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int, deadline: float | None) -> Iterator[None]:
+        if self.total <= 0 or nbytes <= 0:
+            yield
+            return
+        if nbytes > self.total:
+            raise ServingError(RESOURCE_EXHAUSTED, f"the request needs about {nbytes} bytes of "
+                               f"server memory ({REQUEST_MEMORY_MULTIPLE}x its tensors), more "
+                               f"than the server's budget for requests in flight ({self.total}, "
+                               "--request_memory_budget_bytes); split it into smaller requests")
+        with self._free:
+            while self.used + nbytes > self.total:
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    raise ServingError(RESOURCE_EXHAUSTED, f"the request needs about {nbytes} "
+                                       f"bytes of server memory and {self.used} of the "
+                                       f"{self.total} budgeted (--request_memory_budget_bytes) "
+                                       "are held by requests in flight until its deadline; "
+                                       "retry later")
+                self._free.wait(wait)
+            self.used += nbytes
+        try:
+            yield
+        finally:
+            with self._free:
+                self.used -= nbytes
+                self._free.notify_all()
+
+
 class ServingCore:
     def __init__(self, manager: ModelManager, scheduler: BatchScheduler | None,
                  method_name_check: bool = False, timeout_s: float = 0,
-                 max_elements: int = 0, compute_threads: int = 64):
+                 max_elements: int = 0, compute_threads: int = 64, memory_budget: int = 0):
         self.manager = manager
         self.scheduler = scheduler
         # --enable_signature_method_name_check: a signature's method_name must
@@ -80,6 +126,7 @@ class ServingCore:
         self.method_name_check = method_name_check
         self.timeout_s = timeout_s  # --request_timeout_in_ms; 0 = the client's deadline only
         self.max_elements = max_elements  # --request_max_elements; 0 = no limit
+        self.memory = MemoryBudget(memory_budget)
         # Calls with a deadline run here, so the request thread can stop waiting for
         # one at its deadline, answer, and cancel it.
         self._compute = concurrent.futures.ThreadPoolExecutor(

@@ -71,19 +71,22 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
         def run() -> predict_pb2.PredictResponse:
             # Bounded before any work: shapes against the values carried, the total
-            # against --request_max_elements.
-            check_request_size(dict(request.inputs), self.core.max_elements)
+            # against --request_max_elements, the memory against the server's budget.
+            # The memory it will hold, reserved from the server's budget first.
+            nbytes = check_request_size(dict(request.inputs), self.core.max_elements)
+            deadline = self.core.deadline(_deadline(context))
 
             def decode(signature: Signature) -> dict:
                 return {k: to_ndarray(k, v) for k, v in request.inputs.items()}
 
-            spec, outputs = self.core.predict(
-                Target.from_spec(request.model_spec), decode, request.output_filter,
-                self.core.deadline(_deadline(context)))
-            response = predict_pb2.PredictResponse(model_spec=spec)
-            for key, array in outputs.items():
-                response.outputs[key].CopyFrom(to_tensor_proto(array))
-            return response
+            with self.core.memory.hold(nbytes, deadline):
+                spec, outputs = self.core.predict(
+                    Target.from_spec(request.model_spec), decode, request.output_filter,
+                    deadline)
+                response = predict_pb2.PredictResponse(model_spec=spec)
+                for key, array in outputs.items():
+                    to_tensor_proto(array, into=response.outputs[key])
+                return response
         return _call(self.metrics, "predict", request.model_spec.name, context, run)
 
     def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,  # noqa: N802

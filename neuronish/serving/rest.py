@@ -4,6 +4,7 @@
     GET  /v1/models/{name}[/versions/{v}|/labels/{l}]/metadata     metadata
     POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict      (:classify, :regress)
     GET  {prometheus path}                                         metrics, if enabled
+    GET|POST /v2/...      the Open Inference Protocol (KServe v2), in v2_rest.py
 
 Why the standard library's ThreadingHTTPServer: a thread per connection is
 the simple model that fits here, because a request's time goes into the model
@@ -56,6 +57,10 @@ from .core import ServingCore, Target
 from .metrics import Metrics
 from .signatures import Signature
 from .status import INTERNAL, OK, ServingError, http_status, invalid_argument, unavailable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .v2_rest import V2RestApi
 
 log = logging.getLogger("neuronish.serving")
 ENTRYPOINT = "REST"
@@ -242,6 +247,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _respond_bytes(self, status: int, data: bytes, headers: list[tuple[str, str]],
+                       close: bool) -> None:
+        self.send_response(status)
+        if self.server.cors:
+            self.send_header("Access-Control-Allow-Origin", "*")
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
     def _discard_body(self) -> bool:
         """Read and drop the request's body, so that the next request on this
         keep-alive connection starts at its own first byte. False if it cannot be
@@ -300,6 +319,13 @@ class _Handler(BaseHTTPRequestHandler):
                                                         "body"}), "application/json", True)
                 return
             path = urllib.parse.urlsplit(self.path).path
+            if server.v2 is not None and (path == "/v2" or path.startswith("/v2/")):
+                # The Open Inference Protocol (v2_rest.py): bytes and headers of its own.
+                with server.slots:
+                    status, data, headers = server.v2.handle(self.command, path, body,
+                                                             self.headers)
+                self._respond_bytes(status, data, headers, server.closing)
+                return
             with server.slots:
                 status, payload, content_type = server.api.handle(self.command, path, body)
             self._respond(status, payload, content_type, server.closing)
@@ -313,6 +339,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RestServer(ThreadingHTTPServer):
+    # The Open Inference Protocol's handler (v2_rest.V2RestApi), when the server has set it.
+    v2: V2RestApi | None = None
     daemon_threads = True  # idle keep-alive connections must not hold up exit
     request_queue_size = 128  # many clients connect at once under load
 

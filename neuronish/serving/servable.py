@@ -136,7 +136,12 @@ def load_servable(name: str, version: int, path: str, tags: Sequence[str],
     functions = {k: available[k] for k in meta_graph.signature_def if k in available}
     servable = Servable(name, version, path, meta_graph.signature_def, functions, loaded)
     if warmup:
-        warm_up(servable)
+        from .startup import labelled_device_loads, load_on_device
+
+        # A compiled version goes onto the device before it is served (startup.py).
+        with labelled_device_loads(servable, meta_graph) as compiled:
+            if warm_up(servable) == 0 and compiled:
+                load_on_device(servable)
     return servable
 
 

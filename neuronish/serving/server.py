@@ -1,4 +1,5 @@
-"""`neuronish-model-server`: TF Serving's command line, protocols and behaviour.
+"""`neuronish-model-server`: TF Serving's command line, protocols and behaviour, and the
+Open Inference Protocol (KServe v2: v2.py) on the same gRPC and REST ports.
 
     neuronish-model-server --port=8500 --rest_api_port=8501 \\
         --model_name=resnet --model_base_path=/models/resnet
@@ -60,6 +61,7 @@ class Options:
     shutdown_grace_period_seconds: int = 30
     request_timeout_in_ms: int = 0
     request_max_elements: int = 1 << 27
+    request_memory_budget_bytes: int = 8 << 30
     rest_api_idle_timeout_in_ms: int = 30000
     rest_api_max_connections: int = 1024
     allow_reload_config_request: bool = False
@@ -105,6 +107,10 @@ HELP = {
                              "DEADLINE_EXCEEDED; 0 = the client's deadline only",
     "request_max_elements": "most tensor elements one request may declare "
                             "(RESOURCE_EXHAUSTED above it); 0 = no limit",
+    "request_memory_budget_bytes": "server memory gRPC Predicts may hold at once, each "
+                                   "counted as 8x its tensors' bytes; one that does not fit "
+                                   "waits (until its deadline), one larger than the budget is "
+                                   "RESOURCE_EXHAUSTED; 0 = no budget",
     "rest_api_idle_timeout_in_ms": "close a REST connection that is idle, or whose request has "
                                    "not fully arrived, after this long; <= 0 = never",
     "rest_api_max_connections": "most REST connections open at once (each holds a thread); "
@@ -255,7 +261,8 @@ class ModelServer:
                                 options.enable_signature_method_name_check,
                                 timeout_s=max(0, options.request_timeout_in_ms) / 1000,
                                 max_elements=max(0, options.request_max_elements),
-                                compute_threads=options.grpc_max_threads)
+                                compute_threads=options.grpc_max_threads,
+                                memory_budget=max(0, options.request_memory_budget_bytes))
         # Base paths a HandleReloadConfigRequest may name: those served at start, and
         # anything under --reload_config_allowed_roots.
         self._reload_paths = {os.path.realpath(m.base_path)
@@ -293,6 +300,17 @@ class ModelServer:
             PredictionService(self.core, self.metrics), server)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
             ModelService(self.core, self.metrics, self.reload_config_request), server)
+        # The Open Inference Protocol (KServe v2) on the same two ports.
+        from neuronish import __version__
+
+        from .proto import grpc_predict_v2_pb2_grpc
+        from .v2 import V2Service
+        from .v2_grpc import InferenceService
+        from .v2_rest import V2RestApi
+
+        v2 = V2Service(self.core, __version__)
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceService(v2, self.metrics), server)
         if options.port > 0:
             if self.ssl_credentials is not None:
                 server.add_secure_port(f"0.0.0.0:{options.port}", self.ssl_credentials)
@@ -312,6 +330,7 @@ class ModelServer:
                                           cors=options.rest_api_enable_cors_support,
                                           idle_timeout_s=options.rest_api_idle_timeout_in_ms / 1000,
                                           max_connections=options.rest_api_max_connections)
+            self.rest_server.v2 = V2RestApi(v2, self.metrics, options.rest_api_timeout_in_ms)
             self.rest_server.start()
             log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
         if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:

@@ -663,3 +663,34 @@ def test_ssl_config_is_tf_servings(tmp_path: Path) -> None:
         path.write_text(text)
         with pytest.raises(config.ConfigError, match=message):
             server.read_ssl_config(str(path))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint8,
+                                   np.float16, np.bool_])
+def test_encoding_a_response_costs_a_small_multiple_of_the_tensor(dtype: type) -> None:
+    """Issue 23: `array.tolist()` made a Python object per value (32 bytes each), 8x a
+    float32 output at once; now float/double go in as one packed block and the rest in
+    chunks. Python-side allocations (tracemalloc) stay under 3x the tensor."""
+    import tracemalloc
+
+    rng = np.random.default_rng(1)
+    wide_int = np.dtype(dtype).kind == "i" and np.dtype(dtype).itemsize >= 4
+    array = (rng.random(1 << 20) * (1e6 if wide_int else 100)).astype(dtype)  # uncached ints
+    tracemalloc.start()
+    try:
+        proto = codec.to_tensor_proto(array)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * max(array.nbytes, 1 << 20), (peak, array.nbytes)
+    assert np.array_equal(tf.make_ndarray(proto), array)
+
+
+def test_encoding_into_a_response_field() -> None:
+    from tensorflow_serving.apis import predict_pb2
+
+    response = predict_pb2.PredictResponse()
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert codec.to_tensor_proto(array, into=response.outputs["y"]) is response.outputs["y"]
+    assert np.array_equal(tf.make_ndarray(response.outputs["y"]), array)
+    assert list(response.outputs["y"].float_val) == list(range(6))  # typed field, as TF Serving
