@@ -135,6 +135,20 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"neuronish-cc: error: bad --io-config: {e}", file=sys.stderr)
         _write_errors(workdir, type(e).__name__, str(e), [])
         return 2
+    if (args.quantize == "int8") != bool(args.calibration) or \
+            (args.max_error is not None and args.quantize != "int8"):
+        print("neuronish-cc: error: --quantize int8 needs --calibration FILE.npz (and "
+              "--calibration and --max-error need --quantize int8)", file=sys.stderr)
+        return 2
+    calibration = None
+    if args.calibration:
+        from .passes.quantize import load_calibration
+
+        try:
+            calibration = load_calibration(args.calibration, [t.name for t in io.inputs])
+        except CompilerError as e:
+            print(f"neuronish-cc: error: {e}", file=sys.stderr)
+            return 2
     try:
         nodes = load_graph_def(args.graph)
         timer = Timer()
@@ -144,7 +158,8 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
                                  pipeline_cores=args.neuroncore_pipeline_cores,
                                  dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
                                  instruments=[timer], disabled_passes=args.disable_pass,
-                                 device=device, notes=notes)
+                                 device=device, notes=notes, calibration=calibration,
+                                 max_error=args.max_error)
         for note in notes:
             print(f"neuronish-cc: note: {note}", file=sys.stderr)
     except CompilerError as e:
@@ -295,6 +310,12 @@ def _inspect(args: argparse.Namespace) -> int:
               "(no native kernel): " + ", ".join(
                   f"#{i['index']} {i['kind']} {i['fn']}".rstrip() for i in slow[:8]) +
               (", ..." if len(slow) > 8 else ""))
+    q = exe.stats.get("quantization")
+    if q:  # docs/int8.md
+        n8 = sum(r["precision"] == "int8" for r in q["instructions"])
+        print(f"  int8: {n8} of {len(q['instructions'])} convolutions/matmuls, output error "
+              f"{q['output_error']:.3g} on {q['samples']} calibration sample(s)" +
+              (f" (max_error {q['max_error']:g})" if q.get("max_error") is not None else ""))
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))
@@ -339,6 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--auto-cast", default="none", choices=["none", "matmult", "all"])
     c.add_argument("--auto-cast-type", default="bf16", choices=["bf16", "fp16"])
     c.add_argument("--neuroncore-pipeline-cores", type=int, default=1, metavar="N")
+    c.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: quantize convolutions and matmuls from --calibration "
+                   "(docs/int8.md)")
+    c.add_argument("--calibration", metavar="FILE.npz", help="calibration samples: per "
+                   "io-config input name an array [samples, *shape]")
+    c.add_argument("--max-error", type=float, metavar="X", help="with --quantize int8: keep "
+                   "the costliest instructions in float32 until the outputs' relative error "
+                   "on the calibration samples is at most X")
     c.add_argument("--workdir", help="keep command line, per-pass dumps and errors.json here")
     c.add_argument("--verbose", type=int, nargs="?", const=1, default=0, metavar="LEVEL",
                    help="1: print each pass's time and instruction counts")

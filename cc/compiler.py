@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,6 +20,7 @@ from .ioconfig import IOConfig, parse_io_config
 from .ir import Graph, Node, TensorType, Value
 from .lower import lower
 from .memory import plan_memory
+from .passes.quantize import QuantizeReport, check_calibration, quantize_int8
 from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
 
 AUTO_CAST_MODES = ("none", "matmult", "all")
@@ -29,12 +31,14 @@ def flops(node: Node) -> int:
     """Estimated arithmetic of one instruction (multiply-adds count two)."""
     out = node.outputs[0].shape
     size = int(np.prod(out, dtype=np.int64))
-    if node.kind == "conv2d":
+    if node.kind in ("conv2d", "conv2d_int8"):
         kh, kw, c, _ = node.inputs[1].shape
         return 2 * size * kh * kw * c
     if node.kind == "depthwise_conv2d":
         kh, kw = node.inputs[1].shape[:2]
         return 2 * size * kh * kw
+    if node.kind == "matmul_int8":
+        return 2 * size * node.inputs[1].shape[0]
     if node.kind == "matmul":
         a = node.inputs[0].shape
         k = a[-2] if node.attrs.get("transpose_a") else a[-1]
@@ -160,13 +164,19 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
                        instruments: list[Instrument] | None = None,
                        disabled_passes: list[str] | None = None,
                        device: DeviceDescription | None = None,
-                       notes: list[str] | None = None) -> Executable:
+                       notes: list[str] | None = None,
+                       calibration: list[list[np.ndarray]] | None = None,
+                       max_error: float | None = None) -> Executable:
     """Compile a GraphDef (serialized bytes or parsed nodes) into an executable
     (`neuronish.runtime.executable.write` writes its file without copying the weights).
 
     Raises a `CompilerError` subclass naming every node that stands in the way
     (`BadIOConfig` if the io-config is not well-formed). Things the user should know
-    that do not stop the compile (a clamped pipeline) are appended to `notes`."""
+    that do not stop the compile (a clamped pipeline) are appended to `notes`.
+
+    With `calibration` (samples, each a list of arrays in io-config input order),
+    convolutions and matmuls are quantized to int8 (docs/int8.md); `max_error` bounds
+    the outputs' relative error on those samples."""
     if auto_cast not in AUTO_CAST_MODES:
         raise InvalidGraph(f"auto-cast must be one of {AUTO_CAST_MODES}, got {auto_cast!r}")
     if auto_cast_type not in AUTO_CAST_TYPES:
@@ -182,10 +192,22 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     tf_ops = Counter(by_name[name] for node in graph.nodes for name in node.origin)
     dumper = Dumper(dump_dir)
     instruments = [dumper, *(instruments or []), DisablePasses(disabled_passes or [])]
-    graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type), instruments, timings)
+    quantized = None
+    if calibration is not None:
+        quantized = QuantizeReport()
+        check_calibration(graph, calibration)
+        quantize = functools.partial(quantize_int8, samples=calibration, max_error=max_error,
+                                     report=quantized)
+    graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type,
+                                               quantize if quantized else None),
+                         instruments, timings)
     options = {"auto_cast": auto_cast, "auto_cast_type": auto_cast_type,
                "pipeline_cores": pipeline_cores, "command_line": command_line or [],
                "output_names": list(io.outputs)}
+    if quantized is not None:
+        options["quantize"] = "int8"
+        if max_error is not None:
+            options["max_error"] = max_error
     if disabled_passes:  # only when used, so ordinary executables are unchanged
         options["disabled_passes"] = sorted(disabled_passes)
     device = device or load_device()
@@ -203,6 +225,8 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
                                      "cores": exe.num_cores, "note": note}
             if notes is not None:
                 notes.append(note)
+    if quantized is not None:
+        exe.stats["quantization"] = quantized.to_stats()
     # Modelled device time per instruction (docs/device-model.md): an optional key.
     exe.stats["device_model"] = estimate(exe, device).to_stats()
     # What the native engine will leave to numpy (slow): the compile report warns of it.

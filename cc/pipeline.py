@@ -43,7 +43,10 @@ class Pass:
     run: Callable[[Graph], Graph]
 
 
-def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -> list[Pass]:
+def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
+                   quantize: Callable[[Graph], Graph] | None = None) -> list[Pass]:
+    """`quantize`: the int8 pass with its calibration bound (cc/passes/quantize.py), or
+    None (the pass then leaves the graph as it is)."""
     return [
         Pass("fold_constants", fold_constants),
         # x ** 3 (approximate GELU), x ** 2, x ** -0.5 ... as TF's grappler rewrites them.
@@ -65,6 +68,9 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16") -
         Pass("fuse_activation", fuse_activation),
         # Zero padding in front of a conv (or a max pool of relu output) becomes its pads.
         Pass("fold_pad_into_window", fold_pad_into_window),
+        # int8 after every fusion, so each range belongs to a value the device holds;
+        # what it keeps in float32 is then auto-cast like the rest.
+        Pass("quantize_int8", quantize or (lambda graph: graph)),
         # Rounding comes after folding so folded weights are rounded once, as the
         # device would store them.
         Pass("auto_cast", functools.partial(auto_cast, mode=auto_cast_mode,

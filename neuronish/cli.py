@@ -148,7 +148,10 @@ def _compile(args: argparse.Namespace) -> int:
                 max_num_compilers=args.max_num_compilers,
                 dynamic_batch_size=not args.fixed_batch_size,
                 compiler_recovery=not args.no_compiler_recovery, progress=progress,
-                graph=args.graph, verify=args.verify)
+                graph=args.graph, verify=args.verify,
+                quantize=None if args.quantize == "none" else args.quantize,
+                calibration_data=_calibration_feeds(args.calibration_data, args.batch_size),
+                max_error=args.max_error)
     except NeuronishError as e:
         if bar is not None:
             bar.close()
@@ -160,6 +163,26 @@ def _compile(args: argparse.Namespace) -> int:
         print(f"neuronish: partition picture written to {args.graph} (Graphviz: .dot alongside)",
               file=sys.stderr)
     return 0
+
+
+def _calibration_feeds(path: str | None, batch: int) -> list[dict] | None:
+    """--calibration-data FILE.npz: per signature input key, the calibration inputs stacked
+    along the batch axis (e.g. [100, 224, 224, 3]); fed `batch` rows at a time."""
+    if path is None:
+        return None
+    from neuronish.errors import SavedModelError
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as e:
+        raise SavedModelError(f"--calibration-data {path}: not a readable .npz ({e})") from None
+    rows = {k: a.shape[0] if a.ndim else 0 for k, a in arrays.items()}
+    if not arrays or len(set(rows.values())) != 1 or 0 in rows.values():
+        raise SavedModelError(f"--calibration-data {path}: needs one array per signature input "
+                              f"key, all with the same number (>= 1) of rows, got {rows}")
+    n = next(iter(rows.values()))
+    return [{k: a[i:i + batch] for k, a in arrays.items()} for i in range(0, n, batch)]
 
 
 def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
@@ -192,6 +215,14 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--verify", action="store_true", help="run each compiled subgraph on "
                    "TensorFlow and on the device with example inputs; one beyond tolerance "
                    "stays on TensorFlow")
+    c.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: post-training quantization from --calibration-data "
+                   "(docs/int8.md)")
+    c.add_argument("--calibration-data", metavar="FILE.npz", help="per signature input key, "
+                   "calibration inputs stacked along the batch axis")
+    c.add_argument("--max-error", type=float, metavar="X", help="with --quantize int8: keep the "
+                   "costliest instructions in float32 until the outputs' relative error on the "
+                   "calibration data is at most X")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--example", action="append", default=[], metavar="KEY=FILE.npy",
                    help="an example input (model_feed_dict): its shape is compiled")

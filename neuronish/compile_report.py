@@ -35,6 +35,16 @@ def numpy_steps(executable: object | None) -> list[dict]:
     if executable is None:
         return []
     return list(executable.stats.get("numpy_instructions", []))
+def quantization_lines(q: Mapping) -> list[str]:
+    """The int8 accuracy debugger: per quantizable instruction, its precision and the
+    relative error quantizing it alone adds to its own output (docs/int8.md)."""
+    bound = "" if q.get("max_error") is None else f", max_error {q['max_error']:g}"
+    lines = [f"    int8 on {q['samples']} calibration sample(s){bound}: output error "
+             f"{q['output_error']:.3g} (all int8: {q['all_int8_error']:.3g})"]
+    for row in q["instructions"]:
+        lines.append(f"      {row['precision']:<9} {row['error']:9.2e}  {row['instruction']:<7} "
+                     f"{', '.join(row['tf'])}")
+    return lines
 
 
 def build_report(signature: FrozenSignature, part: Partition,
@@ -152,6 +162,8 @@ def format_report(report: dict) -> str:
                          "reference engine (slow; no native kernel for them): " +
                          ", ".join(f"{k} x{n}" for k, n in kinds.most_common(6)) +
                          (", ..." if len(kinds) > 6 else ""))
+        if op.get("quantization"):
+            lines += quantization_lines(op["quantization"])
     if report["OnTensorFlow"]:
         lines += ["", "left on TensorFlow:"]
         rows = [("op type", "count", "reason")]

@@ -24,14 +24,14 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from neuronish.runtime.executable import from_bytes
 
-from . import external, keras_files, tfn_compat
+from . import calibration, external, keras_files, tfn_compat
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures, numpy_steps
@@ -72,6 +72,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     progress: Callable[[int, int, CompileResult], None] | None = None,
     graph: str | None = None,
     verify: bool = False,
+    quantize: str | None = None,
+    calibration_data: Iterable[Mapping[str, object]] | None = None,
+    max_error: float | None = None,
     import_modules: Sequence[str] = (),
     warmup_requests: bool = False,
     **tensorflow_neuron_args: object,
@@ -96,7 +99,11 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     in (Graphviz DOT alongside; see `graph_picture`). With `verify`, each compiled
     subgraph runs on TensorFlow and on the device with example inputs, and one that
     differs beyond its tolerance stays on TensorFlow (neuronish/verification.py; the
-    report's `verification`). Returns the compile report.
+    report's `verification`). With `quantize="int8"`, convolutions and matmuls are
+    quantized from `calibration_data` (feed dicts like `model_feed_dict`); `max_error`
+    keeps the costliest in float32 until the outputs' relative error on that set is
+    within it (docs/int8.md; each NeuronOp's `quantization` in the report). Returns the
+    compile report.
     """
     extras = tfn_compat.translate(tensorflow_neuron_args, op_whitelist)
     tfn_compat.import_modules(import_modules)
@@ -112,7 +119,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                              dynamic_batch_size=dynamic_batch_size,
                              compiler_recovery=compiler_recovery, progress=progress,
                              graph=graph, verify=verify, import_modules=(),
-                             warmup_requests=warmup_requests, **tensorflow_neuron_args)
+                             warmup_requests=warmup_requests, quantize=quantize,
+                             calibration_data=calibration_data, max_error=max_error,
+                             **tensorflow_neuron_args)
         report["model_dir"] = model_dir
         return report
     tags = tfn_compat.tags_list(tags)
@@ -123,15 +132,28 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     _check_dirs(model_dir, new_model_dir)
     if batch_size < 1:
         raise SavedModelError(f"batch_size must be >= 1, got {batch_size}")
+    if quantize not in (None, "none", "int8"):
+        raise SavedModelError(f"quantize must be None or 'int8', got {quantize!r}")
+    if (quantize == "int8") != (calibration_data is not None) or \
+            (max_error is not None and quantize != "int8"):
+        raise SavedModelError("quantize='int8' needs calibration_data (and calibration_data "
+                              "and max_error need quantize='int8')")
+    if max_error is not None and not max_error >= 0:
+        raise SavedModelError(f"max_error must be a number >= 0, got {max_error!r}")
     if warmup_requests and not model_feed_dict:
         raise SavedModelError("warmup_requests writes a Predict request of model_feed_dict: "
                               "pass example inputs in model_feed_dict")
     signatures = freeze_signatures(model_dir, signature_def_key, tags)
+    int8 = None
+    if quantize == "int8":
+        keys = [i.key for i in signatures.frozen[0].inputs]
+        samples = calibration.collect(calibration_data, keys)  # type: ignore[arg-type]
+        int8 = _Int8(samples, calibration.fingerprint(samples), max_error)
     options = _Options(batch_size, model_shape_feed_dict, model_feed_dict, minimum_segment_size,
                        tuple(no_fuse_ops), tuple(force_fuse_ops), tuple(compiler_args),
                        compiler_workdir, compiler_timeout, max_num_compilers,
                        dynamic_batch_size, compiler_recovery, progress, verify,
-                       extras.op_whitelist)
+                       extras.op_whitelist, int8)
     # Files are hashed (for their names in assets/) on other threads, while the compilers
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
@@ -236,6 +258,21 @@ class _Options:
     progress: Callable[[int, int, CompileResult], None] | None
     verify: bool
     op_whitelist: frozenset[str] | None = None  # tensorflow-neuron's; None: every op type
+    int8: _Int8 | None = None
+
+
+@dataclass(frozen=True)
+class _Int8:
+    """quantize='int8': the calibration samples (by signature input key) and the bound."""
+
+    samples: list
+    fingerprint: str
+    max_error: float | None
+
+    def key_args(self) -> tuple[str, ...]:
+        """What the compile key needs beyond the file: the flags and the set's hash."""
+        bound = () if self.max_error is None else ("--max-error", repr(self.max_error))
+        return ("--quantize", "int8", f"calibration={self.fingerprint}", *bound)
 
 
 @dataclass
@@ -281,6 +318,9 @@ class _Compiled:
                                         zip(self.compiled, self.executables, strict=True)},
                               numpy={sg.name: numpy_steps(e) for (sg, _), e in
                                      zip(self.compiled, self.executables, strict=True)})
+        for op, exe in zip(report["NeuronOps"], self.executables, strict=True):
+            if "quantization" in exe.stats:  # per instruction: precision and error it adds
+                op["quantization"] = exe.stats["quantization"]
         report["aliases"] = list(self.signature.aliases)
         return report
 
@@ -350,8 +390,10 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
                           "op type of the graph; they were ignored (a typo?)", CompileWarning,
                           stacklevel=4)
-        digests = {sg.name: digest(sg, compiler_args) for sg in part.subgraphs}
+        key_args = o.int8.key_args() if o.int8 else ()
+        digests = {sg.name: digest(sg, (*compiler_args, *key_args)) for sg in part.subgraphs}
         todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
+        extra = _int8_args(o.int8, signature, todo, scratch, round_)
         # Each subgraph is written to its file once, streamed (no copy of the weights
         # held whole): the compiler reads it, and export links it into assets/.
         for sg in todo:
@@ -359,7 +401,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             graphs[digests[sg.name]] = file
             hashes[file.path] = hasher.submit(external.file_sha256, file.path)
         jobs = [CompileJob(sg.name, Path(graphs[digests[sg.name]].path), sg.io_config,
-                           tuple(compiler_args)) for sg in todo]
+                           (*compiler_args, *extra.get(sg.name, ()))) for sg in todo]
         workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
             os.path.join(compiler_workdir, f"recovery-{round_}")
         for sg, result in zip(todo, compile_with_cache(
@@ -388,7 +430,10 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
         from .verification import verify_signature
 
-        compiled, verdicts = verify_signature(signature, shapes, model_feed_dict, compiled,
+        # int8 is judged on data like its calibration set: random inputs unlike it
+        # (negative pixels for a uint8 input) would fail it for no fault of its own.
+        examples = model_feed_dict or (o.int8.samples[0] if o.int8 else None)
+        compiled, verdicts = verify_signature(signature, shapes, examples, compiled,
                                               excluded)
     # Each executable is read once here, for its signature, core count and modelled
     # figures; it and its subgraph are handed to export as they are, never copied into
@@ -423,6 +468,21 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature, new_graph_def, outputs, blobs, part, compiled, excluded,
                      failures, executables, verdicts)
+
+
+def _int8_args(int8: _Int8 | None, signature: FrozenSignature, todo: list, scratch: str,
+               round_: int) -> dict[str, tuple[str, ...]]:
+    """Per subgraph to compile: the compiler's int8 flags, with its calibration file."""
+    if int8 is None or not todo or any(i.key not in int8.samples[0] for i in signature.inputs):
+        return {}  # (another signature, whose inputs the calibration set does not feed)
+    directory = os.path.join(scratch, f"calibration-{round_}")
+    os.makedirs(directory, exist_ok=True)
+    tensor_of_key = {i.key: i.tensor for i in signature.inputs}
+    files = calibration.write_files(signature.graph_def.SerializeToString(), int8.samples,
+                                    tensor_of_key, todo, directory)
+    bound = () if int8.max_error is None else ("--max-error", repr(int8.max_error))
+    return {name: ("--quantize", "int8", "--calibration", path, *bound)
+            for name, path in files.items()}
 
 
 @contextlib.contextmanager

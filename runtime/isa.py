@@ -820,3 +820,101 @@ def markdown_table() -> str:
         traits = ", ".join(sorted(k.traits)) or "—"
         lines.append(f"| `{k.name}` | {signature(k)} | {attrs} | {traits} | {k.doc} |")
     return "\n".join(lines) + "\n"
+
+
+# --- int8 (post-training quantization, docs/int8.md) ---------------------------------------
+# Declared after the trait sets on purpose: these kinds carry none of the traits (auto-cast,
+# layout assignment and the windowed/matmul-like paths of the engines leave them alone).
+
+QUANTIZED = frozenset({"uint8", "int8"})
+_QOUT = (Attr("out", Choice("float32", "uint8", "int8"), "float32",
+              "y's dtype: float32 (dequantized), or requantized to 8 bits"),
+         Attr("y_scale", NUM, 1.0, "with an 8-bit `out`: y's quantization step"))
+
+
+def _quantize(t: Sequence[HasType], a: dict) -> list[Type]:
+    if t[0].dtype != "float32":
+        raise IsaError(f"quantize takes float32, got {_fmt(t[0])}", "in")
+    _positive(a, "scale")
+    return [Type(tuple(t[0].shape), a["to"])]
+
+
+def _positive(a: dict, name: str) -> None:
+    if not (math.isfinite(a[name]) and a[name] > 0):
+        raise IsaError(f"{name} {a[name]!r} must be a finite number > 0", name)
+
+
+def _int8_operands(t: Sequence[HasType], a: dict, x_scale: str, out_ch: int) -> None:
+    x, w, ws = t[0], t[1], t[2]
+    if x.dtype not in QUANTIZED or w.dtype != "int8":
+        raise IsaError(f"int8 operands must be uint8/int8 and int8, got {_fmt(x)} and "
+                       f"{_fmt(w)}", "in")
+    if ws.dtype != "float32" or tuple(ws.shape) != (out_ch,):
+        raise IsaError(f"w_scale must be float32[{out_ch}] (one step per output channel), "
+                       f"got {_fmt(ws)}", "in")
+    _positive(a, x_scale)
+    _positive(a, "y_scale")
+
+
+def _float_extras(extras: Sequence[HasType], bias_n: int, out: Type, residual: bool) -> None:
+    rest = list(extras)
+    if residual:
+        if not rest or tuple(rest[-1].shape) != out.shape or \
+                rest[-1].dtype not in QUANTIZED | {"float32"}:
+            raise IsaError(f"residual must be float32, uint8 or int8 {list(out.shape)}",
+                           "residual")
+        rest = rest[:-1]
+    if len(rest) > 1:
+        raise IsaError("too many inputs for the residual flag", "in")
+    if rest and (tuple(rest[0].shape) != (bias_n,) or rest[0].dtype != "float32"):
+        raise IsaError(f"bias must be float32[{bias_n}], got {_fmt(rest[0])}", "in")
+
+
+def _conv2d_int8(t: Sequence[HasType], a: dict) -> list[Type]:
+    if len(t[1].shape) != 4:
+        raise IsaError(f"conv2d_int8's filter must be 4-D, got {_fmt(t[1])}", "in")
+    _int8_operands(t, a, "x_scale", t[1].shape[3])
+    y = _conv_like([t[0], t[1]], {**a, "groups": 1, "residual": False}, depthwise=False)[0]
+    y = Type(y.shape, a["out"])
+    _float_extras(t[3:], y.shape[3], Type(y.shape, "float32"), a["residual"])
+    return [y]
+
+
+def _matmul_int8(t: Sequence[HasType], a: dict) -> list[Type]:
+    if len(t[1].shape) != 2:
+        raise IsaError(f"matmul_int8's b must be 2-D [K, N], got {_fmt(t[1])}", "in")
+    _int8_operands(t, a, "a_scale", t[1].shape[1])
+    if len(t[0].shape) < 2 or t[0].shape[-1] != t[1].shape[0]:
+        raise IsaError(f"matmul_int8 inner dimensions differ: {_fmt(t[0])} and {_fmt(t[1])}",
+                       "in")
+    y = Type(tuple(t[0].shape[:-1]) + (t[1].shape[1],), a["out"])
+    _float_extras(t[3:], y.shape[-1], y, False)
+    return [y]
+
+
+_INT8_DOC = (" The 8-bit operands are multiplied and summed exactly (int32); the sum times "
+             "`{s}`·w_scale[o] (one float32 product), plus bias (plus residual), then the "
+             "activation, all in float32; with an 8-bit `out`, y = saturate(round-half-even("
+             "v · (1/y_scale))).")
+declare(Kind("quantize", ("x",), attrs=(
+    Attr("scale", NUM, doc="the step: y ≈ x / scale"),
+    Attr("to", DType(QUANTIZED), doc="uint8 (non-negative ranges) or int8 (symmetric)")),
+    rule=_quantize, doc=(
+        "y = saturate(round-half-even(x · float32(1/scale))) to uint8 [0, 255] or int8 "
+        "[−128, 127]; NaN gives 0. The edge of an int8 region (docs/int8.md).")))
+declare(Kind("conv2d_int8", ("x", "w", "w_scale"), ("bias", "residual"), attrs=(
+    *_WINDOW[:3], Attr("x_scale", NUM, doc="x's quantization step"),
+    Attr("residual", BOOL, False, "the last input (y's shape) is added after bias"),
+    Attr("residual_scale", NUM, 1.0, "an 8-bit residual's step: it adds residual·"
+         "float32(residual_scale)"),
+    *_ACTIVATION[:2], *_QOUT),
+    rule=_conv2d_int8, doc=(
+        "conv2d (NHWC, one group) on a quantized x (uint8/int8) and w (int8 [KH,KW,C,O], "
+        "per-output-channel steps w_scale)." + _INT8_DOC.format(s="x_scale") +
+        " A uint8/int8 residual (a quantized shortcut) adds float32(residual)·"
+        "float32(residual_scale).")))
+declare(Kind("matmul_int8", ("a", "b", "w_scale"), ("bias",), attrs=(
+    Attr("a_scale", NUM, doc="a's quantization step"), *_ACTIVATION[:2], *_QOUT),
+    rule=_matmul_int8, doc=(
+        "a [..., M, K] (uint8/int8) @ b [K, N] (int8, per-column steps w_scale)."
+        + _INT8_DOC.format(s="a_scale"))))

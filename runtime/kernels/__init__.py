@@ -10,6 +10,7 @@ from . import (  # noqa: F401 (registers)
     image,
     linalg,
     pool,
+    quantized,
     reduce,
     sequence,
     volume,

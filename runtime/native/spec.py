@@ -454,6 +454,15 @@ _ENCODERS = {
 }
 
 
+def _add_int8() -> None:
+    from .spec_int8 import ENCODERS  # (imports this module: added once both exist)
+
+    _ENCODERS.update(ENCODERS)
+
+
+_add_int8()
+
+
 # Below this much work (about flops; element counts x16 for data-parallel kinds) an
 # instruction runs on the calling thread alone: a sleeping OpenMP team takes longer to
 # wake (OMP_WAIT_POLICY=passive), and inside TensorFlow the other CPU is often busy,
@@ -466,9 +475,11 @@ SMALL_WORK = 12 << 20
 def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int:
     """A rough size of an instruction's work, to choose its thread count."""
     out = elements(outs[0].shape)
-    if kind in ("conv2d", "depthwise_conv2d"):
+    if kind in ("conv2d", "depthwise_conv2d", "conv2d_int8"):
         kh, kw, cin, _ = ins[1].shape
         return 2 * out * kh * kw * (1 if kind == "depthwise_conv2d" else cin)
+    if kind == "matmul_int8":
+        return 2 * out * ins[1].shape[0]
     if kind == "matmul":
         a = ins[0].shape
         return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])

@@ -1,0 +1,378 @@
+"""`--quantize int8`: post-training quantization from a calibration set (docs/int8.md).
+
+The compiler calibrates itself: it runs the graph (as the passes before this one left
+it, so every range belongs to a value the device will hold) on the calibration samples
+with the numpy reference kernels, and records each value's range. Then every float32
+conv2d (one group) and matmul with constant weights becomes `conv2d_int8` /
+`matmul_int8`:
+
+- weights: int8, symmetric, one step per output channel (max |w| / 127);
+- activations: one step per tensor, uint8 when the calibrated range is non-negative
+  (after a ReLU: all 256 levels), else symmetric int8; no zero points;
+- a `quantize` instruction only where a quantized instruction reads a float value (the
+  edge of an int8 region); an instruction whose every reader is a quantized instruction
+  reading it as its input or as its residual writes 8 bits itself (requantized in its
+  epilogue), so a chain of convolutions, ResNet's shortcuts included, passes uint8 from
+  one to the next; the rest write float32 (dequantized in the epilogue, with bias,
+  residual and activation in float32).
+
+Accuracy control (like NNCF's `quantize_with_accuracy_control`): each instruction's
+cost is the relative error of its own output when it alone is quantized (from float32
+inputs); with `max_error`, the costliest are kept in float32 (then `--auto-cast`
+applies to them) until the outputs' error on the calibration set is within the bound.
+Errors are relative: max |quantized − float32| / max |float32| over the calibration
+set, the worst output. The result, per instruction, is the executable's
+`stats["quantization"]` (`neuronish-cc inspect`, the compile report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from neuronish.runtime.kernels.quantized import inverse, quantize_into
+
+from ..errors import InvalidGraph
+from ..interpret import run_node
+from ..ir import Graph, Node, TensorType, Value, constant
+
+QUANTIZABLE = ("conv2d", "matmul")
+
+
+@dataclass
+class QuantizeReport:
+    """What the pass decided, for the executable's stats (filled in by `quantize_int8`)."""
+
+    samples: int = 0
+    max_error: float | None = None
+    output_error: float = 0.0        # of the graph as compiled, on the calibration set
+    all_int8_error: float = 0.0      # had every candidate been quantized
+    rows: list[dict] = field(default_factory=list)
+    kept: dict[int, Node] = field(default_factory=dict)  # row -> its float node (for auto-cast)
+
+    def to_stats(self) -> dict:
+        rows = []
+        for i, row in enumerate(self.rows):
+            node = self.kept.get(i)
+            precision = row["precision"] if node is None else \
+                node.attrs.get("compute", "float32")
+            rows.append({**row, "precision": precision})
+        return {"scheme": "int8: weights per output channel (s8, symmetric), activations "
+                          "per tensor (u8 or s8, no zero point)",
+                "samples": self.samples, "max_error": self.max_error,
+                "output_error": self.output_error, "all_int8_error": self.all_int8_error,
+                "instructions": rows}
+
+
+@dataclass(frozen=True)
+class QParams:
+    scale: float
+    dtype: str  # uint8 or int8
+
+
+def qparams(lo: float, hi: float) -> QParams:
+    """One step per tensor from a calibrated range [lo, hi]."""
+    if lo >= 0:
+        return QParams(_step(hi / 255.0), "uint8")
+    return QParams(_step(max(-lo, hi) / 127.0), "int8")
+
+
+def _step(s: float) -> float:
+    return float(s) if np.isfinite(s) and s > 1e-30 else 1.0
+
+
+def quantize_weights(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """int8 weights and their float32 step per output channel (symmetric, max |w| / 127)."""
+    amax = np.max(np.abs(w), axis=axes).astype(np.float64)
+    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def candidates(graph: Graph) -> list[Node]:
+    """The instructions int8 can take: float32 conv2d (one group) and matmul whose weights
+    are constants."""
+    out = []
+    for n in graph.nodes:
+        if n.kind not in QUANTIZABLE or n.inputs[0].dtype != "float32" or \
+                not n.inputs[1].is_const or n.inputs[1].dtype != "float32" or \
+                n.attrs.get("compute", "float32") != "float32":
+            continue
+        if n.kind == "conv2d" and n.attrs.get("groups", 1) == 1:
+            out.append(n)
+        elif n.kind == "matmul" and len(n.inputs[1].shape) == 2 and \
+                not n.attrs.get("transpose_a") and len(n.inputs[0].shape) >= 2:
+            out.append(n)
+    return out
+
+
+# --- the calibration set ----------------------------------------------------------------
+
+def load_calibration(path: str, input_names: Sequence[str]) -> list[list[np.ndarray]]:
+    """Samples from an .npz file holding, per graph input name, an array [S, *shape]: S
+    samples, each one call's input at the compiled shape."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as e:
+        raise InvalidGraph(f"--calibration {path}: not a readable .npz file ({e})") from None
+    missing = [n for n in input_names if n not in arrays]
+    if missing:
+        raise InvalidGraph(f"--calibration {path} has no array for input(s) {missing} "
+                           f"(it has {sorted(arrays)}); it needs one [samples, *shape] "
+                           "array per io-config input")
+    counts = {n: arrays[n].shape[0] if arrays[n].ndim else 0 for n in input_names}
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        raise InvalidGraph(f"--calibration {path}: every input needs the same number (>= 1) "
+                           f"of samples along axis 0, got {counts}")
+    n = next(iter(counts.values())) if counts else 0
+    return [[arrays[name][k] for name in input_names] for k in range(n)]
+
+
+def check_calibration(graph: Graph, samples: Sequence[Sequence[np.ndarray]]) -> None:
+    """Every sample has one array per graph input, of its compiled shape (cast to its
+    dtype in place of the list); a mismatch names the input."""
+    if not samples:
+        raise InvalidGraph("calibration needs at least one sample")
+    for k, sample in enumerate(samples):
+        if len(sample) != len(graph.inputs):
+            raise InvalidGraph(f"calibration sample {k} has {len(sample)} arrays for "
+                               f"{len(graph.inputs)} inputs")
+        for j, (v, a) in enumerate(zip(graph.inputs, sample)):
+            a = np.asarray(a)
+            if tuple(a.shape) != tuple(v.shape):
+                raise InvalidGraph(f"calibration sample {k}, input {v.name!r}: shape "
+                                   f"{list(a.shape)}, but the graph is compiled for "
+                                   f"{list(v.shape)}")
+            if not np.can_cast(a.dtype, v.dtype, "same_kind"):
+                raise InvalidGraph(f"calibration sample {k}, input {v.name!r}: dtype "
+                                   f"{a.dtype}, expected {v.dtype}")
+            sample[j] = a.astype(v.dtype, copy=False)  # type: ignore[index]
+
+
+# --- running the graph on the calibration set --------------------------------------------
+
+def _run(graph: Graph, feeds: Sequence[np.ndarray], on_node: Callable | None = None
+         ) -> list[np.ndarray]:
+    """The graph's outputs; `on_node(index, node, args, outs)` sees every node run. Values
+    are dropped after their last reader (a large model's activations do not all fit)."""
+    last: dict[int, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v.id] = i
+    keep = {v.id for v in graph.outputs}
+    env = {v.id: np.asarray(x) for v, x in zip(graph.inputs, feeds)}
+
+    def get(v: Value) -> np.ndarray:
+        return v.data if v.is_const else env[v.id]
+
+    for i, node in enumerate(graph.nodes):
+        args = [get(v) for v in node.inputs]
+        outs = run_node(node, args)
+        if on_node is not None:
+            on_node(i, node, args, outs)
+        for v in node.inputs:
+            if last.get(v.id) == i and v.id not in keep and not v.is_const:
+                env.pop(v.id, None)
+        for out, arr in zip(node.outputs, outs):
+            env[out.id] = arr
+    return [np.array(get(v)) for v in graph.outputs]
+
+
+class _Ranges:
+    """Each watched value's [min, max] over the calibration set (NaN and inf ignored)."""
+
+    def __init__(self) -> None:
+        self.lo: dict[int, float] = {}
+        self.hi: dict[int, float] = {}
+
+    def see(self, v: Value, a: np.ndarray) -> None:
+        finite = a[np.isfinite(a)]
+        if finite.size:
+            self.lo[v.id] = min(self.lo.get(v.id, np.inf), float(finite.min()))
+            self.hi[v.id] = max(self.hi.get(v.id, -np.inf), float(finite.max()))
+
+    def params(self, v: Value) -> QParams:
+        return qparams(self.lo.get(v.id, 0.0), self.hi.get(v.id, 0.0))
+
+
+class _ErrorMeter:
+    """max |got − want| / max |want| over samples, the worst of several outputs."""
+
+    def __init__(self, n: int) -> None:
+        self.diff = [0.0] * n
+        self.ref = [0.0] * n
+
+    def add(self, k: int, got: np.ndarray, want: np.ndarray) -> None:
+        g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        fin = np.isfinite(w)
+        self.diff[k] = max(self.diff[k], float(np.max(np.abs(g - w)[fin], initial=0.0)))
+        self.ref[k] = max(self.ref[k], float(np.max(np.abs(w[fin]), initial=0.0)))
+
+    def value(self) -> float:
+        return max((d / r if r > 0 else d for d, r in zip(self.diff, self.ref)), default=0.0)
+
+
+# --- the rewrite -----------------------------------------------------------------------------
+
+def _int8_node(n: Node, x: Value, xp: QParams, out: QParams | None) -> Node:
+    """n (conv2d or matmul) as its int8 instruction reading the quantized `x`."""
+    a = n.attrs
+    common = {"activation": a.get("activation", "none"), "alpha": a.get("alpha", 0.2),
+              "out": out.dtype if out else "float32", "y_scale": out.scale if out else 1.0}
+    if n.kind == "conv2d":
+        wq, ws = quantize_weights(n.inputs[1].data, (0, 1, 2))
+        attrs = {k: a[k] for k in ("strides", "dilations", "pads")}
+        attrs.update(x_scale=xp.scale, residual=bool(a.get("residual")), **common)
+        kind = "conv2d_int8"
+    else:
+        w = n.inputs[1].data
+        wq, ws = quantize_weights(w.T if a.get("transpose_b") else w, (0,))
+        attrs = {"a_scale": xp.scale, **common}
+        kind = "matmul_int8"
+    node = Node(kind, [x, constant(wq), constant(ws), *n.inputs[2:]], [], attrs, n.origin)
+    dtype = out.dtype if out else "float32"
+    node.outputs = [Value(TensorType(n.outputs[0].shape, dtype), producer=node)]
+    return node
+
+
+def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges) -> tuple[Graph, dict[int, Node]]:
+    """A new graph with the nodes at indices `chosen` quantized; the originals are left
+    untouched. Also returns index -> new node for the nodes not chosen."""
+    chosen_nodes = {id(graph.nodes[i]) for i in chosen}
+    readers = graph.consumers()
+    outputs = {v.id for v in graph.outputs}
+
+    def eight_bit_use(u: Node, v: Value) -> bool:
+        """u reads v only as its input, or (a conv) as its residual."""
+        residual = u.kind == "conv2d" and bool(u.attrs.get("residual"))
+        uses = [k for k, w in enumerate(u.inputs) if w is v]
+        return id(u) in chosen_nodes and all(
+            k == 0 or (residual and k == len(u.inputs) - 1) for k in uses)
+
+    def eight_bit_out(n: Node) -> bool:
+        v = n.outputs[0]
+        users = readers.get(v.id, [])
+        return v.id not in outputs and bool(users) and all(eight_bit_use(u, v) for u in users)
+
+    mapped: dict[int, Value] = {}
+    quantized: dict[int, Value] = {}  # float value id -> its quantize node's output
+    nodes: list[Node] = []
+    copies: dict[int, Node] = {}
+
+    def m(v: Value) -> Value:
+        return mapped.get(v.id, v)
+
+    for i, n in enumerate(graph.nodes):
+        if id(n) in chosen_nodes:
+            x = n.inputs[0]
+            xp = ranges.params(x)
+            mx = m(x)
+            if mx.dtype == "float32":
+                if x.id not in quantized:
+                    q = Node("quantize", [mx], [], {"scale": xp.scale, "to": xp.dtype},
+                             n.origin)
+                    q.outputs = [Value(TensorType(x.shape, xp.dtype), producer=q)]
+                    nodes.append(q)
+                    quantized[x.id] = q.outputs[0]
+                mx = quantized[x.id]
+            out = ranges.params(n.outputs[0]) if eight_bit_out(n) else None
+            new = _int8_node(n, mx, xp, out)
+            new.inputs = [new.inputs[0], new.inputs[1], new.inputs[2],
+                          *(m(v) for v in new.inputs[3:])]
+            if new.attrs.get("residual") and new.inputs[-1].dtype != "float32":
+                # a quantized shortcut: read as it is, at its step
+                new.attrs["residual_scale"] = ranges.params(n.inputs[-1]).scale
+        else:
+            new = Node(n.kind, [m(v) for v in n.inputs], [], dict(n.attrs), n.origin)
+            new.outputs = [Value(o.type, producer=new, name=o.name) for o in n.outputs]
+            copies[i] = new
+        for old, o in zip(n.outputs, new.outputs):
+            mapped[old.id] = o
+        nodes.append(new)
+    g = Graph(list(graph.inputs), [m(v) for v in graph.outputs], nodes,
+              list(graph.input_batch_axes), list(graph.output_batch_axes))
+    for old, new_v in zip(graph.outputs, g.outputs):
+        new_v.name = new_v.name or old.name
+    return g, copies
+
+
+# --- the pass --------------------------------------------------------------------------------
+
+def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
+                  max_error: float | None = None,
+                  report: QuantizeReport | None = None) -> Graph:
+    """Quantize the graph's convolutions and matmuls to int8 from `samples` (each a list
+    of arrays in graph-input order); with `max_error`, keep the costliest in float32
+    until the outputs' relative error on the samples is at most that."""
+    if not samples:
+        return graph
+    report = report if report is not None else QuantizeReport()
+    cands = candidates(graph)
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    cand_idx = [index[id(n)] for n in cands]
+    ranges = _Ranges()
+    is_cand = set(cand_idx)
+
+    def observe(i: int, node: Node, args: list, outs: list) -> None:
+        if i in is_cand:
+            ranges.see(node.inputs[0], args[0])
+            ranges.see(node.outputs[0], outs[0])
+
+    want = [_run(graph, s, observe) for s in samples]
+    report.samples, report.max_error = len(samples), max_error
+    if not cands:
+        return graph
+
+    # Each candidate's own cost: its output quantized alone, from float32 inputs.
+    local = {i: _ErrorMeter(1) for i in cand_idx}
+
+    def probe(i: int, node: Node, args: list, outs: list) -> None:
+        if i not in is_cand:
+            return
+        xp = ranges.params(node.inputs[0])
+        xq = np.empty(node.inputs[0].shape, xp.dtype)
+        quantize_into(args[0], inverse(xp.scale), xq)
+        q = _int8_node(node, constant(xq), xp, None)
+        got = run_node(q, [xq, q.inputs[1].data, q.inputs[2].data, *args[2:]])[0]
+        local[i].add(0, got, outs[0])
+
+    for s in samples:
+        _run(graph, s, probe)
+    cost = {i: local[i].value() for i in cand_idx}
+
+    def error_of(chosen: set[int]) -> float:
+        g, _ = rewrite(graph, chosen, ranges)
+        meter = _ErrorMeter(len(graph.outputs))
+        for s, ref in zip(samples, want):
+            for k, (got, w) in enumerate(zip(_run(g, s), ref)):
+                if w.dtype.kind == "f":
+                    meter.add(k, got, w)
+        return meter.value()
+
+    order = sorted(cand_idx, key=lambda i: -cost[i])  # costliest first
+    report.all_int8_error = error_of(set(cand_idx))
+    kept_float = 0
+    if max_error is not None and report.all_int8_error > max_error:
+        lo, hi = 0, len(order)  # error(keep hi costliest in float32) = 0 <= bound
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if error_of(set(order[mid:])) <= max_error:
+                hi = mid
+            else:
+                lo = mid
+        kept_float = hi
+    chosen = set(order[kept_float:])
+    final, copies = rewrite(graph, chosen, ranges)
+    report.output_error = report.all_int8_error if kept_float == 0 else error_of(chosen)
+    for i in cand_idx:
+        n = graph.nodes[i]
+        row = {"instruction": n.kind, "tf": list(n.origin[:3]), "error": cost[i],
+               "precision": "int8" if i in chosen else "float32"}
+        if i not in chosen:
+            row["why"] = "kept: among the costliest, for max_error"
+            report.kept[len(report.rows)] = copies[i]
+        report.rows.append(row)
+    return final
