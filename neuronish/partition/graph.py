@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import graphlib
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
@@ -59,6 +60,11 @@ class GraphIndex:
     tensor_consumers: dict[str, tuple[str, ...]]  # tensor -> nodes reading it (data edges)
     data_consumers: dict[str, tuple[str, ...]]  # node -> nodes reading any of its outputs
     control_consumers: dict[str, tuple[str, ...]]  # node -> nodes with a "^node" input
+    # Results computed from the graph alone (shape inference at given input shapes), kept
+    # for the index's life: the partitioner's recovery rounds change which nodes are
+    # excluded, never the graph, so TensorFlow's shape inference runs once per compile.
+    # An index is a view of a graph nobody edits; one edited needs a new index.
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, graph_def: graph_pb2.GraphDef) -> GraphIndex:
