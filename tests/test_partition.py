@@ -24,7 +24,13 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from neuronish import partition as P
-from neuronish.partition.graph import GraphIndex, producer
+from neuronish.partition.graph import (
+    GraphIndex,
+    is_stateful,
+    needed_nodes,
+    producer,
+    topological_order,
+)
 from neuronish.partition.mark import Marking, NodeMark, Reason
 
 SUPPORTED = frozenset({"Const", "Identity", "Relu", "AddV2", "Mul", "MatMul", "BiasAdd", "Shape",
@@ -518,6 +524,46 @@ def test_graph_order_releases_the_first_ready_node_in_graphdef_order() -> None:
     assert GraphIndex.build(gd).order == ("a", "b", "c", "d")
     gd = _graph(("c", ()), ("d", ("c", "^b")), ("b", ("a",)), ("a", ()))
     assert GraphIndex.build(gd).order == ("c", "a", "b", "d")
+
+
+def test_one_topological_order_for_partitioner_and_model_freezer() -> None:
+    # Of the nodes ready, the first in the order given: GraphDef order for the partitioner,
+    # name order for models/freeze.py's canonical order.
+    deps = {"c": [], "b": ["c"], "a": [], "d": ["a", "b"]}
+    assert topological_order(deps) == ["c", "b", "a", "d"]
+    assert topological_order({k: deps[k] for k in sorted(deps)}) == ["a", "c", "b", "d"]
+    with pytest.raises(graphlib.CycleError):
+        topological_order({"a": ["b"], "b": ["a"]})
+    from models.freeze import _canonical_order
+
+    gd = graph_pb2.GraphDef()
+    for name, inputs in [("z", []), ("y", ["z:0"]), ("x", ["^z"]), ("w", ["y", "x:1"])]:
+        gd.node.add(name=name, op="NoOp", input=inputs)
+    assert [n.name for n in _canonical_order(gd).node] == ["z", "x", "y", "w"]
+    assert list(GraphIndex.build(gd).order) == ["z", "y", "x", "w"]
+
+
+def test_needed_nodes_follow_data_and_control_edges_from_any_spelling() -> None:
+    gd = graph_pb2.GraphDef()
+    for name, inputs in [("a", []), ("b", ["a:1"]), ("c", ["^b"]), ("d", ["c"]), ("e", ["a"])]:
+        gd.node.add(name=name, op="NoOp", input=inputs)
+    assert needed_nodes(gd.node, ["d:0"]) == {"a", "b", "c", "d"}
+    assert needed_nodes(gd.node, ["^c", "missing"]) == {"a", "b", "c"}
+    assert needed_nodes(gd.node, ["e"]) == {"a", "e"}
+
+
+def test_one_answer_to_is_stateful_for_freezing_and_partitioning() -> None:
+    import importlib
+
+    from neuronish import freeze as freeze_module
+
+    mark_module = importlib.import_module("neuronish.partition.mark")  # `P.mark` is the function
+
+    # An op this TensorFlow does not know may do anything: the safe answer is stateful.
+    assert is_stateful("NotAnOpTensorFlowKnows")
+    assert is_stateful("RandomUniform") and is_stateful("AssignVariableOp")
+    assert not is_stateful("Relu") and not is_stateful("MatMul")
+    assert freeze_module.is_stateful is is_stateful and mark_module.is_stateful is is_stateful
 
 
 def test_graph_with_a_cycle_is_refused_naming_the_cycle() -> None:

@@ -137,9 +137,9 @@ def partition(
     if dynamic_batch_size:
         batched = batched_inputs(graph_def)
         batch = batch_size if batch_size is not None else _batch_of(
-            {k: v for k, v in input_shapes.items() if k.split(":")[0] in batched})
+            {k: v for k, v in input_shapes.items() if producer(k) in batched})
         for name, shape in input_shapes.items():
-            if len(shape) and name.split(":")[0] in batched and shape[0] != batch:
+            if len(shape) and producer(name) in batched and shape[0] != batch:
                 raise PartitionError(f"input {name} has shape {list(shape)}, but the batch size "
                                      f"is {batch}: with dynamic_batch_size every input's dim 0 "
                                      f"is the batch")

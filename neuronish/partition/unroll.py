@@ -24,7 +24,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.partition.graph import GraphIndex, PartitionError, producer
+from neuronish.partition.graph import GraphIndex, PartitionError, needed_nodes, producer
 from neuronish.partition.shapes import batched_inputs, infer
 from neuronish.partition.values import static_values
 
@@ -446,13 +446,11 @@ def _bypass(graph_def: graph_pb2.GraphDef, passthroughs: set[str]) -> None:
 def drop_dead(graph_def: graph_pb2.GraphDef, fetches: Sequence[str]) -> None:
     """Remove nodes nothing reads any more (the lists, the replaced loop's leftovers),
     keeping inputs and fetched nodes."""
-    keep = {producer(_canonical(f)) for f in fetches}
-    while True:
-        read = {producer(_canonical(i[1:] if i.startswith("^") else i))
-                for n in graph_def.node for i in n.input}
-        dead = [i for i, n in enumerate(graph_def.node)
-                if n.name not in read and n.name not in keep and n.op not in INPUT_OPS]
-        if not dead or not keep:
-            return
-        for i in reversed(dead):
-            del graph_def.node[i]
+    keep = {producer(f) for f in fetches}
+    if not keep:
+        return
+    live = needed_nodes(graph_def.node, [*keep, *(n.name for n in graph_def.node
+                                                  if n.op in INPUT_OPS)])
+    dead = [i for i, n in enumerate(graph_def.node) if n.name not in live]
+    for i in reversed(dead):
+        del graph_def.node[i]
