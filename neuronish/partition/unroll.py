@@ -255,7 +255,7 @@ def _cond_args(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> lis
         if name in seen or name not in by_name:
             continue
         seen.add(name)
-        stack.extend(producer(_canonical(i.lstrip("^"))) for i in by_name[name].input)
+        stack.extend(producer(i) for i in by_name[name].input)
     return [k for k, a in enumerate(cond.signature.input_arg) if a.name in seen]
 
 
