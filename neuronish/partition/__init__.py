@@ -12,7 +12,8 @@ Stages, each a module with one public function, each testable alone:
 `partition` chains the first five for the SavedModel compile; the caller
 compiles each `Subgraph`, builds its NeuronOp NodeDef (inputs =
 `Subgraph.inputs`) and calls `splice`.  When the compiler rejects nodes, call
-`partition` again with `exclude_nodes={node: reason}`.
+`partition` again with `exclude_nodes={node: reason}` and the same `index`
+(`Partition.index`): shapes and batch axes are then inferred once, not per round.
 """
 
 from __future__ import annotations
