@@ -32,7 +32,6 @@ batch size and the dynamic one otherwise, so it accepts any batch size.
 from __future__ import annotations
 
 import graphlib
-import heapq
 import json
 import os
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
 from neuronish.freeze import VARIABLE_OPS, freeze_signature  # noqa: E402
 from neuronish.inline import called_function  # noqa: E402
+from neuronish.partition.graph import needed_nodes, producer, topological_order  # noqa: E402
 
 
 @dataclass
@@ -160,7 +160,7 @@ class FrozenGraph:
     def _feed(self, feeds: dict[str, np.ndarray], name: str) -> np.ndarray:
         if name in feeds:
             return feeds[name]
-        bare = name.split(":")[0]
+        bare = producer(name)
         if bare in feeds:
             return feeds[bare]
         raise KeyError(f"missing feed for input {name!r}; got {sorted(feeds)}")
@@ -321,8 +321,8 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
         if node.op == "Identity" or not node.input:
             continue
         for i in node.input:
-            ident = i.split(":")[0]
-            if ident not in forward:
+            ident = producer(i)
+            if i.startswith("^") or ident not in forward:
                 continue
             source = resolve(i)
             const = by_name.get(source)
@@ -343,17 +343,8 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
     nodes = [n for n in graph_def.node if n.name not in forward]
     for node in nodes:
         node.name = renamed.get(node.name, node.name)
-    by_name = {n.name: n for n in nodes}
-
     # Keep only what the outputs need, plus the placeholders themselves.
-    live: set[str] = set()
-    stack = [k for k in keep if k in by_name]
-    while stack:
-        name = stack.pop()
-        if name in live:
-            continue
-        live.add(name)
-        stack.extend(i.split(":")[0] for i in by_name[name].input)
+    live = needed_nodes(nodes, keep)
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.node.extend(n for n in nodes if n.name in live)
@@ -369,23 +360,12 @@ def _canonical_order(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     lets a consumer translate the graph in one forward pass.
     """
     nodes = {n.name: n for n in graph_def.node}
-    sorter = graphlib.TopologicalSorter(
-        {node.name: {i.lstrip("^").split(":")[0] for i in node.input} & nodes.keys()
-         for node in graph_def.node})
+    # Ties go to the first by name: the dependencies are listed in name order.
     try:
-        sorter.prepare()
+        order = topological_order({name: {producer(i) for i in nodes[name].input} & nodes.keys()
+                                   for name in sorted(nodes)})
     except graphlib.CycleError as e:
         raise ValueError(f"graph has a cycle: {' -> '.join(e.args[1])}") from None
-    # graphlib's order, released one node at a time: of the nodes ready, the first by name.
-    ready = list(sorter.get_ready())
-    heapq.heapify(ready)
-    order: list[str] = []
-    while ready:
-        name = heapq.heappop(ready)
-        order.append(name)
-        sorter.done(name)
-        for user in sorter.get_ready():
-            heapq.heappush(ready, user)
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.node.extend(nodes[name] for name in order)
@@ -418,7 +398,7 @@ def _fix_batch(
     """
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
-    placeholders = {n.split(":")[0] for n in in_names}
+    placeholders = {producer(n) for n in in_names}
     for node in out.node:
         if node.name in placeholders:
             dims = node.attr["shape"].shape.dim
@@ -440,7 +420,7 @@ def freeze_saved_model(
     """
     dynamic, in_names, out_names, out_keys, specs = _freeze_dynamic(export_dir, signature_key)
     gd = dynamic if batch_size is None else _fix_batch(dynamic, in_names, batch_size)
-    keep = [n.split(":")[0] for n in in_names + out_names]
+    keep = [producer(n) for n in in_names + out_names]
     # Cleaning before folding too halves Grappler's time on ResNet50 (the
     # ~1000 Identity nodes left by variable reads each hold up a fold).
     gd = _constant_fold(_clean(_materialize_shapes(gd), keep), keep)
@@ -476,14 +456,14 @@ def _int_input_high(graph_def: graph_pb2.GraphDef, input_node: str) -> int | Non
     nodes = {n.name: n for n in graph_def.node}
     for n in graph_def.node:
         for i in n.input:
-            consumers.setdefault(i.split(":")[0].lstrip("^"), []).append(n)
+            consumers.setdefault(producer(i), []).append(n)
     frontier, seen = [input_node], {input_node}
     while frontier:
         name = frontier.pop(0)
         for c in consumers.get(name, []):
             if c.op in ("GatherV2", "Gather") and len(c.input) > 1:
-                if c.input[1].split(":")[0] == name:
-                    params = nodes.get(c.input[0].split(":")[0])
+                if producer(c.input[1]) == name:
+                    params = nodes.get(producer(c.input[0]))
                     if params is not None and params.op == "Const":
                         dims = params.attr["value"].tensor.tensor_shape.dim
                         if dims:
@@ -513,7 +493,7 @@ def example_inputs(
     for name, (shape, dtype) in frozen.inputs.items():
         full = [batch, *shape[1:]]
         if np.issubdtype(np.dtype(dtype), np.integer):
-            high = (int_high or {}).get(name) or _int_input_high(gd, name.split(":")[0]) or 2
+            high = (int_high or {}).get(name) or _int_input_high(gd, producer(name)) or 2
             feeds[name] = rng.integers(0, high, size=full).astype(dtype)
         else:
             feeds[name] = rng.standard_normal(full).astype(dtype)

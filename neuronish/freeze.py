@@ -27,10 +27,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
-from tensorflow.python.framework import convert_to_constants, op_def_registry
+from tensorflow.python.framework import convert_to_constants
 
 from .errors import SavedModelError
 from .inline import InlineError, called_function, inline_calls
+from .partition.graph import is_stateful, needed_nodes, producer
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.
@@ -428,20 +429,20 @@ def _drop_dead_writes(graph_def: graph_pb2.GraphDef, outputs: list[str], writes:
         _refuse_variable_writes(writes, what)
 
     def root(ref: str) -> str:  # through the Identity chain a read or a write takes
-        name = ref.split(":")[0]
+        name = producer(ref)
         while name in nodes and nodes[name].op == "Identity" and nodes[name].input:
-            name = nodes[name].input[0].split(":")[0]
+            name = producer(nodes[name].input[0])
         return name
 
     written = {root(w.input[0]) for w in own}
-    seen: set[str] = set()
-    todo = [t.split(":")[0] for t in outputs]
+    seen: set[str] = set()  # the outputs and their ancestors through data edges
+    todo = [producer(t) for t in outputs]
     while todo:
         name = todo.pop()
         if name in seen or name not in nodes:
             continue
         seen.add(name)
-        todo.extend(i.split(":")[0] for i in nodes[name].input if not i.startswith("^"))
+        todo.extend(producer(i) for i in nodes[name].input if not i.startswith("^"))
     if seen & (written | {w.name for w in own}):
         _refuse_variable_writes(writes, what)
     gone = {w.name for w in own}
@@ -507,10 +508,10 @@ def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
     kept: dict[str, list[str]] = {}  # NoOp -> the meaningful control inputs it stands for
 
     def control_refs(ref: str) -> list[str]:
-        name = ref[1:].split(":")[0]
+        name = producer(ref)
         node = nodes.get(name)
         if node is None or node.op != "NoOp":
-            return [ref] if node is None or _is_stateful(node.op) else []
+            return [ref] if node is None or is_stateful(node.op) else []
         if name not in kept:
             kept[name] = []  # a cycle of NoOps (never in a valid graph) ends here
             kept[name] = sorted({r for i in node.input for r in control_refs(i)})
@@ -531,25 +532,12 @@ def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
 def _keep_what_outputs_need(graph_def: graph_pb2.GraphDef, keep: list[str]) -> None:
     """Drop, in place, the nodes no output needs, as a signature call never runs them
     (Keras leaves shape arithmetic nothing reads); the inputs in `keep` stay."""
-    nodes = {n.name: n for n in graph_def.node}
-    live: set[str] = set()
-    todo = [t.lstrip("^").split(":")[0] for t in keep]
-    while todo:
-        name = todo.pop()
-        if name in live or name not in nodes:
-            continue
-        live.add(name)
-        todo.extend(i.lstrip("^").split(":")[0] for i in nodes[name].input)
-    if len(live) == len(nodes):
+    live = needed_nodes(graph_def.node, keep)
+    if len(live) == len(graph_def.node):
         return
     dead = [i for i, n in enumerate(graph_def.node) if n.name not in live]
     for i in reversed(dead):
         del graph_def.node[i]
-
-
-def _is_stateful(op: str) -> bool:
-    op_def = op_def_registry.get(op)
-    return op_def is None or op_def.is_stateful
 
 
 def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from tensorflow.core.framework import graph_pb2
 
 from .errors import SavedModelError
+from .partition.graph import producer
 
 TENSORFLOW = "TensorFlow"
 _VIEWER = Path(__file__).with_name("graph_picture.js")
@@ -70,8 +71,8 @@ def graph_data(graph_def: graph_pb2.GraphDef, where: Mapping[str, Where]) -> dic
     nodes = []
     for node in graph_def.node:
         w = where.get(node.name, Where(TENSORFLOW, "not placed"))
-        data_in = {_producer(i) for i in node.input if not i.startswith("^")} & where.keys()
-        control = {_producer(i) for i in node.input if i.startswith("^")} & where.keys()
+        data_in = {producer(i) for i in node.input if not i.startswith("^")} & where.keys()
+        control = {producer(i) for i in node.input if i.startswith("^")} & where.keys()
         nodes.append({"name": node.name, "op": node.op, "device": w.device,
                       "reason": w.reason, "inputs": sorted(data_in),
                       "controls": sorted(control - data_in)})
@@ -134,10 +135,6 @@ def write_graph(path: str | os.PathLike, graph_def: graph_pb2.GraphDef,
         raise SavedModelError(f"cannot write the partition picture {e.filename or path}: "
                               f"{e.strerror or e}") from e
     return html_path, dot_path
-
-
-def _producer(tensor: str) -> str:
-    return tensor.lstrip("^").split(":")[0]
 
 
 def _q(text: str) -> str:

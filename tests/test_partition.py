@@ -24,7 +24,13 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from neuronish import partition as P
-from neuronish.partition.graph import GraphIndex, producer
+from neuronish.partition.graph import (
+    GraphIndex,
+    is_stateful,
+    needed_nodes,
+    producer,
+    topological_order,
+)
 from neuronish.partition.mark import Marking, NodeMark, Reason
 
 SUPPORTED = frozenset({"Const", "Identity", "Relu", "AddV2", "Mul", "MatMul", "BiasAdd", "Shape",
@@ -520,6 +526,46 @@ def test_graph_order_releases_the_first_ready_node_in_graphdef_order() -> None:
     assert GraphIndex.build(gd).order == ("c", "a", "b", "d")
 
 
+def test_one_topological_order_for_partitioner_and_model_freezer() -> None:
+    # Of the nodes ready, the first in the order given: GraphDef order for the partitioner,
+    # name order for models/freeze.py's canonical order.
+    deps = {"c": [], "b": ["c"], "a": [], "d": ["a", "b"]}
+    assert topological_order(deps) == ["c", "b", "a", "d"]
+    assert topological_order({k: deps[k] for k in sorted(deps)}) == ["a", "c", "b", "d"]
+    with pytest.raises(graphlib.CycleError):
+        topological_order({"a": ["b"], "b": ["a"]})
+    from models.freeze import _canonical_order
+
+    gd = graph_pb2.GraphDef()
+    for name, inputs in [("z", []), ("y", ["z:0"]), ("x", ["^z"]), ("w", ["y", "x:1"])]:
+        gd.node.add(name=name, op="NoOp", input=inputs)
+    assert [n.name for n in _canonical_order(gd).node] == ["z", "x", "y", "w"]
+    assert list(GraphIndex.build(gd).order) == ["z", "y", "x", "w"]
+
+
+def test_needed_nodes_follow_data_and_control_edges_from_any_spelling() -> None:
+    gd = graph_pb2.GraphDef()
+    for name, inputs in [("a", []), ("b", ["a:1"]), ("c", ["^b"]), ("d", ["c"]), ("e", ["a"])]:
+        gd.node.add(name=name, op="NoOp", input=inputs)
+    assert needed_nodes(gd.node, ["d:0"]) == {"a", "b", "c", "d"}
+    assert needed_nodes(gd.node, ["^c", "missing"]) == {"a", "b", "c"}
+    assert needed_nodes(gd.node, ["e"]) == {"a", "e"}
+
+
+def test_one_answer_to_is_stateful_for_freezing_and_partitioning() -> None:
+    import importlib
+
+    from neuronish import freeze as freeze_module
+
+    mark_module = importlib.import_module("neuronish.partition.mark")  # `P.mark` is the function
+
+    # An op this TensorFlow does not know may do anything: the safe answer is stateful.
+    assert is_stateful("NotAnOpTensorFlowKnows")
+    assert is_stateful("RandomUniform") and is_stateful("AssignVariableOp")
+    assert not is_stateful("Relu") and not is_stateful("MatMul")
+    assert freeze_module.is_stateful is is_stateful and mark_module.is_stateful is is_stateful
+
+
 def test_graph_with_a_cycle_is_refused_naming_the_cycle() -> None:
     gd = _graph(("x", ()), ("a", ("x", "c")), ("b", ("a",)), ("c", ("^b",)))
     with pytest.raises(P.PartitionError, match="cycle") as e:
@@ -817,6 +863,47 @@ def test_repartition_after_the_compiler_rejects_a_node() -> None:
                                     "not supported")
     assert again.op_types_left_on_tensorflow()["Exp"] == {"excluded by the caller": 1}
     check_end_to_end(gd, outs, again, lambda b: {"x:0": rand(b, 8), "y:0": rand(b, 8)}, [2])
+
+
+def test_recovery_rounds_on_one_index_infer_shapes_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each inference imports the whole graph into TensorFlow; a recovery round changes the
+    # excluded nodes only, so partitioning again on the same index reuses the shapes and
+    # batch axes, and decides exactly what a fresh partition would.
+    from neuronish.partition import shapes as shapes_module
+
+    calls: list[int] = []
+    real_infer = shapes_module.infer
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return real_infer(*args, **kwargs)
+
+    monkeypatch.setattr(shapes_module, "infer", counted)
+    monkeypatch.setattr(P, "infer", counted)
+
+    def fn(x):
+        y = tf.nn.relu(tf.matmul(x, W), name="y")
+        return tf.subtract(y, tf.reduce_mean(y, axis=0, name="batch_mean"), name="centered")
+
+    gd, outs = freeze(fn, spec(None, 8))
+    index = GraphIndex.build(gd)
+    kwargs = {"dynamic_batch_size": True, "fetches": outs, "minimum_segment_size": 1}
+    first = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, **kwargs)
+    assert len(calls) == 2  # at the batch and at the batch + 1, for the batch axes
+    again = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, exclude_nodes={"y": "no"},
+                        **kwargs)
+    assert len(calls) == 2
+    assert again.infos is first.infos and again.batch_axes is first.batch_axes
+    fresh = P.partition(gd, {"x": [4, 8]}, SUPPORTED, exclude_nodes={"y": "no"}, **kwargs)
+    assert len(calls) == 4  # a new index infers afresh
+    assert again.reasons() == fresh.reasons() and "y" in again.reasons()
+    assert [s.graph_def for s in again.subgraphs] == [s.graph_def for s in fresh.subgraphs]
+    assert dict(again.batch_axes) == dict(fresh.batch_axes)
+    # Other input shapes are another inference, not the cached one.
+    other = P.partition(gd, {"x": [3, 8]}, SUPPORTED, index=index, **kwargs)
+    assert len(calls) == 6 and other.infos["x:0"].shape == (3, 8)
+    static = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, fetches=outs)
+    assert len(calls) == 7 and static.batch_axes == {}
 
 
 def test_partition_with_the_compilers_operator_list() -> None:

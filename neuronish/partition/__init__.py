@@ -12,7 +12,8 @@ Stages, each a module with one public function, each testable alone:
 `partition` chains the first five for the SavedModel compile; the caller
 compiles each `Subgraph`, builds its NeuronOp NodeDef (inputs =
 `Subgraph.inputs`) and calls `splice`.  When the compiler rejects nodes, call
-`partition` again with `exclude_nodes={node: reason}`.
+`partition` again with `exclude_nodes={node: reason}` and the same `index`
+(`Partition.index`): shapes and batch axes are then inferred once, not per round.
 """
 
 from __future__ import annotations
@@ -133,20 +134,17 @@ def partition(
         if producer(t) not in index.nodes:
             raise PartitionError(f"fetch {t} names no node of the graph")
 
+    batch: int | None = None  # the compile batch when it is dynamic
     if dynamic_batch_size:
         batched = batched_inputs(graph_def)
         batch = batch_size if batch_size is not None else _batch_of(
-            {k: v for k, v in input_shapes.items() if k.split(":")[0] in batched})
+            {k: v for k, v in input_shapes.items() if producer(k) in batched})
         for name, shape in input_shapes.items():
-            if len(shape) and name.split(":")[0] in batched and shape[0] != batch:
+            if len(shape) and producer(name) in batched and shape[0] != batch:
                 raise PartitionError(f"input {name} has shape {list(shape)}, but the batch size "
                                      f"is {batch}: with dynamic_batch_size every input's dim 0 "
                                      f"is the batch")
-        full_shapes = shapes_at_batch(graph_def, input_shapes, batch)
-        infos = infer(graph_def, full_shapes)
-        axes = batch_axes(graph_def, full_shapes, batch, infos)
-    else:
-        infos, axes = infer(graph_def, input_shapes), {}
+    infos, axes = _shapes(graph_def, index, input_shapes, batch)
     # A node that mixes samples across the batch (a reduction over it, a reshape moving
     # it) would make its whole cluster run at the compiled batch only; it stays on
     # TensorFlow instead, and the rest is partitioned again, so the device's part keeps a
@@ -188,6 +186,27 @@ def partition(
 
 
 _MAX_MIXING_ROUNDS = 8
+
+
+def _shapes(
+    graph_def: graph_pb2.GraphDef,
+    index: GraphIndex,
+    input_shapes: Mapping[str, Sequence[int]],
+    batch: int | None,
+) -> tuple[dict[str, TensorInfo], dict[str, int | None]]:
+    """Shapes and dtypes at the compile batch, and batch axes when `batch` is given (the
+    batch is dynamic), each inferred once per index: a recovery round partitions the same
+    graph at the same shapes again, and each inference imports the whole graph into
+    TensorFlow (ResNet50: a second or more). The results are only read downstream."""
+    key = ("shapes", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())), batch)
+    if key not in index.memo:
+        if batch is None:
+            index.memo[key] = infer(graph_def, input_shapes), {}
+        else:
+            full_shapes = shapes_at_batch(graph_def, input_shapes, batch)
+            infos = infer(graph_def, full_shapes)
+            index.memo[key] = infos, batch_axes(graph_def, full_shapes, batch, infos)
+    return index.memo[key]
 
 
 def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:

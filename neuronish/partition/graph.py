@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import graphlib
 import heapq
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.python.framework import op_def_registry
 
 from neuronish.errors import NeuronishError
 
@@ -43,6 +46,49 @@ def producer(tensor: str) -> str:
     return parse_input(tensor)[0]
 
 
+def is_stateful(op: str) -> bool:
+    """Whether `op`'s result or side effect may differ from call to call. An op this
+    TensorFlow does not know (a custom op whose library is not loaded) counts as stateful:
+    the safe answer, as nothing can show it is not."""
+    op_def = op_def_registry.get(op)
+    return op_def is None or op_def.is_stateful
+
+
+def needed_nodes(nodes: Iterable[node_def_pb2.NodeDef], roots: Iterable[str]) -> set[str]:
+    """Names of the nodes `roots` need, the roots included: their ancestors through data
+    and control edges. Roots are node or tensor names ("n", "n:1", "^n"); names of no
+    node are ignored."""
+    by_name = {n.name: n for n in nodes}
+    needed: set[str] = set()
+    todo = [producer(r) for r in roots]
+    while todo:
+        name = todo.pop()
+        if name in needed or name not in by_name:
+            continue
+        needed.add(name)
+        todo.extend(producer(i) for i in by_name[name].input)
+    return needed
+
+
+def topological_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:
+    """graphlib's order of node -> the nodes it depends on, released one node at a time:
+    of the nodes ready, the first in `dependencies`' order, so the same graph always
+    gives the same order. Every dependency must be a key. Raises graphlib.CycleError."""
+    rank = {name: i for i, name in enumerate(dependencies)}
+    sorter = graphlib.TopologicalSorter({n: set(d) for n, d in dependencies.items()})
+    sorter.prepare()
+    ready = [(rank[n], n) for n in sorter.get_ready()]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        order.append(name)
+        sorter.done(name)
+        for user in sorter.get_ready():
+            heapq.heappush(ready, (rank[user], user))
+    return order
+
+
 @dataclass(frozen=True)
 class GraphIndex:
     """Nodes, edges and a topological order of a GraphDef.
@@ -59,6 +105,11 @@ class GraphIndex:
     tensor_consumers: dict[str, tuple[str, ...]]  # tensor -> nodes reading it (data edges)
     data_consumers: dict[str, tuple[str, ...]]  # node -> nodes reading any of its outputs
     control_consumers: dict[str, tuple[str, ...]]  # node -> nodes with a "^node" input
+    # Results computed from the graph alone (shape inference at given input shapes), kept
+    # for the index's life: the partitioner's recovery rounds change which nodes are
+    # excluded, never the graph, so TensorFlow's shape inference runs once per compile.
+    # An index is a view of a graph nobody edits; one edited needs a new index.
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, graph_def: graph_pb2.GraphDef) -> GraphIndex:
@@ -120,26 +171,13 @@ def _topological_order(
     data_inputs: dict[str, tuple[str, ...]],
     control_inputs: dict[str, tuple[str, ...]],
 ) -> list[str]:
-    """graphlib's order, released one node at a time: of the nodes ready, the first in
-    the GraphDef, so clusters are named in GraphDef order and the same graph always
-    gives the same order."""
-    rank = {node.name: i for i, node in enumerate(graph_def.node)}
-    sorter = graphlib.TopologicalSorter(
-        {n: {producer(t) for t in data_inputs[n]} | set(control_inputs[n]) for n in rank})
+    """`topological_order` in GraphDef order: clusters are named in GraphDef order."""
     try:
-        sorter.prepare()
+        return topological_order(
+            {node.name: {producer(t) for t in data_inputs[node.name]}
+             | set(control_inputs[node.name]) for node in graph_def.node})
     except graphlib.CycleError as e:
         cycle = " -> ".join(repr(n) for n in e.args[1])
         raise PartitionError(
             f"the graph has a cycle: {cycle}; control flow loops (NextIteration) cannot be "
             "partitioned: freeze with functional control flow") from None
-    ready = [(rank[n], n) for n in sorter.get_ready()]
-    heapq.heapify(ready)
-    order: list[str] = []
-    while ready:
-        _, name = heapq.heappop(ready)
-        order.append(name)
-        sorter.done(name)
-        for user in sorter.get_ready():
-            heapq.heappush(ready, (rank[user], user))
-    return order

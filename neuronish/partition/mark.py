@@ -41,10 +41,9 @@ from enum import Enum
 from pathlib import Path
 
 from tensorflow.core.framework import graph_pb2
-from tensorflow.python.framework import op_def_registry
 
 from neuronish import contracts
-from neuronish.partition.graph import GraphIndex, PartitionError, canonical, producer
+from neuronish.partition.graph import GraphIndex, PartitionError, canonical, is_stateful, producer
 from neuronish.partition.shapes import TensorInfo
 from neuronish.partition.values import device_static_nodes, static_values
 
@@ -105,11 +104,6 @@ class Marking:
     def unsupported(self) -> dict[str, NodeMark]:
         """Nodes that stay on TensorFlow, with why."""
         return {n: m for n, m in self.nodes.items() if m.reason is not None}
-
-
-def _is_stateful(op: str) -> bool:
-    op_def = op_def_registry.get(op)
-    return op_def is not None and op_def.is_stateful
 
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile"})
@@ -227,7 +221,7 @@ def _first_rule(
     bad = [t for t in tensors if not infos[t].fully_known]
     if bad:
         return Reason.SHAPE, ", ".join(f"{t} has shape {_shape_text(infos[t])}" for t in bad)
-    if _is_stateful(op):
+    if is_stateful(op):
         return Reason.STATEFUL, "its result or side effect differs from call to call"
     return None, ""
 

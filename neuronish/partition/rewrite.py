@@ -31,6 +31,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from neuronish.partition.complex_pairs import complex_as_pairs
 from neuronish.partition.fold import fold_constants
+from neuronish.partition.graph import producer
 from neuronish.partition.shapes import PartitionError, TensorInfo, infer
 from neuronish.partition.unroll import drop_dead, unroll_loops
 
@@ -60,13 +61,13 @@ def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
     for n in graph_def.node:
         for i in n.input:
             readers.setdefault(_source_tensor(i.lstrip("^")) if not i.startswith("^")
-                               else "^" + _source(i), []).append(n)
+                               else "^" + producer(i), []).append(n)
     found = []
     for bn in graph_def.node:
         if bn.op not in _FUSED_BN or not bn.attr["is_training"].b or \
                 bn.attr["data_format"].s != b"NCHW" or len(bn.input) < 3:
             continue
-        fold = by_name.get(_source(bn.input[0]))
+        fold = by_name.get(producer(bn.input[0]))
         back = readers.get(f"{bn.name}:0", [])
         used = [t for t in readers if t.startswith(f"{bn.name}:") and t != f"{bn.name}:0"]
         if fold is None or fold.op != "Reshape" or used or len(back) != 1 or \
@@ -74,7 +75,7 @@ def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
                 not _filled(by_name, bn.input[2], 0.0):
             continue
         x = _source_tensor(fold.input[0])
-        shape_of = by_name.get(_source(back[0].input[1]))
+        shape_of = by_name.get(producer(back[0].input[1]))
         if shape_of is None or shape_of.op != "Shape" or _source_tensor(shape_of.input[0]) != x:
             continue
         found.append((bn.name, back[0].name, x))
@@ -112,9 +113,9 @@ def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
 
 def _filled(by_name: Mapping[str, node_def_pb2.NodeDef], ref: str, value: float) -> bool:
     """Whether `ref` is `value` everywhere: a Const, or a Fill of a Const scalar."""
-    node = by_name.get(_source(ref))
+    node = by_name.get(producer(ref))
     if node is not None and node.op == "Fill":
-        node = by_name.get(_source(node.input[1]))
+        node = by_name.get(producer(node.input[1]))
     if node is None or node.op != "Const":
         return False
     return bool(np.all(tf.make_ndarray(node.attr["value"].tensor) == value))
@@ -160,10 +161,6 @@ def _copy_with_shapes(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, 
     return out, {n.name: n for n in out.node}, infos
 
 
-def _source(ref: str) -> str:
-    return ref.lstrip("^").partition(":")[0]
-
-
 def _source_tensor(ref: str) -> str:
     return ref if ":" in ref else f"{ref}:0"
 
@@ -186,7 +183,7 @@ def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
     for node in graph_def.node:
         if node.op not in ("SegmentSum", "SegmentMean") or len(node.input) < 2:
             continue
-        ids_node = by_name.get(_source(node.input[1]))
+        ids_node = by_name.get(producer(node.input[1]))
         if ids_node is None or ids_node.op != "Const":
             continue
         ids = tf.make_ndarray(ids_node.attr["value"].tensor)
@@ -214,7 +211,7 @@ def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
         for key in list(summed.attr):
             del summed.attr[key]
         summed.attr["T"].type = dtype
-        summed.attr["Tindices"].type = nodes[_source(ids_ref)].attr["dtype"].type
+        summed.attr["Tindices"].type = nodes[producer(ids_ref)].attr["dtype"].type
         summed.attr["Tnumsegments"].type = tf.int64.as_datatype_enum
         if mean:  # empty segments: 0 / 1 = 0, as TensorFlow's SegmentMean gives
             sizes = np.maximum(np.bincount(ids, minlength=segments), 1)

@@ -24,7 +24,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.partition.graph import GraphIndex, PartitionError, producer
+from neuronish.partition.graph import GraphIndex, PartitionError, needed_nodes, producer
 from neuronish.partition.shapes import batched_inputs, infer
 from neuronish.partition.values import static_values
 
@@ -122,10 +122,13 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
     batched = batched_inputs(graph_def)
     bigger = {k: [d + 1 if i == 0 and (k[:-2] if k.endswith(":0") else k) in batched else d
                   for i, d in enumerate(v)] for k, v in input_shapes.items()}
+    static = static_values(GraphIndex.build(graph_def))  # once: simulating edits no graph
+    fixed_outer = static.constant | static.shape
     trips = {}
     for node in loops:
         try:
-            counts = {_simulate(graph_def, node, shapes) for shapes in (input_shapes, bigger)}
+            counts = {_simulate(graph_def, node, shapes, fixed_outer)
+                      for shapes in (input_shapes, bigger)}
         except _CannotUnroll:
             # Its count may follow from shapes that loops before it leave unknown until
             # they are unrolled (Keras 2's Bidirectional GRU, then an LSTM over its output):
@@ -138,11 +141,11 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
 
 
 def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
-              input_shapes: Mapping[str, Sequence[int]]) -> int:
+              input_shapes: Mapping[str, Sequence[int]], fixed_outer: frozenset[str]) -> int:
     """How many times loop `node` runs: its condition and its fixed variables, stepped in
     TensorFlow sessions from their starting values."""
     values = [i for i in node.input if not i.startswith("^")]
-    fixed = sorted(_fixed_variables(graph_def, node))
+    fixed = sorted(_fixed_variables(graph_def, node, fixed_outer))
     current = dict(zip(fixed, _evaluate(graph_def, input_shapes,
                                         [_canonical(values[k]) for k in fixed])))
     cond = _function(graph_def, node.attr["cond"].func.name)
@@ -193,16 +196,19 @@ def _check_count_is_fixed(graph_def: graph_pb2.GraphDef,
                           loops: list[node_def_pb2.NodeDef]) -> None:
     """Each loop's condition reads only loop variables that start fixed (constants and
     shapes) and that the body computes from such variables only."""
+    static = static_values(GraphIndex.build(graph_def))  # once: no loop changes the graph
+    fixed_outer = static.constant | static.shape
     for node in loops:
-        if not set(_cond_args(graph_def, node)) <= _fixed_variables(graph_def, node):
+        if not set(_cond_args(graph_def, node)) <= _fixed_variables(graph_def, node,
+                                                                     fixed_outer):
             raise _CannotUnroll(f"{node.name}: its condition reads values computed from data")
 
 
-def _fixed_variables(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> set[int]:
-    """Positions of the loop variables that start fixed (constants and shapes) and that
-    the body computes from such variables only."""
-    static = static_values(GraphIndex.build(graph_def))
-    fixed_outer = static.constant | static.shape
+def _fixed_variables(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
+                     fixed_outer: frozenset[str]) -> set[int]:
+    """Positions of the loop variables that start fixed (`fixed_outer`: the graph's nodes
+    computed from constants and shapes) and that the body computes from such variables
+    only."""
     body = _function(graph_def, node.attr["body"].func.name)
     body_graph, flat = function_def_to_graph_def(body)
     args = [a.name for a in body.signature.input_arg]
@@ -249,7 +255,7 @@ def _cond_args(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> lis
         if name in seen or name not in by_name:
             continue
         seen.add(name)
-        stack.extend(producer(_canonical(i.lstrip("^"))) for i in by_name[name].input)
+        stack.extend(producer(i) for i in by_name[name].input)
     return [k for k, a in enumerate(cond.signature.input_arg) if a.name in seen]
 
 
@@ -446,13 +452,11 @@ def _bypass(graph_def: graph_pb2.GraphDef, passthroughs: set[str]) -> None:
 def drop_dead(graph_def: graph_pb2.GraphDef, fetches: Sequence[str]) -> None:
     """Remove nodes nothing reads any more (the lists, the replaced loop's leftovers),
     keeping inputs and fetched nodes."""
-    keep = {producer(_canonical(f)) for f in fetches}
-    while True:
-        read = {producer(_canonical(i[1:] if i.startswith("^") else i))
-                for n in graph_def.node for i in n.input}
-        dead = [i for i, n in enumerate(graph_def.node)
-                if n.name not in read and n.name not in keep and n.op not in INPUT_OPS]
-        if not dead or not keep:
-            return
-        for i in reversed(dead):
-            del graph_def.node[i]
+    keep = {producer(f) for f in fetches}
+    if not keep:
+        return
+    live = needed_nodes(graph_def.node, [*keep, *(n.name for n in graph_def.node
+                                                  if n.op in INPUT_OPS)])
+    dead = [i for i, n in enumerate(graph_def.node) if n.name not in live]
+    for i in reversed(dead):
+        del graph_def.node[i]
