@@ -241,8 +241,9 @@ def int8_available() -> bool:
     return "quantize" in params and "calibration_data" in params
 
 
-def neuronish_contender(saved_model: str, workdir: str, batch: int, precision: str,
-                        feeds: Feeds, calibration: Sequence[Feeds]) -> Contender:
+def neuronish_contender(saved_model: str, model: str, workdir: str, batch: int,
+                        precision: str, feeds: Feeds,
+                        calibration: Sequence[Feeds]) -> Contender:
     import tensorflow as tf
 
     import neuronish
@@ -252,7 +253,7 @@ def neuronish_contender(saved_model: str, workdir: str, batch: int, precision: s
                          "not available (saved_model.compile has no quantize=)")
     extra = ({"quantize": "int8", "calibration_data": batched(calibration, batch)}
              if precision == "int8" else {})
-    dst = os.path.join(workdir, f"neuronish-{precision}-b{batch}")
+    dst = compiled_dir(workdir, model, precision, batch)
     try:
         neuronish.saved_model.compile(saved_model, dst, batch_size=batch,
                                       compiler_args=NEURONISH_FLAGS[precision], **extra)
@@ -262,6 +263,11 @@ def neuronish_contender(saved_model: str, workdir: str, batch: int, precision: s
     args = {k: tf.constant(v) for k, v in feeds.items()}
     return Contender("neuronish", precision,
                      lambda: {k: v.numpy() for k, v in fn(**args).items()})
+
+
+def compiled_dir(workdir: str, model: str, precision: str, batch: int) -> str:
+    """Where neuronish's compiled SavedModel of `model` goes (kept until the run ends)."""
+    return os.path.join(workdir, f"{model}-neuronish-{precision}-b{batch}")
 
 
 def openvino_available() -> str | None:
@@ -383,7 +389,8 @@ def run_model(model: str, batch: int, precisions: Sequence[str], runtimes: Seque
     for p in precisions:
         if "neuronish" in runtimes:
             print(f"  compiling neuronish {p} ...", file=sys.stderr, flush=True)
-            contenders.append(neuronish_contender(src, workdir, batch, p, feeds, calibration))
+            contenders.append(neuronish_contender(src, model, workdir, batch, p, feeds,
+                                                  calibration))
     for p in dict.fromkeys(OV_PEER[p] for p in precisions):
         if "openvino" in runtimes:
             print(f"  compiling openvino {p} ...", file=sys.stderr, flush=True)

@@ -70,7 +70,7 @@ def test_error_column_matches_the_contenders_answers(tiny_rows: tuple) -> None:
     assert set(want) == {"wide", "narrow"}
     assert _row(rows, "tensorflow", "fp32").errors == {"wide": 0.0, "narrow": 0.0}
     for precision in ("fp32", "bf16"):
-        compiled = tf.saved_model.load(f"{workdir}/neuronish-{precision}-b4")
+        compiled = tf.saved_model.load(peers.compiled_dir(workdir, "two_heads", precision, 4))
         got = {k: v.numpy() for k, v in compiled.signatures["serving_default"](**args).items()}
         reported = _row(rows, "neuronish", precision).errors
         for key in want:
