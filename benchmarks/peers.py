@@ -39,8 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -366,12 +365,6 @@ def cpu_flags() -> list[str]:
     return [f for f in CPU_FLAGS if f in present]
 
 
-@contextmanager
-def _quiet_tf() -> Iterator[None]:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    yield
-
-
 def run_model(model: str, batch: int, precisions: Sequence[str], runtimes: Sequence[str],
               workdir: str, *, rounds: int, warmup: int, round_seconds: float,
               calibration_count: int, saved_model: str | None = None) -> tuple[list[Row], float]:
@@ -433,10 +426,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.warmup, args.round_seconds, args.calibration = 3, 1, 0.1, 8
 
-    with _quiet_tf():
-        import tensorflow as tf
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
 
-        from neuronish.runtime.native import engine_name
+    from neuronish.runtime.native import engine_name
+
     versions = {"tensorflow": tf.__version__, "engine": engine_name()}
     if not openvino_available():
         import nncf
