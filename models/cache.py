@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from models import extra, third_party, user_models, zoo
+from models import extra, peer_models, third_party, user_models, zoo
 from models.freeze import FrozenGraph, freeze_saved_model
 
 try:
@@ -51,6 +51,8 @@ _BUILDERS: dict[str, tuple[Callable[[str], None], str]] = {
     # small user-written models (keyed by the file that defines them)
     **{name: (functools.partial(third_party.build, name), "user_models.py")
        for name in user_models.NAMES},
+    # sized for speed comparisons with TensorFlow and OpenVINO (benchmarks/peers.py)
+    **{name: (build, "peer_models.py") for name, build in peer_models.BUILDERS.items()},
 }
 
 
