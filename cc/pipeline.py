@@ -22,7 +22,7 @@ from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.dtypes import assign_dtypes
-from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
+from .passes.fuse import absorb_dense_reshapes, fold_scale_shift, fuse_activation, fuse_residual_add
 from .passes.idioms import (
     recognize_gelu,
     recognize_gelu_tanh,
@@ -58,6 +58,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("recognize_swish", recognize_swish),
         Pass("recognize_layer_norm", recognize_layer_norm),
         Pass("eliminate_dead_code", eliminate_dead_code),
+        # A Dense on [batch, seq, features] is one matmul, without its two reshapes...
+        Pass("absorb_dense_reshapes", absorb_dense_reshapes),
         # Reshapes move below bias adds and activations, next to their matmul...
         Pass("sink_reshapes", sink_reshapes),
         # BatchNorm-style x*a+b after conv/matmul goes into the weights and bias...

@@ -106,13 +106,45 @@ def fold_scale_shift(graph: Graph) -> Graph:
     return graph
 
 
+def absorb_dense_reshapes(graph: Graph) -> Graph:
+    """reshape [..., K] → [M, K], matmul by a 2-D weight, reshape [M, N] → [..., N]
+    (a Dense or `tensordot` on a [batch, seq, features] tensor) becomes one matmul of
+    the [..., K] tensor: the same products (the weight broadcasts over the leading
+    dims), without the two copies, and with the bias add and residual add that follow
+    the second reshape directly after the matmul, where the fusions see them."""
+    uses = graph.consumers()
+    outputs = {v.id for v in graph.outputs}
+    for node in list(graph.nodes):
+        if node.kind != "matmul" or node.attrs.get("transpose_a") or len(node.inputs) != 2 \
+                or len(node.inputs[1].shape) != 2:
+            continue
+        first = node.inputs[0].producer
+        after = _sole_consumer(graph, node.outputs[0], uses)
+        if first is None or first.kind != "reshape" or after is None or after.kind != "reshape":
+            continue
+        x, y = first.inputs[0], after.outputs[0]
+        if len(x.shape) < 3 or x.dtype != node.inputs[0].dtype \
+                or tuple(y.shape[:-1]) != tuple(x.shape[:-1]) or y.id in outputs:
+            continue  # (the product's rows must be x's leading dims, in order)
+        node.inputs = [x, node.inputs[1]]
+        node.outputs[0].type = y.type
+        node.origin = node.origin + tuple(o for o in after.origin if o not in node.origin)
+        graph.replace_uses(y, node.outputs[0])
+        graph.nodes.remove(after)
+        if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
+            graph.nodes.remove(first)  # (read by this matmul alone)
+        uses = graph.consumers()
+    return graph
+
+
 def fuse_residual_add(graph: Graph) -> Graph:
-    """conv2d → add of another tensor of the same type becomes one conv2d whose
-    last input is that tensor (`residual`). The conv moves to the add's place in
-    the schedule, where both operands are ready."""
+    """conv2d or matmul → add of another tensor of the same type becomes one
+    instruction whose last input is that tensor (`residual`). The producer moves to
+    the add's place in the schedule, where both operands are ready."""
     uses = graph.consumers()
     for node in list(graph.nodes):
-        if (node.kind != "conv2d" or node.attrs.get("activation", "none") != "none"
+        if (node.kind not in ("conv2d", "matmul")
+                or node.attrs.get("activation", "none") != "none"
                 or node.attrs.get("residual")):
             continue
         out = node.outputs[0]
