@@ -247,3 +247,33 @@ def test_auto_cast_rounds_within_the_documented_error(cast_type: str, bound: flo
     for mode in ("matmult", "all"):
         err = np.max(np.abs(results[mode] - want)) / scale
         assert 1e-7 < err < bound, (mode, err)  # rounding happened, and stayed bounded
+
+
+def _dense_residual() -> TracedGraph:
+    """A Keras-style Dense on [batch, seq, features] (tensordot: reshape, matmul,
+    reshape), its bias, a residual add of the layer's input, then relu."""
+    rng = np.random.default_rng(4)
+    w = tf.constant(rng.normal(size=(16, 16)).astype(np.float32))
+    b = tf.constant(rng.normal(size=(16,)).astype(np.float32))
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        return tf.nn.relu(tf.tensordot(x, w, axes=1) + b + x)
+
+    return trace(fn, tf.TensorSpec([2, 5, 16], tf.float32, name="x"))
+
+
+def test_dense_reshapes_go_and_the_residual_add_fuses_into_the_matmul() -> None:
+    g = _dense_residual()
+    graph = run_pipeline(_lowered(g), build_pipeline("none"), Dumper(None))
+    assert [n.kind for n in graph.nodes] == ["matmul"], format_graph(graph)
+    (node,) = graph.nodes
+    assert node.inputs[0] is graph.inputs[0] and node.inputs[-1] is graph.inputs[0]
+    assert node.attrs["residual"] and node.attrs["activation"] == "relu"
+    assert len(node.inputs) == 4  # a, w, bias, residual
+    x = _feeds(g, seed=3)[0]
+    want = g.reference({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-5, atol=1e-5)
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        assert [i.kind for i in model.exe.programs[0]] == ["matmul"]
+        got = model.run({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
