@@ -30,6 +30,7 @@ from .passes.idioms import (
     recognize_swish,
 )
 from .passes.layout import assign_layouts
+from .passes.matmul_transposes import fold_output_transposes
 from .passes.movement import sink_reshapes
 from .passes.powers import expand_constant_powers
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
@@ -60,6 +61,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("eliminate_dead_code", eliminate_dead_code),
         # A Dense on [batch, seq, features] is one matmul, without its two reshapes...
         Pass("absorb_dense_reshapes", absorb_dense_reshapes),
+        # ...and attention's transposed scores come out of their matmul the right way.
+        Pass("fold_output_transposes", fold_output_transposes),
         # Reshapes move below bias adds and activations, next to their matmul...
         Pass("sink_reshapes", sink_reshapes),
         # BatchNorm-style x*a+b after conv/matmul goes into the weights and bias...

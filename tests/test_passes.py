@@ -277,3 +277,39 @@ def test_dense_reshapes_go_and_the_residual_add_fuses_into_the_matmul() -> None:
         assert [i.kind for i in model.exe.programs[0]] == ["matmul"]
         got = model.run({"x:0": x})["Identity:0"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _attention_scores() -> TracedGraph:
+    """Keras MultiHeadAttention's scores: einsum("aecd,abcd->acbe", key, query), a
+    batched matmul whose output the lowering transposes; the query scaled by a scalar
+    after its heads are split off."""
+    rng = np.random.default_rng(5)
+    wq = tf.constant(rng.normal(size=(16, 16)).astype(np.float32))
+    wk = tf.constant(rng.normal(size=(16, 16)).astype(np.float32))
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        q = tf.reshape(tf.tensordot(x, wq, axes=1), [2, 6, 4, 4]) * 0.5
+        k = tf.reshape(tf.tensordot(x, wk, axes=1), [2, 6, 4, 4])
+        q = tf.transpose(q, [0, 2, 1, 3])
+        k = tf.transpose(k, [0, 2, 3, 1])
+        # What the einsum lowers to in the Keras layer: the product, then its transpose.
+        return tf.nn.softmax(tf.transpose(tf.matmul(q, k), [0, 1, 3, 2]))
+
+    return trace(fn, tf.TensorSpec([2, 6, 16], tf.float32, name="x"))
+
+
+def test_attention_score_transpose_and_query_scale_fold_into_the_matmuls() -> None:
+    g = _attention_scores()
+    graph = run_pipeline(_lowered(g), build_pipeline("none"), Dumper(None))
+    kinds_ = [n.kind for n in graph.nodes]
+    assert "binary" not in kinds_, format_graph(graph)  # the 0.5 is in the query's weights
+    scores = graph.nodes[-2]
+    assert [scores.kind, graph.nodes[-1].kind] == ["matmul", "softmax"], format_graph(graph)
+    assert scores.attrs["transpose_a"] and scores.attrs["transpose_b"], format_graph(graph)
+    assert kinds_.count("transpose") == 2, format_graph(graph)  # was 3: q, k, the scores
+    x = _feeds(g, seed=6)[0]
+    want = g.reference({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-5, atol=1e-5)
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        got = model.run({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -15,7 +15,7 @@ import numpy as np
 
 from neuronish.runtime import isa
 
-from ..ir import Graph, Node, Value, constant
+from ..ir import Graph, Node, TensorType, Value, constant
 
 _PRODUCERS = isa.MATMUL_LIKE
 _ACTIVATIONS = isa.ACTIVATIONS
@@ -122,17 +122,27 @@ def absorb_dense_reshapes(graph: Graph) -> Graph:
         after = _sole_consumer(graph, node.outputs[0], uses)
         if first is None or first.kind != "reshape" or after is None or after.kind != "reshape":
             continue
-        x, y = first.inputs[0], after.outputs[0]
-        if len(x.shape) < 3 or x.dtype != node.inputs[0].dtype \
-                or tuple(y.shape[:-1]) != tuple(x.shape[:-1]) or y.id in outputs:
-            continue  # (the product's rows must be x's leading dims, in order)
-        node.inputs = [x, node.inputs[1]]
+        x, y, k = first.inputs[0], after.outputs[0], node.inputs[0].shape[-1]
+        if len(y.shape) < 3 or y.id in outputs or y.shape[-1] != node.outputs[0].shape[-1]:
+            continue  # (the rows keep their order: only the leading dims are regrouped)
+        if tuple(y.shape[:-1]) == tuple(x.shape[:-1]) and x.shape[-1] == k:
+            a = x  # both reshapes go
+            if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
+                graph.nodes.remove(first)  # (read by this matmul alone)
+        else:
+            # x is regrouped differently (attention's heads merged back): one reshape of
+            # it straight to [..., K] with y's leading dims, and no reshape after.
+            regroup = Node("reshape", [x], [], {"shape": [*y.shape[:-1], k]}, first.origin)
+            regroup.outputs = [Value(TensorType((*y.shape[:-1], k), x.dtype), producer=regroup)]
+            graph.nodes.insert(graph.nodes.index(node), regroup)
+            a = regroup.outputs[0]
+            if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
+                graph.nodes.remove(first)
+        node.inputs = [a, node.inputs[1]]
         node.outputs[0].type = y.type
         node.origin = node.origin + tuple(o for o in after.origin if o not in node.origin)
         graph.replace_uses(y, node.outputs[0])
         graph.nodes.remove(after)
-        if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
-            graph.nodes.remove(first)  # (read by this matmul alone)
         uses = graph.consumers()
     return graph
 
