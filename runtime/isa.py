@@ -403,6 +403,10 @@ def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
     batch = broadcast_shapes(x.shape[:-2], w.shape[:-2])
     out = Type(tuple(batch) + (m, n), x.dtype)
     rest = list(t[2:])
+    if a.get("residual") and rest and x.dtype == "bfloat16" and rest[-1].dtype == "float32":
+        # A bfloat16 product adding a float32 residual writes float32: the residual
+        # stream it continues keeps its precision (cc/passes/dtypes.py).
+        out = Type(out.shape, "float32")
     if a.get("residual"):
         if not rest or not _same(rest[-1], out):
             got = _fmt(rest[-1]) if rest else "nothing"
@@ -684,7 +688,7 @@ declare(Kind("matmul", ("a", "b"), ("bias", "residual"), attrs=(
         "y = act(op(a) @ op(b) + bias + residual); rank ≥ 2, leading (batch) dims broadcast "
         "as numpy `matmul`; op transposes the last two axes. `bias` is rank 1, y's last "
         "dim; with `residual`, the last input (y's type) is added after the bias, before "
-        "the activation.")))
+        "the activation; a bfloat16 `a` with a float32 residual gives a float32 y.")))
 declare(Kind("conv2d", ("x", "w"), ("bias", "residual"), attrs=(
     *_WINDOW, *_ACTIVATION,
     Attr("residual", BOOL, False, "the last input is added after the bias"),

@@ -313,3 +313,20 @@ def test_attention_score_transpose_and_query_scale_fold_into_the_matmuls() -> No
     with load(compile_graph(g.graph_def, g.io_config)) as model:
         got = model.run({"x:0": x})["Identity:0"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_matmul_keeps_its_float32_residual_stream() -> None:
+    # Under --auto-cast matmult the product reads bfloat16, but the residual it adds
+    # (a transformer's residual stream) and the sum it writes stay float32: rounding
+    # them would add a bf16 error per layer (BERT's output error 3e-3 -> 1.3e-2).
+    g = _dense_residual()
+    graph = run_pipeline(_lowered(g), build_pipeline("matmult"), Dumper(None))
+    (node,) = [n for n in graph.nodes if n.kind == "matmul"]
+    assert node.attrs["residual"] and node.inputs[0].dtype == "bfloat16", format_graph(graph)
+    assert node.inputs[-1].dtype == "float32" and node.outputs[0].dtype == "float32"
+    x = _feeds(g, seed=3)[0]
+    want = g.reference({"x:0": x})["Identity:0"]
+    with load(compile_graph(g.graph_def, g.io_config, auto_cast="matmult")) as model:
+        got = model.run({"x:0": x})["Identity:0"]
+    # bf16 operands: about 2^-8 of the products' magnitude, measured against the largest output
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
