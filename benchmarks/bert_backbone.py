@@ -67,6 +67,9 @@ def main() -> int:
     p.add_argument("--slices", type=int, default=7)
     p.add_argument("--seconds", type=float, default=2.0, help="per slice and side")
     p.add_argument("--profile", type=int, default=0, help="print the N slowest instructions")
+    p.add_argument("--baseline-disable", default="", metavar="PASS,...",
+                   help="also time a compile with these passes disabled (--disable-pass), "
+                        "in the same alternation: what those passes are worth")
     args = p.parse_args()
 
     import numpy as np
@@ -88,13 +91,21 @@ def main() -> int:
         compile_s = time.perf_counter() - start
         original = tf.saved_model.load(src).signatures["serving_default"]
         compiled = tf.saved_model.load(dst).signatures["serving_default"]
+        fns = {"tf": original, "neuronish": compiled}
+        if args.baseline_disable:
+            base_dst = os.path.join(tmp, "baseline")
+            disabled = [a for name in args.baseline_disable.split(",")
+                        for a in ("--disable-pass", name)]
+            neuronish.saved_model.compile(
+                src, base_dst, model_shape_feed_dict={k: list(shape) for k in _INPUTS},
+                compiler_args=compiler_args + disabled)
+            fns["baseline"] = tf.saved_model.load(base_dst).signatures["serving_default"]
         rng = np.random.default_rng(0)
         feeds = {"token_ids": tf.constant(rng.integers(0, args.vocab, shape), tf.int32),
                  "segment_ids": tf.constant(rng.integers(0, 2, shape), tf.int32),
                  "padding_mask": tf.constant(np.ones(shape, np.int32))}
         error = max_rel_error(compiled(**feeds), original(**feeds))
-        times = timed_slices({"tf": original, "neuronish": compiled}, feeds, args.slices,
-                             args.seconds)
+        times = timed_slices(fns, feeds, args.slices, args.seconds)
         ratio = statistics.median(t / n for t, n in zip(times["tf"], times["neuronish"]))
         print(f"BertBackbone layers={args.layers} hidden={args.hidden} heads={args.heads} "
               f"intermediate={args.intermediate} batch={args.batch} seq={args.seq} "
@@ -104,6 +115,12 @@ def main() -> int:
               f"{statistics.median(times['neuronish']) * 1e3:.1f} ms/call, "
               f"throughput vs TF {ratio:.2f}x (median of {args.slices} slices)")
         print(f"  max relative error vs TF: {error:.2e}")
+        if args.baseline_disable:
+            base = times["baseline"]
+            gain = statistics.median(b / n for b, n in zip(base, times["neuronish"]))
+            base_ratio = statistics.median(t / b for t, b in zip(times["tf"], base))
+            print(f"  without {args.baseline_disable}: {statistics.median(base) * 1e3:.1f} "
+                  f"ms/call, throughput vs TF {base_ratio:.2f}x; the passes give {gain:.2f}x")
         if args.profile:
             _print_profile(compiled, feeds, args.profile)
     return 0

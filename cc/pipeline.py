@@ -22,7 +22,7 @@ from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
 from .passes.dtypes import assign_dtypes
-from .passes.fuse import fold_scale_shift, fuse_activation, fuse_residual_add
+from .passes.fuse import absorb_dense_reshapes, fold_scale_shift, fuse_activation, fuse_residual_add
 from .passes.idioms import (
     recognize_gelu,
     recognize_gelu_tanh,
@@ -30,6 +30,7 @@ from .passes.idioms import (
     recognize_swish,
 )
 from .passes.layout import assign_layouts
+from .passes.matmul_transposes import fold_output_transposes
 from .passes.movement import sink_reshapes
 from .passes.powers import expand_constant_powers
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
@@ -58,6 +59,10 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("recognize_swish", recognize_swish),
         Pass("recognize_layer_norm", recognize_layer_norm),
         Pass("eliminate_dead_code", eliminate_dead_code),
+        # A Dense on [batch, seq, features] is one matmul, without its two reshapes...
+        Pass("absorb_dense_reshapes", absorb_dense_reshapes),
+        # ...and attention's transposed scores come out of their matmul the right way.
+        Pass("fold_output_transposes", fold_output_transposes),
         # Reshapes move below bias adds and activations, next to their matmul...
         Pass("sink_reshapes", sink_reshapes),
         # BatchNorm-style x*a+b after conv/matmul goes into the weights and bias...

@@ -401,9 +401,24 @@ def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
     if k != k2:
         raise IsaError(f"matmul inner dimensions differ: {_fmt(x)} and {_fmt(w)}", "in")
     batch = broadcast_shapes(x.shape[:-2], w.shape[:-2])
-    if len(t) == 3 and tuple(t[2].shape) != (n,):
-        raise IsaError(f"bias {_fmt(t[2])} does not match the {n} output columns", "in")
-    return [Type(tuple(batch) + (m, n), x.dtype)]
+    out = Type(tuple(batch) + (m, n), x.dtype)
+    rest = list(t[2:])
+    if a.get("residual") and rest and x.dtype == "bfloat16" and rest[-1].dtype == "float32":
+        # A bfloat16 product adding a float32 residual writes float32: the residual
+        # stream it continues keeps its precision (cc/passes/dtypes.py).
+        out = Type(out.shape, "float32")
+    if a.get("residual"):
+        if not rest or not _same(rest[-1], out):
+            got = _fmt(rest[-1]) if rest else "nothing"
+            raise IsaError(f"residual must have the output's type {_fmt(out)}, got {got}",
+                           "residual")
+        rest = rest[:-1]
+    if len(rest) > 1:
+        raise IsaError(f"matmul takes a, b [, bias] [, residual]; got {len(t)} inputs with "
+                       f"residual={bool(a.get('residual'))}", "in")
+    if rest and tuple(rest[0].shape) != (n,):
+        raise IsaError(f"bias {_fmt(rest[0])} does not match the {n} output columns", "in")
+    return [out]
 
 
 def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
@@ -666,11 +681,14 @@ declare(Kind("cast", ("x",), attrs=(Attr("to", DType(), doc="the output dtype"),
              traits=_t("elementwise", "no_float_math", "same_type_is_identity"), rule=_cast,
              doc="C-style conversion as TF's Cast: float→int truncates toward zero; "
                  "anything→bool is `x != 0`."))
-declare(Kind("matmul", ("a", "b"), ("bias",), attrs=(
-    Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, False), *_ACTIVATION),
+declare(Kind("matmul", ("a", "b"), ("bias", "residual"), attrs=(
+    Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, False), *_ACTIVATION,
+    Attr("residual", BOOL, False, "the last input is added after the bias")),
     traits=_t("matmul_like"), rule=_matmul, doc=(
-        "y = act(op(a) @ op(b) + bias); rank ≥ 2, leading (batch) dims broadcast as numpy "
-        "`matmul`; op transposes the last two axes. `bias` is rank 1, y's last dim.")))
+        "y = act(op(a) @ op(b) + bias + residual); rank ≥ 2, leading (batch) dims broadcast "
+        "as numpy `matmul`; op transposes the last two axes. `bias` is rank 1, y's last "
+        "dim; with `residual`, the last input (y's type) is added after the bias, before "
+        "the activation; a bfloat16 `a` with a float32 residual gives a float32 y.")))
 declare(Kind("conv2d", ("x", "w"), ("bias", "residual"), attrs=(
     *_WINDOW, *_ACTIVATION,
     Attr("residual", BOOL, False, "the last input is added after the bias"),

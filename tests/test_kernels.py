@@ -294,6 +294,34 @@ def test_matmul_bias_activation(dtype: object) -> None:
     close(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("sa,sb,bias", [
+    ((6, 9), (9, 4), True), ((2, 5, 9), (9, 4), True), ((2, 5, 9), (9, 4), False),
+    ((3, 5, 9), (3, 9, 4), True),
+])
+def test_matmul_residual_is_added_after_the_bias_before_the_activation(
+        sa: tuple, sb: tuple, bias: bool) -> None:
+    # [B, S, K] @ [K, N]: the native engine runs it as one [B*S, K] product, the
+    # residual included; the batched case ([3, 9, 4]) keeps its batch dims.
+    a, b, c = randn(*sa), randn(*sb), randn(sb[-1])
+    y_shape = tuple(np.broadcast_shapes(sa[:-2], sb[:-2])) + (sa[-2], sb[-1])
+    r = randn(*y_shape)
+    want = tf.linalg.matmul(a, b) + (c if bias else 0) + r
+    want = tf.nn.relu(want)
+    inputs = [a, b, c, r] if bias else [a, b, r]
+    outs, ran = evaluate_one("matmul", [frozen(x) for x in inputs],
+                             {"activation": "relu", "residual": True},
+                             [(y_shape, "float32")], constant=frozenset({1}),
+                             native=library.load() if ENGINE == "native" else None, threads=2)
+    assert ran == ENGINE, f"ran on {ran}, expected {ENGINE}"
+    close(outs[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_residual_of_another_type_is_refused() -> None:
+    a, b = randn(4, 3), randn(3, 2)
+    with pytest.raises(Exception, match="residual must have the output's type"):
+        run("matmul", [a, b, randn(4, 3)], {"residual": True})
+
+
 # --- convolutions ---------------------------------------------------------------
 
 def tf_conv(x: np.ndarray, w: np.ndarray, strides: list, dilations: list, padding: object,

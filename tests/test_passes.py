@@ -247,3 +247,86 @@ def test_auto_cast_rounds_within_the_documented_error(cast_type: str, bound: flo
     for mode in ("matmult", "all"):
         err = np.max(np.abs(results[mode] - want)) / scale
         assert 1e-7 < err < bound, (mode, err)  # rounding happened, and stayed bounded
+
+
+def _dense_residual() -> TracedGraph:
+    """A Keras-style Dense on [batch, seq, features] (tensordot: reshape, matmul,
+    reshape), its bias, a residual add of the layer's input, then relu."""
+    rng = np.random.default_rng(4)
+    w = tf.constant(rng.normal(size=(16, 16)).astype(np.float32))
+    b = tf.constant(rng.normal(size=(16,)).astype(np.float32))
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        return tf.nn.relu(tf.tensordot(x, w, axes=1) + b + x)
+
+    return trace(fn, tf.TensorSpec([2, 5, 16], tf.float32, name="x"))
+
+
+def test_dense_reshapes_go_and_the_residual_add_fuses_into_the_matmul() -> None:
+    g = _dense_residual()
+    graph = run_pipeline(_lowered(g), build_pipeline("none"), Dumper(None))
+    assert [n.kind for n in graph.nodes] == ["matmul"], format_graph(graph)
+    (node,) = graph.nodes
+    assert node.inputs[0] is graph.inputs[0] and node.inputs[-1] is graph.inputs[0]
+    assert node.attrs["residual"] and node.attrs["activation"] == "relu"
+    assert len(node.inputs) == 4  # a, w, bias, residual
+    x = _feeds(g, seed=3)[0]
+    want = g.reference({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-5, atol=1e-5)
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        assert [i.kind for i in model.exe.programs[0]] == ["matmul"]
+        got = model.run({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _attention_scores() -> TracedGraph:
+    """Keras MultiHeadAttention's scores: einsum("aecd,abcd->acbe", key, query), a
+    batched matmul whose output the lowering transposes; the query scaled by a scalar
+    after its heads are split off."""
+    rng = np.random.default_rng(5)
+    wq = tf.constant(rng.normal(size=(16, 16)).astype(np.float32))
+    wk = tf.constant(rng.normal(size=(16, 16)).astype(np.float32))
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        q = tf.reshape(tf.tensordot(x, wq, axes=1), [2, 6, 4, 4]) * 0.5
+        k = tf.reshape(tf.tensordot(x, wk, axes=1), [2, 6, 4, 4])
+        q = tf.transpose(q, [0, 2, 1, 3])
+        k = tf.transpose(k, [0, 2, 3, 1])
+        # What the einsum lowers to in the Keras layer: the product, then its transpose.
+        return tf.nn.softmax(tf.transpose(tf.matmul(q, k), [0, 1, 3, 2]))
+
+    return trace(fn, tf.TensorSpec([2, 6, 16], tf.float32, name="x"))
+
+
+def test_attention_score_transpose_and_query_scale_fold_into_the_matmuls() -> None:
+    g = _attention_scores()
+    graph = run_pipeline(_lowered(g), build_pipeline("none"), Dumper(None))
+    kinds_ = [n.kind for n in graph.nodes]
+    assert "binary" not in kinds_, format_graph(graph)  # the 0.5 is in the query's weights
+    scores = graph.nodes[-2]
+    assert [scores.kind, graph.nodes[-1].kind] == ["matmul", "softmax"], format_graph(graph)
+    assert scores.attrs["transpose_a"] and scores.attrs["transpose_b"], format_graph(graph)
+    assert kinds_.count("transpose") == 2, format_graph(graph)  # was 3: q, k, the scores
+    x = _feeds(g, seed=6)[0]
+    want = g.reference({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-5, atol=1e-5)
+    with load(compile_graph(g.graph_def, g.io_config)) as model:
+        got = model.run({"x:0": x})["Identity:0"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_matmul_keeps_its_float32_residual_stream() -> None:
+    # Under --auto-cast matmult the product reads bfloat16, but the residual it adds
+    # (a transformer's residual stream) and the sum it writes stay float32: rounding
+    # them would add a bf16 error per layer (BERT's output error 3e-3 -> 1.3e-2).
+    g = _dense_residual()
+    graph = run_pipeline(_lowered(g), build_pipeline("matmult"), Dumper(None))
+    (node,) = [n for n in graph.nodes if n.kind == "matmul"]
+    assert node.attrs["residual"] and node.inputs[0].dtype == "bfloat16", format_graph(graph)
+    assert node.inputs[-1].dtype == "float32" and node.outputs[0].dtype == "float32"
+    x = _feeds(g, seed=3)[0]
+    want = g.reference({"x:0": x})["Identity:0"]
+    with load(compile_graph(g.graph_def, g.io_config, auto_cast="matmult")) as model:
+        got = model.run({"x:0": x})["Identity:0"]
+    # bf16 operands: about 2^-8 of the products' magnitude, measured against the largest output
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()

@@ -89,7 +89,9 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
         if matmul_like:
             x = node.inputs[0]
             node.inputs[0] = x if x.dtype == BF16 else cast(x, BF16, node.origin)
-            if node.attrs.get("residual"):
+            # A matmul's residual is the transformer's residual stream (layer norm's
+            # float32 output): read as it is, rounding it would add an error per layer.
+            if node.attrs.get("residual") and node.kind != "matmul":
                 node.inputs[-1] = cast(node.inputs[-1], BF16, node.origin) \
                     if node.inputs[-1].dtype != BF16 else node.inputs[-1]
             # (a computed second operand, attention's keys or values, is read as it is)
@@ -100,7 +102,8 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
             node.inputs = [cast(v, "float32", node.origin) if v.dtype == BF16 and not (
                 node.kind in isa.MATMUL_LIKE and i == 1) else v
                 for i, v in enumerate(node.inputs)]
-        if matmul_like or follow:
+        keeps_f32 = matmul_like and node.kind == "matmul" and node.attrs.get("residual")
+        if (matmul_like and not keeps_f32) or follow:
             for v in node.outputs:
                 _retyped(v, BF16)
         out.append(node)

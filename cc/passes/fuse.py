@@ -15,7 +15,7 @@ import numpy as np
 
 from neuronish.runtime import isa
 
-from ..ir import Graph, Node, Value, constant
+from ..ir import Graph, Node, TensorType, Value, constant
 
 _PRODUCERS = isa.MATMUL_LIKE
 _ACTIVATIONS = isa.ACTIVATIONS
@@ -106,13 +106,55 @@ def fold_scale_shift(graph: Graph) -> Graph:
     return graph
 
 
+def absorb_dense_reshapes(graph: Graph) -> Graph:
+    """reshape [..., K] → [M, K], matmul by a 2-D weight, reshape [M, N] → [..., N]
+    (a Dense or `tensordot` on a [batch, seq, features] tensor) becomes one matmul of
+    the [..., K] tensor: the same products (the weight broadcasts over the leading
+    dims), without the two copies, and with the bias add and residual add that follow
+    the second reshape directly after the matmul, where the fusions see them."""
+    uses = graph.consumers()
+    outputs = {v.id for v in graph.outputs}
+    for node in list(graph.nodes):
+        if node.kind != "matmul" or node.attrs.get("transpose_a") or len(node.inputs) != 2 \
+                or len(node.inputs[1].shape) != 2:
+            continue
+        first = node.inputs[0].producer
+        after = _sole_consumer(graph, node.outputs[0], uses)
+        if first is None or first.kind != "reshape" or after is None or after.kind != "reshape":
+            continue
+        x, y, k = first.inputs[0], after.outputs[0], node.inputs[0].shape[-1]
+        if len(y.shape) < 3 or y.id in outputs or y.shape[-1] != node.outputs[0].shape[-1]:
+            continue  # (the rows keep their order: only the leading dims are regrouped)
+        if tuple(y.shape[:-1]) == tuple(x.shape[:-1]) and x.shape[-1] == k:
+            a = x  # both reshapes go
+            if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
+                graph.nodes.remove(first)  # (read by this matmul alone)
+        else:
+            # x is regrouped differently (attention's heads merged back): one reshape of
+            # it straight to [..., K] with y's leading dims, and no reshape after.
+            regroup = Node("reshape", [x], [], {"shape": [*y.shape[:-1], k]}, first.origin)
+            regroup.outputs = [Value(TensorType((*y.shape[:-1], k), x.dtype), producer=regroup)]
+            graph.nodes.insert(graph.nodes.index(node), regroup)
+            a = regroup.outputs[0]
+            if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
+                graph.nodes.remove(first)
+        node.inputs = [a, node.inputs[1]]
+        node.outputs[0].type = y.type
+        node.origin = node.origin + tuple(o for o in after.origin if o not in node.origin)
+        graph.replace_uses(y, node.outputs[0])
+        graph.nodes.remove(after)
+        uses = graph.consumers()
+    return graph
+
+
 def fuse_residual_add(graph: Graph) -> Graph:
-    """conv2d → add of another tensor of the same type becomes one conv2d whose
-    last input is that tensor (`residual`). The conv moves to the add's place in
-    the schedule, where both operands are ready."""
+    """conv2d or matmul → add of another tensor of the same type becomes one
+    instruction whose last input is that tensor (`residual`). The producer moves to
+    the add's place in the schedule, where both operands are ready."""
     uses = graph.consumers()
     for node in list(graph.nodes):
-        if (node.kind != "conv2d" or node.attrs.get("activation", "none") != "none"
+        if (node.kind not in ("conv2d", "matmul")
+                or node.attrs.get("activation", "none") != "none"
                 or node.attrs.get("residual")):
             continue
         out = node.outputs[0]

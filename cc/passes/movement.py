@@ -19,12 +19,24 @@ def _last_dim_constant(c: Value, features: int) -> bool:
         not c.shape or c.shape[-1] in (1, features))
 
 
+def _scalar_operand(reshape: Node, user: Node) -> bool:
+    """user is y * c (or +, -, /) for a one-element constant c: it commutes with any
+    reshape (attention's query scale sits after the heads are split off)."""
+    y = reshape.outputs[0]
+    if user.kind != "binary" or user.attrs["fn"] not in ("add", "sub", "mul", "div"):
+        return False
+    other = user.inputs[1] if user.inputs[0] is y else user.inputs[0]
+    return other is not y and other.is_const and other.data.size == 1
+
+
 def _sinkable(reshape: Node, user: Node) -> bool:
     x, y = reshape.inputs[0], reshape.outputs[0]
-    if not x.shape or not y.shape or x.shape[-1] != y.shape[-1]:
-        return False
     if user.outputs[0].type != y.type:
         return False  # the op must not broadcast y up to a bigger shape
+    if _scalar_operand(reshape, user):
+        return True
+    if not x.shape or not y.shape or x.shape[-1] != y.shape[-1]:
+        return False
     if user.kind == "unary":
         return True
     if user.kind == "binary" and user.attrs["fn"] in ("add", "sub", "mul", "div", "maximum",
@@ -77,7 +89,9 @@ def sink_reshapes(graph: Graph) -> Graph:
             for v in user.inputs:
                 if v is y:
                     inputs.append(x)
-                elif v.is_const and len(v.shape) > 1:  # [1, 1, F] -> [F] (or a scalar)
+                elif v.is_const and v.data.size == 1:  # a scalar, whatever its rank
+                    inputs.append(constant(v.data.reshape(())))
+                elif v.is_const and len(v.shape) > 1:  # [1, 1, F] -> [F]
                     inputs.append(constant(v.data.reshape(v.shape[-1:])))
                 else:
                     inputs.append(v)

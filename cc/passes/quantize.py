@@ -103,7 +103,8 @@ def candidates(graph: Graph) -> list[Node]:
         if n.kind == "conv2d" and n.attrs.get("groups", 1) == 1:
             out.append(n)
         elif n.kind == "matmul" and len(n.inputs[1].shape) == 2 and \
-                not n.attrs.get("transpose_a") and len(n.inputs[0].shape) >= 2:
+                not n.attrs.get("transpose_a") and len(n.inputs[0].shape) >= 2 and \
+                not n.attrs.get("residual"):  # (matmul_int8 has no residual input)
             out.append(n)
     return out
 

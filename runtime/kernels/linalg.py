@@ -1,4 +1,4 @@
-"""matmul: y = act(op(a) @ op(b) + bias), straight into the output through BLAS."""
+"""matmul: y = act(op(a) @ op(b) + bias + residual), straight into the output through BLAS."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ def matmul(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
         np.copyto(y, np.matmul(a.astype(np.float32), b.astype(np.float32)), casting="unsafe")
     else:
         np.matmul(a, b, out=y)
-    if len(ins) == 3:
+    residual = bool(attrs.get("residual"))
+    if len(ins) - residual == 3:
         np.add(y, ins[2], out=y)
+    if residual:
+        np.add(y, ins[-1], out=y)
     activate(y, attrs)

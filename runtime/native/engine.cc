@@ -671,13 +671,17 @@ struct Program {
   }
 
   // a [..., M, K], b [..., K, N] (either possibly transposed, leading dims broadcast and
-  // already padded to y's rank by the caller) [, bias [N]], y [..., M, N].
+  // already padded to y's rank by the caller) [, bias [N]] [, residual (y's dims)],
+  // y [..., M, N]. The residual is a binary-add post-op: added after the bias, before the
+  // activation, while the output block is still in registers.
   void add_matmul(Reader& rd, Instr& ins) {
     int64_t has_bias = rd.next(), ta = rd.next(), tb = rd.next(), compute = rd.next();
-    int64_t b_const = rd.next();
-    Ref A = rd.ref(), B = rd.ref(), bias;
+    int64_t b_const = rd.next(), has_res = rd.next();
+    Ref A = rd.ref(), B = rd.ref(), bias, res;
     if (has_bias) bias = rd.ref();
+    if (has_res) res = rd.ref();
     Ref y = rd.ref();
+    if (has_res && res.dims != y.dims) throw Error("matmul: the residual must have y's dims");
     Epilogue act = read_epilogue(rd);
     size_t r = y.dims.size();
     if (A.dims.size() != r || B.dims.size() != r) throw Error("matmul ranks differ");
@@ -710,6 +714,7 @@ struct Program {
     }
     primitive_attr a = attr();
     dnnl::post_ops po;
+    if (has_res) po.append_binary(algorithm::binary_add, plain(res));
     append_eltwise(po, act);
     a.set_post_ops(po);
     auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, plain(y), a);
@@ -734,6 +739,7 @@ struct Program {
       arg(s, DNNL_ARG_WEIGHTS, B, b_md);
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);
+    if (has_res) arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, plain(res));
     arg(s, DNNL_ARG_DST, y, plain(y));
     push<dnnl::matmul>(ins, s, pd);
   }

@@ -9,6 +9,7 @@ codes below mirror the enums at the top of engine.cc.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -179,12 +180,23 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
     rank = len(y.shape)
     if act is None or rank > 6:
         return None
-    ints = [OP_MATMUL, int(len(ins) == 3), int(bool(attrs.get("transpose_a"))),
-            int(bool(attrs.get("transpose_b"))), DTYPES[compute], int(const[1])]
-    ints += a.encode(_padded(a.shape, rank)) + b.encode(_padded(b.shape, rank))
-    if len(ins) == 3:
+    residual = bool(attrs.get("residual"))
+    has_bias = len(ins) - residual == 3
+    shape_a, shape_b, shape_y = _padded(a.shape, rank), _padded(b.shape, rank), list(y.shape)
+    if rank > 2 and all(d == 1 for d in shape_b[:-2]) and not attrs.get("transpose_a") \
+            and shape_a[:-2] == shape_y[:-2]:
+        # One weight matrix for every leading index ([B, S, K] @ [K, N]): one [B·S, K]
+        # product, which oneDNN blocks far better than B small ones.
+        rows = math.prod(shape_a[:-1])
+        shape_a, shape_b, shape_y = [rows, shape_a[-1]], shape_b[-2:], [rows, shape_y[-1]]
+    ints = [OP_MATMUL, int(has_bias), int(bool(attrs.get("transpose_a"))),
+            int(bool(attrs.get("transpose_b"))), DTYPES[compute], int(const[1]), int(residual)]
+    ints += a.encode(shape_a) + b.encode(shape_b)
+    if has_bias:
         ints += ins[2].encode()
-    ints += y.encode()
+    if residual:
+        ints += ins[-1].encode(shape_y)
+    ints += y.encode(shape_y)
     floats: list[float] = []
     _epilogue(act, ints, floats)
     return ints, floats
