@@ -85,6 +85,49 @@ CASES = [
     ("cast-i32-bool", lambda x: tf.cast(x, tf.bool), [_i32(3, 7, lo=-2, hi=2)], 0),
     ("cast-f32-bool", lambda x: tf.cast(x, tf.bool),
      [np.array([0.0, -0.0, 1.5, np.nan], np.float32)], 0),
+    # The kinds of engine.cc's last loop section (op codes 20-25).
+    ("argmax-i64", lambda x: tf.math.argmax(x, axis=1), [_f32(3, 7, 5)], 0),
+    ("argmin-i32", lambda x: tf.math.argmin(x, axis=2, output_type=tf.int32),
+     [_i32(3, 4, 9, lo=-3, hi=3)], 0),  # ties: the first extreme
+    ("argmax-last", lambda x: tf.math.argmax(x, axis=-1, output_type=tf.int32),
+     [_f32(6, 1000)], 0),
+    ("cumsum", lambda x: tf.math.cumsum(x, axis=1), [_f32(3, 50, 4)], 0),
+    ("cumsum-exclusive-reverse", lambda x: tf.math.cumsum(x, axis=0, exclusive=True,
+                                                          reverse=True), [_f32(9, 5)], 0),
+    ("cumprod", lambda x: tf.math.cumprod(x, axis=-1), [_f32(4, 12, lo=0.5, hi=1.5)], 0),
+    ("cumsum-i32-wraps", lambda x: tf.math.cumsum(x, axis=1),
+     [np.array([[2**31 - 1, 1, 5], [-7, 3, 2]], np.int32)], 0),
+    ("cumprod-i32-exclusive", lambda x: tf.math.cumprod(x, axis=1, exclusive=True),
+     [_i32(3, 6, lo=-4, hi=4)], 0),
+    ("one_hot", lambda i: tf.one_hot(i, 6), [_i32(4, 3, lo=-1, hi=7)], 0),
+    ("one_hot-axis0-i32", lambda i: tf.one_hot(i, 5, on_value=7, off_value=-2, axis=0,
+                                               dtype=tf.int32), [_i32(3, 4, lo=0, hi=6)], 0),
+    ("one_hot-i64-indices", lambda i: tf.one_hot(tf.cast(i, tf.int64), 4, axis=1),
+     [_i32(3, 2, lo=0, hi=4)], 0),
+    ("top_k-values", lambda x: tf.math.top_k(x, 5).values, [_f32(3, 40)], 0),
+    ("top_k-indices-ties", lambda x: tf.math.top_k(x, 6).indices, [_i32(4, 20, lo=0, hi=4)], 0),
+    ("top_k-both", lambda x: tf.math.top_k(x, 3), [_f32(2, 3, 9)], 0),
+    ("mirror-pad-reflect", lambda x: tf.pad(x, [[1, 2], [3, 0], [0, 2]], mode="REFLECT"),
+     [_f32(3, 5, 4)], 0),
+    ("mirror-pad-symmetric", lambda x: tf.pad(x, [[2, 2], [0, 3]], mode="SYMMETRIC"),
+     [_i32(3, 4)], 0),
+    ("resize-bilinear", lambda x: tf.compat.v1.image.resize_bilinear(x, [11, 7]),
+     [_f32(2, 5, 4, 3)], 0),
+    ("resize-bilinear-half-pixel", lambda x: tf.image.resize(x, [9, 13]), [_f32(1, 4, 6, 5)],
+     0),
+    ("resize-bilinear-align", lambda x: tf.compat.v1.image.resize_bilinear(
+        x, [8, 3], align_corners=True), [_f32(2, 3, 5, 2)], 0),
+    ("resize-nearest", lambda x: tf.image.resize(x, [10, 7], method="nearest"),
+     [_f32(2, 4, 3, 3)], 0),
+    ("resize-nearest-align-i32", lambda x: tf.compat.v1.image.resize_nearest_neighbor(
+        x, [7, 9], align_corners=True), [_i32(1, 3, 4, 2)], 0),
+    # int64 values beyond int32: cast back to int32 they keep their low 32 bits.
+    ("cast-f32-i64-i32", lambda x: tf.cast(tf.cast(x, tf.int64), tf.int32),
+     [_f32(3, 7, lo=-1e12, hi=1e12)], 0),
+    ("cast-i32-i64-f32", lambda x: tf.cast(tf.cast(x, tf.int64), tf.float32),
+     [_i32(4, 5, lo=-2**31, hi=2**31 - 1)], 0),
+    ("select-i64", lambda m, a: tf.where(m, tf.cast(a, tf.int64), tf.constant(-1, tf.int64)),
+     [_bool(3, 4), _i32(3, 4)], 0),
 ]
 
 
@@ -140,10 +183,11 @@ def test_a_gather_index_out_of_range_is_an_error_naming_it(native: None) -> None
 
 
 def test_the_compiler_lists_what_numpy_will_run() -> None:
-    """A cumulative sum has no native kernel yet: the executable's stats name it (the
-    compile report warns with them); the exp beside it is native and not listed."""
-    g = _trace(lambda x: tf.math.cumsum(tf.exp(x), axis=1), [_f32(3, 5)])
+    """An int32 power has no native kernel yet: the executable's stats name it (the
+    compile report warns with them); the cumulative sum beside it is native and not
+    listed."""
+    g = _trace(lambda x, y: tf.math.cumsum(tf.pow(x, y), axis=1), [_i32(3, 5), _i32(3, 5)])
     slow = from_bytes(compile_graph(g.graph_def, g.io_config)).stats["numpy_instructions"]
     assert [(s["kind"], s["fn"], s["dtypes"]) for s in slow] == [
-        ("cumulative", "sum", ["float32"])], slow
-    assert slow[0]["tf"] and "Cumsum" in slow[0]["tf"][0]
+        ("binary", "pow", ["int32", "int32"])], slow
+    assert slow[0]["tf"] and "Pow" in slow[0]["tf"][0]

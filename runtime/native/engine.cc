@@ -49,6 +49,8 @@ enum Op : int64_t {
   // as TF's: keep in step with spec.py.
   OP_MAP = 12, OP_BINARY_LOOP = 13, OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16,
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
+  OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
+  OP_RESIZE = 25,
 };
 // OP_MAP functions (float32 unless said).
 enum MapFn : int64_t {
@@ -64,7 +66,7 @@ enum LoopFn : int64_t {
   F_LT = 9, F_LE = 10, F_EQ = 11, F_NE = 12, F_POW = 13, F_FLOOR_DIV = 14, F_FLOOR_MOD = 15,
   F_AND = 16, F_OR = 17, F_SQUARED_DIFFERENCE = 18,
 };
-enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5 };
+enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5, D_S64 = 6 };
 enum Elt : int64_t {
   E_RELU = 1, E_CLIP = 2, E_ELU = 3, E_LOGISTIC = 4, E_TANH = 5, E_SOFT_RELU = 6, E_EXP = 7,
   E_LOG = 8, E_SQRT = 9, E_SQUARE = 10, E_ABS = 11, E_LINEAR = 12, E_POW = 13, E_ROUND = 14,
@@ -90,6 +92,8 @@ dt to_dt(int64_t code) {
     case D_S32: return dt::s32;
     case D_S8: return dt::s8;
     case D_F16: return dt::f16;
+    // int64: oneDNN 3.2 has no s64; only byte-moving loops take it, by its 8-byte size.
+    case D_S64: return dt::f64;
   }
   throw Error("unknown dtype code " + std::to_string(code));
 }
@@ -609,6 +613,12 @@ struct Program {
       case OP_PAD: add_pad(rd, ins); break;
       case OP_LOG_SOFTMAX: add_log_softmax(rd, ins); break;
       case OP_CAST_LOOP: add_cast_loop(rd, ins); break;
+      case OP_ARGMINMAX: add_argminmax(rd, ins); break;
+      case OP_CUMULATIVE: add_cumulative(rd, ins); break;
+      case OP_ONE_HOT: add_one_hot(rd, ins); break;
+      case OP_TOP_K: add_top_k(rd, ins); break;
+      case OP_MIRROR_PAD: add_mirror_pad(rd, ins); break;
+      case OP_RESIZE: add_resize(rd, ins); break;
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
       default: throw Error("unknown op code " + std::to_string(op));
     }
@@ -1045,7 +1055,7 @@ struct Program {
       throw Error("select: bad dtypes");
     Broadcast b(y.dims, {c.dims, A.dims, B.dims});
     size_t size = memory::data_type_size(y.type);
-    if (size != 1 && size != 2 && size != 4) throw Error("select: bad element size");
+    if (size != 1 && size != 2 && size != 4 && size != 8) throw Error("select: bad element size");
     Step s;
     for (const Ref* r : {&c, &A, &B, &y}) byte_arg(s, *r);
     auto loop = [b, size](const Step& st, int threads) {
@@ -1068,7 +1078,8 @@ struct Program {
           T* o = reinterpret_cast<T*>(yr);
           for (int64_t j = 0; j < n; ++j) o[j] = cr[j * sc] ? a[j * sa] : bb[j * sb];
         };
-        if (size == 4) pick(uint32_t());
+        if (size == 8) pick(uint64_t());
+        else if (size == 4) pick(uint32_t());
         else if (size == 2) pick(uint16_t());
         else pick(uint8_t());
       }
@@ -1256,37 +1267,309 @@ struct Program {
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
-    dt from = x.type, to = y.type;
-    auto ok = [](dt t) { return t == dt::f32 || t == dt::s32 || t == dt::s8 || t == dt::u8; };
+    dt from = x.type, to = y.type;  // (dt::f64 stands for int64: see to_dt)
+    auto ok = [](dt t) {
+      return t == dt::f32 || t == dt::s32 || t == dt::s8 || t == dt::u8 || t == dt::f64;
+    };
     if (!ok(from) || !ok(to)) throw Error("cast loop: unsupported dtypes");
     push_loop(ins, s, "neuronish:cast", [=](const Step& st, int threads) {
       const void* px = data<const void>(st, 0);
       void* py = data<void>(st, 1);
-      auto get = [from, px](int64_t i) -> double {
+      auto get = [from, px](int64_t i) -> int64_t {  // an integer source's value
         switch (from) {
-          case dt::f32: return static_cast<const float*>(px)[i];
+          case dt::f64: return static_cast<const int64_t*>(px)[i];
           case dt::s32: return static_cast<const int32_t*>(px)[i];
           case dt::s8: return static_cast<const int8_t*>(px)[i];
           default: return static_cast<const uint8_t*>(px)[i];
         }
       };
+      const bool real = from == dt::f32;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
       for (int64_t i = 0; i < n; ++i) {
-        double v = get(i);
+        float f = real ? static_cast<const float*>(px)[i] : 0.f;
+        int64_t v = real ? 0 : get(i);
         if (to_bool) {
-          static_cast<uint8_t*>(py)[i] = v != 0.0;  // NaN is true, as TF
+          static_cast<uint8_t*>(py)[i] = real ? f != 0.f : v != 0;  // NaN is true, as TF
         } else if (to == dt::f32) {
-          static_cast<float*>(py)[i] = (float)v;
+          static_cast<float*>(py)[i] = real ? f : (float)v;  // int64: rounded to nearest
+        } else if (to == dt::f64) {
+          // float32 -> int64 truncates; NaN and out-of-range give INT64_MIN (x86, numpy).
+          static_cast<int64_t*>(py)[i] =
+              !real ? v : f != f || f >= 9223372036854775808.f || f < -9223372036854775808.f
+                              ? INT64_MIN : (int64_t)f;
         } else {
           // Truncation toward zero; NaN and out-of-range values wrap as numpy's C cast
-          // does on x86 (the integer indefinite 0x80000000, then narrowed).
-          int32_t w = v != v || v >= 2147483648.0 || v < -2147483648.0
-                          ? INT32_MIN : (int32_t)v;
+          // does on x86 (the integer indefinite 0x80000000, then narrowed). Integers keep
+          // their low bits.
+          int32_t w = !real ? (int32_t)(uint32_t)(uint64_t)v
+                      : f != f || f >= 2147483648.f || f < -2147483648.f ? INT32_MIN
+                                                                         : (int32_t)f;
           if (to == dt::s32) static_cast<int32_t*>(py)[i] = w;
           else if (to == dt::s8) static_cast<int8_t*>(py)[i] = (int8_t)w;
           else static_cast<uint8_t*>(py)[i] = (uint8_t)w;
         }
       }
+    });
+  }
+
+  // --- Loops for the remaining kinds (argminmax, cumulative, one_hot, top_k, mirror pad,
+  // resize): each computes what TF's CPU kernel computes, in its order, so the results are
+  // bit-exact (no float math beyond TF's own: scans run sequentially, resize's coordinates
+  // and weights come precomputed from spec.py). int64 tensors travel as 8-byte elements.
+
+  // x [outer, n, inner] (float32 or int32) -> y [outer, inner] (int32 or int64): the index
+  // of the first maximum (minimum) along n. A NaN wins at its first position (numpy's
+  // argmax, which the reference engine runs).
+  void add_argminmax(Reader& rd, Instr& ins) {
+    int64_t is_min = rd.next(), outer = rd.next(), n = rd.next(), inner = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if ((x.type != dt::f32 && x.type != dt::s32) || outer * n * inner != count(x) ||
+        outer * inner != count(y) || n < 1)
+      throw Error("argminmax: bad spec");
+    bool wide = memory::data_type_size(y.type) == 8;
+    bool f32 = x.type == dt::f32;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:argminmax", [=](const Step& st, int threads) {
+      auto run = [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = data<const T>(st, 0);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < inner; ++i) {
+            const T* a = px + o * n * inner + i;
+            T best = a[0];
+            int64_t at = 0;
+            for (int64_t j = 1; j < n && best == best; ++j) {
+              T v = a[j * inner];
+              if (v != v || (is_min ? v < best : v > best)) {
+                best = v;
+                at = j;
+              }
+            }
+            if (wide) data<int64_t>(st, 1)[o * inner + i] = at;
+            else data<int32_t>(st, 1)[o * inner + i] = (int32_t)at;
+          }
+      };
+      if (f32) run(float());
+      else run(int32_t());
+    });
+  }
+
+  // x [outer, n, inner] -> y, same shape: the running sum (product) along n, sequential as
+  // TF's scan; exclusive leaves each element out, reverse runs from the end. float32, or
+  // int32 wrapping (as TF and numpy).
+  void add_cumulative(Reader& rd, Instr& ins) {
+    int64_t prod = rd.next(), exclusive = rd.next(), reverse = rd.next();
+    int64_t outer = rd.next(), n = rd.next(), inner = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if ((x.type != dt::f32 && x.type != dt::s32) || y.type != x.type ||
+        outer * n * inner != count(x) || count(y) != count(x))
+      throw Error("cumulative: bad spec");
+    bool f32 = x.type == dt::f32;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:cumulative", [=](const Step& st, int threads) {
+      auto run = [&](auto tag) {
+        using T = decltype(tag);  // float, or uint32_t for int32 (wrapping arithmetic)
+        const T* px = data<const T>(st, 0);
+        T* py = data<T>(st, 1);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < inner; ++i) {
+            T acc = prod ? T(1) : T(0);
+            for (int64_t t = 0; t < n; ++t) {
+              int64_t j = reverse ? n - 1 - t : t;
+              int64_t at = (o * n + j) * inner + i;
+              T v = px[at];
+              if (exclusive) py[at] = acc;
+              acc = prod ? T(acc * v) : T(acc + v);
+              if (!exclusive) py[at] = acc;
+            }
+          }
+      };
+      if (f32) run(float());
+      else run(uint32_t());
+    });
+  }
+
+  // indices [outer, inner] (int32 or int64) -> y [outer, depth, inner]: on where the index
+  // is d, off elsewhere (an index outside [0, depth) gives an all-off row). on and off
+  // are the values' bytes, as int64s.
+  void add_one_hot(Reader& rd, Instr& ins) {
+    int64_t outer = rd.next(), depth = rd.next(), inner = rd.next();
+    int64_t on = rd.next(), off = rd.next();
+    Ref idx = rd.ref(), y = rd.ref();
+    size_t isize = memory::data_type_size(idx.type), size = memory::data_type_size(y.type);
+    if ((idx.type != dt::s32 && isize != 8) || outer * inner != count(idx) ||
+        outer * depth * inner != count(y) || (size != 1 && size != 2 && size != 4 && size != 8))
+      throw Error("one_hot: bad spec");
+    Step s;
+    byte_arg(s, idx);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:one_hot", [=](const Step& st, int threads) {
+      const char* pi = data<const char>(st, 0);
+      char* py = data<char>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t d = 0; d < depth; ++d)
+          for (int64_t i = 0; i < inner; ++i) {
+            int64_t k = o * inner + i;
+            int64_t v = isize == 8 ? reinterpret_cast<const int64_t*>(pi)[k]
+                                   : reinterpret_cast<const int32_t*>(pi)[k];
+            std::memcpy(py + ((o * depth + d) * inner + i) * (int64_t)size,
+                        v == d ? &on : &off, size);
+          }
+    });
+  }
+
+  // x [rows, n] (float32 or int32) -> y [rows, k]: the k largest values in descending
+  // order, equal values in index order (TF's TopKV2, sorted); or their indices (int32 or
+  // int64) when `indices`. A NaN counts as the largest (the reference engine's order).
+  void add_top_k(Reader& rd, Instr& ins) {
+    int64_t want_indices = rd.next(), rows = rd.next(), n = rd.next(), k = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if ((x.type != dt::f32 && x.type != dt::s32) || rows * n != count(x) ||
+        rows * k != count(y) || k > n)
+      throw Error("top_k: bad spec");
+    bool f32 = x.type == dt::f32, wide = memory::data_type_size(y.type) == 8;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:top_k", [=](const Step& st, int threads) {
+      auto run = [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = data<const T>(st, 0);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* a = px + r * n;
+          std::vector<int64_t> order(n);
+          for (int64_t j = 0; j < n; ++j) order[j] = j;
+          auto before = [a](int64_t p, int64_t q) {
+            T u = a[p], v = a[q];
+            bool un = u != u, vn = v != v;
+            if (un || vn) return un && (!vn || p < q);
+            return u > v || (u == v && p < q);
+          };
+          std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+          for (int64_t j = 0; j < k; ++j) {
+            int64_t at = r * k + j;
+            if (!want_indices) data<T>(st, 1)[at] = a[order[j]];
+            else if (wide) data<int64_t>(st, 1)[at] = order[j];
+            else data<int32_t>(st, 1)[at] = (int32_t)order[j];
+          }
+        }
+      };
+      if (f32) run(float());
+      else run(int32_t());
+    });
+  }
+
+  // TF MirrorPad: x, y (same rank and dtype), `reflect` (1: REFLECT, the edge not
+  // repeated; 0: SYMMETRIC), then per dim `before`. Each y coordinate reads the x
+  // coordinate its mirror image falls on.
+  void add_mirror_pad(Reader& rd, Instr& ins) {
+    int64_t reflect = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    size_t r = y.dims.size(), size = memory::data_type_size(y.type);
+    if (x.dims.size() != r || x.type != y.type) throw Error("mirror pad: bad spec");
+    std::vector<int64_t> before = rd.ints((int64_t)r);
+    std::vector<std::vector<int64_t>> src(r);  // per dim: y coordinate -> x coordinate
+    for (size_t k = 0; k < r; ++k) {
+      int64_t d = x.dims[k];
+      for (int64_t c = 0; c < y.dims[k]; ++c) {
+        int64_t v = c - before[k];
+        if (v < 0) v = reflect ? -v : -v - 1;
+        if (v >= d) v = reflect ? 2 * (d - 1) - v : 2 * d - 1 - v;
+        if (v < 0 || v >= d) throw Error("mirror pad: paddings too large for x");
+        src[k].push_back(v);
+      }
+    }
+    std::vector<int64_t> xst = dense_strides(x.dims);
+    int64_t rows = count(y) / y.dims[r - 1], n = y.dims[r - 1];
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:mirror_pad", [=](const Step& st, int threads) {
+      const char* px = data<const char>(st, 0);
+      char* py = data<char>(st, 1);
+      const std::vector<int64_t>& last = src[r - 1];
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t row = 0; row < rows; ++row) {
+        int64_t xo = 0, rest = row;
+        for (size_t k = r - 1; k-- > 0;) {
+          xo += src[k][rest % y.dims[k]] * xst[k];
+          rest /= y.dims[k];
+        }
+        char* out = py + row * n * (int64_t)size;
+        for (int64_t j = 0; j < n; ++j)
+          std::memcpy(out + j * (int64_t)size, px + (xo + last[j]) * (int64_t)size, size);
+      }
+    });
+  }
+
+  // resize of x [N, H, W, C] to y [N, OH, OW, C]; `bilinear` (float32: the lower and upper
+  // source row and column, and the float lerps, as spec.py computes them after TF) or
+  // nearest (any element size: one source row and column per output one).
+  void add_resize(Reader& rd, Instr& ins) {
+    int64_t bilinear = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if (x.dims.size() != 4 || y.dims.size() != 4 || x.dims[0] != y.dims[0] ||
+        x.dims[3] != y.dims[3] || (bilinear && (x.type != dt::f32 || y.type != dt::f32)) ||
+        (!bilinear && x.type != y.type))
+      throw Error("resize: bad spec");
+    int64_t N = x.dims[0], H = x.dims[1], W = x.dims[2], C = x.dims[3];
+    int64_t OH = y.dims[1], OW = y.dims[2];
+    std::vector<int64_t> ylo = rd.ints(OH), xlo = rd.ints(OW), yhi, xhi;
+    std::vector<float> yl, xl;
+    if (bilinear) {
+      yhi = rd.ints(OH);
+      xhi = rd.ints(OW);
+      for (int64_t k = 0; k < OH; ++k) yl.push_back(rd.nextf());
+      for (int64_t k = 0; k < OW; ++k) xl.push_back(rd.nextf());
+    }
+    auto in_range = [](const std::vector<int64_t>& v, int64_t hi) {
+      for (auto i : v)
+        if (i < 0 || i >= hi) return false;
+      return true;
+    };
+    if (!in_range(ylo, H) || !in_range(xlo, W) || !in_range(yhi, H) || !in_range(xhi, W))
+      throw Error("resize: a source coordinate is out of the image");
+    size_t size = memory::data_type_size(x.type);
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:resize", [=](const Step& st, int threads) {
+      const char* px = data<const char>(st, 0);
+      char* py = data<char>(st, 1);
+      const int64_t row = C * (int64_t)size;
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t oy = 0; oy < OH; ++oy) {
+          char* out = py + (b * OH + oy) * OW * row;
+          if (!bilinear) {
+            const char* in = px + (b * H + ylo[oy]) * W * row;
+            for (int64_t ox = 0; ox < OW; ++ox)
+              std::memcpy(out + ox * row, in + xlo[ox] * row, row);
+            continue;
+          }
+          const float* top = reinterpret_cast<const float*>(px) + (b * H + ylo[oy]) * W * C;
+          const float* bot = reinterpret_cast<const float*>(px) + (b * H + yhi[oy]) * W * C;
+          float* o = reinterpret_cast<float*>(out);
+          const float wy = yl[oy];
+          for (int64_t ox = 0; ox < OW; ++ox) {
+            const float wx = xl[ox];
+            const float *tl = top + xlo[ox] * C, *tr = top + xhi[ox] * C;
+            const float *bl = bot + xlo[ox] * C, *br = bot + xhi[ox] * C;
+            for (int64_t c = 0; c < C; ++c) {
+              float t = tl[c] + (tr[c] - tl[c]) * wx;
+              float u = bl[c] + (br[c] - bl[c]) * wx;
+              o[ox * C + c] = t + (u - t) * wy;
+            }
+          }
+        }
     });
   }
 
