@@ -50,7 +50,7 @@ enum Op : int64_t {
   OP_MAP = 12, OP_BINARY_LOOP = 13, OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16,
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
-  OP_RESIZE = 25,
+  OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27,
 };
 // OP_MAP functions (float32 unless said).
 enum MapFn : int64_t {
@@ -77,6 +77,8 @@ enum Bin : int64_t {
   B_LT = 9, B_LE = 10, B_EQ = 11, B_NE = 12,
 };
 enum Red : int64_t { R_SUM = 1, R_MEAN = 2, R_MAX = 3, R_MIN = 4, R_MUL = 5 };
+// OP_REDUCE_INT functions: int32, then bool.
+enum RedInt : int64_t { RI_SUM = 1, RI_MEAN = 2, RI_MAX = 3, RI_MIN = 4, RI_PROD = 5, RI_ANY = 6, RI_ALL = 7 };
 // Why a run stopped early (ne_run's result; keep in step with runtime/native/program.py).
 enum Stop : int64_t { STOP_CANCELLED = 1, STOP_DEADLINE = 2 };
 
@@ -619,6 +621,8 @@ struct Program {
       case OP_TOP_K: add_top_k(rd, ins); break;
       case OP_MIRROR_PAD: add_mirror_pad(rd, ins); break;
       case OP_RESIZE: add_resize(rd, ins); break;
+      case OP_REDUCE_INT: add_reduce_int(rd, ins); break;
+      case OP_LOG_SOFTMAX_AXIS: add_log_softmax_axis(rd, ins); break;
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
       default: throw Error("unknown op code " + std::to_string(op));
     }
@@ -1093,7 +1097,9 @@ struct Program {
   void add_gather(Reader& rd, Instr& ins) {
     int64_t outer = rd.next(), dim = rd.next(), inner_elems = rd.next();
     Ref p = rd.ref(), idx = rd.ref(), y = rd.ref();
-    if (idx.type != dt::s32) throw Error("gather: indices must be int32");
+    if (idx.type != dt::s32 && idx.type != dt::f64)  // (f64: int64, see to_dt)
+      throw Error("gather: indices must be int32 or int64");
+    bool wide = idx.type == dt::f64;
     int64_t n_idx = count(idx);
     int64_t row = inner_elems * (int64_t)memory::data_type_size(p.type);
     if (outer * dim * inner_elems != count(p) || outer * n_idx * inner_elems != count(y))
@@ -1103,20 +1109,23 @@ struct Program {
     memory::dims pdims = p.dims;
     push_loop(ins, s, "neuronish:gather", [=](const Step& st, int threads) {
       const char* src = data<const char>(st, 0);
-      const int32_t* ix = data<const int32_t>(st, 1);
+      const void* raw = data<const void>(st, 1);
+      auto ix = [raw, wide](int64_t j) -> int64_t {
+        return wide ? static_cast<const int64_t*>(raw)[j] : static_cast<const int32_t*>(raw)[j];
+      };
       char* dst = data<char>(st, 2);
       for (int64_t j = 0; j < n_idx; ++j)
-        if (ix[j] < 0 || ix[j] >= dim) {
+        if (ix(j) < 0 || ix(j) >= dim) {
           std::string shape;
           for (auto d : pdims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-          throw Error("gather index " + std::to_string(ix[j]) + " is out of range [0, " +
+          throw Error("gather index " + std::to_string(ix(j)) + " is out of range [0, " +
                       std::to_string(dim) + ") for the gathered axis of params with shape [" +
                       shape + "]");
         }
 #pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
       for (int64_t o = 0; o < outer; ++o)
         for (int64_t j = 0; j < n_idx; ++j)
-          std::memcpy(dst + (o * n_idx + j) * row, src + (o * dim + ix[j]) * row, row);
+          std::memcpy(dst + (o * n_idx + j) * row, src + (o * dim + ix(j)) * row, row);
     });
   }
 
@@ -1570,6 +1579,106 @@ struct Program {
             }
           }
         }
+    });
+  }
+
+  // int32 (sum, mean, max, min, prod; wrapping, mean truncating toward zero as TF's
+  // integer division) and bool (any, all) reductions: x, y (x's shape with the reduced
+  // dims 1), then per x dim whether it is reduced. The order of an integer sum does not
+  // change it, so this walks x once and accumulates into y.
+  void add_reduce_int(Reader& rd, Instr& ins) {
+    int64_t fn = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    size_t r = x.dims.size();
+    std::vector<int64_t> reduced = rd.ints((int64_t)r);
+    bool boolean = fn == RI_ANY || fn == RI_ALL;
+    if (y.dims.size() != r || x.type != y.type || x.type != (boolean ? dt::u8 : dt::s32) ||
+        fn < RI_SUM || fn > RI_ALL)
+      throw Error("reduce (int32/bool): bad spec");
+    std::vector<int64_t> yst = dense_strides(y.dims), step(r);
+    int64_t group = 1;
+    for (size_t k = 0; k < r; ++k) {
+      if (reduced[k]) group *= x.dims[k];
+      if ((reduced[k] ? 1 : x.dims[k]) != y.dims[k]) throw Error("reduce: y's shape");
+      step[k] = reduced[k] ? 0 : yst[k];
+    }
+    int64_t total = count(x), outs = count(y);
+    memory::dims xd = x.dims;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:reduce_int", [=](const Step& st, int) {
+      std::vector<int64_t> at(r, 0);
+      int64_t yo = 0;
+      auto walk = [&](auto tag, auto init, auto op) {
+        using T = decltype(tag);
+        const T* px = data<const T>(st, 0);
+        T* py = data<T>(st, 1);
+        for (int64_t j = 0; j < outs; ++j) py[j] = init;
+        for (int64_t i = 0; i < total; ++i) {
+          py[yo] = op(py[yo], px[i]);
+          for (size_t k = r; k-- > 0;) {  // the next x index, and its y offset
+            yo += step[k];
+            if (++at[k] < xd[k]) break;
+            yo -= step[k] * xd[k];
+            at[k] = 0;
+          }
+        }
+      };
+      switch (fn) {
+        case RI_SUM: case RI_MEAN:
+          walk(uint32_t(), 0u, [](uint32_t a, uint32_t b) { return a + b; });
+          break;
+        case RI_PROD: walk(uint32_t(), 1u, [](uint32_t a, uint32_t b) { return a * b; }); break;
+        case RI_MAX:
+          walk(int32_t(), INT32_MIN, [](int32_t a, int32_t b) { return std::max(a, b); });
+          break;
+        case RI_MIN:
+          walk(int32_t(), INT32_MAX, [](int32_t a, int32_t b) { return std::min(a, b); });
+          break;
+        case RI_ANY: walk(uint8_t(), (uint8_t)0, [](uint8_t a, uint8_t b) { return (uint8_t)(a | (b != 0)); }); break;
+        default: walk(uint8_t(), (uint8_t)1, [](uint8_t a, uint8_t b) { return (uint8_t)(a & (b != 0)); });
+      }
+      if (fn == RI_MEAN) {
+        int32_t* py = data<int32_t>(st, 1);
+        for (int64_t j = 0; j < outs; ++j) py[j] = (int32_t)((int64_t)py[j] / group);
+      }
+    });
+  }
+
+  // log-softmax of float32 x [outer, n, inner] along n (an axis not the last), as the
+  // last-axis loop computes it: (x - max) - log(sum(exp(x - max))).
+  void add_log_softmax_axis(Reader& rd, Instr& ins) {
+    int64_t outer = rd.next(), n = rd.next(), inner = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if (x.type != dt::f32 || y.type != dt::f32 || outer * n * inner != count(x) ||
+        count(y) != count(x))
+      throw Error("log_softmax: bad spec");
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:log_softmax", [=](const Step& st, int threads) {
+      const float* px = data<const float>(st, 0);
+      float* py = data<float>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t o = 0; o < outer; ++o) {
+        std::vector<float> m(inner, -INFINITY), sum(inner, 0.f);
+        const float* a = px + o * n * inner;
+        float* b = py + o * n * inner;
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) {
+            float v = a[j * inner + i];
+            m[i] = v > m[i] || v != v ? v : m[i];
+          }
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) {
+            b[j * inner + i] = a[j * inner + i] - m[i];
+            sum[i] += std::exp(b[j * inner + i]);
+          }
+        for (int64_t i = 0; i < inner; ++i) sum[i] = std::log(sum[i]);
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) b[j * inner + i] -= sum[i];
+      }
     });
   }
 

@@ -23,6 +23,7 @@ OP_LAYER_NORM = 11
 OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 16
 OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
+OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS = 26, 27
 
 # int64 has no oneDNN type: only loops that move or compare its 8-byte elements take it.
 DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
@@ -83,6 +84,8 @@ _SWAPPED = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimu
             "equal": "equal", "not_equal": "not_equal", "greater": "less", "less": "greater",
             "greater_equal": "less_equal", "less_equal": "greater_equal"}
 REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
+# reduce fn -> engine.cc's RedInt (int32 wrapping; any/all on bool)
+REDUCE_INT = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5, "any": 6, "all": 7}
 _MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16")
 
 
@@ -251,7 +254,9 @@ def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
         # Not oneDNN's log-softmax (off by up to 3e-6 absolute: its log): a loop of ours,
         # over the last axis only.
         if attrs["axis"] != len(x.shape) - 1:
-            return None
+            outer, n, inner = _around(x.shape, attrs["axis"])
+            return [OP_LOG_SOFTMAX_AXIS, outer, n, inner, *x.encode([elements(x.shape)]),
+                    *outs[0].encode([elements(x.shape)])], []
         flat = [elements(x.shape[:-1]), x.shape[-1]]
         return [OP_LOG_SOFTMAX, *x.encode(flat), *outs[0].encode(flat)], []
     return [OP_SOFTMAX, attrs["axis"], 0, *ins[0].encode(),
@@ -262,6 +267,11 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
     axes = set(attrs["axes"])
+    if x.dtype == ("bool" if attrs["fn"] in ("any", "all") else "int32") and axes \
+            and outs[0].dtype == x.dtype and x.shape:
+        kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+        return [OP_REDUCE_INT, REDUCE_INT[attrs["fn"]], *x.encode(), *outs[0].encode(kept),
+                *[int(i in axes) for i in range(len(x.shape))]], []
     if attrs["fn"] not in REDUCE or x.dtype not in ("float32", "bfloat16") or not axes \
             or not x.shape or len(x.shape) > 6:
         return None
@@ -422,7 +432,7 @@ def _gather(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     params, indices = ins
     axis = attrs["axis"]
-    if attrs.get("batch_dims", 0) != 0 or indices.dtype != "int32" \
+    if attrs.get("batch_dims", 0) != 0 or indices.dtype not in ("int32", "int64") \
             or params.dtype not in _ITEMSIZE or not params.shape:
         return None
     outer = elements(params.shape[:axis])
