@@ -139,6 +139,12 @@ CASES = [
      0),
     ("gather-i64-indices", lambda p, i: tf.gather(p, tf.cast(i, tf.int64), axis=1),
      [_f32(3, 6, 5), _i32(4, lo=0, hi=6)], 0),
+    ("pow-i32", lambda a, b: tf.pow(a, b), [_i32(3, 5, lo=-9, hi=9), _i32(5, lo=0, hi=12)], 0),
+    ("int64-arithmetic", lambda a, b: tf.cast(
+        tf.maximum(tf.cast(a, tf.int64) * (2**40) - tf.cast(b, tf.int64), 7), tf.float32),
+     [_i32(3, 4), _i32(4)], 0),
+    ("int64-compare", lambda a, b: tf.cast(a, tf.int64) < tf.cast(b, tf.int64),
+     [_i32(3, 4), _i32(3, 4)], 0),
     ("select-i64", lambda m, a: tf.where(m, tf.cast(a, tf.int64), tf.constant(-1, tf.int64)),
      [_bool(3, 4), _i32(3, 4)], 0),
 ]
@@ -206,12 +212,26 @@ def test_a_gather_index_out_of_range_is_an_error_naming_it(native: None) -> None
     assert next(iter(ok.values())).shape == (4, 3)
 
 
+def test_an_integer_power_with_a_negative_exponent_is_an_error(native: None) -> None:
+    g = _trace(lambda a, b: tf.pow(a, b), [_i32(4, lo=1, hi=5), _i32(4, lo=0, hi=3)])
+    exe = compile_graph(g.graph_def, g.io_config)
+    with load(exe) as model:
+        with pytest.raises(ExecutionError, match="negative integer powers.*exponent -2"):
+            model.run({"in0:0": np.array([1, 2, 3, 4], np.int32),
+                       "in1:0": np.array([0, 1, -2, 3], np.int32)})
+        ok = model.run({"in0:0": np.array([1, 2, 3, -4], np.int32),
+                        "in1:0": np.array([0, 31, 2, 3], np.int32)})
+    np.testing.assert_array_equal(next(iter(ok.values())), [1, -2**31, 9, -64])
+
+
 def test_the_compiler_lists_what_numpy_will_run() -> None:
-    """An int32 power has no native kernel yet: the executable's stats name it (the
-    compile report warns with them); the cumulative sum beside it is native and not
+    """A 3-D convolution has no native kernel yet: the executable's stats name it (the
+    compile report warns with them); the cumulative sum after it is native and not
     listed."""
-    g = _trace(lambda x, y: tf.math.cumsum(tf.pow(x, y), axis=1), [_i32(3, 5), _i32(3, 5)])
+    w = tf.constant(_f32(2, 2, 2, 3, 4))
+    g = _trace(lambda x: tf.math.cumsum(tf.nn.conv3d(x, w, [1] * 5, "VALID"), axis=1),
+               [_f32(1, 4, 5, 6, 3)])
     slow = from_bytes(compile_graph(g.graph_def, g.io_config)).stats["numpy_instructions"]
-    assert [(s["kind"], s["fn"], s["dtypes"]) for s in slow] == [
-        ("binary", "pow", ["int32", "int32"])], slow
-    assert slow[0]["tf"] and "Pow" in slow[0]["tf"][0]
+    assert [(s["kind"], s["dtypes"]) for s in slow] == [
+        ("conv3d", ["float32", "float32"])], slow
+    assert slow[0]["tf"] and "Conv3D" in slow[0]["tf"][0]

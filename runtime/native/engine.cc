@@ -1039,6 +1039,39 @@ struct Program {
         case F_FLOOR_MOD: NE_BIN(int32_t, int32_t, floor_mod_i32(p, q));
         case F_SQUARED_DIFFERENCE:
           NE_BIN(int32_t, int32_t, wrap_i32(((int64_t)p - q) * ((int64_t)p - q)));
+        case F_POW: {
+          // Exponentiation by squaring, wrapping (TF's and numpy's integer pow); a negative
+          // exponent is an error in both, found before the parallel loop starts.
+          int64_t nb = count(B);
+          run([b, nb](const Step& st, int threads) {
+            const int32_t* e = data<const int32_t>(st, 1);
+            for (int64_t i = 0; i < nb; ++i)
+              if (e[i] < 0)
+                throw Error("integers to negative integer powers are not allowed (exponent " +
+                            std::to_string(e[i]) + ")");
+            binary_rows<int32_t, int32_t>(st, threads, b, [](int32_t p, int32_t q) {
+              uint32_t base = (uint32_t)p, acc = 1u;
+              for (uint32_t k = (uint32_t)q; k; k >>= 1, base *= base)
+                if (k & 1u) acc *= base;
+              return (int32_t)acc;
+            });
+          });
+          return;
+        }
+      }
+    } else if (A.type == dt::f64) {  // int64 (see to_dt): wrapping, as TF and numpy
+      switch (fn) {
+        case F_ADD: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p + (uint64_t)q));
+        case F_SUB: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p - (uint64_t)q));
+        case F_MUL: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p * (uint64_t)q));
+        case F_MAX: NE_BIN(int64_t, int64_t, std::max(p, q));
+        case F_MIN: NE_BIN(int64_t, int64_t, std::min(p, q));
+        case F_GT: NE_BIN(int64_t, uint8_t, p > q);
+        case F_GE: NE_BIN(int64_t, uint8_t, p >= q);
+        case F_LT: NE_BIN(int64_t, uint8_t, p < q);
+        case F_LE: NE_BIN(int64_t, uint8_t, p <= q);
+        case F_EQ: NE_BIN(int64_t, uint8_t, p == q);
+        case F_NE: NE_BIN(int64_t, uint8_t, p != q);
       }
     } else if (A.type == dt::u8) {  // bool
       switch (fn) {

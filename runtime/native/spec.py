@@ -72,7 +72,9 @@ LOOP = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "gre
 # unary fn on int32 -> MapFn (wrapping integer arithmetic, as numpy)
 MAP_I32 = {"abs": 20, "neg": 21, "relu": 22, "relu6": 23, "sign": 24, "square": 25}
 _LOOP_DTYPES = {"float32": set(LOOP) - {"logical_and", "logical_or"},
-                "int32": set(LOOP) - {"logical_and", "logical_or", "pow"},
+                "int32": set(LOOP) - {"logical_and", "logical_or"},
+                "int64": {"add", "sub", "mul", "maximum", "minimum", "greater", "greater_equal",
+                          "less", "less_equal", "equal", "not_equal"},
                 "bool": {"logical_and", "logical_or", "equal", "not_equal"}}
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "bool": 1, "int32": 4, "int8": 1,
              "float16": 2, "int64": 8}
