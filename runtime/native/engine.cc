@@ -50,7 +50,7 @@ enum Op : int64_t {
   OP_MAP = 12, OP_BINARY_LOOP = 13, OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16,
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
-  OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27,
+  OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
 };
 // OP_MAP functions (float32 unless said).
 enum MapFn : int64_t {
@@ -623,6 +623,8 @@ struct Program {
       case OP_RESIZE: add_resize(rd, ins); break;
       case OP_REDUCE_INT: add_reduce_int(rd, ins); break;
       case OP_LOG_SOFTMAX_AXIS: add_log_softmax_axis(rd, ins); break;
+      case OP_CONV3D: add_conv3d(rd, ins); break;
+      case OP_POOL3D: add_pool3d(rd, ins); break;
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
       default: throw Error("unknown op code " + std::to_string(op));
     }
@@ -1713,6 +1715,55 @@ struct Program {
           for (int64_t i = 0; i < inner; ++i) b[j * inner + i] -= sum[i];
       }
     });
+  }
+
+  // 3-D convolution and pooling on NDHWC volumes: oneDNN's primitives (as conv2d and pool,
+  // float32; the convolution without bias or post-ops, as the ISA's conv3d).
+  static memory::desc ndhwc(const Ref& r) {
+    if (r.dims.size() != 5 || r.type != dt::f32) throw Error("expected a float32 NDHWC volume");
+    const auto& d = r.dims;
+    return memory::desc({d[0], d[4], d[1], d[2], d[3]}, dt::f32, tag::ndhwc);
+  }
+
+  // x, w [KD, KH, KW, C, O] (TF layout; reordered now when constant), y; then strides,
+  // dilations (3 each) and pads [front, back, top, bottom, left, right].
+  void add_conv3d(Reader& rd, Instr& ins) {
+    int64_t w_const = rd.next();
+    Ref x = rd.ref(), w = rd.ref(), y = rd.ref();
+    memory::dims strides = rd.ints(3), dil = rd.ints(3), pads = rd.ints(6);
+    for (auto& d : dil) d -= 1;  // oneDNN counts dilation from 0
+    if (w.dims.size() != 5 || w.type != dt::f32) throw Error("conv3d weights must be 5-D float32");
+    memory::desc w_given({w.dims[4], w.dims[3], w.dims[0], w.dims[1], w.dims[2]}, dt::f32,
+                         tag::dhwio);
+    memory::desc x_md = ndhwc(x), y_md = ndhwc(y);
+    auto pd = dnnl::convolution_forward::primitive_desc(
+        eng, prop_kind::forward_inference, algorithm::convolution_direct, x_md,
+        w_const ? memory::desc(w_given.get_dims(), dt::f32, tag::any) : w_given,
+        memory::desc(), y_md, strides, dil, {pads[0], pads[2], pads[4]},
+        {pads[1], pads[3], pads[5]}, attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, x_md);
+    if (w_const) own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc()));
+    else arg(s, DNNL_ARG_WEIGHTS, w, w_given);
+    arg(s, DNNL_ARG_DST, y, y_md);
+    push<dnnl::convolution_forward>(ins, s, pd);
+  }
+
+  // max or average (the count of non-padded elements) pooling: x, y, then ksize,
+  // strides (3 each) and pads as conv3d's.
+  void add_pool3d(Reader& rd, Instr& ins) {
+    int64_t is_max = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    memory::dims k = rd.ints(3), st = rd.ints(3), pads = rd.ints(6);
+    memory::desc x_md = ndhwc(x), y_md = ndhwc(y);
+    auto pd = dnnl::pooling_forward::primitive_desc(
+        eng, prop_kind::forward_inference,
+        is_max ? algorithm::pooling_max : algorithm::pooling_avg_exclude_padding, x_md, y_md,
+        st, k, {0, 0, 0}, {pads[0], pads[2], pads[4]}, {pads[1], pads[3], pads[5]}, attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, x_md);
+    arg(s, DNNL_ARG_DST, y, y_md);
+    push<dnnl::pooling_forward>(ins, s, pd);
   }
 
   void finalize() {

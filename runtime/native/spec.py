@@ -23,7 +23,7 @@ OP_LAYER_NORM = 11
 OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 16
 OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
-OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS = 26, 27
+OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
 
 # int64 has no oneDNN type: only loops that move or compare its 8-byte elements take it.
 DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
@@ -332,10 +332,11 @@ def _flat_copy(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _cast(attrs: dict, ins: list[Ref], outs: list[Ref],
           const: list[bool]) -> tuple[list[int], list[float]] | None:
     # Only conversions where oneDNN's rounding is TF's: integers and bools to float32
-    # (float -> int truncates in TF, oneDNN rounds), float32 <-> bfloat16.
+    # (float -> int truncates in TF, oneDNN rounds), float32 <-> bfloat16 and float16
+    # (to nearest even, as TF).
     src, dst = ins[0].dtype, outs[0].dtype
     ok = (src in ("int32", "int8", "uint8", "bool") and dst == "float32") or \
-        {src, dst} == {"float32", "bfloat16"}
+        {src, dst} in ({"float32", "bfloat16"}, {"float32", "float16"})
     if ok and ins[0].shape and len(ins[0].shape) <= 6:
         return [OP_REORDER, *ins[0].encode(), *outs[0].encode()], []
     loop = ("float32", "int32", "int8", "uint8", "bool", "int64")
@@ -541,6 +542,23 @@ def _resize(attrs: dict, ins: list[Ref], outs: list[Ref],
              *map(int, y_hi), *map(int, x_hi)], [*map(float, y_lerp), *map(float, x_lerp)])
 
 
+def _conv3d(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, w, y = ins[0], ins[1], outs[0]
+    if x.dtype != "float32" or w.dtype != "float32" or y.dtype != "float32":
+        return None
+    return [OP_CONV3D, int(const[1]), *x.encode(), *w.encode(), *y.encode(), *attrs["strides"],
+            *attrs["dilations"], *attrs["pads"]], []
+
+
+def _pool3d(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    if ins[0].dtype != "float32":
+        return None
+    return [OP_POOL3D, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
+            *attrs["ksize"], *attrs["strides"], *attrs["pads"]], []
+
+
 _ENCODERS = {
     "conv2d": lambda a, i, o, c: _conv(a, i, o, c, depthwise=False),
     "depthwise_conv2d": lambda a, i, o, c: _conv(a, i, o, c, depthwise=True),
@@ -565,6 +583,8 @@ _ENCODERS = {
     "one_hot": _one_hot,
     "top_k": _top_k,
     "resize": _resize,
+    "conv3d": _conv3d,
+    "pool3d": _pool3d,
     "select": _select,
     "gather": _gather,
 }
@@ -594,6 +614,9 @@ def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int
     if kind in ("conv2d", "depthwise_conv2d", "conv2d_int8"):
         kh, kw, cin, _ = ins[1].shape
         return 2 * out * kh * kw * (1 if kind == "depthwise_conv2d" else cin)
+    if kind == "conv3d":
+        kd, kh, kw, cin, _ = ins[1].shape
+        return 2 * out * kd * kh * kw * cin
     if kind == "matmul_int8":
         return 2 * out * ins[1].shape[0]
     if kind == "matmul":
