@@ -157,6 +157,11 @@ CASES = [
     ("cast-f32-f16-f32", lambda x: tf.cast(tf.cast(x, tf.float16), tf.float32),
      [np.concatenate([_f32(20, lo=-7e4, hi=7e4), np.array([1 + 2**-11, 1 + 3 * 2**-11, 7e4,
                                                           1e-8, np.nan], np.float32)])], 0),
+    ("gather-batch_dims", lambda p, i: tf.gather(p, i, axis=2, batch_dims=1),
+     [_f32(3, 2, 6, 4), _i32(3, 5, lo=0, hi=6)], 0),
+    ("gather-batch_dims2-i64", lambda p, i: tf.gather(p, tf.cast(i, tf.int64), axis=2,
+                                                      batch_dims=2),
+     [_i32(2, 3, 7), _i32(2, 3, 4, lo=0, hi=7)], 0),
     ("select-i64", lambda m, a: tf.where(m, tf.cast(a, tf.int64), tf.constant(-1, tf.int64)),
      [_bool(3, 4), _i32(3, 4)], 0),
 ]

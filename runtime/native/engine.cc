@@ -1126,18 +1126,20 @@ struct Program {
     push_loop(ins, s, "neuronish:select", loop);
   }
 
-  // params, indices (int32) -> y: y[o, j, i] = params[o, indices[j], i] (batch_dims 0), with
-  // `outer` = the params dims before the axis, `inner` bytes after it. An index out of
-  // [0, dim) stops the run with an error (as TF's CPU kernel and the reference engine).
+  // params, indices (int32 or int64) -> y: y[b, o, j, i] = params[b, o, indices[b, j], i],
+  // with `batch` = the params dims before batch_dims (1 without), `outer` those from there
+  // to the axis, `inner` elements after it. An index out of [0, dim) stops the run with an
+  // error (as TF's CPU kernel and the reference engine).
   void add_gather(Reader& rd, Instr& ins) {
-    int64_t outer = rd.next(), dim = rd.next(), inner_elems = rd.next();
+    int64_t batch = rd.next(), outer = rd.next(), dim = rd.next(), inner_elems = rd.next();
     Ref p = rd.ref(), idx = rd.ref(), y = rd.ref();
     if (idx.type != dt::s32 && idx.type != dt::f64)  // (f64: int64, see to_dt)
       throw Error("gather: indices must be int32 or int64");
     bool wide = idx.type == dt::f64;
-    int64_t n_idx = count(idx);
+    int64_t n_all = count(idx), n_idx = batch > 0 ? n_all / batch : 0;
     int64_t row = inner_elems * (int64_t)memory::data_type_size(p.type);
-    if (outer * dim * inner_elems != count(p) || outer * n_idx * inner_elems != count(y))
+    if (batch < 1 || n_idx * batch != n_all || batch * outer * dim * inner_elems != count(p) ||
+        batch * outer * n_idx * inner_elems != count(y))
       throw Error("gather: shapes do not agree");
     Step s;
     for (const Ref* r : {&p, &idx, &y}) byte_arg(s, *r);
@@ -1149,7 +1151,7 @@ struct Program {
         return wide ? static_cast<const int64_t*>(raw)[j] : static_cast<const int32_t*>(raw)[j];
       };
       char* dst = data<char>(st, 2);
-      for (int64_t j = 0; j < n_idx; ++j)
+      for (int64_t j = 0; j < n_all; ++j)
         if (ix(j) < 0 || ix(j) >= dim) {
           std::string shape;
           for (auto d : pdims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
@@ -1157,10 +1159,12 @@ struct Program {
                       std::to_string(dim) + ") for the gathered axis of params with shape [" +
                       shape + "]");
         }
-#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t j = 0; j < n_idx; ++j)
-          std::memcpy(dst + (o * n_idx + j) * row, src + (o * dim + ix(j)) * row, row);
+#pragma omp parallel for collapse(3) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t j = 0; j < n_idx; ++j)
+            std::memcpy(dst + ((b * outer + o) * n_idx + j) * row,
+                        src + ((b * outer + o) * dim + ix(b * n_idx + j)) * row, row);
     });
   }
 

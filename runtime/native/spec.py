@@ -434,13 +434,15 @@ def _select(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _gather(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     params, indices = ins
-    axis = attrs["axis"]
-    if attrs.get("batch_dims", 0) != 0 or indices.dtype not in ("int32", "int64") \
-            or params.dtype not in _ITEMSIZE or not params.shape:
+    axis, bd = attrs["axis"], attrs.get("batch_dims", 0)
+    if indices.dtype not in ("int32", "int64") or params.dtype not in _ITEMSIZE \
+            or not params.shape:
         return None
-    outer = elements(params.shape[:axis])
+    batch = elements(params.shape[:bd])
+    outer = elements(params.shape[bd:axis])
     inner = elements(params.shape[axis + 1:])
-    return [OP_GATHER, outer, params.shape[axis], inner, *params.encode([elements(params.shape)]),
+    return [OP_GATHER, batch, outer, params.shape[axis], inner,
+            *params.encode([elements(params.shape)]),
             *indices.encode([max(elements(indices.shape), 1)]),
             *outs[0].encode([elements(outs[0].shape)])], []
 
