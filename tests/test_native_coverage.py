@@ -162,6 +162,13 @@ CASES = [
     ("gather-batch_dims2-i64", lambda p, i: tf.gather(p, tf.cast(i, tf.int64), axis=2,
                                                       batch_dims=2),
      [_i32(2, 3, 7), _i32(2, 3, 4, lo=0, hi=7)], 0),
+    *[(f"f16-{name}", fn, [np.concatenate([_f32(30, lo=-300, hi=300), np.array(
+        [6e4, -6e4, 1e-5, -3e-7, 0.0, np.nan, np.inf], np.float32)]).astype(np.float16),
+        np.concatenate([_f32(30, lo=-3, hi=3), np.array([2.0, 3.0, 7e-3, 0.5, -0.0, 1.0, 1.0],
+                                                         np.float32)]).astype(np.float16)], 0)
+      for name, fn in [("add", tf.add), ("sub", tf.subtract), ("mul", tf.multiply),
+                       ("div", tf.divide), ("max", tf.maximum), ("min", tf.minimum),
+                       ("greater", tf.greater), ("equal", tf.equal)]],
     ("select-i64", lambda m, a: tf.where(m, tf.cast(a, tf.int64), tf.constant(-1, tf.int64)),
      [_bool(3, 4), _i32(3, 4)], 0),
 ]

@@ -278,6 +278,35 @@ inline float round_bf16(float x) {
   return x;
 }
 
+// float16 <-> float32 bits (no F16C at -O2 baseline x86-64): float16 arithmetic computes
+// in float32 and rounds once to nearest even, as TF's Eigen::half and numpy do.
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0) {  // zero or subnormal: m * 2^-24, exact
+    float v = (float)m * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  x = e == 0x1f ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+inline uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // NaN
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  // >= 65520: infinity
+  if (ax < 0x38800000u) {  // below 2^-14: a float16 subnormal, |f| * 2^24 rounded
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return (uint16_t)(sign | (uint32_t)std::nearbyint(a * 16777216.f));
+  }
+  uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u) - 0x38000000u;  // round, rebias 127 -> 15
+  return (uint16_t)(sign | (r >> 13));
+}
+
 inline float map_f32(int64_t fn, float x) {
   switch (fn) {
     case M_ERF: return std::erf(x);
@@ -1061,6 +1090,25 @@ struct Program {
           return;
         }
       }
+    } else if (A.type == dt::f16) {
+#define NE_H(E) f32_to_f16([](float a, float b) { return E; }(f16_to_f32(p), f16_to_f32(q)))
+#define NE_HC(OP) NE_BIN(uint16_t, uint8_t, f16_to_f32(p) OP f16_to_f32(q))
+      switch (fn) {
+        case F_ADD: NE_BIN(uint16_t, uint16_t, NE_H(a + b));
+        case F_SUB: NE_BIN(uint16_t, uint16_t, NE_H(a - b));
+        case F_MUL: NE_BIN(uint16_t, uint16_t, NE_H(a * b));
+        case F_DIV: NE_BIN(uint16_t, uint16_t, NE_H(a / b));
+        case F_MAX: NE_BIN(uint16_t, uint16_t, NE_H((a != a || b != b) ? NAN : std::max(a, b)));
+        case F_MIN: NE_BIN(uint16_t, uint16_t, NE_H((a != a || b != b) ? NAN : std::min(a, b)));
+        case F_GT: NE_HC(>);
+        case F_GE: NE_HC(>=);
+        case F_LT: NE_HC(<);
+        case F_LE: NE_HC(<=);
+        case F_EQ: NE_HC(==);
+        case F_NE: NE_HC(!=);
+      }
+#undef NE_HC
+#undef NE_H
     } else if (A.type == dt::f64) {  // int64 (see to_dt): wrapping, as TF and numpy
       switch (fn) {
         case F_ADD: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p + (uint64_t)q));

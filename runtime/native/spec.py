@@ -75,6 +75,8 @@ _LOOP_DTYPES = {"float32": set(LOOP) - {"logical_and", "logical_or"},
                 "int32": set(LOOP) - {"logical_and", "logical_or"},
                 "int64": {"add", "sub", "mul", "maximum", "minimum", "greater", "greater_equal",
                           "less", "less_equal", "equal", "not_equal"},
+                "float16": {"add", "sub", "mul", "div", "maximum", "minimum", "greater",
+                            "greater_equal", "less", "less_equal", "equal", "not_equal"},
                 "bool": {"logical_and", "logical_or", "equal", "not_equal"}}
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "bool": 1, "int32": 4, "int8": 1,
              "float16": 2, "int64": 8}
