@@ -169,6 +169,9 @@ CASES = [
       for name, fn in [("add", tf.add), ("sub", tf.subtract), ("mul", tf.multiply),
                        ("div", tf.divide), ("max", tf.maximum), ("min", tf.minimum),
                        ("greater", tf.greater), ("equal", tf.equal)]],
+    ("f16-transpose-concat-reshape", lambda a, b: tf.reshape(tf.concat(
+        [tf.transpose(a, [1, 0, 2]), b], axis=2), [4, -1]),
+     [_f32(3, 4, 5).astype(np.float16), _f32(4, 3, 2).astype(np.float16)], 0),
     ("select-i64", lambda m, a: tf.where(m, tf.cast(a, tf.int64), tf.constant(-1, tf.int64)),
      [_bool(3, 4), _i32(3, 4)], 0),
 ]

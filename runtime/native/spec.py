@@ -90,7 +90,7 @@ _SWAPPED = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimu
 REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
 # reduce fn -> engine.cc's RedInt (int32 wrapping; any/all on bool)
 REDUCE_INT = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5, "any": 6, "all": 7}
-_MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16")
+_MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
