@@ -93,6 +93,9 @@ CASES = [
      [_i32(3, 4, 9, lo=-3, hi=3)], 0),  # ties: the first extreme
     ("argmax-last", lambda x: tf.math.argmax(x, axis=-1, output_type=tf.int32),
      [_f32(6, 1000)], 0),
+    # (-0.0 and 0.0 tie: the first. With a NaN TF skips it, numpy and this engine pick it.)
+    ("argmin-zeros-inf", lambda x: tf.math.argmin(x, axis=1, output_type=tf.int32),
+     [np.array([[0.0, -0.0, 1, 0], [2, 1, 1, -np.inf], [1, -0.0, 0.0, 5]], np.float32)], 0),
     ("cumsum", lambda x: tf.math.cumsum(x, axis=1), [_f32(3, 50, 4)], 0),
     ("cumsum-exclusive-reverse", lambda x: tf.math.cumsum(x, axis=0, exclusive=True,
                                                           reverse=True), [_f32(9, 5)], 0),

@@ -1437,6 +1437,28 @@ struct Program {
             const T* a = px + o * n * inner + i;
             T best = a[0];
             int64_t at = 0;
+            if (inner == 1) {
+              // A contiguous row: the extreme by a vectorized pass (a NaN seen apart), then
+              // its first position; the same answer as the scan below, several times faster.
+              T m = a[0];
+              bool nan = false;
+              if (is_min) {
+#pragma omp simd reduction(min : m) reduction(| : nan)
+                for (int64_t j = 0; j < n; ++j) {
+                  m = a[j] < m ? a[j] : m;
+                  nan |= a[j] != a[j];
+                }
+              } else {
+#pragma omp simd reduction(max : m) reduction(| : nan)
+                for (int64_t j = 0; j < n; ++j) {
+                  m = a[j] > m ? a[j] : m;
+                  nan |= a[j] != a[j];
+                }
+              }
+              while (nan ? a[at] == a[at] : a[at] != m) ++at;
+              n_done(st, o, at, wide);
+              continue;
+            }
             for (int64_t j = 1; j < n && best == best; ++j) {
               T v = a[j * inner];
               if (v != v || (is_min ? v < best : v > best)) {
@@ -1444,13 +1466,17 @@ struct Program {
                 at = j;
               }
             }
-            if (wide) data<int64_t>(st, 1)[o * inner + i] = at;
-            else data<int32_t>(st, 1)[o * inner + i] = (int32_t)at;
+            n_done(st, o * inner + i, at, wide);
           }
       };
       if (f32) run(float());
       else run(int32_t());
     });
+  }
+
+  static void n_done(const Step& st, int64_t k, int64_t at, bool wide) {  // y[k] = at
+    if (wide) data<int64_t>(st, 1)[k] = at;
+    else data<int32_t>(st, 1)[k] = (int32_t)at;
   }
 
   // x [outer, n, inner] -> y, same shape: the running sum (product) along n, sequential as
@@ -1508,16 +1534,28 @@ struct Program {
     push_loop(ins, s, "neuronish:one_hot", [=](const Step& st, int threads) {
       const char* pi = data<const char>(st, 0);
       char* py = data<char>(st, 1);
+      auto fill = [&](auto tag) {  // every element off, then the indexed ones on
+        using T = decltype(tag);
+        T off_v, on_v;
+        std::memcpy(&off_v, &off, sizeof(T));
+        std::memcpy(&on_v, &on, sizeof(T));
+        T* out = reinterpret_cast<T*>(py);
 #pragma omp parallel for num_threads(threads) if (threads > 1)
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t d = 0; d < depth; ++d)
+        for (int64_t o = 0; o < outer; ++o) {
+          T* row = out + o * depth * inner;
+          for (int64_t e = 0; e < depth * inner; ++e) row[e] = off_v;
           for (int64_t i = 0; i < inner; ++i) {
             int64_t k = o * inner + i;
             int64_t v = isize == 8 ? reinterpret_cast<const int64_t*>(pi)[k]
                                    : reinterpret_cast<const int32_t*>(pi)[k];
-            std::memcpy(py + ((o * depth + d) * inner + i) * (int64_t)size,
-                        v == d ? &on : &off, size);
+            if (v >= 0 && v < depth) row[v * inner + i] = on_v;
           }
+        }
+      };
+      if (size == 8) fill(uint64_t());
+      else if (size == 4) fill(uint32_t());
+      else if (size == 2) fill(uint16_t());
+      else fill(uint8_t());
     });
   }
 
@@ -1585,6 +1623,7 @@ struct Program {
     }
     std::vector<int64_t> xst = dense_strides(x.dims);
     int64_t rows = count(y) / y.dims[r - 1], n = y.dims[r - 1];
+    int64_t lead = before[r - 1], d_last = x.dims[r - 1];
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
@@ -1600,8 +1639,13 @@ struct Program {
           rest /= y.dims[k];
         }
         char* out = py + row * n * (int64_t)size;
-        for (int64_t j = 0; j < n; ++j)
+        // the interior of the last dim is x's row as it is: one copy; the edges mirrored
+        std::memcpy(out + lead * (int64_t)size, px + xo * (int64_t)size, d_last * size);
+        for (int64_t j = 0; j < n; ++j) {
+          if (j == lead) j += d_last;
+          if (j >= n) break;
           std::memcpy(out + j * (int64_t)size, px + (xo + last[j]) * (int64_t)size, size);
+        }
       }
     });
   }
