@@ -304,7 +304,8 @@ def _own_link(fd: int, data: bytes | mmap.mmap, into: Path, key: str) -> str:
 
 
 def _source_digest() -> str:
-    """Digest of the bundled compiler's sources and the executable-format writer."""
+    """Digest of the bundled compiler's sources, the executable-format writer and the native
+    engine's encoders (they decide the executable's stats["numpy_instructions"])."""
     h = hashlib.sha256()
     for package in ("neuronish.cc", "neuronish.runtime"):
         spec = importlib.util.find_spec(package)
@@ -312,7 +313,7 @@ def _source_digest() -> str:
         for root in roots:
             for path in sorted(Path(root).rglob("*.py")):
                 if package == "neuronish.runtime" and path.name not in (
-                        "executable.py", "validate.py"):
+                        "executable.py", "validate.py", "spec.py", "spec_int8.py"):
                     continue
                 h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()

@@ -124,8 +124,10 @@ def test_a_program_of_small_instructions_takes_one_cpu_and_a_large_one_all() -> 
     w = tf.constant(np.random.default_rng(0).standard_normal((3, 3, 64, 64), np.float32))
     large = trace(lambda x: tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME")),  # 0.3 GFLOP
                   tf.TensorSpec([4, 32, 32, 64], tf.float32, name="x"))
-    # cumsum has no native kernel: numpy runs it inside the program, on the calling thread.
-    with_numpy_step = trace(lambda x: tf.math.cumsum(x, axis=1) * 2.0,
+    # A float16 cumsum has no native kernel: numpy runs it inside the program, on the
+    # calling thread.
+    with_numpy_step = trace(lambda x: tf.cast(tf.math.cumsum(tf.cast(x, tf.float16), axis=1),
+                                              tf.float32) * 2.0,
                             tf.TensorSpec([2, 16], tf.float32, name="x"))
     for graph, width in ((small, 1), (large, 2), (with_numpy_step, 1)):
         exe = from_bytes(compile_graph(graph.graph_def, graph.io_config))

@@ -49,6 +49,8 @@ enum Op : int64_t {
   // as TF's: keep in step with spec.py.
   OP_MAP = 12, OP_BINARY_LOOP = 13, OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16,
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
+  OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
+  OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
 };
 // OP_MAP functions (float32 unless said).
 enum MapFn : int64_t {
@@ -64,7 +66,7 @@ enum LoopFn : int64_t {
   F_LT = 9, F_LE = 10, F_EQ = 11, F_NE = 12, F_POW = 13, F_FLOOR_DIV = 14, F_FLOOR_MOD = 15,
   F_AND = 16, F_OR = 17, F_SQUARED_DIFFERENCE = 18,
 };
-enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5 };
+enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5, D_S64 = 6 };
 enum Elt : int64_t {
   E_RELU = 1, E_CLIP = 2, E_ELU = 3, E_LOGISTIC = 4, E_TANH = 5, E_SOFT_RELU = 6, E_EXP = 7,
   E_LOG = 8, E_SQRT = 9, E_SQUARE = 10, E_ABS = 11, E_LINEAR = 12, E_POW = 13, E_ROUND = 14,
@@ -75,6 +77,8 @@ enum Bin : int64_t {
   B_LT = 9, B_LE = 10, B_EQ = 11, B_NE = 12,
 };
 enum Red : int64_t { R_SUM = 1, R_MEAN = 2, R_MAX = 3, R_MIN = 4, R_MUL = 5 };
+// OP_REDUCE_INT functions: int32, then bool.
+enum RedInt : int64_t { RI_SUM = 1, RI_MEAN = 2, RI_MAX = 3, RI_MIN = 4, RI_PROD = 5, RI_ANY = 6, RI_ALL = 7 };
 // Why a run stopped early (ne_run's result; keep in step with runtime/native/program.py).
 enum Stop : int64_t { STOP_CANCELLED = 1, STOP_DEADLINE = 2 };
 
@@ -90,6 +94,8 @@ dt to_dt(int64_t code) {
     case D_S32: return dt::s32;
     case D_S8: return dt::s8;
     case D_F16: return dt::f16;
+    // int64: oneDNN 3.2 has no s64; only byte-moving loops take it, by its 8-byte size.
+    case D_S64: return dt::f64;
   }
   throw Error("unknown dtype code " + std::to_string(code));
 }
@@ -270,6 +276,35 @@ inline float round_bf16(float x) {
   u &= 0xffff0000u;
   std::memcpy(&x, &u, 4);
   return x;
+}
+
+// float16 <-> float32 bits (no F16C at -O2 baseline x86-64): float16 arithmetic computes
+// in float32 and rounds once to nearest even, as TF's Eigen::half and numpy do.
+inline float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0) {  // zero or subnormal: m * 2^-24, exact
+    float v = (float)m * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  x = e == 0x1f ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+inline uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // NaN
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);  // >= 65520: infinity
+  if (ax < 0x38800000u) {  // below 2^-14: a float16 subnormal, |f| * 2^24 rounded
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return (uint16_t)(sign | (uint32_t)std::nearbyint(a * 16777216.f));
+  }
+  uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u) - 0x38000000u;  // round, rebias 127 -> 15
+  return (uint16_t)(sign | (r >> 13));
 }
 
 inline float map_f32(int64_t fn, float x) {
@@ -609,6 +644,16 @@ struct Program {
       case OP_PAD: add_pad(rd, ins); break;
       case OP_LOG_SOFTMAX: add_log_softmax(rd, ins); break;
       case OP_CAST_LOOP: add_cast_loop(rd, ins); break;
+      case OP_ARGMINMAX: add_argminmax(rd, ins); break;
+      case OP_CUMULATIVE: add_cumulative(rd, ins); break;
+      case OP_ONE_HOT: add_one_hot(rd, ins); break;
+      case OP_TOP_K: add_top_k(rd, ins); break;
+      case OP_MIRROR_PAD: add_mirror_pad(rd, ins); break;
+      case OP_RESIZE: add_resize(rd, ins); break;
+      case OP_REDUCE_INT: add_reduce_int(rd, ins); break;
+      case OP_LOG_SOFTMAX_AXIS: add_log_softmax_axis(rd, ins); break;
+      case OP_CONV3D: add_conv3d(rd, ins); break;
+      case OP_POOL3D: add_pool3d(rd, ins); break;
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
       default: throw Error("unknown op code " + std::to_string(op));
     }
@@ -1031,6 +1076,58 @@ struct Program {
         case F_FLOOR_MOD: NE_BIN(int32_t, int32_t, floor_mod_i32(p, q));
         case F_SQUARED_DIFFERENCE:
           NE_BIN(int32_t, int32_t, wrap_i32(((int64_t)p - q) * ((int64_t)p - q)));
+        case F_POW: {
+          // Exponentiation by squaring, wrapping (TF's and numpy's integer pow); a negative
+          // exponent is an error in both, found before the parallel loop starts.
+          int64_t nb = count(B);
+          run([b, nb](const Step& st, int threads) {
+            const int32_t* e = data<const int32_t>(st, 1);
+            for (int64_t i = 0; i < nb; ++i)
+              if (e[i] < 0)
+                throw Error("integers to negative integer powers are not allowed (exponent " +
+                            std::to_string(e[i]) + ")");
+            binary_rows<int32_t, int32_t>(st, threads, b, [](int32_t p, int32_t q) {
+              uint32_t base = (uint32_t)p, acc = 1u;
+              for (uint32_t k = (uint32_t)q; k; k >>= 1, base *= base)
+                if (k & 1u) acc *= base;
+              return (int32_t)acc;
+            });
+          });
+          return;
+        }
+      }
+    } else if (A.type == dt::f16) {
+#define NE_H(E) f32_to_f16([](float a, float b) { return E; }(f16_to_f32(p), f16_to_f32(q)))
+#define NE_HC(OP) NE_BIN(uint16_t, uint8_t, f16_to_f32(p) OP f16_to_f32(q))
+      switch (fn) {
+        case F_ADD: NE_BIN(uint16_t, uint16_t, NE_H(a + b));
+        case F_SUB: NE_BIN(uint16_t, uint16_t, NE_H(a - b));
+        case F_MUL: NE_BIN(uint16_t, uint16_t, NE_H(a * b));
+        case F_DIV: NE_BIN(uint16_t, uint16_t, NE_H(a / b));
+        case F_MAX: NE_BIN(uint16_t, uint16_t, NE_H((a != a || b != b) ? NAN : std::max(a, b)));
+        case F_MIN: NE_BIN(uint16_t, uint16_t, NE_H((a != a || b != b) ? NAN : std::min(a, b)));
+        case F_GT: NE_HC(>);
+        case F_GE: NE_HC(>=);
+        case F_LT: NE_HC(<);
+        case F_LE: NE_HC(<=);
+        case F_EQ: NE_HC(==);
+        case F_NE: NE_HC(!=);
+      }
+#undef NE_HC
+#undef NE_H
+    } else if (A.type == dt::f64) {  // int64 (see to_dt): wrapping, as TF and numpy
+      switch (fn) {
+        case F_ADD: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p + (uint64_t)q));
+        case F_SUB: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p - (uint64_t)q));
+        case F_MUL: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p * (uint64_t)q));
+        case F_MAX: NE_BIN(int64_t, int64_t, std::max(p, q));
+        case F_MIN: NE_BIN(int64_t, int64_t, std::min(p, q));
+        case F_GT: NE_BIN(int64_t, uint8_t, p > q);
+        case F_GE: NE_BIN(int64_t, uint8_t, p >= q);
+        case F_LT: NE_BIN(int64_t, uint8_t, p < q);
+        case F_LE: NE_BIN(int64_t, uint8_t, p <= q);
+        case F_EQ: NE_BIN(int64_t, uint8_t, p == q);
+        case F_NE: NE_BIN(int64_t, uint8_t, p != q);
       }
     } else if (A.type == dt::u8) {  // bool
       switch (fn) {
@@ -1051,7 +1148,7 @@ struct Program {
       throw Error("select: bad dtypes");
     Broadcast b(y.dims, {c.dims, A.dims, B.dims});
     size_t size = memory::data_type_size(y.type);
-    if (size != 1 && size != 2 && size != 4) throw Error("select: bad element size");
+    if (size != 1 && size != 2 && size != 4 && size != 8) throw Error("select: bad element size");
     Step s;
     for (const Ref* r : {&c, &A, &B, &y}) byte_arg(s, *r);
     auto loop = [b, size](const Step& st, int threads) {
@@ -1074,7 +1171,8 @@ struct Program {
           T* o = reinterpret_cast<T*>(yr);
           for (int64_t j = 0; j < n; ++j) o[j] = cr[j * sc] ? a[j * sa] : bb[j * sb];
         };
-        if (size == 4) pick(uint32_t());
+        if (size == 8) pick(uint64_t());
+        else if (size == 4) pick(uint32_t());
         else if (size == 2) pick(uint16_t());
         else pick(uint8_t());
       }
@@ -1082,36 +1180,45 @@ struct Program {
     push_loop(ins, s, "neuronish:select", loop);
   }
 
-  // params, indices (int32) -> y: y[o, j, i] = params[o, indices[j], i] (batch_dims 0), with
-  // `outer` = the params dims before the axis, `inner` bytes after it. An index out of
-  // [0, dim) stops the run with an error (as TF's CPU kernel and the reference engine).
+  // params, indices (int32 or int64) -> y: y[b, o, j, i] = params[b, o, indices[b, j], i],
+  // with `batch` = the params dims before batch_dims (1 without), `outer` those from there
+  // to the axis, `inner` elements after it. An index out of [0, dim) stops the run with an
+  // error (as TF's CPU kernel and the reference engine).
   void add_gather(Reader& rd, Instr& ins) {
-    int64_t outer = rd.next(), dim = rd.next(), inner_elems = rd.next();
+    int64_t batch = rd.next(), outer = rd.next(), dim = rd.next(), inner_elems = rd.next();
     Ref p = rd.ref(), idx = rd.ref(), y = rd.ref();
-    if (idx.type != dt::s32) throw Error("gather: indices must be int32");
-    int64_t n_idx = count(idx);
+    if (idx.type != dt::s32 && idx.type != dt::f64)  // (f64: int64, see to_dt)
+      throw Error("gather: indices must be int32 or int64");
+    bool wide = idx.type == dt::f64;
+    int64_t n_all = count(idx), n_idx = batch > 0 ? n_all / batch : 0;
     int64_t row = inner_elems * (int64_t)memory::data_type_size(p.type);
-    if (outer * dim * inner_elems != count(p) || outer * n_idx * inner_elems != count(y))
+    if (batch < 1 || n_idx * batch != n_all || batch * outer * dim * inner_elems != count(p) ||
+        batch * outer * n_idx * inner_elems != count(y))
       throw Error("gather: shapes do not agree");
     Step s;
     for (const Ref* r : {&p, &idx, &y}) byte_arg(s, *r);
     memory::dims pdims = p.dims;
     push_loop(ins, s, "neuronish:gather", [=](const Step& st, int threads) {
       const char* src = data<const char>(st, 0);
-      const int32_t* ix = data<const int32_t>(st, 1);
+      const void* raw = data<const void>(st, 1);
+      auto ix = [raw, wide](int64_t j) -> int64_t {
+        return wide ? static_cast<const int64_t*>(raw)[j] : static_cast<const int32_t*>(raw)[j];
+      };
       char* dst = data<char>(st, 2);
-      for (int64_t j = 0; j < n_idx; ++j)
-        if (ix[j] < 0 || ix[j] >= dim) {
+      for (int64_t j = 0; j < n_all; ++j)
+        if (ix(j) < 0 || ix(j) >= dim) {
           std::string shape;
           for (auto d : pdims) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-          throw Error("gather index " + std::to_string(ix[j]) + " is out of range [0, " +
+          throw Error("gather index " + std::to_string(ix(j)) + " is out of range [0, " +
                       std::to_string(dim) + ") for the gathered axis of params with shape [" +
                       shape + "]");
         }
-#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
-      for (int64_t o = 0; o < outer; ++o)
-        for (int64_t j = 0; j < n_idx; ++j)
-          std::memcpy(dst + (o * n_idx + j) * row, src + (o * dim + ix[j]) * row, row);
+#pragma omp parallel for collapse(3) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t j = 0; j < n_idx; ++j)
+            std::memcpy(dst + ((b * outer + o) * n_idx + j) * row,
+                        src + ((b * outer + o) * dim + ix(b * n_idx + j)) * row, row);
     });
   }
 
@@ -1262,38 +1369,503 @@ struct Program {
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
-    dt from = x.type, to = y.type;
-    auto ok = [](dt t) { return t == dt::f32 || t == dt::s32 || t == dt::s8 || t == dt::u8; };
+    dt from = x.type, to = y.type;  // (dt::f64 stands for int64: see to_dt)
+    auto ok = [](dt t) {
+      return t == dt::f32 || t == dt::s32 || t == dt::s8 || t == dt::u8 || t == dt::f64;
+    };
     if (!ok(from) || !ok(to)) throw Error("cast loop: unsupported dtypes");
     push_loop(ins, s, "neuronish:cast", [=](const Step& st, int threads) {
       const void* px = data<const void>(st, 0);
       void* py = data<void>(st, 1);
-      auto get = [from, px](int64_t i) -> double {
+      auto get = [from, px](int64_t i) -> int64_t {  // an integer source's value
         switch (from) {
-          case dt::f32: return static_cast<const float*>(px)[i];
+          case dt::f64: return static_cast<const int64_t*>(px)[i];
           case dt::s32: return static_cast<const int32_t*>(px)[i];
           case dt::s8: return static_cast<const int8_t*>(px)[i];
           default: return static_cast<const uint8_t*>(px)[i];
         }
       };
+      const bool real = from == dt::f32;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
       for (int64_t i = 0; i < n; ++i) {
-        double v = get(i);
+        float f = real ? static_cast<const float*>(px)[i] : 0.f;
+        int64_t v = real ? 0 : get(i);
         if (to_bool) {
-          static_cast<uint8_t*>(py)[i] = v != 0.0;  // NaN is true, as TF
+          static_cast<uint8_t*>(py)[i] = real ? f != 0.f : v != 0;  // NaN is true, as TF
         } else if (to == dt::f32) {
-          static_cast<float*>(py)[i] = (float)v;
+          static_cast<float*>(py)[i] = real ? f : (float)v;  // int64: rounded to nearest
+        } else if (to == dt::f64) {
+          // float32 -> int64 truncates; NaN and out-of-range give INT64_MIN (x86, numpy).
+          static_cast<int64_t*>(py)[i] =
+              !real ? v : f != f || f >= 9223372036854775808.f || f < -9223372036854775808.f
+                              ? INT64_MIN : (int64_t)f;
         } else {
           // Truncation toward zero; NaN and out-of-range values wrap as numpy's C cast
-          // does on x86 (the integer indefinite 0x80000000, then narrowed).
-          int32_t w = v != v || v >= 2147483648.0 || v < -2147483648.0
-                          ? INT32_MIN : (int32_t)v;
+          // does on x86 (the integer indefinite 0x80000000, then narrowed). Integers keep
+          // their low bits.
+          int32_t w = !real ? (int32_t)(uint32_t)(uint64_t)v
+                      : f != f || f >= 2147483648.f || f < -2147483648.f ? INT32_MIN
+                                                                         : (int32_t)f;
           if (to == dt::s32) static_cast<int32_t*>(py)[i] = w;
           else if (to == dt::s8) static_cast<int8_t*>(py)[i] = (int8_t)w;
           else static_cast<uint8_t*>(py)[i] = (uint8_t)w;
         }
       }
     });
+  }
+
+  // --- Loops for the remaining kinds (argminmax, cumulative, one_hot, top_k, mirror pad,
+  // resize): each computes what TF's CPU kernel computes, in its order, so the results are
+  // bit-exact (no float math beyond TF's own: scans run sequentially, resize's coordinates
+  // and weights come precomputed from spec.py). int64 tensors travel as 8-byte elements.
+
+  // x [outer, n, inner] (float32 or int32) -> y [outer, inner] (int32 or int64): the index
+  // of the first maximum (minimum) along n. A NaN wins at its first position (numpy's
+  // argmax, which the reference engine runs).
+  void add_argminmax(Reader& rd, Instr& ins) {
+    int64_t is_min = rd.next(), outer = rd.next(), n = rd.next(), inner = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if ((x.type != dt::f32 && x.type != dt::s32) || outer * n * inner != count(x) ||
+        outer * inner != count(y) || n < 1)
+      throw Error("argminmax: bad spec");
+    bool wide = memory::data_type_size(y.type) == 8;
+    bool f32 = x.type == dt::f32;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:argminmax", [=](const Step& st, int threads) {
+      auto run = [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = data<const T>(st, 0);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < inner; ++i) {
+            const T* a = px + o * n * inner + i;
+            T best = a[0];
+            int64_t at = 0;
+            if (inner == 1) {
+              // A contiguous row: the extreme by a vectorized pass (a NaN seen apart), then
+              // its first position; the same answer as the scan below, several times faster.
+              T m = a[0];
+              bool nan = false;
+              if (is_min) {
+#pragma omp simd reduction(min : m) reduction(| : nan)
+                for (int64_t j = 0; j < n; ++j) {
+                  m = a[j] < m ? a[j] : m;
+                  nan |= a[j] != a[j];
+                }
+              } else {
+#pragma omp simd reduction(max : m) reduction(| : nan)
+                for (int64_t j = 0; j < n; ++j) {
+                  m = a[j] > m ? a[j] : m;
+                  nan |= a[j] != a[j];
+                }
+              }
+              while (nan ? a[at] == a[at] : a[at] != m) ++at;
+              n_done(st, o, at, wide);
+              continue;
+            }
+            for (int64_t j = 1; j < n && best == best; ++j) {
+              T v = a[j * inner];
+              if (v != v || (is_min ? v < best : v > best)) {
+                best = v;
+                at = j;
+              }
+            }
+            n_done(st, o * inner + i, at, wide);
+          }
+      };
+      if (f32) run(float());
+      else run(int32_t());
+    });
+  }
+
+  static void n_done(const Step& st, int64_t k, int64_t at, bool wide) {  // y[k] = at
+    if (wide) data<int64_t>(st, 1)[k] = at;
+    else data<int32_t>(st, 1)[k] = (int32_t)at;
+  }
+
+  // x [outer, n, inner] -> y, same shape: the running sum (product) along n, sequential as
+  // TF's scan; exclusive leaves each element out, reverse runs from the end. float32, or
+  // int32 wrapping (as TF and numpy).
+  void add_cumulative(Reader& rd, Instr& ins) {
+    int64_t prod = rd.next(), exclusive = rd.next(), reverse = rd.next();
+    int64_t outer = rd.next(), n = rd.next(), inner = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if ((x.type != dt::f32 && x.type != dt::s32) || y.type != x.type ||
+        outer * n * inner != count(x) || count(y) != count(x))
+      throw Error("cumulative: bad spec");
+    bool f32 = x.type == dt::f32;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:cumulative", [=](const Step& st, int threads) {
+      auto run = [&](auto tag) {
+        using T = decltype(tag);  // float, or uint32_t for int32 (wrapping arithmetic)
+        const T* px = data<const T>(st, 0);
+        T* py = data<T>(st, 1);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < inner; ++i) {
+            T acc = prod ? T(1) : T(0);
+            for (int64_t t = 0; t < n; ++t) {
+              int64_t j = reverse ? n - 1 - t : t;
+              int64_t at = (o * n + j) * inner + i;
+              T v = px[at];
+              if (exclusive) py[at] = acc;
+              acc = prod ? T(acc * v) : T(acc + v);
+              if (!exclusive) py[at] = acc;
+            }
+          }
+      };
+      if (f32) run(float());
+      else run(uint32_t());
+    });
+  }
+
+  // indices [outer, inner] (int32 or int64) -> y [outer, depth, inner]: on where the index
+  // is d, off elsewhere (an index outside [0, depth) gives an all-off row). on and off
+  // are the values' bytes, as int64s.
+  void add_one_hot(Reader& rd, Instr& ins) {
+    int64_t outer = rd.next(), depth = rd.next(), inner = rd.next();
+    int64_t on = rd.next(), off = rd.next();
+    Ref idx = rd.ref(), y = rd.ref();
+    size_t isize = memory::data_type_size(idx.type), size = memory::data_type_size(y.type);
+    if ((idx.type != dt::s32 && isize != 8) || outer * inner != count(idx) ||
+        outer * depth * inner != count(y) || (size != 1 && size != 2 && size != 4 && size != 8))
+      throw Error("one_hot: bad spec");
+    Step s;
+    byte_arg(s, idx);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:one_hot", [=](const Step& st, int threads) {
+      const char* pi = data<const char>(st, 0);
+      char* py = data<char>(st, 1);
+      auto fill = [&](auto tag) {  // every element off, then the indexed ones on
+        using T = decltype(tag);
+        T off_v, on_v;
+        std::memcpy(&off_v, &off, sizeof(T));
+        std::memcpy(&on_v, &on, sizeof(T));
+        T* out = reinterpret_cast<T*>(py);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t o = 0; o < outer; ++o) {
+          T* row = out + o * depth * inner;
+          for (int64_t e = 0; e < depth * inner; ++e) row[e] = off_v;
+          for (int64_t i = 0; i < inner; ++i) {
+            int64_t k = o * inner + i;
+            int64_t v = isize == 8 ? reinterpret_cast<const int64_t*>(pi)[k]
+                                   : reinterpret_cast<const int32_t*>(pi)[k];
+            if (v >= 0 && v < depth) row[v * inner + i] = on_v;
+          }
+        }
+      };
+      if (size == 8) fill(uint64_t());
+      else if (size == 4) fill(uint32_t());
+      else if (size == 2) fill(uint16_t());
+      else fill(uint8_t());
+    });
+  }
+
+  // x [rows, n] (float32 or int32) -> y [rows, k]: the k largest values in descending
+  // order, equal values in index order (TF's TopKV2, sorted); or their indices (int32 or
+  // int64) when `indices`. A NaN counts as the largest (the reference engine's order).
+  void add_top_k(Reader& rd, Instr& ins) {
+    int64_t want_indices = rd.next(), rows = rd.next(), n = rd.next(), k = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if ((x.type != dt::f32 && x.type != dt::s32) || rows * n != count(x) ||
+        rows * k != count(y) || k > n)
+      throw Error("top_k: bad spec");
+    bool f32 = x.type == dt::f32, wide = memory::data_type_size(y.type) == 8;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:top_k", [=](const Step& st, int threads) {
+      auto run = [&](auto tag) {
+        using T = decltype(tag);
+        const T* px = data<const T>(st, 0);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* a = px + r * n;
+          std::vector<int64_t> order(n);
+          for (int64_t j = 0; j < n; ++j) order[j] = j;
+          auto before = [a](int64_t p, int64_t q) {
+            T u = a[p], v = a[q];
+            bool un = u != u, vn = v != v;
+            if (un || vn) return un && (!vn || p < q);
+            return u > v || (u == v && p < q);
+          };
+          std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+          for (int64_t j = 0; j < k; ++j) {
+            int64_t at = r * k + j;
+            if (!want_indices) data<T>(st, 1)[at] = a[order[j]];
+            else if (wide) data<int64_t>(st, 1)[at] = order[j];
+            else data<int32_t>(st, 1)[at] = (int32_t)order[j];
+          }
+        }
+      };
+      if (f32) run(float());
+      else run(int32_t());
+    });
+  }
+
+  // TF MirrorPad: x, y (same rank and dtype), `reflect` (1: REFLECT, the edge not
+  // repeated; 0: SYMMETRIC), then per dim `before`. Each y coordinate reads the x
+  // coordinate its mirror image falls on.
+  void add_mirror_pad(Reader& rd, Instr& ins) {
+    int64_t reflect = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    size_t r = y.dims.size(), size = memory::data_type_size(y.type);
+    if (x.dims.size() != r || x.type != y.type) throw Error("mirror pad: bad spec");
+    std::vector<int64_t> before = rd.ints((int64_t)r);
+    std::vector<std::vector<int64_t>> src(r);  // per dim: y coordinate -> x coordinate
+    for (size_t k = 0; k < r; ++k) {
+      int64_t d = x.dims[k];
+      for (int64_t c = 0; c < y.dims[k]; ++c) {
+        int64_t v = c - before[k];
+        if (v < 0) v = reflect ? -v : -v - 1;
+        if (v >= d) v = reflect ? 2 * (d - 1) - v : 2 * d - 1 - v;
+        if (v < 0 || v >= d) throw Error("mirror pad: paddings too large for x");
+        src[k].push_back(v);
+      }
+    }
+    std::vector<int64_t> xst = dense_strides(x.dims);
+    int64_t rows = count(y) / y.dims[r - 1], n = y.dims[r - 1];
+    int64_t lead = before[r - 1], d_last = x.dims[r - 1];
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:mirror_pad", [=](const Step& st, int threads) {
+      const char* px = data<const char>(st, 0);
+      char* py = data<char>(st, 1);
+      const std::vector<int64_t>& last = src[r - 1];
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t row = 0; row < rows; ++row) {
+        int64_t xo = 0, rest = row;
+        for (size_t k = r - 1; k-- > 0;) {
+          xo += src[k][rest % y.dims[k]] * xst[k];
+          rest /= y.dims[k];
+        }
+        char* out = py + row * n * (int64_t)size;
+        // the interior of the last dim is x's row as it is: one copy; the edges mirrored
+        std::memcpy(out + lead * (int64_t)size, px + xo * (int64_t)size, d_last * size);
+        for (int64_t j = 0; j < n; ++j) {
+          if (j == lead) j += d_last;
+          if (j >= n) break;
+          std::memcpy(out + j * (int64_t)size, px + (xo + last[j]) * (int64_t)size, size);
+        }
+      }
+    });
+  }
+
+  // resize of x [N, H, W, C] to y [N, OH, OW, C]; `bilinear` (float32: the lower and upper
+  // source row and column, and the float lerps, as spec.py computes them after TF) or
+  // nearest (any element size: one source row and column per output one).
+  void add_resize(Reader& rd, Instr& ins) {
+    int64_t bilinear = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if (x.dims.size() != 4 || y.dims.size() != 4 || x.dims[0] != y.dims[0] ||
+        x.dims[3] != y.dims[3] || (bilinear && (x.type != dt::f32 || y.type != dt::f32)) ||
+        (!bilinear && x.type != y.type))
+      throw Error("resize: bad spec");
+    int64_t N = x.dims[0], H = x.dims[1], W = x.dims[2], C = x.dims[3];
+    int64_t OH = y.dims[1], OW = y.dims[2];
+    std::vector<int64_t> ylo = rd.ints(OH), xlo = rd.ints(OW), yhi, xhi;
+    std::vector<float> yl, xl;
+    if (bilinear) {
+      yhi = rd.ints(OH);
+      xhi = rd.ints(OW);
+      for (int64_t k = 0; k < OH; ++k) yl.push_back(rd.nextf());
+      for (int64_t k = 0; k < OW; ++k) xl.push_back(rd.nextf());
+    }
+    auto in_range = [](const std::vector<int64_t>& v, int64_t hi) {
+      for (auto i : v)
+        if (i < 0 || i >= hi) return false;
+      return true;
+    };
+    if (!in_range(ylo, H) || !in_range(xlo, W) || !in_range(yhi, H) || !in_range(xhi, W))
+      throw Error("resize: a source coordinate is out of the image");
+    size_t size = memory::data_type_size(x.type);
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:resize", [=](const Step& st, int threads) {
+      const char* px = data<const char>(st, 0);
+      char* py = data<char>(st, 1);
+      const int64_t row = C * (int64_t)size;
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t oy = 0; oy < OH; ++oy) {
+          char* out = py + (b * OH + oy) * OW * row;
+          if (!bilinear) {
+            const char* in = px + (b * H + ylo[oy]) * W * row;
+            for (int64_t ox = 0; ox < OW; ++ox)
+              std::memcpy(out + ox * row, in + xlo[ox] * row, row);
+            continue;
+          }
+          const float* top = reinterpret_cast<const float*>(px) + (b * H + ylo[oy]) * W * C;
+          const float* bot = reinterpret_cast<const float*>(px) + (b * H + yhi[oy]) * W * C;
+          float* o = reinterpret_cast<float*>(out);
+          const float wy = yl[oy];
+          for (int64_t ox = 0; ox < OW; ++ox) {
+            const float wx = xl[ox];
+            const float *tl = top + xlo[ox] * C, *tr = top + xhi[ox] * C;
+            const float *bl = bot + xlo[ox] * C, *br = bot + xhi[ox] * C;
+            for (int64_t c = 0; c < C; ++c) {
+              float t = tl[c] + (tr[c] - tl[c]) * wx;
+              float u = bl[c] + (br[c] - bl[c]) * wx;
+              o[ox * C + c] = t + (u - t) * wy;
+            }
+          }
+        }
+    });
+  }
+
+  // int32 (sum, mean, max, min, prod; wrapping, mean truncating toward zero as TF's
+  // integer division) and bool (any, all) reductions: x, y (x's shape with the reduced
+  // dims 1), then per x dim whether it is reduced. The order of an integer sum does not
+  // change it, so this walks x once and accumulates into y.
+  void add_reduce_int(Reader& rd, Instr& ins) {
+    int64_t fn = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    size_t r = x.dims.size();
+    std::vector<int64_t> reduced = rd.ints((int64_t)r);
+    bool boolean = fn == RI_ANY || fn == RI_ALL;
+    if (y.dims.size() != r || x.type != y.type || x.type != (boolean ? dt::u8 : dt::s32) ||
+        fn < RI_SUM || fn > RI_ALL)
+      throw Error("reduce (int32/bool): bad spec");
+    std::vector<int64_t> yst = dense_strides(y.dims), step(r);
+    int64_t group = 1;
+    for (size_t k = 0; k < r; ++k) {
+      if (reduced[k]) group *= x.dims[k];
+      if ((reduced[k] ? 1 : x.dims[k]) != y.dims[k]) throw Error("reduce: y's shape");
+      step[k] = reduced[k] ? 0 : yst[k];
+    }
+    int64_t total = count(x), outs = count(y);
+    memory::dims xd = x.dims;
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:reduce_int", [=](const Step& st, int) {
+      std::vector<int64_t> at(r, 0);
+      int64_t yo = 0;
+      auto walk = [&](auto tag, auto init, auto op) {
+        using T = decltype(tag);
+        const T* px = data<const T>(st, 0);
+        T* py = data<T>(st, 1);
+        for (int64_t j = 0; j < outs; ++j) py[j] = init;
+        for (int64_t i = 0; i < total; ++i) {
+          py[yo] = op(py[yo], px[i]);
+          for (size_t k = r; k-- > 0;) {  // the next x index, and its y offset
+            yo += step[k];
+            if (++at[k] < xd[k]) break;
+            yo -= step[k] * xd[k];
+            at[k] = 0;
+          }
+        }
+      };
+      switch (fn) {
+        case RI_SUM: case RI_MEAN:
+          walk(uint32_t(), 0u, [](uint32_t a, uint32_t b) { return a + b; });
+          break;
+        case RI_PROD: walk(uint32_t(), 1u, [](uint32_t a, uint32_t b) { return a * b; }); break;
+        case RI_MAX:
+          walk(int32_t(), INT32_MIN, [](int32_t a, int32_t b) { return std::max(a, b); });
+          break;
+        case RI_MIN:
+          walk(int32_t(), INT32_MAX, [](int32_t a, int32_t b) { return std::min(a, b); });
+          break;
+        case RI_ANY: walk(uint8_t(), (uint8_t)0, [](uint8_t a, uint8_t b) { return (uint8_t)(a | (b != 0)); }); break;
+        default: walk(uint8_t(), (uint8_t)1, [](uint8_t a, uint8_t b) { return (uint8_t)(a & (b != 0)); });
+      }
+      if (fn == RI_MEAN) {
+        int32_t* py = data<int32_t>(st, 1);
+        for (int64_t j = 0; j < outs; ++j) py[j] = (int32_t)((int64_t)py[j] / group);
+      }
+    });
+  }
+
+  // log-softmax of float32 x [outer, n, inner] along n (an axis not the last), as the
+  // last-axis loop computes it: (x - max) - log(sum(exp(x - max))).
+  void add_log_softmax_axis(Reader& rd, Instr& ins) {
+    int64_t outer = rd.next(), n = rd.next(), inner = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    if (x.type != dt::f32 || y.type != dt::f32 || outer * n * inner != count(x) ||
+        count(y) != count(x))
+      throw Error("log_softmax: bad spec");
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:log_softmax", [=](const Step& st, int threads) {
+      const float* px = data<const float>(st, 0);
+      float* py = data<float>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t o = 0; o < outer; ++o) {
+        std::vector<float> m(inner, -INFINITY), sum(inner, 0.f);
+        const float* a = px + o * n * inner;
+        float* b = py + o * n * inner;
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) {
+            float v = a[j * inner + i];
+            m[i] = v > m[i] || v != v ? v : m[i];
+          }
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) {
+            b[j * inner + i] = a[j * inner + i] - m[i];
+            sum[i] += std::exp(b[j * inner + i]);
+          }
+        for (int64_t i = 0; i < inner; ++i) sum[i] = std::log(sum[i]);
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < inner; ++i) b[j * inner + i] -= sum[i];
+      }
+    });
+  }
+
+  // 3-D convolution and pooling on NDHWC volumes: oneDNN's primitives (as conv2d and pool,
+  // float32; the convolution without bias or post-ops, as the ISA's conv3d).
+  static memory::desc ndhwc(const Ref& r) {
+    if (r.dims.size() != 5 || r.type != dt::f32) throw Error("expected a float32 NDHWC volume");
+    const auto& d = r.dims;
+    return memory::desc({d[0], d[4], d[1], d[2], d[3]}, dt::f32, tag::ndhwc);
+  }
+
+  // x, w [KD, KH, KW, C, O] (TF layout; reordered now when constant), y; then strides,
+  // dilations (3 each) and pads [front, back, top, bottom, left, right].
+  void add_conv3d(Reader& rd, Instr& ins) {
+    int64_t w_const = rd.next();
+    Ref x = rd.ref(), w = rd.ref(), y = rd.ref();
+    memory::dims strides = rd.ints(3), dil = rd.ints(3), pads = rd.ints(6);
+    for (auto& d : dil) d -= 1;  // oneDNN counts dilation from 0
+    if (w.dims.size() != 5 || w.type != dt::f32) throw Error("conv3d weights must be 5-D float32");
+    memory::desc w_given({w.dims[4], w.dims[3], w.dims[0], w.dims[1], w.dims[2]}, dt::f32,
+                         tag::dhwio);
+    memory::desc x_md = ndhwc(x), y_md = ndhwc(y);
+    auto pd = dnnl::convolution_forward::primitive_desc(
+        eng, prop_kind::forward_inference, algorithm::convolution_direct, x_md,
+        w_const ? memory::desc(w_given.get_dims(), dt::f32, tag::any) : w_given,
+        memory::desc(), y_md, strides, dil, {pads[0], pads[2], pads[4]},
+        {pads[1], pads[3], pads[5]}, attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, x_md);
+    if (w_const) own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc()));
+    else arg(s, DNNL_ARG_WEIGHTS, w, w_given);
+    arg(s, DNNL_ARG_DST, y, y_md);
+    push<dnnl::convolution_forward>(ins, s, pd);
+  }
+
+  // max or average (the count of non-padded elements) pooling: x, y, then ksize,
+  // strides (3 each) and pads as conv3d's.
+  void add_pool3d(Reader& rd, Instr& ins) {
+    int64_t is_max = rd.next();
+    Ref x = rd.ref(), y = rd.ref();
+    memory::dims k = rd.ints(3), st = rd.ints(3), pads = rd.ints(6);
+    memory::desc x_md = ndhwc(x), y_md = ndhwc(y);
+    auto pd = dnnl::pooling_forward::primitive_desc(
+        eng, prop_kind::forward_inference,
+        is_max ? algorithm::pooling_max : algorithm::pooling_avg_exclude_padding, x_md, y_md,
+        st, k, {0, 0, 0}, {pads[0], pads[2], pads[4]}, {pads[1], pads[3], pads[5]}, attr());
+    Step s;
+    arg(s, DNNL_ARG_SRC, x, x_md);
+    arg(s, DNNL_ARG_DST, y, y_md);
+    push<dnnl::pooling_forward>(ins, s, pd);
   }
 
   void finalize() {

@@ -23,9 +23,12 @@ OP_LAYER_NORM = 11
 # Loops of engine.cc's own, for what oneDNN has no (accurate enough) primitive for.
 OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 16
 OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
+OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
+OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
 
+# int64 has no oneDNN type: only loops that move or compare its 8-byte elements take it.
 DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
-          "float16": 5}
+          "float16": 5, "int64": 6}
 
 E_RELU, E_CLIP, E_ELU, E_LOGISTIC, E_TANH, E_EXP = 1, 2, 3, 4, 5, 7
 E_SQRT, E_SQUARE, E_ABS, E_LINEAR, E_POW, E_GELU_TANH, E_GELU_ERF = 9, 10, 11, 12, 13, 15, 16
@@ -70,10 +73,14 @@ LOOP = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "gre
 # unary fn on int32 -> MapFn (wrapping integer arithmetic, as numpy)
 MAP_I32 = {"abs": 20, "neg": 21, "relu": 22, "relu6": 23, "sign": 24, "square": 25}
 _LOOP_DTYPES = {"float32": set(LOOP) - {"logical_and", "logical_or"},
-                "int32": set(LOOP) - {"logical_and", "logical_or", "pow"},
+                "int32": set(LOOP) - {"logical_and", "logical_or"},
+                "int64": {"add", "sub", "mul", "maximum", "minimum", "greater", "greater_equal",
+                          "less", "less_equal", "equal", "not_equal"},
+                "float16": {"add", "sub", "mul", "div", "maximum", "minimum", "greater",
+                            "greater_equal", "less", "less_equal", "equal", "not_equal"},
                 "bool": {"logical_and", "logical_or", "equal", "not_equal"}}
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "bool": 1, "int32": 4, "int8": 1,
-             "float16": 2}
+             "float16": 2, "int64": 8}
 
 BINARY = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "greater": 7,
           "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
@@ -82,7 +89,9 @@ _SWAPPED = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimu
             "equal": "equal", "not_equal": "not_equal", "greater": "less", "less": "greater",
             "greater_equal": "less_equal", "less_equal": "greater_equal"}
 REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
-_MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16")
+# reduce fn -> engine.cc's RedInt (int32 wrapping; any/all on bool)
+REDUCE_INT = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5, "any": 6, "all": 7}
+_MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -261,7 +270,9 @@ def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
         # Not oneDNN's log-softmax (off by up to 3e-6 absolute: its log): a loop of ours,
         # over the last axis only.
         if attrs["axis"] != len(x.shape) - 1:
-            return None
+            outer, n, inner = _around(x.shape, attrs["axis"])
+            return [OP_LOG_SOFTMAX_AXIS, outer, n, inner, *x.encode([elements(x.shape)]),
+                    *outs[0].encode([elements(x.shape)])], []
         flat = [elements(x.shape[:-1]), x.shape[-1]]
         return [OP_LOG_SOFTMAX, *x.encode(flat), *outs[0].encode(flat)], []
     return [OP_SOFTMAX, attrs["axis"], 0, *ins[0].encode(),
@@ -272,6 +283,11 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
     axes = set(attrs["axes"])
+    if x.dtype == ("bool" if attrs["fn"] in ("any", "all") else "int32") and axes \
+            and outs[0].dtype == x.dtype and x.shape:
+        kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+        return [OP_REDUCE_INT, REDUCE_INT[attrs["fn"]], *x.encode(), *outs[0].encode(kept),
+                *[int(i in axes) for i in range(len(x.shape))]], []
     if attrs["fn"] not in REDUCE or x.dtype not in ("float32", "bfloat16") or not axes \
             or not x.shape or len(x.shape) > 6:
         return None
@@ -330,13 +346,14 @@ def _flat_copy(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _cast(attrs: dict, ins: list[Ref], outs: list[Ref],
           const: list[bool]) -> tuple[list[int], list[float]] | None:
     # Only conversions where oneDNN's rounding is TF's: integers and bools to float32
-    # (float -> int truncates in TF, oneDNN rounds), float32 <-> bfloat16.
+    # (float -> int truncates in TF, oneDNN rounds), float32 <-> bfloat16 and float16
+    # (to nearest even, as TF).
     src, dst = ins[0].dtype, outs[0].dtype
     ok = (src in ("int32", "int8", "uint8", "bool") and dst == "float32") or \
-        {src, dst} == {"float32", "bfloat16"}
+        {src, dst} in ({"float32", "bfloat16"}, {"float32", "float16"})
     if ok and ins[0].shape and len(ins[0].shape) <= 6:
         return [OP_REORDER, *ins[0].encode(), *outs[0].encode()], []
-    loop = ("float32", "int32", "int8", "uint8", "bool")
+    loop = ("float32", "int32", "int8", "uint8", "bool", "int64")
     if src not in loop or dst not in loop or src == dst:
         return None
     return [OP_CAST_LOOP, int(dst == "bool"), *ins[0].encode([elements(ins[0].shape)]),
@@ -431,15 +448,131 @@ def _select(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _gather(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     params, indices = ins
-    axis = attrs["axis"]
-    if attrs.get("batch_dims", 0) != 0 or indices.dtype != "int32" \
-            or params.dtype not in _ITEMSIZE or not params.shape:
+    axis, bd = attrs["axis"], attrs.get("batch_dims", 0)
+    if indices.dtype not in ("int32", "int64") or params.dtype not in _ITEMSIZE \
+            or not params.shape:
         return None
-    outer = elements(params.shape[:axis])
+    batch = elements(params.shape[:bd])
+    outer = elements(params.shape[bd:axis])
     inner = elements(params.shape[axis + 1:])
-    return [OP_GATHER, outer, params.shape[axis], inner, *params.encode([elements(params.shape)]),
+    return [OP_GATHER, batch, outer, params.shape[axis], inner,
+            *params.encode([elements(params.shape)]),
             *indices.encode([max(elements(indices.shape), 1)]),
             *outs[0].encode([elements(outs[0].shape)])], []
+
+
+def _scalar_bits(value: object, dtype: str) -> int:
+    """A scalar attribute's bytes in `dtype`, as the int64 the engine copies them from."""
+    import numpy as np
+
+    raw = np.zeros(8, np.uint8)
+    v = np.asarray(value).astype(dtype)
+    raw[:v.itemsize] = np.frombuffer(v.tobytes(), np.uint8)
+    return int(raw.view(np.int64)[0])
+
+
+def _around(shape: Sequence[int], axis: int) -> list[int]:
+    """[outer, n, inner]: the dims before `axis`, it, and those after, multiplied out."""
+    return [elements(shape[:axis]), shape[axis], elements(shape[axis + 1:])]
+
+
+def _argminmax(attrs: dict, ins: list[Ref], outs: list[Ref],
+               const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, y = ins[0], outs[0]
+    if x.dtype not in ("float32", "int32") or y.dtype not in ("int32", "int64") or not x.shape:
+        return None
+    return [OP_ARGMINMAX, int(attrs["fn"] == "argmin"), *_around(x.shape, attrs["axis"]),
+            *x.encode([elements(x.shape)]), *y.encode([max(elements(y.shape), 1)])], []
+
+
+def _cumulative(attrs: dict, ins: list[Ref], outs: list[Ref],
+                const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, y = ins[0], outs[0]
+    if x.dtype not in ("float32", "int32") or y.dtype != x.dtype or not x.shape:
+        return None
+    flat = [elements(x.shape)]
+    return [OP_CUMULATIVE, int(attrs["fn"] == "prod"), int(bool(attrs.get("exclusive"))),
+            int(bool(attrs.get("reverse"))), *_around(x.shape, attrs["axis"]),
+            *x.encode(flat), *y.encode(flat)], []
+
+
+def _one_hot(attrs: dict, ins: list[Ref], outs: list[Ref],
+             const: list[bool]) -> tuple[list[int], list[float]] | None:
+    idx, y = ins[0], outs[0]
+    if idx.dtype not in ("int32", "int64") or y.dtype not in _ITEMSIZE or y.dtype == "bfloat16":
+        return None
+    axis = attrs["axis"] if attrs["axis"] >= 0 else len(idx.shape)
+    outer, inner = elements(idx.shape[:axis]), elements(idx.shape[axis:])
+    return [OP_ONE_HOT, outer, attrs["depth"], inner, _scalar_bits(attrs["on_value"], y.dtype),
+            _scalar_bits(attrs["off_value"], y.dtype), *idx.encode([max(outer * inner, 1)]),
+            *y.encode([elements(y.shape)])], []
+
+
+def _top_k(attrs: dict, ins: list[Ref], outs: list[Ref],
+           const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, y = ins[0], outs[0]
+    if x.dtype not in ("float32", "int32") or not x.shape:
+        return None
+    n, k = x.shape[-1], attrs["k"]
+    rows = elements(x.shape[:-1])
+    return [OP_TOP_K, int(bool(attrs.get("indices"))), rows, n, k, *x.encode([rows * n]),
+            *y.encode([rows * k])], []
+
+
+def _mirror_pad(attrs: dict, ins: list[Ref], outs: list[Ref],
+                const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, y = ins[0], outs[0]
+    if x.dtype not in _ITEMSIZE or not x.shape:
+        return None
+    return [OP_MIRROR_PAD, int(attrs["mode"] == "reflect"), *x.encode(), *y.encode(),
+            *[before for before, _ in attrs["paddings"]]], []
+
+
+def _pad_any(attrs: dict, ins: list[Ref], outs: list[Ref],
+             const: list[bool]) -> tuple[list[int], list[float]] | None:
+    if attrs.get("mode", "constant") == "constant":
+        return _pad(attrs, ins, outs, const)
+    return _mirror_pad(attrs, ins, outs, const)
+
+
+def _resize(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    # Source rows/columns and lerps from the reference kernel's own functions (TF's float32
+    # arithmetic): the engine only interpolates, in TF's order.
+    from ..kernels.image import _bilinear_weights, _nearest_index
+
+    x, y = ins[0], outs[0]
+    _, h, w, _ = x.shape
+    oh, ow = attrs["size"]
+    ac, hp = bool(attrs.get("align_corners")), bool(attrs.get("half_pixel_centers"))
+    if attrs["mode"] == "nearest":
+        if x.dtype not in _ITEMSIZE:
+            return None
+        ys, xs = _nearest_index(h, oh, ac, hp), _nearest_index(w, ow, ac, hp)
+        return [OP_RESIZE, 0, *x.encode(), *y.encode(), *map(int, ys), *map(int, xs)], []
+    if x.dtype != "float32":
+        return None
+    y_lo, y_hi, y_lerp = _bilinear_weights(h, oh, ac, hp)
+    x_lo, x_hi, x_lerp = _bilinear_weights(w, ow, ac, hp)
+    return ([OP_RESIZE, 1, *x.encode(), *y.encode(), *map(int, y_lo), *map(int, x_lo),
+             *map(int, y_hi), *map(int, x_hi)], [*map(float, y_lerp), *map(float, x_lerp)])
+
+
+def _conv3d(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    x, w, y = ins[0], ins[1], outs[0]
+    if x.dtype != "float32" or w.dtype != "float32" or y.dtype != "float32":
+        return None
+    return [OP_CONV3D, int(const[1]), *x.encode(), *w.encode(), *y.encode(), *attrs["strides"],
+            *attrs["dilations"], *attrs["pads"]], []
+
+
+def _pool3d(attrs: dict, ins: list[Ref], outs: list[Ref],
+            const: list[bool]) -> tuple[list[int], list[float]] | None:
+    if ins[0].dtype != "float32":
+        return None
+    return [OP_POOL3D, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
+            *attrs["ksize"], *attrs["strides"], *attrs["pads"]], []
 
 
 _ENCODERS = {
@@ -460,7 +593,14 @@ _ENCODERS = {
     "strided_slice": _strided_slice,
     "broadcast_to": _broadcast_to,
     "tile": _tile,
-    "pad": _pad,
+    "pad": _pad_any,
+    "argminmax": _argminmax,
+    "cumulative": _cumulative,
+    "one_hot": _one_hot,
+    "top_k": _top_k,
+    "resize": _resize,
+    "conv3d": _conv3d,
+    "pool3d": _pool3d,
     "select": _select,
     "gather": _gather,
 }
@@ -490,6 +630,9 @@ def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int
     if kind in ("conv2d", "depthwise_conv2d", "conv2d_int8"):
         kh, kw, cin, _ = ins[1].shape
         return 2 * out * kh * kw * (1 if kind == "depthwise_conv2d" else cin)
+    if kind == "conv3d":
+        kd, kh, kw, cin, _ = ins[1].shape
+        return 2 * out * kd * kh * kw * cin
     if kind == "matmul_int8":
         return 2 * out * ins[1].shape[0]
     if kind == "matmul":
