@@ -137,7 +137,8 @@ def markdown(rows: list[dict]) -> str:
     """model | TF ops | OnNeuronRatio | NeuronOps | err @1 | err @3 | compile s | left on TF;
     rows measured at batch 2 as well add its ratio and its errors at 3 and 5."""
     b2 = any("ratio_b2" in r or "b2_error" in r for r in rows)
-    extra = " compiled at 2: OnNeuronRatio, err @3, err @5 |" if b2 else ""
+    extra = (" OnNeuronRatio compiled at 2 | err @3 compiled at 2 | err @5 compiled at 2 |"
+             if b2 else "")
     out = ["| model | TF ops | OnNeuronRatio | NeuronOps | max rel err @1 | max rel err @3 |"
            f"{extra} compile s | left on TensorFlow (why) |", "|" + "---|" * (8 + 3 * b2)]
     for r in rows:
