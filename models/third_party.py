@@ -444,7 +444,7 @@ def example_inputs(name: str, signature: Callable, batch: int, seed: int) -> dic
     _, specs = signature.structured_input_signature
     highs = (HUB_MODELS[name].inputs if name in HUB_MODELS else None) or user_models.INT_HIGHS
     given = HUB_MODELS[name].feeds if name in HUB_MODELS else None
-    feeds = given(batch) if given else {}
+    feeds = {k: v for k, v in given(batch).items() if k in specs} if given else {}
     for key, spec in sorted(specs.items()):
         if key in feeds:
             continue
