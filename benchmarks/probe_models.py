@@ -7,8 +7,10 @@
 Per model, in its own process: build (random weights, tiny config, no downloads), export
 (`model.export` for Keras models, `tf.saved_model.save` for tf.Modules), then
 `neuronish.saved_model.compile(src, dst, batch_size=1)`, call original and compiled at
-batch 1 and 3, and print one JSON line: compiles? OnNeuronRatio, NeuronOps, max relative
-error at each batch, compile seconds, the ops left on TensorFlow and why.
+batch 1 and 3, then compile again at batch 2 and call at 3 and 5 (not multiples of 2, so
+a chunked call pads its last chunk; `--no-batch2` skips this), and print one JSON line:
+compiles? OnNeuronRatio, NeuronOps, max relative error at each batch, compile seconds,
+the ops left on TensorFlow and why.
 The builders live in `models/third_party.py` (the zoo) and `models/user_models.py`.
 
     python benchmarks/probe_models.py --variants --json variants.jsonl
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import max_rel_error  # noqa: E402 (a sibling script, found by the line above)
 
 
-def measure(name: str) -> dict:
+def measure(name: str, batch2: bool = True) -> dict:
     import tensorflow as tf
 
     import neuronish  # noqa: F401
@@ -84,7 +86,35 @@ def measure(name: str) -> dict:
                 except Exception as e:  # noqa: BLE001
                     worst = f"{key}: {type(e).__name__}: {str(e)[:400]}"
             row[f"err{b}"] = f"signatures {missing} missing" if missing else worst
+        if not variant and batch2:
+            _measure_at_batch2(name, src, os.path.join(tmp, "dst2"), originals, row)
     return row
+
+
+def _measure_at_batch2(name: str, src: str, dst: str, originals: object, row: dict) -> None:
+    """Compile again at batch 2 and compare at 3 and 5, batches that are not a multiple of
+    the compiled one: a chunked call then pads its last chunk, which batch-1 compiles never
+    do. Adds ratio_b2, neuron_ops_b2 and b2_err3 / b2_err5 (or b2_error) to `row`."""
+    import tensorflow as tf
+
+    import neuronish.saved_model
+    from models import third_party
+
+    try:
+        report = neuronish.saved_model.compile(src, dst, batch_size=2)
+    except Exception as e:  # noqa: BLE001 - the probe reports whatever breaks
+        row["b2_error"] = f"compile: {type(e).__name__}: {e}"[:1500]
+        return
+    row.update(ratio_b2=report["OnNeuronRatio"], neuron_ops_b2=len(report["NeuronOps"]))
+    compiled = tf.saved_model.load(dst).signatures["serving_default"]
+    original = originals["serving_default"]
+    for b in (3, 5):
+        feeds = {k: tf.constant(v) for k, v in
+                 third_party.example_inputs(name, original, b, seed=b).items()}
+        try:
+            row[f"b2_err{b}"] = max_rel_error(compiled(**feeds), original(**feeds))
+        except Exception as e:  # noqa: BLE001
+            row[f"b2_err{b}"] = f"{type(e).__name__}: {str(e)[:400]}"
 
 
 def _compile_kwargs(name: str) -> dict:
@@ -104,18 +134,28 @@ def _err(value: object) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    """model | TF ops | OnNeuronRatio | NeuronOps | err @1 | err @3 | compile s | left on TF."""
-    out = ["| model | TF ops | OnNeuronRatio | NeuronOps | max rel err @1 | max rel err @3 | "
-           "compile s | left on TensorFlow (why) |", "|---|---|---|---|---|---|---|---|"]
+    """model | TF ops | OnNeuronRatio | NeuronOps | err @1 | err @3 | compile s | left on TF;
+    rows measured at batch 2 as well add its ratio and its errors at 3 and 5."""
+    b2 = any("ratio_b2" in r or "b2_error" in r for r in rows)
+    extra = (" OnNeuronRatio compiled at 2 | err @3 compiled at 2 | err @5 compiled at 2 |"
+             if b2 else "")
+    out = ["| model | TF ops | OnNeuronRatio | NeuronOps | max rel err @1 | max rel err @3 |"
+           f"{extra} compile s | left on TensorFlow (why) |", "|" + "---|" * (8 + 3 * b2)]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['model']} | - | - | - | - | - | - | does not compile: "
-                       f"{r['error'][:160]} |")
+            out.append(f"| {r['model']} | - | - | - | - | - |{' - | - | - |' * b2} - | "
+                       f"does not compile: {r['error'][:160]} |")
             continue
         left = "; ".join(f"{op} x{sum(why.values())} ({', '.join(why)})"
                          for op, why in r["left"].items()) or "-"
+        at2 = ""
+        if b2 and "b2_error" in r:
+            at2 = f" fails: {r['b2_error'][:80]} | - | - |"
+        elif b2:
+            at2 = f" {r['ratio_b2']:.4f} | {_err(r['b2_err3'])} | {_err(r['b2_err5'])} |"
         out.append(f"| {r['model']} | {r['tf_ops']} | {r['ratio']:.4f} | {r['neuron_ops']} | "
-                   f"{_err(r['err1'])} | {_err(r['err3'])} | {r['compile_s']:.1f} | {left} |")
+                   f"{_err(r['err1'])} | {_err(r['err3'])} |{at2} {r['compile_s']:.1f} | "
+                   f"{left} |")
     return "\n".join(out)
 
 
@@ -145,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table-from", metavar="FILE",
                    help="print the rows a --json run wrote as a markdown table")
     p.add_argument("--one")
+    p.add_argument("--no-batch2", action="store_true",
+                   help="skip the second compile at batch 2 compared at batches 3 and 5")
     p.add_argument("--variants", action="store_true",
                    help="run the variants of models/variants.py (all, or those named)")
     args = p.parse_args(argv)
@@ -158,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one:
         try:
-            print(json.dumps(measure(args.one)))
+            print(json.dumps(measure(args.one, batch2=not args.no_batch2)))
         except Exception as e:  # noqa: BLE001
             print(json.dumps({"model": args.one, "error": f"{type(e).__name__}: {e}"[:1500],
                               "trace": traceback.format_exc()[-1500:]}))
@@ -167,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     names = args.models or list(variants.VARIANTS if args.variants else third_party.PROBE)
     for name in names:
-        cmd = [sys.executable, __file__, "--one", name]
+        cmd = [sys.executable, __file__, "--one", name, *["--no-batch2"] * args.no_batch2]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             lines = done.stdout.strip().splitlines()

@@ -239,7 +239,12 @@ def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
             for method in e.signature.methods:  # `compiled.serve(x)` as `original.serve(x)`
                 setattr(module, method.name, _method_function(fn, e.signature, method))
         module.external_files = list(asset_of.values())
-        tf.saved_model.save(module, tmp, signatures=signatures)
+        # No custom gradients: a node a model's tf.custom_gradient marks (Keras' silu is
+        # an IdentityN of that kind) can stay on TensorFlow, and saving its gradient would
+        # trace the function the loaded original registered, whose captures (silu's beta)
+        # are not in this graph, and fail. A served model is never differentiated.
+        tf.saved_model.save(module, tmp, signatures=signatures,
+                            options=tf.saved_model.SaveOptions(experimental_custom_gradients=False))
         if method_names:
             _restore_method_names(tmp, method_names)
         for relative, data in (extra_files or {}).items():

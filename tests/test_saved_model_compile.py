@@ -118,3 +118,28 @@ def test_unsupported_op_in_the_middle_stays_on_tensorflow(tmp_path: Path) -> Non
     assert len(report["NeuronOps"]) == 2
     assert 0.8 < report["OnNeuronRatio"] < 1.0
     assert_matches_original(src, out, tmp_path)
+
+
+
+def test_custom_gradient_left_on_tensorflow_saves(tmp_path: Path) -> None:
+    # tf.custom_gradient marks its result with an IdentityN naming a gradient function
+    # (Keras' silu: IdentityN(x * sigmoid(x), x, beta)); the loaded original registers
+    # that function, capturing tensors of its own graph. With the IdentityN on TensorFlow,
+    # saving the compiled model traced it into the new graph and failed ("Found invalid
+    # capture beta:0 when saving custom gradients": keras_hub's Qwen3.5 and SmolLM3).
+    # A served model is never differentiated; it must save without them.
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 6], tf.float32)])
+        def serve(self, x: tf.Tensor) -> dict:
+            return {"y": tf.nn.silu(x * 3.0) * 2.0}
+
+    model, src, out = Model(), str(tmp_path / "src"), tmp_path / "compiled"
+    tf.saved_model.save(model, src, signatures={"serving_default": model.serve})
+    report = neuronish.saved_model.compile(src, str(out), batch_size=COMPILED_BATCH,
+                                           no_fuse_ops=["IdentityN"])
+    assert report["NeuronOps"], report
+    graph = tf.saved_model.load(str(out)).signatures["serving_default"].graph.as_graph_def()
+    kept = [n for f in graph.library.function for n in f.node_def
+            if n.op == "IdentityN" and "_gradient_op_type" in n.attr]
+    assert kept, "the custom gradient's IdentityN should have stayed on TensorFlow"
+    assert_matches_original(src, out, tmp_path)
