@@ -37,13 +37,18 @@ def _model(graph, engine: str, monkeypatch: pytest.MonkeyPatch, **env: str) -> M
 
 @pytest.fixture(scope="module")
 def sandwich():
-    """matmul, cumsum (a numpy step on either engine), matmul: a call with a numpy step
-    between native instructions."""
+    """matmul, a float16 cumsum (a numpy step on either engine: the native one has no
+    float16 cumulative sum), matmul: a call with a numpy step between native
+    instructions."""
     rng = np.random.default_rng(0)
     w1 = tf.constant(rng.standard_normal((16, 16)).astype(np.float32))
     w2 = tf.constant(rng.standard_normal((16, 8)).astype(np.float32))
-    return trace(lambda x: tf.matmul(tf.math.cumsum(tf.matmul(x, w1), axis=1), w2),
-                 tf.TensorSpec([4, 16], tf.float32, name="x"))
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        step = tf.math.cumsum(tf.cast(tf.matmul(x, w1), tf.float16), axis=1)
+        return tf.matmul(tf.cast(step, tf.float32), w2)
+
+    return trace(fn, tf.TensorSpec([4, 16], tf.float32, name="x"))
 
 
 def _only(outputs: dict) -> np.ndarray:
