@@ -36,16 +36,18 @@ from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures, numpy_steps
 from .contracts import model_config
+from .dynamic_ops import FreeShapes, make_dynamic
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
-from .input_shapes import batch_of, compile_shapes
+from .input_shapes import batch_of, compile_shapes, plan_shapes
 from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .partition.graph import GraphIndex
 from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
+from .shape_bounds import settle
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 from .warmup_file import WARMUP_FILE, warmup_records
 
@@ -77,6 +79,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     max_error: float | None = None,
     import_modules: Sequence[str] = (),
     warmup_requests: bool = False,
+    shape_bounds: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
     **tensorflow_neuron_args: object,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
@@ -92,6 +95,10 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     Shapes come from `model_feed_dict` (example arrays), else
     `model_shape_feed_dict` (shapes), else the signature with its batch
     dimension set to `batch_size`; both dicts are keyed by signature input key.
+    Dimensions other than the batch that none of them fixes stay free: every call
+    within their bounds runs on the device, on an executable compiled for its shape
+    (docs/saved-model-compile.md, "Free dimensions"); `shape_bounds` gives bounds,
+    `{key: {axis: (low, high)}}`, where the model's own do not suit.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
     / to fuse regardless of size; `op_whitelist` (tensorflow-neuron's), when given,
     limits the op types the device may run. `compiler_args` is a list of flags or one
@@ -121,7 +128,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                              graph=graph, verify=verify, import_modules=(),
                              warmup_requests=warmup_requests, quantize=quantize,
                              calibration_data=calibration_data, max_error=max_error,
-                             **tensorflow_neuron_args)
+                             shape_bounds=shape_bounds, **tensorflow_neuron_args)
         report["model_dir"] = model_dir
         return report
     tags = tfn_compat.tags_list(tags)
@@ -153,7 +160,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                        tuple(no_fuse_ops), tuple(force_fuse_ops), tuple(compiler_args),
                        compiler_workdir, compiler_timeout, max_num_compilers,
                        dynamic_batch_size, compiler_recovery, progress, verify,
-                       extras.op_whitelist, int8)
+                       extras.op_whitelist, int8, shape_bounds)
     # Files are hashed (for their names in assets/) on other threads, while the compilers
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
@@ -259,6 +266,7 @@ class _Options:
     verify: bool
     op_whitelist: frozenset[str] | None = None  # tensorflow-neuron's; None: every op type
     int8: _Int8 | None = None
+    shape_bounds: Mapping[str, Mapping[int, tuple[int, int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -304,6 +312,8 @@ class _Compiled:
     executables: list
     verdicts: list = field(default_factory=list)
     error: str | None = None
+    plan: object = None  # input_shapes.ShapePlan
+    dynamic: dict = field(default_factory=dict)  # subgraph name -> DynamicSpec
 
     def report(self, model_dir: str, new_model_dir: str, batch_size: int,
                seconds: float = 0.0) -> dict:
@@ -321,6 +331,17 @@ class _Compiled:
         for op, exe in zip(report["NeuronOps"], self.executables, strict=True):
             if "quantization" in exe.stats:  # per instruction: precision and error it adds
                 op["quantization"] = exe.stats["quantization"]
+            if op.get("name") in self.dynamic:
+                spec = self.dynamic[op["name"]]
+                op["free_dims"] = [{"input": label, "axis": a, "low": b[0], "high": b[1]}
+                                   for label, axes in zip(spec.labels, spec.bounds)
+                                   for a, b in axes.items()]
+        if self.plan is not None and self.plan.free:
+            report["free_dims"] = [
+                {"input": f.key, "axis": f.axis, "low": self.plan.bounds[f.symbol][0],
+                 "high": self.plan.bounds[f.symbol][1], "bound_from": self.plan.bounds[
+                     f.symbol][2], "compiled_at": self.plan.probe[f.symbol]}
+                for f in self.plan.free]
         report["aliases"] = list(self.signature.aliases)
         return report
 
@@ -347,12 +368,20 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     """Partition one frozen signature, compile its subgraphs and splice them in."""
     shape_feeds, example_feeds = feeds
     batch_size = options.batch_size
-    shapes = compile_shapes(signature, batch_size, shape_feeds, example_feeds)
+    plan = plan_shapes(signature, batch_size, shape_feeds, example_feeds)
     fetches = list(signature.outputs.values())
     # Rewrites into ops the device runs: constants folded, loops of a fixed count unrolled,
-    # complex values as pairs of real ones.
-    signature = replace(signature, graph_def=rewrite_for_device(signature.graph_def, shapes,
-                                                                fetches))
+    # complex values as pairs of real ones. Free dimensions stay unknown here, so
+    # nothing computed from them becomes a constant.
+    signature = replace(signature, graph_def=rewrite_for_device(
+        signature.graph_def, plan.unknown() if plan.free else plan.shapes, fetches))
+    plan = settle(plan, signature.graph_def, options.shape_bounds)
+    shapes = plan.shapes
+    free_shapes = FreeShapes.infer(signature.graph_def, plan) if plan.free else None
+    if free_shapes is not None and options.int8 is not None:
+        raise SavedModelError("quantize='int8' needs static shapes: give the free dimensions "
+                              f"{[f.label() for f in plan.free]} in model_shape_feed_dict")
+    dynamic: dict[str, object] = {}  # subgraph name -> dynamic_ops.DynamicOp
     graph_def = signature.graph_def
     scratch, hasher, cache, cache_stats = state.scratch, state.hasher, state.cache, \
         state.cache_stats
@@ -390,6 +419,12 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
                           "op type of the graph; they were ignored (a typo?)", CompileWarning,
                           stacklevel=4)
+        if free_shapes is not None:
+            keys = {i.tensor: i.key for i in signature.inputs}
+            made = [make_dynamic(sg, free_shapes, keys, compiler_args)
+                    for sg in part.subgraphs]
+            part = replace(part, subgraphs=tuple(sg for sg, _ in made))
+            dynamic.update({sg.name: d for sg, d in made if d is not None})
         key_args = o.int8.key_args() if o.int8 else ()
         digests = {sg.name: digest(sg, (*compiler_args, *key_args)) for sg in part.subgraphs}
         todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
@@ -457,6 +492,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes,
             # duplicates and placement are left to the runtime
             model_config=model_config(sum(cores), exe.num_cores))
+        if sg.name in dynamic:
+            dynamic[sg.name].patch(node)  # type: ignore[attr-defined]
         replacements.append((sg, node))
         executable = result.executable if result.executable_file is None else BlobFile(
             result.executable_file, len(result.executable),
@@ -467,7 +504,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature, new_graph_def, outputs, blobs, part, compiled, excluded,
-                     failures, executables, verdicts)
+                     failures, executables, verdicts, plan=plan,
+                     dynamic={k: v.spec for k, v in dynamic.items()})  # type: ignore[attr-defined]
 
 
 def _int8_args(int8: _Int8 | None, signature: FrozenSignature, todo: list, scratch: str,
