@@ -78,6 +78,23 @@ def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def parse_shape_bounds(items: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
+    """--shape-bounds KEY:AXIS=LOW:HIGH, repeatable: compile()'s shape_bounds."""
+    bounds: dict[str, dict[int, tuple[int, int]]] = {}
+    for item in items:
+        where, _, sizes = item.partition("=")
+        key, _, axis = where.rpartition(":")
+        low, _, high = sizes.partition(":")
+        try:
+            bounds.setdefault(key, {})[int(axis)] = (int(low), int(high))
+        except ValueError:
+            key = ""
+        if not key:
+            raise SystemExit(f"neuronish: error: --shape-bounds {item!r}: expected "
+                             "KEY:AXIS=LOW:HIGH, e.g. token_ids:1=1:512")
+    return bounds
+
+
 def _load_examples(items: list[str]) -> dict[str, np.ndarray]:
     """--example KEY=FILE.npy, repeatable: model_feed_dict."""
     from neuronish.errors import SavedModelError
@@ -138,6 +155,7 @@ def _compile(args: argparse.Namespace) -> int:
             report = compile_saved_model(
                 model_dir, args.new_model_dir, batch_size=args.batch_size,
                 model_shape_feed_dict=shapes,
+                shape_bounds=parse_shape_bounds(args.shape_bounds) or None,
                 model_feed_dict=_load_examples(args.example) or None,
                 warmup_requests=args.warmup_requests,
                 tags=args.tags.split(",") if args.tags else None,
@@ -198,6 +216,9 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--input-shape", action="append", default=[], metavar="KEY=D0,D1,...",
                    help="compile shape of one signature input (model_shape_feed_dict); "
                         "? or -1 in dim 0: the batch size")
+    c.add_argument("--shape-bounds", action="append", default=[],
+                   metavar="KEY:AXIS=LOW:HIGH", help="sizes a free dimension of an input "
+                   "may take (shape_bounds); default: what the model implies, else 1:1024")
     c.add_argument("--tags", help="MetaGraph tags, comma-separated (default: serve)")
     c.add_argument("--signature-def-key", help="default: serving_default")
     c.add_argument("--minimum-segment-size", type=int, default=2)

@@ -185,9 +185,10 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                 extra = _Compiled(other, other.graph_def, dict(other.outputs), {}, None, [],
                                   {}, [], [], error=str(e))
             more.append(extra)
-        write_saved_model(done.graph_def, main, done.outputs, new_model_dir, done.blobs,
-                          more=[ExportedSignature(m.graph_def, m.signature, m.outputs, m.blobs)
-                                for m in more],
+        write_saved_model(done.graph_def, done.accepted(main), done.outputs, new_model_dir,
+                          done.blobs,
+                          more=[ExportedSignature(m.graph_def, m.accepted(m.signature),
+                                                  m.outputs, m.blobs) for m in more],
                           method_names=signature_method_names(model_dir),
                           extra_files=_warmup_file(main, signatures, options)
                           if warmup_requests else None)
@@ -314,6 +315,25 @@ class _Compiled:
     error: str | None = None
     plan: object = None  # input_shapes.ShapePlan
     dynamic: dict = field(default_factory=dict)  # subgraph name -> DynamicSpec
+
+    def accepted(self, signature: FrozenSignature) -> FrozenSignature:
+        """`signature` declaring the shapes the compiled model accepts: a dimension the
+        signature leaves free but the compile fixed (model_shape_feed_dict) is fixed in
+        the new model's SignatureDef too, so its metadata tells clients (the batch and
+        dimensions left free stay -1)."""
+        if self.plan is None:
+            return signature
+        free = {(f.tensor, f.axis) for f in self.plan.free}
+        inputs = []
+        for i in signature.inputs:
+            given = self.plan.shapes.get(i.tensor)
+            if i.shape is None or given is None or len(given) != len(i.shape):
+                inputs.append(i)
+                continue
+            shape = tuple(d if d is not None or k == 0 or (i.tensor, k) in free else given[k]
+                          for k, d in enumerate(i.shape))
+            inputs.append(replace(i, shape=shape))
+        return replace(signature, inputs=tuple(inputs))
 
     def report(self, model_dir: str, new_model_dir: str, batch_size: int,
                seconds: float = 0.0) -> dict:
