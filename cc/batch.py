@@ -481,6 +481,7 @@ class Lowered:
     values: dict[TensorRef, np.ndarray | None]
     const_reads: dict[str, set[int]]  # node -> inputs the lowering took as constants
     failed: dict[str, str]  # node -> why it could not be lowered at this batch
+    output_counts: dict[str, int]  # node -> how many tensors it produces
 
 
 def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
@@ -600,11 +601,7 @@ _REPEATS_PER_SAMPLE = frozenset({"Fill", "BroadcastTo", "Tile"})
 
 
 def _node_outputs(node: TFNode, lowered: Lowered) -> list[TensorRef]:
-    refs, k = [], 0
-    while TensorRef(node.name, k) in lowered.shapes:
-        refs.append(TensorRef(node.name, k))
-        k += 1
-    return refs
+    return [TensorRef(node.name, k) for k in range(lowered.output_counts.get(node.name, 0))]
 
 
 def _set(facts: dict[TensorRef, Fact], refs: list[TensorRef], fact: Fact) -> None:
