@@ -190,8 +190,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                           more=[ExportedSignature(m.graph_def, m.accepted(m.signature),
                                                   m.outputs, m.blobs) for m in more],
                           method_names=signature_method_names(model_dir),
-                          extra_files=_warmup_file(main, signatures, options)
-                          if warmup_requests else None)
+                          extra_files={**(_warmup_file(main, signatures, options)
+                                          if warmup_requests else {}),
+                                       **_shapes_file(done, more)})
         for m in more:
             reports[m.signature.signature_key] = m.report(model_dir, new_model_dir, batch_size)
         if graph is not None:
@@ -231,6 +232,25 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
             warnings.warn(f"signature {key!r} of {model_dir} is not in the compiled model: "
                           f"{why}", CompileWarning, stacklevel=2)
     return report
+
+
+def _shapes_file(done: _Compiled, more: list[_Compiled]) -> dict[str, bytes]:
+    """`assets.extra/neuronish_shapes.json`: the bounds of each signature's free
+    dimensions, which the model server shows in its metadata (serving/signatures.py)."""
+    import json
+
+    from .shape_specialize import SHAPES_FILE
+
+    bounds: dict[str, dict] = {}
+    for c in (done, *more):
+        if c.plan is None or not c.plan.free:
+            continue
+        for key in (c.signature.signature_key, *c.signature.aliases):
+            entry = bounds.setdefault(key, {})
+            for f in c.plan.free:
+                low, high, _ = c.plan.bounds[f.symbol]
+                entry.setdefault(f.key, {})[str(f.axis)] = [low, high]
+    return {SHAPES_FILE: json.dumps(bounds, sort_keys=True).encode()} if bounds else {}
 
 
 def _warmup_file(main: FrozenSignature, signatures: FrozenSignatures, options: _Options

@@ -36,6 +36,9 @@ from neuronish.runtime import DeviceError, InvalidInput, Model
 from neuronish.runtime.executable import Executable, from_bytes
 
 ENV_MAX_SHAPES = "NEURONISH_MAX_SHAPES"
+# In a compiled SavedModel: {signature: {input: {axis: [low, high]}}}, the bounds of
+# its free dimensions, which the model server shows (serving/signatures.py)
+SHAPES_FILE = os.path.join("assets.extra", "neuronish_shapes.json")
 DEFAULT_MAX_SHAPES = 8
 
 
