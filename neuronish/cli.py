@@ -95,6 +95,22 @@ def parse_shape_bounds(items: list[str]) -> dict[str, dict[int, tuple[int, int]]
     return bounds
 
 
+def parse_shape_buckets(items: list[str]) -> dict[str, dict[int, list[int]]]:
+    """--shape-buckets KEY:AXIS=S1,S2,..., repeatable: compile()'s shape_buckets."""
+    buckets: dict[str, dict[int, list[int]]] = {}
+    for item in items:
+        where, _, sizes = item.partition("=")
+        key, _, axis = where.rpartition(":")
+        try:
+            buckets.setdefault(key, {})[int(axis)] = [int(v) for v in sizes.split(",")]
+        except ValueError:
+            key = ""
+        if not key:
+            raise SystemExit(f"neuronish: error: --shape-buckets {item!r}: expected "
+                             "KEY:AXIS=S1,S2,..., e.g. token_ids:1=16,64,128")
+    return buckets
+
+
 def _load_examples(items: list[str]) -> dict[str, np.ndarray]:
     """--example KEY=FILE.npy, repeatable: model_feed_dict."""
     from neuronish.errors import SavedModelError
@@ -156,6 +172,7 @@ def _compile(args: argparse.Namespace) -> int:
                 model_dir, args.new_model_dir, batch_size=args.batch_size,
                 model_shape_feed_dict=shapes,
                 shape_bounds=parse_shape_bounds(args.shape_bounds) or None,
+                shape_buckets=parse_shape_buckets(args.shape_buckets) or None,
                 model_feed_dict=_load_examples(args.example) or None,
                 warmup_requests=args.warmup_requests,
                 tags=args.tags.split(",") if args.tags else None,
@@ -219,6 +236,9 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--shape-bounds", action="append", default=[],
                    metavar="KEY:AXIS=LOW:HIGH", help="sizes a free dimension of an input "
                    "may take (shape_bounds); default: what the model implies, else 1:1024")
+    c.add_argument("--shape-buckets", action="append", default=[],
+                   metavar="KEY:AXIS=S1,S2,...", help="sizes of a free dimension to compile "
+                   "ahead (shape_buckets), e.g. token_ids:1=16,64,128")
     c.add_argument("--tags", help="MetaGraph tags, comma-separated (default: serve)")
     c.add_argument("--signature-def-key", help="default: serving_default")
     c.add_argument("--minimum-segment-size", type=int, default=2)

@@ -8,6 +8,8 @@ says which) becomes a dynamic op:
 - its subgraph's Placeholders leave those dimensions and the batch unknown, so the
   compiler can compile it at any shape (it folds the shape computations inside for
   the shape it is given) and TensorFlow can run it at any shape (fallback);
+- sizes given in `shape_buckets` are compiled ahead (`compile_ahead`) into the
+  compile cache, where the op's run-time compile finds them;
 - the NeuronOp's `input_shapes`/`output_shapes` hold -1 there, and its
   `dynamic_shapes` attr (`shape_specialize.DynamicSpec`) the bounds of each free
   input dimension, from the shapes at the plan's low and high bounds, and the
@@ -16,12 +18,18 @@ says which) becomes a dynamic op:
 
 from __future__ import annotations
 
+import itertools
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from .compile_cache import CacheStats, CompileCache, compile_with_cache
+from .compile_driver import CompileJob
+from .errors import CompileWarning, SavedModelError
 from .input_shapes import ShapePlan
 from .partition.encapsulate import Subgraph
 from .partition.graph import PartitionError
@@ -128,4 +136,62 @@ def make_dynamic(sg: Subgraph, shapes: FreeShapes, signature_inputs: Mapping[str
             node.attr["shape"].shape.CopyFrom(tf.TensorShape(dims).as_proto())
     spec = DynamicSpec(bounds, labels, list(compiler_args))
     return replace(sg, graph_def=graph_def), DynamicOp(input_free, output_free, spec)
+
+
+
+MAX_BUCKETS = 64  # shapes compiled ahead per signature
+
+
+def compile_ahead(plan: ShapePlan, buckets: Mapping[str, Mapping[int, Sequence[int]]],
+                  graph_def: graph_pb2.GraphDef, subgraphs: Sequence[Subgraph],
+                  files: Mapping[str, str], compiler_args: Sequence[str],
+                  cache: CompileCache | None, stats: CacheStats,
+                  max_num_compilers: int | None, timeout: float | None) -> list[str]:
+    """Compile each dynamic subgraph at every combination of the sizes `buckets` gives
+    (`{key: {axis: [sizes]}}`; symbols not named stay at the probe) into the compile
+    cache: the job is the one the op's run-time compile makes (same graph bytes,
+    io-config and flags), so it is found there. Returns the shapes, as
+    "token_ids[1]=16" labels; a shape the compiler refuses is a CompileWarning (its
+    calls then go as any new shape does)."""
+    assert plan.bounds is not None and plan.probe is not None
+    sizes: dict[str, list[int]] = {}
+    for key, axes in buckets.items():
+        for axis, values in dict(axes).items():
+            dim = next((f for f in plan.free if f.key == key and f.axis == int(axis)), None)
+            if dim is None:
+                raise SavedModelError(f"shape_buckets names {key!r} dimension {axis}, which "
+                                      "is not a free dimension of the signature; its free "
+                                      f"ones are {[f.label() for f in plan.free]}")
+            low, high, _ = plan.bounds[dim.symbol]
+            for v in values:
+                if not low <= int(v) <= high:
+                    raise SavedModelError(f"shape_buckets gives {dim.label()} the size {v}, "
+                                          f"outside its bounds {low}..{high}")
+            sizes.setdefault(dim.symbol, [])
+            sizes[dim.symbol] += [int(v) for v in values if int(v) not in sizes[dim.symbol]]
+    combos = [dict(zip(sizes, c)) for c in itertools.product(*sizes.values())]
+    if len(combos) > MAX_BUCKETS:
+        raise SavedModelError(f"shape_buckets makes {len(combos)} shapes to compile ahead; "
+                              f"at most {MAX_BUCKETS}")
+    jobs, labels = [], []
+    for i, combo in enumerate(combos):
+        infos = infer(graph_def, plan.at({**plan.probe, **combo}))
+        label = ", ".join(f"{f.label()}={combo[f.symbol]}" for f in plan.free
+                          if f.symbol in combo)
+        for sg in subgraphs:
+            inputs = {name: [list(infos[t].shape), infos[t].dtype, axis] for name, t, axis in
+                      zip(sg.input_names, sg.inputs, sg.input_batch_axes)}
+            io_config = {"inputs": inputs, "outputs": dict(sg.io_config["outputs"])}
+            if io_config == sg.io_config:
+                continue  # the probe's: compiled already
+            jobs.append(CompileJob(f"{sg.name}.ahead{i}", Path(files[sg.name]), io_config,
+                                   tuple(compiler_args)))
+            labels.append(label)
+    results = compile_with_cache(jobs, cache, stats, max_num_compilers=max_num_compilers,
+                                 timeout=timeout)
+    for job, result in zip(jobs, results, strict=True):
+        if not result.ok:
+            warnings.warn(f"shape_buckets: {job.name} did not compile ahead ({result.error}); "
+                          "its calls compile at run time", CompileWarning, stacklevel=3)
+    return list(dict.fromkeys(label for label, r in zip(labels, results) if r.ok))
 

@@ -36,7 +36,7 @@ from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures, numpy_steps
 from .contracts import model_config
-from .dynamic_ops import FreeShapes, make_dynamic
+from .dynamic_ops import FreeShapes, compile_ahead, make_dynamic
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
@@ -80,6 +80,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     import_modules: Sequence[str] = (),
     warmup_requests: bool = False,
     shape_bounds: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
+    shape_buckets: Mapping[str, Mapping[int, Sequence[int]]] | None = None,
     **tensorflow_neuron_args: object,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
@@ -98,7 +99,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     Dimensions other than the batch that none of them fixes stay free: every call
     within their bounds runs on the device, on an executable compiled for its shape
     (docs/saved-model-compile.md, "Free dimensions"); `shape_bounds` gives bounds,
-    `{key: {axis: (low, high)}}`, where the model's own do not suit.
+    `{key: {axis: (low, high)}}`, where the model's own do not suit, and
+    `shape_buckets`, `{key: {axis: [sizes]}}`, sizes to compile ahead (into the
+    compile cache) instead of at the first call of each.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
     / to fuse regardless of size; `op_whitelist` (tensorflow-neuron's), when given,
     limits the op types the device may run. `compiler_args` is a list of flags or one
@@ -128,7 +131,8 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                              graph=graph, verify=verify, import_modules=(),
                              warmup_requests=warmup_requests, quantize=quantize,
                              calibration_data=calibration_data, max_error=max_error,
-                             shape_bounds=shape_bounds, **tensorflow_neuron_args)
+                             shape_bounds=shape_bounds, shape_buckets=shape_buckets,
+                             **tensorflow_neuron_args)
         report["model_dir"] = model_dir
         return report
     tags = tfn_compat.tags_list(tags)
@@ -160,7 +164,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                        tuple(no_fuse_ops), tuple(force_fuse_ops), tuple(compiler_args),
                        compiler_workdir, compiler_timeout, max_num_compilers,
                        dynamic_batch_size, compiler_recovery, progress, verify,
-                       extras.op_whitelist, int8, shape_bounds)
+                       extras.op_whitelist, int8, shape_bounds, shape_buckets)
     # Files are hashed (for their names in assets/) on other threads, while the compilers
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
@@ -288,6 +292,7 @@ class _Options:
     op_whitelist: frozenset[str] | None = None  # tensorflow-neuron's; None: every op type
     int8: _Int8 | None = None
     shape_bounds: Mapping[str, Mapping[int, tuple[int, int]]] | None = None
+    shape_buckets: Mapping[str, Mapping[int, Sequence[int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +340,7 @@ class _Compiled:
     error: str | None = None
     plan: object = None  # input_shapes.ShapePlan
     dynamic: dict = field(default_factory=dict)  # subgraph name -> DynamicSpec
+    ahead: list = field(default_factory=list)  # shapes compiled ahead (shape_buckets)
 
     def accepted(self, signature: FrozenSignature) -> FrozenSignature:
         """`signature` declaring the shapes the compiled model accepts: a dimension the
@@ -382,6 +388,7 @@ class _Compiled:
                  "high": self.plan.bounds[f.symbol][1], "bound_from": self.plan.bounds[
                      f.symbol][2], "compiled_at": self.plan.probe[f.symbol]}
                 for f in self.plan.free]
+            report["shapes_compiled_ahead"] = list(self.ahead)
         report["aliases"] = list(self.signature.aliases)
         return report
 
@@ -501,6 +508,16 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
 
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
+    ahead: list[str] = []
+    if o.shape_buckets:
+        if free_shapes is None:
+            raise SavedModelError("shape_buckets names sizes of free dimensions, and "
+                                  f"signature {signature.signature_key!r} has none")
+        ahead = compile_ahead(plan, o.shape_buckets, graph_def,
+                              [sg for sg, _ in compiled if sg.name in dynamic],
+                              {sg.name: graphs[digests[sg.name]].path for sg, _ in compiled},
+                              compiler_args, cache, cache_stats, max_num_compilers,
+                              compiler_timeout)
     verdicts = []
     if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
         from .verification import verify_signature
@@ -544,7 +561,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature, new_graph_def, outputs, blobs, part, compiled, excluded,
-                     failures, executables, verdicts, plan=plan,
+                     failures, executables, verdicts, plan=plan, ahead=ahead,
                      dynamic={k: v.spec for k, v in dynamic.items()})  # type: ignore[attr-defined]
 
 

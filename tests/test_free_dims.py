@@ -144,6 +144,31 @@ def test_image_model_with_free_sides(tmp_path: Path, monkeypatch: pytest.MonkeyP
             "image": {3: (1, 2)}})
 
 
+def test_sizes_compiled_ahead_are_found_in_the_compile_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NEURONISH_COMPILE_CACHE", str(cache))
+    src, out = _free_image_model(tmp_path / "src"), tmp_path / "out"
+    report = neuronish.saved_model.compile(src, str(out), shape_buckets={
+        "image": {1: [24, 40], 2: [24]}})
+    assert report["shapes_compiled_ahead"] == [
+        "'image' dimension 1=24, 'image' dimension 2=24",
+        "'image' dimension 1=40, 'image' dimension 2=24"]
+    entries = set(cache.glob("*.neff"))
+    assert len(entries) == 3  # the probe's and the two buckets'
+    compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
+    compiled(image=tf.zeros((3, 40, 24, 3)))  # a bucket: taken from the cache
+    assert set(cache.glob("*.neff")) == entries
+    compiled(image=tf.zeros((1, 40, 25, 3)))  # a new shape: compiled, and cached
+    assert len(set(cache.glob("*.neff")) - entries) == 1
+    with pytest.raises(SavedModelError, match="outside its bounds"):
+        neuronish.saved_model.compile(src, str(tmp_path / "bad"), shape_buckets={
+            "image": {1: [2000]}})
+    from neuronish.cli import parse_shape_buckets
+
+    assert parse_shape_buckets(["token_ids:1=16,64"]) == {"token_ids": {1: [16, 64]}}
+
+
 def test_given_a_size_it_compiles_and_refuses_others_by_name(tmp_path: Path) -> None:
     src = _free_image_model(tmp_path / "src")
     out = tmp_path / "out"
