@@ -32,6 +32,7 @@ must stay importable (and testable) on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -266,8 +267,12 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
 
             spec = DynamicSpec.parse(dynamic_shapes, node_name, len(exe.inputs))
             handle = Handle(node_name, model, config, source)
+            # Each shape's executable holds its own copy of the weights: one copy per
+            # shape compiled at run time, unless model_config bounds the duplicates.
+            one = config if config.max_num_duplicates >= 1 else \
+                ModelConfig(*dataclasses.astuple(config)[:2], 1, *dataclasses.astuple(config)[3:])
             handle.shapes = ShapeTable(node_name, spec, exe, model, lambda: bytes(source[0]),
-                                       lambda e: load_model(e, config))
+                                       lambda e: load_model(e, one))
             return handle
     except (DeviceError, MemoryError) as e:
         if source is None or isinstance(e, InvalidInput) or not fallback_enabled():
