@@ -124,8 +124,7 @@ class Handle:
             if not self._unloaded:
                 self._unloaded = True
                 if self.shapes is not None:
-                    for key in self.shapes.shapes_loaded():
-                        self.shapes._entries[key].model.unload()
+                    self.shapes.unload_all()
                 elif self.model is not None:
                     self.model.unload()
                 if self.runner is not None:

@@ -119,6 +119,13 @@ class ShapeTable:
         with self._lock:
             return list(self._entries)
 
+    def unload_all(self) -> None:
+        """Free every shape's device memory (the op is going away)."""
+        with self._lock:
+            entries, self._entries = list(self._entries.values()), OrderedDict()
+        for entry in entries:
+            entry.model.unload()
+
     # -- what the bridge calls (kernel_bridge.output_shapes / run) --------------------
 
     def out_of_bounds(self, shapes: Sequence[Sequence[int]]) -> str | None:
