@@ -112,7 +112,9 @@ class ShapeTable:
                      for s, shape in zip(self.first.inputs, shapes))
 
     def _label(self, key: tuple) -> str:
-        return f"{self.node_name}@" + ";".join(
+        """`neuron_op_0@*x128;*x128`: the op's own name (its scope left out, so that
+        `neuronish ls`, which shows 40 characters, shows the shape) and the shape."""
+        return f"{self.node_name.rsplit('/', 1)[-1]}@" + ";".join(
             "x".join("*" if n < 0 else str(n) for n in shape) for shape in key)
 
     def shapes_loaded(self) -> list[tuple]:
