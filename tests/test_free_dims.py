@@ -18,6 +18,7 @@ import tensorflow as tf
 import neuronish.saved_model
 from neuronish import fallback
 from neuronish.errors import SavedModelError
+from neuronish.freeze import freeze_signatures
 from neuronish.runtime import get_device
 
 MAX_LENGTH = 32  # the tiny BERT's position-embedding table: the bound the model implies
@@ -142,6 +143,29 @@ def test_image_model_with_free_sides(tmp_path: Path, monkeypatch: pytest.MonkeyP
             "shape_bounds names 'image' dimension 3, which is not a free dimension")):
         neuronish.saved_model.compile(src, str(tmp_path / "bad"), shape_bounds={
             "image": {3: (1, 2)}})
+
+
+def test_an_op_fed_by_tensorflow_gets_its_bounds_from_the_signatures(tmp_path: Path) -> None:
+    """A node kept on TensorFlow between two NeuronOps: the second op's input is an inner
+    tensor, whose free sizes are the first conv's outputs (half the image's, bounded
+    accordingly), and both ops compile per shape."""
+    src = _free_image_model(tmp_path / "src")
+    relu = next(n.name for n in freeze_signatures(src).frozen[0].graph_def.node
+                if n.op == "Relu")
+    report = neuronish.saved_model.compile(src, str(tmp_path / "out"), no_fuse_ops=[relu],
+                                           shape_bounds={"image": {1: (8, 64), 2: (8, 64)}})
+    first, second = report["NeuronOps"]
+    assert {(d["axis"], d["low"], d["high"]) for d in first["free_dims"]} == {
+        (1, 8, 64), (2, 8, 64)}
+    assert {(d["axis"], d["low"], d["high"]) for d in second["free_dims"]} == {
+        (1, 4, 32), (2, 4, 32)}  # after the stride-2 convolution
+    assert second["free_dims"][0]["input"].startswith(f"tensor '{relu}:0'")
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    compiled = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    for batch, h, w in ((2, 33, 21), (1, 64, 9)):
+        x = tf.constant(np.random.default_rng(h).standard_normal((batch, h, w, 3)), tf.float32)
+        np.testing.assert_allclose(compiled(image=x)["output_0"], original(image=x)["output_0"],
+                                   rtol=1e-5, atol=1e-5)
 
 
 def test_sizes_compiled_ahead_are_found_in_the_compile_cache(
