@@ -78,6 +78,18 @@ def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def _free_dims_text(report: dict) -> str:
+    """The report's free dimensions, for the terminal: what sizes each call may have."""
+    lines = ["free dimensions (each call within the bounds runs on an executable for its "
+             "shape, compiled at its first call unless compiled ahead):"]
+    for d in report["free_dims"]:
+        lines.append(f"  {d['input']}[{d['axis']}]: {d['low']}..{d['high']} "
+                     f"(bound from {d['bound_from']}); compiled at {d['compiled_at']}")
+    if report.get("shapes_compiled_ahead"):
+        lines.append("  compiled ahead: " + "; ".join(report["shapes_compiled_ahead"]))
+    return "\n".join(lines)
+
+
 def parse_shape_bounds(items: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
     """--shape-bounds KEY:AXIS=LOW:HIGH, repeatable: compile()'s shape_bounds."""
     bounds: dict[str, dict[int, tuple[int, int]]] = {}
@@ -194,6 +206,8 @@ def _compile(args: argparse.Namespace) -> int:
         return 1
     report["model_dir"] = args.model_dir  # (not the temporary export of a Keras file)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
+    if not args.json and report.get("free_dims"):
+        print(_free_dims_text(report))
     if args.graph:
         print(f"neuronish: partition picture written to {args.graph} (Graphviz: .dot alongside)",
               file=sys.stderr)
