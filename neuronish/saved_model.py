@@ -183,7 +183,8 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
             ThreadPoolExecutor(2, thread_name_prefix="neuronish-hash") as hasher:
-        state = _State(scratch, hasher, CompileCache.from_env(), CacheStats())
+        state = _State(scratch, hasher, CompileCache.from_env(), CacheStats(),
+                       input_keys=frozenset(i.key for s in signatures.frozen for i in s.inputs))
         main, *others = signatures.frozen
         done = _compile_signature(main, options, state, _feeds_for(main, signatures, options))
         more, reports = [], {}
@@ -336,6 +337,7 @@ class _State:
     results: dict[str, CompileResult] = field(default_factory=dict)  # subgraph digest ->
     graphs: dict[str, BlobFile] = field(default_factory=dict)  # digest -> its GraphDef's file
     hashes: dict[str, Future[str]] = field(default_factory=dict)  # file -> its sha256
+    input_keys: frozenset[str] = frozenset()  # every signature's input keys
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -444,7 +446,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     # nothing computed from them becomes a constant.
     signature = replace(signature, graph_def=rewrite_for_device(
         signature.graph_def, plan.unknown() if plan.free else plan.shapes, fetches))
-    plan = settle(plan, signature.graph_def, options.shape_bounds)
+    plan = settle(plan, signature.graph_def, _mine(options.shape_bounds, signature, main,
+                                                      state.input_keys))
     shapes = plan.shapes
     free_shapes = FreeShapes.infer(signature.graph_def, plan) if plan.free else None
     if free_shapes is not None and options.int8 is not None:
@@ -524,11 +527,12 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
     ahead: list[str] = []
-    if o.shape_buckets:
+    buckets = _mine(o.shape_buckets, signature, main, state.input_keys)
+    if buckets:
         if free_shapes is None:
             raise SavedModelError("shape_buckets names sizes of free dimensions, and "
                                   f"signature {signature.signature_key!r} has none")
-        ahead = compile_ahead(plan, o.shape_buckets, graph_def,
+        ahead = compile_ahead(plan, buckets, graph_def,
                               [sg for sg, _ in compiled if sg.name in dynamic],
                               {sg.name: graphs[digests[sg.name]].path for sg, _ in compiled},
                               o.compiler_args, cache, cache_stats, o.max_num_compilers,
@@ -579,6 +583,17 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
                      part=part, compiled=compiled, excluded=excluded, failures=failures,
                      executables=executables, verdicts=verdicts, plan=plan, ahead=ahead,
                      dynamic={k: v.spec for k, v in dynamic.items()})
+
+
+def _mine(given: Mapping | None, signature: FrozenSignature, main: bool,
+          known: frozenset[str]) -> dict | None:
+    """The entries of `shape_bounds`/`shape_buckets` naming inputs of `signature`, and
+    for the main signature also those naming no input of any signature (which it then
+    refuses by name), as `_feeds_for` splits the shape dicts."""
+    if not given:
+        return None
+    keys = {i.key for i in signature.inputs}
+    return {k: v for k, v in given.items() if k in keys or (main and k not in known)}
 
 
 def _int8_args(int8: _Int8 | None, signature: FrozenSignature, todo: list, scratch: str,
