@@ -168,6 +168,29 @@ def test_an_op_fed_by_tensorflow_gets_its_bounds_from_the_signatures(tmp_path: P
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_calls_at_new_shapes_from_several_threads(tmp_path: Path) -> None:
+    """Threads calling at shapes not yet compiled: each shape is compiled once (the
+    others wait for it) and every call gives TensorFlow's numbers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = _free_image_model(tmp_path / "src")
+    neuronish.saved_model.compile(src, str(tmp_path / "out"))
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    compiled = tf.saved_model.load(str(tmp_path / "out")).signatures["serving_default"]
+    shapes = [(1 + i % 3, 20 + 4 * (i % 2), 28) for i in range(8)]
+    images = [tf.constant(np.random.default_rng(i).standard_normal(s), tf.float32)
+              for i, s in enumerate((*s, 3) for s in shapes)]
+    before = _loaded()
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda x: compiled(image=x)["output_0"].numpy(), images))
+    for x, g in zip(images, got, strict=True):
+        np.testing.assert_allclose(g, original(image=x)["output_0"], rtol=1e-5, atol=1e-5)
+    held = sorted(label for label in _labels(before) if "@" in label)
+    # each shape once, beside the probe's (loaded at the first call)
+    assert held == ["neuron_op_0@*x20x28x3", "neuron_op_0@*x24x28x3",
+                    "neuron_op_0@*x64x64x3"], held
+
+
 def test_sizes_compiled_ahead_are_found_in_the_compile_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
