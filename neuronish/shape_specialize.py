@@ -67,7 +67,8 @@ class DynamicSpec:
         try:
             raw = json.loads(text)
             if raw.get("version") != 1 or len(raw["inputs"]) != n_inputs:
-                raise ValueError(f"version {raw.get('version')}, {len(raw['inputs'])} inputs")
+                raise ValueError(f"version {raw.get('version')} (1 expected), "
+                                 f"{len(raw['inputs'])} input(s) for an op with {n_inputs}")
             bounds = [{int(a): (int(b[0]), int(b[1]), str(b[2])) for a, b in i["free"].items()}
                       for i in raw["inputs"]]
             return DynamicSpec(bounds, [str(i["label"]) for i in raw["inputs"]],

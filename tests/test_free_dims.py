@@ -271,3 +271,17 @@ def test_benchmark_inputs_take_a_shape_for_free_dims() -> None:
     assert feeds["token_ids"].shape == (2, 9)
     with pytest.raises(BenchmarkError, match="names \\['mask'\\]"):
         make_inputs(specs, 2, shapes={"mask": [-1, 3]})
+
+
+def test_a_damaged_dynamic_shapes_attr_is_refused_by_name() -> None:
+    from neuronish.runtime import InvalidInput
+    from neuronish.shape_specialize import DynamicSpec
+
+    spec = DynamicSpec([{1: (1, 512, "the model")}], ["input 'token_ids'"], ["--auto-cast",
+                                                                              "none"])
+    assert DynamicSpec.parse(spec.to_json(), "op", 1) == spec
+    for text in ("{", '{"version": 2, "inputs": []}', spec.to_json().replace("512", '"x"')):
+        with pytest.raises(InvalidInput, match="NeuronOp 'op': its dynamic_shapes attr is not"):
+            DynamicSpec.parse(text, "op", 1)
+    with pytest.raises(InvalidInput, match="1 input\\(s\\) for an op with 2"):
+        DynamicSpec.parse(spec.to_json(), "op", 2)
