@@ -269,7 +269,7 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
             # Each shape's executable holds its own copy of the weights: one copy per
             # shape compiled at run time, unless model_config bounds the duplicates.
             one = config if config.max_num_duplicates >= 1 else \
-                ModelConfig(*dataclasses.astuple(config)[:2], 1, *dataclasses.astuple(config)[3:])
+                dataclasses.replace(config, max_num_duplicates=1)
             handle.shapes = ShapeTable(node_name, spec, exe, model, lambda: bytes(source[0]),
                                        lambda e: load_model(e, one))
             return handle
@@ -310,14 +310,21 @@ def output_shapes(handle: Handle, inputs: Sequence[object]) -> list[list[int]]:
             why = f"{type(e).__name__}: {e}"
     elif not use_tensorflow:
         raise InvalidInput(why)
+    results = _on_tensorflow(handle, ins, why)
+    _chosen.value = ("tensorflow", results)
+    return [list(r.shape) for r in results]
+
+
+def _on_tensorflow(handle: Handle, ins: list[np.ndarray], why: str) -> list[np.ndarray]:
+    """A call of an op with free dimensions computed on TensorFlow (its subgraph takes
+    any shape and batch), warned once and counted as a fallback call."""
+    from neuronish import fallback
+
     fallback.record_fallback(handle.node_name, f"calls it cannot run on the device run on "
                              f"TensorFlow (the first: {why})")
     fallback.count_call(handle.node_name)
     runner = handle.tensorflow_runner()
-    # The subgraph of an op with free dimensions takes any shape and batch.
-    results = runner.session.run(runner.output_names, dict(zip(runner.input_names, ins)))
-    _chosen.value = ("tensorflow", results)
-    return [list(r.shape) for r in results]
+    return runner.session.run(runner.output_names, dict(zip(runner.input_names, ins)))
 
 
 _chosen = threading.local()  # output_shapes -> run, per kernel thread
@@ -374,10 +381,20 @@ def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[obje
         for r, o in zip(chosen, outs):  # type: ignore[call-overload]
             np.copyto(o, r, casting="no")
         return
+    ins = [np.asarray(x) for x in inputs]
     try:
-        ins = [np.asarray(x) for x in inputs]
         chosen.model.run_list(ins, out=outs, timeout=handle.timeout,  # type: ignore[union-attr]
                               cancel=cancel)
+    except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
+        raise
+    except (DeviceError, MemoryError) as e:
+        from neuronish.fallback import fallback_enabled
+
+        if handle.fallback is None or not fallback_enabled():
+            raise
+        results = _on_tensorflow(handle, ins, f"{type(e).__name__}: {e}")
+        for r, o in zip(results, outs, strict=True):
+            np.copyto(o, r, casting="no")
     finally:
         handle.shapes.done(chosen)  # type: ignore[union-attr, arg-type]
 

@@ -102,8 +102,6 @@ class ShapeTable:
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
         self._compiling: dict[tuple, threading.Event] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self.compiles: list[dict] = []  # shape, seconds, cached: each compile at run time
         model.label = self._label(self.key([s.shape for s in exe.inputs]))
         self._entries[self.key([s.shape for s in exe.inputs])] = _Entry(model, exe)
 
@@ -207,8 +205,6 @@ class ShapeTable:
     def _compile(self, key: tuple) -> Executable:
         """The subgraph compiled at `key` (batch at the compiled batch), through the
         compile cache."""
-        import time
-
         from neuronish.compile_cache import CacheStats, CompileCache, compile_with_cache
         from neuronish.compile_driver import CompileJob
 
@@ -219,13 +215,10 @@ class ShapeTable:
                                 for s, k in zip(self.first.inputs, key)},
                      "outputs": {s.name: s.batch_axis for s in self.first.outputs}}
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_name)
-        stats = CacheStats()
-        start = time.perf_counter()
         (result,) = compile_with_cache([CompileJob(name, self._graph, io_config,
                                                    tuple(self.spec.compiler_args))],
-                                       CompileCache.from_env(), stats, max_num_compilers=1)
-        self.compiles.append({"shape": self._label(key), "seconds": time.perf_counter() - start,
-                              "cached": result.cached})
+                                       CompileCache.from_env(), CacheStats(),
+                                       max_num_compilers=1)
         if not result.ok:
             raise ShapeCompileError(f"NeuronOp '{self.node_name}': compiling it for the new "
                                     f"shape {self._label(key)} failed: {result.error}")
