@@ -285,3 +285,22 @@ def test_a_damaged_dynamic_shapes_attr_is_refused_by_name() -> None:
             DynamicSpec.parse(text, "op", 1)
     with pytest.raises(InvalidInput, match="1 input\\(s\\) for an op with 2"):
         DynamicSpec.parse(spec.to_json(), "op", 2)
+
+
+def test_a_new_version_accepting_other_shapes_is_told() -> None:
+    """The model server logs, at a new version's load, each input whose accepted shape
+    differs from the serving version's (serving/manager.py)."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    from neuronish.serving.signatures import accepted_shape_changes
+
+    def defs(*dims: tuple[int, str]) -> dict[str, meta_graph_pb2.SignatureDef]:
+        sd = meta_graph_pb2.SignatureDef()
+        for size, name in dims:
+            sd.inputs["token_ids"].tensor_shape.dim.add(size=size, name=name)
+        return {"serving_default": sd}
+
+    fixed, bounded = defs((-1, ""), (16, "")), defs((-1, ""), (-1, "1..128"))
+    assert accepted_shape_changes(fixed, bounded) == [
+        "serving_default/token_ids: [-1,16] -> [-1,1..128]"]
+    assert accepted_shape_changes(bounded, bounded) == []

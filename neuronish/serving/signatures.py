@@ -233,6 +233,26 @@ class Signature:
                                    f"{self.name!r}: outputs are {sorted(self.outputs)}")
 
 
+def accepted_shape_changes(old: Mapping[str, meta_graph_pb2.SignatureDef],
+                           new: Mapping[str, meta_graph_pb2.SignatureDef]) -> list[str]:
+    """Each input of a signature both versions have whose accepted shape differs (a
+    dimension fixed at another size, or other bounds): what a client of the old version
+    may send that the new one refuses. As "signature/input: [-1,16] -> [-1,1..128]"."""
+    def text(info: meta_graph_pb2.TensorInfo) -> str:
+        if info.tensor_shape.unknown_rank:
+            return "[?]"
+        return "[" + ",".join(d.name if d.size < 0 and d.name else str(d.size)
+                              for d in info.tensor_shape.dim) + "]"
+
+    changes = []
+    for key in sorted(set(old) & set(new)):
+        for name in sorted(set(old[key].inputs) & set(new[key].inputs)):
+            before, after = text(old[key].inputs[name]), text(new[key].inputs[name])
+            if before != after:
+                changes.append(f"{key}/{name}: {before} -> {after}")
+    return changes
+
+
 def check_array(spec: TensorSpec, array: np.ndarray, signature_name: str) -> None:
     got_dtype = array_dtype(array)
     if got_dtype != spec.dtype:
