@@ -15,7 +15,14 @@ import tensorflow as tf
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 import neuronish.saved_model
-from tests.serving.harness import Server, copy_version, predict_request, running_server
+from tests.serving.harness import (
+    Server,
+    copy_version,
+    predict_request,
+    run_clients,
+    running_server,
+    write_text,
+)
 from tests.test_free_dims import MAX_LENGTH, _free_text_model, _text
 
 
@@ -32,7 +39,15 @@ def text_model(serving_dir: Path) -> tuple[str, str]:
 def server(serving_dir: Path, text_model: tuple[str, str]) -> Iterator[Server]:
     root = serving_dir / "free_dims"
     copy_version(text_model[1], root / "models" / "text", 1)
-    args = ["--model_name=text", f"--model_base_path={root / 'models' / 'text'}"]
+    # Batching on, with TF Serving's pad_variable_length_inputs: requests of different
+    # lengths never meet in one batch (the queues are per row shape), so nothing is
+    # padded and each length runs on its own executable.
+    batching = write_text(root / "batching.config", "max_batch_size { value: 8 }\n"
+                          "batch_timeout_micros { value: 5000 }\n"
+                          "num_batch_threads { value: 2 }\n"
+                          "pad_variable_length_inputs: true\n")
+    args = ["--model_name=text", f"--model_base_path={root / 'models' / 'text'}",
+            "--enable_batching", f"--batching_parameters_file={batching}"]
     with running_server(args, root, {"text": [1]}) as server:
         yield server
 
@@ -57,6 +72,20 @@ def test_two_lengths_and_one_too_long(server: Server, text_model: tuple[str, str
             predict_request("text", {k: v.numpy() for k, v in feeds.items()}), timeout=120)
         np.testing.assert_allclose(tf.make_ndarray(response.outputs["output_0"]),
                                    original(**feeds)["output_0"], rtol=1e-5, atol=1e-5)
+    # Clients at two lengths at once: batched by length, each row TensorFlow's.
+    want = {length: original(**_text(1, length, seed=length))["output_0"].numpy()
+            for length in (7, 16)}
+
+    def call(client: int, _: int) -> None:
+        length = (7, 16)[client % 2]
+        request = predict_request("text", {k: v.numpy() for k, v in
+                                           _text(1, length, seed=length).items()})
+        got = tf.make_ndarray(server.predictions.Predict(request, timeout=120).outputs[
+            "output_0"])
+        np.testing.assert_allclose(got, want[length], rtol=1e-5, atol=1e-5)
+
+    calls, errors = run_clients(4, 2.0, call)
+    assert calls > 0 and not errors, errors[:3]
     too_long = {k: v.numpy() for k, v in _text(1, MAX_LENGTH + 8, seed=0).items()}
     with pytest.raises(grpc.RpcError) as e:
         server.predictions.Predict(predict_request("text", too_long), timeout=60)
