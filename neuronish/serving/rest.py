@@ -53,10 +53,19 @@ from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from . import json_codec
+from .codec import REST_COUNTED, rest_request_bytes
 from .core import ServingCore, Target
 from .metrics import Metrics
 from .signatures import Signature
-from .status import INTERNAL, OK, ServingError, http_status, invalid_argument, unavailable
+from .status import (
+    INTERNAL,
+    OK,
+    ServingError,
+    http_status,
+    internal_error,
+    invalid_argument,
+    unavailable,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -119,7 +128,9 @@ class RestApi:
             if method == "POST" and (m := _PREDICT.fullmatch(path)):
                 target = _target(m.group(1), m.group(2), m.group(3))
                 api, model = m.group(4).lower(), target.name
-                return 200, self._infer(api, target, body, deadline), "application/json"
+                # Reserved from the server-wide budget (shared with gRPC) before parsing.
+                with self.core.memory.hold(rest_request_bytes(body), deadline, REST_COUNTED):
+                    return 200, self._infer(api, target, body, deadline), "application/json"
             if method == "GET" and (m := _STATUS.fullmatch(path)):
                 target = _target(m.group(1), m.group(2), m.group(3))
                 model = target.name
@@ -134,10 +145,10 @@ class RestApi:
         except ServingError as e:
             code = e.code
             return http_status(e.code), json.dumps({"error": e.message}), "application/json"
-        except Exception as e:  # a bug must cost one request, not the connection
+        except Exception:  # a bug must cost one request, not the connection
             code = INTERNAL
-            log.exception("REST %s %s failed", method, path)
-            return 500, json.dumps({"error": f"{type(e).__name__}: {e}"}), "application/json"
+            error = internal_error(log, f"REST {method} {path}")
+            return 500, json.dumps({"error": error.message}), "application/json"
         finally:
             self.metrics.record_request(model, api, ENTRYPOINT, ServingError(code, "").code_name,
                                         (time.perf_counter() - start) * 1e6)

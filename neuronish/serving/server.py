@@ -107,8 +107,9 @@ HELP = {
                              "DEADLINE_EXCEEDED; 0 = the client's deadline only",
     "request_max_elements": "most tensor elements one request may declare "
                             "(RESOURCE_EXHAUSTED above it); 0 = no limit",
-    "request_memory_budget_bytes": "server memory gRPC Predicts may hold at once, each "
-                                   "counted as 8x its tensors' bytes; one that does not fit "
+    "request_memory_budget_bytes": "server memory requests may hold at once: a gRPC Predict "
+                                   "counted as 8x its tensors' bytes, a JSON REST request as "
+                                   "6x its body + 128 bytes per value; one that does not fit "
                                    "waits (until its deadline), one larger than the budget is "
                                    "RESOURCE_EXHAUSTED; 0 = no budget",
     "rest_api_idle_timeout_in_ms": "close a REST connection that is idle, or whose request has "
