@@ -350,6 +350,34 @@ def test_reload_config_only_under_the_allowed_roots(hostile_server: Server, wher
     assert hostile_server.available_versions("mlp") == [1]
 
 
+def test_a_reloaded_version_linked_out_of_the_allowed_roots_is_not_served(
+        hostile_server: Server) -> None:
+    """The base path is under the allowed root, its version directory a symlink out of
+    it (to a model served elsewhere on the machine): not served."""
+    from google.protobuf import text_format
+
+    root = hostile_server.log_path.parent
+    base = root / "allowed" / "linked"
+    base.mkdir(exist_ok=True)
+    if not (base / "1").is_symlink():
+        (base / "1").symlink_to(root / "mlp" / "1")
+    config = text_format.Parse((root / "models.config").read_text(),
+                               model_server_config_pb2.ModelServerConfig())
+    config.model_config_list.config.add(name="linked", base_path=str(base),
+                                        model_platform="tensorflow")
+    stub = model_service_pb2_grpc.ModelServiceStub(hostile_server.channel)
+    response = stub.HandleReloadConfigRequest(
+        model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+    assert response.status.error_code != 0  # "linked" did not become available
+    assert "linked" in response.status.error_message
+    assert hostile_server.available_versions("linked") == []
+    assert hostile_server.available_versions("mlp") == [1]  # the others keep serving
+    status, answer = hostile_server.http("POST", "/v1/models/linked:predict",
+                                         {"instances": [ROW]})
+    assert status == 404, answer
+    assert "reload_config_allowed_roots" in hostile_server.log()
+
+
 # --------------------------------------------------------------- slow, idle, chunked clients
 
 
