@@ -580,3 +580,48 @@ def test_sigterm_ends_the_server_while_an_abandoned_call_still_runs(
         start = time.monotonic()
         assert server.terminate(timeout=30) == 0
         assert time.monotonic() - start < 30
+
+
+def test_a_drain_answers_calls_past_the_grace_period_and_refuses_new_connections(
+        serving_dir: Path, slow_model_dir: str) -> None:
+    """SIGTERM with calls running longer than --shutdown_grace_period_seconds: gRPC
+    answers them UNAVAILABLE, REST 503 (it used to close with an empty reply), and a
+    new REST connection is refused at once (it waited in the backlog, then was reset)."""
+    root = serving_dir / "drain"
+    copy_version(slow_model_dir, root / "slow", 1)
+    args = [f"--model_base_path={root / 'slow'}", "--model_name=slow",
+            "--shutdown_grace_period_seconds=2"]
+    with running_server(args, root, {"slow": [1]}) as server:
+        answers: dict[str, object] = {}
+
+        def grpc_call() -> None:
+            try:
+                server.predictions.Predict(
+                    predict_request("slow", {"n": np.array([10**12], np.int64)}), timeout=120)
+                answers["grpc"] = "ok"
+            except grpc.RpcError as e:
+                answers["grpc"] = e.code()
+
+        def rest_call() -> None:
+            try:
+                answers["rest"] = server.http("POST", "/v1/models/slow:predict",
+                                              {"instances": [10**12]}, timeout=120)
+            except (OSError, http.client.HTTPException) as e:
+                answers["rest"] = f"{type(e).__name__}: {e}"
+
+        calls = [threading.Thread(target=grpc_call), threading.Thread(target=rest_call)]
+        for c in calls:
+            c.start()
+        time.sleep(2)  # both calls are running
+        server.proc.send_signal(15)
+        time.sleep(1.5)  # past the accept loop's poll, within the grace period
+        start = time.monotonic()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", server.rest_port), timeout=10)
+        assert time.monotonic() - start < 1.0
+        for c in calls:
+            c.join(60)
+        assert server.proc.wait(60) == 0
+    assert answers["grpc"] == grpc.StatusCode.UNAVAILABLE, answers
+    status, body = answers["rest"]
+    assert status == 503 and "--shutdown_grace_period_seconds" in body["error"], answers
