@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.adversarial import suite  # noqa: E402
 
 LONG_RUN = {"driver_flags": 5000, "json_bodies": 2000, "tensor_protos": 5000,
-            "run_dir_files": 1000, "int_division": 100, "fold_bounds": 12, "slow_clients": 6}
+            "run_dir_files": 1000, "int_division": 100, "fold_bounds": 12, "slow_clients": 6,
+            "cache_entries": 400}
 
 
 def main() -> int:

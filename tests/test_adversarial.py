@@ -9,7 +9,8 @@ import pytest
 from tests.adversarial import suite
 
 CI_SAMPLE = {"driver_flags": 200, "json_bodies": 60, "tensor_protos": 200,
-             "run_dir_files": 60, "int_division": 6, "fold_bounds": 2, "slow_clients": 1}
+             "run_dir_files": 60, "int_division": 6, "fold_bounds": 2, "slow_clients": 1,
+             "cache_entries": 40}
 
 
 @pytest.mark.parametrize("name", list(CI_SAMPLE))

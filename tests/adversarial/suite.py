@@ -26,6 +26,11 @@ Classes (what each case tries, and what "held" means):
                   it naming the node; never MemoryError or a traceback
   slow_clients    slow-loris REST clients reaped by the server: no traceback in the
                   output, at most a line per class in the log, good requests served
+  cache_entries   a compile-cache directory tampered with (another key's record,
+                  a resealed other executable, a symlinked or FIFO entry, a /dev/zero
+                  record, a truncated entry, a group- or world-writable directory):
+                  a miss or a refusal, never bytes that were not put under the key
+                  (and nothing from a directory others can write)
 """
 
 from __future__ import annotations
@@ -414,6 +419,62 @@ def slow_clients(rng: random.Random, n: int, tmp: Path) -> Iterator[Case]:
         yield f"{clients} slow clients, {prefix[:30]!r}", lambda a=(clients, prefix): run(*a)
 
 
+# --------------------------------------------------------------------- cache entries
+
+def cache_entries(rng: random.Random, n: int, tmp: Path) -> Iterator[Case]:
+    import warnings
+
+    from neuronish.compile_cache import CacheStats, CompileCache, UntrustedCache
+
+    def run(i: int, attack: str) -> str | None:
+        root = tmp / f"cache{i}"
+        cache, stats = CompileCache(root), CacheStats()
+        key, other = f"{i:064x}", f"{i + 1:064x}"
+        good, evil = b"good executable %d" % i * 64, b"evil executable" * 64
+        cache.put(key, good, stats)
+        cache.put(other, evil, stats)
+        entry, record = root / f"{key}.neff", root / f"{key}.sum"
+        if attack == "other record":
+            entry.write_bytes(evil)
+            os.replace(root / f"{other}.sum", record)
+        elif attack == "resealed":
+            entry.write_bytes(evil)
+            record.write_bytes(CompileCache(tmp / f"mine{i}")._seal(key, evil))
+        elif attack == "symlinked entry":
+            entry.unlink()
+            entry.symlink_to(root / f"{other}.neff")
+        elif attack == "fifo entry":
+            entry.unlink()
+            os.mkfifo(entry)
+        elif attack == "dev-zero record":
+            record.unlink()
+            record.symlink_to("/dev/zero")
+        elif attack == "truncated":
+            entry.write_bytes(good[:rng.randrange(len(good))])
+        elif attack in ("mode 0777", "mode 0770"):
+            os.chmod(root, 0o777 if attack == "mode 0777" else 0o770)
+        start = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                found = CompileCache(root).get(key, CacheStats())
+            except UntrustedCache:
+                return None if attack.startswith("mode") else "refused an untouched directory"
+        if time.monotonic() - start > 10:
+            return "the lookup took more than 10 s"
+        if attack.startswith("mode") and found is not None:
+            return "an entry of a directory others can write was used"
+        if found is not None and found != good:
+            return f"a hit with bytes that were not put under the key ({found[:20]!r})"
+        return None
+
+    attacks = ["other record", "resealed", "symlinked entry", "fifo entry", "dev-zero record",
+               "truncated", "mode 0777", "mode 0770"]
+    for i in range(n):
+        attack = rng.choice(attacks)
+        yield f"cache {attack}", lambda a=(i, attack): run(*a)
+
+
 CLASSES: dict[str, Callable[[random.Random, int, Path], Iterator[Case]]] = {
     "driver_flags": driver_flags,
     "json_bodies": json_bodies,
@@ -422,6 +483,7 @@ CLASSES: dict[str, Callable[[random.Random, int, Path], Iterator[Case]]] = {
     "int_division": int_division,
     "fold_bounds": fold_bounds,
     "slow_clients": slow_clients,
+    "cache_entries": cache_entries,
 }
 
 
