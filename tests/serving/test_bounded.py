@@ -131,3 +131,13 @@ def test_an_internal_error_never_leaks_the_librarys_message(
     assert "secret" not in text and "KeyError" not in text, text
     assert "internal error in neuronish-model-server (incident" in json.loads(text)["error"]
     assert "secret" in caplog.text and "incident" in caplog.text  # the log keeps it all
+
+
+def test_op_error_messages_lose_the_eager_wrappers_header_and_stack() -> None:
+    from neuronish.serving.servable import op_error_message
+
+    wrapped = ("Graph execution error:\n\nDetected at node y defined at (most recent call "
+               'last):\n\n  File "/srv/app/model.py", line 3, in f\n\n  File "/x.py", line 9, '
+               "in g\n\nNode: 'y'\nbad thing\n\t [[{{node y}}]] [Op:__inference_f_1]")
+    assert op_error_message(wrapped) == "Node: 'y'\nbad thing\n\t [[{{node y}}]]"
+    assert op_error_message("plain [not an Op suffix]") == "plain [not an Op suffix]"

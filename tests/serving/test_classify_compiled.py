@@ -125,3 +125,21 @@ def test_the_compiled_fingerprint_matches_its_saved_model(models: tuple[str, str
             fingerprinting.CreateFingerprintDef(path))
         assert stored.saved_model_checksum == fresh.saved_model_checksum, path
         assert stored.signature_def_hash == fresh.signature_def_hash, path
+
+
+def test_a_tensorflow_error_reaches_the_client_without_the_python_wrapper(server: Server
+                                                                          ) -> None:
+    """An example without the feature: TensorFlow's own words and the node, as TF Serving
+    reports them; not the eager wrapper's header, stack and traced-function name."""
+    for name in ("original", "compiled"):
+        request = classification_pb2.ClassificationRequest()
+        request.model_spec.name, request.model_spec.signature_name = name, "classify"
+        request.input.example_list.examples.add()  # no "x"
+        with pytest.raises(grpc.RpcError) as caught:
+            server.predictions.Classify(request, timeout=60)
+        details = caught.value.details()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert "Feature: x (data type: float) is required" in details, details
+        for internal in ("Graph execution error", "__inference", "most recent call last",
+                         'File "'):
+            assert internal not in details, details
