@@ -18,6 +18,7 @@ executable stays cheap.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ DTYPES = frozenset(ITEMSIZE)
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 INTEGERS = frozenset({"int8", "uint8", "int16", "int32", "int64"})
 INDEX_DTYPES = frozenset({"int32", "int64"})
+NUMBERS = DTYPES - {"bool"}
+SIGNED = FLOATS | {"int8", "int16", "int32", "int64"}
 
 MAX_RANK = 32                 # numpy's own limit is 64; no model comes near
 MAX_DIM = 2**31 - 1           # one dimension, and any integer attribute's magnitude
@@ -191,6 +194,21 @@ class Attr:
 
 # --- the declaration -----------------------------------------------------------------
 
+class Trait(str, enum.Enum):
+    """What the passes and engines ask of a kind (named sets, as tinygrad's GroupOp)."""
+
+    MATMUL_LIKE = "matmul_like"      # a matrix unit's work (operands 0 and 1); fused bias/act
+    ELEMENTWISE = "elementwise"      # each output element from same-index inputs (broadcast)
+    MOVEMENT = "movement"            # moves or copies elements, never computes with them
+    REDUCTION = "reduction"          # folds elements along axes or windows
+    WINDOWED = "windowed"            # an NHWC window sweep (strides, pads, ...)
+    NO_FLOAT_MATH = "no_float_math"  # no floating-point arithmetic (auto-cast never rounds it)
+    SAME_TYPE_IS_IDENTITY = "same_type_is_identity"  # y = x when the output type equals x's
+
+    def __str__(self) -> str:
+        return self.value
+
+
 Rule = Callable[[Sequence[HasType], dict], list[Type]]
 
 
@@ -202,7 +220,7 @@ class Kind:
     variadic: bool = False             # `inputs` is one name repeated one or more times
     outputs: tuple[str, ...] = ("y",)
     attrs: tuple[Attr, ...] = ()
-    traits: frozenset[str] = frozenset()
+    traits: frozenset[Trait] = frozenset()
     rule: Rule | None = None
     doc: str = ""
     attr_index: dict[str, Attr] = field(default_factory=dict, compare=False, repr=False)
@@ -264,7 +282,8 @@ def check(name: str, types: Sequence[HasType], attrs: Mapping) -> list[Type]:
     return kind.rule(types, full)
 
 
-def kinds_with(trait: str) -> frozenset[str]:
+def kinds_with(trait: Trait | str) -> frozenset[str]:
+    trait = Trait(trait)  # a misspelt trait is a ValueError, not an empty set
     return frozenset(k.name for k in KINDS.values() if trait in k.traits)
 
 
@@ -341,8 +360,22 @@ UNARY_FNS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "s
 ACTIVATIONS = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
                          "softplus", "gelu", "gelu_tanh", "swish"})
 COMPARISONS = ("greater", "greater_equal", "less", "less_equal", "equal", "not_equal")
+# The dtypes each unary function takes (TF's own: its float-only ops take floats only).
+UNARY_DOMAIN: dict[str, frozenset[str]] = {
+    **{fn: FLOATS for fn in UNARY_FNS},
+    "relu": NUMBERS, "relu6": NUMBERS, "square": NUMBERS,
+    "abs": SIGNED, "neg": SIGNED, "sign": SIGNED, "logical_not": frozenset({"bool"})}
 BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
               *COMPARISONS, "logical_and", "logical_or", "floor_div", "floor_mod")
+BINARY_DOMAIN: dict[str, frozenset[str]] = {
+    **{fn: NUMBERS for fn in BINARY_FNS},
+    "equal": DTYPES, "not_equal": DTYPES,
+    "logical_and": frozenset({"bool"}), "logical_or": frozenset({"bool"})}
+# a (fn) b == b (fn') a: the operand order an engine may swap (to put the full-shaped
+# operand first).
+SWAPPED = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
+           "equal": "equal", "not_equal": "not_equal", "greater": "less", "less": "greater",
+           "greater_equal": "less_equal", "less_equal": "greater_equal"}
 
 _ALPHA = Attr("alpha", NUM, 0.2, "leaky_relu's slope")
 _ACTIVATION = (Attr("activation", Choice("none", *UNARY_FNS), "none",
@@ -358,24 +391,28 @@ _WINDOW = (Attr("strides", Ints(2, lo=1), doc="[sh, sw]"),
            Attr("dilations", Ints(2, lo=1), doc="[dh, dw]"),
            Attr("pads", Ints(4, lo=0), doc="[top, bottom, left, right]"), _LAYOUT)
 
-# Traits (named sets below, in the spirit of tinygrad's GroupOp):
-#   matmul_like  a matrix unit's work (operands 0 and 1); takes a fused bias and activation
-#   elementwise  each output element from the same-index input elements (with broadcasting)
-#   movement     moves or copies elements, never computes with them
-#   reduction    folds elements along axes or windows
-#   windowed     an NHWC window sweep (strides, pads, ...)
-#   no_float_math  does no floating-point arithmetic (auto-cast never rounds its operands)
-#   same_type_is_identity  returns its input unchanged when the output type equals it
+# Traits: see `Trait` above.
 
 
 def _one(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type(tuple(t[0].shape), t[0].dtype)]
 
 
+def _in_domain(fn: str, dtype: str, domain: frozenset[str]) -> None:
+    if dtype not in domain:
+        raise IsaError(f"{fn} takes {', '.join(sorted(domain))}, got {dtype}", "in")
+
+
+def _unary(t: Sequence[HasType], a: dict) -> list[Type]:
+    _in_domain(a["fn"], t[0].dtype, UNARY_DOMAIN[a["fn"]])
+    return _one(t, a)
+
+
 def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
     if t[0].dtype != t[1].dtype:
         raise IsaError(f"operands have dtypes {t[0].dtype} and {t[1].dtype}; they must match",
                        "in")
+    _in_domain(a["fn"], t[0].dtype, BINARY_DOMAIN[a["fn"]])
     shape = broadcast_shapes(t[0].shape, t[1].shape)
     return [Type(shape, "bool" if a["fn"] in COMPARISONS else t[0].dtype)]
 
@@ -460,6 +497,7 @@ def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
 
 def _pool(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 4, "pool's input (NHWC)")
+    _in_domain("pool", t[0].dtype, NUMBERS)
     n, h, w, c = t[0].shape
     (kh, kw), (sh, sw), (pt, pb, pl, pr) = a["ksize"], a["strides"], a["pads"]
     # A pad as large as the window would make windows of padding alone (TF never does).
@@ -472,6 +510,8 @@ def _pool(t: Sequence[HasType], a: dict) -> list[Type]:
 
 
 def _reduce(t: Sequence[HasType], a: dict) -> list[Type]:
+    _in_domain(a["fn"], t[0].dtype,
+               frozenset({"bool"}) if a["fn"] in ("any", "all") else NUMBERS)
     rank = len(t[0].shape)
     axes = list(a["axes"])
     for ax in axes:
@@ -484,6 +524,7 @@ def _reduce(t: Sequence[HasType], a: dict) -> list[Type]:
 
 
 def _softmax(t: Sequence[HasType], a: dict) -> list[Type]:
+    _in_domain("softmax", t[0].dtype, FLOATS)
     _axis(a["axis"], len(t[0].shape), "axis")
     return _one(t, a)
 
@@ -502,6 +543,7 @@ def _layer_norm(t: Sequence[HasType], a: dict) -> list[Type]:
 
 
 def _argminmax(t: Sequence[HasType], a: dict) -> list[Type]:
+    _in_domain(a["fn"], t[0].dtype, NUMBERS)
     _axis(a["axis"], len(t[0].shape), "axis")
     shape = tuple(d for i, d in enumerate(t[0].shape) if i != a["axis"])
     return [Type(shape, a["to"])]
@@ -613,6 +655,7 @@ def _conv3d(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _pool3d(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 5, "pool3d's input (NDHWC)")
+    _in_domain("pool3d", t[0].dtype, NUMBERS)
     n, *spatial, c = t[0].shape
     pads = a["pads"]
     if any(max(pads[2 * i], pads[2 * i + 1]) >= k for i, k in enumerate(a["ksize"])):
@@ -658,12 +701,12 @@ def _resize(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type((n, a["size"][0], a["size"][1], c), dtype)]
 
 
-def _t(*names: str) -> frozenset[str]:
-    return frozenset(names)
+def _t(*names: str) -> frozenset[Trait]:
+    return frozenset(Trait(n) for n in names)  # a misspelt trait fails at import
 
 
 declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
-             traits=_t("elementwise"), rule=_one, doc=(
+             traits=_t("elementwise"), rule=_unary, doc=(
                  "y = fn(x), same dtype. `gelu` is TF's exact GELU, x·erfc(−x/√2)/2; "
                  "`gelu_tanh` its approximate one, x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³))). "
                  "`swish` is x·sigmoid(x) (Keras' swish / silu). "
@@ -814,9 +857,35 @@ REDUCTION = kinds_with("reduction")
 WINDOWED = kinds_with("windowed")
 NO_FLOAT_MATH = kinds_with("no_float_math")
 SAME_TYPE_IS_IDENTITY = kinds_with("same_type_is_identity")
-TRAITS = {"matmul_like": MATMUL_LIKE, "elementwise": ELEMENTWISE, "movement": MOVEMENT,
-          "reduction": REDUCTION, "windowed": WINDOWED, "no_float_math": NO_FLOAT_MATH,
-          "same_type_is_identity": SAME_TYPE_IS_IDENTITY}
+
+
+# --- arithmetic per instruction (the compiler's stats, the device model, thread counts) ---
+
+def flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[Sequence[int]],
+          attrs: Mapping) -> int:
+    """Arithmetic of one instruction, a multiply-add counting two: matrix-unit kinds by
+    their products, windows by their taps, reductions by the elements they fold, anything
+    else one per output element. (attrs: with defaults, as `Kind.with_defaults` gives.)"""
+    out = elements(out_shapes[0]) if out_shapes else 0
+    if kind in ("conv2d", "conv2d_int8"):
+        kh, kw, cin, _ = in_shapes[1]
+        return 2 * out * kh * kw * cin
+    if kind == "depthwise_conv2d":
+        kh, kw = in_shapes[1][:2]
+        return 2 * out * kh * kw
+    if kind == "conv3d":
+        kd, kh, kw, cin, _ = in_shapes[1]
+        return 2 * out * kd * kh * kw * cin
+    if kind == "matmul_int8":
+        return 2 * out * in_shapes[1][0]
+    if kind == "matmul":
+        a = in_shapes[0]
+        return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
+    if kind in ("pool", "pool3d"):
+        return out * elements(attrs.get("ksize", ()))
+    if kind in ("reduce", "softmax", "layer_norm", "argminmax"):
+        return elements(in_shapes[0]) if in_shapes else out
+    return out
 
 
 # --- the ISA table of docs/isa.md ----------------------------------------------------------
