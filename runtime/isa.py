@@ -430,6 +430,7 @@ def _cast(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
     x, w = t[0], t[1]
+    _in_domain("matmul", x.dtype, NUMBERS)
     if len(x.shape) < 2 or len(w.shape) < 2:
         raise IsaError(f"matmul operands must have rank >= 2, got {_fmt(x)} and {_fmt(w)}",
                        "in")
@@ -460,6 +461,7 @@ def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
     x, w = t[0], t[1]
+    _in_domain("conv", x.dtype, NUMBERS)
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise IsaError(f"conv wants NHWC input and a 4-D filter, got {_fmt(x)} and {_fmt(w)}",
                        "in")
@@ -641,6 +643,7 @@ def _gather(t: Sequence[HasType], a: dict) -> list[Type]:
 def _conv3d(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 5, "conv3d's input (NDHWC)")
     _rank(t[1], 5, "conv3d's filter [KD, KH, KW, C, O]")
+    _in_domain("conv3d", t[0].dtype, NUMBERS)
     if t[0].dtype != t[1].dtype:
         raise IsaError(f"input {_fmt(t[0])} and filter {_fmt(t[1])} dtypes differ", "in")
     n, *spatial, c = t[0].shape
@@ -694,6 +697,7 @@ def _one_hot(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _resize(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 4, "resize's input (NHWC)")
+    _in_domain("resize", t[0].dtype, NUMBERS)
     n, h, w, c = t[0].shape
     if min(h, w) < 1:
         raise IsaError(f"cannot resize the empty image {_fmt(t[0])}", "in")

@@ -34,7 +34,9 @@ class Sample:
 
     def label(self) -> str:
         name = f"{self.kind}:{self.fn}" if self.fn else self.kind
-        return f"{name} {','.join(self.dtypes)}->{self.out}"
+        compute = self.attrs.get("compute", "float32")
+        how = f" (compute {compute})" if compute != "float32" else ""
+        return f"{name} {','.join(self.dtypes)}->{self.out}{how}"
 
 
 _ALL = sorted(isa.DTYPES)

@@ -2425,10 +2425,12 @@ int64_t elems(const Ref& r) {
   return n;
 }
 
-// x -> y, same shape and dtype. floats: `alpha` is leaky_relu's slope.
+// x -> y, same shape and dtype. floats: `alpha` is leaky_relu's slope (a double's bits:
+// float64 needs all of them).
 void add_g_unary(Program& p, Reader& rd, Instr& ins) {
-  int64_t fn = rd.next();
-  float alpha = rd.nextf();
+  int64_t fn = rd.next(), alpha_bits = rd.next();
+  double alpha;
+  std::memcpy(&alpha, &alpha_bits, 8);
   Ref x = rd.ref(), y = rd.ref();
   int64_t n = elems(x);
   if (n != elems(y) || x.code != y.code) throw Error("unary: x and y differ");

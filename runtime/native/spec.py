@@ -10,6 +10,8 @@ codes below mirror the enums at the top of engine.cc.
 from __future__ import annotations
 
 import math
+import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -143,6 +145,8 @@ def _padded(shape: Sequence[int], rank: int) -> list[int]:
 def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
            constant: Sequence[bool]) -> tuple[list[int], list[float]] | None:
     """The engine spec of one instruction, or None to run it on numpy."""
+    if kind in _excluded():
+        return None
     fn = _ENCODERS.get(kind)
     if fn is None or any(r.dtype not in DTYPES for r in (*ins, *outs)):
         return None
@@ -151,6 +155,14 @@ def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
     if any(0 in r.shape for r in (*ins, *outs)):
         return None  # empty tensors: nothing to compute, numpy handles the shapes
     return fn(attrs, list(ins), list(outs), list(constant))
+
+
+def _excluded() -> set[str]:
+    """NEURONISH_NATIVE_EXCLUDE=kind[,kind...]: leave these kinds to the numpy reference
+    kernels (to bisect a wrong number to one native kernel, or to test a program that
+    mixes both engines now that every instruction has a native kernel)."""
+    return {k.strip() for k in os.environ.get("NEURONISH_NATIVE_EXCLUDE", "").split(",")
+            if k.strip()}
 
 
 def _io_ok(x: str, y: str, compute: str) -> bool:
@@ -247,8 +259,8 @@ def _generic_unary(fn: str, attrs: dict, x: Ref, y: Ref) -> tuple[list[int], lis
                                                           fn in G_UNARY_INT)):
         return None
     size = [elements(x.shape)]
-    return [OP_G_UNARY, G_UNARY[fn], *x.encode(size), *y.encode(size)], [
-        float(attrs.get("alpha", 0.2))]
+    alpha = struct.unpack("<q", struct.pack("<d", float(attrs.get("alpha", 0.2))))[0]
+    return [OP_G_UNARY, G_UNARY[fn], alpha, *x.encode(size), *y.encode(size)], []
 
 
 def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
