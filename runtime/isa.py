@@ -892,6 +892,181 @@ def flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[Se
     return out
 
 
+# --- scratch: the working memory an instruction may use -----------------------------------
+# The compiler places each instruction's scratch in the arena (cc/memory.py) by these rules;
+# the numpy reference kernels block their work to fit it (runtime/kernels/conv.py, pool.py),
+# reading the same layouts. Only the windowed kinds use any. Sizes are cache-sized blocks,
+# measured on the reference kernels (runtime/kernels/conv.py says why).
+
+SCRATCH_ALIGN = 64          # every carved region starts on a cache line
+GEMM_BLOCK_BYTES = 4 << 20  # conv2d: columns + outputs of one GEMM block
+GEMM_MIN_ROWS = 2048        # conv2d: never smaller GEMMs than this (BLAS efficiency)
+TAP_BLOCK_BYTES = 2 << 20   # depthwise_conv2d: accumulator block of the per-tap loop
+POOL_BLOCK_BYTES = 1 << 20  # pool: H-folded intermediate per block
+
+Region = tuple[tuple[int, ...], str]  # (shape, dtype) of one carved piece
+
+
+def region_bytes(regions: Sequence[Region]) -> int:
+    """Scratch bytes for regions carved in order, each losing up to SCRATCH_ALIGN bytes to
+    alignment."""
+    return sum(elements(shape) * ITEMSIZE[dtype] + SCRATCH_ALIGN for shape, dtype in regions)
+
+
+def compute_dtype(dtype: str) -> str:
+    """What a window kernel computes a dtype in: 16-bit floats in float32 (a matrix unit
+    reading 16 bits accumulates in float32), anything else as itself."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A window sweep over an NHWC input: sizes, strides, dilations, pads, output extent."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    kh: int
+    kw: int
+    oc: int  # filter's last dim: O for conv2d, M for depthwise
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pads: tuple[int, int, int, int]
+    oh: int
+    ow: int
+
+    @staticmethod
+    def of(x_shape: Sequence[int], w_shape: Sequence[int], attrs: Mapping) -> Geometry:
+        n, h, w, c = x_shape
+        kh, kw, _, oc = w_shape
+        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        pads = tuple(attrs["pads"])
+        return Geometry(n, h, w, c, kh, kw, oc, sh, sw, dh, dw, pads,  # type: ignore[arg-type]
+                        (h + pads[0] + pads[1] - ((kh - 1) * dh + 1)) // sh + 1,
+                        (w + pads[2] + pads[3] - ((kw - 1) * dw + 1)) // sw + 1)
+
+    @property
+    def padded(self) -> bool:
+        return any(self.pads)
+
+    @property
+    def padded_shape(self) -> tuple[int, int, int, int]:
+        top, bottom, left, right = self.pads
+        return (self.n, self.h + top + bottom, self.w + left + right, self.c)
+
+    @property
+    def direct(self) -> bool:
+        """1x1, stride 1, unpadded: the input already is the column matrix."""
+        return (self.kh, self.kw, self.sh, self.sw) == (1, 1, 1, 1) and not self.padded
+
+    def rows_per_block(self, pixel_bytes: int, target: int, min_pixels: int) -> int:
+        """Output rows (one (n, oh) pair = OW pixels) per block: about `target` bytes
+        at `pixel_bytes` per output pixel, and at least `min_pixels` pixels."""
+        pixels = max(target // max(pixel_bytes, 1), min_pixels)
+        return max(1, min(pixels // self.ow, self.n * self.oh))
+
+
+Layout = tuple[Geometry, str, int, list[Region]]  # geometry, compute dtype, rows, regions
+
+
+def conv2d_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                  attrs: Mapping) -> Layout:
+    """One group's conv2d as im2col blocks: the padded input, a block's columns, its
+    unrounded result (16-bit outputs) and its tiled bias."""
+    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
+    cd = compute_dtype(in_dtypes[0])
+    k = g.kh * g.kw * g.c
+    rows = g.rows_per_block((k + g.oc) * ITEMSIZE[cd], GEMM_BLOCK_BYTES, GEMM_MIN_ROWS)
+    regions: list[Region] = []
+    if not g.direct:
+        if g.padded:
+            regions.append((g.padded_shape, cd))
+        regions.append(((rows * g.ow, k), cd))
+    if cd != in_dtypes[0]:
+        regions.append(((rows * g.ow, g.oc), cd))  # GEMM result before rounding
+    if len(in_shapes) - bool(attrs.get("residual")) == 3:  # a bias, tiled over a block
+        regions.append(((rows * g.ow, g.oc), in_dtypes[0]))
+    return g, cd, rows, regions
+
+
+def conv2d_group(in_shapes: Sequence[Sequence[int]], attrs: Mapping
+                 ) -> tuple[Geometry, tuple[int, ...], tuple[int, ...], dict]:
+    """A grouped conv2d's geometry, one group's x and w shapes, and its plain attrs."""
+    groups = attrs["groups"]
+    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
+    kh, kw, cg, o = in_shapes[1]
+    plain = {k: v for k, v in attrs.items() if k not in ("groups", "residual", "activation")}
+    return g, (g.n, g.h, g.w, cg), (kh, kw, cg, o // groups), plain
+
+
+def _conv2d_scratch(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                    attrs: Mapping) -> int:
+    if attrs.get("groups", 1) > 1:  # each group copied out, convolved, copied back
+        g, x_shape, w_shape, plain = conv2d_group(in_shapes, attrs)
+        inner = _conv2d_scratch([x_shape, w_shape], in_dtypes[:1], plain)
+        return region_bytes([(x_shape, in_dtypes[0]),
+                             ((g.n, g.oh, g.ow, w_shape[3]), in_dtypes[0]),
+                             (w_shape, in_dtypes[0]), ((inner,), "uint8")])
+    return region_bytes(conv2d_layout(in_shapes, in_dtypes, attrs)[3])
+
+
+def depthwise_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                     attrs: Mapping) -> Layout:
+    """The per-tap loop's padded copy (grouped by column stride), one tap's products and
+    the accumulator."""
+    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
+    cd = compute_dtype(in_dtypes[0])
+    rows = g.rows_per_block(g.sw * g.c * g.oc * ITEMSIZE[cd], TAP_BLOCK_BYTES, 1)
+    regions: list[Region] = []
+    n, hp, wp, c = g.padded_shape
+    if depthwise_needs_copy(g, cd, in_dtypes[0]):
+        regions.append(((n, hp, -(-wp // g.sw) * g.sw, c), cd))
+    block = (rows * g.ow * g.sw * g.c * g.oc,)
+    regions.append((block, cd))  # one tap's products
+    if g.sw > 1 or cd != in_dtypes[0]:
+        regions.append((block, cd))  # accumulator (slots not yet summed, or unrounded)
+    return g, cd, rows, regions
+
+
+def depthwise_needs_copy(g: Geometry, cd: str, dtype: str) -> bool:
+    return g.padded or g.padded_shape[2] % g.sw != 0 or cd != dtype
+
+
+def pool_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                attrs: Mapping) -> Layout:
+    """The H-folded block [n, rows, W, C] and, when it computes wider, the unrounded
+    result. avg of 16-bit floats accumulates in float32, of integers in float64
+    (truncated at the end); max is exact in any dtype."""
+    kh, kw = attrs["ksize"]
+    g = Geometry.of(in_shapes[0], (kh, kw, in_shapes[0][3], 1),
+                    {"strides": attrs["strides"], "dilations": (1, 1), "pads": attrs["pads"]})
+    cd = in_dtypes[0]
+    if attrs["mode"] == "avg":
+        cd = "float64" if cd in INTEGERS or cd == "bool" else compute_dtype(cd)
+    rows = g.rows_per_block(-(-g.w // g.ow) * g.c * ITEMSIZE[cd], POOL_BLOCK_BYTES, 1)
+    regions: list[Region] = [((rows * g.w * g.c,), cd)]
+    if cd != in_dtypes[0]:
+        regions.append(((rows * g.ow * g.c,), cd))
+    return g, cd, rows, regions
+
+
+_SCRATCH: dict[str, Callable[[Sequence[Sequence[int]], Sequence[str], Mapping], int]] = {
+    "conv2d": _conv2d_scratch,
+    "depthwise_conv2d": lambda s, d, a: region_bytes(depthwise_layout(s, d, a)[3]),
+    "pool": lambda s, d, a: region_bytes(pool_layout(s, d, a)[3]),
+}
+
+
+def scratch_bytes(kind: str, in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                  attrs: Mapping) -> int:
+    """The scratch bytes one instruction may use (0 for most kinds); attrs with defaults."""
+    rule = _SCRATCH.get(kind)
+    return int(rule(in_shapes, in_dtypes, attrs)) if rule else 0
+
+
 # --- the ISA table of docs/isa.md ----------------------------------------------------------
 
 def _attr_doc(a: Attr) -> str:

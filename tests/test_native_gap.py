@@ -18,7 +18,6 @@ import pytest
 
 from neuronish.runtime import isa, load
 from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
-from neuronish.runtime.kernels import KERNELS
 from neuronish.runtime.native import library
 from neuronish.runtime.native.coverage import Sample, gaps, native, sample_instructions
 
@@ -136,8 +135,8 @@ def _executable(s: Sample, inputs: list[np.ndarray]) -> tuple[bytes, dict]:
     out_types = isa.check(s.kind, [isa.Type(shape, d) for shape, d in s.types], s.attrs)
     outs = [TensorSig(f"out{j}", len(s.types) + j, t.shape, t.dtype, -1)
             for j, t in enumerate(out_types)]
-    scratch = KERNELS[s.kind].scratch_bytes([shape for shape, _ in s.types],
-                                            [d for _, d in s.types], s.attrs)
+    scratch = isa.scratch_bytes(s.kind, [shape for shape, _ in s.types],
+                                [d for _, d in s.types], s.attrs)
     instr = Instruction(s.kind, tuple(range(len(s.types))), tuple(o.value for o in outs),
                         dict(s.attrs), (0, scratch) if scratch else None, ("sample",))
     exe = to_bytes(Executable(
