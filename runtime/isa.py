@@ -716,12 +716,17 @@ declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
                  "`swish` is x·sigmoid(x) (Keras' swish / silu). "
                  "`round_bf16`/`round_fp16` round to that precision "
                  "and back (round-to-nearest-even; used by `--auto-cast`). `round` rounds "
-                 "half to even (TF's Round).")))
+                 "half to even (TF's Round). Dtypes (`UNARY_DOMAIN`): relu, relu6, square any "
+                 "number; abs, neg, sign signed numbers; logical_not bool; the rest floats.")))
 declare(Kind("binary", ("a", "b"), attrs=(Attr("fn", Choice(*BINARY_FNS)),),
              traits=_t("elementwise"), rule=_binary, doc=(
                  "numpy broadcasting; a and b share a dtype. Comparisons give bool, the rest "
                  "the input dtype. `floor_div`/`floor_mod` round the quotient toward −∞ "
-                 "(TF FloorDiv/FloorMod: the remainder takes the divisor's sign).")))
+                 "(TF FloorDiv/FloorMod: the remainder takes the divisor's sign). Integers wrap "
+                 "in their width; integer `div` truncates toward zero; an integer division or "
+                 "remainder by zero gives 0 (numpy's answer: TF's CPU kernels raise), and "
+                 "INT_MIN / −1 wraps to INT_MIN. Dtypes (`BINARY_DOMAIN`): logical_and/or "
+                 "bool; equal, not_equal any; the rest numbers.")))
 declare(Kind("select", ("cond", "a", "b"), traits=_t("elementwise", "no_float_math"),
              rule=_select, doc="numpy `where` with broadcasting (TF SelectV2)."))
 declare(Kind("cast", ("x",), attrs=(Attr("to", DType(), doc="the output dtype"),),

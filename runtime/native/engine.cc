@@ -569,7 +569,10 @@ void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
 // int8 instructions (docs/int8.md), defined at the end of this file.
 enum OpInt8 : int64_t { OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42 };
 // Loops over every dtype, defined at the end of this file.
-enum OpGeneric : int64_t { OP_G_UNARY = 50, OP_G_BINARY = 51, OP_G_REDUCE = 52, OP_G_CAST = 53 };
+enum OpGeneric : int64_t {
+  OP_G_UNARY = 50, OP_G_BINARY = 51, OP_G_REDUCE = 52, OP_G_CAST = 53, OP_G_POOL = 54,
+  OP_G_SOFTMAX = 55, OP_G_LAYER_NORM = 56, OP_G_CONCAT = 57, OP_G_MATMUL = 58, OP_G_CONV = 59,
+};
 }  // namespace
 
 struct Program;
@@ -736,7 +739,9 @@ struct Program {
       case OP_CONV3D: add_conv3d(rd, ins); break;
       case OP_POOL3D: add_pool3d(rd, ins); break;
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
-      case OP_G_UNARY: case OP_G_BINARY: case OP_G_REDUCE: case OP_G_CAST:
+      case OP_G_UNARY: case OP_G_BINARY: case OP_G_REDUCE: case OP_G_CAST: case OP_G_POOL:
+      case OP_G_SOFTMAX: case OP_G_LAYER_NORM: case OP_G_CONCAT: case OP_G_MATMUL:
+      case OP_G_CONV:
         add_generic(*this, op, rd, ins);
         break;
       default: throw Error("unknown op code " + std::to_string(op));
@@ -1779,7 +1784,7 @@ struct Program {
     int64_t bilinear = rd.next();
     Ref x = rd.ref(), y = rd.ref();
     if (x.dims.size() != 4 || y.dims.size() != 4 || x.dims[0] != y.dims[0] ||
-        x.dims[3] != y.dims[3] || (bilinear && (x.type != dt::f32 || y.type != dt::f32)) ||
+        x.dims[3] != y.dims[3] || (bilinear && (x.code == D_BOOL || y.code != D_F32)) ||
         (!bilinear && x.type != y.type))
       throw Error("resize: bad spec");
     int64_t N = x.dims[0], H = x.dims[1], W = x.dims[2], C = x.dims[3];
@@ -1803,6 +1808,31 @@ struct Program {
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
+    if (bilinear && x.code != D_F32) {  // any other input: read as float32, as the reference
+      with_type(x.code, [&](auto tag) {
+        using T = decltype(tag);
+        push_loop(ins, s, "neuronish:resize", [=](const Step& st, int threads) {
+          const T* px = data<const T>(st, 0);
+          float* py = data<float>(st, 1);
+          auto at = [px](int64_t i) { return (float)Num<T>::get(px[i]); };
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+          for (int64_t b = 0; b < N; ++b)
+            for (int64_t oy = 0; oy < OH; ++oy) {
+              const int64_t top = (b * H + ylo[oy]) * W * C, bot = (b * H + yhi[oy]) * W * C;
+              float* o = py + (b * OH + oy) * OW * C;
+              for (int64_t ox = 0; ox < OW; ++ox)
+                for (int64_t c = 0; c < C; ++c) {
+                  float tl = at(top + xlo[ox] * C + c), tr = at(top + xhi[ox] * C + c);
+                  float bl = at(bot + xlo[ox] * C + c), br = at(bot + xhi[ox] * C + c);
+                  float t = tl + (tr - tl) * xl[ox];
+                  float u = bl + (br - bl) * xl[ox];
+                  o[ox * C + c] = t + (u - t) * yl[oy];
+                }
+            }
+        });
+      });
+      return;
+    }
     push_loop(ins, s, "neuronish:resize", [=](const Step& st, int threads) {
       const char* px = data<const char>(st, 0);
       char* py = data<char>(st, 1);
@@ -2684,12 +2714,375 @@ void add_g_cast(Program& p, Reader& rd, Instr& ins) {
   });
 }
 
+// Max / avg pooling over NDHWC (a 2-D pool is D = 1), TF's semantics: max ignores the
+// padding, avg divides by the count of in-bounds elements. avg accumulates 16-bit floats
+// in float32, integers in double (the mean truncated toward zero), as the reference.
+void add_g_pool(Program& p, Reader& rd, Instr& ins) {
+  int64_t is_max = rd.next();
+  memory::dims d = rd.ints(14);  // N D H W C OD OH OW kd kh kw sd sh sw
+  memory::dims pad = rd.ints(3);  // front, top, left
+  Ref x = rd.ref(), y = rd.ref();
+  int64_t N = d[0], D = d[1], H = d[2], W = d[3], C = d[4], OD = d[5], OH = d[6], OW = d[7];
+  int64_t kd = d[8], kh = d[9], kw = d[10], sd = d[11], sh = d[12], sw = d[13];
+  if (x.code != y.code || x.code == D_BOOL || elems(x) != N * D * H * W * C ||
+      elems(y) != N * OD * OH * OW * C)
+    throw Error("pool (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    p.push_loop(ins, s, "neuronish:pool_any", [=](const Step& st, int threads) {
+      using C_ = typename Num<T>::C;
+      using A = typename std::conditional<std::is_floating_point<C_>::value, C_, double>::type;
+      const T* px = data<const T>(st, 0);
+      T* py = data<T>(st, 1);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t od = 0; od < OD; ++od)
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow)
+              for (int64_t c = 0; c < C; ++c) {
+                A acc = 0;
+                C_ best = 0;
+                bool first = true;
+                int64_t count = 0;
+                for (int64_t i = 0; i < kd; ++i) {
+                  int64_t z = od * sd - pad[0] + i;
+                  if (z < 0 || z >= D) continue;
+                  for (int64_t j = 0; j < kh; ++j) {
+                    int64_t yy = oh * sh - pad[1] + j;
+                    if (yy < 0 || yy >= H) continue;
+                    for (int64_t k = 0; k < kw; ++k) {
+                      int64_t xx = ow * sw - pad[2] + k;
+                      if (xx < 0 || xx >= W) continue;
+                      C_ v = Num<T>::get(px[(((b * D + z) * H + yy) * W + xx) * C + c]);
+                      if (is_max) {
+                        if constexpr (is_real<T>()) best = first ? v : nan_max(best, v);
+                        else best = first ? v : std::max(best, v);
+                        first = false;
+                      } else {
+                        acc += (A)v;
+                        ++count;
+                      }
+                    }
+                  }
+                }
+                T& out = py[(((b * OD + od) * OH + oh) * OW + ow) * C + c];
+                if (is_max) {
+                  out = Num<T>::put(best);
+                } else if constexpr (is_real<T>()) {
+                  out = Num<T>::put((C_)(acc / (A)count));
+                } else {
+                  out = (T)(int64_t)std::trunc(acc / (A)count);
+                }
+              }
+    });
+  });
+}
+
+// Softmax or log-softmax of x [outer, n, inner] along n, numerically stable (x - max),
+// in float32 for 16-bit floats and in double for float64, rounded once.
+void add_g_softmax(Program& p, Reader& rd, Instr& ins) {
+  int64_t log = rd.next(), outer = rd.next(), n = rd.next(), inner = rd.next();
+  Ref x = rd.ref(), y = rd.ref();
+  if (x.code != y.code || elems(x) != outer * n * inner || elems(y) != elems(x) || n < 1)
+    throw Error("softmax (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!is_real<T>()) {
+      throw Error("softmax takes floats");
+    } else {
+      p.push_loop(ins, s, "neuronish:softmax_any", [=](const Step& st, int threads) {
+        using C = typename Num<T>::C;
+        const T* px = data<const T>(st, 0);
+        T* py = data<T>(st, 1);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < inner; ++i) {
+            const T* a = px + o * n * inner + i;
+            T* out = py + o * n * inner + i;
+            C m = -std::numeric_limits<C>::infinity();
+            bool nan = false;
+            for (int64_t j = 0; j < n; ++j) {
+              C v = Num<T>::get(a[j * inner]);
+              nan |= v != v;
+              m = std::max(m, v);
+            }
+            if (nan) m = std::numeric_limits<C>::quiet_NaN();
+            C sum = 0;
+            for (int64_t j = 0; j < n; ++j) sum += std::exp(Num<T>::get(a[j * inner]) - m);
+            C lsum = std::log(sum);
+            for (int64_t j = 0; j < n; ++j) {
+              C v = Num<T>::get(a[j * inner]) - m;
+              out[j * inner] = Num<T>::put(log ? v - lsum : std::exp(v) / sum);
+            }
+          }
+      });
+    }
+  });
+}
+
+// Layer norm of x [rows, c] over c: (x - mean) / sqrt(var + eps) * scale + shift, var the
+// mean of the squared deviations; float32 for 16-bit floats, double for float64.
+void add_g_layer_norm(Program& p, Reader& rd, Instr& ins) {
+  int64_t rows = rd.next(), c = rd.next(), eps_bits = rd.next();
+  double eps;
+  std::memcpy(&eps, &eps_bits, 8);
+  Ref x = rd.ref(), scale = rd.ref(), shift = rd.ref(), y = rd.ref();
+  if (x.code != y.code || scale.code != x.code || shift.code != x.code ||
+      elems(x) != rows * c || elems(scale) != c || elems(shift) != c || elems(y) != rows * c)
+    throw Error("layer_norm (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, scale);
+  p.byte_arg(s, shift);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!is_real<T>()) {
+      throw Error("layer_norm takes floats");
+    } else {
+      p.push_loop(ins, s, "neuronish:layer_norm_any", [=](const Step& st, int threads) {
+        using C = typename Num<T>::C;
+        const T* px = data<const T>(st, 0);
+        const T* sc = data<const T>(st, 1);
+        const T* sh = data<const T>(st, 2);
+        T* py = data<T>(st, 3);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* a = px + r * c;
+          C mean = 0, var = 0;
+          for (int64_t j = 0; j < c; ++j) mean += Num<T>::get(a[j]);
+          mean /= (C)c;
+          for (int64_t j = 0; j < c; ++j) {
+            C dv = Num<T>::get(a[j]) - mean;
+            var += dv * dv;
+          }
+          var /= (C)c;
+          C inv = C(1) / std::sqrt(var + (C)eps);
+          for (int64_t j = 0; j < c; ++j)
+            py[r * c + j] = Num<T>::put((Num<T>::get(a[j]) - mean) * inv * Num<T>::get(sc[j]) +
+                                        Num<T>::get(sh[j]));
+        }
+      });
+    }
+  });
+}
+
+// Concatenation of `count` inputs [outer, inner_k] (elements of any dtype, moved as bytes)
+// into y [outer, sum of inner_k].
+void add_g_concat(Program& p, Reader& rd, Instr& ins) {
+  int64_t count = rd.next(), outer = rd.next();
+  if (count < 1 || count > 4096) throw Error("concat: bad input count");
+  std::vector<Ref> xs;
+  std::vector<int64_t> inner;
+  for (int64_t k = 0; k < count; ++k) {
+    inner.push_back(rd.next());
+    xs.push_back(rd.ref());
+  }
+  Ref y = rd.ref();
+  int64_t total = 0;
+  size_t size = memory::data_type_size(y.type);
+  for (int64_t k = 0; k < count; ++k) {
+    if (xs[k].code != y.code || elems(xs[k]) != outer * inner[k])
+      throw Error("concat: an input's dtype or size");
+    total += inner[k];
+  }
+  if (elems(y) != outer * total) throw Error("concat: y's size");
+  Step s;
+  for (auto& x : xs) p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  p.push_loop(ins, s, "neuronish:concat_any", [=](const Step& st, int threads) {
+    char* py = data<char>(st, (size_t)count);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t o = 0; o < outer; ++o) {
+      int64_t at = o * total;
+      for (int64_t k = 0; k < count; ++k) {
+        std::memcpy(py + at * size, data<const char>(st, (size_t)k) + o * inner[k] * size,
+                    inner[k] * size);
+        at += inner[k];
+      }
+    }
+  });
+}
+
+// The fused epilogue of the loops below: bias, residual, then a unary function (0: none).
+template <class T>
+typename Num<T>::C epilogue(typename Num<T>::C v, int64_t act, double alpha) {
+  using C = typename Num<T>::C;
+  if (act == 0) return v;
+  if constexpr (is_real<T>()) return real_unary<C>(act, v, (C)alpha);
+  else return int_unary<T>(act, (T)v);
+}
+
+// y [batch, M, N] = op(a) @ op(b) (+ bias) (+ residual), then the activation; per batch
+// index the offsets of its a and b matrices (broadcasting). float64 in double; integers
+// wrap in their width, as numpy's matmul.
+void add_g_matmul(Program& p, Reader& rd, Instr& ins) {
+  int64_t batch = rd.next(), M = rd.next(), N = rd.next(), K = rd.next();
+  int64_t ta = rd.next(), tb = rd.next(), has_bias = rd.next(), has_res = rd.next();
+  int64_t act = rd.next(), alpha_bits = rd.next();
+  double alpha;
+  std::memcpy(&alpha, &alpha_bits, 8);
+  if (batch < 1 || batch > (1 << 24)) throw Error("matmul (any dtype): bad batch");
+  std::vector<int64_t> aoff = rd.ints(batch), boff = rd.ints(batch);
+  Ref A = rd.ref(), B = rd.ref(), bias, res;
+  if (has_bias) bias = rd.ref();
+  if (has_res) res = rd.ref();
+  Ref y = rd.ref();
+  for (int64_t k = 0; k < batch; ++k)
+    if (aoff[k] < 0 || aoff[k] + M * K > elems(A) || boff[k] < 0 || boff[k] + K * N > elems(B))
+      throw Error("matmul (any dtype): an operand offset");
+  if (A.code != B.code || y.code != A.code || elems(y) != batch * M * N ||
+      (has_bias && (bias.code != A.code || elems(bias) != N)) ||
+      (has_res && (res.code != A.code || elems(res) != elems(y))))
+    throw Error("matmul (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, A);
+  p.byte_arg(s, B);
+  if (has_bias) p.byte_arg(s, bias);
+  if (has_res) p.byte_arg(s, res);
+  p.byte_arg(s, y);
+  with_type(A.code, [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename Num<T>::C;
+    epilogue<T>(C(1), act, alpha);  // an unknown activation fails at load
+    p.push_loop(ins, s, "neuronish:matmul_any", [=](const Step& st, int threads) {
+      const T* pa = data<const T>(st, 0);
+      const T* pb = data<const T>(st, 1);
+      size_t k = 2;
+      const T* pbias = has_bias ? data<const T>(st, k++) : nullptr;
+      const T* pres = has_res ? data<const T>(st, k++) : nullptr;
+      T* py = data<T>(st, k);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t bi = 0; bi < batch; ++bi)
+        for (int64_t i = 0; i < M; ++i) {
+          const T* a = pa + aoff[bi];
+          const T* b = pb + boff[bi];
+          for (int64_t j = 0; j < N; ++j) {
+            C acc = 0;
+            for (int64_t q = 0; q < K; ++q) {
+              C u = Num<T>::get(ta ? a[q * M + i] : a[i * K + q]);
+              C v = Num<T>::get(tb ? b[j * K + q] : b[q * N + j]);
+              if constexpr (is_real<T>()) acc += u * v;
+              else acc = wrap_add<T>(acc, wrap_mul<T>(u, v));
+            }
+            int64_t at = (bi * M + i) * N + j;
+            if constexpr (is_real<T>()) {
+              if (pbias) acc += Num<T>::get(pbias[j]);
+              if (pres) acc += Num<T>::get(pres[at]);
+            } else {
+              if (pbias) acc = wrap_add<T>(acc, pbias[j]);
+              if (pres) acc = wrap_add<T>(acc, pres[at]);
+            }
+            py[at] = Num<T>::put(epilogue<T>(acc, act, alpha));
+          }
+        }
+    });
+  });
+}
+
+// Direct convolution over NDHWC (2-D: D = 1) with a [KD, KH, KW, CI, O] filter, in groups
+// (depthwise: C groups of `mult` outputs each), zero padding, then bias, residual and the
+// activation. float64 in double; integers wrap in their width.
+void add_g_conv(Program& p, Reader& rd, Instr& ins) {
+  memory::dims d = rd.ints(16);  // N D H W C | KD KH KW CI O | OD OH OW | groups depthwise mult
+  memory::dims st = rd.ints(9);  // strides, dilations, pads (front, top, left) per dim
+  int64_t has_bias = rd.next(), has_res = rd.next(), act = rd.next(), alpha_bits = rd.next();
+  double alpha;
+  std::memcpy(&alpha, &alpha_bits, 8);
+  Ref x = rd.ref(), w = rd.ref(), bias, res;
+  if (has_bias) bias = rd.ref();
+  if (has_res) res = rd.ref();
+  Ref y = rd.ref();
+  int64_t N = d[0], D = d[1], H = d[2], W = d[3], C = d[4], KD = d[5], KH = d[6], KW = d[7];
+  int64_t CI = d[8], O = d[9], OD = d[10], OH = d[11], OW = d[12], G = d[13];
+  bool depthwise = d[14] != 0;
+  int64_t mult = d[15];
+  int64_t OC = depthwise ? C * mult : O;  // output channels
+  int64_t WC = depthwise ? C : CI;        // the filter's channel dim
+  if (x.code != w.code || y.code != x.code || G < 1 || CI * G != C ||
+      elems(x) != N * D * H * W * C || elems(w) != KD * KH * KW * WC * O || elems(y) != N * OD * OH * OW * OC ||
+      (has_bias && (bias.code != x.code || elems(bias) != OC)) ||
+      (has_res && (res.code != x.code || elems(res) != elems(y))) || (!depthwise && O % G))
+    throw Error("conv (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, w);
+  if (has_bias) p.byte_arg(s, bias);
+  if (has_res) p.byte_arg(s, res);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    using Cv = typename Num<T>::C;
+    epilogue<T>(Cv(1), act, alpha);
+    p.push_loop(ins, s, "neuronish:conv_any", [=](const Step& step, int threads) {
+      const T* px = data<const T>(step, 0);
+      const T* pw = data<const T>(step, 1);
+      size_t k = 2;
+      const T* pbias = has_bias ? data<const T>(step, k++) : nullptr;
+      const T* pres = has_res ? data<const T>(step, k++) : nullptr;
+      T* py = data<T>(step, k);
+      const int64_t og = depthwise ? mult : O / G;  // outputs per group
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t od = 0; od < OD; ++od)
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow)
+              for (int64_t oc = 0; oc < OC; ++oc) {
+                int64_t g = oc / og, m = oc % og;
+                Cv acc = 0;
+                for (int64_t i = 0; i < KD; ++i) {
+                  int64_t z = od * st[0] - st[6] + i * st[3];
+                  if (z < 0 || z >= D) continue;
+                  for (int64_t j = 0; j < KH; ++j) {
+                    int64_t yy = oh * st[1] - st[7] + j * st[4];
+                    if (yy < 0 || yy >= H) continue;
+                    for (int64_t q = 0; q < KW; ++q) {
+                      int64_t xx = ow * st[2] - st[8] + q * st[5];
+                      if (xx < 0 || xx >= W) continue;
+                      const T* xin = px + (((b * D + z) * H + yy) * W + xx) * C + g * CI;
+                      const T* wk = pw + ((i * KH + j) * KW + q) * WC * O;
+                      for (int64_t ci = 0; ci < CI; ++ci) {
+                        // depthwise: w [.., C, mult], output g*mult+m reads channel g
+                        Cv u = Num<T>::get(xin[ci]);
+                        Cv v = Num<T>::get(depthwise ? wk[g * O + m] : wk[ci * O + oc]);
+                        if constexpr (is_real<T>()) acc += u * v;
+                        else acc = wrap_add<T>(acc, wrap_mul<T>(u, v));
+                      }
+                    }
+                  }
+                }
+                int64_t at = (((b * OD + od) * OH + oh) * OW + ow) * OC + oc;
+                if constexpr (is_real<T>()) {
+                  if (pbias) acc += Num<T>::get(pbias[oc]);
+                  if (pres) acc += Num<T>::get(pres[at]);
+                } else {
+                  if (pbias) acc = wrap_add<T>(acc, pbias[oc]);
+                  if (pres) acc = wrap_add<T>(acc, pres[at]);
+                }
+                py[at] = Num<T>::put(epilogue<T>(acc, act, alpha));
+              }
+    });
+  });
+}
+
 void add_generic(Program& p, int64_t op, Reader& rd, Instr& ins) {
   switch (op) {
     case OP_G_UNARY: add_g_unary(p, rd, ins); break;
     case OP_G_BINARY: add_g_binary(p, rd, ins); break;
     case OP_G_REDUCE: add_g_reduce(p, rd, ins); break;
-    default: add_g_cast(p, rd, ins); break;
+    case OP_G_CAST: add_g_cast(p, rd, ins); break;
+    case OP_G_POOL: add_g_pool(p, rd, ins); break;
+    case OP_G_SOFTMAX: add_g_softmax(p, rd, ins); break;
+    case OP_G_LAYER_NORM: add_g_layer_norm(p, rd, ins); break;
+    case OP_G_CONCAT: add_g_concat(p, rd, ins); break;
+    case OP_G_MATMUL: add_g_matmul(p, rd, ins); break;
+    default: add_g_conv(p, rd, ins); break;
   }
 }
 

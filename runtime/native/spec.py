@@ -9,6 +9,7 @@ codes below mirror the enums at the top of engine.cc.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import struct
@@ -88,7 +89,8 @@ REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
 # engine.cc's "Loops over every dtype" (float64, float16, bfloat16, 8/16/64-bit integers):
 # what the paths above leave out. Binary functions and reductions by LOOP's and REDUCE's
 # codes; unary functions by G_UNARY (engine.cc's GUnary).
-OP_G_UNARY, OP_G_BINARY, OP_G_REDUCE, OP_G_CAST = 50, 51, 52, 53
+OP_G_UNARY, OP_G_BINARY, OP_G_REDUCE, OP_G_CAST, OP_G_POOL = 50, 51, 52, 53, 54
+OP_G_SOFTMAX, OP_G_LAYER_NORM, OP_G_CONCAT, OP_G_MATMUL, OP_G_CONV = 55, 56, 57, 58, 59
 G_UNARY = {fn: i + 1 for i, fn in enumerate(
     ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus", "gelu",
      "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
@@ -97,6 +99,7 @@ G_UNARY = {fn: i + 1 for i, fn in enumerate(
 G_UNARY_INT = frozenset({"abs", "neg", "sign", "square", "relu", "relu6"})
 _INTS = ("int8", "uint8", "int16", "int32", "int64")
 _G_FLOATS = ("float32", "float64", "float16", "bfloat16")
+_ONEDNN_FLOATS = ("float32", "bfloat16", "float16")  # what oneDNN's matmul and conv read
 # reduce fn -> engine.cc's RedInt (int32 wrapping; any/all on bool)
 REDUCE_INT = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5, "any": 6, "all": 7}
 _MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16", "float16")
@@ -168,8 +171,18 @@ def _excluded() -> set[str]:
 def _io_ok(x: str, y: str, compute: str) -> bool:
     """A matmul-like instruction's activation dtypes: float32, or bfloat16 in and/or out
     when it computes in bfloat16 (cc/passes/dtypes.py keeps such values bf16)."""
-    allowed = ("float32", "bfloat16") if compute == "bfloat16" else ("float32",)
+    allowed = ("float32", compute)
     return x in allowed and y in allowed
+
+
+def _compute(attrs: dict, x: Ref, w: Ref) -> str:
+    """The dtype a matrix unit reads the operands in: the `compute` attribute, or, for
+    16-bit float operands computed "in float32", their own dtype (exact in float32: the
+    products and float32 sums are the same)."""
+    compute = attrs.get("compute", "float32")
+    if compute == "float32" and x.dtype in ("float16", "bfloat16") and w.dtype == x.dtype:
+        return x.dtype
+    return compute
 
 
 def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
@@ -177,7 +190,9 @@ def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
     x, w, y = ins[0], ins[1], outs[0]
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
-    compute = attrs.get("compute", "float32")
+    compute = _compute(attrs, x, w)
+    if x.dtype not in _ONEDNN_FLOATS:
+        return _generic_conv(attrs, ins, y, depthwise)
     if not _io_ok(x.dtype, y.dtype, compute) or w.dtype != compute:
         return None  # (computed weights in reduced precision: left to numpy)
     act = _activation(attrs)
@@ -200,7 +215,9 @@ def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
 def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     a, b, y = ins[0], ins[1], outs[0]
-    compute = attrs.get("compute", "float32")
+    compute = _compute(attrs, a, b)
+    if a.dtype not in _ONEDNN_FLOATS:
+        return _generic_matmul(attrs, ins, y)
     if not _io_ok(a.dtype, y.dtype, compute) or b.dtype not in ("float32", compute):
         return None
     act = _activation(attrs)
@@ -229,10 +246,81 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
     return ints, floats
 
 
+def _bits(value: float) -> int:
+    """A double's bits as an int64 (spec floats are float32: too few for float64)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
+def _act_code(attrs: dict) -> int | None:
+    fn = attrs.get("activation", "none") or "none"
+    return 0 if fn == "none" else G_UNARY.get(fn)
+
+
+def _generic_matmul(attrs: dict, ins: list[Ref], y: Ref) -> tuple[list[int], list[float]] | None:
+    a, b = ins[0], ins[1]
+    act = _act_code(attrs)
+    if act is None:
+        return None
+    residual = bool(attrs.get("residual"))
+    has_bias = len(ins) - residual == 3
+    ta, tb = bool(attrs.get("transpose_a")), bool(attrs.get("transpose_b"))
+    m, n = y.shape[-2], y.shape[-1]
+    k = a.shape[-2] if ta else a.shape[-1]
+    batch_dims = list(y.shape[:-2])
+    pa, pb = _padded(a.shape[:-2], len(batch_dims)), _padded(b.shape[:-2], len(batch_dims))
+    offsets_a, offsets_b = [], []
+    for index in itertools.product(*[range(d) for d in batch_dims]):
+        oa = ob = 0
+        for i, d_a, d_b in zip(index, pa, pb):
+            oa, ob = oa * d_a + (i if d_a != 1 else 0), ob * d_b + (i if d_b != 1 else 0)
+        offsets_a.append(oa * m * k)
+        offsets_b.append(ob * k * n)
+    ints = [OP_G_MATMUL, len(offsets_a), m, n, k, int(ta), int(tb), int(has_bias),
+            int(residual), act, _bits(attrs.get("alpha", 0.2)), *offsets_a, *offsets_b]
+    for r in ins:
+        ints += r.encode([elements(r.shape)])
+    return ints + y.encode([elements(y.shape)]), []
+
+
+def _generic_conv(attrs: dict, ins: list[Ref], y: Ref, depthwise: bool, dims: int = 2
+                  ) -> tuple[list[int], list[float]] | None:
+    """conv2d, depthwise_conv2d and conv3d on engine.cc's direct loop (float64, integers)."""
+    x, w = ins[0], ins[1]
+    act = _act_code(attrs)
+    if act is None or any(r.blocked for r in (x, y)):
+        return None
+    residual = bool(attrs.get("residual"))
+    has_bias = len(ins) - residual == 3
+    lift = [1] * (3 - dims)  # a 2-D window is a 3-D one of depth 1
+    n, *spatial, c = x.shape
+    *kernel, ci, o = w.shape
+    groups = c if depthwise else attrs.get("groups", 1)
+    pads = [0, 0] * (3 - dims) + list(attrs["pads"])
+    ints = [OP_G_CONV, n, *lift, *spatial, c, *lift, *kernel, 1 if depthwise else ci, o,
+            *lift, *y.shape[1:-1], groups, int(depthwise), o if depthwise else 1,
+            *lift, *attrs["strides"], *lift, *attrs["dilations"], *pads[0::2],
+            int(has_bias), int(residual), act, _bits(attrs.get("alpha", 0.2))]
+    for r in ins:
+        ints += r.encode([elements(r.shape)])
+    return ints + y.encode([elements(y.shape)]), []
+
+
+def _generic_pool(attrs: dict, x: Ref, y: Ref, dims: int = 2
+                  ) -> tuple[list[int], list[float]] | None:
+    if x.dtype == "bool" or x.blocked or y.blocked:
+        return None
+    lift = [1] * (3 - dims)
+    n, *spatial, c = x.shape
+    pads = [0, 0] * (3 - dims) + list(attrs["pads"])
+    return [OP_G_POOL, int(attrs["mode"] == "max"), n, *lift, *spatial, c, *lift,
+            *y.shape[1:-1], *lift, *attrs["ksize"], *lift, *attrs["strides"], *pads[0::2],
+            *x.encode([elements(x.shape)]), *y.encode([elements(y.shape)])], []
+
+
 def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
           const: list[bool]) -> tuple[list[int], list[float]] | None:
     if ins[0].dtype not in ("float32", "bfloat16"):
-        return None
+        return _generic_pool(attrs, ins[0], outs[0])
     ints = [OP_POOL, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
             *attrs["ksize"], *attrs["strides"], *attrs["pads"]]
     return ints, []
@@ -259,8 +347,8 @@ def _generic_unary(fn: str, attrs: dict, x: Ref, y: Ref) -> tuple[list[int], lis
                                                           fn in G_UNARY_INT)):
         return None
     size = [elements(x.shape)]
-    alpha = struct.unpack("<q", struct.pack("<d", float(attrs.get("alpha", 0.2))))[0]
-    return [OP_G_UNARY, G_UNARY[fn], alpha, *x.encode(size), *y.encode(size)], []
+    return [OP_G_UNARY, G_UNARY[fn], _bits(attrs.get("alpha", 0.2)), *x.encode(size),
+            *y.encode(size)], []
 
 
 def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
@@ -296,7 +384,11 @@ def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
              const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
     if x.dtype != "float32" or not x.shape or len(x.shape) > 6:
-        return None
+        if not x.shape:
+            return None
+        flat = [elements(x.shape)]
+        return [OP_G_SOFTMAX, int(bool(attrs.get("log"))), *_around(x.shape, attrs["axis"]),
+                *x.encode(flat), *outs[0].encode(flat)], []
     if attrs.get("log"):
         # Not oneDNN's log-softmax (off by up to 3e-6 absolute: its log): a loop of ours,
         # over the last axis only.
@@ -347,8 +439,13 @@ def _generic_reduce(attrs: dict, x: Ref, y: Ref) -> tuple[list[int], list[float]
 def _layer_norm(attrs: dict, ins: list[Ref], outs: list[Ref],
                 const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, scale, shift = ins
-    if x.dtype != "float32" or x.blocked:
+    if x.blocked:
         return None
+    if x.dtype != "float32":
+        flat = [elements(x.shape)]
+        return [OP_G_LAYER_NORM, elements(x.shape[:-1]), x.shape[-1],
+                _bits(attrs["epsilon"]), *x.encode(flat), *scale.encode(), *shift.encode(),
+                *outs[0].encode(flat)], []
     flat = [elements(x.shape[:-1]), x.shape[-1]]  # oneDNN normalizes the last axis of a 2-5D tensor
     if 0 in flat:
         return None
@@ -359,8 +456,14 @@ def _layer_norm(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _concat(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     y = outs[0]
-    if y.dtype not in _MOVABLE or not y.shape or len(y.shape) > 6:
+    if not y.shape:
         return None
+    if y.dtype not in _MOVABLE or len(y.shape) > 6:
+        axis = attrs["axis"]
+        ints = [OP_G_CONCAT, len(ins), elements(y.shape[:axis])]
+        for r in ins:
+            ints += [elements(r.shape[axis:]), *r.encode([elements(r.shape)])]
+        return ints + y.encode([elements(y.shape)]), []
     ints = [OP_CONCAT, attrs["axis"], len(ins)]
     for r in ins:
         ints += r.encode()
@@ -597,7 +700,7 @@ def _resize(attrs: dict, ins: list[Ref], outs: list[Ref],
             return None
         ys, xs = _nearest_index(h, oh, ac, hp), _nearest_index(w, ow, ac, hp)
         return [OP_RESIZE, 0, *x.encode(), *y.encode(), *map(int, ys), *map(int, xs)], []
-    if x.dtype != "float32":
+    if x.dtype == "bool":
         return None
     y_lo, y_hi, y_lerp = _bilinear_weights(h, oh, ac, hp)
     x_lo, x_hi, x_lerp = _bilinear_weights(w, ow, ac, hp)
@@ -609,7 +712,7 @@ def _conv3d(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, w, y = ins[0], ins[1], outs[0]
     if x.dtype != "float32" or w.dtype != "float32" or y.dtype != "float32":
-        return None
+        return _generic_conv(attrs, ins, y, depthwise=False, dims=3)
     return [OP_CONV3D, int(const[1]), *x.encode(), *w.encode(), *y.encode(), *attrs["strides"],
             *attrs["dilations"], *attrs["pads"]], []
 
@@ -617,7 +720,7 @@ def _conv3d(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _pool3d(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     if ins[0].dtype != "float32":
-        return None
+        return _generic_pool(attrs, ins[0], outs[0], dims=3)
     return [OP_POOL3D, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
             *attrs["ksize"], *attrs["strides"], *attrs["pads"]], []
 
