@@ -340,6 +340,65 @@ inline float map_f32(int64_t fn, float x) {
   return x;
 }
 
+// argminmax's float32 inner loops, built for each vector width (the loader picks the
+// widest this CPU has; the engine's baseline is plain x86-64).
+// The extreme of x[0, len) and whether it holds a NaN.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+float block_extreme_f32(const float* x, int64_t len, bool is_min, int* nan) {
+  float m = x[0];
+  int bad = 0;
+  if (is_min) {
+#pragma omp simd reduction(min : m) reduction(+ : bad)
+    for (int64_t k = 0; k < len; ++k) {
+      m = x[k] < m ? x[k] : m;
+      bad += x[k] != x[k];
+    }
+  } else {
+#pragma omp simd reduction(max : m) reduction(+ : bad)
+    for (int64_t k = 0; k < len; ++k) {
+      m = x[k] > m ? x[k] : m;
+      bad += x[k] != x[k];
+    }
+  }
+  *nan = bad;
+  return m;
+}
+
+// Rows j = 1..n-1 of x [n, inner] (columns [0, len)): each column's first extreme so far
+// (best, at), a NaN kept once seen.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void column_extremes_f32(const float* x, int64_t n, int64_t inner, int64_t len, bool is_min,
+                         float* best, int32_t* at) {
+  for (int64_t j = 1; j < n; ++j) {
+    const float* row = x + j * inner;
+    if (len < 16) {  // a few columns: a vector loop would cost more to set up than it runs
+      for (int64_t i = 0; i < len; ++i) {
+        float v = row[i], b = best[i];
+        if (b == b && (v != v || (is_min ? v < b : v > b))) {
+          best[i] = v;
+          at[i] = (int32_t)j;
+        }
+      }
+    } else if (is_min) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) {
+        float v = row[i], b = best[i];
+        bool take = b == b && (v != v || v < b);
+        best[i] = take ? v : b;
+        at[i] = take ? (int32_t)j : at[i];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) {
+        float v = row[i], b = best[i];
+        bool take = b == b && (v != v || v > b);
+        best[i] = take ? v : b;
+        at[i] = take ? (int32_t)j : at[i];
+      }
+    }
+  }
+}
+
 // Every dtype's storage type (the loops over any dtype: argminmax, cumulative, top_k and
 // the "Loops over every dtype" at the end of this file).
 struct Half { uint16_t bits; };
@@ -1536,30 +1595,78 @@ struct Program {
                             int64_t n, int64_t inner, bool wide) {
     using C = typename Num<T>::C;
     const T* px = data<const T>(st, 0);
-    if (inner == 1) {
+    if (inner == 1 && n <= 64) {  // short rows: one scalar scan each
 #pragma omp parallel for num_threads(threads) if (threads > 1)
       for (int64_t o = 0; o < outer; ++o) {
         const T* a = px + o * n;
-        // The extreme by a vectorized pass (a NaN seen apart), then its first position.
-        C m = Num<T>::get(a[0]);
-        bool nan = false;
-        if (is_min) {
-#pragma omp simd reduction(min : m) reduction(| : nan)
-          for (int64_t j = 0; j < n; ++j) {
-            C v = Num<T>::get(a[j]);
-            m = v < m ? v : m;
-            nan |= v != v;
-          }
-        } else {
-#pragma omp simd reduction(max : m) reduction(| : nan)
-          for (int64_t j = 0; j < n; ++j) {
-            C v = Num<T>::get(a[j]);
-            m = v > m ? v : m;
-            nan |= v != v;
+        C best = Num<T>::get(a[0]);
+        int64_t at = 0;
+        for (int64_t j = 1; j < n && best == best; ++j) {
+          C v = Num<T>::get(a[j]);
+          if (v != v || (is_min ? v < best : v > best)) {
+            best = v;
+            at = j;
           }
         }
-        int64_t at = 0;
-        while (nan ? Num<T>::get(a[at]) == Num<T>::get(a[at]) : Num<T>::get(a[at]) != m) ++at;
+        n_done(st, o, at, wide);
+      }
+      return;
+    }
+    if (inner == 1) {
+      // A contiguous row, in blocks: each block's extreme by a vectorized pass (its NaNs
+      // counted apart), the row's first extreme from the first block holding it; only that
+      // block is scanned for the position. A NaN wins at its first position.
+      const int64_t bs = 4096, sub = 256;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* a = px + o * n;
+        C m = Num<T>::get(a[0]);
+        int64_t from = 0, at = -1;
+        for (int64_t j0 = 0; j0 < n; j0 += bs) {
+          const int64_t len = std::min(bs, n - j0);
+          const T* blk = a + j0;
+          C bm = Num<T>::get(blk[0]);
+          int nan = 0;
+          if constexpr (std::is_same<T, float>::value) {
+            bm = block_extreme_f32(blk, len, is_min, &nan);
+          } else if (is_min) {
+#pragma omp simd reduction(min : bm) reduction(+ : nan)
+            for (int64_t k = 0; k < len; ++k) {
+              C v = Num<T>::get(blk[k]);
+              bm = v < bm ? v : bm;
+              nan += v != v;
+            }
+          } else {
+#pragma omp simd reduction(max : bm) reduction(+ : nan)
+            for (int64_t k = 0; k < len; ++k) {
+              C v = Num<T>::get(blk[k]);
+              bm = v > bm ? v : bm;
+              nan += v != v;
+            }
+          }
+          if (nan) {
+            at = j0;
+            while (Num<T>::get(a[at]) == Num<T>::get(a[at])) ++at;
+            break;
+          }
+          if (is_min ? bm < m : bm > m) {
+            m = bm;
+            from = j0;
+          }
+        }
+        if (at < 0) {  // the first sub-block of the winning block that holds m, then in it
+          at = from;
+          if constexpr (std::is_same<T, float>::value) {
+            for (int64_t j0 = from; j0 < std::min(from + bs, n); j0 += sub) {
+              int nan = 0;
+              if (block_extreme_f32(a + j0, std::min(sub, n - j0), is_min, &nan) == m) {
+                at = j0;
+                break;
+              }
+            }
+          }
+          while (Num<T>::get(a[at]) != m) ++at;
+        }
         n_done(st, o, at, wide);
       }
       return;
@@ -1571,19 +1678,25 @@ struct Program {
       for (int64_t bi = 0; bi < blocks; ++bi) {
         const int64_t i0 = bi * block, len = std::min(block, inner - i0);
         C best[block];
-        int64_t at[block];
+        int32_t at[block];
         const T* a = px + o * n * inner + i0;
         for (int64_t i = 0; i < len; ++i) {
           best[i] = Num<T>::get(a[i]);
           at[i] = 0;
         }
+        if constexpr (std::is_same<T, float>::value) {
+          column_extremes_f32(a, n, inner, len, is_min, best, at);
+          for (int64_t i = 0; i < len; ++i) n_done(st, o * inner + i0 + i, at[i], wide);
+          continue;
+        }
         for (int64_t j = 1; j < n; ++j) {
           const T* row = a + j * inner;
+#pragma omp simd
           for (int64_t i = 0; i < len; ++i) {
             C v = Num<T>::get(row[i]), b = best[i];
             bool take = b == b && (v != v || (is_min ? v < b : v > b));
             best[i] = take ? v : b;
-            at[i] = take ? j : at[i];
+            at[i] = take ? (int32_t)j : at[i];
           }
         }
         for (int64_t i = 0; i < len; ++i) n_done(st, o * inner + i0 + i, at[i], wide);
@@ -2963,14 +3076,30 @@ void add_g_matmul(Program& p, Reader& rd, Instr& ins) {
         for (int64_t i = 0; i < M; ++i) {
           const T* a = pa + aoff[bi];
           const T* b = pb + boff[bi];
-          for (int64_t j = 0; j < N; ++j) {
-            C acc = 0;
-            for (int64_t q = 0; q < K; ++q) {
-              C u = Num<T>::get(ta ? a[q * M + i] : a[i * K + q]);
-              C v = Num<T>::get(tb ? b[j * K + q] : b[q * N + j]);
-              if constexpr (is_real<T>()) acc += u * v;
-              else acc = wrap_add<T>(acc, wrap_mul<T>(u, v));
+          // Row i of y accumulated over k (b's rows read contiguously; a transposed b is
+          // read as dot products instead).
+          std::vector<C> row(N, C(0));
+          for (int64_t q = 0; q < K; ++q) {
+            C u = Num<T>::get(ta ? a[q * M + i] : a[i * K + q]);
+            if (tb) {
+              for (int64_t j = 0; j < N; ++j) {
+                C v = Num<T>::get(b[j * K + q]);
+                if constexpr (is_real<T>()) row[j] += u * v;
+                else row[j] = wrap_add<T>(row[j], wrap_mul<T>(u, v));
+              }
+            } else {
+              const T* brow = b + q * N;
+              C* acc = row.data();
+#pragma omp simd
+              for (int64_t j = 0; j < N; ++j) {
+                C v = Num<T>::get(brow[j]);
+                if constexpr (is_real<T>()) acc[j] += u * v;
+                else acc[j] = wrap_add<T>(acc[j], wrap_mul<T>(u, v));
+              }
             }
+          }
+          for (int64_t j = 0; j < N; ++j) {
+            C acc = row[j];
             int64_t at = (bi * M + i) * N + j;
             if constexpr (is_real<T>()) {
               if (pbias) acc += Num<T>::get(pbias[j]);
@@ -3033,9 +3162,10 @@ void add_g_conv(Program& p, Reader& rd, Instr& ins) {
         for (int64_t od = 0; od < OD; ++od)
           for (int64_t oh = 0; oh < OH; ++oh)
             for (int64_t ow = 0; ow < OW; ++ow)
-              for (int64_t oc = 0; oc < OC; ++oc) {
-                int64_t g = oc / og, m = oc % og;
-                Cv acc = 0;
+              {
+                // This pixel's output channels accumulated together: each input value times
+                // its filter row (contiguous over the outputs).
+                std::vector<Cv> acc(OC, Cv(0));
                 for (int64_t i = 0; i < KD; ++i) {
                   int64_t z = od * st[0] - st[6] + i * st[3];
                   if (z < 0 || z >= D) continue;
@@ -3045,27 +3175,37 @@ void add_g_conv(Program& p, Reader& rd, Instr& ins) {
                     for (int64_t q = 0; q < KW; ++q) {
                       int64_t xx = ow * st[2] - st[8] + q * st[5];
                       if (xx < 0 || xx >= W) continue;
-                      const T* xin = px + (((b * D + z) * H + yy) * W + xx) * C + g * CI;
+                      const T* xin = px + (((b * D + z) * H + yy) * W + xx) * C;
                       const T* wk = pw + ((i * KH + j) * KW + q) * WC * O;
-                      for (int64_t ci = 0; ci < CI; ++ci) {
-                        // depthwise: w [.., C, mult], output g*mult+m reads channel g
-                        Cv u = Num<T>::get(xin[ci]);
-                        Cv v = Num<T>::get(depthwise ? wk[g * O + m] : wk[ci * O + oc]);
-                        if constexpr (is_real<T>()) acc += u * v;
-                        else acc = wrap_add<T>(acc, wrap_mul<T>(u, v));
+                      for (int64_t c = 0; c < C; ++c) {
+                        // channel c of group g feeds outputs [g*og, (g+1)*og); depthwise:
+                        // w [.., C, mult], output c*mult+m; else w [.., CI, O].
+                        Cv u = Num<T>::get(xin[c]);
+                        int64_t g = c / CI;
+                        const T* wrow = depthwise ? wk + c * O : wk + (c % CI) * O + g * og;
+                        Cv* out = acc.data() + g * og;
+#pragma omp simd
+                        for (int64_t m = 0; m < og; ++m) {
+                          Cv v = Num<T>::get(wrow[m]);
+                          if constexpr (is_real<T>()) out[m] += u * v;
+                          else out[m] = wrap_add<T>(out[m], wrap_mul<T>(u, v));
+                        }
                       }
                     }
                   }
                 }
-                int64_t at = (((b * OD + od) * OH + oh) * OW + ow) * OC + oc;
-                if constexpr (is_real<T>()) {
-                  if (pbias) acc += Num<T>::get(pbias[oc]);
-                  if (pres) acc += Num<T>::get(pres[at]);
-                } else {
-                  if (pbias) acc = wrap_add<T>(acc, pbias[oc]);
-                  if (pres) acc = wrap_add<T>(acc, pres[at]);
+                for (int64_t oc = 0; oc < OC; ++oc) {
+                  Cv v = acc[oc];
+                  int64_t at = (((b * OD + od) * OH + oh) * OW + ow) * OC + oc;
+                  if constexpr (is_real<T>()) {
+                    if (pbias) v += Num<T>::get(pbias[oc]);
+                    if (pres) v += Num<T>::get(pres[at]);
+                  } else {
+                    if (pbias) v = wrap_add<T>(v, pbias[oc]);
+                    if (pres) v = wrap_add<T>(v, pres[at]);
+                  }
+                  py[at] = Num<T>::put(epilogue<T>(v, act, alpha));
                 }
-                py[at] = Num<T>::put(epilogue<T>(acc, act, alpha));
               }
     });
   });
