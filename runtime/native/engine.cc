@@ -1567,14 +1567,14 @@ struct Program {
   // bit-exact (no float math beyond TF's own: scans run sequentially, resize's coordinates
   // and weights come precomputed from spec.py). int64 tensors travel as 8-byte elements.
 
-  // x [outer, n, inner] (any dtype but bool) -> y [outer, inner] (int32 or int64): the
+  // x [outer, n, inner] (any dtype; bool as 0/1) -> y [outer, inner] (int32 or int64): the
   // index of the first maximum (minimum) along n. A NaN wins at its first position (numpy's
   // argmax, which the reference engine runs).
   void add_argminmax(Reader& rd, Instr& ins) {
     int64_t is_min = rd.next(), outer = rd.next(), n = rd.next(), inner = rd.next();
     Ref x = rd.ref(), y = rd.ref();
-    if (x.code == D_BOOL || outer * n * inner != count(x) || outer * inner != count(y) ||
-        n < 1 || (y.code != D_S32 && y.code != D_S64))
+    if (outer * n * inner != count(x) || outer * inner != count(y) || n < 1 ||
+        (y.code != D_S32 && y.code != D_S64))
       throw Error("argminmax: bad spec");
     bool wide = y.code == D_S64;
     Step s;
