@@ -223,8 +223,10 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
         return None
     act = _activation(attrs)
     rank = len(y.shape)
-    if act is None or rank > 6:
+    if act is None:
         return None
+    if rank > 6:  # (oneDNN's matmul takes rank <= 6)
+        return _generic_matmul(attrs, ins, y)
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
     shape_a, shape_b, shape_y = _padded(a.shape, rank), _padded(b.shape, rank), list(y.shape)
@@ -474,7 +476,7 @@ def _concat(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _transpose(attrs: dict, ins: list[Ref], outs: list[Ref],
                const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
-    if x.dtype not in _MOVABLE and x.shape:
+    if (x.dtype not in _MOVABLE or len(x.shape) > 6) and x.shape:  # (oneDNN: rank <= 6)
         strides = _dense_strides(x.shape)
         return _strided(x, outs[0], 0, [x.shape[p] for p in attrs["perm"]],
                         [strides[p] for p in attrs["perm"]])
