@@ -147,3 +147,28 @@ def test_native_matches_the_reference(native_engine: None, monkeypatch: pytest.M
         else:
             np.testing.assert_array_equal(have.view(np.uint8), ref.view(np.uint8),
                                           err_msg=sample.label())
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32", "int64"])
+def test_integer_division_by_zero_is_defined(native_engine: None,
+                                             monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """An integer division or remainder by zero gives 0 (numpy's answer; TF's CPU kernels
+    raise), and MIN / -1 wraps to MIN, on both engines: never a crash or undefined
+    behaviour (docs/isa.md, binary)."""
+    info = np.iinfo(dtype)
+    a = np.array([7, -7 if info.min else 9, 0, info.min, info.max, info.min], dtype)
+    b = np.array([0, 0, 0, 0, 0, -1 if info.min else 1], dtype)
+    signed = info.min < 0
+    for fn in ("div", "floor_div", "floor_mod"):
+        s = Sample("binary", fn, (dtype, dtype), dtype, {"fn": fn}, ((a.shape, dtype),) * 2)
+        exe, feeds = _executable(s, [a, b])
+        results = {}
+        for engine in ("native", "numpy"):
+            monkeypatch.setenv("NEURONISH_ENGINE", engine)
+            got, left = _run(exe, feeds)
+            assert left == []
+            results[engine] = got["out0"]
+        np.testing.assert_array_equal(results["native"], results["numpy"], err_msg=fn)
+        assert (results["native"][:5] == 0).all(), (fn, results["native"])
+        if signed:  # MIN / -1 wraps to MIN; its remainder is 0
+            assert results["native"][5] == (0 if fn == "floor_mod" else info.min)
