@@ -322,7 +322,7 @@ def _generic_pool(attrs: dict, x: Ref, y: Ref, dims: int = 2
 
 def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
           const: list[bool]) -> tuple[list[int], list[float]] | None:
-    if ins[0].dtype not in ("float32", "bfloat16"):
+    if ins[0].dtype not in ("float32", "bfloat16", "float16"):
         return _generic_pool(attrs, ins[0], outs[0])
     ints = [OP_POOL, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
             *attrs["ksize"], *attrs["strides"], *attrs["pads"]]
