@@ -337,7 +337,7 @@ def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
     if fn in MAP_I32 and x.dtype == "int32":
         return [OP_MAP, MAP_I32[fn], *x.encode(), *outs[0].encode()], []
     chain = _chain(fn, attrs.get("alpha", 0.2))
-    if chain is None or x.dtype not in ("float32", "bfloat16") or len(x.shape) > 6:
+    if chain is None or x.dtype not in _ONEDNN_FLOATS or len(x.shape) > 6:
         return _generic_unary(fn, attrs, x, outs[0])
     ints = [OP_ELTWISE, *x.encode(), *outs[0].encode()]
     floats: list[float] = []
