@@ -715,6 +715,20 @@ struct Program {
     push<dnnl::convolution_forward>(ins, s, pd);
   }
 
+  // A tensor's element strides, as many as its dims, each within the buffer the caller
+  // placed it in: a matmul operand or result read through a permutation (no copy).
+  memory::dims read_steps(Reader& rd, const Ref& t) {
+    memory::dims steps = rd.ints((int64_t)t.dims.size());
+    int64_t count = 1, reach = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      if (steps[k] < 0) throw Error("negative stride");
+      count *= t.dims[k];
+      if (t.dims[k] > 0) reach += (t.dims[k] - 1) * steps[k];
+    }
+    if (count > 0 && reach >= count) throw Error("strides reach outside the tensor");
+    return steps;
+  }
+
   // a [..., M, K], b [..., K, N] (either possibly transposed, leading dims broadcast and
   // already padded to y's rank by the caller) [, bias [N]] [, residual (y's dims)],
   // y [..., M, N]. The residual is a binary-add post-op: added after the bias, before the
@@ -722,29 +736,33 @@ struct Program {
   void add_matmul(Reader& rd, Instr& ins) {
     int64_t has_bias = rd.next(), ta = rd.next(), tb = rd.next(), compute = rd.next();
     int64_t b_const = rd.next(), has_res = rd.next();
-    Ref A = rd.ref(), B = rd.ref(), bias, res;
+    Ref A = rd.ref();
+    memory::dims a_steps = read_steps(rd, A);
+    Ref B = rd.ref();
+    memory::dims b_steps = read_steps(rd, B), y_steps;
+    Ref bias, res;
     if (has_bias) bias = rd.ref();
     if (has_res) res = rd.ref();
     Ref y = rd.ref();
+    y_steps = read_steps(rd, y);
     if (has_res && res.dims != y.dims) throw Error("matmul: the residual must have y's dims");
     Epilogue act = read_epilogue(rd);
     size_t r = y.dims.size();
     if (A.dims.size() != r || B.dims.size() != r) throw Error("matmul ranks differ");
-    auto logical = [&](const Ref& t, bool trans) {
-      memory::dims dims = t.dims, strides(r);
-      int64_t s = 1;
-      for (size_t k = r; k-- > 0;) {
-        strides[k] = s;
-        s *= t.dims[k];
-      }
+    // Each operand as the product reads it: its dims with the strides the caller gave (a
+    // transposed view of where it is stored: attention's heads read in place), then the
+    // transpose flag swapping the last two.
+    auto logical = [&](const Ref& t, const memory::dims& steps, bool trans) {
+      memory::dims dims = t.dims, strides = steps;
       if (trans) {
         std::swap(dims[r - 1], dims[r - 2]);
         std::swap(strides[r - 1], strides[r - 2]);
       }
       return std::make_pair(dims, strides);
     };
-    auto [ad, as] = logical(A, ta);
-    auto [bd, bs] = logical(B, tb);
+    auto [ad, as] = logical(A, a_steps, ta);
+    auto [bd, bs] = logical(B, b_steps, tb);
+    memory::desc y_md(y.dims, y.type, y_steps);
     memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
     dt cdt = to_dt(compute);
     memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
@@ -762,7 +780,7 @@ struct Program {
     if (has_res) po.append_binary(algorithm::binary_add, plain(res));
     append_eltwise(po, act);
     a.set_post_ops(po);
-    auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, plain(y), a);
+    auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, y_md, a);
     Step s;
     if (a_use.get_data_type() != A.type) {
       // Convert a (possibly a transposed view) into a dense temporary of the compute type.
@@ -785,7 +803,7 @@ struct Program {
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);
     if (has_res) arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, plain(res));
-    arg(s, DNNL_ARG_DST, y, plain(y));
+    arg(s, DNNL_ARG_DST, y, y_md);
     push<dnnl::matmul>(ins, s, pd);
   }
 

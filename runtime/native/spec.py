@@ -191,24 +191,48 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
         return None
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
-    shape_a, shape_b, shape_y = _padded(a.shape, rank), _padded(b.shape, rank), list(y.shape)
+    # Each operand and the result as the product sees it (perm_a/perm_b/perm_y applied),
+    # with the element strides that read it where it is stored: no transpose copies.
+    (shape_a, step_a), (shape_b, step_b) = (_view(r, attrs.get(p) or [], rank)
+                                            for r, p in ((a, "perm_a"), (b, "perm_b")))
+    perm_y = attrs.get("perm_y") or []
+    shape_y, step_y = _view(y, [int(i) for i in _inverse(perm_y)], rank)
     if rank > 2 and all(d == 1 for d in shape_b[:-2]) and not attrs.get("transpose_a") \
-            and shape_a[:-2] == shape_y[:-2]:
+            and not perm_y and not attrs.get("perm_a") and shape_a[:-2] == shape_y[:-2]:
         # One weight matrix for every leading index ([B, S, K] @ [K, N]): one [B·S, K]
         # product, which oneDNN blocks far better than B small ones.
         rows = math.prod(shape_a[:-1])
         shape_a, shape_b, shape_y = [rows, shape_a[-1]], shape_b[-2:], [rows, shape_y[-1]]
+        step_a, step_b, step_y = step_a[-2:], step_b[-2:], step_y[-2:]
     ints = [OP_MATMUL, int(has_bias), int(bool(attrs.get("transpose_a"))),
             int(bool(attrs.get("transpose_b"))), DTYPES[compute], int(const[1]), int(residual)]
-    ints += a.encode(shape_a) + b.encode(shape_b)
+    ints += a.encode(shape_a) + step_a + b.encode(shape_b) + step_b
     if has_bias:
         ints += ins[2].encode()
     if residual:
         ints += ins[-1].encode(shape_y)
-    ints += y.encode(shape_y)
+    ints += y.encode(shape_y) + step_y
     floats: list[float] = []
     _epilogue(act, ints, floats)
     return ints, floats
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _view(r: Ref, perm: Sequence[int], rank: int) -> tuple[list[int], list[int]]:
+    """`r` read as transpose(r, perm) ([]: as it is), padded with leading 1s to `rank`:
+    its dims and element strides."""
+    dense = _dense_strides(r.shape)
+    perm = list(perm) or list(range(len(r.shape)))
+    dims = [r.shape[p] for p in perm]
+    steps = [dense[p] for p in perm]
+    pad = rank - len(dims)
+    return [1] * pad + dims, [elements(r.shape)] * pad + steps
 
 
 def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
@@ -637,6 +661,8 @@ def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int
         return 2 * out * ins[1].shape[0]
     if kind == "matmul":
         a = ins[0].shape
+        perm = attrs.get("perm_a") or range(len(a))
+        a = [a[p] for p in perm]
         return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
     return 16 * (out + sum(elements(r.shape) for r in ins))
 
