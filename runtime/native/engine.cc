@@ -51,6 +51,8 @@ enum Op : int64_t {
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
   OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
+  // A reshape whose output the memory plan put on its input's bytes: nothing to do.
+  OP_ALIAS = 60,
 };
 // OP_MAP functions (float32 unless said).
 enum MapFn : int64_t {
@@ -654,6 +656,11 @@ struct Program {
       case OP_LOG_SOFTMAX_AXIS: add_log_softmax_axis(rd, ins); break;
       case OP_CONV3D: add_conv3d(rd, ins); break;
       case OP_POOL3D: add_pool3d(rd, ins); break;
+      case OP_ALIAS: {
+        Step s;
+        push_loop(ins, s, "neuronish:alias", [](const Step&, int) {});
+        break;
+      }
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
       default: throw Error("unknown op code " + std::to_string(op));
     }

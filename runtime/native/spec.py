@@ -25,6 +25,7 @@ OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 
 OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
 OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
+OP_ALIAS = 60  # a reshape onto its input's own bytes (cc/memory.py): no work
 
 # int64 has no oneDNN type: only loops that move or compare its 8-byte elements take it.
 DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
@@ -363,6 +364,8 @@ def _flat_copy(attrs: dict, ins: list[Ref], outs: list[Ref],
     x, y = ins[0], outs[0]
     if x.dtype not in _MOVABLE or x.dtype != y.dtype:
         return None
+    if (x.slot, x.offset) == (y.slot, y.offset):
+        return [OP_ALIAS], []  # the memory plan made y x's bytes: nothing to copy
     size = elements(x.shape)
     return [OP_REORDER, *x.encode([size]), *y.encode([size])], []
 
