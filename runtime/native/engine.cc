@@ -1194,7 +1194,14 @@ struct Program {
           const T* a = reinterpret_cast<const T*>(ar);
           const T* bb = reinterpret_cast<const T*>(br);
           T* o = reinterpret_cast<T*>(yr);
-          for (int64_t j = 0; j < n; ++j) o[j] = cr[j * sc] ? a[j * sa] : bb[j * sb];
+          if (sc == 1 && sa == 1 && sb == 0) {  // attention's mask: a row against a constant
+            const T other = bb[0];
+            for (int64_t j = 0; j < n; ++j) o[j] = cr[j] ? a[j] : other;
+          } else if (sc == 1 && sa == 1 && sb == 1) {
+            for (int64_t j = 0; j < n; ++j) o[j] = cr[j] ? a[j] : bb[j];
+          } else {
+            for (int64_t j = 0; j < n; ++j) o[j] = cr[j * sc] ? a[j * sa] : bb[j * sb];
+          }
         };
         if (size == 8) pick(uint64_t());
         else if (size == 4) pick(uint32_t());

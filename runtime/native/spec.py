@@ -289,6 +289,9 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
              const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
+    if x.dtype == "bfloat16" and outs[0].dtype == x.dtype and not attrs.get("log") \
+            and x.shape and len(x.shape) <= 6:  # (oneDNN computes in f32, rounds once)
+        return [OP_SOFTMAX, attrs["axis"], 0, *x.encode(), *outs[0].encode()], []
     if x.dtype != "float32" or not x.shape or len(x.shape) > 6:
         return None
     if attrs.get("log"):
