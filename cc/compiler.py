@@ -41,6 +41,7 @@ def flops(node: Node) -> int:
         return 2 * size * node.inputs[1].shape[0]
     if node.kind == "matmul":
         a = node.inputs[0].shape
+        a = [a[p] for p in node.attrs.get("perm_a") or range(len(a))]  # (a read permuted)
         k = a[-2] if node.attrs.get("transpose_a") else a[-1]
         return 2 * size * k
     return size

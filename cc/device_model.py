@@ -227,6 +227,7 @@ def _flops(ins: Instruction, in_types: list, out_types: list) -> int:
         return 2 * out * kh * kw
     if ins.kind == "matmul":
         a = in_types[0][0]
+        a = [a[p] for p in ins.attrs.get("perm_a") or range(len(a))]  # (a read permuted)
         k = a[-2] if ins.attrs.get("transpose_a") else a[-1]
         return 2 * out * k
     if ins.kind == "pool":
