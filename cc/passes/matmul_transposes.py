@@ -5,6 +5,10 @@ which lowers to a batched matmul and then a transpose of its last two axes: a co
 the whole [batch, heads, seq, seq] score tensor, the largest tensor of the layer.
 (a·b)ᵀ = bᵀ·aᵀ, so the same values come from the matmul with its operands swapped and
 both transpose flags flipped, which the matrix unit reads for free.
+
+Any other transpose next to a matmul (attention's head split before it, the head merge
+after it) becomes the matmul's perm_a / perm_b / perm_y: the engine reads and writes it
+through strides (absorb_operand_transposes).
 """
 
 from __future__ import annotations
