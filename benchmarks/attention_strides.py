@@ -6,7 +6,9 @@
 On the native engine, one layer's scores (q·kᵀ) and context (probabilities·v, heads merged
 back) as compiled now — matmuls with perm_a / perm_b / perm_y (cc/passes/matmul_transposes.py)
 — against what they were: transpose copies around plain matmuls. Also one reshape copy of
-[B, S, H·D], which the memory plan now turns into an alias (cc/memory.py). The variants
+[B, S, H·D], which the memory plan now turns into an alias (cc/memory.py), and the padding
+mask's select over the scores (run this under another checkout's venv to compare its
+engine's select loop). The variants
 take turns, `--calls` calls each per round; prints the median and best ms per variant.
 """
 
@@ -54,6 +56,7 @@ def main() -> int:
     probs = rng.standard_normal((b, h, s, s)).astype(np.float32)
     split = np.transpose(x, HEADS_SPLIT).copy()
     keys = np.transpose(x, KEYS_SPLIT).copy()
+    keep = rng.uniform(size=(b, 1, 1, s)) < 0.8  # the padding mask, as attention reads it
 
     def one(*spec: object) -> Callable[[], None]:
         return _instruction(lib, args.threads, *spec)  # type: ignore[arg-type]
@@ -70,6 +73,8 @@ def main() -> int:
                                   one("matmul", [probs, split], {}, (b, h, s, d)),
                                   one("transpose", [split], {"perm": HEADS_SPLIT}, (b, s, h, d))],
         "reshape copy": [one("reshape", [x], {"shape": [b, s, h * d]}, (b, s, h * d))],
+        "mask select": [one("select", [keep, probs, np.array(-1e9, np.float32)], {},
+                            (b, h, s, s))],
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
