@@ -134,3 +134,29 @@ def test_bad_permutations_are_refused_naming_the_attribute(attrs: dict, field: s
                              isa.Type((2, 3, 3), "float32")][:2 + bool(attrs.get("residual"))],
                   attrs)
     assert e.value.field == field, e.value
+
+
+@pytest.mark.parametrize("attrs", [
+    {"perm_a": [0, 2, 3, 1], "perm_b": [0, 2, 1, 3], "transpose_a": True, "transpose_b": True},
+    {"perm_b": [0, 2, 1, 3], "perm_y": [0, 2, 1, 3]},
+])
+def test_bf16_operands_are_read_in_place_through_strides(attrs: dict) -> None:
+    """Under --auto-cast the heads are bfloat16 already: the engine reads them strided as
+    they are (no conversion step) and writes bfloat16, within one bf16 rounding of the
+    reference (the float32 sums may be added in another order)."""
+    import ml_dtypes
+
+    lib = library.load()
+    assert lib is not None, library.why_not()
+    heads = RNG.standard_normal((2, S, H, D)).astype(ml_dtypes.bfloat16)
+    probs = RNG.standard_normal((2, H, S, S)).astype(ml_dtypes.bfloat16)
+    a = heads if "perm_a" in attrs else probs
+    full = isa.KINDS["matmul"].with_defaults({**attrs, "compute": "bfloat16"})
+    (y_type,) = isa.check("matmul", [isa.Type(a.shape, "bfloat16"),
+                                     isa.Type(heads.shape, "bfloat16")], full)
+    out = [(tuple(y_type.shape), "bfloat16")]
+    ref, _ = evaluate_one("matmul", [a, heads], full, out)
+    got, ran = evaluate_one("matmul", [a, heads], full, out, native=lib, threads=2)
+    assert ran == "native"
+    np.testing.assert_allclose(got[0].astype(np.float32), ref[0].astype(np.float32),
+                               rtol=2 ** -7, atol=2 ** -7)
