@@ -141,8 +141,8 @@ def test_bad_permutations_are_refused_naming_the_attribute(attrs: dict, field: s
     {"perm_b": [0, 2, 1, 3], "perm_y": [0, 2, 1, 3]},
 ])
 def test_bf16_operands_are_read_in_place_through_strides(attrs: dict) -> None:
-    """Under --auto-cast the heads are bfloat16 already: the engine reads them strided as
-    they are (no conversion step) and writes bfloat16, within one bf16 rounding of the
+    """Under --auto-cast the heads are bfloat16 already: the engine takes the strided
+    bf16 operands itself (not numpy) and writes bfloat16, within one bf16 rounding of the
     reference (the float32 sums may be added in another order)."""
     import ml_dtypes
 
