@@ -19,15 +19,13 @@ partition could cut.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
-from tensorflow.python.framework import convert_to_constants
+from tensorflow.python.framework import convert_to_constants, tensor_util
 
 from .errors import SavedModelError
 from .inline import InlineError, called_function, inline_calls
@@ -331,9 +329,7 @@ def _variables_to_constants(concrete: object) -> tuple[graph_pb2.GraphDef, list[
     GraphDef and the names of its input placeholders (the arguments that were not
     variables), in argument order; outputs keep the function's tensor names."""
     data = _ConverterData(func=concrete, lower_control_flow=False, aggressive_inlining=False)
-    with _constants_without_astype():
-        graph_def, converted = convert_to_constants._replace_variables_by_constants(
-            converter_data=data)
+    graph_def, converted = _replace_variables_by_constants(data)
     # Grappler notes where each node came from, under per-process function names
     # ("__inference_serve_105"): the same model would freeze to other bytes (and miss the
     # compile cache) in every process.
@@ -344,44 +340,52 @@ def _variables_to_constants(concrete: object) -> tuple[graph_pb2.GraphDef, list[
     return graph_def, [t.name for t in concrete.inputs if id(t) not in variables]
 
 
-@contextlib.contextmanager
-def _constants_without_astype() -> Iterator[None]:
-    """While it lasts, convert_to_constants turns variables into TensorProtos without the
-    copy `make_tensor_proto` makes first (`values.astype(dtype)`, even of an array that
-    has that dtype already: 2.6 s of ConvNeXtXLarge's 1.4 GB). Only what it calls is
-    changed, and only for arrays its own code would store whole in tensor_content,
-    into the same proto; anything else goes to TensorFlow's function."""
-    original = convert_to_constants.tensor_util
-    convert_to_constants.tensor_util = _TensorUtil(original)
-    try:
-        yield
-    finally:
-        convert_to_constants.tensor_util = original
+def _replace_variables_by_constants(data: _ConverterData) -> tuple[graph_pb2.GraphDef, set[int]]:
+    """convert_to_constants' `_replace_variables_by_constants`, but a variable whose value
+    `_constant_proto` can store becomes its `Const` here, without the copy TensorFlow's
+    `make_tensor_proto` makes first (`values.astype(dtype)`, even of an array that has
+    that dtype already: 2.6 s of ConvNeXtXLarge's 1.4 GB). Everything else, and every
+    use of the constant downstream (reads become Identity, function argument types),
+    is TensorFlow's own code. Nothing of TensorFlow is replaced, so freezes may run on
+    several threads at once."""
+    graph = convert_to_constants._GraphDef(data.graph_def)
+    for name, tensor_data in data.tensor_data.items():
+        convertible = graph.nodes[name]
+        proto = _constant_proto(tensor_data.numpy, tensor_data.dtype) \
+            if isinstance(convertible, convert_to_constants._VarHandle) else None
+        if proto is None:
+            convertible.convert_variable_to_constant(None, tensor_data)
+            continue
+        # What _VarHandle.convert_variable_to_constant does, with our proto.
+        node = convertible.converted_self().node
+        node.Clear()
+        node.name = convertible.node.name
+        node.op = "Const"
+        node.attr["dtype"].CopyFrom(tensor_data.dtype_attr)
+        node.attr["value"].tensor.CopyFrom(proto)
+        for edge in convertible.outgoing_edges:
+            edge.destination.convertible.convert_variable_to_constant(edge, tensor_data)
+    converted = {t.index for t in data.tensor_data.values() if t.index is not None}
+    return graph.converted_self().graph_def, converted
 
 
-class _TensorUtil:
-    """`tensor_util` as convert_to_constants sees it in `_constants_without_astype`."""
+_TENSOR_CONTENT_TYPES = getattr(tensor_util, "_TENSOR_CONTENT_TYPES", frozenset())
 
-    def __init__(self, module: object) -> None:
-        self._module = module
-        self._content_types = getattr(module, "_TENSOR_CONTENT_TYPES", frozenset())
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._module, name)
-
-    def make_tensor_proto(self, values: object, dtype: object = None, shape: object = None,
-                          *args: object, **kwargs: object) -> tensor_pb2.TensorProto:
-        if not args and not kwargs and isinstance(values, np.ndarray) and dtype is not None \
-                and sys.byteorder == "little":
-            tf_dtype = tf.as_dtype(dtype)
-            if (tf_dtype in self._content_types and values.dtype == tf_dtype.as_numpy_dtype
-                    and values.size > 1 and values.nbytes < 1 << 31
-                    and (shape is None or [int(d) for d in shape] == list(values.shape))):
-                return tensor_pb2.TensorProto(
-                    dtype=tf_dtype.as_datatype_enum,
-                    tensor_shape=tf.TensorShape(values.shape).as_proto(),
-                    tensor_content=values.tobytes())
-        return self._module.make_tensor_proto(values, dtype, shape, *args, **kwargs)
+def _constant_proto(values: object, dtype: object) -> tensor_pb2.TensorProto | None:
+    """The TensorProto `make_tensor_proto(values, dtype, values.shape)` returns, for the
+    arrays it stores whole in `tensor_content` (numeric, more than one element, under
+    2 GB, already of `dtype`, on a little-endian host), built without its copy; None
+    for any other value, which TensorFlow's function then handles."""
+    if not isinstance(values, np.ndarray) or sys.byteorder != "little":
+        return None
+    tf_dtype = tf.as_dtype(dtype)
+    if (tf_dtype not in _TENSOR_CONTENT_TYPES or values.dtype != tf_dtype.as_numpy_dtype
+            or values.size <= 1 or values.nbytes >= 1 << 31):
+        return None
+    return tensor_pb2.TensorProto(dtype=tf_dtype.as_datatype_enum,
+                                  tensor_shape=tf.TensorShape(values.shape).as_proto(),
+                                  tensor_content=values.tobytes())
 
 
 def drop_dangling_colocations(graph_def: graph_pb2.GraphDef) -> None:
