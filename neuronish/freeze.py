@@ -29,7 +29,16 @@ from tensorflow.python.framework import convert_to_constants, tensor_util
 
 from .errors import SavedModelError
 from .inline import InlineError, called_function, inline_calls
-from .partition.graph import is_stateful, needed_nodes, producer
+from .partition.graph import (
+    control_refs,
+    data_refs,
+    is_control,
+    is_stateful,
+    keep_only,
+    needed_nodes,
+    producer,
+    rename_ref,
+)
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.
@@ -275,10 +284,10 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
     _drop_ordering_edges(graph_def)
     _keep_what_outputs_need(graph_def, [*outputs.values(), *input_names[:len(keys)]])
     renamed = _strip_call_prefixes(graph_def)
-    outputs = {k: _rename_ref(t, renamed) for k, t in outputs.items()}
-    inputs = [SignatureInput(i.key, _rename_ref(i.tensor, renamed), i.shape, i.dtype)
+    outputs = {k: rename_ref(t, renamed) for k, t in outputs.items()}
+    inputs = [SignatureInput(i.key, rename_ref(i.tensor, renamed), i.shape, i.dtype)
               for i in inputs]
-    resources = [CapturedResource(_rename_ref(r.tensor, renamed), r.owner) for r in resources]
+    resources = [CapturedResource(rename_ref(r.tensor, renamed), r.owner) for r in resources]
     return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags),
                            tuple(resources),
                            dropped_writes=dropped)
@@ -439,22 +448,14 @@ def _drop_dead_writes(graph_def: graph_pb2.GraphDef, outputs: list[str], writes:
         return name
 
     written = {root(w.input[0]) for w in own}
-    seen: set[str] = set()  # the outputs and their ancestors through data edges
-    todo = [producer(t) for t in outputs]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in nodes:
-            continue
-        seen.add(name)
-        todo.extend(producer(i) for i in nodes[name].input if not i.startswith("^"))
-    if seen & (written | {w.name for w in own}):
-        _refuse_variable_writes(writes, what)
+    seen = needed_nodes(nodes, outputs, control=False)  # the outputs and their data sources
     gone = {w.name for w in own}
-    for i in reversed([i for i, n in enumerate(graph_def.node) if n.name in gone]):
-        del graph_def.node[i]
+    if seen & (written | gone):
+        _refuse_variable_writes(writes, what)
+    keep_only(graph_def, nodes.keys() - gone)
     for node in graph_def.node:
-        if any(i.startswith("^") and i[1:] in gone for i in node.input):
-            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in gone)]
+        if any(is_control(i) and producer(i) in gone for i in node.input):
+            kept = [i for i in node.input if not (is_control(i) and producer(i) in gone)]
             del node.input[:]
             node.input.extend(kept)
     return tuple(sorted(f"{w.name} ({w.op})" for w in own))
@@ -511,37 +512,30 @@ def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
     nodes = {n.name: n for n in graph_def.node}
     kept: dict[str, list[str]] = {}  # NoOp -> the meaningful control inputs it stands for
 
-    def control_refs(ref: str) -> list[str]:
+    def meaningful(ref: str) -> list[str]:
         name = producer(ref)
         node = nodes.get(name)
         if node is None or node.op != "NoOp":
             return [ref] if node is None or is_stateful(node.op) else []
         if name not in kept:
             kept[name] = []  # a cycle of NoOps (never in a valid graph) ends here
-            kept[name] = sorted({r for i in node.input for r in control_refs(i)})
+            kept[name] = sorted({r for i in node.input for r in meaningful(i)})
         return kept[name]
 
     for node in graph_def.node:
-        if not any(i.startswith("^") for i in node.input):
+        controls = control_refs(node)
+        if not controls:
             continue
-        refs = [i for i in node.input if not i.startswith("^")]
-        refs += sorted({r for i in node.input if i.startswith("^") for r in control_refs(i)})
+        refs = data_refs(node) + sorted({r for i in controls for r in meaningful(i)})
         del node.input[:]
         node.input.extend(refs)
-    noops = [i for i, n in enumerate(graph_def.node) if n.op == "NoOp"]
-    for i in reversed(noops):
-        del graph_def.node[i]
+    keep_only(graph_def, {n.name for n in graph_def.node if n.op != "NoOp"})
 
 
 def _keep_what_outputs_need(graph_def: graph_pb2.GraphDef, keep: list[str]) -> None:
     """Drop, in place, the nodes no output needs, as a signature call never runs them
     (Keras leaves shape arithmetic nothing reads); the inputs in `keep` stay."""
-    live = needed_nodes(graph_def.node, keep)
-    if len(live) == len(graph_def.node):
-        return
-    dead = [i for i, n in enumerate(graph_def.node) if n.name not in live]
-    for i in reversed(dead):
-        del graph_def.node[i]
+    keep_only(graph_def, needed_nodes(graph_def.node, keep))
 
 
 def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:
@@ -600,7 +594,7 @@ def _strip_call_prefixes(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
             taken.add(name)
     for node in graph_def.node:
         node.name = renamed.get(node.name, node.name)
-        refs = [_rename_ref(r, renamed) for r in node.input]
+        refs = [rename_ref(r, renamed) for r in node.input]
         del node.input[:]
         node.input.extend(refs)
         # Colocations name nodes too ("loc:@lstm/Identity"): renamed with them, or
@@ -611,9 +605,3 @@ def _strip_call_prefixes(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
             del node.attr["_class"].list.s[:]
             node.attr["_class"].list.s.extend(locs)
     return renamed
-
-
-def _rename_ref(ref: str, renamed: dict[str, str]) -> str:
-    control = ref.startswith("^")
-    name, sep, port = ref.lstrip("^").partition(":")
-    return ("^" if control else "") + renamed.get(name, name) + sep + port
