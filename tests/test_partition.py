@@ -564,6 +564,10 @@ def test_one_answer_to_is_stateful_for_freezing_and_partitioning() -> None:
     assert is_stateful("RandomUniform") and is_stateful("AssignVariableOp")
     assert not is_stateful("Relu") and not is_stateful("MatMul")
     assert freeze_module.is_stateful is is_stateful and mark_module.is_stateful is is_stateful
+    # constant folding and the static-value analysis ask the same question
+    fold_module = importlib.import_module("neuronish.partition.fold")
+    values_module = importlib.import_module("neuronish.partition.values")
+    assert fold_module.is_stateful is is_stateful and values_module.is_stateful is is_stateful
 
 
 def test_graph_with_a_cycle_is_refused_naming_the_cycle() -> None:

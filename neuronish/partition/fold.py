@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
-from tensorflow.python.framework import op_def_registry
 
 from neuronish import contracts
 from neuronish.partition.graph import (
@@ -30,6 +29,7 @@ from neuronish.partition.graph import (
     canonical,
     drop_dead,
     is_control,
+    is_stateful,
     parse_input,
     producer,
 )
@@ -98,8 +98,7 @@ def _fixed_nodes(index: GraphIndex) -> tuple[set[str], set[str]]:
 def _foldable(node: object) -> bool:
     if node.op in contracts.INPUT_OPS:
         return False
-    op_def = op_def_registry.get(node.op)
-    return op_def is not None and not op_def.is_stateful
+    return not is_stateful(node.op)
 
 
 def _closure(graph_def: graph_pb2.GraphDef, index: GraphIndex, tensors: list[str]
