@@ -158,8 +158,7 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
     trips = {}
     for node in loops:
         try:
-            counts = {_simulate(graph_def, node, shapes, fixed_outer, index)
-                      for shapes in (input_shapes, bigger)}
+            counts = set(_simulate(graph_def, node, (input_shapes, bigger), fixed_outer, index))
         except _CannotUnroll:
             # Its count may follow from shapes that loops before it leave unknown until
             # they are unrolled (Keras 2's Bidirectional GRU, then an LSTM over its output):
@@ -172,14 +171,15 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
 
 
 def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
-              input_shapes: Mapping[str, Sequence[int]], fixed_outer: frozenset[str],
-              index: GraphIndex) -> int:
-    """How many times loop `node` runs: its condition and its fixed variables, stepped in
-    TensorFlow sessions from their starting values."""
+              shape_sets: Sequence[Mapping[str, Sequence[int]]], fixed_outer: frozenset[str],
+              index: GraphIndex) -> list[int]:
+    """How many times loop `node` runs at each of `shape_sets`: its condition and its
+    fixed variables, stepped in TensorFlow sessions from their starting values (the
+    condition and the body imported once for all the sets)."""
     values = data_refs(node)
     fixed = sorted(_fixed_variables(graph_def, node, fixed_outer))
-    current = dict(zip(fixed, _evaluate(graph_def, input_shapes,
-                                        [canonical(values[k]) for k in fixed], index)))
+    starts = [dict(zip(fixed, _evaluate(graph_def, shapes, [canonical(values[k]) for k in fixed],
+                                        index))) for shapes in shape_sets]
     cond = _function(graph_def, node.attr["cond"].func.name)
     body = _function(graph_def, node.attr["body"].func.name)
     cond_graph, cond_flat = function_def_to_graph_def(cond)
@@ -189,6 +189,16 @@ def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
     cond_out = cond_flat[cond.ret[cond.signature.output_arg[0].name]]
     body_outs = [body_flat[body.ret[body.signature.output_arg[k].name]] for k in fixed]
     sessions = []
+
+    def steps(current: dict[int, np.ndarray]) -> int:
+        for step in range(MAX_STEPS + 1):
+            go = cond_session.run(cond_out, {f"{cond_args[k]}:0": v for k, v in current.items()})
+            if not bool(go):
+                return step
+            current = dict(zip(fixed, body_session.run(
+                body_outs, {f"{body_args[k]}:0": v for k, v in current.items()})))
+        raise _CannotUnroll(f"{node.name} runs more than {MAX_STEPS} times")
+
     try:
         for graph_def_ in (cond_graph, body_graph):
             graph = tf.Graph()
@@ -196,18 +206,12 @@ def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
                 tf.graph_util.import_graph_def(graph_def_, name="")
             sessions.append(tf.compat.v1.Session(graph=graph))
         cond_session, body_session = sessions
-        for step in range(MAX_STEPS + 1):
-            go = cond_session.run(cond_out, {f"{cond_args[k]}:0": v for k, v in current.items()})
-            if not bool(go):
-                return step
-            current = dict(zip(fixed, body_session.run(
-                body_outs, {f"{body_args[k]}:0": v for k, v in current.items()})))
+        return [steps(current) for current in starts]
     except (tf.errors.OpError, ValueError) as e:
         raise _CannotUnroll(f"{node.name}: {e}") from None
     finally:
         for session in sessions:
             session.close()
-    raise _CannotUnroll(f"{node.name} runs more than {MAX_STEPS} times")
 
 
 def _check_count_is_fixed(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
