@@ -237,12 +237,23 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    "by where it runs and why (HTML page; Graphviz .dot alongside)")
 
 
+class _ExactParser(argparse.ArgumentParser):
+    """An ArgumentParser that takes flags only as spelled: no prefix abbreviations, so
+    `--out` is an error rather than whichever flag it happens to start today (a flag
+    added later would silently change its meaning). The subcommands' parsers, built in
+    other modules, are of this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from neuronish import __version__
 
-    p = argparse.ArgumentParser(prog="neuronish", description="neuronish tools")
+    p = _ExactParser(prog="neuronish", description="neuronish tools")
     p.add_argument("--version", action="version", version=f"neuronish {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_ExactParser)
     _add_compile_parser(sub)
     benchmark.add_parser(sub)
     r = sub.add_parser("run", help="run an executable on .npy inputs")

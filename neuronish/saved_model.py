@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from neuronish.runtime.executable import Executable, from_bytes
 
 from . import calibration, external, keras_files, tfn_compat
+from .cc_flags import check_compiler_flags
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures, numpy_steps
@@ -134,7 +135,8 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     tags = tfn_compat.tags_list(tags)
     no_fuse_ops = (*tfn_compat.names_tuple(no_fuse_ops, "no_fuse_ops"), *extras.no_fuse_ops)
     force_fuse_ops = tfn_compat.names_tuple(force_fuse_ops, "force_fuse_ops")
-    compiler_args = (*tfn_compat.compiler_args_tuple(compiler_args), *extras.compiler_args)
+    compiler_args = check_compiler_flags(  # before any work: a driver-owned flag is refused
+        (*tfn_compat.compiler_args_tuple(compiler_args), *extras.compiler_args), "compiler_args")
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
     if batch_size < 1:
