@@ -39,6 +39,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from .. import kernel_bridge
 from .servable import Servable, load_servable
+from .signatures import accepted_shape_changes
 from .status import (
     FAILED_PRECONDITION,
     PERMISSION_DENIED,
@@ -315,10 +316,20 @@ class ModelManager:
             model.loading.discard(version)
             model.first_try.discard(version)
             if servable is not None:
+                serving = max((v for v in model.servables if v != version), default=None)
                 model.servables[version] = servable
                 model.states[version] = _VersionState(State.AVAILABLE)
                 log.info("Successfully loaded servable version {name: %s version: %d}", name,
                          version)
+                if serving is not None:
+                    # Compiled models accept the shapes they were compiled for: a client
+                    # of the serving version may send what this one refuses.
+                    changes = accepted_shape_changes(
+                        model.servables[serving].signature_defs, servable.signature_defs)
+                    if changes:
+                        log.warning("servable {name: %s version: %d} accepts other shapes "
+                                    "than version %d: %s", name, version, serving,
+                                    "; ".join(changes))
             else:
                 model.failed.add(version)
                 error = error or ServingError(UNKNOWN, "the server stopped during the load")

@@ -20,7 +20,7 @@ from google.protobuf import message, text_format
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from .cancellation import Cancellation
-from .signatures import DEFAULT_SIGNATURE, Signature
+from .signatures import DEFAULT_SIGNATURE, Signature, with_accepted_shapes
 from .status import (
     DATA_LOSS,
     INVALID_ARGUMENT,
@@ -155,7 +155,8 @@ def load_servable(name: str, version: int, path: str, tags: Sequence[str],
         raise ServingError(UNKNOWN, f"{type(e).__name__}: {e}") from None
     available = getattr(loaded, "signatures", {})
     functions = {k: available[k] for k in meta_graph.signature_def if k in available}
-    servable = Servable(name, version, path, meta_graph.signature_def, functions, loaded)
+    servable = Servable(name, version, path,
+                        with_accepted_shapes(meta_graph.signature_def, path), functions, loaded)
     if warmup:
         from .startup import labelled_device_loads, load_on_device
 
