@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 /* Loads executables through the neuronish C API and prints, per file, one JSON line:
  * its signature and program summary, or the error. tests/test_c_api.py builds it with
  * gcc against libneuronish_runtime.so and compares the lines with Python's reading.
@@ -5,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "neuronish_runtime.h"
 
@@ -33,6 +35,8 @@ static void tensors(const nr_executable *exe, nr_io which) {
 }
 
 static unsigned char *slurp(const char *path, size_t *size) {
+  struct stat st; /* only regular files: fopen of a FIFO would wait for a writer */
+  if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return NULL;
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   fseek(f, 0, SEEK_END);
