@@ -21,6 +21,7 @@
 #include "isa_table.h"
 #include "msgpack_reader.h"
 #include "sha256.h"
+#include "shape_rules.h"
 
 namespace nr {
 namespace {
@@ -452,6 +453,38 @@ const isa::Kind *find_kind(const Node &kind) {
 
 uint64_t id_of(const Node &n) { return uint64_t(n.integer); }  // callers checked is_count
 
+const TensorType &value_type(const Executable &exe, uint64_t vid) {
+  auto it = exe.values.find(vid);
+  return it != exe.values.end() ? it->second : exe.constants.at(vid).type;
+}
+
+// validate.py's _check_instruction, for the kinds whose shape rule is ported: the
+// output types the rule derives must be the declared ones.
+void check_types(const isa::Kind &kind, const Instruction &ins, const Node &attrs,
+                 const Executable &exe, const std::string &where) {
+  std::vector<TensorType> in, derived, declared;
+  for (uint64_t v : ins.inputs) in.push_back(value_type(exe, v));
+  for (uint64_t v : ins.outputs) declared.push_back(value_type(exe, v));
+  try {
+    if (!derive_types(kind.name, in, attrs, derived))
+      refuse(std::string("the shape rule of ") + kind.name + " is missing from this build", NR_INTERNAL);
+  } catch (const RuleError &e) {
+    bool attr = false;
+    for (int a = 0; a < kind.num_attrs; ++a) attr = attr || e.field == kind.attrs[a].name;
+    inconsistent(where + ": " + e.reason + " (field '" + (attr ? "attrs." : "") + e.field + "')");
+  }
+  bool same = declared.size() == derived.size();
+  for (size_t i = 0; same && i < declared.size(); ++i)
+    same = declared[i].shape == derived[i].shape && declared[i].dtype == derived[i].dtype;
+  if (!same) {
+    std::string d, g;
+    for (auto &t : declared) d += (d.empty() ? "" : ", ") + type_text(t);
+    for (auto &t : derived) g += (g.empty() ? "" : ", ") + type_text(t);
+    inconsistent(where + " declares outputs " + (d.empty() ? "none" : d) + " but its inputs and attributes give " +
+                 g + " (field 'out')");
+  }
+}
+
 void read_programs(const Node &programs, Body &b, Executable &exe, const std::set<uint64_t> &external) {
   std::set<uint64_t> defined;
   for (auto &s : exe.inputs) defined.insert(s.value);
@@ -522,6 +555,7 @@ void read_programs(const Node &programs, Body &b, Executable &exe, const std::se
         ins_out.scratch_bytes = id_of(*scratch_items[1]);
       }
       check_attrs(*k, ins.size(), attrs, where);
+      if (k->native_rule) check_types(*k, ins_out, attrs, exe, where);
       exe.programs.back().push_back(std::move(ins_out));
     }
   }

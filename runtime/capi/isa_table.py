@@ -3,8 +3,8 @@
 The facts (kinds, arity, attributes with their types, ranges, lengths and choices,
 dtypes and size limits) stay in isa.py; this writes them out at build time
 (runtime/capi/library.py), so the C loader checks exactly what validate.py checks
-and cannot drift from it. The shape rules are Python functions and are not exported
-(docs/c-api.md says what the C loader does not check yet).
+and cannot drift from it. The shape rules are Python functions: shape_rules.cc ports them
+by hand (NATIVE_RULES lists which), and tests/test_c_api.py compares the two.
 """
 
 from __future__ import annotations
@@ -12,6 +12,12 @@ from __future__ import annotations
 import json
 
 from .. import isa
+
+# The kinds whose shape rule runtime/capi/shape_rules.cc ports so far; the loader
+# checks the others' arity and attributes only (docs/c-api.md).
+NATIVE_RULES = frozenset({"unary", "copy", "binary", "select", "cast", "matmul", "conv2d",
+                          "depthwise_conv2d", "pool", "reduce", "softmax", "argminmax",
+                          "reshape", "transpose", "concat"})
 
 
 def _c_string(s: str) -> str:
@@ -39,7 +45,7 @@ def header() -> str:
               "bool required; const char *const *choices; int num_choices; "
               "const char *describe; };",
               "struct Kind { const char *name; int inputs, optional; bool variadic; "
-              "const Attr *attrs; int num_attrs; };"]
+              "const Attr *attrs; int num_attrs; bool native_rule; };"]
     specs = {"int": "Int", "num": "Num", "bool": "Bool", "choice": "Choice", "dtype": "Choice",
              "ints": "Ints", "opt_ints": "OptInts", "int_pairs": "IntPairs",
              "scalar": "Scalar"}
@@ -64,7 +70,8 @@ def header() -> str:
             table = f"kAttrs{k}"
             lines.append(f"constexpr Attr {table}[] = {{\n  " + ",\n  ".join(attrs) + "};")
         kinds.append(f"{{{_c_string(kind.name)}, {len(kind.inputs)}, {len(kind.optional)}, "
-                     f"{'true' if kind.variadic else 'false'}, {table}, {len(attrs)}}}")
+                     f"{'true' if kind.variadic else 'false'}, {table}, {len(attrs)}, "
+                     f"{'true' if kind.name in NATIVE_RULES else 'false'}}}")
     lines.append("constexpr Kind kKinds[] = {\n  " + ",\n  ".join(kinds) + "};")
     lines += ["}  // namespace nr::isa", ""]
     return "\n".join(lines)
