@@ -17,7 +17,9 @@ from .. import isa
 # checks the others' arity and attributes only (docs/c-api.md).
 NATIVE_RULES = frozenset({"unary", "copy", "binary", "select", "cast", "matmul", "conv2d",
                           "depthwise_conv2d", "pool", "reduce", "softmax", "argminmax",
-                          "reshape", "transpose", "concat"})
+                          "reshape", "transpose", "concat", "strided_slice", "layer_norm",
+                          "pad", "tile", "broadcast_to", "gather", "conv3d", "pool3d",
+                          "cumulative", "top_k", "one_hot", "resize", "quantize"})
 
 
 def _c_string(s: str) -> str:

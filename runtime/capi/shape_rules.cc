@@ -3,6 +3,7 @@
 #include "shape_rules.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <set>
@@ -239,6 +240,173 @@ TensorType concat(const In &t, const Node &a) {
   return {shape, first.dtype};
 }
 
+void per_dim(size_t n, size_t rank, const char *name) {
+  if (n != rank) fail(std::string(name) + " has " + std::to_string(n) + " entries for a rank-" +
+                      std::to_string(rank) + " input; it needs one per dim", name);
+}
+
+double attr_num(const Node &a, const char *name, double dflt) {
+  const Node *v = a.get(name);
+  if (!v) return dflt;
+  return v->type == Type::Float ? v->real : double(v->integer);
+}
+
+// One Python slice's length over a dim: len(range(*slice(b, e, s).indices(d))).
+int64_t slice_len(int64_t d, int64_t b, const Node &end, int64_t s) {
+  __int128 lower = s < 0 ? -1 : 0, upper = s < 0 ? d - 1 : d;
+  auto clamp = [&](__int128 v) {
+    if (v < 0) { v += d; if (v < lower) v = lower; }
+    else if (v > upper) v = upper;
+    return v;
+  };
+  __int128 start = clamp(b);
+  __int128 stop = end.type == Type::Nil ? (s < 0 ? lower : upper) : clamp(end.integer);
+  __int128 n = s > 0 ? (stop - start + s - 1) / s : (start - stop + (-s) - 1) / (-s);
+  return n > 0 ? int64_t(n) : 0;
+}
+
+TensorType strided_slice(const In &t, const Node &a) {
+  size_t rank = t[0].shape.size();
+  const Node *end = a.get("end");
+  auto begin = a.get("begin"), strides = a.get("strides");
+  per_dim(begin->items.size(), rank, "begin");
+  per_dim(end->items.size(), rank, "end");
+  per_dim(strides->items.size(), rank, "strides");
+  for (const Node &x : strides->items) if (x.integer == 0) fail("strides must not be 0", "strides");
+  Shape shape;
+  for (size_t i = 0; i < rank; ++i)
+    shape.push_back(slice_len(t[0].shape[i], int64_t(begin->items[i].integer), end->items[i],
+                              int64_t(strides->items[i].integer)));
+  return {shape, t[0].dtype};
+}
+
+TensorType layer_norm(const In &t, const Node &a) {
+  const TensorType &x = t[0];
+  if ((x.dtype != dtype_of("float32") && x.dtype != dtype_of("float16") && x.dtype != dtype_of("float64")) ||
+      x.shape.empty())
+    fail("x must be a float tensor of rank >= 1, got " + fmt(x), "in");
+  if (attr_num(a, "epsilon", 0) < 0) fail("epsilon must be >= 0", "epsilon");
+  for (int i = 1; i <= 2; ++i)
+    if (t[i].shape != Shape{x.shape.back()} || t[i].dtype != x.dtype)
+      fail(std::string(i == 1 ? "scale" : "shift") + " must be x's dtype and last dim, got " + fmt(t[i]), "in");
+  return x;
+}
+
+TensorType pad(const In &t, const Node &a) {
+  const TensorType &x = t[0];
+  const Node *p = a.get("paddings");
+  per_dim(p->items.size(), x.shape.size(), "paddings");
+  std::string mode = attr_str(a, "mode", "constant");
+  Shape shape;
+  for (size_t i = 0; i < x.shape.size(); ++i) {
+    int64_t b = int64_t(p->items[i].items[0].integer), e = int64_t(p->items[i].items[1].integer);
+    if (mode != "constant" && std::max(b, e) > x.shape[i] - (mode == "reflect" ? 1 : 0))
+      fail(mode + " paddings are too large for " + fmt(x), "paddings");
+    shape.push_back(x.shape[i] + b + e);
+  }
+  return {shape, x.dtype};
+}
+
+TensorType tile(const In &t, const Node &a) {
+  auto m = attr_ints(a, "multiples");
+  per_dim(m.size(), t[0].shape.size(), "multiples");
+  Shape shape;
+  for (size_t i = 0; i < m.size(); ++i) shape.push_back(t[0].shape[i] * m[i]);
+  return {shape, t[0].dtype};
+}
+
+TensorType broadcast_to(const In &t, const Node &a) {
+  Shape shape = attr_ints(a, "shape");
+  bool fits = shape.size() >= t[0].shape.size();
+  if (fits) {
+    try { fits = broadcast({&t[0].shape, &shape}) == shape; } catch (const RuleError &) { fits = false; }
+  }
+  if (!fits) fail(fmt(t[0]) + " does not broadcast to the shape", "shape");
+  return {shape, t[0].dtype};
+}
+
+TensorType gather(const In &t, const Node &a) {
+  const TensorType &params = t[0], &indices = t[1];
+  int64_t axis = axis_in(attr_int(a, "axis", 0), params.shape.size(), "axis");
+  int64_t bd = attr_int(a, "batch_dims", 0);
+  if (indices.dtype != dtype_of("int32") && indices.dtype != dtype_of("int64"))
+    fail("gather indices must be int32 or int64", "in");
+  if (bd > std::min<int64_t>(axis, int64_t(indices.shape.size())))
+    fail("batch_dims must be at most min(axis, rank of indices)", "batch_dims");
+  if (!std::equal(params.shape.begin(), params.shape.begin() + bd, indices.shape.begin()))
+    fail("the batch dims of params and indices differ", "batch_dims");
+  Shape shape(params.shape.begin(), params.shape.begin() + axis);
+  shape.insert(shape.end(), indices.shape.begin() + bd, indices.shape.end());
+  shape.insert(shape.end(), params.shape.begin() + axis + 1, params.shape.end());
+  return {shape, params.dtype};
+}
+
+TensorType conv3d(const In &t, const Node &a) {
+  if (t[0].shape.size() != 5) fail("conv3d's input (NDHWC) must have rank 5, got " + fmt(t[0]), "in");
+  if (t[1].shape.size() != 5) fail("conv3d's filter must have rank 5, got " + fmt(t[1]), "in");
+  if (t[0].dtype != t[1].dtype) fail("input and filter dtypes differ", "in");
+  if (t[1].shape[3] != t[0].shape[4]) fail("filter channels differ from the input's", "in");
+  auto s = attr_ints(a, "strides"), d = attr_ints(a, "dilations"), p = attr_ints(a, "pads");
+  Shape shape{t[0].shape[0]};
+  for (int i = 0; i < 3; ++i)
+    shape.push_back(window_out(t[0].shape[1 + i], t[1].shape[i], s[i], d[i], p[2 * i], p[2 * i + 1], "filter"));
+  shape.push_back(t[1].shape[4]);
+  return {shape, t[0].dtype};
+}
+
+TensorType pool3d(const In &t, const Node &a) {
+  if (t[0].shape.size() != 5) fail("pool3d's input (NDHWC) must have rank 5, got " + fmt(t[0]), "in");
+  auto k = attr_ints(a, "ksize"), s = attr_ints(a, "strides"), p = attr_ints(a, "pads");
+  for (int i = 0; i < 3; ++i)
+    if (std::max(p[2 * i], p[2 * i + 1]) >= k[i]) fail("pads must each be smaller than the window", "pads");
+  Shape shape{t[0].shape[0]};
+  for (int i = 0; i < 3; ++i)
+    shape.push_back(window_out(t[0].shape[1 + i], k[i], s[i], 1, p[2 * i], p[2 * i + 1], "ksize"));
+  shape.push_back(t[0].shape[4]);
+  return {shape, t[0].dtype};
+}
+
+TensorType cumulative(const In &t, const Node &a) {
+  axis_in(attr_int(a, "axis", 0), t[0].shape.size(), "axis");
+  if (t[0].dtype == dtype_of("bool")) fail("cumulative takes numbers, got bool", "in");
+  return t[0];
+}
+
+TensorType top_k(const In &t, const Node &a) {
+  int64_t k = attr_int(a, "k", 0);
+  if (t[0].shape.empty() || k > t[0].shape.back()) fail("k must be at most the last dim of " + fmt(t[0]), "k");
+  if (t[0].dtype == dtype_of("bool")) fail("top_k takes numbers, got bool", "in");
+  Shape shape = t[0].shape;
+  shape.back() = k;
+  return {shape, attr_bool(a, "indices", false) ? dtype_of(attr_str(a, "to", "int32")) : t[0].dtype};
+}
+
+TensorType one_hot(const In &t, const Node &a) {
+  static const std::set<std::string> integers = {"int8", "uint8", "int16", "int32", "int64"};
+  if (!integers.count(isa::kDTypes[t[0].dtype].name)) fail("one_hot indices must be integers", "in");
+  Shape shape = t[0].shape;
+  int64_t axis = attr_int(a, "axis", -1);
+  if (axis < 0) axis = int64_t(shape.size());
+  if (axis > int64_t(shape.size())) fail("axis must be -1 or within the rank", "axis");
+  shape.insert(shape.begin() + axis, attr_int(a, "depth", 0));
+  return {shape, dtype_of(attr_str(a, "to", ""))};
+}
+
+TensorType resize(const In &t, const Node &a) {
+  if (t[0].shape.size() != 4) fail("resize's input (NHWC) must have rank 4, got " + fmt(t[0]), "in");
+  if (std::min(t[0].shape[1], t[0].shape[2]) < 1) fail("cannot resize the empty image " + fmt(t[0]), "in");
+  auto size = attr_ints(a, "size");
+  return {{t[0].shape[0], size[0], size[1], t[0].shape[3]},
+          attr_str(a, "mode", "") == "bilinear" ? dtype_of("float32") : t[0].dtype};
+}
+
+TensorType quantize(const In &t, const Node &a) {
+  if (t[0].dtype != dtype_of("float32")) fail("quantize takes float32, got " + fmt(t[0]), "in");
+  double scale = attr_num(a, "scale", 0);
+  if (!(std::isfinite(scale) && scale > 0)) fail("scale must be a finite number > 0", "scale");
+  return {t[0].shape, dtype_of(attr_str(a, "to", ""))};
+}
+
 const std::map<std::string, Rule> &rules() {
   static const std::map<std::string, Rule> table = {
       {"unary", one}, {"copy", one}, {"binary", binary}, {"select", select}, {"cast", cast},
@@ -246,7 +414,11 @@ const std::map<std::string, Rule> &rules() {
       {"conv2d", [](const In &t, const Node &a) { return conv_like(t, a, false); }},
       {"depthwise_conv2d", [](const In &t, const Node &a) { return conv_like(t, a, true); }},
       {"pool", pool}, {"reduce", reduce}, {"softmax", softmax}, {"argminmax", argminmax},
-      {"reshape", reshape}, {"transpose", transpose}, {"concat", concat}};
+      {"reshape", reshape}, {"transpose", transpose}, {"concat", concat},
+      {"strided_slice", strided_slice}, {"layer_norm", layer_norm}, {"pad", pad}, {"tile", tile},
+      {"broadcast_to", broadcast_to}, {"gather", gather}, {"conv3d", conv3d}, {"pool3d", pool3d},
+      {"cumulative", cumulative}, {"top_k", top_k}, {"one_hot", one_hot}, {"resize", resize},
+      {"quantize", quantize}};
   return table;
 }
 
