@@ -202,3 +202,18 @@ def test_under_sanitizers(tmp_path: Path) -> None:
            "UBSAN_OPTIONS": "print_stacktrace=1"}
     outcomes = _differential(program, tmp_path, 200, seed=2025, env=env)
     print("under ASan+UBSan, 200 mutants:", dict(outcomes))
+
+
+def test_concurrent_loads_and_queries_under_thread_sanitizer(tmp_path: Path) -> None:
+    flags = ("-fsanitize=thread", "-fno-omit-frame-pointer")
+    lib = library.build(flags)
+    program = tmp_path / "nr_threads"
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", *flags, f"-I{library.INCLUDE}",
+                    str(ROOT / "tests" / "c_api" / "nr_threads.c"), "-o", str(program),
+                    str(lib), f"-Wl,-rpath,{lib.parent}", "-lpthread"],
+                   check=True, capture_output=True, text=True)
+    r = subprocess.run([str(program), str(executable_fuzz.GOLDEN)], capture_output=True,
+                       text=True, timeout=300,
+                       env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    assert "ThreadSanitizer" not in r.stderr
