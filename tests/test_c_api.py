@@ -217,3 +217,20 @@ def test_concurrent_loads_and_queries_under_thread_sanitizer(tmp_path: Path) -> 
                        env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
     assert "ThreadSanitizer" not in r.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32", "f4", "\x00", None, "", "complex64", "int",
+                                   "S8", 5])
+def test_constant_dtype_spellings_agree_with_numpy(inspect_c: Path, tmp_path: Path,
+                                                   dtype: object) -> None:
+    """from_bytes reads a constant's dtype with np.dtype(), which knows more spellings
+    than the compiler writes; the C loader must accept and refuse the same ones."""
+    import msgpack
+
+    body = msgpack.unpackb(executable_fuzz.GOLDEN.read_bytes()[executable.HEADER_SIZE:],
+                           strict_map_key=False)
+    body["constants"][0]["dtype"] = dtype
+    data = executable_fuzz.seal(msgpack.packb(body, use_bin_type=True))
+    (tmp_path / "m.neff").write_bytes(data)
+    [line] = _run(inspect_c, [tmp_path / "m.neff"])
+    assert (line["status"] == "ok") == _accepts(executable.from_bytes, data), line

@@ -228,7 +228,7 @@ int numpy_dtype(const Node &n) {
       {"int", "int64"}, {"float", "float64"}, {"double", "float64"}, {"half", "float16"},
       {"single", "float32"}, {"f2", "float16"}, {"f4", "float32"}, {"f8", "float64"},
       {"i1", "int8"}, {"i2", "int16"}, {"i4", "int32"}, {"i8", "int64"}, {"u1", "uint8"},
-      {"b1", "bool"}, {"?", "bool"}, {std::string_view("\0", 1).data(), "bool"}};
+      {"b1", "bool"}, {"?", "bool"}};
   std::string_view s = n.str();
   int d = dtype_index(s);
   if (d >= 0) return d;
@@ -239,7 +239,7 @@ int numpy_dtype(const Node &n) {
 }
 
 // runtime/executable.py's _array: frombuffer(data, dtype).reshape(shape).
-Constant read_constant(const Node &raw, const uint8_t *body, Body &b, const std::string &field) {
+Constant read_constant(const Node &raw, const uint8_t *body, const std::string &field) {
   const Node &shape = key(raw, "shape", field);
   const Node &dtype = key(raw, "dtype", field);
   const Node &data = key(raw, "data", field);
@@ -343,19 +343,17 @@ Signature read_sig(const Node &raw, Body &b, const std::string &field) {
   const Node &name = key(raw, "name", field), &value = key(raw, "value", field);
   const Node &shape = key(raw, "shape", field), &dtype = key(raw, "dtype", field);
   const Node &batch = key(raw, "batch_axis", field);
-  auto dims = b.items(shape, field + ".shape");
+  b.items(shape, field + ".shape");  // from_bytes's tuple(shape): a TypeError if not a sequence
   Signature s;
   if (name.type != Type::Str) inconsistent(field + " name " + show(name) + " is not a string (field '" + field + ".name')");
   s.name = std::string(name.str());
   if (!is_int(value)) inconsistent(field + " '" + s.name + "' names value " + show(value) +
                                    ", which is not a value id (field '" + field + ".value')");
   s.value = value.integer < 0 ? UINT64_MAX : uint64_t(value.integer);  // negative: never defined
-  // The declared type is compared once values are known: keep the raw parts.
-  s.type.shape.clear();
+  // The type is compared with its value's in check_sig, once the values are known.
   s.batch_axis = is_int(batch) && batch.integer >= -1 && batch.integer <= isa::kMaxRank ?
                  int64_t(batch.integer) : INT64_MIN;
-  (void)dtype;
-  (void)dims;
+  (void)dtype;  // read here so a missing key is refused as from_bytes does
   return s;
 }
 
@@ -629,7 +627,7 @@ void parse_body(const uint8_t *body, size_t size, Executable &exe) {
   for (size_t i = 0; i < const_items.size(); ++i) {
     std::string field = "constants[" + std::to_string(i) + "]";
     const Node &vid = key(*const_items[i], "value", field);
-    Constant c = read_constant(*const_items[i], body, b, field);
+    Constant c = read_constant(*const_items[i], body, field);
     if (!is_count(vid)) inconsistent("constant id " + show(vid) + " is not a value id (field '" + field + ".value')");
     exe.constants[id_of(vid)] = c;
   }
