@@ -234,3 +234,33 @@ def test_constant_dtype_spellings_agree_with_numpy(inspect_c: Path, tmp_path: Pa
     (tmp_path / "m.neff").write_bytes(data)
     [line] = _run(inspect_c, [tmp_path / "m.neff"])
     assert (line["status"] == "ok") == _accepts(executable.from_bytes, data), line
+
+
+def test_every_kind_has_a_native_shape_rule() -> None:
+    """A kind added to isa.py needs its rule in runtime/capi/shape_rules.cc (and in
+    isa_table.NATIVE_RULES); until then the C loader checks less than validate.py."""
+    assert isa_table.NATIVE_RULES == set(validate.isa.KINDS)
+
+
+def test_int8_mutants_agree_with_validate(inspect_c: Path, tmp_path: Path) -> None:
+    """The fuzz seeds hold no int8 instructions: mutants of a quantized CNN (conv2d_int8,
+    matmul_int8, quantize) exercise their rules."""
+    import numpy as np
+
+    from neuronish.cc.compiler import compile_executable
+    from tests.test_int8 import _small_cnn
+
+    g = _small_cnn()
+    rng = np.random.default_rng(0)
+    calib = [[rng.standard_normal((4, 8, 8, 3)).astype(np.float32)] for _ in range(2)]
+    seed = executable.to_bytes(compile_executable(g.graph_def, g.io_config, calibration=calib))
+    kinds = {i.kind for p in executable.from_bytes(seed).programs for i in p}
+    assert {"conv2d_int8", "matmul_int8", "quantize"} <= kinds, kinds
+    real = executable_fuzz.seed_executables
+    try:
+        executable_fuzz.seed_executables = lambda: {"int8_cnn": seed}
+        outcomes = _differential(inspect_c, tmp_path, 300, seed=8)
+    finally:
+        executable_fuzz.seed_executables = real
+    print("C loader on 300 int8 mutants:", dict(outcomes))
+    assert outcomes["accepted"] > 10 and outcomes["refused"] > 100

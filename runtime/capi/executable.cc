@@ -645,7 +645,8 @@ void parse_body(const uint8_t *body, size_t size, Executable &exe) {
 
   check_metadata(compiler, stats, exe);
   if (!is_count(arena)) inconsistent("arena size " + show(arena) + " is not a byte count (field 'memory.arena_bytes')");
-  if (arena.integer > (__int128)INT64_MAX) inconsistent("arena size " + show(arena) + " is too large (field 'memory.arena_bytes')");
+  // Any u64 is a byte count here (validate.py's rule); whether it fits is the device's
+  // question at load time. Sums below are computed in 128 bits.
   exe.arena_bytes = id_of(arena);
   if (!truthy(programs)) inconsistent("it holds no program (field 'programs')");
   for (auto &[vid, raw] : value_raw)

@@ -13,13 +13,15 @@ import json
 
 from .. import isa
 
-# The kinds whose shape rule runtime/capi/shape_rules.cc ports so far; the loader
-# checks the others' arity and attributes only (docs/c-api.md).
+# The kinds whose shape rule runtime/capi/shape_rules.cc ports (all of them, checked by
+# tests/test_c_api.py); a kind added to isa.py without a port is checked for arity and
+# attributes only until it gets one (docs/c-api.md).
 NATIVE_RULES = frozenset({"unary", "copy", "binary", "select", "cast", "matmul", "conv2d",
                           "depthwise_conv2d", "pool", "reduce", "softmax", "argminmax",
                           "reshape", "transpose", "concat", "strided_slice", "layer_norm",
                           "pad", "tile", "broadcast_to", "gather", "conv3d", "pool3d",
-                          "cumulative", "top_k", "one_hot", "resize", "quantize"})
+                          "cumulative", "top_k", "one_hot", "resize", "quantize",
+                          "conv2d_int8", "matmul_int8"})
 
 
 def _c_string(s: str) -> str:

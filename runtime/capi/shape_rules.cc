@@ -407,6 +407,66 @@ TensorType quantize(const In &t, const Node &a) {
   return {t[0].shape, dtype_of(attr_str(a, "to", ""))};
 }
 
+// conv2d_int8 / matmul_int8 (isa.py's _int8_operands, _float_extras, _positive).
+bool quantized(int dtype) { return dtype == dtype_of("uint8") || dtype == dtype_of("int8"); }
+
+void positive(const Node &a, const char *name, double dflt) {
+  double v = attr_num(a, name, dflt);
+  if (!(std::isfinite(v) && v > 0)) fail(std::string(name) + " must be a finite number > 0", name);
+}
+
+void int8_operands(const In &t, const Node &a, const char *x_scale, int64_t out_ch) {
+  if (!quantized(t[0].dtype) || t[1].dtype != dtype_of("int8"))
+    fail("int8 operands must be uint8/int8 and int8, got " + fmt(t[0]) + " and " + fmt(t[1]), "in");
+  if (t[2].dtype != dtype_of("float32") || t[2].shape != Shape{out_ch})
+    fail("w_scale must be float32[" + std::to_string(out_ch) + "], got " + fmt(t[2]), "in");
+  positive(a, x_scale, 0);
+  positive(a, "y_scale", 1.0);
+}
+
+void float_extras(const In &t, int64_t bias_n, const TensorType &out, bool residual) {
+  In rest(t.begin() + 3, t.end());
+  if (residual) {
+    if (rest.empty() || rest.back().shape != out.shape ||
+        !(quantized(rest.back().dtype) || rest.back().dtype == dtype_of("float32")))
+      fail("residual must be float32, uint8 or int8 of the output's shape", "residual");
+    rest.pop_back();
+  }
+  if (rest.size() > 1) fail("too many inputs for the residual flag", "in");
+  if (!rest.empty() && (rest[0].shape != Shape{bias_n} || rest[0].dtype != dtype_of("float32")))
+    fail("bias must be float32[" + std::to_string(bias_n) + "], got " + fmt(rest[0]), "in");
+}
+
+TensorType conv2d_int8(const In &t, const Node &a) {
+  if (t[1].shape.size() != 4) fail("conv2d_int8's filter must be 4-D, got " + fmt(t[1]), "in");
+  int8_operands(t, a, "x_scale", t[1].shape[3]);
+  // The float conv's rule on x and w alone, one group, no residual.
+  In xw{t[0], t[1]};
+  Node plain_attrs;
+  plain_attrs.type = Type::Map;
+  for (size_t i = 0; i + 1 < a.items.size(); i += 2)
+    if (a.items[i].is_str("strides") || a.items[i].is_str("dilations") || a.items[i].is_str("pads")) {
+      plain_attrs.items.push_back(a.items[i]);
+      plain_attrs.items.push_back(a.items[i + 1]);
+    }
+  TensorType y = conv_like(xw, plain_attrs, false);
+  y.dtype = dtype_of(attr_str(a, "out", "float32"));
+  float_extras(t, y.shape[3], TensorType{y.shape, dtype_of("float32")}, attr_bool(a, "residual", false));
+  return y;
+}
+
+TensorType matmul_int8(const In &t, const Node &a) {
+  if (t[1].shape.size() != 2) fail("matmul_int8's b must be 2-D [K, N], got " + fmt(t[1]), "in");
+  int8_operands(t, a, "a_scale", t[1].shape[1]);
+  if (t[0].shape.size() < 2 || t[0].shape.back() != t[1].shape[0])
+    fail("matmul_int8 inner dimensions differ: " + fmt(t[0]) + " and " + fmt(t[1]), "in");
+  Shape shape(t[0].shape.begin(), t[0].shape.end() - 1);
+  shape.push_back(t[1].shape[1]);
+  TensorType y{shape, dtype_of(attr_str(a, "out", "float32"))};
+  float_extras(t, y.shape.back(), y, false);
+  return y;
+}
+
 const std::map<std::string, Rule> &rules() {
   static const std::map<std::string, Rule> table = {
       {"unary", one}, {"copy", one}, {"binary", binary}, {"select", select}, {"cast", cast},
@@ -418,7 +478,7 @@ const std::map<std::string, Rule> &rules() {
       {"strided_slice", strided_slice}, {"layer_norm", layer_norm}, {"pad", pad}, {"tile", tile},
       {"broadcast_to", broadcast_to}, {"gather", gather}, {"conv3d", conv3d}, {"pool3d", pool3d},
       {"cumulative", cumulative}, {"top_k", top_k}, {"one_hot", one_hot}, {"resize", resize},
-      {"quantize", quantize}};
+      {"quantize", quantize}, {"conv2d_int8", conv2d_int8}, {"matmul_int8", matmul_int8}};
   return table;
 }
 
