@@ -88,9 +88,10 @@ int main(int argc, char **argv) {
     for (size_t c = 0; c < nr_executable_num_cores(exe); ++c)
       printf("%s%zu", c ? ", " : "", nr_executable_num_instructions(exe, c));
     printf("], \"kinds\": [");
+    int first = 1; /* a core may have no instructions */
     for (size_t c = 0; c < nr_executable_num_cores(exe); ++c)
-      for (size_t i = 0; i < nr_executable_num_instructions(exe, c); ++i)
-        printf("%s\"%s\"", c || i ? ", " : "", nr_executable_instruction_kind(exe, c, i));
+      for (size_t i = 0; i < nr_executable_num_instructions(exe, c); ++i, first = 0)
+        printf("%s\"%s\"", first ? "" : ", ", nr_executable_instruction_kind(exe, c, i));
     printf("], \"arena_bytes\": %llu, \"constants\": {\"count\": %zu, \"bytes\": %llu}}\n",
            (unsigned long long)nr_executable_arena_bytes(exe), nr_executable_num_constants(exe),
            (unsigned long long)nr_executable_constant_bytes(exe));
