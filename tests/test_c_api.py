@@ -264,3 +264,18 @@ def test_int8_mutants_agree_with_validate(inspect_c: Path, tmp_path: Path) -> No
         executable_fuzz.seed_executables = real
     print("C loader on 300 int8 mutants:", dict(outcomes))
     assert outcomes["accepted"] > 10 and outcomes["refused"] > 100
+
+
+def test_messages_quote_long_non_ascii_names_in_whole_characters(inspect_c: Path,
+                                                                 tmp_path: Path) -> None:
+    """Values are quoted shortened; a cut inside a UTF-8 character would make the
+    message itself invalid text."""
+    import msgpack
+
+    body = msgpack.unpackb(executable_fuzz.GOLDEN.read_bytes()[executable.HEADER_SIZE:],
+                           strict_map_key=False)
+    body["programs"][0][0]["kind"] = "é" * 60
+    (tmp_path / "m.neff").write_bytes(executable_fuzz.seal(msgpack.packb(body,
+                                                                         use_bin_type=True)))
+    [line] = _run(inspect_c, [tmp_path / "m.neff"])
+    assert line["code_name"] == "unsupported" and "é" * 20 + "...'" in line["message"], line

@@ -67,9 +67,11 @@ std::string show(const Node &n, int depth = 0) {
     case Type::Int: return i128(n.integer);
     case Type::Float: { char b[40]; snprintf(b, sizeof b, "%g", n.real); return b; }
     case Type::Str: {
-      std::string s(n.str().substr(0, 40));
+      size_t cut = std::min<size_t>(n.size, 40);
+      while (cut < n.size && cut > 0 && (n.data[cut] & 0xC0) == 0x80) --cut;  // whole characters
+      std::string s(n.str().substr(0, cut));
       for (char &c : s) if (uint8_t(c) < 0x20) c = '?';
-      return "'" + s + (n.size > 40 ? "...'" : "'");
+      return "'" + s + (cut < n.size ? "...'" : "'");
     }
     case Type::Bin: return "b<" + std::to_string(n.size) + " bytes>";
     case Type::Ext: return "ext<" + std::to_string(n.ext_type) + ">";
