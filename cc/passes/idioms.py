@@ -17,6 +17,10 @@ Layer normalization over the last axis (Keras' LayerNormalization, tf.nn.moments
 tf.nn.batch_normalization) arrives as ten to twelve ops: two means, a squared difference,
 rsqrt(var + eps), then x * inv + (beta - mean * inv) with inv = rsqrt(...) * gamma. As
 one `layer_norm` it is one pass over the rows (oneDNN's layer normalization).
+
+Each idiom is a rule for the rewrite driver (cc/rewrite.py): a pattern rooted at the
+instruction that is replaced, and an action checking what a pattern cannot say (the
+constants of the formula, x's type kept).
 """
 
 from __future__ import annotations
