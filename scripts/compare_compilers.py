@@ -34,15 +34,26 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"default": {}, "bf16_all": {"auto_cast": "all"},
             "fp16_matmult": {"auto_cast": "matmult", "auto_cast_type": "fp16"}}
 
-# Run inside each tree: compile the cases listed in argv[1] into the directory argv[2].
+# Run inside each tree: compile the cases listed in argv[1] into the directory argv[2],
+# importing neuronish, neuronish.cc and neuronish.runtime from the tree argv[3] alone (the
+# venv's editable install would map the last two to the tree it was installed from).
 RUNNER = r"""
-import json, sys
+import json, os, sys, tempfile
 from pathlib import Path
-import cc
-from cc.compiler import compile_executable
+tree = Path(sys.argv[3])
+sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()
+                 and "editable" not in getattr(f, "__name__", "").lower()]
+sys.path.insert(0, str(tree))
+import neuronish
+shim = Path(tempfile.mkdtemp())
+for name in ("cc", "runtime"):
+    os.symlink(tree / name, shim / name)
+neuronish.__path__.append(str(shim))
+from neuronish.cc.compiler import compile_executable
 from neuronish.runtime.executable import to_bytes
+import neuronish.cc, neuronish.runtime
 jobs, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
-print(cc.__file__, flush=True)
+print(neuronish.__file__, neuronish.cc.__file__, neuronish.runtime.__file__, flush=True)
 for job in jobs:
     exe = compile_executable(Path(job["graph"]).read_bytes(),
                              json.loads(Path(job["io"]).read_text()), **job["options"])
@@ -101,13 +112,13 @@ def _cached_models(limit: int | None) -> list[tuple[str, Path, Path]]:
 def _compile_all(tree: Path, jobs: list[dict], out: Path, tmp: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (tmp / "jobs.json").write_text(json.dumps(jobs))
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    run = subprocess.run([sys.executable, "-c", RUNNER, str(tmp / "jobs.json"), str(out)],
-                         cwd=tree, env=env, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", RUNNER, str(tmp / "jobs.json"), str(out),
+                          str(tree)], cwd=tree, env=env, capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"compiling in {tree} failed:\n{run.stderr[-4000:]}")
-    used = run.stdout.splitlines()[0]
-    if not used.startswith(str(tree)):
+    used = run.stdout.splitlines()[0].split()
+    if not all(str(Path(u).resolve()).startswith(str(tree.resolve())) for u in used):
         raise SystemExit(f"the compiler run for {tree} was imported from {used}")
 
 
