@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cc.proto import tf_graph_pb2 as pb  # noqa: E402
+from neuronish.cc.proto import tf_graph_pb2 as pb  # noqa: E402
 
 FEATURES = 8
 

@@ -170,6 +170,37 @@ class Node:
         return f"Node({self.kind}, origin={self.origin})"
 
 
+class _Outputs(list):
+    """The graph's outputs: a list that knows its value ids, so `Graph.is_output` is
+    O(1) however many outputs there are (every in-place change drops the cached set)."""
+
+    _ids: set[int] | None = None
+
+    def ids(self) -> set[int]:
+        if self._ids is None:
+            self._ids = {v.id for v in self}
+        return self._ids
+
+    def _changed(self) -> None:
+        self._ids = None
+
+
+def _dropping_ids(name: str) -> Callable:
+    method = getattr(list, name)
+
+    def changed(self: _Outputs, *args: object) -> object:
+        self._ids = None
+        return method(self, *args)
+
+    changed.__name__ = name
+    return changed
+
+
+for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend",
+              "insert", "pop", "remove", "clear", "reverse", "sort"):
+    setattr(_Outputs, _name, _dropping_ids(_name))
+
+
 class Graph:
     """Inputs, outputs and a schedule of nodes in topological order, with use lists.
 
@@ -187,7 +218,7 @@ class Graph:
                  input_batch_axes: list[int] | None = None,
                  output_batch_axes: list[int] | None = None):
         self.inputs = inputs
-        self.outputs = outputs  # a plain list: readers of a value include these
+        self.outputs = outputs  # (graph outputs are not nodes: see `is_output`)
         # Batch axis per graph input/output (-1: none), parallel to inputs/outputs.
         self.input_batch_axes = input_batch_axes if input_batch_axes is not None else []
         self.output_batch_axes = output_batch_axes if output_batch_axes is not None else []
@@ -202,6 +233,14 @@ class Graph:
         # Called with each node an edit touches (the rewrite driver's worklist).
         self.listeners: list[Callable[[Node], None]] = []
         self.nodes = nodes
+
+    @property
+    def outputs(self) -> list[Value]:
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, new: Iterable[Value]) -> None:
+        self._outputs = _Outputs(new)
 
     # -- the schedule -------------------------------------------------------------------
 
@@ -381,7 +420,7 @@ class Graph:
         return self._use_counts.get(v.id, 0)
 
     def is_output(self, v: Value) -> bool:
-        return any(o is v for o in self.outputs)
+        return v.id in self._outputs.ids()
 
     def consumers(self) -> dict[int, list[Node]]:
         """value id -> the nodes reading it (a snapshot of the use lists)."""

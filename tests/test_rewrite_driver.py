@@ -8,13 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from cc import kinds
-from cc.errors import VerificationError
-from cc.ir import Graph, Node, TensorType, Value, constant
-from cc.passes.fuse import fold_scale_shift, fuse_activation
-from cc.pipeline import Pass, run_pipeline
-from cc.rewrite import Pat, Rule, rewrite
-from cc.verify import verify
+from neuronish.cc import kinds
+from neuronish.cc.errors import VerificationError
+from neuronish.cc.ir import Graph, Node, TensorType, Value, constant
+from neuronish.cc.passes.fuse import fold_scale_shift, fuse_activation
+from neuronish.cc.pipeline import Pass, run_pipeline
+from neuronish.cc.rewrite import Pat, Rule, rewrite
+from neuronish.cc.verify import verify
 
 F32 = TensorType((2, 4), "float32")
 
@@ -227,3 +227,21 @@ def test_an_edit_no_graph_can_see_makes_the_next_check_a_full_one() -> None:
 
     with pytest.raises(VerificationError, match="after pass retype_input.*typed"):
         run_pipeline(_chain(20), [Pass("retype_input", retype_input)])
+
+
+def test_is_output_follows_every_change_of_the_outputs_list() -> None:
+    a, b, c = (Value(F32) for _ in range(3))
+    g = Graph([a], [a, b])
+    assert g.is_output(b) and not g.is_output(c)
+    g.outputs[1] = c
+    assert g.is_output(c) and not g.is_output(b)
+    g.outputs.append(b)
+    assert g.is_output(b)
+    g.outputs.pop()
+    assert not g.is_output(b)
+    g.outputs += [b]
+    assert g.is_output(b)
+    del g.outputs[-1]
+    assert not g.is_output(b)
+    g.outputs = [b]
+    assert g.is_output(b) and not g.is_output(a)
