@@ -63,6 +63,9 @@ class Pat:
     def match(self, graph: Graph, v: Value, bound: dict[str, Value] | None = None
               ) -> dict[str, Value] | None:
         """The names bound if `v` matches (a new dict), else None."""
+        if self.fn is not None and v.producer is not None \
+                and not _is(v.producer.attrs.get("fn"), self.fn):
+            return None  # (the common miss, before any dict is made)
         bound = dict(bound or {})
         return bound if self._match(graph, v, bound) else None
 
@@ -130,6 +133,7 @@ class Rule:
 
 def rewrite(graph: Graph, rules: Iterable[Rule]) -> Graph:
     """Apply `rules` until none applies (see the module docstring)."""
+    rules = list(rules)
     by_kind: dict[str, list[Rule]] = {}
     anywhere: list[Rule] = []
     for rule in rules:
@@ -139,6 +143,9 @@ def rewrite(graph: Graph, rules: Iterable[Rule]) -> Graph:
         else:
             for kind in (kinds,) if isinstance(kinds, str) else kinds:
                 by_kind.setdefault(kind, []).append(rule)
+    # rules by node kind, in the order given; every kind gets the kind-free rules
+    for kind in by_kind:
+        by_kind[kind] = [r for r in rules if r in by_kind[kind] or r in anywhere]
     work: deque[Node] = deque(graph.nodes)
     queued = set(work)
     journal: list[Node] = []
@@ -149,7 +156,7 @@ def rewrite(graph: Graph, rules: Iterable[Rule]) -> Graph:
             queued.discard(node)
             if node.graph is not graph:
                 continue
-            for rule in (*by_kind.get(node.kind, ()), *anywhere):
+            for rule in by_kind.get(node.kind, anywhere):
                 if len(node.outputs) != 1:
                     break
                 bound = rule.pattern.match(graph, node.outputs[0])

@@ -48,11 +48,12 @@ def verify(graph: Graph, changed: Collection[Node] | None = None) -> None:
     """Raise VerificationError at the first broken invariant; type-check only the nodes
     in `changed` (every node if None)."""
     defined = {v.id for v in graph.inputs}
+    everything = changed is None
     for node in graph.nodes:
-        if changed is None or node in changed:
+        if everything or node in changed:
             _check_types(graph, node)
         for v in node.inputs:
-            if not v.is_const and v.id not in defined:
+            if v.id not in defined and not v.is_const:
                 raise _fail(graph, node, f"{node.kind} reads a value before it is defined "
                                          "(nodes out of order, or a dangling value)")
         for o in node.outputs:
