@@ -28,7 +28,7 @@ op type without a declaration is taken as mixing: the default is safe.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -481,6 +481,7 @@ class Lowered:
     values: dict[TensorRef, np.ndarray | None]
     const_reads: dict[str, set[int]]  # node -> inputs the lowering took as constants
     failed: dict[str, str]  # node -> why it could not be lowered at this batch
+    output_counts: dict[str, int]  # node -> how many tensors it produces
 
 
 def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
@@ -492,65 +493,87 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
     needed node or output reads; `outputs` pairs each output with its declared batch
     axis; `at_batch`/`at_next` are lowerings at `batch` and `batch + 1`; `rules` maps op
     types to their declared batch rule (None: undeclared)."""
-    facts: dict[TensorRef, Fact] = {ref: (Fact("sample", a) if a >= 0 else FREE)
-                                    for ref, a in fed.items()}
-    problems: list[NodeProblem] = []
-    reported: set[str] = set()
+    walk = _Walk(used, batch, at_batch, at_next, rules,
+                 {ref: (Fact("sample", a) if a >= 0 else FREE) for ref, a in fed.items()})
     fed_nodes = {r.node for r in fed}
     for node in order:
-        if node.name in fed_nodes:
-            continue
-        refs = _node_outputs(node, at_batch)
-        ins = [facts.get(r, MIXED) for r in node.inputs]
-        if node.name in at_next.failed and any(f.kind != "free" for f in ins):
-            problems.append(NodeProblem(
-                node.name, node.op, f"does not accept batch size {batch + 1} (compiled for "
-                f"{batch}), so chunks of another batch would fail: {at_next.failed[node.name]}",
-                _HINT))
-            reported.add(node.name)
-            _set(facts, refs, MIXED)
-            continue
-        if any(f.kind == "mixed" for f in ins):
-            _set(facts, refs, MIXED)  # explained where it started
-            continue
-        if refs and all(at_batch.values.get(r) is not None for r in refs):
+        if node.name not in fed_nodes:
+            walk.visit(node)
+    walk.check_outputs(outputs, {n.name: n.op for n in order})
+    return walk.problems
+
+
+@dataclass
+class _Walk:
+    """One pass over the graph in topological order, giving each tensor its fact."""
+
+    used: set[TensorRef]
+    batch: int
+    at_batch: Lowered
+    at_next: Lowered
+    rules: dict[str, BatchRule | None]
+    facts: dict[TensorRef, Fact]
+    problems: list[NodeProblem] = field(default_factory=list)
+    reported: set[str] = field(default_factory=set)
+
+    def visit(self, node: TFNode) -> None:
+        refs = _node_outputs(node, self.at_batch)
+        ins = [self.facts.get(r, MIXED) for r in node.inputs]
+        if node.name in self.at_next.failed and any(f.kind != "free" for f in ins):
+            self._report(node, f"does not accept batch size {self.batch + 1} (compiled for "
+                         f"{self.batch}), so chunks of another batch would fail: "
+                         f"{self.at_next.failed[node.name]}")
+            _set(self.facts, refs, MIXED)
+        elif any(f.kind == "mixed" for f in ins):
+            _set(self.facts, refs, MIXED)  # explained where it started
+        elif refs and all(self.at_batch.values.get(r) is not None for r in refs):
             for r in refs:  # computed at compile time
-                facts[r] = _static_fact(at_batch.values[r], at_next.values.get(r), batch)
-            continue
-        if all(f.kind == "free" for f in ins):
-            _set(facts, refs, FREE)
-            continue
+                self.facts[r] = _static_fact(self.at_batch.values[r],
+                                             self.at_next.values.get(r), self.batch)
+        elif all(f.kind == "free" for f in ins):
+            _set(self.facts, refs, FREE)
+        else:
+            self._judge(node, refs, ins)
+
+    def _judge(self, node: TFNode, refs: list[TensorRef], ins: list[Fact]) -> None:
+        """A node some of whose inputs depend on the batch: apply its rule."""
         known: list[Fact] | None = None
-        reads = at_next.const_reads.get(node.name, set())
+        reads = self.at_next.const_reads.get(node.name, set())
         data_size = [i for i, f in enumerate(ins) if f.kind == "size" and i not in reads]
         if data_size:
             reason = (f"reads the batch size as a value (input {data_size[0]}, "
                       f"{node.inputs[data_size[0]]}, is computed from the batch's shape)")
         elif not any(f.kind == "sample" for f in ins):
-            reason = _free_but_resized(node, refs, at_batch, at_next, batch)
+            reason = _free_but_resized(node, refs, self.at_batch, self.at_next, self.batch)
         else:
-            reason, known = _apply_rule(node, refs, ins, used, at_batch, at_next, batch, rules)
+            reason, known = _apply_rule(node, refs, ins, self.used, self.at_batch,
+                                        self.at_next, self.batch, self.rules)
         if reason is not None:
-            problems.append(NodeProblem(node.name, node.op, f"mixes samples across the batch: "
-                                        f"{reason}", _HINT))
-            reported.add(node.name)
-            known = None
+            self._report(node, f"mixes samples across the batch: {reason}")
             # Kept on TensorFlow, the node is computed whole and its result comes back
             # with the batch axis its shape shows: judge what reads it on that, so one
             # compile names every mixing node, not one per round.
+            known = None
         for k, r in enumerate(refs):
             f = known[k] if known and k < len(known) and known[k] is not None else None
-            facts[r] = f or _shape_fact(at_batch.shapes.get(r), at_next.shapes.get(r), batch)
-    for ref, axis in outputs:
-        f = facts.get(ref, MIXED)
-        if f.kind == "mixed" or ref.node in reported:
-            continue
-        want = Fact("sample", axis) if axis >= 0 else FREE
-        if f != want and not (axis < 0 and f.kind == "size"):
-            problems.append(NodeProblem(
-                ref.node, next((n.op for n in order if n.name == ref.node), ""),
-                f"output {ref} is {f}, but the io-config gives it batch axis {axis}", _HINT))
-    return problems
+            self.facts[r] = f or _shape_fact(self.at_batch.shapes.get(r),
+                                             self.at_next.shapes.get(r), self.batch)
+
+    def check_outputs(self, outputs: list[tuple[TensorRef, int]], ops: dict[str, str]) -> None:
+        """Each output's fact against the batch axis the io-config declares for it."""
+        for ref, axis in outputs:
+            f = self.facts.get(ref, MIXED)
+            if f.kind == "mixed" or ref.node in self.reported:
+                continue
+            want = Fact("sample", axis) if axis >= 0 else FREE
+            if f != want and not (axis < 0 and f.kind == "size"):
+                self.problems.append(NodeProblem(
+                    ref.node, ops.get(ref.node, ""),
+                    f"output {ref} is {f}, but the io-config gives it batch axis {axis}", _HINT))
+
+    def _report(self, node: TFNode, reason: str) -> None:
+        self.problems.append(NodeProblem(node.name, node.op, reason, _HINT))
+        self.reported.add(node.name)
 
 
 _HINT = ("keep this node on TensorFlow (the partitioner does this when it compiles a "
@@ -600,11 +623,7 @@ _REPEATS_PER_SAMPLE = frozenset({"Fill", "BroadcastTo", "Tile"})
 
 
 def _node_outputs(node: TFNode, lowered: Lowered) -> list[TensorRef]:
-    refs, k = [], 0
-    while TensorRef(node.name, k) in lowered.shapes:
-        refs.append(TensorRef(node.name, k))
-        k += 1
-    return refs
+    return [TensorRef(node.name, k) for k in range(lowered.output_counts.get(node.name, 0))]
 
 
 def _set(facts: dict[TensorRef, Fact], refs: list[TensorRef], fact: Fact) -> None:

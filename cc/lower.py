@@ -249,7 +249,7 @@ def lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None = None) -> 
     _check_output_batch_axes(io, values, problems)
     fixed_batch = []
     if not problems.all(order):
-        mixing = _batch_problems(order, fed, fed_nodes, values, io)
+        mixing = _batch_problems(order, fed, fed_nodes, values, output_counts, io)
         if any(spec.batch_axis_given for spec in fed.values()):
             problems.nodes += mixing
         else:
@@ -302,7 +302,7 @@ class _ConstReads(LowerCtx):
 
 def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
                     fed_nodes: set[str], values: dict[TensorRef, Value],
-                    io: IOConfig) -> list[NodeProblem]:
+                    output_counts: dict[str, int], io: IOConfig) -> list[NodeProblem]:
     """The nodes that would make a batch split into chunks give other numbers
     (`batch.check`), found by lowering the graph again at the compiled batch + 1."""
     batches = {spec.shape[spec.batch_axis] for spec in fed.values() if spec.batch_axis >= 0}
@@ -322,7 +322,7 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
     for node in order:
         if node.name in fed_nodes:
             continue
-        refs = [TensorRef(node.name, k) for k in range(_count(values, node.name))]
+        refs = [TensorRef(node.name, k) for k in range(output_counts.get(node.name, 0))]
         if not any(r.node in reached for r in node.inputs):
             for r in refs:
                 nxt[r] = values[r]
@@ -339,21 +339,15 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
     used = {r for node in order for r in node.inputs} | {TensorRef.parse(n) for n in io.outputs}
     outputs = [(TensorRef.parse(n), a) for n, a in zip(io.outputs, _declared_axes(io, values))]
     return batch.check(order, {ref: spec.batch_axis for ref, spec in fed.items()}, used,
-                       outputs, b, _facts(values, {}, {}), _facts(nxt, ctx.reads, failed),
+                       outputs, b, _facts(values, {}, {}, output_counts),
+                       _facts(nxt, ctx.reads, failed, output_counts),
                        {op: lowering.batch for op, lowering in LOWERINGS.items()})
 
 
-def _count(values: dict[TensorRef, Value], node: str) -> int:
-    k = 0
-    while TensorRef(node, k) in values:
-        k += 1
-    return k
-
-
 def _facts(values: dict[TensorRef, Value], reads: dict[str, set[int]],
-           failed: dict[str, str]) -> batch.Lowered:
+           failed: dict[str, str], output_counts: dict[str, int]) -> batch.Lowered:
     return batch.Lowered({r: v.shape for r, v in values.items()},
-                         {r: v.data for r, v in values.items()}, reads, failed)
+                         {r: v.data for r, v in values.items()}, reads, failed, output_counts)
 
 
 def _declared_axes(io: IOConfig, values: dict[TensorRef, Value]) -> list[int]:

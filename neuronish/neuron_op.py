@@ -12,6 +12,7 @@ when it loads. The attribute contract is docs/contracts.md's `NeuronOp` table.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import tensorflow as tf
@@ -39,6 +40,43 @@ def _shape_proto(shape: Sequence[int]) -> tensor_shape_pb2.TensorShapeProto:
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in shape])
 
 
+@dataclass(frozen=True, kw_only=True)
+class StatedSignature:
+    """The compiled signature a caller states for a `NeuronOp` (tensor names inside the
+    subgraph, dtypes, static shapes, batch axes with -1 for none). Each field left None
+    is read from the executable; each one given must match it."""
+
+    input_names: Sequence[str] | None = None
+    input_dtypes: Sequence[DTypeLike] | None = None
+    input_shapes: Sequence[Sequence[int]] | None = None
+    input_batch_axis: Sequence[int] | None = None
+    output_names: Sequence[str] | None = None
+    output_dtypes: Sequence[DTypeLike] | None = None
+    output_shapes: Sequence[Sequence[int]] | None = None
+    output_batch_axis: Sequence[int] | None = None
+
+    def resolve(self, node: str, exe: Executable) -> dict[str, list]:
+        """Each field's values, checked against `exe` (ValueError naming the field)."""
+        def dtype(d: DTypeLike) -> str:
+            return tf.as_dtype(d).name
+
+        def shape(s: Sequence[int]) -> tuple[int, ...]:
+            return tuple(int(d) for d in s)
+
+        # field suffix -> (the TensorSig attribute it states, how values compare)
+        how: dict[str, tuple[str, Callable[[Any], Any]]] = {
+            "names": ("name", str), "dtypes": ("dtype", dtype), "shapes": ("shape", shape),
+            "batch_axis": ("batch_axis", int)}
+        resolved = {}
+        for f in fields(self):
+            side, _, what = f.name.partition("_")
+            attribute, normalize = how[what]
+            sigs = exe.inputs if side == "input" else exe.outputs
+            resolved[f.name] = _resolve(node, f.name, getattr(self, f.name), sigs, attribute,
+                                        normalize)
+        return resolved
+
+
 def _resolve(node: str, what: str, given: Sequence | None, sigs: list[TensorSig],
              field: str, normalize: Callable[[Any], Any]) -> list:
     """`given` if it matches the executable's signature, the signature's values if None."""
@@ -59,16 +97,9 @@ def neuron_op_node_def(
     executable: bytes,
     graph_def: bytes | graph_pb2.GraphDef,
     *,
-    input_names: Sequence[str] | None = None,
-    input_dtypes: Sequence[DTypeLike] | None = None,
-    input_shapes: Sequence[Sequence[int]] | None = None,
-    input_batch_axis: Sequence[int] | None = None,
-    output_names: Sequence[str] | None = None,
-    output_dtypes: Sequence[DTypeLike] | None = None,
-    output_shapes: Sequence[Sequence[int]] | None = None,
-    output_batch_axis: Sequence[int] | None = None,
     model_config: Sequence[int] = UNBOUND_MODEL_CONFIG,
     device: str = "",
+    **stated: Sequence | None,
 ) -> node_def_pb2.NodeDef:
     """A `NeuronOp` NodeDef running `executable` on the tensors `inputs`.
 
@@ -79,22 +110,22 @@ def neuron_op_node_def(
     executable: the compiler's output for the subgraph.
     graph_def: the subgraph the executable was compiled from (kept for debugging
         and fallback), serialized or as a GraphDef.
-    input_names ... output_batch_axis: the compiled signature (tensor names inside
-        the subgraph, dtypes, static shapes, batch axes with -1 for none). Each one
-        left as None is read from the executable; each one given must match it.
     model_config: `[global_opt_num_cores, this_opt_num_cores, max_num_duplicates,
         timeout_s, core_group_index]`, -1 = unbound (see kernel_bridge.ModelConfig);
         shorter lists are padded with -1.
     device: the node's device string; empty lets TensorFlow place it (CPU).
+    stated: `input_names` ... `output_batch_axis`, the fields of `StatedSignature`:
+        the compiled signature, each one left out read from the executable.
 
     Raises ValueError when a given argument disagrees with the executable, and
     neuronish.runtime.ExecutableError when the executable is corrupt.
     """
-    node = neuron_op_shell(
-        name, inputs, from_bytes(executable), input_names=input_names,
-        input_dtypes=input_dtypes, input_shapes=input_shapes, input_batch_axis=input_batch_axis,
-        output_names=output_names, output_dtypes=output_dtypes, output_shapes=output_shapes,
-        output_batch_axis=output_batch_axis, model_config=model_config, device=device)
+    unknown = sorted(set(stated) - {f.name for f in fields(StatedSignature)})
+    if unknown:
+        raise TypeError(f"neuron_op_node_def: unknown argument(s) {unknown}; the signature's "
+                        f"are {[f.name for f in fields(StatedSignature)]}")
+    node = neuron_op_shell(name, inputs, from_bytes(executable), StatedSignature(**stated),
+                           model_config=model_config, device=device)
     if isinstance(graph_def, graph_pb2.GraphDef):
         graph_def = graph_def.SerializeToString()
     node.attr["graph_def"].s = bytes(graph_def)
@@ -106,15 +137,8 @@ def neuron_op_shell(
     name: str,
     inputs: Sequence[str],
     exe: Executable,
+    stated: StatedSignature = StatedSignature(),
     *,
-    input_names: Sequence[str] | None = None,
-    input_dtypes: Sequence[DTypeLike] | None = None,
-    input_shapes: Sequence[Sequence[int]] | None = None,
-    input_batch_axis: Sequence[int] | None = None,
-    output_names: Sequence[str] | None = None,
-    output_dtypes: Sequence[DTypeLike] | None = None,
-    output_shapes: Sequence[Sequence[int]] | None = None,
-    output_batch_axis: Sequence[int] | None = None,
     model_config: Sequence[int] = UNBOUND_MODEL_CONFIG,
     device: str = "",
 ) -> node_def_pb2.NodeDef:
@@ -130,22 +154,7 @@ def neuron_op_shell(
     if len(model_config) > 5:
         raise ValueError(f"NeuronOp '{name}': model_config has {len(model_config)} entries; "
                          "expected at most 5")
-
-    def dtype(d: DTypeLike) -> str:
-        return tf.as_dtype(d).name
-
-    def shape(s: Sequence[int]) -> tuple[int, ...]:
-        return tuple(int(d) for d in s)
-
-    in_names = _resolve(name, "input_names", input_names, exe.inputs, "name", str)
-    in_dtypes = _resolve(name, "input_dtypes", input_dtypes, exe.inputs, "dtype", dtype)
-    in_shapes = _resolve(name, "input_shapes", input_shapes, exe.inputs, "shape", shape)
-    in_axes = _resolve(name, "input_batch_axis", input_batch_axis, exe.inputs, "batch_axis", int)
-    out_names = _resolve(name, "output_names", output_names, exe.outputs, "name", str)
-    out_dtypes = _resolve(name, "output_dtypes", output_dtypes, exe.outputs, "dtype", dtype)
-    out_shapes = _resolve(name, "output_shapes", output_shapes, exe.outputs, "shape", shape)
-    out_axes = _resolve(name, "output_batch_axis", output_batch_axis, exe.outputs, "batch_axis",
-                        int)
+    sig = stated.resolve(name, exe)
 
     def types(dtypes: list[str]) -> attr_value_pb2.AttrValue:
         return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
@@ -166,13 +175,13 @@ def neuron_op_shell(
     node = node_def_pb2.NodeDef(name=name, op="NeuronOp", device=device,
                                 input=[_tensor_ref(t) for t in inputs])
     attr = node.attr
-    attr["Tin"].CopyFrom(types(in_dtypes))
-    attr["input_names"].CopyFrom(strings(in_names))
-    attr["input_shapes"].CopyFrom(shapes(in_shapes))
-    attr["input_batch_axis"].CopyFrom(ints(in_axes))
-    attr["output_names"].CopyFrom(strings(out_names))
-    attr["output_dtypes"].CopyFrom(types(out_dtypes))
-    attr["output_shapes"].CopyFrom(shapes(out_shapes))
-    attr["output_batch_axis"].CopyFrom(ints(out_axes))
+    attr["Tin"].CopyFrom(types(sig["input_dtypes"]))
+    attr["input_names"].CopyFrom(strings(sig["input_names"]))
+    attr["input_shapes"].CopyFrom(shapes(sig["input_shapes"]))
+    attr["input_batch_axis"].CopyFrom(ints(sig["input_batch_axis"]))
+    attr["output_names"].CopyFrom(strings(sig["output_names"]))
+    attr["output_dtypes"].CopyFrom(types(sig["output_dtypes"]))
+    attr["output_shapes"].CopyFrom(shapes(sig["output_shapes"]))
+    attr["output_batch_axis"].CopyFrom(ints(sig["output_batch_axis"]))
     attr["model_config"].CopyFrom(ints([*model_config, *[-1] * (5 - len(model_config))]))
     return node

@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from neuronish.runtime.executable import from_bytes
+from neuronish.runtime.executable import Executable, from_bytes
 
 from . import calibration, external, keras_files, tfn_compat
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
@@ -41,13 +42,19 @@ from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
 from .input_shapes import batch_of, compile_shapes
-from .neuron_op import neuron_op_shell
+from .neuron_op import StatedSignature, neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .partition.graph import GraphIndex
 from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 from .warmup_file import WARMUP_FILE, warmup_records
+
+if TYPE_CHECKING:
+    from tensorflow.core.framework import graph_pb2
+
+    from .partition import Partition, Subgraph
+    from .verification import Verdict
 
 
 def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from tensorflow-neuron)
@@ -149,11 +156,15 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
         keys = [i.key for i in signatures.frozen[0].inputs]
         samples = calibration.collect(calibration_data, keys)  # type: ignore[arg-type]
         int8 = _Int8(samples, calibration.fingerprint(samples), max_error)
-    options = _Options(batch_size, model_shape_feed_dict, model_feed_dict, minimum_segment_size,
-                       tuple(no_fuse_ops), tuple(force_fuse_ops), tuple(compiler_args),
-                       compiler_workdir, compiler_timeout, max_num_compilers,
-                       dynamic_batch_size, compiler_recovery, progress, verify,
-                       extras.op_whitelist, int8)
+    options = _Options(batch_size=batch_size, model_shape_feed_dict=model_shape_feed_dict,
+                       model_feed_dict=model_feed_dict,
+                       minimum_segment_size=minimum_segment_size,
+                       no_fuse_ops=tuple(no_fuse_ops), force_fuse_ops=tuple(force_fuse_ops),
+                       compiler_args=tuple(compiler_args), compiler_workdir=compiler_workdir,
+                       compiler_timeout=compiler_timeout, max_num_compilers=max_num_compilers,
+                       dynamic_batch_size=dynamic_batch_size,
+                       compiler_recovery=compiler_recovery, progress=progress, verify=verify,
+                       op_whitelist=extras.op_whitelist, int8=int8)
     # Files are hashed (for their names in assets/) on other threads, while the compilers
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
@@ -175,8 +186,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
             except (SavedModelError, SubgraphCompileError) as e:
                 warnings.warn(f"signature {other.signature_key!r} of {model_dir} stays on "
                               f"TensorFlow: {e}", CompileWarning, stacklevel=2)
-                extra = _Compiled(other, other.graph_def, dict(other.outputs), {}, None, [],
-                                  {}, [], [], error=str(e))
+                extra = _Compiled.left_on_tensorflow(other, str(e))
             more.append(extra)
         write_saved_model(done.graph_def, main, done.outputs, new_model_dir, done.blobs,
                           more=[ExportedSignature(m.graph_def, m.signature, m.outputs, m.blobs)
@@ -239,9 +249,11 @@ def _warmup_file(main: FrozenSignature, signatures: FrozenSignatures, options: _
                                         {i.key: feeds[i.key] for i in main.inputs})}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Options:
-    """The compile's arguments that each signature is compiled with."""
+    """The compile's arguments that each signature is compiled with, checked and
+    normalised by `compile` (names and flags as tuples); built by keyword only, so a new
+    argument is one field here and one keyword there."""
 
     batch_size: int
     model_shape_feed_dict: Mapping[str, Sequence[int]] | None
@@ -289,21 +301,28 @@ class _State:
     hashes: dict[str, Future[str]] = field(default_factory=dict)  # file -> its sha256
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class _Compiled:
     """One signature, compiled: its new graph and what the report says of it."""
 
     signature: FrozenSignature
-    graph_def: object
-    outputs: dict[str, str]
-    blobs: dict
-    part: object
-    compiled: list
-    excluded: dict[str, str]
-    failures: list[dict]
-    executables: list
-    verdicts: list = field(default_factory=list)
+    graph_def: graph_pb2.GraphDef  # with the NeuronOps spliced in
+    outputs: dict[str, str]  # signature output key -> tensor of `graph_def`
+    blobs: dict[str, dict[str, bytes | BlobFile]]  # NeuronOp -> its executable, graph_def
+    part: Partition | None  # None: the signature stays on TensorFlow whole (`error`)
+    compiled: list[tuple[Subgraph, CompileResult]]  # the subgraphs that became NeuronOps
+    excluded: dict[str, str]  # node -> why recovery kept it on TensorFlow
+    failures: list[dict]  # the compiler's refusals, round by round
+    executables: list[Executable]  # parsed, one per `compiled`, without constants
+    verdicts: list[Verdict] = field(default_factory=list)
     error: str | None = None
+
+    @classmethod
+    def left_on_tensorflow(cls, signature: FrozenSignature, error: str) -> _Compiled:
+        """A signature that could not be compiled, kept as it was."""
+        return cls(signature=signature, graph_def=signature.graph_def,
+                   outputs=dict(signature.outputs), blobs={}, part=None, compiled=[],
+                   excluded={}, failures=[], executables=[], error=error)
 
     def report(self, model_dir: str, new_model_dir: str, batch_size: int,
                seconds: float = 0.0) -> dict:
@@ -359,15 +378,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     results, graphs, hashes = state.results, state.graphs, state.hashes
     excluded: dict[str, str] = {}
     failures: list[dict] = []
-    verdicts: list = []
     o = options
-    minimum_segment_size, no_fuse_ops, force_fuse_ops = \
-        o.minimum_segment_size, o.no_fuse_ops, o.force_fuse_ops
-    compiler_args, compiler_workdir, compiler_timeout = \
-        o.compiler_args, o.compiler_workdir, o.compiler_timeout
-    max_num_compilers, dynamic_batch_size, compiler_recovery = \
-        o.max_num_compilers, o.dynamic_batch_size, o.compiler_recovery
-    progress, verify, model_feed_dict = o.progress, o.verify, example_feeds
     # What the compiler accepts, node by node, asked once: the partition avoids what it
     # would refuse, so the recovery rounds below are the rare path.
     support = compiler_support(graph_def)
@@ -376,14 +387,14 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     index = GraphIndex.build(graph_def)
     # Subgraphs built without copies of the large constants, written with them
     # (subgraph_files.py); verification runs the subgraphs in memory, so not then.
-    held = {} if verify else hold_constants(index)
+    held = {} if o.verify else hold_constants(index)
     mixing: dict[str, str] = {}  # nodes the compiler's batch check keeps on TensorFlow
     for round_ in range(MAX_RECOVERY_ROUNDS):
         part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
                          batch_size=batch_of(shapes, batch_size),
-                         no_fuse_ops=no_fuse_ops, force_fuse_ops=force_fuse_ops,
-                         minimum_segment_size=minimum_segment_size,
-                         dynamic_batch_size=dynamic_batch_size, exclude_nodes=excluded,
+                         no_fuse_ops=o.no_fuse_ops, force_fuse_ops=o.force_fuse_ops,
+                         minimum_segment_size=o.minimum_segment_size,
+                         dynamic_batch_size=o.dynamic_batch_size, exclude_nodes=excluded,
                          fetches=fetches, batch_mixing=mixing)
         if round_ == 0 and main and part.marking.unmatched_selectors:
             ignored = list(part.marking.unmatched_selectors)
@@ -391,7 +402,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
                           "op type of the graph; they were ignored (a typo?)", CompileWarning,
                           stacklevel=4)
         key_args = o.int8.key_args() if o.int8 else ()
-        digests = {sg.name: digest(sg, (*compiler_args, *key_args)) for sg in part.subgraphs}
+        digests = {sg.name: digest(sg, (*o.compiler_args, *key_args))
+                   for sg in part.subgraphs}
         todo = [sg for sg in part.subgraphs if digests[sg.name] not in results]
         extra = _int8_args(o.int8, signature, todo, scratch, round_)
         # Each subgraph is written to its file once, streamed (no copy of the weights
@@ -401,19 +413,19 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             graphs[digests[sg.name]] = file
             hashes[file.path] = hasher.submit(external.file_sha256, file.path)
         jobs = [CompileJob(sg.name, Path(graphs[digests[sg.name]].path), sg.io_config,
-                           (*compiler_args, *extra.get(sg.name, ()))) for sg in todo]
-        workdir = compiler_workdir if round_ == 0 or compiler_workdir is None else \
-            os.path.join(compiler_workdir, f"recovery-{round_}")
+                           (*o.compiler_args, *extra.get(sg.name, ()))) for sg in todo]
+        workdir = o.compiler_workdir if round_ == 0 or o.compiler_workdir is None else \
+            os.path.join(o.compiler_workdir, f"recovery-{round_}")
         for sg, result in zip(todo, compile_with_cache(
-                jobs, cache, cache_stats, max_num_compilers=max_num_compilers,
-                timeout=compiler_timeout, workdir=workdir, progress=progress,
+                jobs, cache, cache_stats, max_num_compilers=o.max_num_compilers,
+                timeout=o.compiler_timeout, workdir=workdir, progress=o.progress,
                 executables_dir=scratch), strict=True):
             results[digests[sg.name]] = result
             if result.executable_file is not None:
                 hashes[result.executable_file] = hasher.submit(external.file_sha256,
                                                                result.executable_file)
         newly_excluded = recover(part, results, digests, excluded, failures,
-                                 compiler_recovery, mixing)
+                                 o.compiler_recovery, mixing)
         if not newly_excluded:
             break
     else:
@@ -427,12 +439,12 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
     verdicts = []
-    if verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
+    if o.verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
         from .verification import verify_signature
 
         # int8 is judged on data like its calibration set: random inputs unlike it
         # (negative pixels for a uint8 input) would fail it for no fault of its own.
-        examples = model_feed_dict or (o.int8.samples[0] if o.int8 else None)
+        examples = example_feeds or (o.int8.samples[0] if o.int8 else None)
         compiled, verdicts = verify_signature(signature, shapes, examples, compiled,
                                               excluded)
     # Each executable is read once here, for its signature, core count and modelled
@@ -449,14 +461,14 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     replacements, blobs = [], {}
     for (sg, result), exe in zip(compiled, executables, strict=True):
         assert result.executable is not None
-        node = neuron_op_shell(
-            sg.name, sg.inputs, exe,
+        stated = StatedSignature(
             input_names=sg.input_names, input_dtypes=sg.input_dtypes,
             input_shapes=sg.input_shapes, input_batch_axis=sg.input_batch_axes,
             output_names=sg.output_names, output_dtypes=sg.output_dtypes,
-            output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes,
-            # duplicates and placement are left to the runtime
-            model_config=model_config(sum(cores), exe.num_cores))
+            output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes)
+        node = neuron_op_shell(sg.name, sg.inputs, exe, stated,
+                               # duplicates and placement are left to the runtime
+                               model_config=model_config(sum(cores), exe.num_cores))
         replacements.append((sg, node))
         executable = result.executable if result.executable_file is None else BlobFile(
             result.executable_file, len(result.executable),
@@ -466,8 +478,9 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             graph_file, sha256=hashes[graph_file.path].result())}
     new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
-    return _Compiled(signature, new_graph_def, outputs, blobs, part, compiled, excluded,
-                     failures, executables, verdicts)
+    return _Compiled(signature=signature, graph_def=new_graph_def, outputs=outputs, blobs=blobs,
+                     part=part, compiled=compiled, excluded=excluded, failures=failures,
+                     executables=executables, verdicts=verdicts)
 
 
 def _int8_args(int8: _Int8 | None, signature: FrozenSignature, todo: list, scratch: str,

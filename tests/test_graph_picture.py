@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,8 @@ def test_compile_draws_each_node_where_the_report_puts_it(partly_compiled) -> No
 def test_page_renders_in_headless_chromium(partly_compiled, tmp_path: Path) -> None:
     render_graph = _render_graph_module()
     if render_graph.browser() is None:
+        if os.environ.get("NEURONISH_REQUIRE_BROWSER"):  # CI installs it: missing is a failure
+            pytest.fail("chromium is not installed but NEURONISH_REQUIRE_BROWSER is set")
         pytest.skip("chromium is not installed (apt-get install -y chromium); the page's data "
                     "is checked by the other tests, its drawing is not")
     _, page = partly_compiled

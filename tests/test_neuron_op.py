@@ -141,6 +141,8 @@ def test_node_def_reads_the_signature_from_the_executable(dense) -> None:
         neuron_op_node_def("n", ["x"], exe, g.graph_def, input_dtypes=[tf.int32])
     with pytest.raises(ValueError, match="2 input tensor"):
         neuron_op_node_def("n", ["x", "y"], exe, g.graph_def)
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['input_shape'\]"):
+        neuron_op_node_def("n", ["x"], exe, g.graph_def, input_shape=[[4, 16]])  # a typo
 
 
 def test_shape_function_leaves_the_batch_unknown(dense) -> None:
