@@ -111,7 +111,8 @@ GRAPHS: dict[str, Callable[[int], pb.GraphDef]] = {
     "relu_chain": relu_chain, "addn": addn, "fusable": fusable}
 
 
-def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str]) -> dict:
+def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str],
+                 timeout: float | None = None) -> dict | None:
     """One `neuronish-cc compile --verbose` of `graph`: wall seconds, compile_seconds, and
     the per-pass lines it printed."""
     (workdir / "g.pb").write_bytes(graph.SerializeToString())
@@ -119,9 +120,13 @@ def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str]) -> dict
     io = {"inputs": {"x:0": [[4, FEATURES], "float32"]}, "outputs": [f"{output}:0"]}
     exe = workdir / "out.neff"
     start = time.perf_counter()
-    run = subprocess.run([*compiler, "compile", str(workdir / "g.pb"), "--framework",
-                          "TENSORFLOW", "--io-config", json.dumps(io), "--output", str(exe),
-                          "--verbose"], capture_output=True, text=True)
+    try:
+        run = subprocess.run([*compiler, "compile", str(workdir / "g.pb"), "--framework",
+                              "TENSORFLOW", "--io-config", json.dumps(io), "--output",
+                              str(exe), "--verbose"], capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None  # (the compiler is killed)
     wall = time.perf_counter() - start
     if run.returncode != 0:
         raise SystemExit(f"compile failed ({run.returncode}):\n{run.stderr[-3000:]}")
@@ -142,13 +147,19 @@ def main() -> None:
     parser.add_argument("--passes", action="store_true", help="print the slowest passes")
     parser.add_argument("--compiler", default=str(Path(sys.executable).parent / "neuronish-cc"),
                         help="the neuronish-cc to run (another tree's, to compare)")
+    parser.add_argument("--timeout", type=float, help="give up on a compile after this many "
+                        "seconds (printed as '> T s')")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, "
           f"compiler {args.compiler}")
     with tempfile.TemporaryDirectory(prefix="compiler-scale-") as tmp:
         for name in args.graphs:
             for n in args.nodes:
-                r = compile_once(GRAPHS[name](n), Path(tmp), [args.compiler])
+                r = compile_once(GRAPHS[name](n), Path(tmp), [args.compiler], args.timeout)
+                if r is None:
+                    print(f"{name:<11} {n:>7} nodes  > {args.timeout:.0f} s (stopped)",
+                          flush=True)
+                    continue
                 in_passes = sum(s for s, _ in r["passes"])
                 print(f"{name:<11} {n:>7} nodes  {r['wall']:7.2f} s wall  "
                       f"{in_passes:7.2f} s in passes  ({r['bytes']} bytes)", flush=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import mmap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,6 +199,23 @@ def _dropping_ids(name: str) -> Callable:
 for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend",
               "insert", "pop", "remove", "clear", "reverse", "sort"):
     setattr(_Outputs, _name, _dropping_ids(_name))
+
+
+class _UsesView(Mapping):
+    """value id -> [reader, ...] (a node once per operand), read from the use lists."""
+
+    def __init__(self, uses: dict[int, dict[Node, int]]):
+        self._uses = uses
+
+    def __getitem__(self, vid: int) -> list[Node]:
+        users = self._uses[vid]
+        return [n for n, k in users.items() for _ in range(k)]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._uses)
+
+    def __len__(self) -> int:
+        return len(self._uses)
 
 
 class Graph:
@@ -422,10 +439,11 @@ class Graph:
     def is_output(self, v: Value) -> bool:
         return v.id in self._outputs.ids()
 
-    def consumers(self) -> dict[int, list[Node]]:
-        """value id -> the nodes reading it (a snapshot of the use lists)."""
-        return {vid: [n for n, k in users.items() for _ in range(k)]
-                for vid, users in self._uses.items()}
+    def consumers(self) -> Mapping[int, list[Node]]:
+        """value id -> the nodes reading it, as `uses` gives them: a live read-only view
+        of the use lists, so asking for it costs nothing (passes that once rebuilt a
+        consumers map after every edit may simply ask again)."""
+        return _UsesView(self._uses)
 
     def constants(self) -> list[Value]:
         seen: dict[int, Value] = {}
