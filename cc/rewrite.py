@@ -17,7 +17,7 @@ Each rewrite touches a bounded neighbourhood, so a run costs about the node coun
 times the rules tried per node, not the node count squared as a rescan-until-nothing-
 changes loop with a rebuilt consumers map did (40 s for 20,000 nodes).
 
-    ADD_OF_CONST = Pat("binary", fn="add", inputs=(Pat(name="x"), Pat.scalar(0.0)))
+    ADD_OF_CONST = Pat("binary", fn="add", inputs=(Pat(name="x"), Pat.const(0.0)))
     rules = [Rule("add_zero", ADD_OF_CONST, lambda g, node, m: ...)]
 """
 
