@@ -1,7 +1,8 @@
-"""Latency of the native engine's newer loops (engine.cc op codes 20-29) against the numpy
-reference engine and TensorFlow, one graph per kind, medians of 15 calls in ms.
+"""Latency of the native engine's own loops (engine.cc op codes 20-29, and 50-59: every
+dtype) against the numpy reference engine and TensorFlow, one graph per kind, medians of
+15 calls in ms.
 
-    PYTHONPATH=. python benchmarks/native_loops.py
+    PYTHONPATH=. python benchmarks/native_loops.py [substring ...]
 """
 
 from __future__ import annotations
@@ -31,6 +32,18 @@ CASES = [
     ("cumsum 64x1024 axis 1", lambda x: tf.math.cumsum(x, axis=1), _f32(64, 1024)),
     ("top_k 64x1000 k 5", lambda x: tf.math.top_k(x, 5).values, _f32(64, 1000)),
     ("argmax 64x1000", lambda x: tf.math.argmax(x, axis=1), _f32(64, 1000)),
+    ("argmax 64x30522 (logits)", lambda x: tf.math.argmax(x, axis=1), _f32(64, 30522)),
+    ("argmax 1x256x256x21 axis 3 (segmentation)", lambda x: tf.math.argmax(x, axis=3),
+     _f32(1, 256, 256, 21)),
+    ("argmax 8x512x768 axis 1", lambda x: tf.math.argmax(x, axis=1), _f32(8, 512, 768)),
+    ("float16 softmax 64x1000", tf.nn.softmax, _f32(64, 1000).astype(np.float16)),
+    ("float16 matmul 256x512 @ 512x512", lambda x: tf.matmul(x, tf.constant(
+        _f32(512, 512).astype(np.float16))), _f32(256, 512).astype(np.float16)),
+    ("float64 matmul 64x256 @ 256x256", lambda x: tf.matmul(x, tf.constant(
+        _f32(256, 256).astype(np.float64))), _f32(64, 256).astype(np.float64)),
+    ("float64 erf 64x4096", tf.math.erf, _f32(64, 4096).astype(np.float64)),
+    ("int64 floor_div 64x4096", lambda x: tf.math.floordiv(tf.cast(x * 100, tf.int64), 7),
+     _f32(64, 4096)),
     ("mirror pad reflect 8x64x64x32", lambda x: tf.pad(
         x, [[0, 0], [3, 3], [3, 3], [0, 0]], mode="REFLECT"), _f32(8, 64, 64, 32)),
     ("conv3d 2x16x32x32x16 k3 -> 32", lambda x: tf.nn.conv3d(
@@ -50,8 +63,10 @@ def _median_ms(fn: Callable[[], object], n: int = 15) -> float:
     return statistics.median(times) * 1e3
 
 
-def main() -> None:
+def main(only: list[str]) -> None:
     for name, fn, x in CASES:
+        if only and not any(o in name for o in only):
+            continue
         g = trace(fn, tf.TensorSpec(x.shape, tf.as_dtype(x.dtype), name="in0"))
         exe = compile_graph(g.graph_def, g.io_config)
         feeds = {"in0:0": x}
@@ -68,4 +83,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

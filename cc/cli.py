@@ -348,11 +348,15 @@ def _print_modelled(exe, modelled) -> None:  # noqa: ANN001 (Executable, Estimat
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # No prefix abbreviations: `--outp DIR` must not reach --output (the compile driver
+    # owns that flag and refuses it in compiler_args by name), and a flag added later
+    # must not change what an existing abbreviation meant.
     p = argparse.ArgumentParser(prog="neuronish-cc", description="Compile TensorFlow graphs for "
-                                "the neuronish device.")
+                                "the neuronish device.", allow_abbrev=False)
     p.add_argument("--version", action="version", version=f"neuronish-cc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compile", help="compile a GraphDef into an executable")
+    c = sub.add_parser("compile", allow_abbrev=False,
+                       help="compile a GraphDef into an executable")
     c.add_argument("graph", help="GraphDef file: binary .pb or text .pbtxt")
     c.add_argument("--framework", required=True, choices=["TENSORFLOW"])
     c.add_argument("--io-config", required=True, help="JSON (inline or a file path)")
@@ -375,13 +379,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip this pass (every run of it), for debugging; repeatable")
     c.add_argument("--device-model", metavar="FILE", help="device description (JSON) for the "
                    "modelled times; default $NEURONISH_DEVICE_MODEL, else Inferentia2-like")
-    lo = sub.add_parser("list-operators", help="print the supported TF op types, one per line")
+    lo = sub.add_parser("list-operators", allow_abbrev=False,
+                        help="print the supported TF op types, one per line")
     lo.add_argument("--framework", required=True, choices=["TENSORFLOW"])
     lo.add_argument("--json", action="store_true", help="machine-readable: op types with their "
                     "summaries and whether they check attribute values")
     lo.add_argument("--check", metavar="GRAPH", help="with --json: also name the nodes of this "
                     "GraphDef whose attribute values the compiler refuses, with the reason")
-    i = sub.add_parser("inspect", help="describe an executable (or a compiled SavedModel's)")
+    i = sub.add_parser("inspect", allow_abbrev=False,
+                       help="describe an executable (or a compiled SavedModel's)")
     i.add_argument("executable")
     i.add_argument("--json", action="store_true")
     i.add_argument("--device-model", metavar="FILE", help="device description (JSON) to model "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neuronish.runtime import isa
 from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
 from neuronish.runtime.native.spec import numpy_instructions
 
@@ -28,22 +29,9 @@ AUTO_CAST_TYPES = ("bf16", "fp16")
 
 
 def flops(node: Node) -> int:
-    """Estimated arithmetic of one instruction (multiply-adds count two)."""
-    out = node.outputs[0].shape
-    size = int(np.prod(out, dtype=np.int64))
-    if node.kind in ("conv2d", "conv2d_int8"):
-        kh, kw, c, _ = node.inputs[1].shape
-        return 2 * size * kh * kw * c
-    if node.kind == "depthwise_conv2d":
-        kh, kw = node.inputs[1].shape[:2]
-        return 2 * size * kh * kw
-    if node.kind == "matmul_int8":
-        return 2 * size * node.inputs[1].shape[0]
-    if node.kind == "matmul":
-        a = node.inputs[0].shape
-        k = a[-2] if node.attrs.get("transpose_a") else a[-1]
-        return 2 * size * k
-    return size
+    """Estimated arithmetic of one instruction (runtime/isa.py's rule)."""
+    return isa.flops(node.kind, [v.shape for v in node.inputs], [v.shape for v in node.outputs],
+                     node.attrs)
 
 
 def _distinct_outputs(graph: Graph) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neuronish.runtime import isa
 from neuronish.runtime.executable import Executable, Instruction
 from neuronish.runtime.files import FileRefused, read_json
 
@@ -217,21 +218,6 @@ def _cost(ins: Instruction, exe: Executable, device: DeviceDescription, mode: st
 
 
 def _flops(ins: Instruction, in_types: list, out_types: list) -> int:
-    """Arithmetic of one instruction (a multiply-add counts two)."""
-    out = int(np.prod(out_types[0][0], dtype=np.int64)) if out_types else 0
-    if ins.kind == "conv2d":
-        kh, kw, cg, _ = in_types[1][0]
-        return 2 * out * kh * kw * cg
-    if ins.kind == "depthwise_conv2d":
-        kh, kw = in_types[1][0][:2]
-        return 2 * out * kh * kw
-    if ins.kind == "matmul":
-        a = in_types[0][0]
-        k = a[-2] if ins.attrs.get("transpose_a") else a[-1]
-        return 2 * out * k
-    if ins.kind == "pool":
-        kh, kw = ins.attrs.get("ksize", (1, 1))
-        return out * kh * kw
-    if ins.kind in ("reduce", "softmax", "layer_norm"):  # each input element is combined
-        return int(np.prod(in_types[0][0], dtype=np.int64)) if in_types else out
-    return out
+    """Arithmetic of one instruction (runtime/isa.py's rule)."""
+    return isa.flops(ins.kind, [shape for shape, _ in in_types],
+                     [shape for shape, _ in out_types], ins.attrs)

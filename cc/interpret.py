@@ -10,7 +10,8 @@ kernels the device runs. One reference interpreter means a folded constant can
 never differ from what the device would have computed (rounding, integer
 overflow, NaN handling), and each kind's semantics are written once (docs/isa.md).
 The kernels import only numpy and scipy, never TensorFlow, so the compiler's
-start-up stays fast. `cc/memory.py` is the one other such import.
+start-up stays fast. No other compiler module imports the kernels (the memory plan's
+scratch sizes are runtime/isa.py's rule).
 """
 
 from __future__ import annotations

@@ -8,11 +8,9 @@ memory, gets an offset. Placement is greedy by size, largest first, each at the
 lowest offset that does not collide with an already-placed buffer alive at the
 same time (the strategy TFLite's arena planner uses).
 
-An exception to docs/contracts.md's import rule, like `cc/interpret.py`: this module
-imports `neuronish.runtime.kernels` to ask each kernel how much scratch memory it
-needs (`Kernel.scratch_bytes`). The kernel that uses the scratch is the only
-place that knows its layout (im2col columns, padded input); the plan reads that
-same function, so it can never reserve less than the device will write.
+Each instruction's scratch is what runtime/isa.py's rule grants its kind
+(`isa.scratch_bytes`); the reference kernels block their work by the same layouts, so
+the plan can never reserve less than the device will write.
 
 Cost: a buffer is compared only with the placed buffers alive at the same time
 (found through two small indexes over instruction positions), so a chain of
@@ -27,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuronish.runtime.kernels import KERNELS
+from neuronish.runtime import isa
 
 from .ir import Graph
 
@@ -71,9 +69,8 @@ def lifetimes(graph: Graph) -> list[Buffer]:
         for o in node.outputs:
             if o.id not in external:
                 first[o.id], last[o.id], size[o.id] = i, i, o.type.nbytes
-        k = KERNELS[node.kind]
-        nbytes = k.scratch_bytes([v.shape for v in node.inputs], [v.dtype for v in node.inputs],
-                                 node.attrs)
+        nbytes = isa.scratch_bytes(node.kind, [v.shape for v in node.inputs],
+                                   [v.dtype for v in node.inputs], node.attrs)
         if nbytes:
             buffers.append(Buffer(("scratch", i), _align(nbytes), i, i))
     buffers += [Buffer(("value", vid), _align(max(size[vid], 1)), first[vid], last[vid])

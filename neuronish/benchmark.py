@@ -129,6 +129,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inputs", metavar="REQUEST_JSON",
                    help="call on these examples instead of random inputs: a TF Serving REST "
                         "predict request body, its rows cycled to each batch size")
+    add_input_shape_argument(p)
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
 
 
@@ -149,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                            duration=args.duration, requests=args.requests, rounds=args.rounds,
                            warmup=args.warmup, signature=args.signature,
                            inter_op_threads=args.inter_op_threads,
-                           intra_op_threads=args.intra_op_threads, inputs=args.inputs)
+                           intra_op_threads=args.intra_op_threads, inputs=args.inputs,
+                           input_shapes=parse_input_shapes(args.input_shape))
     except BenchmarkError as e:
         print(f"neuronish benchmark: error: {e}", file=sys.stderr)
         return 1
@@ -175,10 +177,12 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
               rounds: int = DEFAULT_ROUNDS, warmup: int = 3,
               signature: str = "serving_default", progress: bool = True,
               inter_op_threads: int = 0, intra_op_threads: int = 0,
-              inputs: str | None = None) -> dict:
+              inputs: str | None = None,
+              input_shapes: dict[str, list[int]] | None = None) -> dict:
     """Measure the SavedModels in `model_dirs` side by side; the report `--json` prints.
     `inputs`: a TF Serving REST predict request file whose rows the calls cycle through
-    (random inputs without it).
+    (random inputs without it). `input_shapes` (key -> shape, the batch -1) gives the
+    random inputs' free dimensions.
 
     Raises BenchmarkError naming the model directory or input that is wrong.
     """
@@ -201,7 +205,8 @@ def benchmark(model_dirs: list[str], *, batch_sizes: list[int], concurrency: lis
     bar = ProgressBar(len(settings) * rounds * len(models), "benchmark", enabled=progress)
     with bar:
         for batch in batch_sizes:
-            feeds = _to_tensors(make_inputs(models[0].specs, batch) if examples is None
+            feeds = _to_tensors(make_inputs(models[0].specs, batch, shapes=input_shapes)
+                                if examples is None
                                 else cycle_rows(examples, batch))
             if len(models) > 1:
                 output_diff[str(batch)] = _max_relative_difference(models, feeds)
@@ -374,8 +379,32 @@ def _check_same_inputs(first: _Model, other: _Model) -> None:
                              f"cannot be compared: ({describe(b)}) vs ({describe(a)})")
 
 
-def make_inputs(specs: dict, batch_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+def add_input_shape_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-shape", action="append", default=[], metavar="KEY=?,D1,...",
+                   help="shape of one input's random values where the signature leaves "
+                        "dimensions other than the batch free (? = the batch size)")
+
+
+def parse_input_shapes(items: list[str]) -> dict[str, list[int]]:
+    """--input-shape KEY=?,D1,..., repeatable (as `neuronish compile` takes it)."""
+    shapes = {}
+    for item in items:
+        key, sep, dims = item.partition("=")
+        try:
+            shapes[key] = [-1 if d.strip() in ("?", "None", "-1") else int(d)
+                           for d in dims.split(",")] if dims else []
+        except ValueError:
+            sep = ""
+        if not sep or not key:
+            raise BenchmarkError(f"--input-shape {item!r}: expected KEY=?,D1,... (? for the "
+                                 "batch), e.g. token_ids=?,128")
+    return shapes
+
+
+def make_inputs(specs: dict, batch_size: int, seed: int = 0,
+                shapes: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
     """Random inputs for a signature's `{name: tf.TensorSpec}`; dimension 0 is the batch.
+    `shapes` (key -> shape, -1 for the batch) sets dimensions the signature leaves free.
 
     Floats are standard normal, integers uniform in [0, INT_HIGH), booleans fair
     coin flips. Raises BenchmarkError for an input it cannot fill (unknown
@@ -383,8 +412,20 @@ def make_inputs(specs: dict, batch_size: int, seed: int = 0) -> dict[str, np.nda
     """
     rng = np.random.default_rng(seed)
     feeds = {}
+    shapes = dict(shapes or {})
+    unknown = sorted(set(shapes) - set(specs))
+    if unknown:
+        raise BenchmarkError(f"--input-shape names {unknown}; the signature's inputs are "
+                             f"{sorted(specs)}")
     for name, spec in sorted(specs.items()):
         dims = spec.shape.as_list() if spec.shape.rank is not None else None
+        if name in shapes:
+            given = shapes.pop(name)
+            if dims is not None and (len(given) != len(dims) or any(
+                    d is not None and g >= 0 and g != d for g, d in zip(given[1:], dims[1:]))):
+                raise BenchmarkError(f"--input-shape {name}={','.join(map(str, given))}: the "
+                                     f"signature takes {dims}")
+            dims = [None if i == 0 else g for i, g in enumerate(given)]
         if dims is None:
             raise BenchmarkError(f"input {name!r} has an unknown rank; the benchmark needs "
                                  "every dimension but the batch to be fixed")
@@ -392,10 +433,14 @@ def make_inputs(specs: dict, batch_size: int, seed: int = 0) -> dict[str, np.nda
             raise BenchmarkError(f"input {name!r} has a fixed batch of {dims[0]} (shape {dims}); "
                                  f"pass --batch-size {dims[0]}")
         shape = [batch_size, *dims[1:]] if dims else []
-        if None in shape:
-            raise BenchmarkError(f"input {name!r} has shape {dims}: dimension "
-                                 f"{shape.index(None)} is unknown; the benchmark needs every "
-                                 "dimension but the batch to be fixed")
+        if None in shape or any(d < 0 for d in shape):
+            k = next(i for i, d in enumerate(shape) if d is None or d < 0)
+            example = ",".join("?" if i == 0 else "N" if d is None or d < 0 else str(d)
+                               for i, d in enumerate(dims))
+            raise BenchmarkError(f"input {name!r} has shape {dims}: dimension {k} is free, "
+                                 f"and random inputs need a size for it: pass --input-shape "
+                                 f"{name}={example} with N replaced (or --inputs with a "
+                                 "TF Serving predict request holding examples)")
         dtype = np.dtype(spec.dtype.as_numpy_dtype)
         if dtype.kind == "f":
             feeds[name] = rng.standard_normal(shape).astype(dtype)

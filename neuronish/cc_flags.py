@@ -41,8 +41,7 @@ def check_compiler_flags(flags: list[str] | tuple[str, ...], source: str) -> tup
         if not isinstance(flag, str):
             raise CompilerFlagsError(f"{source}: {flag!r} is not a string; pass flags as "
                                      "strings, e.g. ['--auto-cast', 'matmult']")
-        name = flag.split("=", 1)[0]
-        if name in _DRIVER_FLAGS:
+        if _driver_flag(flag):
             raise CompilerFlagsError(f"{source}: {flag!r} is set by neuronish for each "
                                      f"subgraph and cannot be given; remove it (the flags the "
                                      f"driver owns: {', '.join(_DRIVER_FLAGS)})")
@@ -51,6 +50,17 @@ def check_compiler_flags(flags: list[str] | tuple[str, ...], source: str) -> tup
                                  "one graph, which neuronish passes itself. Flags start with "
                                  "'--', e.g. --auto-cast matmult")
     return tuple(flags)
+
+
+def _driver_flag(flag: str) -> bool:
+    """Whether `flag` could reach one of the driver's flags in any spelling: exact,
+    `--name=value`, a prefix (`--outp`; the compiler takes no abbreviations, but a
+    refusal here names the flag, where the compiler's exit 2 would not say why),
+    underscores for dashes, upper case, one dash or three."""
+    if not flag.startswith("-"):
+        return False
+    name = flag.split("=", 1)[0].lstrip("-").lower().replace("_", "-")
+    return bool(name) and any(d.lstrip("-").startswith(name) for d in _DRIVER_FLAGS)
 
 
 def env_compiler_flags() -> tuple[str, ...]:

@@ -78,6 +78,51 @@ def _parse_shapes(items: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def _free_dims_text(report: dict) -> str:
+    """The report's free dimensions, for the terminal: what sizes each call may have."""
+    lines = ["free dimensions (each call within the bounds runs on an executable for its "
+             "shape, compiled at its first call unless compiled ahead):"]
+    for d in report["free_dims"]:
+        lines.append(f"  {d['input']}[{d['axis']}]: {d['low']}..{d['high']} "
+                     f"(bound from {d['bound_from']}); compiled at {d['compiled_at']}")
+    if report.get("shapes_compiled_ahead"):
+        lines.append("  compiled ahead: " + "; ".join(report["shapes_compiled_ahead"]))
+    return "\n".join(lines)
+
+
+def parse_shape_bounds(items: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
+    """--shape-bounds KEY:AXIS=LOW:HIGH, repeatable: compile()'s shape_bounds."""
+    bounds: dict[str, dict[int, tuple[int, int]]] = {}
+    for item in items:
+        where, _, sizes = item.partition("=")
+        key, _, axis = where.rpartition(":")
+        low, _, high = sizes.partition(":")
+        try:
+            bounds.setdefault(key, {})[int(axis)] = (int(low), int(high))
+        except ValueError:
+            key = ""
+        if not key:
+            raise SystemExit(f"neuronish: error: --shape-bounds {item!r}: expected "
+                             "KEY:AXIS=LOW:HIGH, e.g. token_ids:1=1:512")
+    return bounds
+
+
+def parse_shape_buckets(items: list[str]) -> dict[str, dict[int, list[int]]]:
+    """--shape-buckets KEY:AXIS=S1,S2,..., repeatable: compile()'s shape_buckets."""
+    buckets: dict[str, dict[int, list[int]]] = {}
+    for item in items:
+        where, _, sizes = item.partition("=")
+        key, _, axis = where.rpartition(":")
+        try:
+            buckets.setdefault(key, {})[int(axis)] = [int(v) for v in sizes.split(",")]
+        except ValueError:
+            key = ""
+        if not key:
+            raise SystemExit(f"neuronish: error: --shape-buckets {item!r}: expected "
+                             "KEY:AXIS=S1,S2,..., e.g. token_ids:1=16,64,128")
+    return buckets
+
+
 def _load_examples(items: list[str]) -> dict[str, np.ndarray]:
     """--example KEY=FILE.npy, repeatable: model_feed_dict."""
     from neuronish.errors import SavedModelError
@@ -138,6 +183,8 @@ def _compile(args: argparse.Namespace) -> int:
             report = compile_saved_model(
                 model_dir, args.new_model_dir, batch_size=args.batch_size,
                 model_shape_feed_dict=shapes,
+                shape_bounds=parse_shape_bounds(args.shape_bounds) or None,
+                shape_buckets=parse_shape_buckets(args.shape_buckets) or None,
                 model_feed_dict=_load_examples(args.example) or None,
                 warmup_requests=args.warmup_requests,
                 tags=args.tags.split(",") if args.tags else None,
@@ -159,6 +206,8 @@ def _compile(args: argparse.Namespace) -> int:
         return 1
     report["model_dir"] = args.model_dir  # (not the temporary export of a Keras file)
     print(json.dumps(report, indent=1) if args.json else format_report(report))
+    if not args.json and report.get("free_dims"):
+        print(_free_dims_text(report))
     if args.graph:
         print(f"neuronish: partition picture written to {args.graph} (Graphviz: .dot alongside)",
               file=sys.stderr)
@@ -198,6 +247,12 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--input-shape", action="append", default=[], metavar="KEY=D0,D1,...",
                    help="compile shape of one signature input (model_shape_feed_dict); "
                         "? or -1 in dim 0: the batch size")
+    c.add_argument("--shape-bounds", action="append", default=[],
+                   metavar="KEY:AXIS=LOW:HIGH", help="sizes a free dimension of an input "
+                   "may take (shape_bounds); default: what the model implies, else 1:1024")
+    c.add_argument("--shape-buckets", action="append", default=[],
+                   metavar="KEY:AXIS=S1,S2,...", help="sizes of a free dimension to compile "
+                   "ahead (shape_buckets), e.g. token_ids:1=16,64,128")
     c.add_argument("--tags", help="MetaGraph tags, comma-separated (default: serve)")
     c.add_argument("--signature-def-key", help="default: serving_default")
     c.add_argument("--minimum-segment-size", type=int, default=2)
@@ -237,12 +292,23 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    "by where it runs and why (HTML page; Graphviz .dot alongside)")
 
 
+class _ExactParser(argparse.ArgumentParser):
+    """An ArgumentParser that takes flags only as spelled: no prefix abbreviations, so
+    `--out` is an error rather than whichever flag it happens to start today (a flag
+    added later would silently change its meaning). The subcommands' parsers, built in
+    other modules, are of this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from neuronish import __version__
 
-    p = argparse.ArgumentParser(prog="neuronish", description="neuronish tools")
+    p = _ExactParser(prog="neuronish", description="neuronish tools")
     p.add_argument("--version", action="version", version=f"neuronish {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_ExactParser)
     _add_compile_parser(sub)
     benchmark.add_parser(sub)
     r = sub.add_parser("run", help="run an executable on .npy inputs")

@@ -31,7 +31,9 @@ not hash to it is damaged: both files are deleted and the subgraph compiled agai
 never loaded (an executable without a record is a miss). Total size is bounded
 (`NEURONISH_COMPILE_CACHE_SIZE`): after a write, least recently used entries (a hit
 refreshes an entry's mtime) are removed until the cache fits. Only successful
-compiles are cached.
+compiles are cached. Behind this cache, a tier many machines share
+(`$NEURONISH_COMPILE_CACHE_REMOTE`, an fsspec URL: remote_cache.py) answers its
+misses and receives what is compiled.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from pathlib import Path
 from .cc_flags import env_compiler_flags
 from .compile_driver import CompileJob, CompileResult, compile_all, default_compiler
 from .errors import CompileWarning, SavedModelError
+from .remote_cache import RemoteCache
 from .runtime.buildcache import BuildError, Cache
 from .runtime.config import ConfigError, parse_bytes
 from .runtime.files import FileRefused, open_regular, read_regular
@@ -82,12 +85,14 @@ class CacheStats:
     misses: int = 0
     damaged: int = 0       # entries refused (and recompiled)
     evicted: int = 0
+    shared_hits: int = 0   # of `hits`, how many came from the shared tier
     uncacheable: str = ""  # why the cache was not used, if it was not
     hit_names: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"dir": self.dir, "hits": self.hits, "misses": self.misses,
                 "damaged": self.damaged, "evicted": self.evicted,
+                **({"shared_hits": self.shared_hits} if self.shared_hits else {}),
                 **({"not_used": self.uncacheable} if self.uncacheable else {})}
 
 
@@ -101,9 +106,11 @@ def _parse_size(text: str) -> int:
 class CompileCache:
     """Executables by key in one directory, at most `max_bytes` in total."""
 
-    def __init__(self, root: str | os.PathLike[str], max_bytes: int = DEFAULT_CACHE_SIZE):
+    def __init__(self, root: str | os.PathLike[str], max_bytes: int = DEFAULT_CACHE_SIZE,
+                 shared: RemoteCache | None = None):
         self.root = Path(root).expanduser()
         self.max_bytes = max_bytes
+        self.shared = shared  # the tier other machines share (remote_cache.py), if any
         self._secret: bytes | None = None
 
     def secure(self) -> None:
@@ -153,7 +160,8 @@ class CompileCache:
         if where.lower() in ("off", "0", "none", "false"):
             return None
         size = os.environ.get(ENV_CACHE_SIZE, "").strip()
-        return CompileCache(where, _parse_size(size) if size else DEFAULT_CACHE_SIZE)
+        return CompileCache(where, _parse_size(size) if size else DEFAULT_CACHE_SIZE,
+                            RemoteCache.from_env())
 
     def _path(self, key: str) -> Path:
         return self.root / f"{key}.neff"
@@ -425,8 +433,11 @@ def compile_with_cache(jobs: Sequence[CompileJob], cache: CompileCache | None,
     keys = [cache_key(job, identity, env_flags) for job in jobs]
     results: dict[int, CompileResult] = {}
     todo: list[int] = []
+    into = compile_all_kwargs.get("executables_dir")
     for i, (job, key) in enumerate(zip(jobs, keys, strict=True)):
-        found = cache.lookup(key, stats, compile_all_kwargs.get("executables_dir"))  # type: ignore[arg-type]
+        found = cache.lookup(key, stats, into)  # type: ignore[arg-type]
+        if found is None and cache.shared is not None:
+            found = _from_shared(cache, key, stats, into)  # type: ignore[arg-type]
         if found is None:
             todo.append(i)
             continue
@@ -441,4 +452,20 @@ def compile_with_cache(jobs: Sequence[CompileJob], cache: CompileCache | None,
         results[i] = result
         if result.ok and result.executable is not None:
             cache.put(keys[i], result.executable, stats, result.executable_file)
+            if cache.shared is not None:
+                cache.shared.put(keys[i], result.executable, result.executable_file)
     return [results[i] for i in range(len(jobs))]
+
+
+def _from_shared(cache: CompileCache, key: str, stats: CacheStats,
+                 into: str | None) -> tuple[bytes | mmap.mmap, str | None] | None:
+    """A local miss the shared tier has: checked there, stored here, read back from here
+    (so the caller gets a file of the local cache as on any hit)."""
+    assert cache.shared is not None
+    executable = cache.shared.get(key)
+    if executable is None:
+        return None
+    cache.put(key, executable, stats)
+    found = cache.lookup(key, stats, into)  # None if the local tier could not take it
+    stats.shared_hits += found is not None
+    return found

@@ -187,6 +187,22 @@ def _restore_method_names(model_dir: str, method_names: Mapping[str, str]) -> No
         with open(path + ".tmp", "wb") as f:
             f.write(saved_model.SerializeToString())
         os.replace(path + ".tmp", path)
+        _refresh_fingerprint(model_dir)
+
+
+def _refresh_fingerprint(model_dir: str) -> None:
+    """fingerprint.pb hashes saved_model.pb (its checksum and the SignatureDefs'): after
+    saved_model.pb is edited it is computed again, so TF Serving and TensorFlow see a
+    fingerprint of the model as it is."""
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    path = os.path.join(model_dir, "fingerprint.pb")
+    if not os.path.exists(path):
+        return  # a TensorFlow that writes none
+    data = fingerprinting.CreateFingerprintDef(model_dir)
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
 
 
 def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,

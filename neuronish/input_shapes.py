@@ -2,13 +2,19 @@
 
 Shapes come from `model_feed_dict` (example arrays), else `model_shape_feed_dict`
 (shapes), else the signature with its batch dimension set to `batch_size`; both dicts
-are keyed by signature input key. The device compiles static shapes, so every other
-unknown dimension must be given.
+are keyed by signature input key.
+
+Dimensions other than the batch that stay free (`[None, None]` token ids, an image of
+any side) are not refused: `plan_shapes` returns them as `FreeDim`s, with the bounds
+the model's own shape logic implies (`shape_bounds.py`) or the user gives, and a
+probe value inside them at which the graph is partitioned and first compiled. Each
+NeuronOp then gets an executable per shape it is called at (`shape_specialize.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,10 +22,79 @@ from .errors import SavedModelError
 from .freeze import FrozenSignature
 
 
+@dataclass(frozen=True)
+class FreeDim:
+    """One free dimension of a signature input. Dimensions that must agree (the sequence
+    axis of token ids and of their mask) share a `symbol`: the axis, among inputs of one
+    rank (an image's height and width are two symbols)."""
+
+    key: str      # signature input key
+    tensor: str   # its placeholder ("token_ids:0")
+    axis: int
+    symbol: str   # "rank2/axis1"
+
+    def label(self) -> str:
+        return f"{self.key!r} dimension {self.axis}"
+
+
+@dataclass(frozen=True)
+class ShapePlan:
+    """The shapes a signature is compiled at. `shapes` are concrete: free dimensions at
+    their symbol's probe value. `free` lists the free dimensions; `bounds[symbol]` is
+    (low, high, where the bound comes from)."""
+
+    shapes: dict[str, list[int]]
+    free: tuple[FreeDim, ...] = ()
+    probe: dict[str, int] | None = None
+    bounds: dict[str, tuple[int, int, str]] | None = None
+
+    def at(self, values: Mapping[str, int | None]) -> dict[str, list[int | None]]:
+        """The shapes with each free symbol set to `values[symbol]` (None: unknown)."""
+        out: dict[str, list[int | None]] = {k: list(v) for k, v in self.shapes.items()}
+        for f in self.free:
+            out[f.tensor][f.axis] = values[f.symbol]
+        return out
+
+    def unknown(self) -> dict[str, list[int | None]]:
+        """The shapes with every free dimension unknown (None)."""
+        return self.at({f.symbol: None for f in self.free})
+
+    def symbols(self) -> list[str]:
+        return list(dict.fromkeys(f.symbol for f in self.free))
+
+
+def plan_shapes(signature: FrozenSignature, batch_size: int,
+                model_shape_feed_dict: Mapping[str, Sequence[int]] | None = None,
+                model_feed_dict: Mapping[str, object] | None = None) -> ShapePlan:
+    """`compile_shapes`, with free dimensions other than the batch kept as `FreeDim`s
+    (their shapes hold -1 there until `shape_bounds.settle` picks probes and bounds)."""
+    shapes, free = _shapes(signature, batch_size, model_shape_feed_dict, model_feed_dict)
+    dims = []
+    for key, declared, shape in free:
+        tensor = next(i.tensor for i in signature.inputs if i.key == key)
+        if declared is None or any(d is None for d in shape[:1]) and declared[:1] != (None,):
+            raise SavedModelError(_free_dims_message(free, signature.signature_key))
+        shapes[tensor] = [-1 if d is None else d for d in shape]
+        dims += [FreeDim(key, tensor, axis, f"rank{len(shape)}/axis{axis}")
+                 for axis, d in enumerate(shape) if d is None or d < 0]
+    return ShapePlan(shapes, tuple(dims))
+
+
 def compile_shapes(signature: FrozenSignature, batch_size: int,
                    model_shape_feed_dict: Mapping[str, Sequence[int]] | None = None,
                    model_feed_dict: Mapping[str, object] | None = None) -> dict[str, list[int]]:
-    """Compile-time shape of each input placeholder, keyed by its tensor name."""
+    """Compile-time shape of each input placeholder, keyed by its tensor name; free
+    dimensions other than the batch are an error naming them and what to pass."""
+    shapes, free = _shapes(signature, batch_size, model_shape_feed_dict, model_feed_dict)
+    if free:
+        raise SavedModelError(_free_dims_message(free, signature.signature_key))
+    return shapes
+
+
+def _shapes(signature: FrozenSignature, batch_size: int,
+            model_shape_feed_dict: Mapping[str, Sequence[int]] | None,
+            model_feed_dict: Mapping[str, object] | None
+            ) -> tuple[dict[str, list[int]], list[tuple[str, tuple, list[int | None]]]]:
     keys = {i.key for i in signature.inputs}
     for arg, given in (("model_feed_dict", model_feed_dict),
                        ("model_shape_feed_dict", model_shape_feed_dict)):
@@ -57,9 +132,7 @@ def compile_shapes(signature: FrozenSignature, batch_size: int,
             free.append((inp.key, inp.shape, shape))
             continue
         shapes[inp.tensor] = shape
-    if free:
-        raise SavedModelError(_free_dims_message(free, signature.signature_key))
-    return shapes
+    return shapes, free
 
 
 def _free_dims_message(free: list[tuple[str, tuple, list[int | None]]],

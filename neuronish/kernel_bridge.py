@@ -6,6 +6,7 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
                   input_batch_axis, output_names, output_dtypes, output_shapes,
                   output_batch_axis, model_config, graph_def,
                   external_files)                      # once per op instance
+    shapes = output_shapes(handle, input_shapes)        # every call, ops with free dims
     run(handle, inputs, outputs, cancel)               # every call
     unload(handle)                                     # kernel destructor (queued)
     code, message = error_status(exc)                  # when any of them raised
@@ -16,7 +17,10 @@ kernel has already checked ranks and sizes against the compiled shapes and
 allocated the outputs with the call's batch size. `cancel` is a bytearray(1) that
 TensorFlow's cancellation callback sets when the caller gives up on the call (None
 when TensorFlow gave the kernel no cancellation manager); the device then abandons
-the call before its next instruction (runtime/cutoff.py). When the device cannot load or
+the call before its next instruction (runtime/cutoff.py). An op with free dimensions
+(its `dynamic_shapes` attr) is first asked `output_shapes` for each call: its
+`shape_specialize.ShapeTable` picks, or compiles, the executable for that shape, and
+the kernel allocates the outputs it says. When the device cannot load or
 run the executable, the op computes `graph_def` on TensorFlow instead
 (neuronish/fallback.py; NEURONISH_FALLBACK=0 turns that off). Keeping this surface to plain
 values and buffers is what would let an out-of-process device (a daemon behind
@@ -28,6 +32,7 @@ must stay importable (and testable) on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -110,6 +115,7 @@ class Handle:
         self.timeout: float | None = config.timeout_s if config.timeout_s > 0 else None
         self.fallback = fallback
         self.runner = None  # fallback.GraphRunner once the op runs on TensorFlow
+        self.shapes = None  # shape_specialize.ShapeTable for an op with free dimensions
         self._unloaded = False
         self._lock = threading.Lock()
 
@@ -117,7 +123,9 @@ class Handle:
         with self._lock:
             if not self._unloaded:
                 self._unloaded = True
-                if self.model is not None:
+                if self.shapes is not None:
+                    self.shapes.unload_all()
+                elif self.model is not None:
                     self.model.unload()
                 if self.runner is not None:
                     self.runner.close()
@@ -180,6 +188,9 @@ def _check_signature(kind: str, sigs: list[TensorSig], names: Sequence[str],
             # The one mismatch a caller can cause: the op's Tin follows what was fed.
             raise InvalidInput(f"input '{sig.name}' has dtype {dtype}; the model was compiled "
                                f"for {sig.dtype}. Cast it to {sig.dtype} before the NeuronOp")
+        # -1 (a free dimension, `dynamic_shapes`) matches the size compiled at
+        shape = [s if d < 0 else d for d, s in zip(shape, sig.shape)] \
+            if len(shape) == len(sig.shape) else shape
         got = (name, dtype, tuple(shape), axis)
         want = (sig.name, sig.dtype, tuple(sig.shape), sig.batch_axis)
         if got != want:
@@ -219,7 +230,7 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
          output_dtypes: Sequence[str], output_shapes: Sequence[Sequence[int]],
          output_batch_axis: Sequence[int], model_config: Sequence[int],
          graph_def: bytes | memoryview | None = None,
-         external_files: Sequence[str] = ()) -> Handle:
+         external_files: Sequence[str] = (), dynamic_shapes: str = "") -> Handle:
     """Parse the executable, check it against the op's attributes, load it.
 
     `executable` and `graph_def` may be memoryviews over the NodeDef's attrs (not
@@ -231,7 +242,9 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     TensorFlow instead (neuronish/fallback.py), unless NEURONISH_FALLBACK=0.
 
     Either attr may be a reference to a file in the SavedModel's assets
-    (neuronish/external.py); `external_files` are the paths the op was fed."""
+    (neuronish/external.py); `external_files` are the paths the op was fed.
+    `dynamic_shapes` (JSON, `shape_specialize.DynamicSpec`) marks an op with free
+    dimensions: -1 in its shape attrs."""
     from neuronish import external
     from neuronish.fallback import fallback_enabled
 
@@ -248,6 +261,18 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
                          output_batch_axis)
         model = load_model(exe, config)
         model.label = node_name  # how `neuronish ls` / `top` / profiles name it
+        if dynamic_shapes:
+            from neuronish.shape_specialize import DynamicSpec, ShapeTable
+
+            spec = DynamicSpec.parse(dynamic_shapes, node_name, len(exe.inputs))
+            handle = Handle(node_name, model, config, source)
+            # Each shape's executable holds its own copy of the weights: one copy per
+            # shape compiled at run time, unless model_config bounds the duplicates.
+            one = config if config.max_num_duplicates >= 1 else \
+                dataclasses.replace(config, max_num_duplicates=1)
+            handle.shapes = ShapeTable(node_name, spec, exe, model, lambda: bytes(source[0]),
+                                       lambda e: load_model(e, one))
+            return handle
     except (DeviceError, MemoryError) as e:
         if source is None or isinstance(e, InvalidInput) or not fallback_enabled():
             raise
@@ -258,6 +283,53 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     return Handle(node_name, model, config, source)
 
 
+def output_shapes(handle: Handle, inputs: Sequence[object]) -> list[list[int]]:
+    """An op with free dimensions: the shapes of the outputs of a call on `inputs`
+    (buffers, as `run` gets them); the kernel then allocates them and calls `run`.
+    Picks the executable for the call's shape, compiling it if new
+    (shape_specialize.py). A shape outside the op's bounds, or one the compiler
+    refuses, is an error, or with the runtime fallback on is computed on TensorFlow
+    here, counted as a fallback call. What was chosen waits for `run` on this thread
+    (the kernel calls both from one Compute)."""
+    from neuronish import fallback
+
+    ins = [np.asarray(x) for x in inputs]
+    table = handle.shapes
+    shapes = [x.shape for x in ins]
+    use_tensorflow = handle.fallback is not None and fallback.fallback_enabled()
+    why = "the op runs on TensorFlow" if table is None or handle.model is None else \
+        table.out_of_bounds(shapes)
+    if why is None:
+        try:
+            entry = table.entry(shapes)  # type: ignore[union-attr]
+            _chosen.value = ("device", entry)
+            return table.output_shapes(entry, shapes)  # type: ignore[union-attr]
+        except DeviceError as e:
+            if isinstance(e, InvalidInput) or not use_tensorflow:
+                raise
+            why = f"{type(e).__name__}: {e}"
+    elif not use_tensorflow:
+        raise InvalidInput(why)
+    results = _on_tensorflow(handle, ins, why)
+    _chosen.value = ("tensorflow", results)
+    return [list(r.shape) for r in results]
+
+
+def _on_tensorflow(handle: Handle, ins: list[np.ndarray], why: str) -> list[np.ndarray]:
+    """A call of an op with free dimensions computed on TensorFlow (its subgraph takes
+    any shape and batch), warned once and counted as a fallback call."""
+    from neuronish import fallback
+
+    fallback.record_fallback(handle.node_name, f"calls it cannot run on the device run on "
+                             f"TensorFlow (the first: {why})")
+    fallback.count_call(handle.node_name)
+    runner = handle.tensorflow_runner()
+    return runner.session.run(runner.output_names, dict(zip(runner.input_names, ins)))
+
+
+_chosen = threading.local()  # output_shapes -> run, per kernel thread
+
+
 def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
         cancel: bytearray | None = None) -> None:
     """Run one call: read `inputs`, write every element of `outputs` (buffer objects
@@ -266,6 +338,9 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
     `cancel[0]` is set the rest of the call is abandoned (Cancelled)."""
     # (An OutputBufferError here would be a kernel bug: it sizes the outputs from the
     # attrs, which load() checked against the executable. It surfaces as INTERNAL.)
+    if handle.shapes is not None or getattr(_chosen, "value", None):
+        _run_shaped(handle, inputs, outputs, cancel)
+        return
     model = handle.model
     if model is not None:
         try:
@@ -291,6 +366,37 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
     count_call(handle.node_name)
     handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs],
                       Cutoff.of(handle.timeout, cancel))
+
+
+def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
+                cancel: bytearray | None) -> None:
+    """`run` for an op with free dimensions: on what `output_shapes` chose."""
+    where, chosen = getattr(_chosen, "value", None) or (None, None)
+    _chosen.value = None
+    if where is None:
+        raise AttrMismatch(f"NeuronOp '{handle.node_name}': run before output_shapes; the "
+                           "kernel is older than the model (rebuild the op library)")
+    outs = [np.asarray(o) for o in outputs]
+    if where == "tensorflow":
+        for r, o in zip(chosen, outs):  # type: ignore[call-overload]
+            np.copyto(o, r, casting="no")
+        return
+    ins = [np.asarray(x) for x in inputs]
+    try:
+        chosen.model.run_list(ins, out=outs, timeout=handle.timeout,  # type: ignore[union-attr]
+                              cancel=cancel)
+    except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
+        raise
+    except (DeviceError, MemoryError) as e:
+        from neuronish.fallback import fallback_enabled
+
+        if handle.fallback is None or not fallback_enabled():
+            raise
+        results = _on_tensorflow(handle, ins, f"{type(e).__name__}: {e}")
+        for r, o in zip(results, outs, strict=True):
+            np.copyto(o, r, casting="no")
+    finally:
+        handle.shapes.done(chosen)  # type: ignore[union-attr, arg-type]
 
 
 def unload(handle: Handle) -> None:

@@ -8,12 +8,17 @@ import argparse
 import sys
 import time
 
+import numpy as np
+
 from neuronish.benchmark import (
     BenchmarkError,
     _check_saved_model_dir,
     _load,
     _to_tensors,
+    add_input_shape_argument,
+    inputs_from_request,
     make_inputs,
+    parse_input_shapes,
 )
 from neuronish.runtime import profiler
 
@@ -28,6 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=2, help="calls before recording (default 2)")
     p.add_argument("--signature", default="serving_default")
     p.add_argument("--top", type=int, default=10, help="instructions listed (default 10)")
+    add_input_shape_argument(p)
+    p.add_argument("--inputs", metavar="REQUEST_JSON", help="a TF Serving REST predict "
+                   "request whose rows are the inputs (instead of random values)")
     p.set_defaults(handler=run)
 
 
@@ -39,7 +47,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_saved_model_dir(args.model_dir)
         model = _load(args.model_dir, args.model_dir, args.signature)
-        feeds = _to_tensors(make_inputs(model.specs, args.batch_size))
+        if args.inputs is not None:
+            rows = inputs_from_request(args.inputs, model.specs)
+            feeds = _to_tensors({k: np.take(v, np.arange(args.batch_size) % v.shape[0], axis=0)
+                                 for k, v in rows.items()})
+        else:
+            feeds = _to_tensors(make_inputs(model.specs, args.batch_size,
+                                            shapes=parse_input_shapes(args.input_shape)))
     except BenchmarkError as e:
         print(f"neuronish: error: {e}", file=sys.stderr)
         return 1

@@ -33,27 +33,32 @@ from typing import TYPE_CHECKING
 from neuronish.runtime.executable import Executable, from_bytes
 
 from . import calibration, external, keras_files, tfn_compat
+from .cc_flags import check_compiler_flags
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob, CompileResult
 from .compile_report import build_report, format_report, modelled_figures, numpy_steps
 from .contracts import model_config
+from .dynamic_ops import DynamicOp, FreeShapes, compile_ahead, make_dynamic
 from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
-from .input_shapes import batch_of, compile_shapes
+from .input_shapes import batch_of, compile_shapes, plan_shapes
 from .neuron_op import StatedSignature, neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .partition.graph import GraphIndex
 from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
+from .shape_bounds import settle
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 from .warmup_file import WARMUP_FILE, warmup_records
 
 if TYPE_CHECKING:
     from tensorflow.core.framework import graph_pb2
 
+    from .input_shapes import ShapePlan
     from .partition import Partition, Subgraph
+    from .shape_specialize import DynamicSpec
     from .verification import Verdict
 
 
@@ -84,6 +89,8 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     max_error: float | None = None,
     import_modules: Sequence[str] = (),
     warmup_requests: bool = False,
+    shape_bounds: Mapping[str, Mapping[int, tuple[int, int]]] | None = None,
+    shape_buckets: Mapping[str, Mapping[int, Sequence[int]]] | None = None,
     **tensorflow_neuron_args: object,
 ) -> dict:
     """Compile the SavedModel at `model_dir` into a new one at `new_model_dir`.
@@ -99,6 +106,12 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     Shapes come from `model_feed_dict` (example arrays), else
     `model_shape_feed_dict` (shapes), else the signature with its batch
     dimension set to `batch_size`; both dicts are keyed by signature input key.
+    Dimensions other than the batch that none of them fixes stay free: every call
+    within their bounds runs on the device, on an executable compiled for its shape
+    (docs/saved-model-compile.md, "Free dimensions"); `shape_bounds` gives bounds,
+    `{key: {axis: (low, high)}}`, where the model's own do not suit, and
+    `shape_buckets`, `{key: {axis: [sizes]}}`, sizes to compile ahead (into the
+    compile cache) instead of at the first call of each.
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
     / to fuse regardless of size; `op_whitelist` (tensorflow-neuron's), when given,
     limits the op types the device may run. `compiler_args` is a list of flags or one
@@ -128,13 +141,15 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                              graph=graph, verify=verify, import_modules=(),
                              warmup_requests=warmup_requests, quantize=quantize,
                              calibration_data=calibration_data, max_error=max_error,
+                             shape_bounds=shape_bounds, shape_buckets=shape_buckets,
                              **tensorflow_neuron_args)
         report["model_dir"] = model_dir
         return report
     tags = tfn_compat.tags_list(tags)
     no_fuse_ops = (*tfn_compat.names_tuple(no_fuse_ops, "no_fuse_ops"), *extras.no_fuse_ops)
     force_fuse_ops = tfn_compat.names_tuple(force_fuse_ops, "force_fuse_ops")
-    compiler_args = (*tfn_compat.compiler_args_tuple(compiler_args), *extras.compiler_args)
+    compiler_args = check_compiler_flags(  # before any work: a driver-owned flag is refused
+        (*tfn_compat.compiler_args_tuple(compiler_args), *extras.compiler_args), "compiler_args")
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
     if batch_size < 1:
@@ -164,12 +179,14 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                        compiler_timeout=compiler_timeout, max_num_compilers=max_num_compilers,
                        dynamic_batch_size=dynamic_batch_size,
                        compiler_recovery=compiler_recovery, progress=progress, verify=verify,
-                       op_whitelist=extras.op_whitelist, int8=int8)
+                       op_whitelist=extras.op_whitelist, int8=int8,
+                       shape_bounds=shape_bounds, shape_buckets=shape_buckets)
     # Files are hashed (for their names in assets/) on other threads, while the compilers
     # run and the executables are read: ~1 s per GB each, otherwise spent waiting.
     with _scratch_dir(new_model_dir) as scratch, \
             ThreadPoolExecutor(2, thread_name_prefix="neuronish-hash") as hasher:
-        state = _State(scratch, hasher, CompileCache.from_env(), CacheStats())
+        state = _State(scratch, hasher, CompileCache.from_env(), CacheStats(),
+                       input_keys=frozenset(i.key for s in signatures.frozen for i in s.inputs))
         main, *others = signatures.frozen
         done = _compile_signature(main, options, state, _feeds_for(main, signatures, options))
         more, reports = [], {}
@@ -188,12 +205,14 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
                               f"TensorFlow: {e}", CompileWarning, stacklevel=2)
                 extra = _Compiled.left_on_tensorflow(other, str(e))
             more.append(extra)
-        write_saved_model(done.graph_def, main, done.outputs, new_model_dir, done.blobs,
-                          more=[ExportedSignature(m.graph_def, m.signature, m.outputs, m.blobs)
-                                for m in more],
+        write_saved_model(done.graph_def, done.accepted(main), done.outputs, new_model_dir,
+                          done.blobs,
+                          more=[ExportedSignature(m.graph_def, m.accepted(m.signature),
+                                                  m.outputs, m.blobs) for m in more],
                           method_names=signature_method_names(model_dir),
-                          extra_files=_warmup_file(main, signatures, options)
-                          if warmup_requests else None)
+                          extra_files={**(_warmup_file(main, signatures, options)
+                                          if warmup_requests else {}),
+                                       **_shapes_file(done, more)})
         for m in more:
             reports[m.signature.signature_key] = m.report(model_dir, new_model_dir, batch_size)
         if graph is not None:
@@ -235,6 +254,25 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     return report
 
 
+def _shapes_file(done: _Compiled, more: list[_Compiled]) -> dict[str, bytes]:
+    """`assets.extra/neuronish_shapes.json`: the bounds of each signature's free
+    dimensions, which the model server shows in its metadata (serving/signatures.py)."""
+    import json
+
+    from .shape_specialize import SHAPES_FILE
+
+    bounds: dict[str, dict] = {}
+    for c in (done, *more):
+        if c.plan is None or not c.plan.free:
+            continue
+        for key in (c.signature.signature_key, *c.signature.aliases):
+            entry = bounds.setdefault(key, {})
+            for f in c.plan.free:
+                low, high, _ = c.plan.bounds[f.symbol]
+                entry.setdefault(f.key, {})[str(f.axis)] = [low, high]
+    return {SHAPES_FILE: json.dumps(bounds, sort_keys=True).encode()} if bounds else {}
+
+
 def _warmup_file(main: FrozenSignature, signatures: FrozenSignatures, options: _Options
                  ) -> dict[str, bytes]:
     """TF Serving's warm-up file: a Predict of the main signature on its examples, which
@@ -271,6 +309,8 @@ class _Options:
     verify: bool
     op_whitelist: frozenset[str] | None = None  # tensorflow-neuron's; None: every op type
     int8: _Int8 | None = None
+    shape_bounds: Mapping[str, Mapping[int, tuple[int, int]]] | None = None
+    shape_buckets: Mapping[str, Mapping[int, Sequence[int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -299,6 +339,7 @@ class _State:
     results: dict[str, CompileResult] = field(default_factory=dict)  # subgraph digest ->
     graphs: dict[str, BlobFile] = field(default_factory=dict)  # digest -> its GraphDef's file
     hashes: dict[str, Future[str]] = field(default_factory=dict)  # file -> its sha256
+    input_keys: frozenset[str] = frozenset()  # every signature's input keys
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,6 +357,28 @@ class _Compiled:
     executables: list[Executable]  # parsed, one per `compiled`, without constants
     verdicts: list[Verdict] = field(default_factory=list)
     error: str | None = None
+    plan: ShapePlan | None = None  # the shapes compiled at, with the free dims' bounds
+    dynamic: dict[str, DynamicSpec] = field(default_factory=dict)  # NeuronOp -> its spec
+    ahead: list[str] = field(default_factory=list)  # shapes compiled ahead (shape_buckets)
+
+    def accepted(self, signature: FrozenSignature) -> FrozenSignature:
+        """`signature` declaring the shapes the compiled model accepts: a dimension the
+        signature leaves free but the compile fixed (model_shape_feed_dict) is fixed in
+        the new model's SignatureDef too, so its metadata tells clients (the batch and
+        dimensions left free stay -1)."""
+        if self.plan is None:
+            return signature
+        free = {(f.tensor, f.axis) for f in self.plan.free}
+        inputs = []
+        for i in signature.inputs:
+            given = self.plan.shapes.get(i.tensor)
+            if i.shape is None or given is None or len(given) != len(i.shape):
+                inputs.append(i)
+                continue
+            shape = tuple(d if d is not None or k == 0 or (i.tensor, k) in free else given[k]
+                          for k, d in enumerate(i.shape))
+            inputs.append(replace(i, shape=shape))
+        return replace(signature, inputs=tuple(inputs))
 
     @classmethod
     def left_on_tensorflow(cls, signature: FrozenSignature, error: str) -> _Compiled:
@@ -340,6 +403,18 @@ class _Compiled:
         for op, exe in zip(report["NeuronOps"], self.executables, strict=True):
             if "quantization" in exe.stats:  # per instruction: precision and error it adds
                 op["quantization"] = exe.stats["quantization"]
+            if op.get("name") in self.dynamic:
+                spec = self.dynamic[op["name"]]
+                op["free_dims"] = [{"input": label, "axis": a, "low": b[0], "high": b[1]}
+                                   for label, axes in zip(spec.labels, spec.bounds)
+                                   for a, b in axes.items()]
+        if self.plan is not None and self.plan.free:
+            report["free_dims"] = [
+                {"input": f.key, "axis": f.axis, "low": self.plan.bounds[f.symbol][0],
+                 "high": self.plan.bounds[f.symbol][1], "bound_from": self.plan.bounds[
+                     f.symbol][2], "compiled_at": self.plan.probe[f.symbol]}
+                for f in self.plan.free]
+            report["shapes_compiled_ahead"] = list(self.ahead)
         report["aliases"] = list(self.signature.aliases)
         return report
 
@@ -366,12 +441,21 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     """Partition one frozen signature, compile its subgraphs and splice them in."""
     shape_feeds, example_feeds = feeds
     batch_size = options.batch_size
-    shapes = compile_shapes(signature, batch_size, shape_feeds, example_feeds)
+    plan = plan_shapes(signature, batch_size, shape_feeds, example_feeds)
     fetches = list(signature.outputs.values())
     # Rewrites into ops the device runs: constants folded, loops of a fixed count unrolled,
-    # complex values as pairs of real ones.
-    signature = replace(signature, graph_def=rewrite_for_device(signature.graph_def, shapes,
-                                                                fetches))
+    # complex values as pairs of real ones. Free dimensions stay unknown here, so
+    # nothing computed from them becomes a constant.
+    signature = replace(signature, graph_def=rewrite_for_device(
+        signature.graph_def, plan.unknown() if plan.free else plan.shapes, fetches))
+    plan = settle(plan, signature.graph_def, _mine(options.shape_bounds, signature, main,
+                                                      state.input_keys))
+    shapes = plan.shapes
+    free_shapes = FreeShapes.infer(signature.graph_def, plan) if plan.free else None
+    if free_shapes is not None and options.int8 is not None:
+        raise SavedModelError("quantize='int8' needs static shapes: give the free dimensions "
+                              f"{[f.label() for f in plan.free]} in model_shape_feed_dict")
+    dynamic: dict[str, DynamicOp] = {}  # subgraph name -> how its NeuronOp is made dynamic
     graph_def = signature.graph_def
     scratch, hasher, cache, cache_stats = state.scratch, state.hasher, state.cache, \
         state.cache_stats
@@ -401,6 +485,12 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             warnings.warn(f"no_fuse_ops/force_fuse_ops entries {ignored} name no node and no "
                           "op type of the graph; they were ignored (a typo?)", CompileWarning,
                           stacklevel=4)
+        if free_shapes is not None:
+            keys = {i.tensor: i.key for i in signature.inputs}
+            made = [make_dynamic(sg, free_shapes, keys, o.compiler_args)
+                    for sg in part.subgraphs]
+            part = replace(part, subgraphs=tuple(sg for sg, _ in made))
+            dynamic.update({sg.name: d for sg, d in made if d is not None})
         key_args = o.int8.key_args() if o.int8 else ()
         digests = {sg.name: digest(sg, (*o.compiler_args, *key_args))
                    for sg in part.subgraphs}
@@ -438,6 +528,17 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
 
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
+    ahead: list[str] = []
+    buckets = _mine(o.shape_buckets, signature, main, state.input_keys)
+    if buckets:
+        if free_shapes is None:
+            raise SavedModelError("shape_buckets names sizes of free dimensions, and "
+                                  f"signature {signature.signature_key!r} has none")
+        ahead = compile_ahead(plan, buckets, graph_def,
+                              [sg for sg, _ in compiled if sg.name in dynamic],
+                              {sg.name: graphs[digests[sg.name]].path for sg, _ in compiled},
+                              o.compiler_args, cache, cache_stats, o.max_num_compilers,
+                              o.compiler_timeout)
     verdicts = []
     if o.verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
         from .verification import verify_signature
@@ -469,6 +570,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
         node = neuron_op_shell(sg.name, sg.inputs, exe, stated,
                                # duplicates and placement are left to the runtime
                                model_config=model_config(sum(cores), exe.num_cores))
+        if sg.name in dynamic:
+            dynamic[sg.name].patch(node)
         replacements.append((sg, node))
         executable = result.executable if result.executable_file is None else BlobFile(
             result.executable_file, len(result.executable),
@@ -480,7 +583,19 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature=signature, graph_def=new_graph_def, outputs=outputs, blobs=blobs,
                      part=part, compiled=compiled, excluded=excluded, failures=failures,
-                     executables=executables, verdicts=verdicts)
+                     executables=executables, verdicts=verdicts, plan=plan, ahead=ahead,
+                     dynamic={k: v.spec for k, v in dynamic.items()})
+
+
+def _mine(given: Mapping | None, signature: FrozenSignature, main: bool,
+          known: frozenset[str]) -> dict | None:
+    """The entries of `shape_bounds`/`shape_buckets` naming inputs of `signature`, and
+    for the main signature also those naming no input of any signature (which it then
+    refuses by name), as `_feeds_for` splits the shape dicts."""
+    if not given:
+        return None
+    keys = {i.key for i in signature.inputs}
+    return {k: v for k, v in given.items() if k in keys or (main and k not in known)}
 
 
 def _int8_args(int8: _Int8 | None, signature: FrozenSignature, todo: list, scratch: str,

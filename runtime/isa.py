@@ -18,6 +18,7 @@ executable stays cheap.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ DTYPES = frozenset(ITEMSIZE)
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 INTEGERS = frozenset({"int8", "uint8", "int16", "int32", "int64"})
 INDEX_DTYPES = frozenset({"int32", "int64"})
+NUMBERS = DTYPES - {"bool"}
+SIGNED = FLOATS | {"int8", "int16", "int32", "int64"}
 
 MAX_RANK = 32                 # numpy's own limit is 64; no model comes near
 MAX_DIM = 2**31 - 1           # one dimension, and any integer attribute's magnitude
@@ -191,6 +194,21 @@ class Attr:
 
 # --- the declaration -----------------------------------------------------------------
 
+class Trait(str, enum.Enum):
+    """What the passes and engines ask of a kind (named sets, as tinygrad's GroupOp)."""
+
+    MATMUL_LIKE = "matmul_like"      # a matrix unit's work (operands 0 and 1); fused bias/act
+    ELEMENTWISE = "elementwise"      # each output element from same-index inputs (broadcast)
+    MOVEMENT = "movement"            # moves or copies elements, never computes with them
+    REDUCTION = "reduction"          # folds elements along axes or windows
+    WINDOWED = "windowed"            # an NHWC window sweep (strides, pads, ...)
+    NO_FLOAT_MATH = "no_float_math"  # no floating-point arithmetic (auto-cast never rounds it)
+    SAME_TYPE_IS_IDENTITY = "same_type_is_identity"  # y = x when the output type equals x's
+
+    def __str__(self) -> str:
+        return self.value
+
+
 Rule = Callable[[Sequence[HasType], dict], list[Type]]
 
 
@@ -202,7 +220,7 @@ class Kind:
     variadic: bool = False             # `inputs` is one name repeated one or more times
     outputs: tuple[str, ...] = ("y",)
     attrs: tuple[Attr, ...] = ()
-    traits: frozenset[str] = frozenset()
+    traits: frozenset[Trait] = frozenset()
     rule: Rule | None = None
     doc: str = ""
     attr_index: dict[str, Attr] = field(default_factory=dict, compare=False, repr=False)
@@ -264,7 +282,8 @@ def check(name: str, types: Sequence[HasType], attrs: Mapping) -> list[Type]:
     return kind.rule(types, full)
 
 
-def kinds_with(trait: str) -> frozenset[str]:
+def kinds_with(trait: Trait | str) -> frozenset[str]:
+    trait = Trait(trait)  # a misspelt trait is a ValueError, not an empty set
     return frozenset(k.name for k in KINDS.values() if trait in k.traits)
 
 
@@ -341,8 +360,22 @@ UNARY_FNS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "s
 ACTIVATIONS = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
                          "softplus", "gelu", "gelu_tanh", "swish"})
 COMPARISONS = ("greater", "greater_equal", "less", "less_equal", "equal", "not_equal")
+# The dtypes each unary function takes (TF's own: its float-only ops take floats only).
+UNARY_DOMAIN: dict[str, frozenset[str]] = {
+    **{fn: FLOATS for fn in UNARY_FNS},
+    "relu": NUMBERS, "relu6": NUMBERS, "square": NUMBERS,
+    "abs": SIGNED, "neg": SIGNED, "sign": SIGNED, "logical_not": frozenset({"bool"})}
 BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
               *COMPARISONS, "logical_and", "logical_or", "floor_div", "floor_mod")
+BINARY_DOMAIN: dict[str, frozenset[str]] = {
+    **{fn: NUMBERS for fn in BINARY_FNS},
+    "equal": DTYPES, "not_equal": DTYPES,
+    "logical_and": frozenset({"bool"}), "logical_or": frozenset({"bool"})}
+# a (fn) b == b (fn') a: the operand order an engine may swap (to put the full-shaped
+# operand first).
+SWAPPED = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
+           "equal": "equal", "not_equal": "not_equal", "greater": "less", "less": "greater",
+           "greater_equal": "less_equal", "less_equal": "greater_equal"}
 
 _ALPHA = Attr("alpha", NUM, 0.2, "leaky_relu's slope")
 _ACTIVATION = (Attr("activation", Choice("none", *UNARY_FNS), "none",
@@ -358,24 +391,28 @@ _WINDOW = (Attr("strides", Ints(2, lo=1), doc="[sh, sw]"),
            Attr("dilations", Ints(2, lo=1), doc="[dh, dw]"),
            Attr("pads", Ints(4, lo=0), doc="[top, bottom, left, right]"), _LAYOUT)
 
-# Traits (named sets below, in the spirit of tinygrad's GroupOp):
-#   matmul_like  a matrix unit's work (operands 0 and 1); takes a fused bias and activation
-#   elementwise  each output element from the same-index input elements (with broadcasting)
-#   movement     moves or copies elements, never computes with them
-#   reduction    folds elements along axes or windows
-#   windowed     an NHWC window sweep (strides, pads, ...)
-#   no_float_math  does no floating-point arithmetic (auto-cast never rounds its operands)
-#   same_type_is_identity  returns its input unchanged when the output type equals it
+# Traits: see `Trait` above.
 
 
 def _one(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type(tuple(t[0].shape), t[0].dtype)]
 
 
+def _in_domain(fn: str, dtype: str, domain: frozenset[str]) -> None:
+    if dtype not in domain:
+        raise IsaError(f"{fn} takes {', '.join(sorted(domain))}, got {dtype}", "in")
+
+
+def _unary(t: Sequence[HasType], a: dict) -> list[Type]:
+    _in_domain(a["fn"], t[0].dtype, UNARY_DOMAIN[a["fn"]])
+    return _one(t, a)
+
+
 def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
     if t[0].dtype != t[1].dtype:
         raise IsaError(f"operands have dtypes {t[0].dtype} and {t[1].dtype}; they must match",
                        "in")
+    _in_domain(a["fn"], t[0].dtype, BINARY_DOMAIN[a["fn"]])
     shape = broadcast_shapes(t[0].shape, t[1].shape)
     return [Type(shape, "bool" if a["fn"] in COMPARISONS else t[0].dtype)]
 
@@ -393,6 +430,7 @@ def _cast(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
     x, w = t[0], t[1]
+    _in_domain("matmul", x.dtype, NUMBERS)
     if len(x.shape) < 2 or len(w.shape) < 2:
         raise IsaError(f"matmul operands must have rank >= 2, got {_fmt(x)} and {_fmt(w)}",
                        "in")
@@ -423,6 +461,7 @@ def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
     x, w = t[0], t[1]
+    _in_domain("conv", x.dtype, NUMBERS)
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise IsaError(f"conv wants NHWC input and a 4-D filter, got {_fmt(x)} and {_fmt(w)}",
                        "in")
@@ -460,6 +499,7 @@ def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
 
 def _pool(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 4, "pool's input (NHWC)")
+    _in_domain("pool", t[0].dtype, NUMBERS)
     n, h, w, c = t[0].shape
     (kh, kw), (sh, sw), (pt, pb, pl, pr) = a["ksize"], a["strides"], a["pads"]
     # A pad as large as the window would make windows of padding alone (TF never does).
@@ -472,6 +512,8 @@ def _pool(t: Sequence[HasType], a: dict) -> list[Type]:
 
 
 def _reduce(t: Sequence[HasType], a: dict) -> list[Type]:
+    _in_domain(a["fn"], t[0].dtype,
+               frozenset({"bool"}) if a["fn"] in ("any", "all") else NUMBERS)
     rank = len(t[0].shape)
     axes = list(a["axes"])
     for ax in axes:
@@ -484,6 +526,7 @@ def _reduce(t: Sequence[HasType], a: dict) -> list[Type]:
 
 
 def _softmax(t: Sequence[HasType], a: dict) -> list[Type]:
+    _in_domain("softmax", t[0].dtype, FLOATS)
     _axis(a["axis"], len(t[0].shape), "axis")
     return _one(t, a)
 
@@ -599,6 +642,7 @@ def _gather(t: Sequence[HasType], a: dict) -> list[Type]:
 def _conv3d(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 5, "conv3d's input (NDHWC)")
     _rank(t[1], 5, "conv3d's filter [KD, KH, KW, C, O]")
+    _in_domain("conv3d", t[0].dtype, NUMBERS)
     if t[0].dtype != t[1].dtype:
         raise IsaError(f"input {_fmt(t[0])} and filter {_fmt(t[1])} dtypes differ", "in")
     n, *spatial, c = t[0].shape
@@ -613,6 +657,7 @@ def _conv3d(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _pool3d(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 5, "pool3d's input (NDHWC)")
+    _in_domain("pool3d", t[0].dtype, NUMBERS)
     n, *spatial, c = t[0].shape
     pads = a["pads"]
     if any(max(pads[2 * i], pads[2 * i + 1]) >= k for i, k in enumerate(a["ksize"])):
@@ -651,6 +696,7 @@ def _one_hot(t: Sequence[HasType], a: dict) -> list[Type]:
 
 def _resize(t: Sequence[HasType], a: dict) -> list[Type]:
     _rank(t[0], 4, "resize's input (NHWC)")
+    _in_domain("resize", t[0].dtype, NUMBERS)
     n, h, w, c = t[0].shape
     if min(h, w) < 1:
         raise IsaError(f"cannot resize the empty image {_fmt(t[0])}", "in")
@@ -658,23 +704,28 @@ def _resize(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type((n, a["size"][0], a["size"][1], c), dtype)]
 
 
-def _t(*names: str) -> frozenset[str]:
-    return frozenset(names)
+def _t(*names: str) -> frozenset[Trait]:
+    return frozenset(Trait(n) for n in names)  # a misspelt trait fails at import
 
 
 declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
-             traits=_t("elementwise"), rule=_one, doc=(
+             traits=_t("elementwise"), rule=_unary, doc=(
                  "y = fn(x), same dtype. `gelu` is TF's exact GELU, x·erfc(−x/√2)/2; "
                  "`gelu_tanh` its approximate one, x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³))). "
                  "`swish` is x·sigmoid(x) (Keras' swish / silu). "
                  "`round_bf16`/`round_fp16` round to that precision "
                  "and back (round-to-nearest-even; used by `--auto-cast`). `round` rounds "
-                 "half to even (TF's Round).")))
+                 "half to even (TF's Round). Dtypes (`UNARY_DOMAIN`): relu, relu6, square any "
+                 "number; abs, neg, sign signed numbers; logical_not bool; the rest floats.")))
 declare(Kind("binary", ("a", "b"), attrs=(Attr("fn", Choice(*BINARY_FNS)),),
              traits=_t("elementwise"), rule=_binary, doc=(
                  "numpy broadcasting; a and b share a dtype. Comparisons give bool, the rest "
                  "the input dtype. `floor_div`/`floor_mod` round the quotient toward −∞ "
-                 "(TF FloorDiv/FloorMod: the remainder takes the divisor's sign).")))
+                 "(TF FloorDiv/FloorMod: the remainder takes the divisor's sign). Integers wrap "
+                 "in their width; integer `div` truncates toward zero; an integer division or "
+                 "remainder by zero gives 0 (numpy's answer: TF's CPU kernels raise), and "
+                 "INT_MIN / −1 wraps to INT_MIN. Dtypes (`BINARY_DOMAIN`): logical_and/or "
+                 "bool; equal, not_equal any; the rest numbers.")))
 declare(Kind("select", ("cond", "a", "b"), traits=_t("elementwise", "no_float_math"),
              rule=_select, doc="numpy `where` with broadcasting (TF SelectV2)."))
 declare(Kind("cast", ("x",), attrs=(Attr("to", DType(), doc="the output dtype"),),
@@ -814,9 +865,210 @@ REDUCTION = kinds_with("reduction")
 WINDOWED = kinds_with("windowed")
 NO_FLOAT_MATH = kinds_with("no_float_math")
 SAME_TYPE_IS_IDENTITY = kinds_with("same_type_is_identity")
-TRAITS = {"matmul_like": MATMUL_LIKE, "elementwise": ELEMENTWISE, "movement": MOVEMENT,
-          "reduction": REDUCTION, "windowed": WINDOWED, "no_float_math": NO_FLOAT_MATH,
-          "same_type_is_identity": SAME_TYPE_IS_IDENTITY}
+
+
+# --- arithmetic per instruction (the compiler's stats, the device model, thread counts) ---
+
+def flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[Sequence[int]],
+          attrs: Mapping) -> int:
+    """Arithmetic of one instruction, a multiply-add counting two: matrix-unit kinds by
+    their products, windows by their taps, reductions by the elements they fold, anything
+    else one per output element. (attrs: with defaults, as `Kind.with_defaults` gives.)"""
+    out = elements(out_shapes[0]) if out_shapes else 0
+    if kind in ("conv2d", "conv2d_int8"):
+        kh, kw, cin, _ = in_shapes[1]
+        return 2 * out * kh * kw * cin
+    if kind == "depthwise_conv2d":
+        kh, kw = in_shapes[1][:2]
+        return 2 * out * kh * kw
+    if kind == "conv3d":
+        kd, kh, kw, cin, _ = in_shapes[1]
+        return 2 * out * kd * kh * kw * cin
+    if kind == "matmul_int8":
+        return 2 * out * in_shapes[1][0]
+    if kind == "matmul":
+        a = in_shapes[0]
+        return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
+    if kind in ("pool", "pool3d"):
+        return out * elements(attrs.get("ksize", ()))
+    if kind in ("reduce", "softmax", "layer_norm", "argminmax"):
+        return elements(in_shapes[0]) if in_shapes else out
+    return out
+
+
+# --- scratch: the working memory an instruction may use -----------------------------------
+# The compiler places each instruction's scratch in the arena (cc/memory.py) by these rules;
+# the numpy reference kernels block their work to fit it (runtime/kernels/conv.py, pool.py),
+# reading the same layouts. Only the windowed kinds use any. Sizes are cache-sized blocks,
+# measured on the reference kernels (runtime/kernels/conv.py says why).
+
+SCRATCH_ALIGN = 64          # every carved region starts on a cache line
+GEMM_BLOCK_BYTES = 4 << 20  # conv2d: columns + outputs of one GEMM block
+GEMM_MIN_ROWS = 2048        # conv2d: never smaller GEMMs than this (BLAS efficiency)
+TAP_BLOCK_BYTES = 2 << 20   # depthwise_conv2d: accumulator block of the per-tap loop
+POOL_BLOCK_BYTES = 1 << 20  # pool: H-folded intermediate per block
+
+Region = tuple[tuple[int, ...], str]  # (shape, dtype) of one carved piece
+
+
+def region_bytes(regions: Sequence[Region]) -> int:
+    """Scratch bytes for regions carved in order, each losing up to SCRATCH_ALIGN bytes to
+    alignment."""
+    return sum(elements(shape) * ITEMSIZE[dtype] + SCRATCH_ALIGN for shape, dtype in regions)
+
+
+def compute_dtype(dtype: str) -> str:
+    """What a window kernel computes a dtype in: 16-bit floats in float32 (a matrix unit
+    reading 16 bits accumulates in float32), anything else as itself."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A window sweep over an NHWC input: sizes, strides, dilations, pads, output extent."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    kh: int
+    kw: int
+    oc: int  # filter's last dim: O for conv2d, M for depthwise
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pads: tuple[int, int, int, int]
+    oh: int
+    ow: int
+
+    @staticmethod
+    def of(x_shape: Sequence[int], w_shape: Sequence[int], attrs: Mapping) -> Geometry:
+        n, h, w, c = x_shape
+        kh, kw, _, oc = w_shape
+        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
+        pads = tuple(attrs["pads"])
+        return Geometry(n, h, w, c, kh, kw, oc, sh, sw, dh, dw, pads,  # type: ignore[arg-type]
+                        (h + pads[0] + pads[1] - ((kh - 1) * dh + 1)) // sh + 1,
+                        (w + pads[2] + pads[3] - ((kw - 1) * dw + 1)) // sw + 1)
+
+    @property
+    def padded(self) -> bool:
+        return any(self.pads)
+
+    @property
+    def padded_shape(self) -> tuple[int, int, int, int]:
+        top, bottom, left, right = self.pads
+        return (self.n, self.h + top + bottom, self.w + left + right, self.c)
+
+    @property
+    def direct(self) -> bool:
+        """1x1, stride 1, unpadded: the input already is the column matrix."""
+        return (self.kh, self.kw, self.sh, self.sw) == (1, 1, 1, 1) and not self.padded
+
+    def rows_per_block(self, pixel_bytes: int, target: int, min_pixels: int) -> int:
+        """Output rows (one (n, oh) pair = OW pixels) per block: about `target` bytes
+        at `pixel_bytes` per output pixel, and at least `min_pixels` pixels."""
+        pixels = max(target // max(pixel_bytes, 1), min_pixels)
+        return max(1, min(pixels // self.ow, self.n * self.oh))
+
+
+Layout = tuple[Geometry, str, int, list[Region]]  # geometry, compute dtype, rows, regions
+
+
+def conv2d_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                  attrs: Mapping) -> Layout:
+    """One group's conv2d as im2col blocks: the padded input, a block's columns, its
+    unrounded result (16-bit outputs) and its tiled bias."""
+    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
+    cd = compute_dtype(in_dtypes[0])
+    k = g.kh * g.kw * g.c
+    rows = g.rows_per_block((k + g.oc) * ITEMSIZE[cd], GEMM_BLOCK_BYTES, GEMM_MIN_ROWS)
+    regions: list[Region] = []
+    if not g.direct:
+        if g.padded:
+            regions.append((g.padded_shape, cd))
+        regions.append(((rows * g.ow, k), cd))
+    if cd != in_dtypes[0]:
+        regions.append(((rows * g.ow, g.oc), cd))  # GEMM result before rounding
+    if len(in_shapes) - bool(attrs.get("residual")) == 3:  # a bias, tiled over a block
+        regions.append(((rows * g.ow, g.oc), in_dtypes[0]))
+    return g, cd, rows, regions
+
+
+def conv2d_group(in_shapes: Sequence[Sequence[int]], attrs: Mapping
+                 ) -> tuple[Geometry, tuple[int, ...], tuple[int, ...], dict]:
+    """A grouped conv2d's geometry, one group's x and w shapes, and its plain attrs."""
+    groups = attrs["groups"]
+    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
+    kh, kw, cg, o = in_shapes[1]
+    plain = {k: v for k, v in attrs.items() if k not in ("groups", "residual", "activation")}
+    return g, (g.n, g.h, g.w, cg), (kh, kw, cg, o // groups), plain
+
+
+def _conv2d_scratch(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                    attrs: Mapping) -> int:
+    if attrs.get("groups", 1) > 1:  # each group copied out, convolved, copied back
+        g, x_shape, w_shape, plain = conv2d_group(in_shapes, attrs)
+        inner = _conv2d_scratch([x_shape, w_shape], in_dtypes[:1], plain)
+        return region_bytes([(x_shape, in_dtypes[0]),
+                             ((g.n, g.oh, g.ow, w_shape[3]), in_dtypes[0]),
+                             (w_shape, in_dtypes[0]), ((inner,), "uint8")])
+    return region_bytes(conv2d_layout(in_shapes, in_dtypes, attrs)[3])
+
+
+def depthwise_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                     attrs: Mapping) -> Layout:
+    """The per-tap loop's padded copy (grouped by column stride), one tap's products and
+    the accumulator."""
+    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
+    cd = compute_dtype(in_dtypes[0])
+    rows = g.rows_per_block(g.sw * g.c * g.oc * ITEMSIZE[cd], TAP_BLOCK_BYTES, 1)
+    regions: list[Region] = []
+    n, hp, wp, c = g.padded_shape
+    if depthwise_needs_copy(g, cd, in_dtypes[0]):
+        regions.append(((n, hp, -(-wp // g.sw) * g.sw, c), cd))
+    block = (rows * g.ow * g.sw * g.c * g.oc,)
+    regions.append((block, cd))  # one tap's products
+    if g.sw > 1 or cd != in_dtypes[0]:
+        regions.append((block, cd))  # accumulator (slots not yet summed, or unrounded)
+    return g, cd, rows, regions
+
+
+def depthwise_needs_copy(g: Geometry, cd: str, dtype: str) -> bool:
+    return g.padded or g.padded_shape[2] % g.sw != 0 or cd != dtype
+
+
+def pool_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                attrs: Mapping) -> Layout:
+    """The H-folded block [n, rows, W, C] and, when it computes wider, the unrounded
+    result. avg of 16-bit floats accumulates in float32, of integers in float64
+    (truncated at the end); max is exact in any dtype."""
+    kh, kw = attrs["ksize"]
+    g = Geometry.of(in_shapes[0], (kh, kw, in_shapes[0][3], 1),
+                    {"strides": attrs["strides"], "dilations": (1, 1), "pads": attrs["pads"]})
+    cd = in_dtypes[0]
+    if attrs["mode"] == "avg":
+        cd = "float64" if cd in INTEGERS or cd == "bool" else compute_dtype(cd)
+    rows = g.rows_per_block(-(-g.w // g.ow) * g.c * ITEMSIZE[cd], POOL_BLOCK_BYTES, 1)
+    regions: list[Region] = [((rows * g.w * g.c,), cd)]
+    if cd != in_dtypes[0]:
+        regions.append(((rows * g.ow * g.c,), cd))
+    return g, cd, rows, regions
+
+
+_SCRATCH: dict[str, Callable[[Sequence[Sequence[int]], Sequence[str], Mapping], int]] = {
+    "conv2d": _conv2d_scratch,
+    "depthwise_conv2d": lambda s, d, a: region_bytes(depthwise_layout(s, d, a)[3]),
+    "pool": lambda s, d, a: region_bytes(pool_layout(s, d, a)[3]),
+}
+
+
+def scratch_bytes(kind: str, in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
+                  attrs: Mapping) -> int:
+    """The scratch bytes one instruction may use (0 for most kinds); attrs with defaults."""
+    rule = _SCRATCH.get(kind)
+    return int(rule(in_shapes, in_dtypes, attrs)) if rule else 0
 
 
 # --- the ISA table of docs/isa.md ----------------------------------------------------------

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -378,11 +379,23 @@ def _from_env() -> None:
     directory = os.environ.get(ENV_VAR)
     if not directory:
         return
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        # A file, /dev/null or a dangling symlink: the trace could never be written, and
+        # saying so once now beats a traceback at the end of the user's program.
+        print(f"neuronish: ${ENV_VAR}={directory!r} is not a directory; not profiling",
+              file=sys.stderr)
+        return
     start()
 
     def write_at_exit() -> None:
-        if _events:  # tools that never used the device write nothing
-            stop(Path(directory) / f"neuronish-{os.getpid()}.json")
+        if not _events:  # tools that never used the device write nothing
+            return
+        path = Path(directory) / f"neuronish-{os.getpid()}.json"
+        try:
+            stop(path)
+        except OSError as e:  # at exit a traceback helps nobody: one line with the reason
+            print(f"neuronish: ${ENV_VAR}: could not write {path}: {e.strerror or e}",
+                  file=sys.stderr)
 
     atexit.register(write_at_exit)
 

@@ -148,7 +148,7 @@ def test_make_inputs_follow_the_signature() -> None:
 
 @pytest.mark.parametrize("spec, needle", [
     (tf.TensorSpec([4, 2], tf.float32), "pass --batch-size 4"),
-    (tf.TensorSpec([None, None], tf.float32), "dimension 1 is unknown"),
+    (tf.TensorSpec([None, None], tf.float32), "dimension 1 is free"),
     (tf.TensorSpec(None, tf.float32), "unknown rank"),
     (tf.TensorSpec([None], tf.string), "dtype string"),
 ])

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from neuronish.runtime.kernels import conv, parallel
+from neuronish.runtime import isa
+from neuronish.runtime.kernels import parallel
 from neuronish.runtime.kernels.common import lane_slices
 from tests.test_kernels import DEPTHWISE_CASES, close, explicit_pads, randn, run, tf_conv
 
@@ -121,7 +122,7 @@ def test_a_busy_pool_does_not_hold_up_the_caller(lanes: int) -> None:
 def test_depthwise_on_lanes_matches_tf(lanes: int, xs: tuple, ws: tuple, strides: list,
                                       dilations: list, padding: str, lanes_used: list[int],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(conv, "TAP_BLOCK_BYTES", 4096)  # several blocks for every lane
+    monkeypatch.setattr(isa, "TAP_BLOCK_BYTES", 4096)  # several blocks for every lane
     x, w, b = randn(*xs), randn(*ws), randn(ws[2] * ws[3])
     attrs = {"strides": strides, "dilations": dilations, "activation": "relu6",
              "pads": explicit_pads(padding, x, w, strides, dilations)}
@@ -135,7 +136,7 @@ def test_depthwise_on_lanes_matches_tf(lanes: int, xs: tuple, ws: tuple, strides
 def test_depthwise_on_lanes_in_float16(lanes: int, lanes_used: list[int],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # float16 accumulates in float32 scratch: the lanes' accumulators must not overlap.
-    monkeypatch.setattr(conv, "TAP_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(isa, "TAP_BLOCK_BYTES", 4096)
     x, w = randn(2, 9, 8, 4, dtype=np.float16), randn(3, 3, 4, 1, dtype=np.float16)
     attrs = {"strides": [2, 2], "dilations": [1, 1], "activation": "none",
              "pads": explicit_pads("SAME", x, w, [2, 2], [1, 1])}

@@ -16,8 +16,9 @@ import tensorflow as tf
 
 from neuronish.cc import kinds
 from neuronish.cc.ir import TensorType
+from neuronish.runtime import isa
 from neuronish.runtime.errors import ExecutionError
-from neuronish.runtime.kernels import KERNELS, conv, evaluate, pool
+from neuronish.runtime.kernels import KERNELS, evaluate
 from neuronish.runtime.native import library
 from neuronish.runtime.program import evaluate_one, one_instruction_program
 
@@ -408,8 +409,8 @@ def test_conv2d_in_many_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b = randn(3, 13, 9, 4), randn(3, 3, 4, 6), randn(6)
     want = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, w, [2, 1], "SAME"), b))
     for min_rows in (9, 20, 45):
-        monkeypatch.setattr(conv, "GEMM_BLOCK_BYTES", 1)
-        monkeypatch.setattr(conv, "GEMM_MIN_ROWS", min_rows)
+        monkeypatch.setattr(isa, "GEMM_BLOCK_BYTES", 1)
+        monkeypatch.setattr(isa, "GEMM_MIN_ROWS", min_rows)
         attrs = {"strides": [2, 1], "dilations": [1, 1], "activation": "relu",
                  "pads": same_pads(13, 9, 3, 3, 2, 1)}
         close(run("conv2d", [x, w, b], attrs), want, rtol=1e-4, atol=1e-4)
@@ -447,7 +448,7 @@ def test_depthwise_matches_tf(xs: tuple, ws: tuple, strides: list, dilations: li
 
 
 def test_depthwise_bias_activation_blocks_and_float16(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(conv, "TAP_BLOCK_BYTES", 1)  # one output row per block
+    monkeypatch.setattr(isa, "TAP_BLOCK_BYTES", 1)  # one output row per block
     x, w, b = randn(2, 8, 7, 4), randn(3, 3, 4, 2), randn(8)
     attrs = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1],
              "activation": "relu6"}
@@ -487,7 +488,7 @@ def test_pool_matches_tf(mode: str, xs: tuple, ksize: list, strides: list,
 
 
 def test_pool_float16_int_and_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pool, "BLOCK_BYTES", 1)  # one output row per block
+    monkeypatch.setattr(isa, "POOL_BLOCK_BYTES", 1)  # one output row per block
     x = randn(2, 9, 9, 3)
     pads = same_pads(9, 9, 3, 3, 2, 2)
     for mode, ref in [("max", tf.nn.max_pool2d), ("avg", tf.nn.avg_pool2d)]:

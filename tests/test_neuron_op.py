@@ -108,7 +108,8 @@ def test_op_is_registered_with_the_design_attrs() -> None:
         "input_shapes": "list(shape)", "output_shapes": "list(shape)",
         "output_dtypes": "list(type)", "executable": "string", "input_batch_axis": "list(int)",
         "output_batch_axis": "list(int)", "model_config": "list(int)", "Tin": "list(type)",
-        "n_external": "int"}  # count of external_files: attrs stored in assets/
+        "n_external": "int",  # count of external_files: attrs stored in assets/
+        "dynamic_shapes": "string"}  # free dims and their bounds (shape_specialize.py)
     assert [a.name for a in op.input_arg] == ["input_tensors", "external_files"]
     assert [a.name for a in op.output_arg] == ["output_tensors"]
     assert not op.is_stateful  # lets CSE work and keeps tf.function from serializing calls

@@ -98,9 +98,9 @@ def test_a_module_with_two_signatures_and_no_default(tmp_path: Path) -> None:
 
 
 def test_a_signature_that_cannot_be_compiled_stays_on_tensorflow(tmp_path: Path) -> None:
-    """The second signature takes images of any size (the device needs static shapes),
-    the third writes a variable (nothing to freeze): the first is compiled, the second
-    kept on TensorFlow, the third named as dropped; each with a warning saying so."""
+    """The second signature cannot take the shape given for `x` (rank 2 for its rank-3
+    input), the third writes a variable (nothing to freeze): the first is compiled, the
+    second kept on TensorFlow, the third named as dropped; each with a warning saying so."""
     module = tf.Module()
     module.w = tf.Variable(tf.random.stateless_normal([3, 4], seed=[1, 2]))
     module.count = tf.Variable(0.0)
@@ -122,13 +122,15 @@ def test_a_signature_that_cannot_be_compiled_stays_on_tensorflow(tmp_path: Path)
     tf.saved_model.save(module, src, signatures={"serving_default": logits, "pooled": pooled,
                                                  "counted": counted})
     with pytest.warns(CompileWarning) as warned:
-        report = neuronish.saved_model.compile(src, str(out))
+        report = neuronish.saved_model.compile(src, str(out),
+                                               model_shape_feed_dict={"x": [1, 3]})
     said = " ".join(str(w.message) for w in warned)
-    assert "'pooled'" in said and "stays on TensorFlow" in said and "static shapes" in said
+    assert "'pooled'" in said and "stays on TensorFlow" in said and \
+        "the signature declares [?, ?, 3]" in said
     assert "'counted'" in said and "not in the compiled model" in said
     assert report["OnNeuronRatio"] == 1.0
     assert report["signatures"]["pooled"]["OnNeuronRatio"] == 0.0
-    assert "static shapes" in report["signatures"]["pooled"]["error"]
+    assert "the signature declares" in report["signatures"]["pooled"]["error"]
     assert "AssignAddVariableOp" in report["signatures_dropped"]["counted"]
     text = neuronish.saved_model.format_report(report)
     assert "signature 'pooled': stays on TensorFlow" in text

@@ -130,6 +130,13 @@ def binary(ctx: LowerCtx, node: TFNode) -> list[Value]:
     fn, allowed = BINARY[node.op]
     a, b = ctx.input(node, 0), ctx.input(node, 1)
     require_dtype(a, allowed)
+    if fn in ("floor_div", "floor_mod") and b.is_const and b.data.dtype.kind in "iu" \
+            and not b.data.all():
+        # TensorFlow fails the node when it runs; numpy would quietly give 0 here.
+        raise NodeError(f"integer division by zero: the divisor (input 1) is a constant "
+                        f"{b.type} holding 0, and TensorFlow fails this node with "
+                        f"'Integer division by zero' when it runs",
+                        hint="fix the model: divide by a non-zero constant")
     return [ctx.emit1("binary", [a, b], {"fn": fn})]
 
 

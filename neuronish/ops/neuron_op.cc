@@ -88,6 +88,7 @@ REGISTER_OP("NeuronOp")
     .Attr("output_batch_axis: list(int)")
     .Attr("model_config: list(int)")
     .Attr("n_external: int >= 0 = 0")
+    .Attr("dynamic_shapes: string = ''")
     .SetShapeFn(NeuronOpShape)
     .Doc(R"doc(
 A subgraph compiled for the neuronish device; `executable` is the program.
@@ -95,6 +96,9 @@ Inputs and outputs follow input_names / output_names; a call whose batch (on
 input_batch_axis) differs from the compiled one is split and padded.
 external_files: paths (SavedModel assets) of the executable and graph_def when
 those attrs hold a `neuronish-external:` reference instead of the bytes.
+dynamic_shapes: empty, or JSON saying which dims (-1 in the shape attrs) are free
+and their bounds; the bridge then runs each call's shape on an executable compiled
+for it (neuronish/shape_specialize.py) and says the outputs' shapes.
 )doc");
 
 // ---------------------------------------------------------------------------
@@ -237,6 +241,7 @@ struct Bridge {
   PyObject* module;
   PyObject* load;  // interned attribute names
   PyObject* run;
+  PyObject* output_shapes;
   PyObject* unload;
   PyObject* error_status;
   PyTypeObject* tensor_view;
@@ -263,6 +268,7 @@ const Bridge* GetBridge() {
     bridge = new Bridge{module,
                         PyUnicode_InternFromString("load"),
                         PyUnicode_InternFromString("run"),
+                        PyUnicode_InternFromString("output_shapes"),
                         PyUnicode_InternFromString("unload"),
                         PyUnicode_InternFromString("error_status"),
                         type};
@@ -395,6 +401,7 @@ class NeuronOpKernel : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("output_batch_axis", &output_batch_axis_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("model_config", &model_config_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n_external", &n_external_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dynamic_shapes", &dynamic_shapes_));
     // Borrow the executable from the kernel's own NodeDef, which lives as long as
     // the kernel, instead of copying what may be hundreds of MB.
     auto it = def().attr().find("executable");
@@ -423,6 +430,11 @@ class NeuronOpKernel : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<Tensor*> outputs;
+    if (!dynamic_shapes_.empty()) {
+      OP_REQUIRES_OK(ctx, PrepareDynamic(ctx, &outputs));
+      OP_REQUIRES_OK(ctx, Run(ctx, outputs));
+      return;
+    }
     OP_REQUIRES_OK(ctx, Prepare(ctx, &outputs));
     OP_REQUIRES_OK(ctx, Run(ctx, outputs));
   }
@@ -454,7 +466,8 @@ class NeuronOpKernel : public OpKernel {
           return absl::InvalidArgumentError(absl::StrCat(
               what, "has dtype ", DtypeName(dtypes[i]), ", which the device does not have"));
         }
-        if (!shapes[i].IsFullyDefined()) {
+        if (shapes[i].unknown_rank() ||
+            (dynamic_shapes_.empty() && !shapes[i].IsFullyDefined())) {
           return absl::InvalidArgumentError(absl::StrCat(
               what, "has shape ", shapes[i].DebugString(), "; compiled shapes are static"));
         }
@@ -490,7 +503,8 @@ class NeuronOpKernel : public OpKernel {
     for (int d = 0; d < input_shapes_[i].dims(); ++d) {
       if (d) out += ",";
       const bool any = splittable_ && d == input_batch_axis_[i];
-      out += any ? "*" : std::to_string(input_shapes_[i].dim_size(d));
+      const int64_t size = input_shapes_[i].dim_size(d);
+      out += any ? "*" : size < 0 ? "?" : std::to_string(size);
     }
     return out + "]";
   }
@@ -506,7 +520,7 @@ class NeuronOpKernel : public OpKernel {
       const int axis = splittable_ ? static_cast<int>(input_batch_axis_[i]) : -1;
       bool ok = got.dims() == want.dims();
       for (int d = 0; ok && d < got.dims(); ++d) {
-        ok = d == axis || got.dim_size(d) == want.dim_size(d);
+        ok = d == axis || want.dim_size(d) < 0 || got.dim_size(d) == want.dim_size(d);
       }
       if (!ok) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -538,6 +552,68 @@ class NeuronOpKernel : public OpKernel {
       TensorShape shape;
       output_shapes_[i].AsTensorShape(&shape);  // fully defined: CheckAttrs
       if (batch >= 0 && output_batch_axis_[i] >= 0) shape.set_dim(output_batch_axis_[i], batch);
+      TF_RETURN_IF_ERROR(ctx->allocate_output(i, shape, &(*outputs)[i]));
+    }
+    return absl::OkStatus();
+  }
+
+  // A NeuronOp with free dimensions (dynamic_shapes): ranks and fixed sizes checked
+  // here, the rest (bounds, which executable, the outputs' shapes) by the bridge's
+  // output_shapes(handle, inputs), which may compile one for a new shape (or compute
+  // the call on TensorFlow, when it falls back).
+  absl::Status PrepareDynamic(OpKernelContext* ctx, std::vector<Tensor*>* outputs) {
+    int64_t batch = -1;
+    TF_RETURN_IF_ERROR(CheckInputs(ctx, &batch));
+    if (!PythonUsable()) {
+      return absl::FailedPreconditionError(
+          Where() + "the neuronish device runs in Python and this process has no running "
+          "Python interpreter; serve the model from Python, after `import neuronish`");
+    }
+    TF_RETURN_IF_ERROR(EnsureLoaded(ctx));
+    std::vector<std::vector<int64_t>> shapes;
+    {
+      Gil gil;
+      const Bridge* b = GetBridge();
+      if (!b) return StatusFromPython(name());
+      PyRef given(PyList_New(NumTensorInputs()));
+      if (!given) return StatusFromPython(name());
+      for (int i = 0; i < NumTensorInputs(); ++i) {
+        PyObject* view = NewTensorView(*b, ctx->input(i), /*writable=*/false);
+        if (!view) return StatusFromPython(name());
+        PyList_SET_ITEM(given.get(), i, view);
+      }
+      PyObject* handle = handle_.load(std::memory_order_acquire);
+      PyRef r(b->Call(b->output_shapes, handle, given.get()));
+      if (!r) return StatusFromPython(name());
+      PyRef seq(PySequence_Fast(r.get(), "output_shapes must return a list"));
+      if (!seq || PySequence_Fast_GET_SIZE(seq.get()) !=
+                      static_cast<Py_ssize_t>(output_shapes_.size())) {
+        PyErr_Clear();
+        return absl::InternalError(Where() + "the bridge returned the wrong number of shapes");
+      }
+      for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq.get()); ++i) {
+        PyRef dims(PySequence_Fast(PySequence_Fast_GET_ITEM(seq.get(), i), "a shape"));
+        if (!dims) return StatusFromPython(name());
+        std::vector<int64_t> shape;
+        for (Py_ssize_t d = 0; d < PySequence_Fast_GET_SIZE(dims.get()); ++d) {
+          shape.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(dims.get(), d)));
+        }
+        if (PyErr_Occurred()) return StatusFromPython(name());
+        shapes.push_back(std::move(shape));
+      }
+    }
+    outputs->resize(output_shapes_.size());
+    for (size_t i = 0; i < outputs->size(); ++i) {
+      TensorShape shape;
+      TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(shapes[i], &shape));
+      PartialTensorShape want = output_shapes_[i];
+      if (output_batch_axis_[i] >= 0) want.set_dim(output_batch_axis_[i], -1);
+      if (!want.IsCompatibleWith(shape)) {
+        return absl::InternalError(absl::StrCat(Where(), "output '", output_names_[i],
+                                                "' would have shape ", ShapeText(shape),
+                                                ", which its attr ",
+                                                output_shapes_[i].DebugString(), " refuses"));
+      }
       TF_RETURN_IF_ERROR(ctx->allocate_output(i, shape, &(*outputs)[i]));
     }
     return absl::OkStatus();
@@ -582,11 +658,11 @@ class NeuronOpKernel : public OpKernel {
       return files_ok;
     }
     PyRef args(Py_BuildValue(
-        "(s#NNNNNNNNNNNN)", name().data(), static_cast<Py_ssize_t>(name().size()), exe,
+        "(s#NNNNNNNNNNNNs#)", name().data(), static_cast<Py_ssize_t>(name().size()), exe,
         StringList(input_names_), DtypeList(input_dtypes_), ShapeList(input_shapes_),
         IntList(input_batch_axis_), StringList(output_names_), DtypeList(output_dtypes_),
         ShapeList(output_shapes_), IntList(output_batch_axis_), IntList(model_config_), graph,
-        files));
+        files, dynamic_shapes_.data(), static_cast<Py_ssize_t>(dynamic_shapes_.size())));
     PyRef load(args ? PyObject_GetAttr(b->module, b->load) : nullptr);
     PyRef handle(load ? PyObject_Call(load.get(), args.get(), nullptr) : nullptr);
     if (!handle) return StatusFromPython(name());
@@ -643,6 +719,7 @@ class NeuronOpKernel : public OpKernel {
   DataTypeVector input_dtypes_, output_dtypes_;
   std::vector<int64_t> input_batch_axis_, output_batch_axis_, model_config_;
   int64_t n_external_ = 0;  // trailing string inputs: paths of external attrs
+  std::string dynamic_shapes_;  // JSON; empty: every shape is static but the batch
   const std::string* executable_ = nullptr;  // in def(); see the constructor
   const std::string* graph_def_ = nullptr;   // in def() too
   bool splittable_ = false;    // other batch sizes are split into compiled ones

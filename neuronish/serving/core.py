@@ -76,7 +76,8 @@ class MemoryBudget:
 
     A gRPC Predict holds about `REQUEST_MEMORY_MULTIPLE` times its tensors' bytes
     while it is answered (codec.py lists the copies; benchmarks/serving_memory.py
-    measured 7.7x), so it reserves that much before it is decoded. A request that
+    measured 7.7x), so it reserves that much before it is decoded; a JSON REST
+    request reserves `codec.rest_request_bytes(body)` before it is parsed. A request that
     alone needs more than the budget is RESOURCE_EXHAUSTED at once; one that does
     not fit beside the requests in flight waits for them, until its deadline
     (then RESOURCE_EXHAUSTED). 0 = no budget."""
@@ -87,13 +88,14 @@ class MemoryBudget:
         self._free = threading.Condition()
 
     @contextlib.contextmanager
-    def hold(self, nbytes: int, deadline: float | None) -> Iterator[None]:
+    def hold(self, nbytes: int, deadline: float | None,
+             counted: str = f"{REQUEST_MEMORY_MULTIPLE}x its tensors") -> Iterator[None]:
         if self.total <= 0 or nbytes <= 0:
             yield
             return
         if nbytes > self.total:
             raise ServingError(RESOURCE_EXHAUSTED, f"the request needs about {nbytes} bytes of "
-                               f"server memory ({REQUEST_MEMORY_MULTIPLE}x its tensors), more "
+                               f"server memory ({counted}), more "
                                f"than the server's budget for requests in flight ({self.total}, "
                                "--request_memory_budget_bytes); split it into smaller requests")
         with self._free:

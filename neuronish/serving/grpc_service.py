@@ -29,7 +29,7 @@ from .codec import check_request_size, to_ndarray, to_tensor_proto
 from .core import ServingCore, Target
 from .metrics import Metrics
 from .signatures import Signature
-from .status import INTERNAL, OK, ServingError, grpc_status
+from .status import INTERNAL, OK, ServingError, grpc_status, internal_error
 
 log = logging.getLogger("neuronish.serving")
 T = TypeVar("T")
@@ -52,10 +52,9 @@ def _call(metrics: Metrics, api: str, model: str, context: grpc.ServicerContext,
     except ServingError as e:
         code = e.code
         context.abort(grpc_status(e.code), e.message)
-    except Exception as e:
+    except Exception:
         code = INTERNAL
-        log.exception("%s failed", api)
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        context.abort(grpc.StatusCode.INTERNAL, internal_error(log, api).message)
     finally:
         metrics.record_request(model, api, ENTRYPOINT, ServingError(code, "").code_name,
                                (time.perf_counter() - start) * 1e6)

@@ -34,6 +34,7 @@ import tensorflow as tf
 from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow_serving.apis import classification_pb2, input_pb2, regression_pb2
 
+from .codec import MAX_RANK
 from .signatures import TensorSpec, dtype_name, shape_text
 from .status import UNIMPLEMENTED, ServingError, invalid_argument
 
@@ -97,8 +98,9 @@ def parse_body(body: bytes) -> dict:
         raise invalid_argument(f"JSON Parse error: {e.msg} at offset: {e.pos}") from None
     except RecursionError:
         raise invalid_argument("JSON Parse error: the document is nested too deeply") from None
-    except ValueError as e:  # e.g. an integer with more digits than Python converts
-        raise invalid_argument(f"JSON Parse error: {e}") from None
+    except ValueError:  # an integer with more digits than Python converts (4300)
+        raise invalid_argument("JSON Parse error: a number has more digits than any "
+                               "tensor type holds") from None
     if not isinstance(doc, dict):
         raise invalid_argument(f"JSON Value: {_echo(doc)} Is not object")
     if b"\\ud" in body or b"\\uD" in body:  # a \u escape of a surrogate: is it paired?
@@ -179,6 +181,11 @@ def _leaf_converter(dtype: tf.dtypes.DType) -> Callable[[object], object]:
                                       "is not supported")
 
 
+def _too_deep() -> ServingError:
+    return invalid_argument(f"JSON Value: a list nested more than {MAX_RANK} deep; a tensor "
+                            f"has at most {MAX_RANK} dimensions")
+
+
 def value_to_array(value: object, dtype: tf.dtypes.DType) -> np.ndarray:
     """A JSON value (scalar or rectangular nested lists) as an array of `dtype`.
     The shape is read off the first element at every level, then every list
@@ -186,6 +193,8 @@ def value_to_array(value: object, dtype: tf.dtypes.DType) -> np.ndarray:
     shape: list[int] = []
     probe = value
     while isinstance(probe, list):
+        if len(shape) == MAX_RANK:
+            raise _too_deep()
         shape.append(len(probe))
         if not probe:
             break
@@ -283,6 +292,8 @@ def _decode_instances(instances: object, inputs: Mapping[str, TensorSpec]
     out = {}
     for key, arrays in rows.items():
         first = arrays[0].shape
+        if len(first) >= MAX_RANK:  # the batch dimension comes on top of the instance's
+            raise _too_deep()
         for i, a in enumerate(arrays):
             if a.shape != first:
                 raise invalid_argument(

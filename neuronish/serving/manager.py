@@ -39,8 +39,10 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from .. import kernel_bridge
 from .servable import Servable, load_servable
+from .signatures import accepted_shape_changes
 from .status import (
     FAILED_PRECONDITION,
+    PERMISSION_DENIED,
     UNKNOWN,
     ServingError,
     invalid_argument,
@@ -71,6 +73,9 @@ class _Model:
     labels: dict[str, int] = field(default_factory=dict)
     removed: bool = False
     warned: set[str] = field(default_factory=set)
+    # Set by a HandleReloadConfigRequest: the real paths its version directories must lie
+    # under (a version symlinked out of them is not served); None = not confined.
+    confine: tuple[str, ...] | None = None
 
 
 def aspired_versions(policy: object, on_disk: Sequence[int]) -> list[int]:
@@ -86,9 +91,20 @@ def aspired_versions(policy: object, on_disk: Sequence[int]) -> list[int]:
     return versions[-max(n, 1):]
 
 
-def list_versions(base_path: str) -> tuple[list[int] | None, list[str]]:
+def confined_path(path: str, roots: Sequence[str] | None) -> str | None:
+    """`path` resolved (symlinks followed) if it lies under one of `roots` (real
+    paths), else None; `path` itself when `roots` is None (not confined)."""
+    if roots is None:
+        return path
+    real = os.path.realpath(path)
+    return real if any(os.path.commonpath([real, r]) == r for r in roots) else None
+
+
+def list_versions(base_path: str, confine: Sequence[str] | None = None
+                  ) -> tuple[list[int] | None, list[str]]:
     """Numeric subdirectories holding a SavedModel, or None if the base path
-    cannot be listed; plus the numeric directories that are not (yet) models."""
+    cannot be listed; plus the numeric directories that are not (yet) models, or
+    (with `confine`) lead out of the allowed roots, as "name (outside ...)"."""
     try:
         names = os.listdir(base_path)
     except OSError:
@@ -97,6 +113,9 @@ def list_versions(base_path: str) -> tuple[list[int] | None, list[str]]:
     for name in names:
         path = os.path.join(base_path, name)
         if not (name.isascii() and name.isdigit() and os.path.isdir(path)):
+            continue
+        if confined_path(path, confine) is None:
+            pending.append(f"{name} (a link out of --reload_config_allowed_roots)")
             continue
         if any(os.path.exists(os.path.join(path, f))
                for f in ("saved_model.pb", "saved_model.pbtxt")):
@@ -126,12 +145,14 @@ class ModelManager:
 
     # -- configuration -------------------------------------------------------------
     def set_config(self, config: model_server_config_pb2.ModelServerConfig,
-                   wait_s: float | None = None) -> None:
+                   wait_s: float | None = None,
+                   confine: dict[str, Sequence[str]] | None = None) -> None:
         """Serve exactly the models of `config`: add new ones, update changed ones,
         unload removed ones. Returns once every load started for the new set has
         succeeded or failed its first attempt (retries go on in the background) or
         `wait_s` passed; label errors raise FAILED_PRECONDITION and leave the
-        previous labels in place."""
+        previous labels in place. With `confine` (model name -> real paths), a model's
+        version directories must resolve under one of its paths to be loaded."""
         wanted = {m.name: m for m in config.model_config_list.config}
         with self._cond:
             for name, model in self._models.items():
@@ -144,6 +165,7 @@ class ModelManager:
                     model = self._models[name] = _Model(ModelConfig())
                 model.removed = False  # a re-added model keeps its version history
                 model.config.CopyFrom(model_config)
+                model.confine = tuple(confine[name]) if confine is not None else None
         self.poll_once()
         deadline = None if wait_s is None else time.monotonic() + wait_s
         with self._cond:
@@ -188,8 +210,9 @@ class ModelManager:
 
     def poll_once(self) -> None:
         with self._cond:
-            paths = {n: m.config.base_path for n, m in self._models.items() if not m.removed}
-        listings = {n: list_versions(p) for n, p in paths.items()}
+            paths = {n: (m.config.base_path, m.confine) for n, m in self._models.items()
+                     if not m.removed}
+        listings = {n: list_versions(p, c) for n, (p, c) in paths.items()}
         with self._cond:
             for name, model in self._models.items():
                 if model.removed:
@@ -214,8 +237,19 @@ class ModelManager:
         elif not versions:
             warn_once("empty", f"No versions of servable {name} found under base path {base}")
         for d in pending:
+            if d.endswith(")"):
+                warn_once(f"outside:{d}", f"{os.path.join(base, d)}: not served")
+                continue
             warn_once(f"pending:{d}", f"{os.path.join(base, d)} has no saved_model.pb yet; "
                                       "not loading it until it has")
+        policy = model.config.model_version_policy
+        if versions and policy.WhichOneof("policy_choice") == "specific":
+            missing = sorted(set(policy.specific.versions) - set(versions))
+            if missing:
+                warn_once(f"missing:{missing}", f"Servable {name}: version(s) {missing} of its "
+                          f"specific version policy are not under base path {base}"
+                          + ("; keeping the versions loaded serving" if model.servables
+                             else ""))
 
     def _reconcile(self, name: str, model: _Model) -> None:
         """Under the lock: start loads of aspired versions, retire unaspired ones."""
@@ -229,19 +263,31 @@ class ModelManager:
                     and version not in model.failed:
                 self._start_load(name, model, version)
         # AvailabilityPreservingPolicy: while no aspired version is available (still
-        # loading, or failed), the newest unaspired one keeps serving.
+        # loading, or failed), the newest unaspired one keeps serving. So too when a
+        # specific policy pins only versions that are not on disk (a typo, or a version
+        # not copied yet): that must not unload the live model.
         unaspired = sorted(v for v in model.servables if v not in aspired)
-        if aspired and not any(v in model.servables for v in aspired):
+        pinned_missing = not model.removed and not aspired and \
+            model.config.model_version_policy.WhichOneof("policy_choice") == "specific"
+        if (aspired and not any(v in model.servables for v in aspired)) or pinned_missing:
             unaspired = unaspired[:-1]
         for version in unaspired:
             self._retire(name, model, version)
 
     def _start_load(self, name: str, model: _Model, version: int) -> None:
+        path = os.path.join(model.config.base_path, str(version))
+        # Confined (a reloaded config): load from the path checked, resolved now, so a
+        # link swapped after the listing cannot lead the load out of the allowed roots.
+        resolved = confined_path(path, model.confine)
+        if resolved is None:
+            model.failed.add(version)
+            model.states[version] = _VersionState(State.END, ServingError(
+                PERMISSION_DENIED, f"{path} leads out of --reload_config_allowed_roots"))
+            return
         model.loading.add(version)
         model.first_try.add(version)
         model.states[version] = _VersionState(State.LOADING)
-        path = os.path.join(model.config.base_path, str(version))
-        thread = threading.Thread(target=self._load, args=(name, model, version, path),
+        thread = threading.Thread(target=self._load, args=(name, model, version, resolved),
                                   name=f"load-{name}-{version}", daemon=True)
         self._track(thread)
 
@@ -270,10 +316,20 @@ class ModelManager:
             model.loading.discard(version)
             model.first_try.discard(version)
             if servable is not None:
+                serving = max((v for v in model.servables if v != version), default=None)
                 model.servables[version] = servable
                 model.states[version] = _VersionState(State.AVAILABLE)
                 log.info("Successfully loaded servable version {name: %s version: %d}", name,
                          version)
+                if serving is not None:
+                    # Compiled models accept the shapes they were compiled for: a client
+                    # of the serving version may send what this one refuses.
+                    changes = accepted_shape_changes(
+                        model.servables[serving].signature_defs, servable.signature_defs)
+                    if changes:
+                        log.warning("servable {name: %s version: %d} accepts other shapes "
+                                    "than version %d: %s", name, version, serving,
+                                    "; ".join(changes))
             else:
                 model.failed.add(version)
                 error = error or ServingError(UNKNOWN, "the server stopped during the load")

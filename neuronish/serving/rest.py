@@ -43,6 +43,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 import urllib.parse
@@ -53,10 +54,19 @@ from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from . import json_codec
+from .codec import REST_COUNTED, rest_request_bytes
 from .core import ServingCore, Target
 from .metrics import Metrics
 from .signatures import Signature
-from .status import INTERNAL, OK, ServingError, http_status, invalid_argument, unavailable
+from .status import (
+    INTERNAL,
+    OK,
+    ServingError,
+    http_status,
+    internal_error,
+    invalid_argument,
+    unavailable,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -119,7 +129,9 @@ class RestApi:
             if method == "POST" and (m := _PREDICT.fullmatch(path)):
                 target = _target(m.group(1), m.group(2), m.group(3))
                 api, model = m.group(4).lower(), target.name
-                return 200, self._infer(api, target, body, deadline), "application/json"
+                # Reserved from the server-wide budget (shared with gRPC) before parsing.
+                with self.core.memory.hold(rest_request_bytes(body), deadline, REST_COUNTED):
+                    return 200, self._infer(api, target, body, deadline), "application/json"
             if method == "GET" and (m := _STATUS.fullmatch(path)):
                 target = _target(m.group(1), m.group(2), m.group(3))
                 model = target.name
@@ -134,10 +146,10 @@ class RestApi:
         except ServingError as e:
             code = e.code
             return http_status(e.code), json.dumps({"error": e.message}), "application/json"
-        except Exception as e:  # a bug must cost one request, not the connection
+        except Exception:  # a bug must cost one request, not the connection
             code = INTERNAL
-            log.exception("REST %s %s failed", method, path)
-            return 500, json.dumps({"error": f"{type(e).__name__}: {e}"}), "application/json"
+            error = internal_error(log, f"REST {method} {path}")
+            return 500, json.dumps({"error": error.message}), "application/json"
         finally:
             self.metrics.record_request(model, api, ENTRYPOINT, ServingError(code, "").code_name,
                                         (time.perf_counter() - start) * 1e6)
@@ -228,13 +240,44 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
 
     def handle_one_request(self) -> None:
+        self._answer_lock = threading.Lock()
+        self._answered = False  # a keep-alive connection: each request gets its answer
         self.server.reading_started(self.connection)
         try:
             super().handle_one_request()
         finally:
             self.server.reading_done(self.connection)
 
+    # A drain past its grace period answers requests still in flight from another
+    # thread (answer_unavailable); each request gets one answer, whichever comes first.
+    _answered = False
+    _answer_lock: threading.Lock
+
+    def _claim_answer(self) -> bool:
+        with self._answer_lock:
+            if self._answered:
+                self.close_connection = True
+                return False
+            self._answered = True
+            return True
+
+    def answer_unavailable(self) -> None:
+        """503 UNAVAILABLE for this request, unless it was answered; then close."""
+        if not self._claim_answer():
+            return
+        body = json.dumps({"error": "the server is shutting down and this request did not "
+                                    "finish within --shutdown_grace_period_seconds"}).encode()
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        try:
+            self.connection.sendall(head + body)
+            self.connection.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the client has gone: nothing to tell it
+
     def _respond(self, status: int, payload: str, content_type: str, close: bool) -> None:
+        if not self._claim_answer():
+            return
         data = payload.encode("utf-8")
         self.send_response(status)
         if self.server.cors:
@@ -249,6 +292,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _respond_bytes(self, status: int, data: bytes, headers: list[tuple[str, str]],
                        close: bool) -> None:
+        if not self._claim_answer():
+            return
         self.send_response(status)
         if self.server.cors:
             self.send_header("Access-Control-Allow-Origin", "*")
@@ -301,7 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._options_without_cors()
             return
-        if not server.begin_request():
+        if not server.begin_request(self):
             error = unavailable("the server is shutting down")
             self._respond(503, json.dumps({"error": error.message}), "application/json", True)
             return
@@ -330,7 +375,7 @@ class _Handler(BaseHTTPRequestHandler):
                 status, payload, content_type = server.api.handle(self.command, path, body)
             self._respond(status, payload, content_type, server.closing)
         finally:
-            server.end_request()
+            server.end_request(self)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _dispatch  # noqa: N815
 
@@ -350,7 +395,6 @@ class RestServer(ThreadingHTTPServer):
         self.max_connections = max_connections if max_connections > 0 else None
         self._connections = 0  # open connections, each with its handler thread
         self._connections_lock = threading.Lock()
-        self._refused, self._refused_logged = 0, -1e9  # refusals not logged yet, and when
         self.max_body_bytes = max_body_bytes
         self.cors = cors
         self.idle_timeout_s = idle_timeout_s if idle_timeout_s > 0 else None
@@ -359,21 +403,37 @@ class RestServer(ThreadingHTTPServer):
         self._reading_lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(num_threads)
         self.closing = False
-        self._active = 0
+        self._in_flight: set[_Handler] = set()  # requests being answered
         self._idle = threading.Condition()
+        self._connection_errors = _OncePerClass()
         super().__init__(("0.0.0.0", port), _Handler)
 
-    def begin_request(self) -> bool:
+    @property
+    def _active(self) -> int:
+        return len(self._in_flight)
+
+    def begin_request(self, handler: _Handler) -> bool:
         with self._idle:
             if self.closing:
                 return False
-            self._active += 1
+            self._in_flight.add(handler)
             return True
 
-    def end_request(self) -> None:
+    def end_request(self, handler: _Handler) -> None:
         with self._idle:
-            self._active -= 1
+            self._in_flight.discard(handler)
             self._idle.notify_all()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A connection ended by an exception outside a request's answer: a client that
+        went away (reset, broken pipe: what every reaped slow-loris connection does) or a
+        socket timeout. One log line per class of error, not a traceback per connection
+        (socketserver's default), which let 300 slow clients write 421 KB of log."""
+        error = sys.exc_info()[1]
+        kind = type(error).__name__ if error is not None else "unknown"
+        self._connection_errors.note(kind, f"REST: %d connection(s) ended by {kind} "
+                                           "(clients that went away, timed out or were "
+                                           "closed for being too slow)")
 
     # -- a bound on open connections ----------------------------------------------------
     def process_request(self, request: socket.socket, client_address: object) -> None:
@@ -382,10 +442,23 @@ class RestServer(ThreadingHTTPServer):
             if not full:
                 self._connections += 1
         if full:
-            self._refuse(request)
+            self._refuse(request, f"Too many connections: the server holds "
+                                  f"{self.max_connections} (--rest_api_max_connections); "
+                                  "retry later",
+                         f"REST: %d connection(s) refused, {self.max_connections} open "
+                         "(--rest_api_max_connections)")
             return
         try:
             super().process_request(request, client_address)  # a thread for the connection
+        except RuntimeError:  # "can't start new thread": out of threads or memory
+            with self._connections_lock:
+                self._connections -= 1
+            # Answered 503 from here rather than dropped (an empty reply to the client).
+            self._refuse(request, "the server cannot start a thread for this connection "
+                                  "(out of threads or memory); retry later",
+                         "REST: %d connection(s) refused: no thread could be started for "
+                         "them (raise the process's thread limit, or lower "
+                         "--rest_api_max_connections)")
         except BaseException:
             with self._connections_lock:
                 self._connections -= 1
@@ -398,11 +471,9 @@ class RestServer(ThreadingHTTPServer):
             with self._connections_lock:
                 self._connections -= 1
 
-    def _refuse(self, conn: socket.socket) -> None:
+    def _refuse(self, conn: socket.socket, message: str, log_line: str) -> None:
         """Answer 503 without a thread or a blocking call (the accept loop runs this)."""
-        body = json.dumps({"error": f"Too many connections: the server holds "
-                                    f"{self.max_connections} (--rest_api_max_connections); "
-                                    "retry later"}).encode()
+        body = json.dumps({"error": message}).encode()
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
         try:
@@ -419,12 +490,7 @@ class RestServer(ThreadingHTTPServer):
             pass
         finally:
             conn.close()
-        now = time.monotonic()
-        self._refused += 1
-        if now - self._refused_logged >= 10:  # at most one line per 10 s under a flood
-            log.warning("REST: %d connection(s) refused, %d open (--rest_api_max_connections)",
-                        self._refused, self.max_connections)
-            self._refused, self._refused_logged = 0, now
+        self._connection_errors.note(log_line, log_line)
 
     # -- slow clients: a whole request must arrive within the idle timeout ------------
     def reading_started(self, conn: socket.socket) -> None:
@@ -462,12 +528,45 @@ class RestServer(ThreadingHTTPServer):
         return thread
 
     def stop(self, grace_s: float, on_waiting: Callable[[int], None] | None = None) -> None:
-        """Stop accepting, let in-flight requests finish (up to `grace_s`), close."""
+        """Stop accepting (a new connection is refused at once), let in-flight requests
+        finish (up to `grace_s`), answer those still running 503 UNAVAILABLE, close."""
         with self._idle:
             self.closing = True  # from here on, requests are answered 503
             if self._active and on_waiting:
                 on_waiting(self._active)
         self.shutdown()  # takes up to the accept loop's poll interval (0.5 s)
+        # Close the listening socket now, not after the grace period: a client connecting
+        # meanwhile is refused at once instead of waiting in the backlog to be reset.
+        self.socket.close()
         with self._idle:
             self._idle.wait_for(lambda: self._active == 0, grace_s)
+            late = list(self._in_flight)
+        for handler in late:  # the process exits next: an answer beats an empty reply
+            handler.answer_unavailable()
+        if late:
+            log.warning("REST: %d request(s) still running after the %g s grace period "
+                        "answered 503 UNAVAILABLE", len(late), grace_s)
         self.server_close()
+
+
+class _OncePerClass:
+    """Log lines about connections, one per class of event: the first at once, then at
+    most one per `period` seconds with the count since, so a flood of refused or broken
+    connections costs a few lines, not one (or a traceback) per connection."""
+
+    def __init__(self, period: float = 10.0) -> None:
+        self.period = period
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._logged: dict[str, float] = {}
+
+    def note(self, kind: str, line: str) -> None:
+        """Count one event of `kind`; `line` has one %d, for the count."""
+        now = time.monotonic()
+        with self._lock:
+            count = self._counts.get(kind, 0) + 1
+            if now - self._logged.get(kind, -1e9) < self.period:
+                self._counts[kind] = count
+                return
+            self._counts[kind], self._logged[kind] = 0, now
+        log.warning(line, count)

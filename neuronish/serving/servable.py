@@ -10,6 +10,7 @@ works the same for plain and compiled models (`NeuronOp` is registered by
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -19,7 +20,7 @@ from google.protobuf import message, text_format
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from .cancellation import Cancellation
-from .signatures import DEFAULT_SIGNATURE, Signature
+from .signatures import DEFAULT_SIGNATURE, Signature, with_accepted_shapes
 from .status import (
     DATA_LOSS,
     INVALID_ARGUMENT,
@@ -82,7 +83,7 @@ class Servable:
         try:
             outputs = call() if cancellation is None else cancellation.run(call)
         except tf.errors.OpError as e:
-            raise ServingError(e.error_code, e.message) from None
+            raise ServingError(e.error_code, op_error_message(e.message)) from None
         return {k: outputs[k].numpy() for k in output_keys}
 
     def __repr__(self) -> str:
@@ -119,6 +120,26 @@ def read_meta_graph(path: str, tags: Sequence[str]) -> meta_graph_pb2.MetaGraphD
                                   "the SavedModel CLI: `saved_model_cli`")
 
 
+_EAGER_HEADER = re.compile(r"\AGraph execution error:\s*Detected at node \S+ defined at "
+                           r"\(most recent call last\):\n")
+_OP_SUFFIX = re.compile(r"\s*\[Op:__inference_[^\]]*\]\s*\Z")
+
+
+def op_error_message(message: str) -> str:
+    """A TensorFlow error as TF Serving reports it: what the kernel said and the node.
+    Python's eager wrapper adds a header, the Python stack where the node was defined
+    (file paths of the server's machine, when TensorFlow has them) and the traced
+    function's internal name; none of that is the client's business."""
+    match = _EAGER_HEADER.match(message)
+    if match:
+        lines = message[match.end():].split("\n")
+        while lines and (not lines[0].strip() or lines[0].startswith(" ")
+                         or lines[0] == "<stack traces unavailable>"):
+            lines.pop(0)  # the stack: `  File "...", line N, in f` and its source lines
+        message = "\n".join(lines)
+    return _OP_SUFFIX.sub("", message)
+
+
 def load_servable(name: str, version: int, path: str, tags: Sequence[str],
                   warmup: bool = True) -> Servable:
     meta_graph = read_meta_graph(path, tags)
@@ -134,7 +155,8 @@ def load_servable(name: str, version: int, path: str, tags: Sequence[str],
         raise ServingError(UNKNOWN, f"{type(e).__name__}: {e}") from None
     available = getattr(loaded, "signatures", {})
     functions = {k: available[k] for k in meta_graph.signature_def if k in available}
-    servable = Servable(name, version, path, meta_graph.signature_def, functions, loaded)
+    servable = Servable(name, version, path,
+                        with_accepted_shapes(meta_graph.signature_def, path), functions, loaded)
     if warmup:
         from .startup import labelled_device_loads, load_on_device
 

@@ -107,8 +107,9 @@ HELP = {
                              "DEADLINE_EXCEEDED; 0 = the client's deadline only",
     "request_max_elements": "most tensor elements one request may declare "
                             "(RESOURCE_EXHAUSTED above it); 0 = no limit",
-    "request_memory_budget_bytes": "server memory gRPC Predicts may hold at once, each "
-                                   "counted as 8x its tensors' bytes; one that does not fit "
+    "request_memory_budget_bytes": "server memory requests may hold at once: a gRPC Predict "
+                                   "counted as 8x its tensors' bytes, a JSON REST request as "
+                                   "6x its body + 128 bytes per value; one that does not fit "
                                    "waits (until its deadline), one larger than the budget is "
                                    "RESOURCE_EXHAUSTED; 0 = no budget",
     "rest_api_idle_timeout_in_ms": "close a REST connection that is idle, or whose request has "
@@ -356,9 +357,17 @@ class ModelServer:
                                f"{model.base_path!r} is neither served already nor under "
                                "--reload_config_allowed_roots "
                                f"({', '.join(self._reload_roots) or 'none given'})")
-        self.reload_config(model_config)
+        # The version directories too, whenever they are listed: one symlinked out of the
+        # roots (or, for a base path served at start, out of that base path) is not served.
+        confine = {}
+        for model in model_config.model_config_list.config:  # type: ignore[attr-defined]
+            path = os.path.realpath(model.base_path)
+            confine[model.name] = [*self._reload_roots,
+                                   *([path] if path in self._reload_paths else [])]
+        self.reload_config(model_config, confine=confine)
 
-    def reload_config(self, model_config: object) -> None:
+    def reload_config(self, model_config: object,
+                      confine: dict[str, list[str]] | None = None) -> None:
         """Apply a new ModelServerConfig (HandleReloadConfigRequest, the config file poller)."""
         from . import config as cfg
         from .status import UNKNOWN, ServingError, invalid_argument
@@ -368,7 +377,7 @@ class ModelServer:
         except cfg.ConfigError as e:
             raise invalid_argument(str(e)) from None
         with self._reload_lock:
-            self.manager.set_config(model_config)  # type: ignore[arg-type]
+            self.manager.set_config(model_config, confine=confine)  # type: ignore[arg-type]
             names = [m.name for m in model_config.model_config_list.config]  # type: ignore
             missing = [n for n in names if not self._available(n)]
             if missing:

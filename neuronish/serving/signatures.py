@@ -6,16 +6,28 @@ TensorFlow sees them, so a wrong request gets a message that names the input,
 what the signature expects and what arrived, instead of a kernel error from
 deep inside the graph, and so a bad request never reaches a merged batch where
 it would fail its neighbours too.
+
+A model compiled with free dimensions other than the batch runs any size within its
+bounds (neuronish/shape_specialize.py); `with_accepted_shapes` shows them in the
+SignatureDefs the server returns: such a dimension stays -1 and is named by its
+bounds (`dim { size: -1 name: "1..128" }`, TensorShapeProto's own name field, which
+every client already parses), and requests outside them are refused here, naming the
+input, the dimension and the bounds.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
+
+from neuronish.shape_specialize import SHAPES_FILE
 
 from .status import INTERNAL, ServingError, failed_precondition, invalid_argument
 
@@ -38,12 +50,16 @@ class TensorSpec:
     key: str
     dtype: tf.dtypes.DType
     shape: tuple[int, ...] | None  # None: unknown rank
+    bounds: tuple[tuple[int, int] | None, ...] = ()  # per dim: (low, high) of a free one
 
     @staticmethod
     def from_tensor_info(key: str, info: meta_graph_pb2.TensorInfo) -> TensorSpec:
         shape = None if info.tensor_shape.unknown_rank else tuple(
             d.size for d in info.tensor_shape.dim)
-        return TensorSpec(key, tf.dtypes.as_dtype(info.dtype), shape)
+        bounds = tuple(_bounds_of(d.name) if d.size < 0 else None
+                       for d in info.tensor_shape.dim)
+        return TensorSpec(key, tf.dtypes.as_dtype(info.dtype), shape,
+                          bounds if any(bounds) else ())
 
     @property
     def dtype_name(self) -> str:
@@ -59,6 +75,50 @@ class TensorSpec:
         return len(shape) == len(self.shape) and all(
             want < 0 or got == want for got, want in zip(shape, self.shape))
 
+    def out_of_bounds(self, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+        """(dimension, low, high) of the first dimension of `shape` outside its bounds."""
+        for axis, (size, bound) in enumerate(zip(shape, self.bounds)):
+            if bound is not None and not bound[0] <= size <= bound[1]:
+                return axis, *bound
+        return None
+
+
+_BOUNDS_NAME = re.compile(r"(\d+)\.\.(\d+)")
+
+
+def _bounds_of(name: str) -> tuple[int, int] | None:
+    match = _BOUNDS_NAME.fullmatch(name)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def with_accepted_shapes(signature_defs: Mapping[str, meta_graph_pb2.SignatureDef],
+                         model_path: str) -> dict[str, meta_graph_pb2.SignatureDef]:
+    """`signature_defs` with each free dimension the compiled model bounds named by its
+    bounds ("1..128"), from the model's `assets.extra/neuronish_shapes.json` (written by
+    `neuronish compile`: `{signature: {input: {axis: [low, high]}}}`); unchanged when
+    there is no such file."""
+    try:
+        with open(os.path.join(model_path, SHAPES_FILE)) as f:
+            bounds = json.load(f)
+    except (OSError, ValueError):
+        return dict(signature_defs)
+    out = {}
+    for key, sd in signature_defs.items():
+        copy = meta_graph_pb2.SignatureDef()
+        copy.CopyFrom(sd)
+        for name, axes in (bounds.get(key) or {}).items() if isinstance(bounds, dict) else ():
+            if name not in copy.inputs or not isinstance(axes, dict):
+                continue
+            dims = copy.inputs[name].tensor_shape.dim
+            for axis, pair in axes.items():
+                try:
+                    axis, low, high = int(axis), int(pair[0]), int(pair[1])
+                except (TypeError, ValueError, IndexError):
+                    continue
+                if 0 <= axis < len(dims) and dims[axis].size < 0:
+                    dims[axis].name = f"{low}..{high}"
+        out[key] = copy
+    return out
 
 def dtype_name(dtype: tf.dtypes.DType) -> str:
     """TensorFlow's enum name, `DT_FLOAT`: what SignatureDefs and TF Serving print."""
@@ -173,6 +233,26 @@ class Signature:
                                    f"{self.name!r}: outputs are {sorted(self.outputs)}")
 
 
+def accepted_shape_changes(old: Mapping[str, meta_graph_pb2.SignatureDef],
+                           new: Mapping[str, meta_graph_pb2.SignatureDef]) -> list[str]:
+    """Each input of a signature both versions have whose accepted shape differs (a
+    dimension fixed at another size, or other bounds): what a client of the old version
+    may send that the new one refuses. As "signature/input: [-1,16] -> [-1,1..128]"."""
+    def text(info: meta_graph_pb2.TensorInfo) -> str:
+        if info.tensor_shape.unknown_rank:
+            return "[?]"
+        return "[" + ",".join(d.name if d.size < 0 and d.name else str(d.size)
+                              for d in info.tensor_shape.dim) + "]"
+
+    changes = []
+    for key in sorted(set(old) & set(new)):
+        for name in sorted(set(old[key].inputs) & set(new[key].inputs)):
+            before, after = text(old[key].inputs[name]), text(new[key].inputs[name])
+            if before != after:
+                changes.append(f"{key}/{name}: {before} -> {after}")
+    return changes
+
+
 def check_array(spec: TensorSpec, array: np.ndarray, signature_name: str) -> None:
     got_dtype = array_dtype(array)
     if got_dtype != spec.dtype:
@@ -184,6 +264,13 @@ def check_array(spec: TensorSpec, array: np.ndarray, signature_name: str) -> Non
             f"input '{spec.key}' of signature '{signature_name}' expects shape "
             f"{spec.shape_text} (-1 = any size), but the request sent "
             f"{shape_text(array.shape)}")
+    outside = spec.out_of_bounds(array.shape)
+    if outside is not None:
+        axis, low, high = outside
+        raise invalid_argument(
+            f"input '{spec.key}' of signature '{signature_name}' takes sizes {low} to {high} "
+            f"in dimension {axis} (the compiled model's bounds, in its metadata), but the "
+            f"request sent {shape_text(array.shape)}")
 
 
 def array_dtype(array: np.ndarray) -> tf.dtypes.DType:

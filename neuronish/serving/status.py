@@ -9,6 +9,9 @@ agree on what went wrong.
 
 from __future__ import annotations
 
+import itertools
+import logging
+
 import grpc
 
 # tensorflow/core/protobuf/error_codes.proto (also tensorflow.error.Code, which
@@ -93,3 +96,16 @@ def http_status(code: int) -> int:
 
 def grpc_status(code: int) -> grpc.StatusCode:
     return _GRPC.get(code, grpc.StatusCode.UNKNOWN)
+
+
+_incidents = itertools.count(1)
+
+
+def internal_error(log: logging.Logger, what: str) -> ServingError:
+    """INTERNAL for the exception being handled (a bug of the server's, not the request's):
+    its traceback goes to the log under an incident number, and the client gets only that
+    number; a library's message (paths, internals, numpy's words) never reaches it."""
+    incident = next(_incidents)
+    log.exception("%s failed (incident %d)", what, incident)
+    return ServingError(INTERNAL, f"internal error in neuronish-model-server (incident "
+                                  f"{incident} in its log)")

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
+from .codec import MAX_RANK
 from .core import ServingCore, Target
 from .signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
 from .status import INTERNAL, ServingError, invalid_argument
@@ -73,6 +74,9 @@ class InputTensor:
         if self.datatype not in DATATYPES:
             raise invalid_argument(f"input '{self.name}': datatype {self.datatype!r} is not one "
                                    f"of the protocol's ({', '.join(DATATYPES)})")
+        if len(self.shape) > MAX_RANK:
+            raise invalid_argument(f"input '{self.name}': shape has {len(self.shape)} "
+                                   f"dimensions; a tensor has at most {MAX_RANK}")
         if any(d < 0 for d in self.shape):
             raise invalid_argument(f"input '{self.name}': shape {list(self.shape)} has a "
                                    "negative dimension")
@@ -91,9 +95,10 @@ class InputTensor:
             return values.reshape(self.shape)
         try:
             array = np.asarray(flat, dtype=DATATYPES[self.datatype].as_numpy_dtype)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise invalid_argument(f"input '{self.name}': its data is not {self.datatype}: "
-                                   f"{e}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise invalid_argument(f"input '{self.name}': its data is not {self.datatype} "
+                                   "(a value of another type, a nested list or a number out "
+                                   "of range)") from None
         return array.reshape(self.shape)
 
     def _from_raw(self, raw: bytes, count: int) -> np.ndarray:

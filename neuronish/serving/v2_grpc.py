@@ -20,7 +20,7 @@ import grpc
 from .metrics import Metrics
 from .proto import grpc_predict_v2_pb2 as pb
 from .proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from .status import INTERNAL, OK, ServingError, grpc_status, invalid_argument
+from .status import INTERNAL, OK, ServingError, grpc_status, internal_error, invalid_argument
 from .v2 import InputTensor, V2Service, to_raw
 
 log = logging.getLogger("neuronish.serving")
@@ -45,10 +45,9 @@ def _call(metrics: Metrics, api: str, model: str, context: grpc.ServicerContext,
     except ServingError as e:
         code = e.code
         context.abort(grpc_status(e.code), e.message)
-    except Exception as e:
+    except Exception:
         code = INTERNAL
-        log.exception("%s failed", api)
-        context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        context.abort(grpc.StatusCode.INTERNAL, internal_error(log, api).message)
     finally:
         metrics.record_request(model, api, ENTRYPOINT, ServingError(code, "").code_name,
                                (time.perf_counter() - start) * 1e6)

@@ -25,8 +25,10 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from .codec import REST_COUNTED, rest_request_bytes
+from .json_codec import parse_body
 from .metrics import Metrics
-from .status import INTERNAL, OK, ServingError, http_status, invalid_argument
+from .status import INTERNAL, OK, ServingError, http_status, internal_error, invalid_argument
 from .v2 import InferResult, InputTensor, V2Service, to_list, to_raw
 
 log = logging.getLogger("neuronish.serving")
@@ -157,15 +159,19 @@ class V2RestApi:
                 return _json(self.service.model_metadata(model, version))
             if method == "POST" and what == "/infer":
                 api = "v2_infer"
-                return self._infer(model, version, body, headers)
+                deadline = self.service.core.deadline(
+                    (time.monotonic() + self.timeout_ms / 1000) if self.timeout_ms > 0 else None)
+                # Reserved from the server-wide budget (shared with gRPC) before parsing.
+                with self.service.core.memory.hold(rest_request_bytes(body), deadline,
+                                                   REST_COUNTED):
+                    return self._infer(model, version, body, headers, deadline)
             raise invalid_argument(f"Malformed request: {method} {path}")
         except ServingError as e:
             code = e.code
             return _json({"error": e.message}, http_status(e.code))
-        except Exception as e:  # a bug must cost one request, not the connection
+        except Exception:  # a bug must cost one request, not the connection
             code = INTERNAL
-            log.exception("REST %s %s failed", method, path)
-            return _json({"error": f"{type(e).__name__}: {e}"}, 500)
+            return _json({"error": internal_error(log, f"REST {method} {path}").message}, 500)
         finally:
             if api != "v2":
                 self.metrics.record_request(model, api, ENTRYPOINT,
@@ -173,7 +179,7 @@ class V2RestApi:
                                             (time.perf_counter() - start) * 1e6)
 
     def _infer(self, model: str, version: str, body: bytes,
-               headers: Mapping[str, str]) -> Answer:
+               headers: Mapping[str, str], deadline: float | None) -> Answer:
         length = headers.get(HEADER_LENGTH)
         if length is not None:
             if not length.strip().isdigit() or int(length) > len(body):
@@ -183,9 +189,9 @@ class V2RestApi:
         else:
             header, binary = body, b""
         try:
-            doc = json.loads(header)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise invalid_argument(f"the inference request is not JSON: {e}") from None
+            doc = parse_body(header)  # our messages; too deep a nesting is 400, not 500
+        except ServingError as e:
+            raise invalid_argument(f"the inference request is not JSON: {e.message}") from None
         inputs = parse_inputs(doc, binary)
         parameters = _parameters(doc, "request")
         requested = doc.get("outputs") or []
@@ -197,8 +203,6 @@ class V2RestApi:
         signature = parameters.get("signature_name", "")
         if not isinstance(signature, str):
             raise invalid_argument("the signature_name parameter must be a string")
-        deadline = self.service.core.deadline(
-            (time.monotonic() + self.timeout_ms / 1000) if self.timeout_ms > 0 else None)
         result = self.service.infer(model, version, inputs, [o["name"] for o in requested],
                                     signature, deadline)
         request_id = doc.get("id", "")

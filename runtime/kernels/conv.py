@@ -21,82 +21,27 @@ float16 is computed in float32 (numpy has no float16 BLAS) and rounded once.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import isa
+from ..isa import Geometry
 from . import parallel
 from .common import (
     Scratch,
     flat2d,
     lane_slices,
-    nbytes,
     pad_hw,
     reduced_precision,
-    spatial_out,
 )
 from .elementwise import activate
 from .registry import kernel
 
-GEMM_BLOCK_BYTES = 4 << 20  # columns + outputs of one GEMM block (cache-sized)
-GEMM_MIN_ROWS = 2048        # never smaller GEMMs than this: BLAS efficiency drops
-TAP_BLOCK_BYTES = 2 << 20  # accumulator block of depthwise's per-tap loop
-
 
 def compute_dtype(dtype: object) -> np.dtype:
-    dtype = np.dtype(dtype)
-    # 16-bit floats compute in float32 (numpy has no 16-bit BLAS; a matrix unit reading
-    # bfloat16 accumulates in float32 too)
-    return np.dtype(np.float32) if dtype.name in ("float16", "bfloat16") else dtype
-
-
-@dataclass(frozen=True)
-class Geometry:
-    n: int
-    h: int
-    w: int
-    c: int
-    kh: int
-    kw: int
-    oc: int  # filter's last dim: O for conv2d, M for depthwise
-    sh: int
-    sw: int
-    dh: int
-    dw: int
-    pads: tuple[int, int, int, int]
-    oh: int
-    ow: int
-
-    @staticmethod
-    def of(x_shape: Sequence[int], w_shape: Sequence[int], attrs: dict) -> Geometry:
-        n, h, w, c = x_shape
-        kh, kw, _, oc = w_shape
-        (sh, sw), (dh, dw) = attrs["strides"], attrs["dilations"]
-        pads = tuple(attrs["pads"])
-        return Geometry(n, h, w, c, kh, kw, oc, sh, sw, dh, dw, pads,
-                        spatial_out(h, kh, sh, dh, pads[0], pads[1]),
-                        spatial_out(w, kw, sw, dw, pads[2], pads[3]))
-
-    @property
-    def padded(self) -> bool:
-        return any(self.pads)
-
-    @property
-    def padded_shape(self) -> tuple[int, int, int, int]:
-        top, bottom, left, right = self.pads
-        return (self.n, self.h + top + bottom, self.w + left + right, self.c)
-
-    @property
-    def direct(self) -> bool:
-        """1x1, stride 1, unpadded: the input already is the column matrix."""
-        return (self.kh, self.kw, self.sh, self.sw) == (1, 1, 1, 1) and not self.padded
-
-    def rows_per_block(self, pixel_bytes: int, target: int, min_pixels: int) -> int:
-        """Output rows (one (n, oh) pair = OW pixels) per block: about `target` bytes
-        at `pixel_bytes` per output pixel, and at least `min_pixels` pixels."""
-        pixels = max(target // max(pixel_bytes, 1), min_pixels)
-        return max(1, min(pixels // self.ow, self.n * self.oh))
+    """isa.compute_dtype as a numpy dtype."""
+    return np.dtype(isa.compute_dtype(np.dtype(dtype).name))
 
 
 def blocks(n: int, oh: int, rows: int) -> Iterator[tuple[int, int, int, int]]:
@@ -129,43 +74,8 @@ def has_bias(n_inputs: int, attrs: dict) -> bool:
 
 def _conv2d_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
                    attrs: dict) -> tuple[Geometry, np.dtype, int, list]:
-    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
-    cd = compute_dtype(in_dtypes[0])
-    k = g.kh * g.kw * g.c
-    # A block's columns and outputs together about GEMM_BLOCK_BYTES.
-    rows = g.rows_per_block((k + g.oc) * cd.itemsize, GEMM_BLOCK_BYTES, GEMM_MIN_ROWS)
-    regions: list = []
-    if not g.direct:
-        if g.padded:
-            regions.append((g.padded_shape, cd))
-        regions.append(((rows * g.ow, k), cd))
-    if cd != np.dtype(in_dtypes[0]):
-        regions.append(((rows * g.ow, g.oc), cd))  # GEMM result before rounding
-    if has_bias(len(in_shapes), attrs):
-        # The bias tiled over a block: numpy adds array to array ~2x faster than
-        # it broadcasts a row.
-        regions.append(((rows * g.ow, g.oc), in_dtypes[0]))
-    return g, cd, rows, regions
-
-
-def _one_group(in_shapes: Sequence[Sequence[int]], attrs: dict
-               ) -> tuple[Geometry, tuple[int, ...], tuple[int, ...], dict]:
-    """A grouped conv2d's geometry, one group's x and w shapes, and its plain attrs."""
-    groups = attrs["groups"]
-    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
-    kh, kw, cg, o = in_shapes[1]
-    plain = {k: v for k, v in attrs.items() if k not in ("groups", "residual", "activation")}
-    return g, (g.n, g.h, g.w, cg), (kh, kw, cg, o // groups), plain
-
-
-def conv2d_scratch(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
-                   attrs: dict) -> int:
-    if attrs.get("groups", 1) > 1:
-        g, x_shape, w_shape, plain = _one_group(in_shapes, attrs)
-        inner = conv2d_scratch([x_shape, w_shape], in_dtypes[:1], plain)
-        return nbytes(((*x_shape,), in_dtypes[0]), ((g.n, g.oh, g.ow, w_shape[3]), in_dtypes[0]),
-                      ((*w_shape,), in_dtypes[0]), ((inner,), np.uint8))
-    return nbytes(*_conv2d_layout(in_shapes, in_dtypes, attrs)[3])
+    g, cd, rows, regions = isa.conv2d_layout(in_shapes, in_dtypes, attrs)
+    return g, np.dtype(cd), rows, regions
 
 
 def _grouped_conv2d(ins: list[np.ndarray], y: np.ndarray, attrs: dict,
@@ -173,12 +83,12 @@ def _grouped_conv2d(ins: list[np.ndarray], y: np.ndarray, attrs: dict,
     """Each group is a plain conv2d on its slice of the input channels, writing its
     slice of the output channels; the epilogue then runs once over the whole output."""
     x, w = ins[0], ins[1]
-    g, x_shape, w_shape, plain = _one_group([x.shape, w.shape], attrs)
+    g, x_shape, w_shape, plain = isa.conv2d_group([x.shape, w.shape], attrs)
     s = Scratch(scratch)
     xg = s.take(x_shape, x.dtype)
     yg = s.take((g.n, g.oh, g.ow, w_shape[3]), y.dtype)
     wg = s.take(w_shape, w.dtype)
-    inner_bytes = conv2d_scratch([x_shape, w_shape], [x.dtype.name], plain)
+    inner_bytes = isa.scratch_bytes("conv2d", [x_shape, w_shape], [x.dtype.name], plain)
     inner = s.take((inner_bytes,), np.uint8) if inner_bytes else None
     cg, og = x_shape[3], w_shape[3]
     for k in range(attrs["groups"]):
@@ -193,7 +103,7 @@ def _grouped_conv2d(ins: list[np.ndarray], y: np.ndarray, attrs: dict,
     activate(y, attrs)
 
 
-@kernel("conv2d", scratch=conv2d_scratch)
+@kernel("conv2d")
 @reduced_precision
 def conv2d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
@@ -256,30 +166,11 @@ def conv2d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
 
 def _depthwise_layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
                       attrs: dict) -> tuple[Geometry, np.dtype, int, list]:
-    g = Geometry.of(in_shapes[0], in_shapes[1], attrs)
-    cd = compute_dtype(in_dtypes[0])
-    rows = g.rows_per_block(g.sw * g.c * g.oc * cd.itemsize, TAP_BLOCK_BYTES, 1)
-    regions: list = []
-    n, hp, wp, c = g.padded_shape
-    if _needs_copy(g, cd, np.dtype(in_dtypes[0])):
-        regions.append(((n, hp, -(-wp // g.sw) * g.sw, c), cd))
-    block = (rows * g.ow * g.sw * g.c * g.oc,)
-    regions.append((block, cd))  # one tap's products
-    if g.sw > 1 or cd != np.dtype(in_dtypes[0]):
-        regions.append((block, cd))  # accumulator (slots not yet summed, or unrounded)
-    return g, cd, rows, regions
+    g, cd, rows, regions = isa.depthwise_layout(in_shapes, in_dtypes, attrs)
+    return g, np.dtype(cd), rows, regions
 
 
-def _needs_copy(g: Geometry, cd: np.dtype, dtype: np.dtype) -> bool:
-    return g.padded or g.padded_shape[2] % g.sw != 0 or cd != dtype
-
-
-def depthwise_scratch(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
-                      attrs: dict) -> int:
-    return nbytes(*_depthwise_layout(in_shapes, in_dtypes, attrs)[3])
-
-
-@kernel("depthwise_conv2d", scratch=depthwise_scratch)
+@kernel("depthwise_conv2d")
 @reduced_precision
 def depthwise_conv2d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
                      scratch: np.ndarray | None) -> None:
@@ -289,7 +180,7 @@ def depthwise_conv2d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
     s, m, sc = g.sw, g.oc, g.sw * g.c
     buf = Scratch(scratch)
     xp = x
-    if _needs_copy(g, cd, x.dtype):
+    if isa.depthwise_needs_copy(g, cd.name, x.dtype.name):
         n, hp, wp, c = g.padded_shape
         xp = buf.take((n, hp, -(-wp // s) * s, c), cd)
         top, bottom, left, right = g.pads  # (right: plus up to s-1 columns to fill a group)

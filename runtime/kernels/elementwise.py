@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy import special
 
+from .. import isa
 from .common import bf16_via_float32
 from .registry import kernel
 
@@ -324,3 +325,17 @@ def cast(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
 def copy(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
          scratch: np.ndarray | None) -> None:
     np.copyto(outs[0], ins[0])
+
+
+def _check_tables() -> None:
+    """The function tables define exactly the functions runtime/isa.py declares (a
+    declared function without a reference kernel, or a kernel for an undeclared one,
+    stops the reference engine from starting)."""
+    for what, table, declared in (("unary", UNARY, isa.UNARY_FNS),
+                                  ("binary", BINARY, isa.BINARY_FNS)):
+        if set(table) != set(declared):
+            raise RuntimeError(f"numpy {what} functions {sorted(set(table) ^ set(declared))} "
+                               "differ from runtime/isa.py's declarations")
+
+
+_check_tables()

@@ -16,38 +16,17 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .common import Scratch, lowest, nbytes
-from .conv import Geometry, blocks, compute_dtype
+from .. import isa
+from ..isa import Geometry
+from .common import Scratch, lowest
+from .conv import blocks
 from .registry import kernel
-
-BLOCK_BYTES = 1 << 20  # H-folded intermediate per block (stays in L2)
-
-
-def _geometry(x_shape: Sequence[int], attrs: dict) -> Geometry:
-    kh, kw = attrs["ksize"]
-    return Geometry.of(x_shape, (kh, kw, x_shape[3], 1),
-                       {"strides": attrs["strides"], "dilations": (1, 1), "pads": attrs["pads"]})
 
 
 def _layout(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
             attrs: dict) -> tuple[Geometry, np.dtype, int, list]:
-    g = _geometry(in_shapes[0], attrs)
-    # avg of float16 accumulates in float32 (of integers in float64, truncated at the
-    # end); max is exact in any dtype.
-    cd = np.dtype(in_dtypes[0])
-    if attrs["mode"] == "avg":
-        cd = np.dtype(np.float64) if cd.kind in "iub" else compute_dtype(cd)
-    # Sized by the H-folded intermediate: W*C values per output row.
-    rows = g.rows_per_block(-(-g.w // g.ow) * g.c * cd.itemsize, BLOCK_BYTES, 1)
-    regions: list = [((rows * g.w * g.c,), cd)]  # the H-folded block [n, rows, W, C]
-    if cd != np.dtype(in_dtypes[0]):
-        regions.append(((rows * g.ow * g.c,), cd))  # the result before rounding
-    return g, cd, rows, regions
-
-
-def pool_scratch(in_shapes: Sequence[Sequence[int]], in_dtypes: Sequence[str],
-                 attrs: dict) -> int:
-    return nbytes(*_layout(in_shapes, in_dtypes, attrs)[3])
+    g, cd, rows, regions = isa.pool_layout(in_shapes, in_dtypes, attrs)
+    return g, np.dtype(cd), rows, regions
 
 
 def _fold_axis(src: np.ndarray, dst: np.ndarray, axis: int, k: int, stride: int, before: int,
@@ -90,7 +69,7 @@ def _window_counts(size: int, k: int, stride: int, before: int, out: int) -> np.
     return np.minimum(start + k, size) - np.maximum(start, 0)
 
 
-@kernel("pool", scratch=pool_scratch)
+@kernel("pool")
 def pool(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
          scratch: np.ndarray | None) -> None:
     x, y = ins[0], outs[0]

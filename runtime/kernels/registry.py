@@ -13,30 +13,29 @@ import numpy as np
 from .. import isa
 
 KernelFn = Callable[[list[np.ndarray], list[np.ndarray], dict, "np.ndarray | None"], None]
-ScratchFn = Callable[[Sequence[tuple[int, ...]], Sequence[str], dict], int]
 
 
 @dataclass(frozen=True)
 class Kernel:
     kind: str
     fn: KernelFn
-    scratch: ScratchFn | None = None
 
     def scratch_bytes(self, in_shapes: Sequence[tuple[int, ...]], in_dtypes: Sequence[str],
                       attrs: dict) -> int:
-        return int(self.scratch(in_shapes, in_dtypes, attrs)) if self.scratch else 0
+        """The scratch runtime/isa.py grants this kind (the kernel blocks its work to fit)."""
+        return isa.scratch_bytes(self.kind, in_shapes, in_dtypes, attrs)
 
 
 KERNELS: dict[str, Kernel] = {}
 
 
-def kernel(kind: str, scratch: ScratchFn | None = None) -> Callable[[KernelFn], KernelFn]:
+def kernel(kind: str) -> Callable[[KernelFn], KernelFn]:
     def register(fn: KernelFn) -> KernelFn:
         if kind not in isa.KINDS:
             raise RuntimeError(f"kernel for {kind!r}, which runtime/isa.py does not declare")
         if kind in KERNELS:
             raise RuntimeError(f"kernel {kind!r} registered twice")
-        KERNELS[kind] = Kernel(kind, fn, scratch)
+        KERNELS[kind] = Kernel(kind, fn)
         return fn
     return register
 

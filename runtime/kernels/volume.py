@@ -6,6 +6,8 @@ import itertools
 
 import numpy as np
 
+from .common import lowest
+from .conv import compute_dtype
 from .registry import kernel
 
 
@@ -42,14 +44,16 @@ def pool3d(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
     widths = [(0, 0), (p[0], p[1]), (p[2], p[3]), (p[4], p[5]), (0, 0)]
     starts = _offsets(ksize, [1, 1, 1])
     if attrs["mode"] == "max":
-        fill = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        fill = lowest(x.dtype)
         padded = np.pad(x, widths, constant_values=fill)
         best = _window(padded, starts[0], y.shape[1:4], strides).copy()
         for start in starts[1:]:
             np.maximum(best, _window(padded, start, y.shape[1:4], strides), out=best)
         np.copyto(y, best)
         return
-    acc_type = np.float32 if x.dtype == np.float16 else x.dtype
+    # As 2-D pooling: 16-bit floats accumulate in float32, integers in float64 (exact below
+    # 2**53; the mean truncated toward zero), float32 and float64 in themselves.
+    acc_type = np.float64 if x.dtype.kind in "iub" else compute_dtype(x.dtype)
     padded = np.pad(x.astype(acc_type, copy=False), widths)
     ones = np.pad(np.ones((1, *x.shape[1:4], 1), acc_type), widths)
     total = np.zeros(y.shape, acc_type)

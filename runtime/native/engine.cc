@@ -1,6 +1,6 @@
 // neuronish native engine: runs a device program's instructions as oneDNN primitives.
 //
-// The Python side (runtime/native/program.py) translates each validated instruction into
+// The Python side (runtime/native/spec.py, called by runtime/native/program.py) translates each validated instruction into
 // a flat spec of int64s (tensor references and attributes) plus a few floats, and calls
 // `ne_add` once per instruction at load time. Here each spec becomes one oneDNN primitive
 // (plus, for bf16 compute, a reorder of its input), created once: weights are reordered
@@ -26,7 +26,9 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -41,7 +43,7 @@ using tag = dnnl::memory::format_tag;
 
 namespace {
 
-// Spec codes: keep in step with runtime/native/spec.py.
+// Spec codes: tests/test_native_codes.py holds these enums to runtime/native/spec.py's.
 enum Op : int64_t {
   OP_CONV = 1, OP_MATMUL = 2, OP_POOL = 3, OP_ELTWISE = 4, OP_BINARY = 5, OP_SOFTMAX = 6,
   OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10, OP_LAYER_NORM = 11,
@@ -66,7 +68,10 @@ enum LoopFn : int64_t {
   F_LT = 9, F_LE = 10, F_EQ = 11, F_NE = 12, F_POW = 13, F_FLOOR_DIV = 14, F_FLOOR_MOD = 15,
   F_AND = 16, F_OR = 17, F_SQUARED_DIFFERENCE = 18,
 };
-enum Dtype : int64_t { D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5, D_S64 = 6 };
+enum Dtype : int64_t {
+  D_F32 = 0, D_BF16 = 1, D_U8 = 2, D_S32 = 3, D_S8 = 4, D_F16 = 5, D_S64 = 6, D_F64 = 7,
+  D_S16 = 8, D_BOOL = 9,
+};
 enum Elt : int64_t {
   E_RELU = 1, E_CLIP = 2, E_ELU = 3, E_LOGISTIC = 4, E_TANH = 5, E_SOFT_RELU = 6, E_EXP = 7,
   E_LOG = 8, E_SQRT = 9, E_SQUARE = 10, E_ABS = 11, E_LINEAR = 12, E_POW = 13, E_ROUND = 14,
@@ -96,6 +101,11 @@ dt to_dt(int64_t code) {
     case D_F16: return dt::f16;
     // int64: oneDNN 3.2 has no s64; only byte-moving loops take it, by its 8-byte size.
     case D_S64: return dt::f64;
+    // float64, int16: only our loops take them (they read Ref::code); the oneDNN type
+    // stands for the element size. bool is u8 to oneDNN.
+    case D_F64: return dt::f64;
+    case D_S16: return dt::f16;
+    case D_BOOL: return dt::u8;
   }
   throw Error("unknown dtype code " + std::to_string(code));
 }
@@ -159,6 +169,7 @@ struct Ref {
   int64_t slot = -1;
   int64_t offset = 0;
   dt type = dt::f32;
+  int64_t code = D_F32;  // the spec's dtype code (tells int64 from float64, bool from u8)
   bool blocked = false;  // an NHWC image kept channel-blocked (nChw16c)
   memory::dims dims;
 };
@@ -181,7 +192,8 @@ struct Reader {
     Ref r;
     r.slot = next();
     r.offset = next();
-    r.type = to_dt(next());
+    r.code = next();
+    r.type = to_dt(r.code);
     r.blocked = next() != 0;
     int64_t nd = next();
     if (nd < 0 || nd > DNNL_MAX_NDIMS) throw Error("bad rank " + std::to_string(nd));
@@ -328,6 +340,131 @@ inline float map_f32(int64_t fn, float x) {
   return x;
 }
 
+// argminmax's float32 inner loops, built for each vector width (the loader picks the
+// widest this CPU has; the engine's baseline is plain x86-64).
+// The extreme of x[0, len) and whether it holds a NaN.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+float block_extreme_f32(const float* x, int64_t len, bool is_min, int* nan) {
+  float m = x[0];
+  int bad = 0;
+  if (is_min) {
+#pragma omp simd reduction(min : m) reduction(+ : bad)
+    for (int64_t k = 0; k < len; ++k) {
+      m = x[k] < m ? x[k] : m;
+      bad += x[k] != x[k];
+    }
+  } else {
+#pragma omp simd reduction(max : m) reduction(+ : bad)
+    for (int64_t k = 0; k < len; ++k) {
+      m = x[k] > m ? x[k] : m;
+      bad += x[k] != x[k];
+    }
+  }
+  *nan = bad;
+  return m;
+}
+
+// Rows j = 1..n-1 of x [n, inner] (columns [0, len)): each column's first extreme so far
+// (best, at), a NaN kept once seen.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void column_extremes_f32(const float* x, int64_t n, int64_t inner, int64_t len, bool is_min,
+                         float* best, int32_t* at) {
+  for (int64_t j = 1; j < n; ++j) {
+    const float* row = x + j * inner;
+    if (len < 16) {  // a few columns: a vector loop would cost more to set up than it runs
+      for (int64_t i = 0; i < len; ++i) {
+        float v = row[i], b = best[i];
+        if (b == b && (v != v || (is_min ? v < b : v > b))) {
+          best[i] = v;
+          at[i] = (int32_t)j;
+        }
+      }
+    } else if (is_min) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) {
+        float v = row[i], b = best[i];
+        bool take = b == b && (v != v || v < b);
+        best[i] = take ? v : b;
+        at[i] = take ? (int32_t)j : at[i];
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) {
+        float v = row[i], b = best[i];
+        bool take = b == b && (v != v || v > b);
+        best[i] = take ? v : b;
+        at[i] = take ? (int32_t)j : at[i];
+      }
+    }
+  }
+}
+
+// Every dtype's storage type (the loops over any dtype: argminmax, cumulative, top_k and
+// the "Loops over every dtype" at the end of this file).
+struct Half { uint16_t bits; };
+struct BHalf { uint16_t bits; };
+
+// Storage type T <-> the type it computes in (C).
+template <class T> struct Num {
+  using C = T;
+  static C get(T v) { return v; }
+  static T put(C c) { return c; }
+};
+template <> struct Num<Half> {
+  using C = float;
+  static float get(Half h) { return f16_to_f32(h.bits); }
+  static Half put(float f) { return Half{f32_to_f16(f)}; }
+};
+template <> struct Num<BHalf> {
+  using C = float;
+  static float get(BHalf h) {
+    uint32_t u = (uint32_t)h.bits << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static BHalf put(float f) {
+    f = round_bf16(f);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return BHalf{(uint16_t)(u >> 16)};
+  }
+};
+
+template <class T> constexpr bool is_real() {
+  return std::is_floating_point<typename Num<T>::C>::value;
+}
+
+// Calls f(T()) for the storage type of a dtype code (bool: uint8_t).
+template <class F>
+void with_type(int64_t code, F&& f) {
+  switch (code) {
+    case D_F32: f(float()); return;
+    case D_F64: f(double()); return;
+    case D_F16: f(Half()); return;
+    case D_BF16: f(BHalf()); return;
+    case D_S8: f(int8_t()); return;
+    case D_U8: case D_BOOL: f(uint8_t()); return;
+    case D_S16: f(int16_t()); return;
+    case D_S32: f(int32_t()); return;
+    case D_S64: f(int64_t()); return;
+  }
+  throw Error("unknown dtype code " + std::to_string(code));
+}
+
+// Wrapping integer arithmetic in T's own width.
+template <class T> T wrap_add(T a, T b) {
+  using U = typename std::make_unsigned<T>::type;
+  return (T)(U)((U)a + (U)b);
+}
+template <class T> T wrap_sub(T a, T b) {
+  using U = typename std::make_unsigned<T>::type;
+  return (T)(U)((U)a - (U)b);
+}
+template <class T> T wrap_mul(T a, T b) {
+  using U = typename std::make_unsigned<T>::type;
+  return (T)(U)((uint64_t)(U)a * (uint64_t)(U)b);
+}
 // Rows of the output [rows, inner] and, per input, its element strides over the output's
 // dims (0 where it broadcasts). Dims are y's, every input padded to y's rank.
 struct Broadcast {
@@ -490,11 +627,17 @@ void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
 
 // int8 instructions (docs/int8.md), defined at the end of this file.
 enum OpInt8 : int64_t { OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42 };
+// Loops over every dtype, defined at the end of this file.
+enum OpGeneric : int64_t {
+  OP_G_UNARY = 50, OP_G_BINARY = 51, OP_G_REDUCE = 52, OP_G_CAST = 53, OP_G_POOL = 54,
+  OP_G_SOFTMAX = 55, OP_G_LAYER_NORM = 56, OP_G_CONCAT = 57, OP_G_MATMUL = 58, OP_G_CONV = 59,
+};
 }  // namespace
 
 struct Program;
 namespace {
 void add_int8(Program& p, int64_t op, Reader& rd, Instr& ins);
+void add_generic(Program& p, int64_t op, Reader& rd, Instr& ins);
 }  // namespace
 
 struct Program {
@@ -655,6 +798,11 @@ struct Program {
       case OP_CONV3D: add_conv3d(rd, ins); break;
       case OP_POOL3D: add_pool3d(rd, ins); break;
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
+      case OP_G_UNARY: case OP_G_BINARY: case OP_G_REDUCE: case OP_G_CAST: case OP_G_POOL:
+      case OP_G_SOFTMAX: case OP_G_LAYER_NORM: case OP_G_CONCAT: case OP_G_MATMUL:
+      case OP_G_CONV:
+        add_generic(*this, op, rd, ins);
+        break;
       default: throw Error("unknown op code " + std::to_string(op));
     }
     if (rd.i != rd.n) throw Error("spec has trailing values");
@@ -1419,65 +1567,140 @@ struct Program {
   // bit-exact (no float math beyond TF's own: scans run sequentially, resize's coordinates
   // and weights come precomputed from spec.py). int64 tensors travel as 8-byte elements.
 
-  // x [outer, n, inner] (float32 or int32) -> y [outer, inner] (int32 or int64): the index
-  // of the first maximum (minimum) along n. A NaN wins at its first position (numpy's
+  // x [outer, n, inner] (any dtype; bool as 0/1) -> y [outer, inner] (int32 or int64): the
+  // index of the first maximum (minimum) along n. A NaN wins at its first position (numpy's
   // argmax, which the reference engine runs).
   void add_argminmax(Reader& rd, Instr& ins) {
     int64_t is_min = rd.next(), outer = rd.next(), n = rd.next(), inner = rd.next();
     Ref x = rd.ref(), y = rd.ref();
-    if ((x.type != dt::f32 && x.type != dt::s32) || outer * n * inner != count(x) ||
-        outer * inner != count(y) || n < 1)
+    if (outer * n * inner != count(x) || outer * inner != count(y) || n < 1 ||
+        (y.code != D_S32 && y.code != D_S64))
       throw Error("argminmax: bad spec");
-    bool wide = memory::data_type_size(y.type) == 8;
-    bool f32 = x.type == dt::f32;
+    bool wide = y.code == D_S64;
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
-    push_loop(ins, s, "neuronish:argminmax", [=](const Step& st, int threads) {
-      auto run = [&](auto tag) {
-        using T = decltype(tag);
-        const T* px = data<const T>(st, 0);
-#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
-        for (int64_t o = 0; o < outer; ++o)
-          for (int64_t i = 0; i < inner; ++i) {
-            const T* a = px + o * n * inner + i;
-            T best = a[0];
-            int64_t at = 0;
-            if (inner == 1) {
-              // A contiguous row: the extreme by a vectorized pass (a NaN seen apart), then
-              // its first position; the same answer as the scan below, several times faster.
-              T m = a[0];
-              bool nan = false;
-              if (is_min) {
-#pragma omp simd reduction(min : m) reduction(| : nan)
-                for (int64_t j = 0; j < n; ++j) {
-                  m = a[j] < m ? a[j] : m;
-                  nan |= a[j] != a[j];
-                }
-              } else {
-#pragma omp simd reduction(max : m) reduction(| : nan)
-                for (int64_t j = 0; j < n; ++j) {
-                  m = a[j] > m ? a[j] : m;
-                  nan |= a[j] != a[j];
-                }
-              }
-              while (nan ? a[at] == a[at] : a[at] != m) ++at;
-              n_done(st, o, at, wide);
-              continue;
-            }
-            for (int64_t j = 1; j < n && best == best; ++j) {
-              T v = a[j * inner];
-              if (v != v || (is_min ? v < best : v > best)) {
-                best = v;
-                at = j;
-              }
-            }
-            n_done(st, o * inner + i, at, wide);
-          }
-      };
-      if (f32) run(float());
-      else run(int32_t());
+    with_type(x.code, [&](auto tag) {
+      using T = decltype(tag);
+      push_loop(ins, s, "neuronish:argminmax", [=](const Step& st, int threads) {
+        argminmax_run<T>(st, threads, is_min != 0, outer, n, inner, wide);
+      });
     });
+  }
+
+  // One block of `inner` columns: x rows [n, inner] swept row by row (contiguous reads that
+  // vectorize) keeping each column's extreme so far; a NaN, once seen, stays.
+  template <class T>
+  static void argminmax_run(const Step& st, int threads, bool is_min, int64_t outer,
+                            int64_t n, int64_t inner, bool wide) {
+    using C = typename Num<T>::C;
+    const T* px = data<const T>(st, 0);
+    if (inner == 1 && n <= 64) {  // short rows: one scalar scan each
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* a = px + o * n;
+        C best = Num<T>::get(a[0]);
+        int64_t at = 0;
+        for (int64_t j = 1; j < n && best == best; ++j) {
+          C v = Num<T>::get(a[j]);
+          if (v != v || (is_min ? v < best : v > best)) {
+            best = v;
+            at = j;
+          }
+        }
+        n_done(st, o, at, wide);
+      }
+      return;
+    }
+    if (inner == 1) {
+      // A contiguous row, in blocks: each block's extreme by a vectorized pass (its NaNs
+      // counted apart), the row's first extreme from the first block holding it; only that
+      // block is scanned for the position. A NaN wins at its first position.
+      const int64_t bs = 4096, sub = 256;
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* a = px + o * n;
+        C m = Num<T>::get(a[0]);
+        int64_t from = 0, at = -1;
+        for (int64_t j0 = 0; j0 < n; j0 += bs) {
+          const int64_t len = std::min(bs, n - j0);
+          const T* blk = a + j0;
+          C bm = Num<T>::get(blk[0]);
+          int nan = 0;
+          if constexpr (std::is_same<T, float>::value) {
+            bm = block_extreme_f32(blk, len, is_min, &nan);
+          } else if (is_min) {
+#pragma omp simd reduction(min : bm) reduction(+ : nan)
+            for (int64_t k = 0; k < len; ++k) {
+              C v = Num<T>::get(blk[k]);
+              bm = v < bm ? v : bm;
+              nan += v != v;
+            }
+          } else {
+#pragma omp simd reduction(max : bm) reduction(+ : nan)
+            for (int64_t k = 0; k < len; ++k) {
+              C v = Num<T>::get(blk[k]);
+              bm = v > bm ? v : bm;
+              nan += v != v;
+            }
+          }
+          if (nan) {
+            at = j0;
+            while (Num<T>::get(a[at]) == Num<T>::get(a[at])) ++at;
+            break;
+          }
+          if (is_min ? bm < m : bm > m) {
+            m = bm;
+            from = j0;
+          }
+        }
+        if (at < 0) {  // the first sub-block of the winning block that holds m, then in it
+          at = from;
+          if constexpr (std::is_same<T, float>::value) {
+            for (int64_t j0 = from; j0 < std::min(from + bs, n); j0 += sub) {
+              int nan = 0;
+              if (block_extreme_f32(a + j0, std::min(sub, n - j0), is_min, &nan) == m) {
+                at = j0;
+                break;
+              }
+            }
+          }
+          while (Num<T>::get(a[at]) != m) ++at;
+        }
+        n_done(st, o, at, wide);
+      }
+      return;
+    }
+    const int64_t block = 512;
+    const int64_t blocks = (inner + block - 1) / block;
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t bi = 0; bi < blocks; ++bi) {
+        const int64_t i0 = bi * block, len = std::min(block, inner - i0);
+        C best[block];
+        int32_t at[block];
+        const T* a = px + o * n * inner + i0;
+        for (int64_t i = 0; i < len; ++i) {
+          best[i] = Num<T>::get(a[i]);
+          at[i] = 0;
+        }
+        if constexpr (std::is_same<T, float>::value) {
+          column_extremes_f32(a, n, inner, len, is_min, best, at);
+          for (int64_t i = 0; i < len; ++i) n_done(st, o * inner + i0 + i, at[i], wide);
+          continue;
+        }
+        for (int64_t j = 1; j < n; ++j) {
+          const T* row = a + j * inner;
+#pragma omp simd
+          for (int64_t i = 0; i < len; ++i) {
+            C v = Num<T>::get(row[i]), b = best[i];
+            bool take = b == b && (v != v || (is_min ? v < b : v > b));
+            best[i] = take ? v : b;
+            at[i] = take ? (int32_t)j : at[i];
+          }
+        }
+        for (int64_t i = 0; i < len; ++i) n_done(st, o * inner + i0 + i, at[i], wide);
+      }
   }
 
   static void n_done(const Step& st, int64_t k, int64_t at, bool wide) {  // y[k] = at
@@ -1486,52 +1709,66 @@ struct Program {
   }
 
   // x [outer, n, inner] -> y, same shape: the running sum (product) along n, sequential as
-  // TF's scan; exclusive leaves each element out, reverse runs from the end. float32, or
-  // int32 wrapping (as TF and numpy).
+  // TF's scan; exclusive leaves each element out, reverse runs from the end. Any dtype but
+  // bool: each step rounds to the dtype (numpy's cumsum with dtype=x's), integers wrap.
   void add_cumulative(Reader& rd, Instr& ins) {
     int64_t prod = rd.next(), exclusive = rd.next(), reverse = rd.next();
     int64_t outer = rd.next(), n = rd.next(), inner = rd.next();
     Ref x = rd.ref(), y = rd.ref();
-    if ((x.type != dt::f32 && x.type != dt::s32) || y.type != x.type ||
-        outer * n * inner != count(x) || count(y) != count(x))
+    if (x.code == D_BOOL || y.code != x.code || outer * n * inner != count(x) ||
+        count(y) != count(x))
       throw Error("cumulative: bad spec");
-    bool f32 = x.type == dt::f32;
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
-    push_loop(ins, s, "neuronish:cumulative", [=](const Step& st, int threads) {
-      auto run = [&](auto tag) {
-        using T = decltype(tag);  // float, or uint32_t for int32 (wrapping arithmetic)
+    with_type(x.code, [&](auto tag) {
+      using T = decltype(tag);
+      push_loop(ins, s, "neuronish:cumulative", [=](const Step& st, int threads) {
+        using C = typename Num<T>::C;
         const T* px = data<const T>(st, 0);
         T* py = data<T>(st, 1);
+        auto step = [prod](C acc, C v) -> C {
+          if constexpr (is_real<T>()) return prod ? acc * v : acc + v;
+          else return prod ? wrap_mul<T>(acc, v) : wrap_add<T>(acc, v);
+        };
 #pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
         for (int64_t o = 0; o < outer; ++o)
           for (int64_t i = 0; i < inner; ++i) {
-            T acc = prod ? T(1) : T(0);
+            T acc = Num<T>::put(prod ? C(1) : C(0));
             for (int64_t t = 0; t < n; ++t) {
               int64_t j = reverse ? n - 1 - t : t;
               int64_t at = (o * n + j) * inner + i;
               T v = px[at];
               if (exclusive) py[at] = acc;
-              acc = prod ? T(acc * v) : T(acc + v);
+              acc = Num<T>::put(step(Num<T>::get(acc), Num<T>::get(v)));
               if (!exclusive) py[at] = acc;
             }
           }
-      };
-      if (f32) run(float());
-      else run(uint32_t());
+      });
     });
   }
 
-  // indices [outer, inner] (int32 or int64) -> y [outer, depth, inner]: on where the index
+  static int64_t index_at(const char* p, int64_t code, int64_t k) {  // an integer, widened
+    switch (code) {
+      case D_S64: return reinterpret_cast<const int64_t*>(p)[k];
+      case D_S32: return reinterpret_cast<const int32_t*>(p)[k];
+      case D_S16: return reinterpret_cast<const int16_t*>(p)[k];
+      case D_S8: return reinterpret_cast<const int8_t*>(p)[k];
+      default: return reinterpret_cast<const uint8_t*>(p)[k];
+    }
+  }
+
+  // indices [outer, inner] (any integer dtype) -> y [outer, depth, inner]: on where the index
   // is d, off elsewhere (an index outside [0, depth) gives an all-off row). on and off
   // are the values' bytes, as int64s.
   void add_one_hot(Reader& rd, Instr& ins) {
     int64_t outer = rd.next(), depth = rd.next(), inner = rd.next();
     int64_t on = rd.next(), off = rd.next();
     Ref idx = rd.ref(), y = rd.ref();
-    size_t isize = memory::data_type_size(idx.type), size = memory::data_type_size(y.type);
-    if ((idx.type != dt::s32 && isize != 8) || outer * inner != count(idx) ||
+    size_t size = memory::data_type_size(y.type);
+    int64_t icode = idx.code;
+    if ((icode != D_S8 && icode != D_U8 && icode != D_S16 && icode != D_S32 && icode != D_S64) ||
+        outer * inner != count(idx) ||
         outer * depth * inner != count(y) || (size != 1 && size != 2 && size != 4 && size != 8))
       throw Error("one_hot: bad spec");
     Step s;
@@ -1552,8 +1789,7 @@ struct Program {
           for (int64_t e = 0; e < depth * inner; ++e) row[e] = off_v;
           for (int64_t i = 0; i < inner; ++i) {
             int64_t k = o * inner + i;
-            int64_t v = isize == 8 ? reinterpret_cast<const int64_t*>(pi)[k]
-                                   : reinterpret_cast<const int32_t*>(pi)[k];
+            int64_t v = index_at(pi, icode, k);
             if (v >= 0 && v < depth) row[v * inner + i] = on_v;
           }
         }
@@ -1571,16 +1807,16 @@ struct Program {
   void add_top_k(Reader& rd, Instr& ins) {
     int64_t want_indices = rd.next(), rows = rd.next(), n = rd.next(), k = rd.next();
     Ref x = rd.ref(), y = rd.ref();
-    if ((x.type != dt::f32 && x.type != dt::s32) || rows * n != count(x) ||
-        rows * k != count(y) || k > n)
+    if (x.code == D_BOOL || rows * n != count(x) || rows * k != count(y) || k > n)
       throw Error("top_k: bad spec");
-    bool f32 = x.type == dt::f32, wide = memory::data_type_size(y.type) == 8;
+    bool wide = memory::data_type_size(y.type) == 8;
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
-    push_loop(ins, s, "neuronish:top_k", [=](const Step& st, int threads) {
-      auto run = [&](auto tag) {
-        using T = decltype(tag);
+    with_type(x.code, [&](auto tag) {
+      using T = decltype(tag);
+      push_loop(ins, s, "neuronish:top_k", [=](const Step& st, int threads) {
+        using C = typename Num<T>::C;
         const T* px = data<const T>(st, 0);
 #pragma omp parallel for num_threads(threads) if (threads > 1)
         for (int64_t r = 0; r < rows; ++r) {
@@ -1588,7 +1824,7 @@ struct Program {
           std::vector<int64_t> order(n);
           for (int64_t j = 0; j < n; ++j) order[j] = j;
           auto before = [a](int64_t p, int64_t q) {
-            T u = a[p], v = a[q];
+            C u = Num<T>::get(a[p]), v = Num<T>::get(a[q]);
             bool un = u != u, vn = v != v;
             if (un || vn) return un && (!vn || p < q);
             return u > v || (u == v && p < q);
@@ -1601,9 +1837,7 @@ struct Program {
             else data<int32_t>(st, 1)[at] = (int32_t)order[j];
           }
         }
-      };
-      if (f32) run(float());
-      else run(int32_t());
+      });
     });
   }
 
@@ -1663,7 +1897,7 @@ struct Program {
     int64_t bilinear = rd.next();
     Ref x = rd.ref(), y = rd.ref();
     if (x.dims.size() != 4 || y.dims.size() != 4 || x.dims[0] != y.dims[0] ||
-        x.dims[3] != y.dims[3] || (bilinear && (x.type != dt::f32 || y.type != dt::f32)) ||
+        x.dims[3] != y.dims[3] || (bilinear && (x.code == D_BOOL || y.code != D_F32)) ||
         (!bilinear && x.type != y.type))
       throw Error("resize: bad spec");
     int64_t N = x.dims[0], H = x.dims[1], W = x.dims[2], C = x.dims[3];
@@ -1687,6 +1921,31 @@ struct Program {
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
+    if (bilinear && x.code != D_F32) {  // any other input: read as float32, as the reference
+      with_type(x.code, [&](auto tag) {
+        using T = decltype(tag);
+        push_loop(ins, s, "neuronish:resize", [=](const Step& st, int threads) {
+          const T* px = data<const T>(st, 0);
+          float* py = data<float>(st, 1);
+          auto at = [px](int64_t i) { return (float)Num<T>::get(px[i]); };
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+          for (int64_t b = 0; b < N; ++b)
+            for (int64_t oy = 0; oy < OH; ++oy) {
+              const int64_t top = (b * H + ylo[oy]) * W * C, bot = (b * H + yhi[oy]) * W * C;
+              float* o = py + (b * OH + oy) * OW * C;
+              for (int64_t ox = 0; ox < OW; ++ox)
+                for (int64_t c = 0; c < C; ++c) {
+                  float tl = at(top + xlo[ox] * C + c), tr = at(top + xhi[ox] * C + c);
+                  float bl = at(bot + xlo[ox] * C + c), br = at(bot + xhi[ox] * C + c);
+                  float t = tl + (tr - tl) * xl[ox];
+                  float u = bl + (br - bl) * xl[ox];
+                  o[ox * C + c] = t + (u - t) * yl[oy];
+                }
+            }
+        });
+      });
+      return;
+    }
     push_loop(ins, s, "neuronish:resize", [=](const Step& st, int threads) {
       const char* px = data<const char>(st, 0);
       char* py = data<char>(st, 1);
@@ -2185,6 +2444,785 @@ void add_int8(Program& p, int64_t op, Reader& rd, Instr& ins) {
     case OP_QUANTIZE: add_quantize(p, rd, ins); break;
     case OP_QCONV: add_qconv(p, rd, ins); break;
     default: add_qmatmul(p, rd, ins); break;
+  }
+}
+
+}  // namespace
+
+// --- Loops over every dtype (float64, float16, bfloat16, 8/16/64-bit integers) ------------
+//
+// What the float32/int32 paths above leave out, so that no instruction needs the numpy
+// engine. Semantics are the reference kernels' (runtime/kernels/): 16-bit floats compute in
+// float32 and round once per result (numpy's float16 loops and the bfloat16 path do the
+// same), float64 in double with libm, integers wrap in their own width (as numpy and TF).
+// Integer division by zero gives 0 (and its remainder 0), as numpy; INT_MIN / -1 wraps to
+// INT_MIN. These are not hot paths of the models we know: plain loops, parallel over rows
+// where that is free. The spec codes are runtime/native/spec.py's G_* tables.
+namespace {
+
+// OP_G_UNARY functions (spec.py's G_UNARY).
+enum GUnary : int64_t {
+  G_RELU = 1, G_RELU6 = 2, G_LEAKY_RELU = 3, G_ELU = 4, G_SELU = 5, G_SIGMOID = 6, G_TANH = 7,
+  G_SOFTPLUS = 8, G_GELU = 9, G_GELU_TANH = 10, G_ERF = 11, G_ERFC = 12, G_EXP = 13, G_LOG = 14,
+  G_SQRT = 15, G_RSQRT = 16, G_SQUARE = 17, G_ABS = 18, G_NEG = 19, G_RECIPROCAL = 20,
+  G_FLOOR = 21, G_SIGN = 22, G_ROUND_BF16 = 23, G_ROUND_FP16 = 24, G_SIN = 25, G_COS = 26,
+  G_TAN = 27, G_ATAN = 28, G_LOG1P = 29, G_EXPM1 = 30, G_ROUND = 31, G_SWISH = 32,
+};
+
+template <class T> T int_div(T a, T b) {  // toward zero; x/0 = 0; MIN/-1 wraps
+  if (b == 0) return 0;
+  if (std::is_signed<T>::value && b == (T)-1) return wrap_sub<T>(0, a);
+  return (T)(a / b);
+}
+template <class T> T int_floor_div(T a, T b) {
+  if (b == 0) return 0;
+  if (std::is_signed<T>::value && b == (T)-1) return wrap_sub<T>(0, a);
+  T q = (T)(a / b);
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
+}
+template <class T> T int_floor_mod(T a, T b) {
+  if (b == 0 || (std::is_signed<T>::value && b == (T)-1)) return 0;
+  T m = (T)(a % b);
+  return (m != 0 && ((m < 0) != (b < 0))) ? (T)(m + b) : m;
+}
+template <class C> C real_floor_mod(C a, C b) {  // numpy's: the result takes b's sign
+  C m = std::fmod(a, b);
+  if (b == 0) return m;
+  if (m != 0) {
+    if ((b < 0) != (m < 0)) m += b;
+  } else {
+    m = std::copysign(C(0), b);
+  }
+  return m;
+}
+template <class C> C nan_max(C a, C b) { return (a != a || b != b) ? a + b : std::max(a, b); }
+template <class C> C nan_min(C a, C b) { return (a != a || b != b) ? a + b : std::min(a, b); }
+
+template <class C> C softplus_any(C x) {  // TF's thresholds for the type's epsilon
+  const C threshold = std::log(std::numeric_limits<C>::epsilon()) + C(2);
+  if (x > -threshold) return x;
+  C e = std::exp(x);
+  return x < threshold ? e : std::log1p(e);
+}
+
+template <class C> C real_unary(int64_t fn, C x, C alpha) {
+  const C sqrt1_2 = C(0.70710678118654752440);
+  switch (fn) {
+    case G_RELU: return x > 0 || x != x ? x : C(0);
+    case G_RELU6: return x != x ? x : std::min(std::max(x, C(0)), C(6));
+    case G_LEAKY_RELU: return x >= 0 || x != x ? x : alpha * x;
+    case G_ELU: return x > 0 || x != x ? x : std::expm1(x);
+    case G_SELU: {
+      const C a = C(1.6732632423543772), s = C(1.0507009873554805);
+      return x > 0 || x != x ? s * x : s * (a * std::expm1(x));
+    }
+    case G_SIGMOID: return C(1) / (C(1) + std::exp(-x));
+    case G_TANH: return std::tanh(x);
+    case G_SOFTPLUS: return softplus_any(x);
+    case G_GELU: return C(0.5) * x * std::erfc(-x * sqrt1_2);
+    case G_GELU_TANH: {
+      C t = std::tanh(C(0.7978845608028654) * (x + C(0.044715) * x * x * x));
+      return C(0.5) * x * (C(1) + t);
+    }
+    case G_SWISH: return x / (C(1) + std::exp(-x));
+    case G_ERF: return std::erf(x);
+    case G_ERFC: return std::erfc(x);
+    case G_EXP: return std::exp(x);
+    case G_LOG: return std::log(x);
+    case G_SQRT: return std::sqrt(x);
+    case G_RSQRT: return C(1) / std::sqrt(x);
+    case G_SQUARE: return x * x;
+    case G_ABS: return std::fabs(x);
+    case G_NEG: return -x;
+    case G_RECIPROCAL: return C(1) / x;
+    case G_FLOOR: return std::floor(x);
+    case G_SIGN: return x > 0 ? C(1) : x < 0 ? C(-1) : x;
+    case G_ROUND_BF16: return (C)round_bf16((float)x);
+    case G_ROUND_FP16: return (C)f16_to_f32(f32_to_f16((float)x));
+    case G_SIN: return std::sin(x);
+    case G_COS: return std::cos(x);
+    case G_TAN: return std::tan(x);
+    case G_ATAN: return std::atan(x);
+    case G_LOG1P: return std::log1p(x);
+    case G_EXPM1: return std::expm1(x);
+    case G_ROUND: return std::nearbyint(x);
+  }
+  throw Error("unary: unknown function " + std::to_string(fn));
+}
+
+template <class T> T int_unary(int64_t fn, T v) {
+  switch (fn) {
+    case G_ABS: return v < 0 ? wrap_sub<T>(0, v) : v;
+    case G_NEG: return wrap_sub<T>(0, v);
+    case G_SIGN: return (T)((v > 0) - (v < 0));
+    case G_SQUARE: return wrap_mul<T>(v, v);
+    case G_RELU: return v > 0 ? v : T(0);
+    case G_RELU6: return v > 6 ? T(6) : v > 0 ? v : T(0);
+  }
+  throw Error("unary: function " + std::to_string(fn) + " takes no integers");
+}
+
+int64_t elems(const Ref& r) {
+  int64_t n = 1;
+  for (auto d : r.dims) n *= d;
+  return n;
+}
+
+// x -> y, same shape and dtype. floats: `alpha` is leaky_relu's slope (a double's bits:
+// float64 needs all of them).
+void add_g_unary(Program& p, Reader& rd, Instr& ins) {
+  int64_t fn = rd.next(), alpha_bits = rd.next();
+  double alpha;
+  std::memcpy(&alpha, &alpha_bits, 8);
+  Ref x = rd.ref(), y = rd.ref();
+  int64_t n = elems(x);
+  if (n != elems(y) || x.code != y.code) throw Error("unary: x and y differ");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename Num<T>::C;
+    if constexpr (is_real<T>()) {
+      real_unary<C>(fn, C(1), C(alpha));  // an unknown function fails here, at load
+    } else {
+      if (x.code == D_BOOL) throw Error("unary: bool");
+      int_unary<T>(fn, T(1));
+    }
+    p.push_loop(ins, s, "neuronish:unary_any", [n, fn, alpha](const Step& st, int threads) {
+      const T* a = data<const T>(st, 0);
+      T* o = data<T>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
+      for (int64_t i = 0; i < n; ++i) {
+        if constexpr (is_real<T>())
+          o[i] = Num<T>::put(real_unary<C>(fn, Num<T>::get(a[i]), C(alpha)));
+        else
+          o[i] = int_unary<T>(fn, a[i]);
+      }
+    });
+  });
+}
+
+// a, b (padded to y's rank, either may broadcast) -> y, for any numeric dtype
+// (spec.py's LOOP codes; comparisons write bool).
+void add_g_binary(Program& p, Reader& rd, Instr& ins) {
+  int64_t fn = rd.next();
+  Ref A = rd.ref(), B = rd.ref(), y = rd.ref();
+  if (A.code != B.code || A.code == D_BOOL) throw Error("binary: operand dtypes");
+  bool cmp = fn >= F_GT && fn <= F_NE;
+  if (cmp != (y.code == D_BOOL) || (!cmp && y.code != A.code))
+    throw Error("binary: the output's dtype");
+  Broadcast b(y.dims, {A.dims, B.dims});
+  int64_t nb = elems(B);
+  Step s;
+  p.byte_arg(s, A);
+  p.byte_arg(s, B);
+  p.byte_arg(s, y);
+  with_type(A.code, [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename Num<T>::C;
+    auto run = [&](auto f) {
+      p.push_loop(ins, s, "neuronish:binary_any", [b, f](const Step& st, int threads) {
+        binary_rows<T, T>(st, threads, b, f);
+      });
+    };
+    auto cmp_run = [&](auto f) {
+      p.push_loop(ins, s, "neuronish:binary_any", [b, f](const Step& st, int threads) {
+        binary_rows<T, uint8_t>(st, threads, b, f);
+      });
+    };
+#define NE_R(EXPR) run([](T p_, T q_) -> T { C p = Num<T>::get(p_), q = Num<T>::get(q_); \
+                                          return Num<T>::put(EXPR); }); return
+#define NE_C(OP) cmp_run([](T p_, T q_) -> uint8_t { return Num<T>::get(p_) OP Num<T>::get(q_); }); return
+    switch (fn) {
+      case F_GT: NE_C(>);
+      case F_GE: NE_C(>=);
+      case F_LT: NE_C(<);
+      case F_LE: NE_C(<=);
+      case F_EQ: NE_C(==);
+      case F_NE: NE_C(!=);
+    }
+    if constexpr (is_real<T>()) {
+      switch (fn) {
+        case F_ADD: NE_R(p + q);
+        case F_SUB: NE_R(p - q);
+        case F_MUL: NE_R(p * q);
+        case F_DIV: NE_R(p / q);
+        case F_MAX: NE_R(nan_max(p, q));
+        case F_MIN: NE_R(nan_min(p, q));
+        case F_POW: NE_R(std::pow(p, q));
+        case F_FLOOR_DIV: NE_R(std::floor(p / q));
+        case F_FLOOR_MOD: NE_R(real_floor_mod(p, q));
+        case F_SQUARED_DIFFERENCE: NE_R((p - q) * (p - q));
+      }
+    } else {
+      switch (fn) {
+        case F_ADD: NE_R(wrap_add<T>(p, q));
+        case F_SUB: NE_R(wrap_sub<T>(p, q));
+        case F_MUL: NE_R(wrap_mul<T>(p, q));
+        case F_DIV: NE_R(int_div<T>(p, q));
+        case F_MAX: NE_R(std::max(p, q));
+        case F_MIN: NE_R(std::min(p, q));
+        case F_FLOOR_DIV: NE_R(int_floor_div<T>(p, q));
+        case F_FLOOR_MOD: NE_R(int_floor_mod<T>(p, q));
+        case F_SQUARED_DIFFERENCE: NE_R(wrap_mul<T>(wrap_sub<T>(p, q), wrap_sub<T>(p, q)));
+        case F_POW:
+          // By squaring, wrapping (numpy's and TF's integer pow); a negative exponent is an
+          // error in both, found before the loop starts.
+          p.push_loop(ins, s, "neuronish:binary_any", [b, nb](const Step& st, int threads) {
+            const T* e = data<const T>(st, 1);
+            for (int64_t i = 0; i < nb; ++i)
+              if (e[i] < 0)
+                throw Error("integers to negative integer powers are not allowed (exponent " +
+                            std::to_string((int64_t)e[i]) + ")");
+            binary_rows<T, T>(st, threads, b, [](T p, T q) {
+              using U = typename std::make_unsigned<T>::type;
+              U base = (U)p, acc = 1;
+              for (uint64_t k = (uint64_t)q; k; k >>= 1, base = (U)(base * base))
+                if (k & 1u) acc = (U)(acc * base);
+              return (T)acc;
+            });
+          });
+          return;
+      }
+    }
+#undef NE_R
+#undef NE_C
+    throw Error("binary: no loop for function " + std::to_string(fn));
+  });
+}
+
+// x -> y over the axes flagged in `reduced` (y keeps them as 1s): sum/mean/max/min/prod
+// (spec.py's REDUCE codes). 16-bit floats accumulate in float32 and round once; float64 in
+// double; integers wrap in their own width and a mean truncates toward zero, as TF.
+void add_g_reduce(Program& p, Reader& rd, Instr& ins) {
+  int64_t fn = rd.next();
+  Ref x = rd.ref(), y = rd.ref();
+  size_t r = x.dims.size();
+  std::vector<int64_t> reduced = rd.ints((int64_t)r);
+  if (y.dims.size() != r || x.code != y.code || x.code == D_BOOL || fn < R_SUM || fn > R_MUL)
+    throw Error("reduce (any dtype): bad spec");
+  std::vector<int64_t> yst(r), step(r);
+  int64_t group = 1, acc_stride = 1;
+  for (size_t k = r; k-- > 0;) {
+    yst[k] = acc_stride;
+    acc_stride *= y.dims[k];
+  }
+  for (size_t k = 0; k < r; ++k) {
+    if (reduced[k]) group *= x.dims[k];
+    if ((reduced[k] ? 1 : x.dims[k]) != y.dims[k]) throw Error("reduce: y's shape");
+    step[k] = reduced[k] ? 0 : yst[k];
+  }
+  int64_t total = elems(x), outs = elems(y);
+  memory::dims xd = x.dims;
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename Num<T>::C;
+    p.push_loop(ins, s, "neuronish:reduce_any", [=](const Step& st, int) {
+      const T* px = data<const T>(st, 0);
+      T* py = data<T>(st, 1);
+      std::vector<C> acc(outs);
+      C init = fn == R_MUL ? C(1) : fn == R_MAX ? std::numeric_limits<C>::lowest()
+               : fn == R_MIN ? std::numeric_limits<C>::max() : C(0);
+      if constexpr (is_real<T>()) {
+        if (fn == R_MAX) init = -std::numeric_limits<C>::infinity();
+        if (fn == R_MIN) init = std::numeric_limits<C>::infinity();
+      }
+      std::fill(acc.begin(), acc.end(), init);
+      std::vector<int64_t> at(r, 0);
+      int64_t yo = 0;
+      for (int64_t i = 0; i < total; ++i) {
+        C v = Num<T>::get(px[i]), &a = acc[yo];
+        if constexpr (is_real<T>()) {
+          switch (fn) {
+            case R_MAX: a = nan_max(a, v); break;
+            case R_MIN: a = nan_min(a, v); break;
+            case R_MUL: a *= v; break;
+            default: a += v;
+          }
+        } else {
+          switch (fn) {
+            case R_MAX: a = std::max(a, v); break;
+            case R_MIN: a = std::min(a, v); break;
+            case R_MUL: a = wrap_mul<T>(a, v); break;
+            default: a = wrap_add<T>(a, v);
+          }
+        }
+        for (size_t k = r; k-- > 0;) {  // the next x index, and its y offset
+          yo += step[k];
+          if (++at[k] < xd[k]) break;
+          yo -= step[k] * xd[k];
+          at[k] = 0;
+        }
+      }
+      for (int64_t j = 0; j < outs; ++j) {
+        C v = acc[j];
+        if (fn == R_MEAN) {
+          if constexpr (is_real<T>()) v = v / (C)group;
+          else v = (C)((int64_t)v / group);  // (int64 sums: C is int64_t, exact)
+        }
+        py[j] = Num<T>::put(v);
+      }
+    });
+  });
+}
+
+// One value's conversion, as numpy's astype (the reference kernel): floats to integers
+// truncate toward zero, NaN and out-of-range values give the x86 "integer indefinite"
+// (INT_MIN of 32 or 64 bits) then keep its low bits; integers narrow to their low bits;
+// anything to bool is `x != 0` (NaN is true).
+template <class S, class D> D convert(S v) {
+  using CS = typename Num<S>::C;
+  CS c = Num<S>::get(v);
+  if constexpr (std::is_same<D, bool>::value) {
+    return c != CS(0);
+  } else if constexpr (is_real<D>()) {
+    using CD = typename Num<D>::C;
+    if constexpr (is_real<S>() && sizeof(CD) < sizeof(CS)) return Num<D>::put((CD)(float)c);
+    return Num<D>::put((CD)c);
+  } else if constexpr (is_real<S>()) {
+    if (sizeof(D) == 8) {
+      double d = (double)c;
+      return d != d || d >= 9223372036854775808.0 || d < -9223372036854775808.0
+                 ? (D)INT64_MIN : (D)(int64_t)d;
+    }
+    double d = (double)c;
+    int32_t w = d != d || d >= 2147483648.0 || d < -2147483648.0 ? INT32_MIN : (int32_t)d;
+    return (D)(uint32_t)w;
+  } else {
+    return (D)(typename std::make_unsigned<D>::type)(uint64_t)(int64_t)c;
+  }
+}
+
+void add_g_cast(Program& p, Reader& rd, Instr& ins) {
+  Ref x = rd.ref(), y = rd.ref();
+  int64_t n = elems(x);
+  if (n != elems(y)) throw Error("cast: sizes differ");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  bool to_bool = y.code == D_BOOL;
+  with_type(x.code, [&](auto stag) {
+    using S = decltype(stag);
+    with_type(y.code, [&](auto dtag) {
+      using D = decltype(dtag);
+      p.push_loop(ins, s, "neuronish:cast_any", [n, to_bool](const Step& st, int threads) {
+        const S* a = data<const S>(st, 0);
+        D* o = data<D>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
+        for (int64_t i = 0; i < n; ++i) {
+          if constexpr (std::is_same<D, uint8_t>::value) {
+            if (to_bool) {
+              o[i] = convert<S, bool>(a[i]);
+              continue;
+            }
+          }
+          o[i] = convert<S, D>(a[i]);
+        }
+      });
+    });
+  });
+}
+
+// Max / avg pooling over NDHWC (a 2-D pool is D = 1), TF's semantics: max ignores the
+// padding, avg divides by the count of in-bounds elements. avg accumulates 16-bit floats
+// in float32, integers in double (the mean truncated toward zero), as the reference.
+void add_g_pool(Program& p, Reader& rd, Instr& ins) {
+  int64_t is_max = rd.next();
+  memory::dims d = rd.ints(14);  // N D H W C OD OH OW kd kh kw sd sh sw
+  memory::dims pad = rd.ints(3);  // front, top, left
+  Ref x = rd.ref(), y = rd.ref();
+  int64_t N = d[0], D = d[1], H = d[2], W = d[3], C = d[4], OD = d[5], OH = d[6], OW = d[7];
+  int64_t kd = d[8], kh = d[9], kw = d[10], sd = d[11], sh = d[12], sw = d[13];
+  if (x.code != y.code || x.code == D_BOOL || elems(x) != N * D * H * W * C ||
+      elems(y) != N * OD * OH * OW * C)
+    throw Error("pool (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    p.push_loop(ins, s, "neuronish:pool_any", [=](const Step& st, int threads) {
+      using C_ = typename Num<T>::C;
+      using A = typename std::conditional<std::is_floating_point<C_>::value, C_, double>::type;
+      const T* px = data<const T>(st, 0);
+      T* py = data<T>(st, 1);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t od = 0; od < OD; ++od)
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow)
+              for (int64_t c = 0; c < C; ++c) {
+                A acc = 0;
+                C_ best = 0;
+                bool first = true;
+                int64_t count = 0;
+                for (int64_t i = 0; i < kd; ++i) {
+                  int64_t z = od * sd - pad[0] + i;
+                  if (z < 0 || z >= D) continue;
+                  for (int64_t j = 0; j < kh; ++j) {
+                    int64_t yy = oh * sh - pad[1] + j;
+                    if (yy < 0 || yy >= H) continue;
+                    for (int64_t k = 0; k < kw; ++k) {
+                      int64_t xx = ow * sw - pad[2] + k;
+                      if (xx < 0 || xx >= W) continue;
+                      C_ v = Num<T>::get(px[(((b * D + z) * H + yy) * W + xx) * C + c]);
+                      if (is_max) {
+                        if constexpr (is_real<T>()) best = first ? v : nan_max(best, v);
+                        else best = first ? v : std::max(best, v);
+                        first = false;
+                      } else {
+                        acc += (A)v;
+                        ++count;
+                      }
+                    }
+                  }
+                }
+                T& out = py[(((b * OD + od) * OH + oh) * OW + ow) * C + c];
+                if (is_max) {
+                  out = Num<T>::put(best);
+                } else if constexpr (is_real<T>()) {
+                  out = Num<T>::put((C_)(acc / (A)count));
+                } else {
+                  out = (T)(int64_t)std::trunc(acc / (A)count);
+                }
+              }
+    });
+  });
+}
+
+// Softmax or log-softmax of x [outer, n, inner] along n, numerically stable (x - max),
+// in float32 for 16-bit floats and in double for float64, rounded once.
+void add_g_softmax(Program& p, Reader& rd, Instr& ins) {
+  int64_t log = rd.next(), outer = rd.next(), n = rd.next(), inner = rd.next();
+  Ref x = rd.ref(), y = rd.ref();
+  if (x.code != y.code || elems(x) != outer * n * inner || elems(y) != elems(x) || n < 1)
+    throw Error("softmax (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!is_real<T>()) {
+      throw Error("softmax takes floats");
+    } else {
+      p.push_loop(ins, s, "neuronish:softmax_any", [=](const Step& st, int threads) {
+        using C = typename Num<T>::C;
+        const T* px = data<const T>(st, 0);
+        T* py = data<T>(st, 1);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+        for (int64_t o = 0; o < outer; ++o)
+          for (int64_t i = 0; i < inner; ++i) {
+            const T* a = px + o * n * inner + i;
+            T* out = py + o * n * inner + i;
+            C m = -std::numeric_limits<C>::infinity();
+            bool nan = false;
+            for (int64_t j = 0; j < n; ++j) {
+              C v = Num<T>::get(a[j * inner]);
+              nan |= v != v;
+              m = std::max(m, v);
+            }
+            if (nan) m = std::numeric_limits<C>::quiet_NaN();
+            C sum = 0;
+            for (int64_t j = 0; j < n; ++j) sum += std::exp(Num<T>::get(a[j * inner]) - m);
+            C lsum = std::log(sum);
+            for (int64_t j = 0; j < n; ++j) {
+              C v = Num<T>::get(a[j * inner]) - m;
+              out[j * inner] = Num<T>::put(log ? v - lsum : std::exp(v) / sum);
+            }
+          }
+      });
+    }
+  });
+}
+
+// Layer norm of x [rows, c] over c: (x - mean) / sqrt(var + eps) * scale + shift, var the
+// mean of the squared deviations; float32 for 16-bit floats, double for float64.
+void add_g_layer_norm(Program& p, Reader& rd, Instr& ins) {
+  int64_t rows = rd.next(), c = rd.next(), eps_bits = rd.next();
+  double eps;
+  std::memcpy(&eps, &eps_bits, 8);
+  Ref x = rd.ref(), scale = rd.ref(), shift = rd.ref(), y = rd.ref();
+  if (x.code != y.code || scale.code != x.code || shift.code != x.code ||
+      elems(x) != rows * c || elems(scale) != c || elems(shift) != c || elems(y) != rows * c)
+    throw Error("layer_norm (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, scale);
+  p.byte_arg(s, shift);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!is_real<T>()) {
+      throw Error("layer_norm takes floats");
+    } else {
+      p.push_loop(ins, s, "neuronish:layer_norm_any", [=](const Step& st, int threads) {
+        using C = typename Num<T>::C;
+        const T* px = data<const T>(st, 0);
+        const T* sc = data<const T>(st, 1);
+        const T* sh = data<const T>(st, 2);
+        T* py = data<T>(st, 3);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* a = px + r * c;
+          C mean = 0, var = 0;
+          for (int64_t j = 0; j < c; ++j) mean += Num<T>::get(a[j]);
+          mean /= (C)c;
+          for (int64_t j = 0; j < c; ++j) {
+            C dv = Num<T>::get(a[j]) - mean;
+            var += dv * dv;
+          }
+          var /= (C)c;
+          C inv = C(1) / std::sqrt(var + (C)eps);
+          for (int64_t j = 0; j < c; ++j)
+            py[r * c + j] = Num<T>::put((Num<T>::get(a[j]) - mean) * inv * Num<T>::get(sc[j]) +
+                                        Num<T>::get(sh[j]));
+        }
+      });
+    }
+  });
+}
+
+// Concatenation of `count` inputs [outer, inner_k] (elements of any dtype, moved as bytes)
+// into y [outer, sum of inner_k].
+void add_g_concat(Program& p, Reader& rd, Instr& ins) {
+  int64_t count = rd.next(), outer = rd.next();
+  if (count < 1 || count > 4096) throw Error("concat: bad input count");
+  std::vector<Ref> xs;
+  std::vector<int64_t> inner;
+  for (int64_t k = 0; k < count; ++k) {
+    inner.push_back(rd.next());
+    xs.push_back(rd.ref());
+  }
+  Ref y = rd.ref();
+  int64_t total = 0;
+  size_t size = memory::data_type_size(y.type);
+  for (int64_t k = 0; k < count; ++k) {
+    if (xs[k].code != y.code || elems(xs[k]) != outer * inner[k])
+      throw Error("concat: an input's dtype or size");
+    total += inner[k];
+  }
+  if (elems(y) != outer * total) throw Error("concat: y's size");
+  Step s;
+  for (auto& x : xs) p.byte_arg(s, x);
+  p.byte_arg(s, y);
+  p.push_loop(ins, s, "neuronish:concat_any", [=](const Step& st, int threads) {
+    char* py = data<char>(st, (size_t)count);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t o = 0; o < outer; ++o) {
+      int64_t at = o * total;
+      for (int64_t k = 0; k < count; ++k) {
+        std::memcpy(py + at * size, data<const char>(st, (size_t)k) + o * inner[k] * size,
+                    inner[k] * size);
+        at += inner[k];
+      }
+    }
+  });
+}
+
+// The fused epilogue of the loops below: bias, residual, then a unary function (0: none).
+template <class T>
+typename Num<T>::C epilogue(typename Num<T>::C v, int64_t act, double alpha) {
+  using C = typename Num<T>::C;
+  if (act == 0) return v;
+  if constexpr (is_real<T>()) return real_unary<C>(act, v, (C)alpha);
+  else return int_unary<T>(act, (T)v);
+}
+
+// y [batch, M, N] = op(a) @ op(b) (+ bias) (+ residual), then the activation; per batch
+// index the offsets of its a and b matrices (broadcasting). float64 in double; integers
+// wrap in their width, as numpy's matmul.
+void add_g_matmul(Program& p, Reader& rd, Instr& ins) {
+  int64_t batch = rd.next(), M = rd.next(), N = rd.next(), K = rd.next();
+  int64_t ta = rd.next(), tb = rd.next(), has_bias = rd.next(), has_res = rd.next();
+  int64_t act = rd.next(), alpha_bits = rd.next();
+  double alpha;
+  std::memcpy(&alpha, &alpha_bits, 8);
+  if (batch < 1 || batch > (1 << 24)) throw Error("matmul (any dtype): bad batch");
+  std::vector<int64_t> aoff = rd.ints(batch), boff = rd.ints(batch);
+  Ref A = rd.ref(), B = rd.ref(), bias, res;
+  if (has_bias) bias = rd.ref();
+  if (has_res) res = rd.ref();
+  Ref y = rd.ref();
+  for (int64_t k = 0; k < batch; ++k)
+    if (aoff[k] < 0 || aoff[k] + M * K > elems(A) || boff[k] < 0 || boff[k] + K * N > elems(B))
+      throw Error("matmul (any dtype): an operand offset");
+  if (A.code != B.code || y.code != A.code || elems(y) != batch * M * N ||
+      (has_bias && (bias.code != A.code || elems(bias) != N)) ||
+      (has_res && (res.code != A.code || elems(res) != elems(y))))
+    throw Error("matmul (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, A);
+  p.byte_arg(s, B);
+  if (has_bias) p.byte_arg(s, bias);
+  if (has_res) p.byte_arg(s, res);
+  p.byte_arg(s, y);
+  with_type(A.code, [&](auto tag) {
+    using T = decltype(tag);
+    using C = typename Num<T>::C;
+    epilogue<T>(C(1), act, alpha);  // an unknown activation fails at load
+    p.push_loop(ins, s, "neuronish:matmul_any", [=](const Step& st, int threads) {
+      const T* pa = data<const T>(st, 0);
+      const T* pb = data<const T>(st, 1);
+      size_t k = 2;
+      const T* pbias = has_bias ? data<const T>(st, k++) : nullptr;
+      const T* pres = has_res ? data<const T>(st, k++) : nullptr;
+      T* py = data<T>(st, k);
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t bi = 0; bi < batch; ++bi)
+        for (int64_t i = 0; i < M; ++i) {
+          const T* a = pa + aoff[bi];
+          const T* b = pb + boff[bi];
+          // Row i of y accumulated over k (b's rows read contiguously; a transposed b is
+          // read as dot products instead).
+          std::vector<C> row(N, C(0));
+          for (int64_t q = 0; q < K; ++q) {
+            C u = Num<T>::get(ta ? a[q * M + i] : a[i * K + q]);
+            if (tb) {
+              for (int64_t j = 0; j < N; ++j) {
+                C v = Num<T>::get(b[j * K + q]);
+                if constexpr (is_real<T>()) row[j] += u * v;
+                else row[j] = wrap_add<T>(row[j], wrap_mul<T>(u, v));
+              }
+            } else {
+              const T* brow = b + q * N;
+              C* acc = row.data();
+#pragma omp simd
+              for (int64_t j = 0; j < N; ++j) {
+                C v = Num<T>::get(brow[j]);
+                if constexpr (is_real<T>()) acc[j] += u * v;
+                else acc[j] = wrap_add<T>(acc[j], wrap_mul<T>(u, v));
+              }
+            }
+          }
+          for (int64_t j = 0; j < N; ++j) {
+            C acc = row[j];
+            int64_t at = (bi * M + i) * N + j;
+            if constexpr (is_real<T>()) {
+              if (pbias) acc += Num<T>::get(pbias[j]);
+              if (pres) acc += Num<T>::get(pres[at]);
+            } else {
+              if (pbias) acc = wrap_add<T>(acc, pbias[j]);
+              if (pres) acc = wrap_add<T>(acc, pres[at]);
+            }
+            py[at] = Num<T>::put(epilogue<T>(acc, act, alpha));
+          }
+        }
+    });
+  });
+}
+
+// Direct convolution over NDHWC (2-D: D = 1) with a [KD, KH, KW, CI, O] filter, in groups
+// (depthwise: C groups of `mult` outputs each), zero padding, then bias, residual and the
+// activation. float64 in double; integers wrap in their width.
+void add_g_conv(Program& p, Reader& rd, Instr& ins) {
+  memory::dims d = rd.ints(16);  // N D H W C | KD KH KW CI O | OD OH OW | groups depthwise mult
+  memory::dims st = rd.ints(9);  // strides, dilations, pads (front, top, left) per dim
+  int64_t has_bias = rd.next(), has_res = rd.next(), act = rd.next(), alpha_bits = rd.next();
+  double alpha;
+  std::memcpy(&alpha, &alpha_bits, 8);
+  Ref x = rd.ref(), w = rd.ref(), bias, res;
+  if (has_bias) bias = rd.ref();
+  if (has_res) res = rd.ref();
+  Ref y = rd.ref();
+  int64_t N = d[0], D = d[1], H = d[2], W = d[3], C = d[4], KD = d[5], KH = d[6], KW = d[7];
+  int64_t CI = d[8], O = d[9], OD = d[10], OH = d[11], OW = d[12], G = d[13];
+  bool depthwise = d[14] != 0;
+  int64_t mult = d[15];
+  int64_t OC = depthwise ? C * mult : O;  // output channels
+  int64_t WC = depthwise ? C : CI;        // the filter's channel dim
+  if (x.code != w.code || y.code != x.code || G < 1 || CI * G != C ||
+      elems(x) != N * D * H * W * C || elems(w) != KD * KH * KW * WC * O || elems(y) != N * OD * OH * OW * OC ||
+      (has_bias && (bias.code != x.code || elems(bias) != OC)) ||
+      (has_res && (res.code != x.code || elems(res) != elems(y))) || (!depthwise && O % G))
+    throw Error("conv (any dtype): bad spec");
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, w);
+  if (has_bias) p.byte_arg(s, bias);
+  if (has_res) p.byte_arg(s, res);
+  p.byte_arg(s, y);
+  with_type(x.code, [&](auto tag) {
+    using T = decltype(tag);
+    using Cv = typename Num<T>::C;
+    epilogue<T>(Cv(1), act, alpha);
+    p.push_loop(ins, s, "neuronish:conv_any", [=](const Step& step, int threads) {
+      const T* px = data<const T>(step, 0);
+      const T* pw = data<const T>(step, 1);
+      size_t k = 2;
+      const T* pbias = has_bias ? data<const T>(step, k++) : nullptr;
+      const T* pres = has_res ? data<const T>(step, k++) : nullptr;
+      T* py = data<T>(step, k);
+      const int64_t og = depthwise ? mult : O / G;  // outputs per group
+#pragma omp parallel for collapse(2) num_threads(threads) if (threads > 1)
+      for (int64_t b = 0; b < N; ++b)
+        for (int64_t od = 0; od < OD; ++od)
+          for (int64_t oh = 0; oh < OH; ++oh)
+            for (int64_t ow = 0; ow < OW; ++ow)
+              {
+                // This pixel's output channels accumulated together: each input value times
+                // its filter row (contiguous over the outputs).
+                std::vector<Cv> acc(OC, Cv(0));
+                for (int64_t i = 0; i < KD; ++i) {
+                  int64_t z = od * st[0] - st[6] + i * st[3];
+                  if (z < 0 || z >= D) continue;
+                  for (int64_t j = 0; j < KH; ++j) {
+                    int64_t yy = oh * st[1] - st[7] + j * st[4];
+                    if (yy < 0 || yy >= H) continue;
+                    for (int64_t q = 0; q < KW; ++q) {
+                      int64_t xx = ow * st[2] - st[8] + q * st[5];
+                      if (xx < 0 || xx >= W) continue;
+                      const T* xin = px + (((b * D + z) * H + yy) * W + xx) * C;
+                      const T* wk = pw + ((i * KH + j) * KW + q) * WC * O;
+                      for (int64_t c = 0; c < C; ++c) {
+                        // channel c of group g feeds outputs [g*og, (g+1)*og); depthwise:
+                        // w [.., C, mult], output c*mult+m; else w [.., CI, O].
+                        Cv u = Num<T>::get(xin[c]);
+                        int64_t g = c / CI;
+                        const T* wrow = depthwise ? wk + c * O : wk + (c % CI) * O + g * og;
+                        Cv* out = acc.data() + g * og;
+#pragma omp simd
+                        for (int64_t m = 0; m < og; ++m) {
+                          Cv v = Num<T>::get(wrow[m]);
+                          if constexpr (is_real<T>()) out[m] += u * v;
+                          else out[m] = wrap_add<T>(out[m], wrap_mul<T>(u, v));
+                        }
+                      }
+                    }
+                  }
+                }
+                for (int64_t oc = 0; oc < OC; ++oc) {
+                  Cv v = acc[oc];
+                  int64_t at = (((b * OD + od) * OH + oh) * OW + ow) * OC + oc;
+                  if constexpr (is_real<T>()) {
+                    if (pbias) v += Num<T>::get(pbias[oc]);
+                    if (pres) v += Num<T>::get(pres[at]);
+                  } else {
+                    if (pbias) v = wrap_add<T>(v, pbias[oc]);
+                    if (pres) v = wrap_add<T>(v, pres[at]);
+                  }
+                  py[at] = Num<T>::put(epilogue<T>(v, act, alpha));
+                }
+              }
+    });
+  });
+}
+
+void add_generic(Program& p, int64_t op, Reader& rd, Instr& ins) {
+  switch (op) {
+    case OP_G_UNARY: add_g_unary(p, rd, ins); break;
+    case OP_G_BINARY: add_g_binary(p, rd, ins); break;
+    case OP_G_REDUCE: add_g_reduce(p, rd, ins); break;
+    case OP_G_CAST: add_g_cast(p, rd, ins); break;
+    case OP_G_POOL: add_g_pool(p, rd, ins); break;
+    case OP_G_SOFTMAX: add_g_softmax(p, rd, ins); break;
+    case OP_G_LAYER_NORM: add_g_layer_norm(p, rd, ins); break;
+    case OP_G_CONCAT: add_g_concat(p, rd, ins); break;
+    case OP_G_MATMUL: add_g_matmul(p, rd, ins); break;
+    default: add_g_conv(p, rd, ins); break;
   }
 }
 

@@ -3,19 +3,21 @@
 `encode` turns one validated instruction (docs/isa.md) into the flat list of int64s
 (and the few floats) that engine.cc's `ne_add` reads, or returns None when the native
 engine does not implement that instruction with those dtypes and attributes; the
-instruction then runs on the numpy reference kernel inside the same program. The
-codes below mirror the enums at the top of engine.cc.
+instruction then runs on the numpy reference kernel inside the same program (today no
+admitted combination does: runtime/native/coverage.py measures it). The codes below are
+engine.cc's enums; tests/test_native_codes.py holds the two to each other.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..isa import elements
-
-WINDOWED = ("conv2d", "depthwise_conv2d", "pool")
+from ..isa import ITEMSIZE, MATMUL_LIKE, SWAPPED, WINDOWED, elements, flops
 
 OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
 OP_SOFTMAX, OP_REDUCE, OP_CONCAT, OP_TRANSPOSE, OP_REORDER = 6, 7, 8, 9, 10
@@ -26,9 +28,9 @@ OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
 OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
 
-# int64 has no oneDNN type: only loops that move or compare its 8-byte elements take it.
-DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "bool": 2, "int32": 3, "int8": 4,
-          "float16": 5, "int64": 6}
+# int64, float64 and int16 have no oneDNN 3.2 type: only engine.cc's own loops take them.
+DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "int32": 3, "int8": 4, "float16": 5,
+          "int64": 6, "float64": 7, "int16": 8, "bool": 9}
 
 E_RELU, E_CLIP, E_ELU, E_LOGISTIC, E_TANH, E_EXP = 1, 2, 3, 4, 5, 7
 E_SQRT, E_SQUARE, E_ABS, E_LINEAR, E_POW, E_GELU_TANH, E_GELU_ERF = 9, 10, 11, 12, 13, 15, 16
@@ -79,16 +81,26 @@ _LOOP_DTYPES = {"float32": set(LOOP) - {"logical_and", "logical_or"},
                 "float16": {"add", "sub", "mul", "div", "maximum", "minimum", "greater",
                             "greater_equal", "less", "less_equal", "equal", "not_equal"},
                 "bool": {"logical_and", "logical_or", "equal", "not_equal"}}
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "uint8": 1, "bool": 1, "int32": 4, "int8": 1,
-             "float16": 2, "int64": 8}
+_ITEMSIZE = ITEMSIZE
 
 BINARY = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "greater": 7,
           "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
-# Operands may be swapped (so the full-shaped one comes first) with these functions.
-_SWAPPED = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
-            "equal": "equal", "not_equal": "not_equal", "greater": "less", "less": "greater",
-            "greater_equal": "less_equal", "less_equal": "greater_equal"}
 REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
+
+# engine.cc's "Loops over every dtype" (float64, float16, bfloat16, 8/16/64-bit integers):
+# what the paths above leave out. Binary functions and reductions by LOOP's and REDUCE's
+# codes; unary functions by G_UNARY (engine.cc's GUnary).
+OP_G_UNARY, OP_G_BINARY, OP_G_REDUCE, OP_G_CAST, OP_G_POOL = 50, 51, 52, 53, 54
+OP_G_SOFTMAX, OP_G_LAYER_NORM, OP_G_CONCAT, OP_G_MATMUL, OP_G_CONV = 55, 56, 57, 58, 59
+G_UNARY = {fn: i + 1 for i, fn in enumerate(
+    ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus", "gelu",
+     "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
+     "reciprocal", "floor", "sign", "round_bf16", "round_fp16", "sin", "cos", "tan", "atan",
+     "log1p", "expm1", "round", "swish"))}
+G_UNARY_INT = frozenset({"abs", "neg", "sign", "square", "relu", "relu6"})
+_INTS = ("int8", "uint8", "int16", "int32", "int64")
+_G_FLOATS = ("float32", "float64", "float16", "bfloat16")
+_ONEDNN_FLOATS = ("float32", "bfloat16", "float16")  # what oneDNN's matmul and conv read
 # reduce fn -> engine.cc's RedInt (int32 wrapping; any/all on bool)
 REDUCE_INT = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5, "any": 6, "all": 7}
 _MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16", "float16")
@@ -137,6 +149,8 @@ def _padded(shape: Sequence[int], rank: int) -> list[int]:
 def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
            constant: Sequence[bool]) -> tuple[list[int], list[float]] | None:
     """The engine spec of one instruction, or None to run it on numpy."""
+    if kind in _excluded():
+        return None
     fn = _ENCODERS.get(kind)
     if fn is None or any(r.dtype not in DTYPES for r in (*ins, *outs)):
         return None
@@ -147,11 +161,29 @@ def encode(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
     return fn(attrs, list(ins), list(outs), list(constant))
 
 
+def _excluded() -> set[str]:
+    """NEURONISH_NATIVE_EXCLUDE=kind[,kind...]: leave these kinds to the numpy reference
+    kernels (to bisect a wrong number to one native kernel, or to test a program that
+    mixes both engines now that every instruction has a native kernel)."""
+    return {k.strip() for k in os.environ.get("NEURONISH_NATIVE_EXCLUDE", "").split(",")
+            if k.strip()}
+
+
 def _io_ok(x: str, y: str, compute: str) -> bool:
     """A matmul-like instruction's activation dtypes: float32, or bfloat16 in and/or out
     when it computes in bfloat16 (cc/passes/dtypes.py keeps such values bf16)."""
-    allowed = ("float32", "bfloat16") if compute == "bfloat16" else ("float32",)
+    allowed = ("float32", compute)
     return x in allowed and y in allowed
+
+
+def _compute(attrs: dict, x: Ref, w: Ref) -> str:
+    """The dtype a matrix unit reads the operands in: the `compute` attribute, or, for
+    16-bit float operands computed "in float32", their own dtype (exact in float32: the
+    products and float32 sums are the same)."""
+    compute = attrs.get("compute", "float32")
+    if compute == "float32" and x.dtype in ("float16", "bfloat16") and w.dtype == x.dtype:
+        return x.dtype
+    return compute
 
 
 def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
@@ -159,7 +191,9 @@ def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
     x, w, y = ins[0], ins[1], outs[0]
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
-    compute = attrs.get("compute", "float32")
+    compute = _compute(attrs, x, w)
+    if x.dtype not in _ONEDNN_FLOATS:
+        return _generic_conv(attrs, ins, y, depthwise)
     if not _io_ok(x.dtype, y.dtype, compute) or w.dtype != compute:
         return None  # (computed weights in reduced precision: left to numpy)
     act = _activation(attrs)
@@ -182,13 +216,17 @@ def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
 def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     a, b, y = ins[0], ins[1], outs[0]
-    compute = attrs.get("compute", "float32")
+    compute = _compute(attrs, a, b)
+    if a.dtype not in _ONEDNN_FLOATS:
+        return _generic_matmul(attrs, ins, y)
     if not _io_ok(a.dtype, y.dtype, compute) or b.dtype not in ("float32", compute):
         return None
     act = _activation(attrs)
     rank = len(y.shape)
-    if act is None or rank > 6:
+    if act is None:
         return None
+    if rank > 6:  # (oneDNN's matmul takes rank <= 6)
+        return _generic_matmul(attrs, ins, y)
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
     shape_a, shape_b, shape_y = _padded(a.shape, rank), _padded(b.shape, rank), list(y.shape)
@@ -211,10 +249,81 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
     return ints, floats
 
 
+def _bits(value: float) -> int:
+    """A double's bits as an int64 (spec floats are float32: too few for float64)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+
+
+def _act_code(attrs: dict) -> int | None:
+    fn = attrs.get("activation", "none") or "none"
+    return 0 if fn == "none" else G_UNARY.get(fn)
+
+
+def _generic_matmul(attrs: dict, ins: list[Ref], y: Ref) -> tuple[list[int], list[float]] | None:
+    a, b = ins[0], ins[1]
+    act = _act_code(attrs)
+    if act is None:
+        return None
+    residual = bool(attrs.get("residual"))
+    has_bias = len(ins) - residual == 3
+    ta, tb = bool(attrs.get("transpose_a")), bool(attrs.get("transpose_b"))
+    m, n = y.shape[-2], y.shape[-1]
+    k = a.shape[-2] if ta else a.shape[-1]
+    batch_dims = list(y.shape[:-2])
+    pa, pb = _padded(a.shape[:-2], len(batch_dims)), _padded(b.shape[:-2], len(batch_dims))
+    offsets_a, offsets_b = [], []
+    for index in itertools.product(*[range(d) for d in batch_dims]):
+        oa = ob = 0
+        for i, d_a, d_b in zip(index, pa, pb):
+            oa, ob = oa * d_a + (i if d_a != 1 else 0), ob * d_b + (i if d_b != 1 else 0)
+        offsets_a.append(oa * m * k)
+        offsets_b.append(ob * k * n)
+    ints = [OP_G_MATMUL, len(offsets_a), m, n, k, int(ta), int(tb), int(has_bias),
+            int(residual), act, _bits(attrs.get("alpha", 0.2)), *offsets_a, *offsets_b]
+    for r in ins:
+        ints += r.encode([elements(r.shape)])
+    return ints + y.encode([elements(y.shape)]), []
+
+
+def _generic_conv(attrs: dict, ins: list[Ref], y: Ref, depthwise: bool, dims: int = 2
+                  ) -> tuple[list[int], list[float]] | None:
+    """conv2d, depthwise_conv2d and conv3d on engine.cc's direct loop (float64, integers)."""
+    x, w = ins[0], ins[1]
+    act = _act_code(attrs)
+    if act is None or any(r.blocked for r in (x, y)):
+        return None
+    residual = bool(attrs.get("residual"))
+    has_bias = len(ins) - residual == 3
+    lift = [1] * (3 - dims)  # a 2-D window is a 3-D one of depth 1
+    n, *spatial, c = x.shape
+    *kernel, ci, o = w.shape
+    groups = c if depthwise else attrs.get("groups", 1)
+    pads = [0, 0] * (3 - dims) + list(attrs["pads"])
+    ints = [OP_G_CONV, n, *lift, *spatial, c, *lift, *kernel, 1 if depthwise else ci, o,
+            *lift, *y.shape[1:-1], groups, int(depthwise), o if depthwise else 1,
+            *lift, *attrs["strides"], *lift, *attrs["dilations"], *pads[0::2],
+            int(has_bias), int(residual), act, _bits(attrs.get("alpha", 0.2))]
+    for r in ins:
+        ints += r.encode([elements(r.shape)])
+    return ints + y.encode([elements(y.shape)]), []
+
+
+def _generic_pool(attrs: dict, x: Ref, y: Ref, dims: int = 2
+                  ) -> tuple[list[int], list[float]] | None:
+    if x.dtype == "bool" or x.blocked or y.blocked:
+        return None
+    lift = [1] * (3 - dims)
+    n, *spatial, c = x.shape
+    pads = [0, 0] * (3 - dims) + list(attrs["pads"])
+    return [OP_G_POOL, int(attrs["mode"] == "max"), n, *lift, *spatial, c, *lift,
+            *y.shape[1:-1], *lift, *attrs["ksize"], *lift, *attrs["strides"], *pads[0::2],
+            *x.encode([elements(x.shape)]), *y.encode([elements(y.shape)])], []
+
+
 def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
           const: list[bool]) -> tuple[list[int], list[float]] | None:
-    if ins[0].dtype not in ("float32", "bfloat16"):
-        return None
+    if ins[0].dtype not in ("float32", "bfloat16", "float16"):
+        return _generic_pool(attrs, ins[0], outs[0])
     ints = [OP_POOL, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
             *attrs["ksize"], *attrs["strides"], *attrs["pads"]]
     return ints, []
@@ -228,12 +337,21 @@ def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
     if fn in MAP_I32 and x.dtype == "int32":
         return [OP_MAP, MAP_I32[fn], *x.encode(), *outs[0].encode()], []
     chain = _chain(fn, attrs.get("alpha", 0.2))
-    if chain is None or x.dtype not in ("float32", "bfloat16") or len(x.shape) > 6:
-        return None
+    if chain is None or x.dtype not in _ONEDNN_FLOATS or len(x.shape) > 6:
+        return _generic_unary(fn, attrs, x, outs[0])
     ints = [OP_ELTWISE, *x.encode(), *outs[0].encode()]
     floats: list[float] = []
     _epilogue(chain, ints, floats)
     return ints, floats
+
+
+def _generic_unary(fn: str, attrs: dict, x: Ref, y: Ref) -> tuple[list[int], list[float]] | None:
+    if fn not in G_UNARY or not (x.dtype in _G_FLOATS or (x.dtype in _INTS and
+                                                          fn in G_UNARY_INT)):
+        return None
+    size = [elements(x.shape)]
+    return [OP_G_UNARY, G_UNARY[fn], _bits(attrs.get("alpha", 0.2)), *x.encode(size),
+            *y.encode(size)], []
 
 
 def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
@@ -246,15 +364,19 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
     shape_y = _padded(y.shape, rank)
     sa, sb = _padded(a.shape, rank), _padded(b.shape, rank)
     onednn = fn in BINARY and a.dtype in ("float32", "bfloat16") and len(y.shape) <= 6 and (
-        sa == shape_y or (sb == shape_y and fn in _SWAPPED))
+        sa == shape_y or (sb == shape_y and fn in SWAPPED))
     if not onednn:  # (oneDNN's binary: float32, only the second operand broadcasting)
         fn = attrs["fn"]
-        if fn not in _LOOP_DTYPES.get(a.dtype, ()) or rank > 8:
+        if rank > 8:
             return None
+        if fn not in _LOOP_DTYPES.get(a.dtype, ()):
+            if a.dtype == "bool" or fn not in LOOP:
+                return None
+            return [OP_G_BINARY, LOOP[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)], []
         return [OP_BINARY_LOOP, LOOP[fn], *a.encode(sa), *b.encode(sb),
                 *y.encode(shape_y)], []
     if sa != shape_y:
-        a, b, sa, sb, fn = b, a, sb, sa, _SWAPPED[fn]
+        a, b, sa, sb, fn = b, a, sb, sa, SWAPPED[fn]
     ints = [OP_BINARY, BINARY[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)]
     floats: list[float] = []
     _epilogue(post, ints, floats)
@@ -265,7 +387,11 @@ def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
              const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
     if x.dtype != "float32" or not x.shape or len(x.shape) > 6:
-        return None
+        if not x.shape:
+            return None
+        flat = [elements(x.shape)]
+        return [OP_G_SOFTMAX, int(bool(attrs.get("log"))), *_around(x.shape, attrs["axis"]),
+                *x.encode(flat), *outs[0].encode(flat)], []
     if attrs.get("log"):
         # Not oneDNN's log-softmax (off by up to 3e-6 absolute: its log): a loop of ours,
         # over the last axis only.
@@ -288,9 +414,10 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
         kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
         return [OP_REDUCE_INT, REDUCE_INT[attrs["fn"]], *x.encode(), *outs[0].encode(kept),
                 *[int(i in axes) for i in range(len(x.shape))]], []
-    if attrs["fn"] not in REDUCE or x.dtype not in ("float32", "bfloat16") or not axes \
-            or not x.shape or len(x.shape) > 6:
-        return None
+    if not axes or not x.shape:
+        return _flat_copy(attrs, ins, outs, const)
+    if attrs["fn"] not in REDUCE or x.dtype not in ("float32", "bfloat16") or len(x.shape) > 6:
+        return _generic_reduce(attrs, x, outs[0])
     kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
     if len(x.shape) == 4 and axes == {1, 2} and attrs["fn"] in ("mean", "max"):
         # A global pool over NHWC's H and W: oneDNN's reduction has only a reference
@@ -299,15 +426,29 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
         return [OP_POOL, int(attrs["fn"] == "max"), *x.encode(), *outs[0].encode(kept),
                 h, w, 1, 1, 0, 0, 0, 0], []
     if x.dtype != "float32":
-        return None
+        return _generic_reduce(attrs, x, outs[0])
     return [OP_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *outs[0].encode(kept)], []
+
+
+def _generic_reduce(attrs: dict, x: Ref, y: Ref) -> tuple[list[int], list[float]] | None:
+    axes = set(attrs["axes"])
+    if attrs["fn"] not in REDUCE or x.dtype == "bool":
+        return None
+    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    return [OP_G_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *y.encode(kept),
+            *[int(i in axes) for i in range(len(x.shape))]], []
 
 
 def _layer_norm(attrs: dict, ins: list[Ref], outs: list[Ref],
                 const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, scale, shift = ins
-    if x.dtype != "float32" or x.blocked:
+    if x.blocked:
         return None
+    if x.dtype != "float32":
+        flat = [elements(x.shape)]
+        return [OP_G_LAYER_NORM, elements(x.shape[:-1]), x.shape[-1],
+                _bits(attrs["epsilon"]), *x.encode(flat), *scale.encode(), *shift.encode(),
+                *outs[0].encode(flat)], []
     flat = [elements(x.shape[:-1]), x.shape[-1]]  # oneDNN normalizes the last axis of a 2-5D tensor
     if 0 in flat:
         return None
@@ -318,8 +459,14 @@ def _layer_norm(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _concat(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     y = outs[0]
-    if y.dtype not in _MOVABLE or not y.shape or len(y.shape) > 6:
+    if not y.shape:
         return None
+    if y.dtype not in _MOVABLE or len(y.shape) > 6:
+        axis = attrs["axis"]
+        ints = [OP_G_CONCAT, len(ins), elements(y.shape[:axis])]
+        for r in ins:
+            ints += [elements(r.shape[axis:]), *r.encode([elements(r.shape)])]
+        return ints + y.encode([elements(y.shape)]), []
     ints = [OP_CONCAT, attrs["axis"], len(ins)]
     for r in ins:
         ints += r.encode()
@@ -328,7 +475,12 @@ def _concat(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _transpose(attrs: dict, ins: list[Ref], outs: list[Ref],
                const: list[bool]) -> tuple[list[int], list[float]] | None:
-    if ins[0].dtype not in _MOVABLE or not ins[0].shape or len(ins[0].shape) > 6:
+    x = ins[0]
+    if (x.dtype not in _MOVABLE or len(x.shape) > 6) and x.shape:  # (oneDNN: rank <= 6)
+        strides = _dense_strides(x.shape)
+        return _strided(x, outs[0], 0, [x.shape[p] for p in attrs["perm"]],
+                        [strides[p] for p in attrs["perm"]])
+    if not x.shape or len(x.shape) > 6:
         return None
     return [OP_TRANSPOSE, *ins[0].encode(), *outs[0].encode(), *attrs["perm"]], []
 
@@ -337,9 +489,11 @@ def _flat_copy(attrs: dict, ins: list[Ref], outs: list[Ref],
                const: list[bool]) -> tuple[list[int], list[float]] | None:
     """copy and reshape: the same bytes in a new place."""
     x, y = ins[0], outs[0]
-    if x.dtype not in _MOVABLE or x.dtype != y.dtype:
+    if x.dtype != y.dtype:
         return None
     size = elements(x.shape)
+    if x.dtype not in _MOVABLE:
+        return _strided(x, y, 0, [size], [1])
     return [OP_REORDER, *x.encode([size]), *y.encode([size])], []
 
 
@@ -354,8 +508,11 @@ def _cast(attrs: dict, ins: list[Ref], outs: list[Ref],
     if ok and ins[0].shape and len(ins[0].shape) <= 6:
         return [OP_REORDER, *ins[0].encode(), *outs[0].encode()], []
     loop = ("float32", "int32", "int8", "uint8", "bool", "int64")
-    if src not in loop or dst not in loop or src == dst:
-        return None
+    if src == dst:
+        return _flat_copy(attrs, ins, outs, const)
+    if src not in loop or dst not in loop:
+        size = [elements(ins[0].shape)]
+        return [OP_G_CAST, *ins[0].encode(size), *outs[0].encode(size)], []
     return [OP_CAST_LOOP, int(dst == "bool"), *ins[0].encode([elements(ins[0].shape)]),
             *outs[0].encode([elements(outs[0].shape)])], []
 
@@ -422,14 +579,9 @@ def _pad(attrs: dict, ins: list[Ref], outs: list[Ref],
          const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, y = ins[0], outs[0]
     if attrs.get("mode", "constant") != "constant" or x.dtype not in _ITEMSIZE \
-            or x.dtype == "bfloat16" or not x.shape:
+            or not x.shape:
         return None
-    import numpy as np  # (the fill value's bytes, in the tensor's dtype)
-
-    raw = np.zeros(8, np.uint8)
-    value = np.asarray(attrs.get("value", 0)).astype(x.dtype)
-    raw[:value.itemsize] = np.frombuffer(value.tobytes(), np.uint8)
-    fill = int(raw.view(np.int64)[0])
+    fill = _scalar_bits(attrs.get("value", 0), x.dtype)
     return [OP_PAD, *x.encode(), *y.encode(), fill,
             *[before for before, _ in attrs["paddings"]]], []
 
@@ -463,6 +615,7 @@ def _gather(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _scalar_bits(value: object, dtype: str) -> int:
     """A scalar attribute's bytes in `dtype`, as the int64 the engine copies them from."""
+    import ml_dtypes  # noqa: F401 (numpy's "bfloat16")
     import numpy as np
 
     raw = np.zeros(8, np.uint8)
@@ -479,7 +632,7 @@ def _around(shape: Sequence[int], axis: int) -> list[int]:
 def _argminmax(attrs: dict, ins: list[Ref], outs: list[Ref],
                const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, y = ins[0], outs[0]
-    if x.dtype not in ("float32", "int32") or y.dtype not in ("int32", "int64") or not x.shape:
+    if y.dtype not in ("int32", "int64") or not x.shape:
         return None
     return [OP_ARGMINMAX, int(attrs["fn"] == "argmin"), *_around(x.shape, attrs["axis"]),
             *x.encode([elements(x.shape)]), *y.encode([max(elements(y.shape), 1)])], []
@@ -488,7 +641,7 @@ def _argminmax(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _cumulative(attrs: dict, ins: list[Ref], outs: list[Ref],
                 const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, y = ins[0], outs[0]
-    if x.dtype not in ("float32", "int32") or y.dtype != x.dtype or not x.shape:
+    if x.dtype == "bool" or y.dtype != x.dtype or not x.shape:
         return None
     flat = [elements(x.shape)]
     return [OP_CUMULATIVE, int(attrs["fn"] == "prod"), int(bool(attrs.get("exclusive"))),
@@ -499,7 +652,7 @@ def _cumulative(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _one_hot(attrs: dict, ins: list[Ref], outs: list[Ref],
              const: list[bool]) -> tuple[list[int], list[float]] | None:
     idx, y = ins[0], outs[0]
-    if idx.dtype not in ("int32", "int64") or y.dtype not in _ITEMSIZE or y.dtype == "bfloat16":
+    if idx.dtype not in _INTS or y.dtype not in _ITEMSIZE:
         return None
     axis = attrs["axis"] if attrs["axis"] >= 0 else len(idx.shape)
     outer, inner = elements(idx.shape[:axis]), elements(idx.shape[axis:])
@@ -511,7 +664,7 @@ def _one_hot(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _top_k(attrs: dict, ins: list[Ref], outs: list[Ref],
            const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, y = ins[0], outs[0]
-    if x.dtype not in ("float32", "int32") or not x.shape:
+    if x.dtype == "bool" or not x.shape:
         return None
     n, k = x.shape[-1], attrs["k"]
     rows = elements(x.shape[:-1])
@@ -550,7 +703,7 @@ def _resize(attrs: dict, ins: list[Ref], outs: list[Ref],
             return None
         ys, xs = _nearest_index(h, oh, ac, hp), _nearest_index(w, ow, ac, hp)
         return [OP_RESIZE, 0, *x.encode(), *y.encode(), *map(int, ys), *map(int, xs)], []
-    if x.dtype != "float32":
+    if x.dtype == "bool":
         return None
     y_lo, y_hi, y_lerp = _bilinear_weights(h, oh, ac, hp)
     x_lo, x_hi, x_lerp = _bilinear_weights(w, ow, ac, hp)
@@ -562,7 +715,7 @@ def _conv3d(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x, w, y = ins[0], ins[1], outs[0]
     if x.dtype != "float32" or w.dtype != "float32" or y.dtype != "float32":
-        return None
+        return _generic_conv(attrs, ins, y, depthwise=False, dims=3)
     return [OP_CONV3D, int(const[1]), *x.encode(), *w.encode(), *y.encode(), *attrs["strides"],
             *attrs["dilations"], *attrs["pads"]], []
 
@@ -570,7 +723,7 @@ def _conv3d(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _pool3d(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     if ins[0].dtype != "float32":
-        return None
+        return _generic_pool(attrs, ins[0], outs[0], dims=3)
     return [OP_POOL3D, int(attrs["mode"] == "max"), *ins[0].encode(), *outs[0].encode(),
             *attrs["ksize"], *attrs["strides"], *attrs["pads"]], []
 
@@ -626,18 +779,9 @@ SMALL_WORK = 12 << 20
 
 def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int:
     """A rough size of an instruction's work, to choose its thread count."""
+    if kind in MATMUL_LIKE or kind in ("conv3d", "conv2d_int8", "matmul_int8"):
+        return flops(kind, [r.shape for r in ins], [r.shape for r in outs], attrs)
     out = elements(outs[0].shape)
-    if kind in ("conv2d", "depthwise_conv2d", "conv2d_int8"):
-        kh, kw, cin, _ = ins[1].shape
-        return 2 * out * kh * kw * (1 if kind == "depthwise_conv2d" else cin)
-    if kind == "conv3d":
-        kd, kh, kw, cin, _ = ins[1].shape
-        return 2 * out * kd * kh * kw * cin
-    if kind == "matmul_int8":
-        return 2 * out * ins[1].shape[0]
-    if kind == "matmul":
-        a = ins[0].shape
-        return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
     return 16 * (out + sum(elements(r.shape) for r in ins))
 
 

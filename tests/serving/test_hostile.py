@@ -350,6 +350,34 @@ def test_reload_config_only_under_the_allowed_roots(hostile_server: Server, wher
     assert hostile_server.available_versions("mlp") == [1]
 
 
+def test_a_reloaded_version_linked_out_of_the_allowed_roots_is_not_served(
+        hostile_server: Server) -> None:
+    """The base path is under the allowed root, its version directory a symlink out of
+    it (to a model served elsewhere on the machine): not served."""
+    from google.protobuf import text_format
+
+    root = hostile_server.log_path.parent
+    base = root / "allowed" / "linked"
+    base.mkdir(exist_ok=True)
+    if not (base / "1").is_symlink():
+        (base / "1").symlink_to(root / "mlp" / "1")
+    config = text_format.Parse((root / "models.config").read_text(),
+                               model_server_config_pb2.ModelServerConfig())
+    config.model_config_list.config.add(name="linked", base_path=str(base),
+                                        model_platform="tensorflow")
+    stub = model_service_pb2_grpc.ModelServiceStub(hostile_server.channel)
+    response = stub.HandleReloadConfigRequest(
+        model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+    assert response.status.error_code != 0  # "linked" did not become available
+    assert "linked" in response.status.error_message
+    assert hostile_server.available_versions("linked") == []
+    assert hostile_server.available_versions("mlp") == [1]  # the others keep serving
+    status, answer = hostile_server.http("POST", "/v1/models/linked:predict",
+                                         {"instances": [ROW]})
+    assert status == 404, answer
+    assert "reload_config_allowed_roots" in hostile_server.log()
+
+
 # --------------------------------------------------------------- slow, idle, chunked clients
 
 
@@ -552,3 +580,48 @@ def test_sigterm_ends_the_server_while_an_abandoned_call_still_runs(
         start = time.monotonic()
         assert server.terminate(timeout=30) == 0
         assert time.monotonic() - start < 30
+
+
+def test_a_drain_answers_calls_past_the_grace_period_and_refuses_new_connections(
+        serving_dir: Path, slow_model_dir: str) -> None:
+    """SIGTERM with calls running longer than --shutdown_grace_period_seconds: gRPC
+    answers them UNAVAILABLE, REST 503 (it used to close with an empty reply), and a
+    new REST connection is refused at once (it waited in the backlog, then was reset)."""
+    root = serving_dir / "drain"
+    copy_version(slow_model_dir, root / "slow", 1)
+    args = [f"--model_base_path={root / 'slow'}", "--model_name=slow",
+            "--shutdown_grace_period_seconds=2"]
+    with running_server(args, root, {"slow": [1]}) as server:
+        answers: dict[str, object] = {}
+
+        def grpc_call() -> None:
+            try:
+                server.predictions.Predict(
+                    predict_request("slow", {"n": np.array([10**12], np.int64)}), timeout=120)
+                answers["grpc"] = "ok"
+            except grpc.RpcError as e:
+                answers["grpc"] = e.code()
+
+        def rest_call() -> None:
+            try:
+                answers["rest"] = server.http("POST", "/v1/models/slow:predict",
+                                              {"instances": [10**12]}, timeout=120)
+            except (OSError, http.client.HTTPException) as e:
+                answers["rest"] = f"{type(e).__name__}: {e}"
+
+        calls = [threading.Thread(target=grpc_call), threading.Thread(target=rest_call)]
+        for c in calls:
+            c.start()
+        time.sleep(2)  # both calls are running
+        server.proc.send_signal(15)
+        time.sleep(1.5)  # past the accept loop's poll, within the grace period
+        start = time.monotonic()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", server.rest_port), timeout=10)
+        assert time.monotonic() - start < 1.0
+        for c in calls:
+            c.join(60)
+        assert server.proc.wait(60) == 0
+    assert answers["grpc"] == grpc.StatusCode.UNAVAILABLE, answers
+    status, body = answers["rest"]
+    assert status == 503 and "--shutdown_grace_period_seconds" in body["error"], answers
