@@ -114,21 +114,34 @@ class Spec:
     choices: tuple[str, ...] = ()
 
     def check(self, name: str, v: object) -> None:
-        ok = {
-            "int": lambda: self._int_ok(v),
-            "num": lambda: _is_num(v) and (not _is_int(v) or abs(v) <= MAX_DIM),
-            "bool": lambda: isinstance(v, bool),
-            "choice": lambda: isinstance(v, str) and v in self.choices,
-            "dtype": lambda: isinstance(v, str) and v in self.choices,
-            "ints": lambda: self._list_ok(v, self._int_ok),
-            "opt_ints": lambda: self._list_ok(v, lambda x: x is None or self._int_ok(x)),
-            "int_pairs": lambda: self._list_ok(v, lambda p: isinstance(p, (list, tuple))
-                                               and len(p) == 2 and all(map(self._int_ok, p))),
-            "scalar": lambda: isinstance(v, bool) or (_is_num(v) and (
-                not _is_int(v) or abs(v) <= MAX_DIM)),
-        }[self.kind]()
-        if not ok:
+        # One method per kind, looked up by name: the compiler checks every emitted
+        # instruction's attributes, so this runs hundreds of thousands of times.
+        if not getattr(self, f"_{self.kind}_ok")(v):
             raise IsaError(f"attribute {name}={v!r} is not {self.describe()}", name)
+
+    def _num_ok(self, v: object) -> bool:
+        return _is_num(v) and (not _is_int(v) or abs(v) <= MAX_DIM)
+
+    def _bool_ok(self, v: object) -> bool:
+        return isinstance(v, bool)
+
+    def _choice_ok(self, v: object) -> bool:
+        return isinstance(v, str) and v in self.choices
+
+    _dtype_ok = _choice_ok
+
+    def _ints_ok(self, v: object) -> bool:
+        return self._list_ok(v, self._int_ok)
+
+    def _opt_ints_ok(self, v: object) -> bool:
+        return self._list_ok(v, lambda x: x is None or self._int_ok(x))
+
+    def _int_pairs_ok(self, v: object) -> bool:
+        return self._list_ok(v, lambda p: isinstance(p, (list, tuple)) and len(p) == 2
+                             and all(map(self._int_ok, p)))
+
+    def _scalar_ok(self, v: object) -> bool:
+        return isinstance(v, bool) or self._num_ok(v)
 
     def _int_ok(self, x: object) -> bool:
         lo = -MAX_DIM if self.lo is None else self.lo
