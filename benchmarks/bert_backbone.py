@@ -67,6 +67,8 @@ def main() -> int:
     p.add_argument("--slices", type=int, default=7)
     p.add_argument("--seconds", type=float, default=2.0, help="per slice and side")
     p.add_argument("--profile", type=int, default=0, help="print the N slowest instructions")
+    p.add_argument("--by-kind", action="store_true",
+                   help="print profiled ms per call by instruction kind (and the baseline's)")
     p.add_argument("--baseline-disable", default="", metavar="PASS,...",
                    help="also time a compile with these passes disabled (--disable-pass), "
                         "in the same alternation: what those passes are worth")
@@ -123,7 +125,33 @@ def main() -> int:
                   f"ms/call, throughput vs TF {base_ratio:.2f}x; the passes give {gain:.2f}x")
         if args.profile:
             _print_profile(compiled, feeds, args.profile)
+        if args.by_kind:
+            _print_by_kind({k: f for k, f in fns.items() if k != "tf"}, feeds)
     return 0
+
+
+def _print_by_kind(fns: dict[str, object], feeds: dict, calls: int = 5) -> None:
+    """Profiled host time per call by instruction kind, side by side (each compiled model
+    profiled over `calls` calls, the models taking turns call by call)."""
+    from neuronish.runtime import profiler
+
+    totals: dict[str, dict[str, float]] = {name: {} for name in fns}
+    for _ in range(calls):
+        for name, fn in fns.items():
+            profiler.start()
+            try:
+                fn(**feeds)
+            finally:
+                trace = profiler.stop()
+            for row in profiler.top_instructions(trace, 1 << 30):
+                kind = row["instruction"]
+                totals[name][kind] = totals[name].get(kind, 0.0) + row["total_ms"] / calls
+    kinds = sorted({k for t in totals.values() for k in t},
+                   key=lambda k: -max(t.get(k, 0.0) for t in totals.values()))
+    print("  ms per call by instruction kind: " + ", ".join(fns))
+    for kind in kinds:
+        print(f"    {kind:28s}" + "".join(f"{totals[n].get(kind, 0.0):9.2f}" for n in fns))
+    print(f"    {'total':28s}" + "".join(f"{sum(totals[n].values()):9.2f}" for n in fns))
 
 
 def _print_profile(compiled: object, feeds: dict, top: int) -> None:

@@ -12,6 +12,11 @@ Each instruction's scratch is what runtime/isa.py's rule grants its kind
 (`isa.scratch_bytes`); the reference kernels block their work by the same layouts, so
 the plan can never reserve less than the device will write.
 
+A reshape whose input is in the arena (and whose output is no graph output) gets no
+buffer: its output is placed on its input's bytes, and that buffer lives until the last
+reader of either (`aliases`); the engine then has nothing to copy (runtime/validate.py
+accepts exactly this sharing).
+
 Cost: a buffer is compared only with the placed buffers alive at the same time
 (found through two small indexes over instruction positions), so a chain of
 100,000 instructions plans in about a second; scanning every placed buffer for
@@ -56,7 +61,28 @@ class MemoryPlan:
         return {"arena_bytes": self.arena_bytes, "unshared_bytes": self.unshared_bytes}
 
 
-def lifetimes(graph: Graph) -> list[Buffer]:
+def aliases(graph: Graph) -> dict[int, int]:
+    """Reshapes that need no bytes of their own: output value id -> the id of the value
+    whose buffer it shares (a reshape of a dense tensor is the same bytes read with other
+    dims). Both must live in the arena: a graph input or output is the caller's array, a
+    constant is in the constant table."""
+    external = {v.id for v in graph.inputs} | {v.id for v in graph.outputs}
+    produced = {o.id for n in graph.nodes for o in n.outputs}
+    root: dict[int, int] = {}
+    for node in graph.nodes:
+        if node.kind != "reshape":
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        if x.id in produced and x.id not in external and y.id not in external \
+                and x.type.nbytes == y.type.nbytes:
+            root[y.id] = root.get(x.id, x.id)
+    return root
+
+
+def lifetimes(graph: Graph, alias: dict[int, int] | None = None) -> list[Buffer]:
+    """Each arena buffer's life; a reshape's output in `alias` is no buffer of its own, it
+    extends the life of the buffer it shares (until its own last reader)."""
+    alias = aliases(graph) if alias is None else alias
     external = {v.id for v in graph.inputs} | {v.id for v in graph.outputs}
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -64,10 +90,11 @@ def lifetimes(graph: Graph) -> list[Buffer]:
     buffers = []
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
-            if v.id in first:
-                last[v.id] = i
+            vid = alias.get(v.id, v.id)
+            if vid in first:
+                last[vid] = i
         for o in node.outputs:
-            if o.id not in external:
+            if o.id not in external and o.id not in alias:
                 first[o.id], last[o.id], size[o.id] = i, i, o.type.nbytes
         nbytes = isa.scratch_bytes(node.kind, [v.shape for v in node.inputs],
                                    [v.dtype for v in node.inputs], node.attrs)
@@ -153,7 +180,8 @@ class _TimeIndex:
 
 
 def plan_memory(graph: Graph) -> MemoryPlan:
-    buffers = sorted(lifetimes(graph), key=lambda b: (-b.nbytes, b.first))
+    alias = aliases(graph)
+    buffers = sorted(lifetimes(graph, alias), key=lambda b: (-b.nbytes, b.first))
     index = _TimeIndex(len(graph.nodes))
     placed: list[tuple[int, Buffer]] = []
     offsets: dict[tuple[str, int], int] = {}
@@ -177,9 +205,12 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         placed.append((offset, buf))
         offsets[buf.key] = offset
         end = max(end, offset + buf.nbytes)
+    value_offsets = {k[1]: off for k, off in offsets.items() if k[0] == "value"}
+    for vid, root in alias.items():
+        value_offsets[vid] = value_offsets[root]
     return MemoryPlan(
         arena_bytes=end,
-        value_offsets={k[1]: off for k, off in offsets.items() if k[0] == "value"},
+        value_offsets=value_offsets,
         scratch={k[1]: (off, b.nbytes) for (off, b) in placed
                  for k in [b.key] if k[0] == "scratch"},
         unshared_bytes=sum(b.nbytes for b in buffers),

@@ -32,7 +32,7 @@ from .passes.idioms import (
     recognize_swish,
 )
 from .passes.layout import assign_layouts
-from .passes.matmul_transposes import fold_output_transposes
+from .passes.matmul_transposes import absorb_operand_transposes, fold_output_transposes
 from .passes.movement import sink_reshapes
 from .passes.powers import expand_constant_powers
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
@@ -85,6 +85,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         # ...and with bf16, values stay bf16 between the instructions that take it.
         Pass("assign_dtypes", functools.partial(assign_dtypes, mode=auto_cast_mode,
                                                 cast_type=auto_cast_type)),
+        # Attention's head split and merge are strides of its matmuls, not copies.
+        Pass("absorb_operand_transposes", absorb_operand_transposes),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # Last: which activations may stay channel-blocked between windowed instructions.
         Pass("assign_layouts", assign_layouts),

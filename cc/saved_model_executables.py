@@ -13,7 +13,7 @@ on the way to a NodeDef (TensorFlow's field numbers):
                                                              GraphDef.library = 2
     FunctionDefLibrary.function = 1 -> FunctionDef.node_def = 3
     NodeDef: name = 1, op = 2, attr = 5 (map entry: key = 1, value = 2)
-    AttrValue.s = 2
+    AttrValue.s = 2   (the `executable` and `dynamic_shapes` attributes)
 
 Everything else is skipped by its length, so a 2 GiB file costs no parsing.
 """
@@ -21,9 +21,10 @@ Everything else is skipped by its length, so a 2 GiB file costs no parsing.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from neuronish.runtime.files import FileRefused, read_regular
@@ -83,11 +84,13 @@ class NeuronOpExecutable:
     node: str            # the NeuronOp's name (in its function, if inside one)
     executable: bytes
     stored: str          # "inline" or the asset file's path
+    free_dimensions: list[dict] = field(default_factory=list)  # see `_free_dimensions`
 
 
-def _node_executable(node: memoryview) -> tuple[str, bytes] | None:
+def _node_executable(node: memoryview) -> tuple[str, bytes, bytes] | None:
+    """(name, executable attr, dynamic_shapes attr) of a NeuronOp node, else None."""
     name = op = ""
-    executable = None
+    strings: dict[bytes, memoryview] = {}
     for n, value in _fields(node):
         if n == 1 and isinstance(value, memoryview):
             name = bytes(value).decode(errors="replace")
@@ -95,14 +98,29 @@ def _node_executable(node: memoryview) -> tuple[str, bytes] | None:
             op = bytes(value).decode(errors="replace")
         elif n == 5 and isinstance(value, memoryview):
             entry = dict(_fields(value))
-            key = entry.get(1)
-            if isinstance(key, memoryview) and bytes(key) == b"executable":
-                attr = entry.get(2)
-                executable = next(_sub(attr, 2), memoryview(b"")) \
+            key, attr = entry.get(1), entry.get(2)
+            if isinstance(key, memoryview) and bytes(key) in (b"executable", b"dynamic_shapes"):
+                strings[bytes(key)] = next(_sub(attr, 2), memoryview(b"")) \
                     if isinstance(attr, memoryview) else memoryview(b"")
-    if op != "NeuronOp" or executable is None:
+    if op != "NeuronOp" or b"executable" not in strings:
         return None
-    return name, bytes(executable)
+    return name, bytes(strings[b"executable"]), bytes(strings.get(b"dynamic_shapes", b""))
+
+
+def _free_dimensions(node: str, text: bytes) -> list[dict]:
+    """The op's free dimensions from its `dynamic_shapes` attr (docs/contracts.md): one
+    {"input", "axis", "low", "high", "from"} per free axis, in input order."""
+    if not text:
+        return []
+    try:
+        raw = json.loads(text)
+        return [{"input": str(i["label"]), "axis": int(axis), "low": int(b[0]),
+                 "high": int(b[1]), "from": str(b[2])}
+                for i in raw["inputs"] for axis, b in sorted(i["free"].items(),
+                                                             key=lambda kv: int(kv[0]))]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        raise SavedModelReadError(f"NeuronOp '{node}': its dynamic_shapes attr is not what "
+                                  f"neuronish writes ({e})") from None
 
 
 def neuron_op_executables(model_dir: str | Path) -> list[NeuronOpExecutable]:
@@ -122,10 +140,11 @@ def neuron_op_executables(model_dir: str | Path) -> list[NeuronOpExecutable]:
                 got = _node_executable(node)
                 if got is None:
                     continue
-                name, value = got
+                name, value, dynamic = got
+                free = _free_dimensions(name, dynamic)
                 ref = _REFERENCE.fullmatch(value)
                 if ref is None:
-                    found.append(NeuronOpExecutable(name, value, "inline"))
+                    found.append(NeuronOpExecutable(name, value, "inline", free))
                     continue
                 digest, size = ref.group(1).decode(), int(ref.group(2))
                 path = root / "assets" / f"{digest}.neff"
@@ -138,7 +157,7 @@ def neuron_op_executables(model_dir: str | Path) -> list[NeuronOpExecutable]:
                     raise SavedModelReadError(f"NeuronOp '{name}': {path} does not hash to the "
                                               "executable the op was compiled with (sha256 "
                                               "mismatch); the file is damaged or was replaced")
-                found.append(NeuronOpExecutable(name, exe, str(path)))
+                found.append(NeuronOpExecutable(name, exe, str(path), free))
     return found
 
 
@@ -154,7 +173,9 @@ def inspect_saved_model(model_dir: Path, as_json: bool) -> int:
     try:
         found = neuron_op_executables(model_dir)
         infos = [{"node": f.node, "stored": f.stored, "bytes": len(f.executable),
-                  **describe(from_bytes(f.executable))} for f in found]
+                  **describe(from_bytes(f.executable)),
+                  **({"free_dimensions": f.free_dimensions} if f.free_dimensions else {})}
+                 for f in found]
     except (OSError, SavedModelReadError, ExecutableError) as e:
         print(f"neuronish-cc: error: {model_dir}: {e}", file=sys.stderr)
         return 1
@@ -167,4 +188,10 @@ def inspect_saved_model(model_dir: Path, as_json: bool) -> int:
         outs = ", ".join(f"{s['name']} {s['dtype']}{s['shape']}" for s in info["outputs"])
         print(f"  {info['node']}: {info['bytes']} bytes, {info['stored']}\n"
               f"    inputs: {ins}\n    outputs: {outs}")
+        if info.get("free_dimensions"):
+            # The executable is the one compiled at the probe size; other sizes within
+            # these bounds are compiled when first called (docs/saved-model-compile.md).
+            free = ", ".join(f"{d['input']} axis {d['axis']}: {d['low']}..{d['high']} "
+                             f"({d['from']})" for d in info["free_dimensions"])
+            print(f"    free dimensions (compiled per size on first use): {free}")
     return 0

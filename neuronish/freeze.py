@@ -19,19 +19,26 @@ partition could cut.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
-from tensorflow.python.framework import convert_to_constants
+from tensorflow.python.framework import convert_to_constants, tensor_util
 
 from .errors import SavedModelError
 from .inline import InlineError, called_function, inline_calls
-from .partition.graph import is_stateful, needed_nodes, producer
+from .partition.graph import (
+    control_refs,
+    data_refs,
+    is_control,
+    is_stateful,
+    keep_only,
+    needed_nodes,
+    producer,
+    rename_ref,
+)
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.
@@ -277,10 +284,10 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
     _drop_ordering_edges(graph_def)
     _keep_what_outputs_need(graph_def, [*outputs.values(), *input_names[:len(keys)]])
     renamed = _strip_call_prefixes(graph_def)
-    outputs = {k: _rename_ref(t, renamed) for k, t in outputs.items()}
-    inputs = [SignatureInput(i.key, _rename_ref(i.tensor, renamed), i.shape, i.dtype)
+    outputs = {k: rename_ref(t, renamed) for k, t in outputs.items()}
+    inputs = [SignatureInput(i.key, rename_ref(i.tensor, renamed), i.shape, i.dtype)
               for i in inputs]
-    resources = [CapturedResource(_rename_ref(r.tensor, renamed), r.owner) for r in resources]
+    resources = [CapturedResource(rename_ref(r.tensor, renamed), r.owner) for r in resources]
     return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags),
                            tuple(resources),
                            dropped_writes=dropped)
@@ -331,9 +338,7 @@ def _variables_to_constants(concrete: object) -> tuple[graph_pb2.GraphDef, list[
     GraphDef and the names of its input placeholders (the arguments that were not
     variables), in argument order; outputs keep the function's tensor names."""
     data = _ConverterData(func=concrete, lower_control_flow=False, aggressive_inlining=False)
-    with _constants_without_astype():
-        graph_def, converted = convert_to_constants._replace_variables_by_constants(
-            converter_data=data)
+    graph_def, converted = _replace_variables_by_constants(data)
     # Grappler notes where each node came from, under per-process function names
     # ("__inference_serve_105"): the same model would freeze to other bytes (and miss the
     # compile cache) in every process.
@@ -344,44 +349,52 @@ def _variables_to_constants(concrete: object) -> tuple[graph_pb2.GraphDef, list[
     return graph_def, [t.name for t in concrete.inputs if id(t) not in variables]
 
 
-@contextlib.contextmanager
-def _constants_without_astype() -> Iterator[None]:
-    """While it lasts, convert_to_constants turns variables into TensorProtos without the
-    copy `make_tensor_proto` makes first (`values.astype(dtype)`, even of an array that
-    has that dtype already: 2.6 s of ConvNeXtXLarge's 1.4 GB). Only what it calls is
-    changed, and only for arrays its own code would store whole in tensor_content,
-    into the same proto; anything else goes to TensorFlow's function."""
-    original = convert_to_constants.tensor_util
-    convert_to_constants.tensor_util = _TensorUtil(original)
-    try:
-        yield
-    finally:
-        convert_to_constants.tensor_util = original
+def _replace_variables_by_constants(data: _ConverterData) -> tuple[graph_pb2.GraphDef, set[int]]:
+    """convert_to_constants' `_replace_variables_by_constants`, but a variable whose value
+    `_constant_proto` can store becomes its `Const` here, without the copy TensorFlow's
+    `make_tensor_proto` makes first (`values.astype(dtype)`, even of an array that has
+    that dtype already: 2.6 s of ConvNeXtXLarge's 1.4 GB). Everything else, and every
+    use of the constant downstream (reads become Identity, function argument types),
+    is TensorFlow's own code. Nothing of TensorFlow is replaced, so freezes may run on
+    several threads at once."""
+    graph = convert_to_constants._GraphDef(data.graph_def)
+    for name, tensor_data in data.tensor_data.items():
+        convertible = graph.nodes[name]
+        proto = _constant_proto(tensor_data.numpy, tensor_data.dtype) \
+            if isinstance(convertible, convert_to_constants._VarHandle) else None
+        if proto is None:
+            convertible.convert_variable_to_constant(None, tensor_data)
+            continue
+        # What _VarHandle.convert_variable_to_constant does, with our proto.
+        node = convertible.converted_self().node
+        node.Clear()
+        node.name = convertible.node.name
+        node.op = "Const"
+        node.attr["dtype"].CopyFrom(tensor_data.dtype_attr)
+        node.attr["value"].tensor.CopyFrom(proto)
+        for edge in convertible.outgoing_edges:
+            edge.destination.convertible.convert_variable_to_constant(edge, tensor_data)
+    converted = {t.index for t in data.tensor_data.values() if t.index is not None}
+    return graph.converted_self().graph_def, converted
 
 
-class _TensorUtil:
-    """`tensor_util` as convert_to_constants sees it in `_constants_without_astype`."""
+_TENSOR_CONTENT_TYPES = getattr(tensor_util, "_TENSOR_CONTENT_TYPES", frozenset())
 
-    def __init__(self, module: object) -> None:
-        self._module = module
-        self._content_types = getattr(module, "_TENSOR_CONTENT_TYPES", frozenset())
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._module, name)
-
-    def make_tensor_proto(self, values: object, dtype: object = None, shape: object = None,
-                          *args: object, **kwargs: object) -> tensor_pb2.TensorProto:
-        if not args and not kwargs and isinstance(values, np.ndarray) and dtype is not None \
-                and sys.byteorder == "little":
-            tf_dtype = tf.as_dtype(dtype)
-            if (tf_dtype in self._content_types and values.dtype == tf_dtype.as_numpy_dtype
-                    and values.size > 1 and values.nbytes < 1 << 31
-                    and (shape is None or [int(d) for d in shape] == list(values.shape))):
-                return tensor_pb2.TensorProto(
-                    dtype=tf_dtype.as_datatype_enum,
-                    tensor_shape=tf.TensorShape(values.shape).as_proto(),
-                    tensor_content=values.tobytes())
-        return self._module.make_tensor_proto(values, dtype, shape, *args, **kwargs)
+def _constant_proto(values: object, dtype: object) -> tensor_pb2.TensorProto | None:
+    """The TensorProto `make_tensor_proto(values, dtype, values.shape)` returns, for the
+    arrays it stores whole in `tensor_content` (numeric, more than one element, under
+    2 GB, already of `dtype`, on a little-endian host), built without its copy; None
+    for any other value, which TensorFlow's function then handles."""
+    if not isinstance(values, np.ndarray) or sys.byteorder != "little":
+        return None
+    tf_dtype = tf.as_dtype(dtype)
+    if (tf_dtype not in _TENSOR_CONTENT_TYPES or values.dtype != tf_dtype.as_numpy_dtype
+            or values.size <= 1 or values.nbytes >= 1 << 31):
+        return None
+    return tensor_pb2.TensorProto(dtype=tf_dtype.as_datatype_enum,
+                                  tensor_shape=tf.TensorShape(values.shape).as_proto(),
+                                  tensor_content=values.tobytes())
 
 
 def drop_dangling_colocations(graph_def: graph_pb2.GraphDef) -> None:
@@ -435,22 +448,14 @@ def _drop_dead_writes(graph_def: graph_pb2.GraphDef, outputs: list[str], writes:
         return name
 
     written = {root(w.input[0]) for w in own}
-    seen: set[str] = set()  # the outputs and their ancestors through data edges
-    todo = [producer(t) for t in outputs]
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in nodes:
-            continue
-        seen.add(name)
-        todo.extend(producer(i) for i in nodes[name].input if not i.startswith("^"))
-    if seen & (written | {w.name for w in own}):
-        _refuse_variable_writes(writes, what)
+    seen = needed_nodes(nodes, outputs, control=False)  # the outputs and their data sources
     gone = {w.name for w in own}
-    for i in reversed([i for i, n in enumerate(graph_def.node) if n.name in gone]):
-        del graph_def.node[i]
+    if seen & (written | gone):
+        _refuse_variable_writes(writes, what)
+    keep_only(graph_def, nodes.keys() - gone)
     for node in graph_def.node:
-        if any(i.startswith("^") and i[1:] in gone for i in node.input):
-            kept = [i for i in node.input if not (i.startswith("^") and i[1:] in gone)]
+        if any(is_control(i) and producer(i) in gone for i in node.input):
+            kept = [i for i in node.input if not (is_control(i) and producer(i) in gone)]
             del node.input[:]
             node.input.extend(kept)
     return tuple(sorted(f"{w.name} ({w.op})" for w in own))
@@ -507,37 +512,30 @@ def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
     nodes = {n.name: n for n in graph_def.node}
     kept: dict[str, list[str]] = {}  # NoOp -> the meaningful control inputs it stands for
 
-    def control_refs(ref: str) -> list[str]:
+    def meaningful(ref: str) -> list[str]:
         name = producer(ref)
         node = nodes.get(name)
         if node is None or node.op != "NoOp":
             return [ref] if node is None or is_stateful(node.op) else []
         if name not in kept:
             kept[name] = []  # a cycle of NoOps (never in a valid graph) ends here
-            kept[name] = sorted({r for i in node.input for r in control_refs(i)})
+            kept[name] = sorted({r for i in node.input for r in meaningful(i)})
         return kept[name]
 
     for node in graph_def.node:
-        if not any(i.startswith("^") for i in node.input):
+        controls = control_refs(node)
+        if not controls:
             continue
-        refs = [i for i in node.input if not i.startswith("^")]
-        refs += sorted({r for i in node.input if i.startswith("^") for r in control_refs(i)})
+        refs = data_refs(node) + sorted({r for i in controls for r in meaningful(i)})
         del node.input[:]
         node.input.extend(refs)
-    noops = [i for i, n in enumerate(graph_def.node) if n.op == "NoOp"]
-    for i in reversed(noops):
-        del graph_def.node[i]
+    keep_only(graph_def, {n.name for n in graph_def.node if n.op != "NoOp"})
 
 
 def _keep_what_outputs_need(graph_def: graph_pb2.GraphDef, keep: list[str]) -> None:
     """Drop, in place, the nodes no output needs, as a signature call never runs them
     (Keras leaves shape arithmetic nothing reads); the inputs in `keep` stay."""
-    live = needed_nodes(graph_def.node, keep)
-    if len(live) == len(graph_def.node):
-        return
-    dead = [i for i, n in enumerate(graph_def.node) if n.name not in live]
-    for i in reversed(dead):
-        del graph_def.node[i]
+    keep_only(graph_def, needed_nodes(graph_def.node, keep))
 
 
 def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:
@@ -596,7 +594,7 @@ def _strip_call_prefixes(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
             taken.add(name)
     for node in graph_def.node:
         node.name = renamed.get(node.name, node.name)
-        refs = [_rename_ref(r, renamed) for r in node.input]
+        refs = [rename_ref(r, renamed) for r in node.input]
         del node.input[:]
         node.input.extend(refs)
         # Colocations name nodes too ("loc:@lstm/Identity"): renamed with them, or
@@ -607,9 +605,3 @@ def _strip_call_prefixes(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
             del node.attr["_class"].list.s[:]
             node.attr["_class"].list.s.extend(locs)
     return renamed
-
-
-def _rename_ref(ref: str, renamed: dict[str, str]) -> str:
-    control = ref.startswith("^")
-    name, sep, port = ref.lstrip("^").partition(":")
-    return ("^" if control else "") + renamed.get(name, name) + sep + port

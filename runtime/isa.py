@@ -441,7 +441,27 @@ def _cast(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type(tuple(t[0].shape), a["to"])]
 
 
+def _permuted(t: HasType, perm: Sequence[int], name: str) -> Type:
+    """`t` read through numpy `transpose(perm)` (an empty perm: as it is)."""
+    if not perm:
+        return Type(tuple(t.shape), t.dtype)
+    if sorted(perm) != list(range(len(t.shape))):
+        raise IsaError(f"{name} {list(perm)} is not a permutation of the {len(t.shape)} dims "
+                       f"of {_fmt(t)}", name)
+    return Type(tuple(t.shape[p] for p in perm), t.dtype)
+
+
 def _matmul(t: Sequence[HasType], a: dict) -> list[Type]:
+    out = _matmul_logical([_permuted(t[0], a.get("perm_a", ()), "perm_a"),
+                           _permuted(t[1], a.get("perm_b", ()), "perm_b"), *t[2:]], a)[0]
+    if a.get("perm_y"):
+        if a.get("residual"):
+            raise IsaError("perm_y and residual do not go together", "perm_y")
+        out = _permuted(out, a["perm_y"], "perm_y")
+    return [out]
+
+
+def _matmul_logical(t: Sequence[HasType], a: dict) -> list[Type]:
     x, w = t[0], t[1]
     _in_domain("matmul", x.dtype, NUMBERS)
     if len(x.shape) < 2 or len(w.shape) < 2:
@@ -747,12 +767,18 @@ declare(Kind("cast", ("x",), attrs=(Attr("to", DType(), doc="the output dtype"),
                  "anything→bool is `x != 0`."))
 declare(Kind("matmul", ("a", "b"), ("bias", "residual"), attrs=(
     Attr("transpose_a", BOOL, False), Attr("transpose_b", BOOL, False), *_ACTIVATION,
-    Attr("residual", BOOL, False, "the last input is added after the bias")),
+    Attr("residual", BOOL, False, "the last input is added after the bias"),
+    Attr("perm_a", Ints(lo=0), [], "a is read as transpose(a, perm_a); []: as it is"),
+    Attr("perm_b", Ints(lo=0), [], "b is read as transpose(b, perm_b); []: as it is"),
+    Attr("perm_y", Ints(lo=0), [], "y is stored as transpose(result, perm_y); not with "
+                                   "residual")),
     traits=_t("matmul_like"), rule=_matmul, doc=(
         "y = act(op(a) @ op(b) + bias + residual); rank ≥ 2, leading (batch) dims broadcast "
-        "as numpy `matmul`; op transposes the last two axes. `bias` is rank 1, y's last "
-        "dim; with `residual`, the last input (y's type) is added after the bias, before "
-        "the activation; a bfloat16 `a` with a float32 residual gives a float32 y.")))
+        "as numpy `matmul`; op transposes the last two axes (after perm_a/perm_b, which "
+        "read an operand through numpy `transpose`: attention's head split as strides, no "
+        "copy). `bias` is rank 1, y's last dim before perm_y; with `residual`, the last "
+        "input (y's type) is added after the bias, before the activation; a bfloat16 `a` "
+        "with a float32 residual gives a float32 y.")))
 declare(Kind("conv2d", ("x", "w"), ("bias", "residual"), attrs=(
     *_WINDOW, *_ACTIVATION,
     Attr("residual", BOOL, False, "the last input is added after the bias"),
@@ -901,6 +927,7 @@ def flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[Se
         return 2 * out * in_shapes[1][0]
     if kind == "matmul":
         a = in_shapes[0]
+        a = [a[p] for p in attrs.get("perm_a") or range(len(a))]  # (a read permuted)
         return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
     if kind in ("pool", "pool3d"):
         return out * elements(attrs.get("ksize", ()))

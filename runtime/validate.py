@@ -197,19 +197,35 @@ def _check_programs(exe: Executable, external: set[int]) -> set[int]:
     return produced
 
 
+def _aliasing_reshape(ins: Instruction, exe: Executable) -> bool:
+    """A reshape whose output the memory plan put exactly on its input's bytes: one buffer,
+    alive from the input's producer to the last reader of either."""
+    if ins.kind != "reshape" or len(ins.inputs) != 1 or len(ins.outputs) != 1:
+        return False
+    x, y = ins.inputs[0], ins.outputs[0]
+    return x in exe.offsets and y in exe.offsets and exe.offsets[x] == exe.offsets[y] \
+        and value_nbytes(*exe.values[x]) == value_nbytes(*exe.values[y])
+
+
 def _check_overlaps(exe: Executable) -> None:
     """No two arena buffers alive at the same instruction share bytes: an intermediate
     from its producer to its last reader, a scratch range during its instruction (the
     compiler's planner guarantees it; a file that breaks it would compute garbage
     silently). Run after `_check_programs`, so every id and range is known good."""
     spans: dict[int, list[int]] = {}  # value -> [first, last] instruction index
+    shares: dict[int, int] = {}  # a reshape's output on its input's bytes -> that buffer
     buffers = []  # (first, last, start, end, what)
     t = 0
     for program in exe.programs:
         for ins in program:
             for vid in ins.inputs:
+                vid = shares.get(vid, vid)
                 if vid in spans:
                     spans[vid][1] = t
+            if _aliasing_reshape(ins, exe):  # the same bytes under other dims (cc/memory.py)
+                shares[ins.outputs[0]] = shares.get(ins.inputs[0], ins.inputs[0])
+                t += 1
+                continue
             for vid in ins.outputs:
                 if vid in exe.offsets:
                     spans[vid] = [t, t]

@@ -53,7 +53,7 @@ def test_values_between_convolutions_are_bf16_and_cast_only_at_the_edges(compile
     e = from_bytes(exe)
     kinds = [(i.kind, e.values[i.outputs[0]][1]) for i in _program(exe)]
     casts = [dtype for kind, dtype in kinds if kind == "cast"]
-    # One region: in, the image; out, before the softmax (which computes in float32).
+    # One region: in, the image; out, after the softmax (bf16 too), for the output.
     assert casts == ["bfloat16", "float32"], kinds
     for kind, dtype in kinds:
         if kind in ("conv2d", "depthwise_conv2d", "pool", "reduce", "matmul"):

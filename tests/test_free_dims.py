@@ -7,7 +7,10 @@ runtime fallback on. A shape given at compile fixes it, and the new SignatureDef
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -125,6 +128,14 @@ def test_image_model_with_free_sides(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "image": {1: (8, 40), 2: (8, 40)}})
     assert {(d["axis"], d["low"], d["high"]) for d in report["free_dims"]} == {
         (1, 8, 40), (2, 8, 40)}
+    # `neuronish-cc inspect` (no TensorFlow) shows the same bounds from the op's attr.
+    inspect = [str(Path(sys.executable).parent / "neuronish-cc"), "inspect", str(out)]
+    shown = subprocess.run([*inspect, "--json"], check=True, capture_output=True, text=True)
+    (info,) = json.loads(shown.stdout)
+    assert {(d["axis"], d["low"], d["high"]) for d in info["free_dimensions"]} == {
+        (1, 8, 40), (2, 8, 40)}
+    text = subprocess.run(inspect, check=True, capture_output=True, text=True).stdout
+    assert "free dimensions (compiled per size on first use):" in text and "8..40" in text
     compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
     x = tf.constant(rng.standard_normal((2, 48, 24, 3)), tf.float32)
     monkeypatch.setenv(fallback.ENV_FALLBACK, "0")

@@ -139,17 +139,117 @@ def test_constants_without_astype_are_tensorflows_protos(dtype: str,
                                                          shape: tuple[int, ...]) -> None:
     """Freezing builds a variable's TensorProto without make_tensor_proto's first copy;
     whatever it handles itself must be exactly TensorFlow's proto, the rest TensorFlow's."""
-    import numpy as np
     from tensorflow.python.framework import tensor_util
 
-    from neuronish.freeze import _TensorUtil
+    from neuronish.freeze import _constant_proto
 
     values = (np.arange(int(np.prod(shape))) % 7).astype(tf.as_dtype(dtype).as_numpy_dtype)
     values = values.reshape(shape)
-    fast = _TensorUtil(tensor_util)
-    for args in ((values, tf.as_dtype(dtype), values.shape),
-                 (values, tf.as_dtype(dtype).as_datatype_enum, None)):
-        assert fast.make_tensor_proto(*args) == tensor_util.make_tensor_proto(*args)
+    handled = 0
+    for as_dtype in (tf.as_dtype(dtype), tf.as_dtype(dtype).as_datatype_enum):
+        proto = _constant_proto(values, as_dtype)
+        if proto is not None:
+            handled += 1
+            assert proto == tensor_util.make_tensor_proto(values, as_dtype, values.shape)
+    # the arrays TensorFlow stores whole are the ones built here
+    assert handled == (2 if values.size > 1 and dtype != "bool" else 0), handled
+
+
+class _Weights(tf.Module):
+    """A dense layer and a loop over its weights: constants TensorFlow's converter and
+    `_constant_proto` both build, and a While body whose argument types it rewrites."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.w = tf.Variable(rng.standard_normal((16, 16)).astype("float32"))
+        self.b = tf.Variable(rng.standard_normal(16).astype("float32"))
+        self.steps = tf.Variable(seed % 3 + 1)  # a scalar: TensorFlow's own proto
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+    def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        i = tf.constant(0)
+        while i < self.steps:
+            x = tf.tanh(tf.matmul(x, self.w) + self.b)
+            i += 1
+        return {"y": x}
+
+
+def test_two_threads_freezing_at_once_get_their_own_graphs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Freezing changes nothing of TensorFlow's modules, so freezes on several threads
+    each give the graph a freeze alone gives, and TensorFlow is as it was afterwards.
+    (It once swapped convert_to_constants.tensor_util for the process while it turned
+    variables into constants: two freezes inside that at once left it swapped. Here
+    both threads are held there together, at the proto of their scalar variable.)"""
+    import sys
+    import threading
+
+    from tensorflow.python.framework import convert_to_constants, tensor_util
+
+    paths = [_save(_Weights(seed), tmp_path / f"m{seed}") for seed in range(2)]
+    alone = [freeze_signature(p) for p in paths]
+    together = threading.Barrier(2, timeout=120)
+    held: list[int] = []  # the threads, in the order they got there
+    first_done = threading.Event()
+    make_tensor_proto = tensor_util.make_tensor_proto
+
+    def meet_there(*args: object, **kwargs: object) -> object:
+        caller = sys._getframe(1).f_globals.get("__name__", "")  # noqa: SLF001
+        if caller in (convert_to_constants.__name__, "neuronish.freeze") and \
+                threading.get_ident() not in held:
+            held.append(threading.get_ident())
+            together.wait()
+            if held[-1] == threading.get_ident():  # the later one finishes last
+                first_done.wait(timeout=120)
+        return make_tensor_proto(*args, **kwargs)
+
+    monkeypatch.setattr(tensor_util, "make_tensor_proto", meet_there)
+    got: dict[int, object] = {}
+    errors: list[BaseException] = []
+
+    def freeze(k: int) -> None:
+        try:
+            got[k] = freeze_signature(paths[k])
+        except BaseException as e:  # noqa: BLE001 (the test asserts there is none)
+            errors.append(e)
+            together.abort()
+        finally:
+            first_done.set()
+
+    threads = [threading.Thread(target=freeze, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(held) == 2  # both were inside the conversion at once
+    assert convert_to_constants.tensor_util is tensor_util
+
+    def consts(frozen: object) -> dict[str, bytes]:
+        return {n.name: n.attr["value"].tensor.SerializeToString(deterministic=True)
+                for n in frozen.graph_def.node if n.op == "Const"}
+
+    for k in range(2):
+        frozen = got[k]
+        assert consts(frozen) == consts(alone[k])
+        assert sorted((n.name, n.op, tuple(n.input)) for n in frozen.graph_def.node) == \
+            sorted((n.name, n.op, tuple(n.input)) for n in alone[k].graph_def.node)
+        x = np.ones((2, 16), np.float32)
+        want = tf.saved_model.load(paths[k]).signatures["serving_default"](
+            x=tf.constant(x))["y"].numpy()
+        np.testing.assert_allclose(_run(frozen, x), want, rtol=1e-6, atol=1e-6)
+    assert consts(alone[0]) != consts(alone[1])  # two models: a mix-up would show
+
+
+def _run(frozen: object, x: np.ndarray) -> np.ndarray:
+    """The frozen graph's output "y" on input x, by TensorFlow."""
+    (feed,) = frozen.inputs
+    fn = tf.compat.v1.wrap_function(
+        lambda: tf.graph_util.import_graph_def(frozen.graph_def, name=""), [])
+    run = fn.prune([fn.graph.get_tensor_by_name(feed.tensor)],
+                   [fn.graph.get_tensor_by_name(frozen.outputs["y"])])
+    return run(tf.constant(x))[0].numpy()
 
 
 def test_renamed_nodes_keep_their_colocations() -> None:

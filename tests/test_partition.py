@@ -564,6 +564,10 @@ def test_one_answer_to_is_stateful_for_freezing_and_partitioning() -> None:
     assert is_stateful("RandomUniform") and is_stateful("AssignVariableOp")
     assert not is_stateful("Relu") and not is_stateful("MatMul")
     assert freeze_module.is_stateful is is_stateful and mark_module.is_stateful is is_stateful
+    # constant folding and the static-value analysis ask the same question
+    fold_module = importlib.import_module("neuronish.partition.fold")
+    values_module = importlib.import_module("neuronish.partition.values")
+    assert fold_module.is_stateful is is_stateful and values_module.is_stateful is is_stateful
 
 
 def test_graph_with_a_cycle_is_refused_naming_the_cycle() -> None:
@@ -1014,3 +1018,32 @@ def test_subgraph_bytes_are_the_graphdefs_deterministic_serialization() -> None:
     gd.node[0].attr["_big"].s = bytes(300)  # a length past one varint byte
     assert serialize_graph_def(gd) == gd.SerializeToString(deterministic=True)
     assert serialize_graph_def(graph_pb2.GraphDef()) == b""
+
+
+def test_input_strings_are_read_and_renamed_one_way() -> None:
+    """The helpers every rewrite shares for GraphDef input strings ("n", "n:1", "^n"):
+    renaming keeps the port and the "^"; the dead-node walk follows control edges unless
+    told not to; deletion keeps the order of the rest."""
+    from tensorflow.core.framework import graph_pb2
+
+    from neuronish.partition.graph import (
+        control_refs,
+        data_refs,
+        keep_only,
+        needed_nodes,
+        rename_ref,
+    )
+
+    renamed = {"a": "b"}
+    assert [rename_ref(r, renamed) for r in ("a", "a:1", "^a", "c:2", "^c", "ab:0")] == \
+        ["b", "b:1", "^b", "c:2", "^c", "ab:0"]
+    g = graph_pb2.GraphDef()
+    for name, inputs in (("x", []), ("gate", []), ("y", ["x:0", "^gate"]), ("z", ["y"]),
+                         ("unread", ["x"])):
+        g.node.add(name=name, op="Identity").input.extend(inputs)
+    y = g.node[2]
+    assert data_refs(y) == ["x:0"] and control_refs(y) == ["^gate"]
+    assert needed_nodes(g.node, ["z:0"]) == {"x", "gate", "y", "z"}
+    assert needed_nodes({n.name: n for n in g.node}, ["z"], control=False) == {"x", "y", "z"}
+    keep_only(g, {"x", "y", "z"})
+    assert [n.name for n in g.node] == ["x", "y", "z"]

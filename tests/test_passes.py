@@ -306,7 +306,9 @@ def test_attention_score_transpose_and_query_scale_fold_into_the_matmuls() -> No
     scores = graph.nodes[-2]
     assert [scores.kind, graph.nodes[-1].kind] == ["matmul", "softmax"], format_graph(graph)
     assert scores.attrs["transpose_a"] and scores.attrs["transpose_b"], format_graph(graph)
-    assert kinds_.count("transpose") == 2, format_graph(graph)  # was 3: q, k, the scores
+    # Was 3: q, k, the scores; q's and k's are now the matmul's perm_a and perm_b.
+    assert kinds_.count("transpose") == 0, format_graph(graph)
+    assert scores.attrs["perm_a"] and scores.attrs["perm_b"], format_graph(graph)
     x = _feeds(g, seed=6)[0]
     want = g.reference({"x:0": x})["Identity:0"]
     np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-5, atol=1e-5)

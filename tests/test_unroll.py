@@ -103,6 +103,39 @@ def test_a_loop_counted_from_another_loops_output_is_unrolled_after_it(
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def _three_loops(module: tf.Module, x: tf.Tensor) -> tf.Tensor:
+    """Three loops of fixed counts side by side, as a model with three RNN layers."""
+    outs = [tf.while_loop(lambda t, h, n=n: t < n,
+                          lambda t, h: (t + 1, tf.tanh(tf.matmul(h, module.w) + x)),
+                          [tf.constant(0), tf.zeros_like(x)])[1] for n in (2, 3, 4)]
+    return tf.add_n(outs)
+
+
+def test_loops_of_one_round_are_counted_from_one_shape_inference_per_batch_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting a loop runs it at the compile shapes and one batch larger, on a graph the
+    counting does not edit: its shapes are inferred once per batch size for all the loops
+    of the round (they were once inferred again for every loop, 6 times here)."""
+    frozen = _frozen(tmp_path, _three_loops, [None, 4])
+    fetches = list(frozen.outputs.values())
+    assert sum(n.op in ("While", "StatelessWhile") for n in frozen.graph_def.node) == 3
+    calls: list[dict] = []
+    real = unroll.infer
+
+    def counted(graph_def: object, input_shapes: dict) -> object:
+        calls.append(dict(input_shapes))
+        return real(graph_def, input_shapes)
+
+    monkeypatch.setattr(unroll, "infer", counted)
+    unrolled = unroll_loops(frozen.graph_def, {"x:0": [2, 4]}, fetches)
+    assert not {"While", "StatelessWhile"} & {n.op for n in unrolled.node}
+    assert sorted(c["x:0"][0] for c in calls) == [2, 3], calls
+    for batch in (2, 5):
+        x = np.random.default_rng(batch).standard_normal((batch, 4)).astype("float32")
+        (want,), (got,) = _run(frozen.graph_def, fetches, x), _run(unrolled, fetches, x)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_loops_whose_count_the_shapes_do_not_fix_are_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     evaluated = []

@@ -8,6 +8,9 @@ assigns each value a dtype instead:
 - a matmul-like instruction computing in bfloat16 writes bfloat16 (its bias, residual and
   activation epilogue still work on the float32 accumulator; the result is rounded once,
   to nearest even, as oneDNN's bf16 primitives do);
+- softmax (computed in float32 from the bf16 scores, rounded once) and select (the
+  attention mask: it only picks values), so attention's scores stay bf16 from their
+  matmul to the next one;
 - pooling, the activations and element-wise functions oneDNN has bf16 kernels for,
   add/sub/mul/div/maximum/minimum (where oneDNN takes the broadcast), a mean or max over
   an image's H and W (a global pool), concat and the movement kinds write bfloat16 when
@@ -51,6 +54,10 @@ def _follows(node: Node) -> bool:
         y = node.outputs[0].shape
         return node.attrs["fn"] in _FOLLOW_BINARY and (
             a.shape == y or (b.shape == y and node.attrs["fn"] in _COMMUTATIVE))
+    if node.kind == "softmax":  # (attention's probabilities: oneDNN's bf16 softmax)
+        return not node.attrs.get("log")
+    if node.kind == "select":  # (attention's mask: picks values, exact in any dtype)
+        return True
     if node.kind == "reduce":  # NHWC's H and W: a global pool on the native engine
         return len(node.inputs[0].shape) == 4 and sorted(node.attrs["axes"]) == [1, 2] \
             and node.attrs["fn"] in ("mean", "max")

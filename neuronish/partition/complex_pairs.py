@@ -30,9 +30,15 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from neuronish.partition.graph import canonical, producer
+from neuronish.partition.graph import (
+    canonical,
+    control_refs,
+    data_refs,
+    drop_dead,
+    is_control,
+    producer,
+)
 from neuronish.partition.shapes import PartitionError, TensorInfo, infer
-from neuronish.partition.unroll import drop_dead
 
 _PART_DTYPE = {tf.complex64.as_datatype_enum: tf.float32.as_datatype_enum,
                tf.complex128.as_datatype_enum: tf.float64.as_datatype_enum}
@@ -85,7 +91,7 @@ class _Rewriter:
         readers: dict[str, list[node_def_pb2.NodeDef]] = {}
         for n in self.graph_def.node:
             for ref in n.input:
-                key = producer(canonical(ref)) if not ref.startswith("^") else ref
+                key = ref if is_control(ref) else producer(ref)
                 readers.setdefault(key, []).append(n)
         return readers
 
@@ -104,8 +110,7 @@ class _Rewriter:
                     continue
                 region.add(name)
                 node = self.nodes[name]
-                stack += [producer(canonical(r)) for r in node.input if not r.startswith("^")
-                          and producer(canonical(r)) in complex_nodes]
+                stack += [producer(r) for r in data_refs(node) if producer(r) in complex_nodes]
                 stack += [r.name for r in self.readers.get(name, []) if r.name in complex_nodes]
             seen |= region
             leaving = [r for name in region for r in self.readers.get(name, [])
@@ -126,7 +131,7 @@ class _Rewriter:
         return True
 
     def _supported(self, node: node_def_pb2.NodeDef) -> bool:
-        data = [r for r in node.input if not r.startswith("^")]
+        data = data_refs(node)
         if node.op in _MOVES:
             return True
         if node.op not in _ARITHMETIC:
@@ -148,7 +153,7 @@ class _Rewriter:
     def lower_exit(self, node: node_def_pb2.NodeDef) -> None:
         """Turn exit `node` into real ops on the pair it reads (its name and output kept)."""
         name, op = node.name, node.op
-        controls = [r for r in node.input if r.startswith("^")]
+        controls = control_refs(node)
         source = self.nodes[producer(canonical(node.input[0]))]
         re, im = self.pair(source.name)
         if op == "Shape":  # a part has the shape of the complex tensor
@@ -181,7 +186,7 @@ class _Rewriter:
 
     def _lower(self, node: node_def_pb2.NodeDef) -> Pair:
         name, op = node.name, node.op
-        data = [canonical(r) for r in node.input if not r.startswith("^")]
+        data = [canonical(r) for r in data_refs(node)]
         dtype = self._part_dtype(node)
         if op == "Const":
             value = tf.make_ndarray(node.attr["value"].tensor)

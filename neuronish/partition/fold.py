@@ -21,11 +21,18 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
-from tensorflow.python.framework import op_def_registry
 
 from neuronish import contracts
-from neuronish.partition.graph import GraphIndex, PartitionError, canonical, parse_input, producer
-from neuronish.partition.unroll import drop_dead
+from neuronish.partition.graph import (
+    GraphIndex,
+    PartitionError,
+    canonical,
+    drop_dead,
+    is_control,
+    is_stateful,
+    parse_input,
+    producer,
+)
 
 MAX_BYTES = 1 << 20
 # Ops that only re-label a value's shape: a weight reshaped for a convolution's bias is not
@@ -67,7 +74,7 @@ def fold_constants(graph_def: graph_pb2.GraphDef,
         replacement[tensor] = const_name
     for node in out.node:
         for k, ref in enumerate(node.input):
-            if not ref.startswith("^") and canonical(ref) in replacement:
+            if not is_control(ref) and canonical(ref) in replacement:
                 node.input[k] = replacement[canonical(ref)]
     drop_dead(out, fetches)
     return out
@@ -91,8 +98,7 @@ def _fixed_nodes(index: GraphIndex) -> tuple[set[str], set[str]]:
 def _foldable(node: object) -> bool:
     if node.op in contracts.INPUT_OPS:
         return False
-    op_def = op_def_registry.get(node.op)
-    return op_def is not None and not op_def.is_stateful
+    return not is_stateful(node.op)
 
 
 def _closure(graph_def: graph_pb2.GraphDef, index: GraphIndex, tensors: list[str]

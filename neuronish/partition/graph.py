@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import graphlib
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework import op_def_registry
 
+from neuronish.contracts import INPUT_OPS
 from neuronish.errors import NeuronishError
 
 
@@ -46,6 +47,28 @@ def producer(tensor: str) -> str:
     return parse_input(tensor)[0]
 
 
+def is_control(ref: str) -> bool:
+    """Whether a GraphDef input string is a control edge ("^node")."""
+    return ref.startswith("^")
+
+
+def data_refs(node: node_def_pb2.NodeDef) -> list[str]:
+    """`node`'s data inputs, as written ("node", "node:1"), in input order."""
+    return [r for r in node.input if not r.startswith("^")]
+
+
+def control_refs(node: node_def_pb2.NodeDef) -> list[str]:
+    """`node`'s control inputs, as written ("^node")."""
+    return [r for r in node.input if r.startswith("^")]
+
+
+def rename_ref(ref: str, renamed: Mapping[str, str]) -> str:
+    """`ref` with its node renamed by `renamed` (old name -> new), its port and "^" kept."""
+    name, index = parse_input(ref)
+    new = renamed.get(name, name)
+    return "^" + new if index < 0 else new + ref[len(name):]
+
+
 def is_stateful(op: str) -> bool:
     """Whether `op`'s result or side effect may differ from call to call. An op this
     TensorFlow does not know (a custom op whose library is not loaded) counts as stateful:
@@ -54,11 +77,13 @@ def is_stateful(op: str) -> bool:
     return op_def is None or op_def.is_stateful
 
 
-def needed_nodes(nodes: Iterable[node_def_pb2.NodeDef], roots: Iterable[str]) -> set[str]:
+def needed_nodes(nodes: Iterable[node_def_pb2.NodeDef] | Mapping[str, node_def_pb2.NodeDef],
+                 roots: Iterable[str], *, control: bool = True) -> set[str]:
     """Names of the nodes `roots` need, the roots included: their ancestors through data
-    and control edges. Roots are node or tensor names ("n", "n:1", "^n"); names of no
-    node are ignored."""
-    by_name = {n.name: n for n in nodes}
+    and (unless `control` is False) control edges. `nodes` is the graph's nodes, or them
+    by name; roots are node or tensor names ("n", "n:1", "^n"); names of no node are
+    ignored."""
+    by_name = nodes if isinstance(nodes, Mapping) else {n.name: n for n in nodes}
     needed: set[str] = set()
     todo = [producer(r) for r in roots]
     while todo:
@@ -66,8 +91,24 @@ def needed_nodes(nodes: Iterable[node_def_pb2.NodeDef], roots: Iterable[str]) ->
         if name in needed or name not in by_name:
             continue
         needed.add(name)
-        todo.extend(producer(i) for i in by_name[name].input)
+        todo.extend(producer(i) for i in by_name[name].input if control or not is_control(i))
     return needed
+
+
+def keep_only(graph_def: graph_pb2.GraphDef, names: Collection[str]) -> None:
+    """Delete, in place, the nodes of `graph_def` not named in `names` (order kept)."""
+    for i in reversed([i for i, n in enumerate(graph_def.node) if n.name not in names]):
+        del graph_def.node[i]
+
+
+def drop_dead(graph_def: graph_pb2.GraphDef, fetches: Iterable[str]) -> None:
+    """Remove, in place, the nodes a rewrite left that nothing reads any more: all but
+    what `fetches` (tensor or node names) and the graph's inputs need. No fetches: the
+    graph is left as it is."""
+    keep = {producer(f) for f in fetches}
+    if keep:
+        keep_only(graph_def, needed_nodes(graph_def.node, [
+            *keep, *(n.name for n in graph_def.node if n.op in INPUT_OPS)]))
 
 
 def topological_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:

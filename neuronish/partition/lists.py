@@ -22,6 +22,7 @@ import tensorflow as tf
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
+from neuronish.partition.graph import data_refs, parse_input, producer
 from neuronish.partition.loops import LOOP_OPS
 from neuronish.partition.stand_ins import const, replace_with_fill
 
@@ -54,25 +55,20 @@ def _known(shape: Shape) -> bool:
     return shape is not None and None not in shape
 
 
-def _split(ref: str) -> tuple[str, int]:
-    name, _, index = ref.partition(":")
-    return name, int(index or 0)
-
-
 def _reserved_list(stack: node_def_pb2.NodeDef, nodes: Mapping[str, node_def_pb2.NodeDef],
                    functions: Mapping[str, function_pb2.FunctionDef],
                    shapes: Mapping[str, Shape]) -> tuple[str, tuple[int, ...]] | None:
     """(the reserved length's tensor, the item shape) of the list `stack` stacks, when it
     is loop output k of a loop whose input k is a TensorListReserve and whose body only
     sets items of it; else None."""
-    loop_name, k = _split(stack.input[0])
+    loop_name, k = parse_input(stack.input[0])
     loop = nodes.get(loop_name)
     if loop is None or loop.op not in LOOP_OPS:
         return None
-    loop_inputs = [ref for ref in loop.input if not ref.startswith("^")]
+    loop_inputs = data_refs(loop)
     if k >= len(loop_inputs):
         return None
-    reserve_name, _ = _split(loop_inputs[k])
+    reserve_name = producer(loop_inputs[k])
     reserve = nodes.get(reserve_name)
     body = functions.get(loop.attr["body"].func.name)
     if reserve is None or reserve.op != "TensorListReserve" or body is None:

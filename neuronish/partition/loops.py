@@ -20,6 +20,8 @@ import tensorflow as tf
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
+from neuronish.partition.graph import canonical, data_refs, is_control
+
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
 COND_OPS = frozenset({"If", "StatelessIf"})
 
@@ -38,7 +40,7 @@ def refine(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, Shape]) -> bool:
             continue
         if node.op not in LOOP_OPS or node.attr["body"].func.name not in functions:
             continue
-        inputs = [_tensor(ref) for ref in node.input if not ref.startswith("^")]
+        inputs = [canonical(ref) for ref in data_refs(node)]
         in_shapes = [shapes.get(t) for t in inputs]
         out_shapes = [shapes.get(f"{node.name}:{i}") for i in range(len(inputs))]
         if any(s is None or None in s for s in in_shapes) or in_shapes == out_shapes:
@@ -60,7 +62,7 @@ def _refine_cond(node: node_def_pb2.NodeDef, functions: Mapping[str, function_pb
     shapes at its inputs' `shapes` (TensorFlow leaves them unknown when the branches were
     traced with a dynamic batch). True if it changed."""
     branches = [functions.get(node.attr[b].func.name) for b in ("then_branch", "else_branch")]
-    inputs = [_tensor(ref) for ref in node.input[1:] if not ref.startswith("^")]
+    inputs = [canonical(ref) for ref in node.input[1:] if not is_control(ref)]
     in_shapes = [shapes.get(t) for t in inputs]
     if None in branches or any(s is None or None in s for s in in_shapes):
         return False
@@ -73,10 +75,6 @@ def _refine_cond(node: node_def_pb2.NodeDef, functions: Mapping[str, function_pb
     for shape in outs[0]:
         node.attr["output_shapes"].list.shape.add().CopyFrom(tf.TensorShape(shape).as_proto())
     return True
-
-
-def _tensor(ref: str) -> str:
-    return ref if ":" in ref else f"{ref}:0"
 
 
 def _body_shapes(body: function_pb2.FunctionDef,

@@ -31,9 +31,9 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from neuronish.partition.complex_pairs import complex_as_pairs
 from neuronish.partition.fold import fold_constants
-from neuronish.partition.graph import producer
+from neuronish.partition.graph import canonical, control_refs, drop_dead, is_control, producer
 from neuronish.partition.shapes import PartitionError, TensorInfo, infer
-from neuronish.partition.unroll import drop_dead, unroll_loops
+from neuronish.partition.unroll import unroll_loops
 
 
 def rewrite_for_device(graph_def: graph_pb2.GraphDef,
@@ -60,8 +60,8 @@ def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
     readers: dict[str, list[node_def_pb2.NodeDef]] = {}
     for n in graph_def.node:
         for i in n.input:
-            readers.setdefault(_source_tensor(i.lstrip("^")) if not i.startswith("^")
-                               else "^" + producer(i), []).append(n)
+            readers.setdefault("^" + producer(i) if is_control(i) else canonical(i),
+                               []).append(n)
     found = []
     for bn in graph_def.node:
         if bn.op not in _FUSED_BN or not bn.attr["is_training"].b or \
@@ -74,9 +74,9 @@ def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
                 back[0].op != "Reshape" or not _filled(by_name, bn.input[1], 1.0) or \
                 not _filled(by_name, bn.input[2], 0.0):
             continue
-        x = _source_tensor(fold.input[0])
+        x = canonical(fold.input[0])
         shape_of = by_name.get(producer(back[0].input[1]))
-        if shape_of is None or shape_of.op != "Shape" or _source_tensor(shape_of.input[0]) != x:
+        if shape_of is None or shape_of.op != "Shape" or canonical(shape_of.input[0]) != x:
             continue
         found.append((bn.name, back[0].name, x))
     prepared = _copy_with_shapes(graph_def, input_shapes) if found else None
@@ -86,7 +86,7 @@ def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
     changed = False
     for bn_name, back_name, x in found:
         bn = nodes[bn_name]
-        x_info, folded = infos.get(x), infos.get(_source_tensor(bn.input[0]))
+        x_info, folded = infos.get(x), infos.get(canonical(bn.input[0]))
         if x_info is None or folded is None or not x_info.fully_known or \
                 not folded.fully_known or len(folded.shape) != 4:
             continue
@@ -161,10 +161,6 @@ def _copy_with_shapes(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, 
     return out, {n.name: n for n in out.node}, infos
 
 
-def _source_tensor(ref: str) -> str:
-    return ref if ":" in ref else f"{ref}:0"
-
-
 def _const(graph_def: graph_pb2.GraphDef, name: str, value: np.ndarray) -> str:
     node = graph_def.node.add(name=name, op="Const")
     node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
@@ -194,7 +190,7 @@ def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
         return graph_def
     out, nodes, infos = prepared
     for name, ids in found:
-        data_info = infos.get(_source_tensor(nodes[name].input[0]))
+        data_info = infos.get(canonical(nodes[name].input[0]))
         if data_info is None or data_info.shape is None or not data_info.shape:
             continue
         node = nodes[name]
@@ -202,7 +198,7 @@ def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
         dtype = node.attr["T"].type
         count = _const(out, f"{name}/num_segments", np.int64(segments))
         data, ids_ref = node.input[0], node.input[1]
-        controls = [i for i in node.input if i.startswith("^")]
+        controls = control_refs(node)
         mean = node.op == "SegmentMean"
         summed = node if not mean else out.node.add(name=f"{name}/sum")
         summed.op = "UnsortedSegmentSum"

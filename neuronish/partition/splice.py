@@ -27,7 +27,14 @@ from typing import NamedTuple
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from neuronish.partition.encapsulate import Subgraph
-from neuronish.partition.graph import GraphIndex, PartitionError, canonical, parse_input, producer
+from neuronish.partition.graph import (
+    GraphIndex,
+    PartitionError,
+    canonical,
+    data_refs,
+    parse_input,
+    producer,
+)
 
 
 class Spliced(NamedTuple):
@@ -131,7 +138,7 @@ def splice(
 
 
 def _check_replacement(subgraph: Subgraph, op: node_def_pb2.NodeDef, index: GraphIndex) -> None:
-    data = [canonical(r) for r in op.input if not r.startswith("^")]
+    data = [canonical(r) for r in data_refs(op)]
     if data != list(subgraph.inputs):
         raise PartitionError(f"the node replacing {subgraph.name} ({op.name!r}) reads {data}; "
                              f"set its inputs to Subgraph.inputs {list(subgraph.inputs)}")

@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tensorflow.python.framework import op_def_registry
-
-from neuronish.partition.graph import GraphIndex, producer
+from neuronish.partition.graph import GraphIndex, is_stateful, producer
 
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
@@ -36,14 +34,9 @@ def static_values(index: GraphIndex) -> StaticValues:
             constant.add(name)
         elif op in SHAPE_OPS:
             shape.add(name)
-        elif sources and not _stateful(op) and all(s in constant or s in shape for s in sources):
+        elif sources and not is_stateful(op) and all(s in constant or s in shape for s in sources):
             (shape if any(s in shape for s in sources) else constant).add(name)
     return StaticValues(frozenset(constant), frozenset(shape))
-
-
-def _stateful(op: str) -> bool:
-    op_def = op_def_registry.get(op)
-    return op_def is None or op_def.is_stateful
 
 
 def device_static_nodes(

@@ -14,6 +14,14 @@ from .registry import kernel
 def matmul(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
            scratch: np.ndarray | None) -> None:
     a, b, y = ins[0], ins[1], outs[0]
+    # perm_a/perm_b/perm_y: the operands and the result through numpy transposes (views:
+    # y is written through the inverse permutation of the array it is stored in).
+    if attrs.get("perm_a"):
+        a = np.transpose(a, attrs["perm_a"])
+    if attrs.get("perm_b"):
+        b = np.transpose(b, attrs["perm_b"])
+    if attrs.get("perm_y"):
+        y = np.transpose(y, np.argsort(attrs["perm_y"]))
     # Transposed views cost nothing: numpy hands BLAS the transpose flag.
     if attrs.get("transpose_a"):
         a = np.swapaxes(a, -1, -2)

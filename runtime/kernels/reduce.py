@@ -52,6 +52,7 @@ def reduce(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
 
 
 @kernel("softmax")
+@bf16_via_float32
 def softmax(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
             scratch: np.ndarray | None) -> None:
     x, y = ins[0], outs[0]

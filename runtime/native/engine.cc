@@ -53,6 +53,8 @@ enum Op : int64_t {
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
   OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
+  // A reshape whose output the memory plan put on its input's bytes: nothing to do.
+  OP_ALIAS = 60,
 };
 // OP_MAP functions (float32 unless said).
 enum MapFn : int64_t {
@@ -797,6 +799,11 @@ struct Program {
       case OP_LOG_SOFTMAX_AXIS: add_log_softmax_axis(rd, ins); break;
       case OP_CONV3D: add_conv3d(rd, ins); break;
       case OP_POOL3D: add_pool3d(rd, ins); break;
+      case OP_ALIAS: {
+        Step s;
+        push_loop(ins, s, "neuronish:alias", [](const Step&, int) {});
+        break;
+      }
       case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
       case OP_G_UNARY: case OP_G_BINARY: case OP_G_REDUCE: case OP_G_CAST: case OP_G_POOL:
       case OP_G_SOFTMAX: case OP_G_LAYER_NORM: case OP_G_CONCAT: case OP_G_MATMUL:
@@ -863,6 +870,20 @@ struct Program {
     push<dnnl::convolution_forward>(ins, s, pd);
   }
 
+  // A tensor's element strides, as many as its dims, each within the buffer the caller
+  // placed it in: a matmul operand or result read through a permutation (no copy).
+  memory::dims read_steps(Reader& rd, const Ref& t) {
+    memory::dims steps = rd.ints((int64_t)t.dims.size());
+    int64_t count = 1, reach = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      if (steps[k] < 0) throw Error("negative stride");
+      count *= t.dims[k];
+      if (t.dims[k] > 0) reach += (t.dims[k] - 1) * steps[k];
+    }
+    if (count > 0 && reach >= count) throw Error("strides reach outside the tensor");
+    return steps;
+  }
+
   // a [..., M, K], b [..., K, N] (either possibly transposed, leading dims broadcast and
   // already padded to y's rank by the caller) [, bias [N]] [, residual (y's dims)],
   // y [..., M, N]. The residual is a binary-add post-op: added after the bias, before the
@@ -870,29 +891,33 @@ struct Program {
   void add_matmul(Reader& rd, Instr& ins) {
     int64_t has_bias = rd.next(), ta = rd.next(), tb = rd.next(), compute = rd.next();
     int64_t b_const = rd.next(), has_res = rd.next();
-    Ref A = rd.ref(), B = rd.ref(), bias, res;
+    Ref A = rd.ref();
+    memory::dims a_steps = read_steps(rd, A);
+    Ref B = rd.ref();
+    memory::dims b_steps = read_steps(rd, B), y_steps;
+    Ref bias, res;
     if (has_bias) bias = rd.ref();
     if (has_res) res = rd.ref();
     Ref y = rd.ref();
+    y_steps = read_steps(rd, y);
     if (has_res && res.dims != y.dims) throw Error("matmul: the residual must have y's dims");
     Epilogue act = read_epilogue(rd);
     size_t r = y.dims.size();
     if (A.dims.size() != r || B.dims.size() != r) throw Error("matmul ranks differ");
-    auto logical = [&](const Ref& t, bool trans) {
-      memory::dims dims = t.dims, strides(r);
-      int64_t s = 1;
-      for (size_t k = r; k-- > 0;) {
-        strides[k] = s;
-        s *= t.dims[k];
-      }
+    // Each operand as the product reads it: its dims with the strides the caller gave (a
+    // transposed view of where it is stored: attention's heads read in place), then the
+    // transpose flag swapping the last two.
+    auto logical = [&](const Ref& t, const memory::dims& steps, bool trans) {
+      memory::dims dims = t.dims, strides = steps;
       if (trans) {
         std::swap(dims[r - 1], dims[r - 2]);
         std::swap(strides[r - 1], strides[r - 2]);
       }
       return std::make_pair(dims, strides);
     };
-    auto [ad, as] = logical(A, ta);
-    auto [bd, bs] = logical(B, tb);
+    auto [ad, as] = logical(A, a_steps, ta);
+    auto [bd, bs] = logical(B, b_steps, tb);
+    memory::desc y_md(y.dims, y.type, y_steps);
     memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
     dt cdt = to_dt(compute);
     memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
@@ -910,7 +935,7 @@ struct Program {
     if (has_res) po.append_binary(algorithm::binary_add, plain(res));
     append_eltwise(po, act);
     a.set_post_ops(po);
-    auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, plain(y), a);
+    auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, y_md, a);
     Step s;
     if (a_use.get_data_type() != A.type) {
       // Convert a (possibly a transposed view) into a dense temporary of the compute type.
@@ -933,7 +958,7 @@ struct Program {
     }
     if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);
     if (has_res) arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, plain(res));
-    arg(s, DNNL_ARG_DST, y, plain(y));
+    arg(s, DNNL_ARG_DST, y, y_md);
     push<dnnl::matmul>(ins, s, pd);
   }
 
@@ -1317,7 +1342,14 @@ struct Program {
           const T* a = reinterpret_cast<const T*>(ar);
           const T* bb = reinterpret_cast<const T*>(br);
           T* o = reinterpret_cast<T*>(yr);
-          for (int64_t j = 0; j < n; ++j) o[j] = cr[j * sc] ? a[j * sa] : bb[j * sb];
+          if (sc == 1 && sa == 1 && sb == 0) {  // attention's mask: a row against a constant
+            const T other = bb[0];
+            for (int64_t j = 0; j < n; ++j) o[j] = cr[j] ? a[j] : other;
+          } else if (sc == 1 && sa == 1 && sb == 1) {
+            for (int64_t j = 0; j < n; ++j) o[j] = cr[j] ? a[j] : bb[j];
+          } else {
+            for (int64_t j = 0; j < n; ++j) o[j] = cr[j * sc] ? a[j * sa] : bb[j * sb];
+          }
         };
         if (size == 8) pick(uint64_t());
         else if (size == 4) pick(uint32_t());

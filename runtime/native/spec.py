@@ -27,6 +27,7 @@ OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 
 OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
 OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
+OP_ALIAS = 60  # a reshape onto its input's own bytes (cc/memory.py): no work
 
 # int64, float64 and int16 have no oneDNN 3.2 type: only engine.cc's own loops take them.
 DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "int32": 3, "int8": 4, "float16": 5,
@@ -229,21 +230,27 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
         return _generic_matmul(attrs, ins, y)
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 3
-    shape_a, shape_b, shape_y = _padded(a.shape, rank), _padded(b.shape, rank), list(y.shape)
+    # Each operand and the result as the product sees it (perm_a/perm_b/perm_y applied),
+    # with the element strides that read it where it is stored: no transpose copies.
+    (shape_a, step_a), (shape_b, step_b) = (_view(r, attrs.get(p) or [], rank)
+                                            for r, p in ((a, "perm_a"), (b, "perm_b")))
+    perm_y = attrs.get("perm_y") or []
+    shape_y, step_y = _view(y, [int(i) for i in _inverse(perm_y)], rank)
     if rank > 2 and all(d == 1 for d in shape_b[:-2]) and not attrs.get("transpose_a") \
-            and shape_a[:-2] == shape_y[:-2]:
+            and not perm_y and not attrs.get("perm_a") and shape_a[:-2] == shape_y[:-2]:
         # One weight matrix for every leading index ([B, S, K] @ [K, N]): one [B·S, K]
         # product, which oneDNN blocks far better than B small ones.
         rows = math.prod(shape_a[:-1])
         shape_a, shape_b, shape_y = [rows, shape_a[-1]], shape_b[-2:], [rows, shape_y[-1]]
+        step_a, step_b, step_y = step_a[-2:], step_b[-2:], step_y[-2:]
     ints = [OP_MATMUL, int(has_bias), int(bool(attrs.get("transpose_a"))),
             int(bool(attrs.get("transpose_b"))), DTYPES[compute], int(const[1]), int(residual)]
-    ints += a.encode(shape_a) + b.encode(shape_b)
+    ints += a.encode(shape_a) + step_a + b.encode(shape_b) + step_b
     if has_bias:
         ints += ins[2].encode()
     if residual:
         ints += ins[-1].encode(shape_y)
-    ints += y.encode(shape_y)
+    ints += y.encode(shape_y) + step_y
     floats: list[float] = []
     _epilogue(act, ints, floats)
     return ints, floats
@@ -260,6 +267,8 @@ def _act_code(attrs: dict) -> int | None:
 
 
 def _generic_matmul(attrs: dict, ins: list[Ref], y: Ref) -> tuple[list[int], list[float]] | None:
+    if attrs.get("perm_a") or attrs.get("perm_b") or attrs.get("perm_y"):
+        return None  # the loop reads dense operands only; numpy reads through the perms
     a, b = ins[0], ins[1]
     act = _act_code(attrs)
     if act is None:
@@ -318,6 +327,24 @@ def _generic_pool(attrs: dict, x: Ref, y: Ref, dims: int = 2
     return [OP_G_POOL, int(attrs["mode"] == "max"), n, *lift, *spatial, c, *lift,
             *y.shape[1:-1], *lift, *attrs["ksize"], *lift, *attrs["strides"], *pads[0::2],
             *x.encode([elements(x.shape)]), *y.encode([elements(y.shape)])], []
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _view(r: Ref, perm: Sequence[int], rank: int) -> tuple[list[int], list[int]]:
+    """`r` read as transpose(r, perm) ([]: as it is), padded with leading 1s to `rank`:
+    its dims and element strides."""
+    dense = _dense_strides(r.shape)
+    perm = list(perm) or list(range(len(r.shape)))
+    dims = [r.shape[p] for p in perm]
+    steps = [dense[p] for p in perm]
+    pad = rank - len(dims)
+    return [1] * pad + dims, [elements(r.shape)] * pad + steps
 
 
 def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
@@ -386,6 +413,9 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
              const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
+    if x.dtype == "bfloat16" and outs[0].dtype == x.dtype and not attrs.get("log") \
+            and x.shape and len(x.shape) <= 6:  # (oneDNN computes in f32, rounds once)
+        return [OP_SOFTMAX, attrs["axis"], 0, *x.encode(), *outs[0].encode()], []
     if x.dtype != "float32" or not x.shape or len(x.shape) > 6:
         if not x.shape:
             return None
@@ -491,6 +521,8 @@ def _flat_copy(attrs: dict, ins: list[Ref], outs: list[Ref],
     x, y = ins[0], outs[0]
     if x.dtype != y.dtype:
         return None
+    if (x.slot, x.offset) == (y.slot, y.offset):
+        return [OP_ALIAS], []  # the memory plan made y x's bytes: nothing to copy
     size = elements(x.shape)
     if x.dtype not in _MOVABLE:
         return _strided(x, y, 0, [size], [1])

@@ -1,0 +1,205 @@
+// The C entry points (runtime/include/neuronish_runtime.h): loading, queries, unloading.
+// No global mutable state: every error goes to the caller's buffer, every executable
+// is immutable once loaded, so concurrent calls on distinct or shared handles are safe.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "executable.h"
+#include "isa_table.h"
+
+struct nr_executable {
+  nr::Executable exe;
+};
+
+namespace {
+
+constexpr size_t kMaxFileBytes = size_t(1) << 40;  // runtime/executable.py's MAX_FILE_BYTES
+
+nr_status report(nr_status status, const std::string &message, char *error, size_t error_size) {
+  if (error && error_size) {
+    size_t n = std::min(message.size(), error_size - 1);
+    std::memcpy(error, message.data(), n);
+    error[n] = '\0';
+  }
+  return status;
+}
+
+// The C views the queries return, built once so queries never allocate.
+void build_views(nr::Executable &exe) {
+  size_t dims = 0;
+  for (auto *sigs : {&exe.inputs, &exe.outputs})
+    for (auto &s : *sigs) dims += s.type.shape.size();
+  exe.shape_storage.reserve(dims);  // never reallocated below: the pointers stay valid
+  for (auto [sigs, infos] : {std::pair{&exe.inputs, &exe.input_info},
+                             std::pair{&exe.outputs, &exe.output_info}}) {
+    for (auto &s : *sigs) {
+      nr_tensor_info info;
+      info.name = s.name.c_str();
+      info.dtype = nr_dtype(s.type.dtype);
+      info.dtype_name = nr::isa::kDTypes[s.type.dtype].name;
+      info.rank = s.type.shape.size();
+      info.shape = exe.shape_storage.data() + exe.shape_storage.size();
+      exe.shape_storage.insert(exe.shape_storage.end(), s.type.shape.begin(), s.type.shape.end());
+      info.batch_axis = s.batch_axis;
+      infos->push_back(info);
+    }
+  }
+}
+
+template <typename F>
+nr_status guarded(char *error, size_t error_size, F &&body) {
+  try {
+    body();
+    return NR_OK;
+  } catch (const nr::Refused &r) {
+    return report(r.status, r.message, error, error_size);
+  } catch (const std::bad_alloc &) {
+    return report(NR_OUT_OF_MEMORY, "out of host memory while reading the executable", error, error_size);
+  } catch (const std::exception &e) {
+    return report(NR_INTERNAL, std::string("internal error: ") + e.what(), error, error_size);
+  }
+}
+
+nr_status load(const uint8_t *data, size_t size, nr_executable **out, char *error, size_t error_size) {
+  nr_executable *handle = nullptr;
+  nr_status status = guarded(error, error_size, [&] {
+    auto h = std::make_unique<nr_executable>();
+    nr::parse_executable(data, size, h->exe);
+    build_views(h->exe);
+    handle = h.release();
+  });
+  *out = handle;
+  return status;
+}
+
+std::string errno_text(int e) { return std::strerror(e); }  // thread-safe in glibc for known errnos
+
+}  // namespace
+
+extern "C" {
+
+uint32_t nr_api_version(void) { return NR_API_VERSION; }
+uint32_t nr_format_version(void) { return 1; }
+
+const char *nr_dtype_name(nr_dtype dtype) {
+  int n = sizeof(nr::isa::kDTypes) / sizeof(nr::isa::kDTypes[0]);
+  return int(dtype) >= 0 && int(dtype) < n ? nr::isa::kDTypes[dtype].name : nullptr;
+}
+
+const char *nr_status_name(nr_status status) {
+  switch (status) {
+    case NR_OK: return "ok";
+    case NR_INVALID_ARGUMENT: return "invalid argument";
+    case NR_IO_ERROR: return "I/O error";
+    case NR_INVALID_EXECUTABLE: return "invalid executable";
+    case NR_UNSUPPORTED: return "unsupported";
+    case NR_OUT_OF_MEMORY: return "out of memory";
+    case NR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+nr_status nr_executable_load_bytes(const void *data, size_t size, nr_executable **out,
+                                   char *error, size_t error_size) {
+  if (!out) return report(NR_INVALID_ARGUMENT, "out is NULL", error, error_size);
+  *out = nullptr;
+  if (!data && size) return report(NR_INVALID_ARGUMENT, "data is NULL", error, error_size);
+  static const uint8_t empty = 0;
+  return load(data ? static_cast<const uint8_t *>(data) : &empty, size, out, error, error_size);
+}
+
+nr_status nr_executable_load_file(const char *path, nr_executable **out, char *error, size_t error_size) {
+  if (!out) return report(NR_INVALID_ARGUMENT, "out is NULL", error, error_size);
+  *out = nullptr;
+  if (!path) return report(NR_INVALID_ARGUMENT, "path is NULL", error, error_size);
+  std::string where = std::string("executable ") + path;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // O_NONBLOCK: a FIFO cannot hang us
+  if (fd < 0) return report(NR_IO_ERROR, "cannot open " + where + ": " + errno_text(errno), error, error_size);
+  struct Closer { int fd; ~Closer() { close(fd); } } closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0) return report(NR_IO_ERROR, "cannot stat " + where + ": " + errno_text(errno), error, error_size);
+  if (!S_ISREG(st.st_mode)) return report(NR_IO_ERROR, where + " is not a regular file", error, error_size);
+  size_t size = size_t(st.st_size);
+  if (size > kMaxFileBytes) return report(NR_IO_ERROR, where + " is larger than 1 TiB", error, error_size);
+  // The header first: a file whose size disagrees with it is refused before the body is read.
+  uint8_t head[nr::kHeaderSize];
+  ssize_t got = pread(fd, head, sizeof head, 0);
+  if (got < 0) return report(NR_IO_ERROR, "cannot read " + where + ": " + errno_text(errno), error, error_size);
+  nr_status status = guarded(error, error_size, [&] {
+    uint32_t version;
+    uint64_t length = nr::check_header(head, size_t(got), version);
+    if (length != size - nr::kHeaderSize)
+      throw nr::Refused{NR_INVALID_EXECUTABLE, where + " is truncated or padded: the header says the body has " +
+                        std::to_string(length) + " bytes, the file has " + std::to_string(size - nr::kHeaderSize) +
+                        " (field 'header.length')"};
+  });
+  if (status != NR_OK) return status;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes.resize(size);
+  } catch (const std::bad_alloc &) {
+    return report(NR_OUT_OF_MEMORY, "out of host memory reading " + where, error, error_size);
+  }
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = pread(fd, bytes.data() + done, size - done, off_t(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return report(NR_IO_ERROR, "cannot read " + where + ": " + errno_text(errno), error, error_size);
+    if (n == 0) return report(NR_IO_ERROR, where + " shrank while it was read", error, error_size);
+    done += size_t(n);
+  }
+  return load(bytes.data(), bytes.size(), out, error, error_size);
+}
+
+void nr_executable_unload(nr_executable *exe) { delete exe; }
+
+size_t nr_executable_num_tensors(const nr_executable *exe, nr_io which) {
+  if (!exe) return 0;
+  return which == NR_INPUT ? exe->exe.inputs.size() : which == NR_OUTPUT ? exe->exe.outputs.size() : 0;
+}
+
+nr_status nr_executable_tensor(const nr_executable *exe, nr_io which, size_t index, nr_tensor_info *info) {
+  if (!exe || !info || (which != NR_INPUT && which != NR_OUTPUT)) return NR_INVALID_ARGUMENT;
+  auto &infos = which == NR_INPUT ? exe->exe.input_info : exe->exe.output_info;
+  if (index >= infos.size()) return NR_INVALID_ARGUMENT;
+  *info = infos[index];
+  return NR_OK;
+}
+
+uint32_t nr_executable_version(const nr_executable *exe) { return exe ? exe->exe.version : 0; }
+size_t nr_executable_num_cores(const nr_executable *exe) { return exe ? exe->exe.programs.size() : 0; }
+
+size_t nr_executable_num_instructions(const nr_executable *exe, size_t core) {
+  return exe && core < exe->exe.programs.size() ? exe->exe.programs[core].size() : 0;
+}
+
+const char *nr_executable_instruction_kind(const nr_executable *exe, size_t core, size_t index) {
+  if (!exe || core >= exe->exe.programs.size() || index >= exe->exe.programs[core].size()) return nullptr;
+  return exe->exe.programs[core][index].kind.c_str();
+}
+
+uint64_t nr_executable_arena_bytes(const nr_executable *exe) { return exe ? exe->exe.arena_bytes : 0; }
+size_t nr_executable_num_constants(const nr_executable *exe) { return exe ? exe->exe.constants.size() : 0; }
+
+uint64_t nr_executable_constant_bytes(const nr_executable *exe) {
+  uint64_t n = 0;
+  if (exe) for (auto &[vid, c] : exe->exe.constants) n += c.data_bytes;
+  return n;
+}
+
+const char *nr_executable_compiler_name(const nr_executable *exe) {
+  return exe ? exe->exe.compiler_name.c_str() : "";
+}
+const char *nr_executable_compiler_version(const nr_executable *exe) {
+  return exe ? exe->exe.compiler_version.c_str() : "";
+}
+
+}  // extern "C"

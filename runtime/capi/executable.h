@@ -1,0 +1,65 @@
+// The executable as the C runtime holds it once read and validated (executable.cc).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../include/neuronish_runtime.h"
+
+namespace nr {
+
+struct TensorType {
+  std::vector<int64_t> shape;
+  int dtype = 0;  // index into isa::kDTypes == nr_dtype
+};
+
+struct Signature {
+  std::string name;
+  uint64_t value = 0;
+  TensorType type;
+  int64_t batch_axis = -1;
+};
+
+struct Instruction {
+  std::string kind;
+  std::vector<uint64_t> inputs, outputs;
+  bool has_scratch = false;
+  uint64_t scratch_offset = 0, scratch_bytes = 0;
+  std::vector<std::string> source;  // TF node names
+};
+
+struct Constant {
+  TensorType type;
+  size_t data_offset = 0;  // into Executable::body
+  size_t data_bytes = 0;
+};
+
+struct Executable {
+  std::vector<uint8_t> body;  // owns the bytes constants point into
+  uint32_t version = 0;
+  std::string compiler_name, compiler_version;
+  std::vector<Signature> inputs, outputs;
+  std::map<uint64_t, TensorType> values;
+  std::map<uint64_t, Constant> constants;
+  uint64_t arena_bytes = 0;
+  std::map<uint64_t, uint64_t> offsets;
+  std::vector<std::vector<Instruction>> programs;
+  // What the queries hand out: C views, built once at load.
+  std::vector<int64_t> shape_storage;
+  std::vector<nr_tensor_info> input_info, output_info;
+};
+
+// An error the C API returns: its status and message.
+struct Refused {
+  nr_status status;
+  std::string message;
+};
+
+// Read and validate an executable (header and body); throws Refused.
+void parse_executable(const uint8_t *data, size_t size, Executable &exe);
+// The header's checks on its first bytes; returns the body length it declares.
+uint64_t check_header(const uint8_t *data, size_t size, uint32_t &version);
+constexpr size_t kHeaderSize = 56;
+
+}  // namespace nr
