@@ -85,6 +85,6 @@ def absorb_operand_transposes(graph: Graph) -> Graph:
         m.outputs[0].type = t.outputs[0].type
         m.origin = m.origin + tuple(o for o in t.origin if o not in m.origin)
         graph.replace_uses(t.outputs[0], m.outputs[0])
-        graph.nodes.remove(t)
+        graph.remove(t)
         uses = graph.consumers()
     return graph
