@@ -45,7 +45,9 @@ sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module_
                  and "editable" not in getattr(f, "__name__", "").lower()]
 sys.path.insert(0, str(tree))
 import neuronish
-shim = Path(tempfile.mkdtemp())
+shim = Path(tempfile.mkdtemp(prefix="compare-compilers-shim-"))
+import atexit, shutil
+atexit.register(shutil.rmtree, shim, True)
 for name in ("cc", "runtime"):
     os.symlink(tree / name, shim / name)
 neuronish.__path__.append(str(shim))
@@ -53,7 +55,8 @@ from neuronish.cc.compiler import compile_executable
 from neuronish.runtime.executable import to_bytes
 import neuronish.cc, neuronish.runtime
 jobs, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
-print(neuronish.__file__, neuronish.cc.__file__, neuronish.runtime.__file__, flush=True)
+print(*(Path(m.__file__).resolve() for m in (neuronish, neuronish.cc, neuronish.runtime)),
+      flush=True)
 for job in jobs:
     exe = compile_executable(Path(job["graph"]).read_bytes(),
                              json.loads(Path(job["io"]).read_text()), **job["options"])
