@@ -1,5 +1,5 @@
 """Values computed from constants alone are computed once when compiling
-(neuronish/partition/fold.py): a table built at serving time from ops the compiler does not
+(neuronish/rewrites/fold.py): a table built at serving time from ops the compiler does not
 take no longer splits the model, and the folded values are TensorFlow's own. Weights read
 through Identity, graph inputs with defaults and large results are left as they are."""
 
@@ -13,8 +13,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 import neuronish.saved_model
-from neuronish.partition import fold
-from neuronish.partition.fold import fold_constants
+from neuronish.rewrites import fold
+from neuronish.rewrites.fold import fold_constants
 from tests.test_unroll import _frozen, _run
 
 

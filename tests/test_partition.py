@@ -24,7 +24,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from neuronish import partition as P
-from neuronish.partition.graph import (
+from neuronish.graph import (
     GraphIndex,
     is_stateful,
     needed_nodes,
@@ -565,8 +565,8 @@ def test_one_answer_to_is_stateful_for_freezing_and_partitioning() -> None:
     assert not is_stateful("Relu") and not is_stateful("MatMul")
     assert freeze_module.is_stateful is is_stateful and mark_module.is_stateful is is_stateful
     # constant folding and the static-value analysis ask the same question
-    fold_module = importlib.import_module("neuronish.partition.fold")
-    values_module = importlib.import_module("neuronish.partition.values")
+    fold_module = importlib.import_module("neuronish.rewrites.fold")
+    values_module = importlib.import_module("neuronish.shape_inference.values")
     assert fold_module.is_stateful is is_stateful and values_module.is_stateful is is_stateful
 
 
@@ -873,7 +873,7 @@ def test_recovery_rounds_on_one_index_infer_shapes_once(monkeypatch: pytest.Monk
     # Each inference imports the whole graph into TensorFlow; a recovery round changes the
     # excluded nodes only, so partitioning again on the same index reuses the shapes and
     # batch axes, and decides exactly what a fresh partition would.
-    from neuronish.partition import shapes as shapes_module
+    from neuronish.shape_inference import shapes as shapes_module
 
     calls: list[int] = []
     real_infer = shapes_module.infer
@@ -1026,7 +1026,7 @@ def test_input_strings_are_read_and_renamed_one_way() -> None:
     told not to; deletion keeps the order of the rest."""
     from tensorflow.core.framework import graph_pb2
 
-    from neuronish.partition.graph import (
+    from neuronish.graph import (
         control_refs,
         data_refs,
         keep_only,

@@ -1,4 +1,4 @@
-"""Rewrites before partitioning (neuronish/partition/rewrite.py, complex_pairs.py):
+"""Rewrites before partitioning (neuronish/rewrites/rewrite.py, complex_pairs.py):
 complex values between real tensors (Fourier mixing, spectrograms, MFCCs) become pairs of
 real tensors with TensorFlow's numbers, and such models compile whole; a region whose
 complex value leaves it some other way is left alone. Sorted segments over constant ids
@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import neuronish.saved_model
-from neuronish.partition.complex_pairs import complex_as_pairs
-from neuronish.partition.rewrite import sorted_segments_as_unsorted
+from neuronish.rewrites.complex_pairs import complex_as_pairs
+from neuronish.rewrites.rewrite import sorted_segments_as_unsorted
 from tests.test_unroll import _frozen, _run
 
 

@@ -1,5 +1,5 @@
 """Loops of a trip count fixed by shapes are unrolled before partitioning
-(neuronish/partition/unroll.py); any other loop stays as it is, and on TensorFlow the
+(neuronish/rewrites/unroll.py); any other loop stays as it is, and on TensorFlow the
 report says why. Each graph is frozen the way `compile` freezes it (a saved tf.Module)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import tensorflow as tf
 
 import neuronish.saved_model
 from neuronish.freeze import freeze_signature
-from neuronish.partition import unroll
-from neuronish.partition.unroll import unroll_loops
+from neuronish.rewrites import unroll
+from neuronish.rewrites.unroll import unroll_loops
 
 
 def _frozen(tmp_path: Path, fn: object, shape: list[int | None]) -> object:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from neuronish.partition.stand_ins import concat, const, replace_with_fill, vector
+from neuronish.shape_inference.stand_ins import concat, const, replace_with_fill, vector
 
 SPLIT_OPS = frozenset({"StringSplitV2"})
 

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from neuronish.partition.graph import (
+from neuronish.graph import (
     canonical,
     control_refs,
     data_refs,
@@ -38,7 +38,7 @@ from neuronish.partition.graph import (
     is_control,
     producer,
 )
-from neuronish.partition.shapes import PartitionError, TensorInfo, infer
+from neuronish.shape_inference.shapes import PartitionError, TensorInfo, infer
 
 _PART_DTYPE = {tf.complex64.as_datatype_enum: tf.float32.as_datatype_enum,
                tf.complex128.as_datatype_enum: tf.float64.as_datatype_enum}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neuronish.partition.graph import GraphIndex, is_stateful, producer
+from neuronish.graph import GraphIndex, is_stateful, producer
 
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 

@@ -19,8 +19,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.partition import lists, loops, strings, tables
-from neuronish.partition.graph import PartitionError
+from neuronish.graph import PartitionError
+from neuronish.shape_inference import lists, loops, strings, tables
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from neuronish import contracts
-from neuronish.partition.graph import (
+from neuronish.graph import (
     GraphIndex,
     PartitionError,
     canonical,

@@ -20,7 +20,7 @@ import tensorflow as tf
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
-from neuronish.partition.graph import canonical, data_refs, is_control
+from neuronish.graph import canonical, data_refs, is_control
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
 COND_OPS = frozenset({"If", "StatelessIf"})

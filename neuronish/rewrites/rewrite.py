@@ -29,11 +29,11 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from neuronish.partition.complex_pairs import complex_as_pairs
-from neuronish.partition.fold import fold_constants
-from neuronish.partition.graph import canonical, control_refs, drop_dead, is_control, producer
-from neuronish.partition.shapes import PartitionError, TensorInfo, infer
-from neuronish.partition.unroll import unroll_loops
+from neuronish.graph import canonical, control_refs, drop_dead, is_control, producer
+from neuronish.rewrites.complex_pairs import complex_as_pairs
+from neuronish.rewrites.fold import fold_constants
+from neuronish.rewrites.unroll import unroll_loops
+from neuronish.shape_inference.shapes import PartitionError, TensorInfo, infer
 
 
 def rewrite_for_device(graph_def: graph_pb2.GraphDef,

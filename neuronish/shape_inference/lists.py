@@ -22,9 +22,9 @@ import tensorflow as tf
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
-from neuronish.partition.graph import data_refs, parse_input, producer
-from neuronish.partition.loops import LOOP_OPS
-from neuronish.partition.stand_ins import const, replace_with_fill
+from neuronish.graph import data_refs, parse_input, producer
+from neuronish.shape_inference.loops import LOOP_OPS
+from neuronish.shape_inference.stand_ins import const, replace_with_fill
 
 Shape = tuple[int | None, ...] | None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.partition.stand_ins import concat, replace_with_fill
+from neuronish.shape_inference.stand_ins import concat, replace_with_fill
 
 LOOKUP_OPS = frozenset({"LookupTableFindV2"})
 

@@ -1,4 +1,4 @@
-"""A read-only view of a GraphDef shared by the partitioner's stages.
+"""A read-only view of a GraphDef shared by the rewrites, shape inference and partitioner.
 
 GraphDef input strings come in three spellings: "node" (output 0),
 "node:2" (output 2) and "^node" (a control edge).  Every stage works on

@@ -23,7 +23,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
-from neuronish.partition.graph import (
+from neuronish.graph import (
     GraphIndex,
     PartitionError,
     canonical,
@@ -34,8 +34,8 @@ from neuronish.partition.graph import (
     parse_input,
     producer,
 )
-from neuronish.partition.shapes import batched_inputs, infer
-from neuronish.partition.values import static_values
+from neuronish.shape_inference.shapes import batched_inputs, infer
+from neuronish.shape_inference.values import static_values
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
 MAX_STEPS = 512
