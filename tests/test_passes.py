@@ -183,7 +183,7 @@ def test_constant_subgraphs_are_folded() -> None:
 
 def test_verifier_names_the_broken_node() -> None:
     graph = _lowered(conv_bn_relu())
-    graph.nodes.reverse()
+    graph.nodes = graph.nodes[::-1]
     with pytest.raises(VerificationError, match="before it is defined"):
         verify(graph)
     graph = _lowered(dense_relu())
