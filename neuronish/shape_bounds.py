@@ -12,7 +12,7 @@ Per symbol (dimensions that must agree share one), in this order:
 - else `DEFAULT_HIGH`. The low bound is 1, or the smallest size TensorFlow's shape
   inference accepts (a network of valid convolutions needs a few pixels).
 
-Both come from TensorFlow's own shape inference (`partition.shapes.infer`) at probe
+Both come from TensorFlow's own shape inference (`shape_inference.shapes.infer`) at probe
 values, never from running the model. The probe (`DEFAULT_PROBE` clamped into the
 bounds) is the size the graph is partitioned and first compiled at.
 """
@@ -25,9 +25,9 @@ from dataclasses import replace
 from tensorflow.core.framework import graph_pb2
 
 from .errors import SavedModelError
+from .graph import PartitionError
 from .input_shapes import ShapePlan
-from .partition.graph import PartitionError
-from .partition.shapes import TensorInfo, infer
+from .shape_inference.shapes import TensorInfo, infer
 
 DEFAULT_HIGH = 1024   # a free dimension nothing in the model bounds
 DEFAULT_PROBE = 64    # the size partitioned at, clamped into the bounds
