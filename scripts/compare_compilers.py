@@ -7,8 +7,8 @@ For a refactoring of the compiler that must not change its output (issue 21: use
 lists and the rewrite driver). The base tree is `git archive REV` (default: the
 merge base of HEAD and main) unpacked in a temporary directory. The sample:
 
-- small graphs traced with TensorFlow from tests/graphs.py, tests/test_passes.py and
-  tests/test_idioms.py (fusions, layer norms, GELUs, attention scores);
+- small graphs traced with TensorFlow from tests/graphs.py, tests/cc/test_passes.py and
+  tests/cc/test_idioms.py (fusions, layer norms, GELUs, attention scores);
 - the frozen models already in the model cache (`models/cache.py`: ResNet50,
   MobileNetV2, EfficientNetB0, bert_encoder, ... whichever `*-frozen-b*` entries
   exist; none is built here);
@@ -67,7 +67,8 @@ for job in jobs:
 
 def _traced_cases(tmp: Path, quick: bool) -> list[tuple[str, Path, Path]]:
     sys.path.insert(0, str(ROOT))
-    from tests import graphs, test_idioms, test_passes
+    from tests import graphs
+    from tests.cc import test_idioms, test_passes
 
     builders = dict(test_passes.GRAPHS)
     builders.update({"dense_residual": test_passes._dense_residual,
