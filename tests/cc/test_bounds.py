@@ -41,6 +41,9 @@ def _reference_plan(buffers: list[Buffer]) -> dict[tuple[str, int], int]:
 
 
 class _Positions:
+    """A graph as the planner reads it once `lifetimes` and `aliases` are given: only
+    its positions."""
+
     def __init__(self, n: int):
         self.nodes = [None] * n
 
@@ -55,7 +58,8 @@ def test_memory_plan_is_the_greedy_rule(monkeypatch) -> None:
             first = rng.randrange(n)
             last = min(n - 1, first + rng.choice([0, 1, 2, 7, rng.randrange(n)]))
             buffers.append(Buffer(("value", i), 64 * rng.randint(1, 40), first, last))
-        monkeypatch.setattr(memory, "lifetimes", lambda _g, b=buffers: list(b))
+        monkeypatch.setattr(memory, "lifetimes", lambda _g, _alias=None, b=buffers: list(b))
+        monkeypatch.setattr(memory, "aliases", lambda _g: {})
         plan = plan_memory(_Positions(n))
         assert {("value", k): v for k, v in plan.value_offsets.items()} == \
             _reference_plan(buffers)
@@ -68,7 +72,8 @@ def test_memory_plan_with_many_live_buffers_stays_correct(monkeypatch) -> None:
     rng = random.Random(5)
     buffers = [Buffer(("value", i), 64 * rng.randint(1, 9), f, min(39, f + rng.randint(0, 30)))
                for i, f in enumerate(rng.randrange(40) for _ in range(120))]
-    monkeypatch.setattr(memory, "lifetimes", lambda _g: list(buffers))
+    monkeypatch.setattr(memory, "lifetimes", lambda _g, _alias=None: list(buffers))
+    monkeypatch.setattr(memory, "aliases", lambda _g: {})
     plan = plan_memory(_Positions(40))
     where = {("value", k): v for k, v in plan.value_offsets.items()}
     for a, b in itertools.combinations(buffers, 2):
@@ -89,7 +94,8 @@ def test_memory_plan_of_a_long_chain_is_near_linear() -> None:
         chain = [Buffer(("value", i), 256, i, i + 1) for i in range(n)]
         class Positions:
             nodes = [None] * (n + 1)
-        memory.lifetimes = lambda _g: chain
+        memory.lifetimes = lambda _g, _alias=None: chain
+        memory.aliases = lambda _g: {}
         plan = memory.plan_memory(Positions())
         assert plan.arena_bytes == 512, plan.arena_bytes
         print("planned")
