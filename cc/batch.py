@@ -661,7 +661,7 @@ def _static_fact(value: np.ndarray, bigger: np.ndarray | None, batch: int) -> Fa
     only grows along one axis whose rows are all alike, else it encodes the batch size."""
     if bigger is None:
         return SIZE
-    if _same(value, bigger):
+    if bigger is value or _same(value, bigger):  # the same array: a weight no input reaches
         return FREE
     f = _shape_fact(value.shape, bigger.shape, batch)
     if f.kind == "sample" and _rows_alike(value, f.axis) and _rows_alike(bigger, f.axis) \
