@@ -126,11 +126,11 @@ def main() -> int:
         if args.profile:
             _print_profile(compiled, feeds, args.profile)
         if args.by_kind:
-            _print_by_kind({k: f for k, f in fns.items() if k != "tf"}, feeds)
+            print_by_kind({k: f for k, f in fns.items() if k != "tf"}, feeds)
     return 0
 
 
-def _print_by_kind(fns: dict[str, object], feeds: dict, calls: int = 5) -> None:
+def print_by_kind(fns: dict[str, object], feeds: dict, calls: int = 5) -> None:
     """Profiled host time per call by instruction kind, side by side (each compiled model
     profiled over `calls` calls, the models taking turns call by call)."""
     from neuronish.runtime import profiler

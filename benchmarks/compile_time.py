@@ -10,7 +10,7 @@ the end-to-end seconds and the wall seconds of each stage,
 
     freeze      tf.saved_model.load + variables to constants + inlining (TensorFlow's)
     rewrite     before partitioning: constants folded, fixed loops unrolled, complex
-                values as real pairs (neuronish/partition/rewrite.py)
+                values as real pairs (neuronish/rewrites/rewrite.py)
     support     `neuronish-cc list-operators --check`: what the compiler would refuse
     partition   shape inference, mark, cluster, encapsulate (large constants held back)
     neuronish-cc  the compiler processes (of which `in cc` is its own compile_graph

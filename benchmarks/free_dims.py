@@ -2,6 +2,7 @@
 
     python benchmarks/free_dims.py                 # BERT and ResNet50
     python benchmarks/free_dims.py --only bert     # or resnet50
+    python benchmarks/free_dims.py --only bert --by-kind   # and where each shape's time goes
 
 BERT: a keras_hub `BertBackbone` (4 layers, hidden 256, 4 heads, intermediate 1024,
 vocabulary 8192, position table 512) exported with `model.export`, so its three inputs
@@ -14,8 +15,11 @@ Per shape: the first call's latency (it compiles the executable for the shape, u
 compile cache has it: the script runs with a fresh cache, NEURONISH_COMPILE_CACHE set to
 a temporary directory), the max absolute difference against TensorFlow, each side's
 median call time over alternating timed slices and the throughput ratio (above 1: the
-compiled model is faster), and the fallback calls (none expected). At the end: the
-device memory the op holds with every shape loaded (NEURONISH_MAX_SHAPES=8).
+compiled model is faster), the host's 1-minute load average when the shape's timing ended
+(the machine is shared: a ratio means little without it), and the fallback calls (none
+expected). With `--by-kind`, each shape's profiled ms per call by instruction kind
+follows its row. At the end: the device memory the op holds with every shape loaded
+(NEURONISH_MAX_SHAPES=8).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bert_backbone import timed_slices  # noqa: E402 (a sibling script)
+from bert_backbone import print_by_kind, timed_slices  # noqa: E402 (a sibling script)
 
 BERT_SHAPES = ((1, 7), (3, 16), (2, 64), (1, 100), (4, 128), (1, 384))
 RESNET_SIDES = (97, 160, 224, 288)
@@ -79,7 +83,16 @@ def _device_bytes() -> int:
     return sum(c["used"] for c in get_device().memory_report().values())
 
 
-def run(name: str, build, shapes, feeds_of, work: str, slices: int, seconds: float) -> None:
+def _load_average() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:  # not Linux
+        return "?"
+
+
+def run(name: str, build, shapes, feeds_of, work: str, slices: int, seconds: float,
+        by_kind: bool = False) -> None:
     import tensorflow as tf
 
     import neuronish.saved_model
@@ -97,7 +110,7 @@ def run(name: str, build, shapes, feeds_of, work: str, slices: int, seconds: flo
     compiled = tf.saved_model.load(out).signatures["serving_default"]
     memory_before = _device_bytes()
     print(f"{'shape':>12} {'first call s':>12} {'max abs diff':>12} {'TF ms':>8} "
-          f"{'neuronish ms':>12} {'ratio':>6}")
+          f"{'neuronish ms':>12} {'ratio':>6} {'load':>5}")
     (key, *_) = original.structured_input_signature[1]
     for shape in shapes:
         feeds = {k or key: v for k, v in feeds_of(*shape).items()}  # "": the only input
@@ -109,7 +122,9 @@ def run(name: str, build, shapes, feeds_of, work: str, slices: int, seconds: flo
         times = timed_slices({"tf": original, "neuronish": compiled}, feeds, slices, seconds)
         tf_ms, nn_ms = (statistics.median(times[k]) * 1000 for k in ("tf", "neuronish"))
         print(f"{str(shape):>12} {first:12.2f} {diff:12.2e} {tf_ms:8.2f} {nn_ms:12.2f} "
-              f"{tf_ms / nn_ms:6.2f}")
+              f"{tf_ms / nn_ms:6.2f} {_load_average():>5}")
+        if by_kind:
+            print_by_kind({"neuronish": compiled}, feeds)
     held = _device_bytes() - memory_before
     print(f"device memory held at {len(shapes)} shape(s) (plus the probe's): "
           f"{held / 2**20:.1f} MiB; fallback calls: {fallback.fallback_counts() or 'none'}")
@@ -120,16 +135,19 @@ def main() -> int:
     p.add_argument("--only", choices=("bert", "resnet50"))
     p.add_argument("--slices", type=int, default=6)
     p.add_argument("--seconds", type=float, default=0.5, help="per timed slice")
+    p.add_argument("--by-kind", action="store_true",
+                   help="after each shape, its profiled ms per call by instruction kind")
     args = p.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with tempfile.TemporaryDirectory(prefix="neuronish-free-dims-") as work:
         os.environ["NEURONISH_COMPILE_CACHE"] = os.path.join(work, "cache")
         os.environ.setdefault("NEURONISH_MAX_SHAPES", "8")
         if args.only in (None, "bert"):
-            run("bert", _bert, BERT_SHAPES, _bert_feeds, work, args.slices, args.seconds)
+            run("bert", _bert, BERT_SHAPES, _bert_feeds, work, args.slices, args.seconds,
+                args.by_kind)
         if args.only in (None, "resnet50"):
             run("resnet50", _resnet, [(s,) for s in RESNET_SIDES], _image_feeds, work,
-                args.slices, args.seconds)
+                args.slices, args.seconds, args.by_kind)
     return 0
 
 

@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ["NEURONISH_COMPILE_CACHE"] = "off"
     import neuronish.partition as partition_package
-    import neuronish.partition.shapes as shapes
     import neuronish.saved_model as sm
+    import neuronish.shape_inference.shapes as shapes
 
     calls: dict[str, int] = defaultdict(int)
     seconds: dict[str, float] = defaultdict(float)

@@ -46,7 +46,7 @@ def _distinct_outputs(graph: Graph) -> None:
         if v.id in seen or v.id in inputs:
             node = Node("copy", [v], [], {}, ())
             node.outputs = [Value(TensorType(v.shape, v.dtype), producer=node)]
-            graph.nodes.append(node)
+            graph.append(node)
             graph.outputs[i] = node.outputs[0]
         seen.add(graph.outputs[i].id)
 

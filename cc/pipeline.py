@@ -2,7 +2,9 @@
 bottom, run under instruments (TVM's pass instruments): hooks around every pass
 that verify, dump, time or skip it, so no pass carries that code itself.
 
-    Verify          the verifier after every pass (always on)
+    Verify          the verifier after every pass (always on): in full on the lowered
+                    graph and after the last pass, between passes the types of the
+                    nodes each pass changed (cc/verify.py)
     Dumper          the graph after each pass as `NNN_<pass>.txt` (`NEURONISH_DUMP_DIR`,
                     `--workdir`)
     Timer           per-pass wall time and node counts (`neuronish-cc --verbose`)
@@ -35,7 +37,7 @@ from .passes.movement import sink_reshapes
 from .passes.powers import expand_constant_powers
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
 from .passes.window import fold_pad_into_window
-from .verify import verify
+from .verify import IncrementalVerifier
 
 
 @dataclass(frozen=True)
@@ -107,18 +109,33 @@ class Instrument:
     def after_pass(self, p: Pass, graph: Graph) -> None:
         pass
 
+    def exit_pipeline(self, graph: Graph) -> None:
+        """Called once with the final graph, after the last pass."""
+
 
 class Verify(Instrument):
-    """The verifier on the lowered graph and after every pass, naming the pass it caught."""
+    """The verifier on the lowered graph and after every pass, naming the pass it caught;
+    the nodes a pass changed between passes, every node at both ends."""
+
+    def __init__(self) -> None:
+        self.check = IncrementalVerifier()
+        self.last: str | None = None
 
     def enter_pipeline(self, graph: Graph) -> None:
-        verify(graph)
+        self.check(graph, full=True)
 
     def after_pass(self, p: Pass, graph: Graph) -> None:
+        self.last = p.name
         try:
-            verify(graph)
+            self.check(graph)
         except VerificationError as e:
             raise type(e)(f"after pass {p.name}: {e}") from None
+
+    def exit_pipeline(self, graph: Graph) -> None:
+        try:
+            self.check(graph, full=True)
+        except VerificationError as e:
+            raise type(e)(f"after the last pass ({self.last}): {e}") from None
 
 
 class Dumper(Instrument):
@@ -161,12 +178,12 @@ class Timer(Instrument):
     _nodes: int = 0
 
     def before_pass(self, p: Pass, graph: Graph) -> None:
-        self._nodes = len(graph.nodes)
+        self._nodes = graph.node_count
         self._start = time.perf_counter()
 
     def after_pass(self, p: Pass, graph: Graph) -> None:
         self.records.append(PassRecord(p.name, time.perf_counter() - self._start, self._nodes,
-                                       len(graph.nodes)))
+                                       graph.node_count))
 
     def totals(self) -> dict[str, float]:
         """pass name -> seconds, summed over the pass's runs."""
@@ -217,6 +234,8 @@ def run_pipeline(graph: Graph, passes: list[Pass],
         graph = p.run(graph)
         for instrument in reversed(active):  # the timer stops before the others run
             instrument.after_pass(p, graph)
+    for instrument in active:
+        instrument.exit_pipeline(graph)
     if timings is not None and timer is not None:
         for name, seconds in timer.totals().items():
             timings[name] = timings.get(name, 0.0) + seconds

@@ -5,7 +5,7 @@ on a deep network with random weights, TensorFlow's own float32 result can be fa
 what its weights and input define (EfficientNetV2B3's logits: 1.5e-3 relative). The
 twin built here computes the same function with the same weights in float64, so both
 float32 results can be measured against it (`benchmarks/zoo.py --exact`,
-`tests/test_precision.py`).
+`tests/neuronish/test_precision.py`).
 """
 
 from __future__ import annotations

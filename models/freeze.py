@@ -47,8 +47,8 @@ from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
 from neuronish.freeze import VARIABLE_OPS, freeze_signature  # noqa: E402
+from neuronish.graph import needed_nodes, producer, topological_order  # noqa: E402
 from neuronish.inline import called_function  # noqa: E402
-from neuronish.partition.graph import needed_nodes, producer, topological_order  # noqa: E402
 
 
 @dataclass

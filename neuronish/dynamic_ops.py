@@ -30,10 +30,10 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob
 from .errors import CompileWarning, SavedModelError
+from .graph import PartitionError
 from .input_shapes import ShapePlan
 from .partition.encapsulate import Subgraph
-from .partition.graph import PartitionError
-from .partition.shapes import TensorInfo, infer
+from .shape_inference.shapes import TensorInfo, infer
 from .shape_specialize import DynamicSpec
 
 _UNBOUNDED = 2**31 - 1

@@ -28,8 +28,7 @@ from tensorflow.core.framework import graph_pb2, tensor_pb2
 from tensorflow.python.framework import convert_to_constants, tensor_util
 
 from .errors import SavedModelError
-from .inline import InlineError, called_function, inline_calls
-from .partition.graph import (
+from .graph import (
     control_refs,
     data_refs,
     is_control,
@@ -39,6 +38,7 @@ from .partition.graph import (
     producer,
     rename_ref,
 )
+from .inline import InlineError, called_function, inline_calls
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.

@@ -25,7 +25,7 @@ from pathlib import Path
 from tensorflow.core.framework import graph_pb2
 
 from .errors import SavedModelError
-from .partition.graph import producer
+from .graph import producer
 
 TENSORFLOW = "TensorFlow"
 _VIEWER = Path(__file__).with_name("graph_picture.js")

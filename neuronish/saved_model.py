@@ -43,12 +43,12 @@ from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
+from .graph import GraphIndex
 from .input_shapes import batch_of, compile_shapes, plan_shapes
 from .neuron_op import StatedSignature, neuron_op_shell
 from .partition import compiler_support, partition, splice
-from .partition.graph import GraphIndex
-from .partition.rewrite import rewrite_for_device
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
+from .rewrites.rewrite import rewrite_for_device
 from .shape_bounds import settle
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 from .warmup_file import WARMUP_FILE, warmup_records

@@ -12,7 +12,7 @@ Per symbol (dimensions that must agree share one), in this order:
 - else `DEFAULT_HIGH`. The low bound is 1, or the smallest size TensorFlow's shape
   inference accepts (a network of valid convolutions needs a few pixels).
 
-Both come from TensorFlow's own shape inference (`partition.shapes.infer`) at probe
+Both come from TensorFlow's own shape inference (`shape_inference.shapes.infer`) at probe
 values, never from running the model. The probe (`DEFAULT_PROBE` clamped into the
 bounds) is the size the graph is partitioned and first compiled at.
 """
@@ -25,9 +25,9 @@ from dataclasses import replace
 from tensorflow.core.framework import graph_pb2
 
 from .errors import SavedModelError
+from .graph import PartitionError
 from .input_shapes import ShapePlan
-from .partition.graph import PartitionError
-from .partition.shapes import TensorInfo, infer
+from .shape_inference.shapes import TensorInfo, infer
 
 DEFAULT_HIGH = 1024   # a free dimension nothing in the model bounds
 DEFAULT_PROBE = 64    # the size partitioned at, clamped into the bounds
@@ -57,8 +57,26 @@ def settle(plan: ShapePlan, graph_def: graph_pb2.GraphDef, given: Bounds | None 
             low, high, where = _implied(plan, graph_def, probe, symbol)
         bounds[symbol] = (low, high, where)
         probe[symbol] = min(max(DEFAULT_PROBE, low), high)
+    try:
+        infer(graph_def, plan.at(probe))
+    except PartitionError as e:
+        raise _no_probe(plan, probe, e) from None
     shapes = {k: [int(d) for d in v] for k, v in plan.at(probe).items()}
     return replace(plan, shapes=shapes, probe=probe, bounds=bounds)
+
+
+def _no_probe(plan: ShapePlan, probe: Mapping[str, int], error: PartitionError
+              ) -> SavedModelError:
+    """The graph does not take its free dimensions at the probe sizes: most often the
+    model fixes one (a free axis multiplied by a weight matrix), which the signature does
+    not say. Ask for the shapes, naming every free dimension."""
+    dims = ", ".join(f"{f.label()} (tried {probe[f.symbol]})" for f in plan.free)
+    keys = ", ".join(sorted({repr(f.key) for f in plan.free}))
+    return SavedModelError(
+        f"the signature leaves {dims} free, but the model does not take those sizes: "
+        f"{error}. If the model fixes a dimension, give the shapes of {keys} with "
+        f"model_shape_feed_dict (CLI --input-shape KEY=?,D1,...), or the sizes it takes "
+        f"with shape_bounds")
 
 
 def _check_given(plan: ShapePlan, given: Bounds) -> dict[tuple[str, int], tuple[int, int]]:

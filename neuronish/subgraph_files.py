@@ -24,8 +24,8 @@ from tensorflow.core.framework import node_def_pb2, tensor_pb2
 from neuronish.cc.graphdef import encode_varint, wire_fields
 
 from .external import BlobFile
+from .graph import GraphIndex
 from .partition.encapsulate import Subgraph, graph_def_parts
-from .partition.graph import GraphIndex
 
 HELD_FROM = 1 << 20  # bytes of tensor_content from which a Const's is held back
 _ATTR, _ENTRY_KEY, _ENTRY_VALUE, _ATTR_TENSOR, _TENSOR_CONTENT = 5, 1, 2, 8, 4

@@ -1,7 +1,7 @@
 """The executable file: the one module that writes and reads it.
 
 The compiler (writer) and the runtime (reader) both import this module, so they
-cannot drift apart; tests/test_executable_format.py pins the layout with a
+cannot drift apart; tests/runtime/test_executable_format.py pins the layout with a
 golden file. Layout (docs/executable-format.md):
 
     offset 0   8 bytes   magic b"NRNISHEX"

@@ -39,7 +39,7 @@ from .host import HostCPUs, Slot
 from .isa import MATMUL_LIKE
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
-from .native.program import NativeProgram
+from .native.engine_program import NativeProgram
 from .native.spec import WINDOWED, Ref
 from .validate import value_nbytes
 

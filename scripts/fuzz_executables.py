@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Executable fuzzing, the larger run (CI runs 6000 in tests/test_executable_fuzz.py).
+"""Executable fuzzing, the larger run (CI runs 6000 in tests/runtime/test_executable_fuzz.py).
 
     .venv/bin/python scripts/fuzz_executables.py --count 50000 --seed 1 --children 2
 
 Builds re-sealed mutants of real executables (field- and byte-level, see
-tests/executable_fuzz.py), loads and runs each in a child process under a per-mutant
+tests/runtime/executable_fuzz.py), loads and runs each in a child process under a per-mutant
 deadline, and prints the outcome counts and every crash, hang, foreign exception and
 leak. Exit status 1 if there was any.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.executable_fuzz import fuzz  # noqa: E402 (after the path)
+from tests.runtime.executable_fuzz import fuzz  # noqa: E402 (after the path)
 
 
 def main() -> int:

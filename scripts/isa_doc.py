@@ -4,7 +4,7 @@
     .venv/bin/python scripts/isa_doc.py          # rewrite the table in place
     .venv/bin/python scripts/isa_doc.py --check  # exit 1 if the doc is out of date
 
-tests/test_isa.py runs the check, so the doc and the declarations cannot disagree.
+tests/runtime/test_isa.py runs the check, so the doc and the declarations cannot disagree.
 """
 
 from __future__ import annotations

@@ -95,12 +95,14 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
             v.dtype == BF16 for v in floats) and node.outputs[0].dtype == "float32"
         if matmul_like:
             x = node.inputs[0]
-            node.inputs[0] = x if x.dtype == BF16 else cast(x, BF16, node.origin)
+            inputs = list(node.inputs)
+            inputs[0] = x if x.dtype == BF16 else cast(x, BF16, node.origin)
             # A matmul's residual is the transformer's residual stream (layer norm's
             # float32 output): read as it is, rounding it would add an error per layer.
             if node.attrs.get("residual") and node.kind != "matmul":
-                node.inputs[-1] = cast(node.inputs[-1], BF16, node.origin) \
-                    if node.inputs[-1].dtype != BF16 else node.inputs[-1]
+                inputs[-1] = cast(inputs[-1], BF16, node.origin) \
+                    if inputs[-1].dtype != BF16 else inputs[-1]
+            node.inputs = inputs
             # (a computed second operand, attention's keys or values, is read as it is)
         elif follow:
             node.inputs = [cast(v, BF16, node.origin) if v.is_const and v.dtype == "float32"
@@ -114,9 +116,9 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
             for v in node.outputs:
                 _retyped(v, BF16)
         out.append(node)
-    graph.nodes = out
     for k, v in enumerate(graph.outputs):
         if v.dtype == BF16:  # the graph's outputs keep their float32 signature
             back = cast(v, "float32", v.producer.origin if v.producer else ())
             back.name, graph.outputs[k] = v.name, back
+    graph.nodes = out
     return graph

@@ -16,16 +16,21 @@ import numpy as np
 from neuronish.runtime import isa
 
 from ..ir import Graph, Node, TensorType, Value, constant
+from ..rewrite import Pat, Rule, rewrite
 
 _PRODUCERS = isa.MATMUL_LIKE
 _ACTIVATIONS = isa.ACTIVATIONS
 
 
-def _sole_consumer(graph: Graph, v: Value, uses: dict[int, list[Node]]) -> Node | None:
-    users = uses.get(v.id, [])
-    if len(users) != 1 or v in graph.outputs:
+def _sole_consumer(graph: Graph, v: Value) -> Node | None:
+    """The node reading `v`, if one operand reads it and it is not a graph output."""
+    if graph.use_count(v) != 1 or graph.is_output(v):
         return None
-    return users[0]
+    return graph.readers(v)[0]
+
+
+def _no_activation(v: Value) -> bool:
+    return v.producer.attrs.get("activation", "none") == "none"
 
 
 def _channel_vector(c: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray | None:
@@ -85,25 +90,58 @@ def _fold_one(graph: Graph, producer: Node, user: Node) -> bool:
     producer.inputs = [producer.inputs[0], weights, constant(bias.astype(out.dtype))]
     producer.origin = producer.origin + tuple(o for o in user.origin if o not in producer.origin)
     graph.replace_uses(user.outputs[0], out)
-    graph.nodes.remove(user)
+    graph.remove(user)
     return True
+
+
+def _fold_into(graph: Graph, producer: Node, bound: dict) -> bool:
+    user = _sole_consumer(graph, producer.outputs[0])
+    return user is not None and _fold_one(graph, producer, user)
+
+
+# The producer is the root: once a fold changed it, the driver visits it again for the
+# next op of the chain.
+SCALE_SHIFT = [Rule("fold_scale_shift", Pat(tuple(_PRODUCERS)), _fold_into)]
 
 
 def fold_scale_shift(graph: Graph) -> Graph:
     """conv/matmul → (mul|div|add|sub by a per-channel constant)* becomes one
     conv/matmul with scaled weights and a bias."""
-    changed = True
-    while changed:
-        changed = False
-        uses = graph.consumers()
-        for node in list(graph.nodes):
-            if node.kind not in _PRODUCERS or node not in graph.nodes:
-                continue
-            user = _sole_consumer(graph, node.outputs[0], uses)
-            if user is not None and _fold_one(graph, node, user):
-                changed = True
-                uses = graph.consumers()
-    return graph
+    return rewrite(graph, SCALE_SHIFT)
+
+
+def _absorb(graph: Graph, node: Node, bound: dict) -> bool:
+    if node.attrs.get("transpose_a") or len(node.inputs) != 2 or len(node.inputs[1].shape) != 2:
+        return False
+    first = node.inputs[0].producer
+    after = _sole_consumer(graph, node.outputs[0])
+    if first is None or first.kind != "reshape" or after is None or after.kind != "reshape":
+        return False
+    x, y, k = first.inputs[0], after.outputs[0], node.inputs[0].shape[-1]
+    if len(y.shape) < 3 or graph.is_output(y) or y.shape[-1] != node.outputs[0].shape[-1]:
+        return False  # (the rows keep their order: only the leading dims are regrouped)
+    reshaped = first.outputs[0]
+    unshared = graph.use_count(reshaped) <= 1 and not graph.is_output(reshaped)
+    if tuple(y.shape[:-1]) == tuple(x.shape[:-1]) and x.shape[-1] == k:
+        a = x  # both reshapes go
+    else:
+        # x is regrouped differently (attention's heads merged back): one reshape of
+        # it straight to [..., K] with y's leading dims, and no reshape after.
+        regroup = Node("reshape", [x], [], {"shape": [*y.shape[:-1], k]}, first.origin)
+        regroup.outputs = [Value(TensorType((*y.shape[:-1], k), x.dtype), producer=regroup)]
+        graph.insert_before(node, regroup)
+        a = regroup.outputs[0]
+    node.inputs = [a, node.inputs[1]]
+    if unshared:
+        graph.remove(first)  # (read by this matmul alone)
+    node.outputs[0].type = y.type
+    node.origin = node.origin + tuple(o for o in after.origin if o not in node.origin)
+    graph.replace_uses(y, node.outputs[0])
+    graph.remove(after)
+    return True
+
+
+DENSE_RESHAPES = [Rule("absorb_dense_reshapes", Pat("matmul"), _absorb)]
 
 
 def absorb_dense_reshapes(graph: Graph) -> Graph:
@@ -112,84 +150,56 @@ def absorb_dense_reshapes(graph: Graph) -> Graph:
     the [..., K] tensor: the same products (the weight broadcasts over the leading
     dims), without the two copies, and with the bias add and residual add that follow
     the second reshape directly after the matmul, where the fusions see them."""
-    uses = graph.consumers()
-    outputs = {v.id for v in graph.outputs}
-    for node in list(graph.nodes):
-        if node.kind != "matmul" or node.attrs.get("transpose_a") or len(node.inputs) != 2 \
-                or len(node.inputs[1].shape) != 2:
-            continue
-        first = node.inputs[0].producer
-        after = _sole_consumer(graph, node.outputs[0], uses)
-        if first is None or first.kind != "reshape" or after is None or after.kind != "reshape":
-            continue
-        x, y, k = first.inputs[0], after.outputs[0], node.inputs[0].shape[-1]
-        if len(y.shape) < 3 or y.id in outputs or y.shape[-1] != node.outputs[0].shape[-1]:
-            continue  # (the rows keep their order: only the leading dims are regrouped)
-        if tuple(y.shape[:-1]) == tuple(x.shape[:-1]) and x.shape[-1] == k:
-            a = x  # both reshapes go
-            if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
-                graph.nodes.remove(first)  # (read by this matmul alone)
-        else:
-            # x is regrouped differently (attention's heads merged back): one reshape of
-            # it straight to [..., K] with y's leading dims, and no reshape after.
-            regroup = Node("reshape", [x], [], {"shape": [*y.shape[:-1], k]}, first.origin)
-            regroup.outputs = [Value(TensorType((*y.shape[:-1], k), x.dtype), producer=regroup)]
-            graph.nodes.insert(graph.nodes.index(node), regroup)
-            a = regroup.outputs[0]
-            if not uses.get(first.outputs[0].id, [])[1:] and first.outputs[0].id not in outputs:
-                graph.nodes.remove(first)
-        node.inputs = [a, node.inputs[1]]
-        node.outputs[0].type = y.type
-        node.origin = node.origin + tuple(o for o in after.origin if o not in node.origin)
-        graph.replace_uses(y, node.outputs[0])
-        graph.nodes.remove(after)
-        uses = graph.consumers()
-    return graph
+    return rewrite(graph, DENSE_RESHAPES)
+
+
+def _take_residual(graph: Graph, node: Node, bound: dict) -> bool:
+    out = node.outputs[0]
+    user = _sole_consumer(graph, out)
+    if user is None or user.kind != "binary" or user.attrs["fn"] != "add":
+        return False
+    a, b = user.inputs
+    other = b if a is out else a
+    if other is out or other.type != out.type or user.outputs[0].type != out.type:
+        return False  # x + x, or a broadcast add: not a plain residual
+    node.inputs = [*node.inputs, other]
+    node.attrs = {**node.attrs, "residual": True}
+    node.origin = node.origin + tuple(o for o in user.origin if o not in node.origin)
+    graph.move_before(user, node)
+    graph.replace_uses(user.outputs[0], out)
+    graph.remove(user)
+    return True
+
+
+RESIDUAL_ADD = [Rule("fuse_residual_add", Pat(("conv2d", "matmul"), where=lambda v: (
+    _no_activation(v) and not v.producer.attrs.get("residual"))), _take_residual)]
 
 
 def fuse_residual_add(graph: Graph) -> Graph:
     """conv2d or matmul → add of another tensor of the same type becomes one
     instruction whose last input is that tensor (`residual`). The producer moves to
     the add's place in the schedule, where both operands are ready."""
-    uses = graph.consumers()
-    for node in list(graph.nodes):
-        if (node.kind not in ("conv2d", "matmul")
-                or node.attrs.get("activation", "none") != "none"
-                or node.attrs.get("residual")):
-            continue
-        out = node.outputs[0]
-        user = _sole_consumer(graph, out, uses)
-        if user is None or user.kind != "binary" or user.attrs["fn"] != "add":
-            continue
-        a, b = user.inputs
-        other = b if a is out else a
-        if other is out or other.type != out.type or user.outputs[0].type != out.type:
-            continue  # x + x, or a broadcast add: not a plain residual
-        node.inputs = [*node.inputs, other]
-        node.attrs = {**node.attrs, "residual": True}
-        node.origin = node.origin + tuple(o for o in user.origin if o not in node.origin)
-        graph.nodes.remove(node)
-        graph.nodes[graph.nodes.index(user)] = node
-        graph.replace_uses(user.outputs[0], out)
-        uses = graph.consumers()
-    return graph
+    return rewrite(graph, RESIDUAL_ADD)
+
+
+def _take_activation(graph: Graph, node: Node, bound: dict) -> bool:
+    user = _sole_consumer(graph, node.outputs[0])
+    if user is None or user.kind != "unary" or user.attrs["fn"] not in _ACTIVATIONS:
+        return False
+    if not node.outputs[0].dtype.startswith("float"):
+        return False
+    node.attrs = {**node.attrs, "activation": user.attrs["fn"],
+                  "alpha": float(user.attrs.get("alpha", 0.0))}
+    node.origin = node.origin + tuple(o for o in user.origin if o not in node.origin)
+    graph.replace_uses(user.outputs[0], node.outputs[0])
+    graph.remove(user)
+    return True
+
+
+ACTIVATION = [Rule("fuse_activation", Pat(tuple(_PRODUCERS), where=_no_activation),
+                   _take_activation)]
 
 
 def fuse_activation(graph: Graph) -> Graph:
     """conv/matmul → unary activation becomes one instruction with `activation`."""
-    uses = graph.consumers()
-    for node in list(graph.nodes):
-        if node.kind not in _PRODUCERS or node.attrs.get("activation", "none") != "none":
-            continue
-        user = _sole_consumer(graph, node.outputs[0], uses)
-        if user is None or user.kind != "unary" or user.attrs["fn"] not in _ACTIVATIONS:
-            continue
-        if not node.outputs[0].dtype.startswith("float"):
-            continue
-        node.attrs = {**node.attrs, "activation": user.attrs["fn"],
-                      "alpha": float(user.attrs.get("alpha", 0.0))}
-        node.origin = node.origin + tuple(o for o in user.origin if o not in node.origin)
-        graph.replace_uses(user.outputs[0], node.outputs[0])
-        graph.nodes.remove(user)
-        uses = graph.consumers()
-    return graph
+    return rewrite(graph, ACTIVATION)

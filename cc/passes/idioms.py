@@ -17,6 +17,10 @@ Layer normalization over the last axis (Keras' LayerNormalization, tf.nn.moments
 tf.nn.batch_normalization) arrives as ten to twelve ops: two means, a squared difference,
 rsqrt(var + eps), then x * inv + (beta - mean * inv) with inv = rsqrt(...) * gamma. As
 one `layer_norm` it is one pass over the rows (oneDNN's layer normalization).
+
+Each idiom is a rule for the rewrite driver (cc/rewrite.py): a pattern rooted at the
+instruction that is replaced, and an action checking what a pattern cannot say (the
+constants of the formula, x's type kept).
 """
 
 from __future__ import annotations
@@ -26,16 +30,12 @@ import math
 import numpy as np
 
 from ..ir import Graph, Node, TensorType, Value, constant
+from ..rewrite import FLOATS, Pat, Rule, is_scalar, rewrite
 
 _RSQRT2 = 1 / math.sqrt(2)
 
 
-def _scalar(v: Value, want: float) -> bool:
-    """`v` is a constant holding `want` (any shape of ones, e.g. () or [1, 1])."""
-    if not v.is_const or v.data.size != 1 or v.dtype not in ("float32", "float64", "float16"):
-        return False
-    got = float(np.asarray(v.data).reshape(()))
-    return abs(got - want) <= 1e-6 * abs(want)
+_scalar = is_scalar
 
 
 def _other(node: Node, v: Value) -> Value | None:
@@ -68,33 +68,38 @@ def _erfc_argument_source(t: Value) -> Value | None:
     return None
 
 
+def _gelu(graph: Graph, final: Node, m: dict[str, Value]) -> bool:
+    """final = half * erfc(t), half = 0.5 * x, t = -x / sqrt(2), x's type kept."""
+    x = _erfc_argument_source(m["t"])
+    if x is None or _scaled_by(m["half"].producer, 0.5) is not x \
+            or final.outputs[0].type != x.type:
+        return False  # (a broadcasting multiply is not this idiom)
+    erfc = m["erfc"].producer
+    _replace_with_unary(graph, final, x, "gelu", (final, erfc, m["half"].producer))
+    return True
+
+
+def _replace_with_unary(graph: Graph, final: Node, x: Value, fn: str,
+                        parts: tuple[Node, ...]) -> None:
+    """A new `unary fn(x)` takes `final`'s place and its readers; the other parts are
+    left for eliminate_dead_code."""
+    node = Node("unary", [x], [], {"fn": fn}, tuple(dict.fromkeys(
+        o for n in parts for o in n.origin)))
+    node.outputs = [Value(TensorType(x.shape, x.dtype), producer=node)]
+    graph.insert_before(final, node)
+    graph.replace_uses(final.outputs[0], node.outputs[0])
+    graph.remove(final)
+
+
+# (0.5 * x) * erfc(-x / sqrt(2)): the multiply reads the erfc and the half once each.
+GELU = [Rule("gelu", Pat("binary", fn="mul", commutative=True, inputs=(
+    Pat("unary", fn="erfc", private=True, name="erfc", inputs=(Pat(name="t"),)),
+    Pat(private=True, name="half"))), _gelu)]
+
+
 def recognize_gelu(graph: Graph) -> Graph:
     """(0.5 * x) * erfc(-x / sqrt(2)) becomes `unary gelu(x)`."""
-    uses = graph.consumers()
-    outputs = {v.id for v in graph.outputs}
-
-    def private(v: Value) -> bool:  # read once, and not a graph output
-        return len(uses.get(v.id, [])) == 1 and v.id not in outputs
-
-    for node in list(graph.nodes):
-        if node.kind != "unary" or node.attrs["fn"] != "erfc" or not private(node.outputs[0]):
-            continue
-        x = _erfc_argument_source(node.inputs[0])
-        final = uses[node.outputs[0].id][0]
-        if x is None or final.kind != "binary" or final.attrs["fn"] != "mul":
-            continue
-        half = _other(final, node.outputs[0])
-        if half is None or not private(half) or _scaled_by(half.producer, 0.5) is not x:
-            continue
-        if final.outputs[0].type != x.type:
-            continue  # (a broadcasting multiply is not this idiom)
-        gelu = Node("unary", [x], [], {"fn": "gelu"}, tuple(dict.fromkeys(
-            (*final.origin, *node.origin, *half.producer.origin))))
-        gelu.outputs = [Value(TensorType(x.shape, x.dtype), producer=gelu)]
-        graph.nodes[graph.nodes.index(final)] = gelu
-        graph.replace_uses(final.outputs[0], gelu.outputs[0])
-        uses = graph.consumers()
-    return graph  # the dead pieces go in eliminate_dead_code
+    return rewrite(graph, GELU)  # the dead pieces go in eliminate_dead_code
 
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
@@ -130,55 +135,53 @@ def _tanh_gelu_source(t: Value) -> Value | None:
     return None
 
 
+def _gelu_tanh(graph: Graph, final: Node, m: dict[str, Value]) -> bool:
+    x = _tanh_gelu_source(m["tanh"].producer.inputs[0])
+    if x is None or _scaled_by(m["half"].producer, 0.5) is not x \
+            or final.outputs[0].type != x.type:
+        return False
+    parts = (m["tanh"].producer, m["plus_one"].producer, m["half"].producer, final)
+    _replace_with_unary(graph, final, x, "gelu_tanh", parts)
+    return True
+
+
+# half * (tanh(...) + 1): the tanh read once, by the add of one.
+GELU_TANH = [Rule("gelu_tanh", Pat("binary", fn="mul", commutative=True, inputs=(
+    Pat("binary", fn="add", commutative=True, name="plus_one", inputs=(
+        Pat("unary", fn="tanh", name="tanh",
+            where=lambda v: v.dtype in FLOATS and v.producer.graph.use_count(v) == 1),
+        Pat.const(1.0))),
+    Pat(name="half"))), _gelu_tanh)]
+
+
 def recognize_gelu_tanh(graph: Graph) -> Graph:
     """(0.5 * x) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3))) becomes
     `unary gelu_tanh(x)`."""
-    uses = graph.consumers()
-    for node in list(graph.nodes):
-        if node.kind != "unary" or node.attrs["fn"] != "tanh" or node.outputs[0].dtype not in (
-                "float32", "float64", "float16"):
-            continue
-        x = _tanh_gelu_source(node.inputs[0])
-        readers = uses.get(node.outputs[0].id, [])
-        if x is None or len(readers) != 1:
-            continue
-        plus_one = readers[0]
-        one = _binary_operands(plus_one, "add", node.outputs[0])
-        if one is None or not _scalar(one, 1.0):
-            continue
-        for final in uses.get(plus_one.outputs[0].id, []):
-            half = _binary_operands(final, "mul", plus_one.outputs[0])
-            if half is None or _scaled_by(half.producer, 0.5) is not x \
-                    or final.outputs[0].type != x.type:
-                continue
-            gelu = Node("unary", [x], [], {"fn": "gelu_tanh"}, tuple(dict.fromkeys(
-                (*node.origin, *plus_one.origin, *half.producer.origin, *final.origin))))
-            gelu.outputs = [Value(TensorType(x.shape, x.dtype), producer=gelu)]
-            graph.nodes[graph.nodes.index(final)] = gelu
-            graph.replace_uses(final.outputs[0], gelu.outputs[0])
-            uses = graph.consumers()
-            break
-    return graph  # the dead pieces go in eliminate_dead_code
+    return rewrite(graph, GELU_TANH)  # the dead pieces go in eliminate_dead_code
+
+
+def _swish(graph: Graph, node: Node, m: dict[str, Value]) -> bool:
+    x, arg = m["x"], m["sig"].producer.inputs[0]
+    if node.outputs[0].type != x.type or not (arg is x or _scaled_by(arg.producer, 1.0) is x):
+        return False
+    # tf.nn.silu writes sigmoid(beta * x) with beta = 1.0
+    swish = Node("unary", [x], node.outputs, {"fn": "swish"},
+                 tuple(dict.fromkeys((*m["sig"].producer.origin, *node.origin))))
+    graph.replace(node, swish)
+    node.outputs[0].producer = swish
+    return True
+
+
+# x * sigmoid(...), either order; the action checks the sigmoid reads x (or 1.0 * x).
+SWISH = [Rule("swish", Pat("binary", fn="mul", inputs=(
+    Pat(name="x"), Pat("unary", fn="sigmoid", name="sig"))), _swish),
+         Rule("swish", Pat("binary", fn="mul", inputs=(
+             Pat("unary", fn="sigmoid", name="sig"), Pat(name="x"))), _swish)]
 
 
 def recognize_swish(graph: Graph) -> Graph:
     """x * sigmoid(x) or x * sigmoid(1.0 * x) (either order) becomes `unary swish(x)`."""
-    for k, node in enumerate(graph.nodes):
-        if node.kind != "binary" or node.attrs["fn"] != "mul":
-            continue
-        a, b = node.inputs
-        for x, s in ((a, b), (b, a)):
-            sig = _made_by(s, "unary", "sigmoid")
-            if sig is None or node.outputs[0].type != x.type:
-                continue
-            # tf.nn.silu writes sigmoid(beta * x) with beta = 1.0
-            arg = sig.inputs[0]
-            if arg is x or _scaled_by(arg.producer, 1.0) is x:
-                graph.nodes[k] = Node("unary", [x], node.outputs, {"fn": "swish"},
-                                      tuple(dict.fromkeys((*sig.origin, *node.origin))))
-                node.outputs[0].producer = graph.nodes[k]
-                break
-    return graph  # an unread sigmoid goes in eliminate_dead_code
+    return rewrite(graph, SWISH)  # an unread sigmoid goes in eliminate_dead_code
 
 
 def _made_by(v: Value, kind: str, fn: str | None = None) -> Node | None:
@@ -256,43 +259,49 @@ def _shift_of(s: Value, mean: Value, inv: Value, channels: int
     return vec, [node, m]
 
 
+def _layer_norm(graph: Graph, r_node: Node, m: dict[str, Value]) -> bool:
+    found = _statistics(r_node)
+    if found is None:
+        return False
+    x, mean, eps, stat_nodes = found
+    channels = x.shape[-1]
+    r = r_node.outputs[0]
+    # inv = r * gamma (or r alone), then y = x * inv + shift.
+    candidates = [(r, None, [])]
+    for node in graph.uses(r):
+        g = _binary_operands(node, "mul", r)
+        vec = None if g is None else _channel_vector(g, channels)
+        if vec is not None:
+            candidates.append((node.outputs[0], vec, [node]))
+    for inv, gamma, inv_nodes in candidates:
+        match = _final_add(graph, x, mean, inv, channels)
+        if match is None:
+            continue
+        y_node, beta, tail = match
+        ln = Node("layer_norm", [
+            x, constant(gamma if gamma is not None else np.ones(channels, np.float32)),
+            constant(beta if beta is not None else np.zeros(channels, np.float32))],
+            [], {"epsilon": eps}, tuple(dict.fromkeys(
+                o for n in (*stat_nodes, r_node, *inv_nodes, *tail, y_node)
+                for o in n.origin)))
+        ln.outputs = [Value(TensorType(x.shape, x.dtype), producer=ln)]
+        graph.insert_before(y_node, ln)
+        graph.replace_uses(y_node.outputs[0], ln.outputs[0])
+        graph.remove(y_node)
+        return True
+    return False
+
+
+# Rooted at rsqrt(var + eps): the statistics above it and the scale and shift below it
+# take more than one pattern can say (either operand order at each of five levels, gamma
+# and beta optional), so the action walks them.
+LAYER_NORM = [Rule("layer_norm", Pat("unary", fn="rsqrt"), _layer_norm)]
+
+
 def recognize_layer_norm(graph: Graph) -> Graph:
     """(x - mean) * rsqrt(var + eps) * gamma + beta over x's last axis, in the forms
     Keras and tf.nn.batch_normalization write it, becomes `layer_norm(x, gamma, beta)`."""
-    uses = graph.consumers()
-    for r_node in list(graph.nodes):
-        if r_node.kind != "unary" or r_node.attrs["fn"] != "rsqrt":
-            continue
-        found = _statistics(r_node)
-        if found is None:
-            continue
-        x, mean, eps, stat_nodes = found
-        channels = x.shape[-1]
-        r = r_node.outputs[0]
-        # inv = r * gamma (or r alone), then y = x * inv + shift.
-        candidates = [(r, None, [])]
-        for node in uses.get(r.id, []):
-            g = _binary_operands(node, "mul", r)
-            vec = None if g is None else _channel_vector(g, channels)
-            if vec is not None:
-                candidates.append((node.outputs[0], vec, [node]))
-        for inv, gamma, inv_nodes in candidates:
-            match = _final_add(uses, x, mean, inv, channels)
-            if match is None:
-                continue
-            y_node, beta, tail = match
-            ln = Node("layer_norm", [
-                x, constant(gamma if gamma is not None else np.ones(channels, np.float32)),
-                constant(beta if beta is not None else np.zeros(channels, np.float32))],
-                [], {"epsilon": eps}, tuple(dict.fromkeys(
-                    o for n in (*stat_nodes, r_node, *inv_nodes, *tail, y_node)
-                    for o in n.origin)))
-            ln.outputs = [Value(TensorType(x.shape, x.dtype), producer=ln)]
-            graph.nodes[graph.nodes.index(y_node)] = ln
-            graph.replace_uses(y_node.outputs[0], ln.outputs[0])
-            uses = graph.consumers()
-            break
-    return graph  # the dead pieces go in eliminate_dead_code
+    return rewrite(graph, LAYER_NORM)  # the dead pieces go in eliminate_dead_code
 
 
 def _statistics(r_node: Node) -> tuple[Value, Value, float, list[Node]] | None:
@@ -316,13 +325,13 @@ def _statistics(r_node: Node) -> tuple[Value, Value, float, list[Node]] | None:
     return None
 
 
-def _final_add(uses: dict[int, list[Node]], x: Value, mean: Value, inv: Value, channels: int
+def _final_add(graph: Graph, x: Value, mean: Value, inv: Value, channels: int
                ) -> tuple[Node, np.ndarray | None, list[Node]] | None:
     """y = x * inv + shift among the readers of inv: (y's node, beta, the other nodes)."""
-    for node in uses.get(inv.id, []):
+    for node in graph.uses(inv):
         if _binary_operands(node, "mul", inv) is not x:
             continue
-        for add in uses.get(node.outputs[0].id, []):
+        for add in graph.uses(node.outputs[0]):
             shift = _binary_operands(add, "add", node.outputs[0])
             if shift is None or add.outputs[0].type != x.type:
                 continue

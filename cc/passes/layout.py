@@ -46,13 +46,12 @@ def _reads_as_image(node: Node, v: Value) -> bool:
 
 def assign_layouts(graph: Graph) -> Graph:
     """Mark each windowed instruction whose output can stay channel-blocked."""
-    uses = graph.consumers()
     outputs = {v.id for v in graph.outputs}
     for node in graph.nodes:
         if node.kind not in isa.WINDOWED or len(node.outputs) != 1 or not _float32_math(node):
             continue
         y = node.outputs[0]
-        readers = uses.get(y.id, [])
+        readers = graph.uses(y)
         x = node.inputs[0]
         if (y.dtype == "float32" and len(y.shape) == 4 and y.shape[3] % BLOCK == 0
                 and y.id not in outputs and readers

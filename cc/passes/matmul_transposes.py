@@ -24,7 +24,6 @@ def _swaps_last_two(perm: list[int]) -> bool:
 def fold_output_transposes(graph: Graph) -> Graph:
     """matmul (no bias, residual or activation) → transpose of its last two axes, the
     transpose its sole reader, becomes one matmul(b, a) with flipped flags."""
-    uses = graph.consumers()
     outputs = {v.id for v in graph.outputs}
     for t in list(graph.nodes):
         if t.kind != "transpose" or not _swaps_last_two(t.attrs["perm"]):
@@ -32,7 +31,7 @@ def fold_output_transposes(graph: Graph) -> Graph:
         m = t.inputs[0].producer
         if m is None or m.kind != "matmul" or len(m.inputs) != 2 \
                 or m.attrs.get("activation", "none") != "none" \
-                or len(uses.get(m.outputs[0].id, [])) != 1 or m.outputs[0].id in outputs:
+                or graph.use_count(m.outputs[0]) != 1 or m.outputs[0].id in outputs:
             continue
         a, b = m.inputs
         m.inputs = [b, a]
@@ -41,8 +40,7 @@ def fold_output_transposes(graph: Graph) -> Graph:
         m.outputs[0].type = t.outputs[0].type
         m.origin = m.origin + tuple(o for o in t.origin if o not in m.origin)
         graph.replace_uses(t.outputs[0], m.outputs[0])
-        graph.nodes.remove(t)
-        uses = graph.consumers()
+        graph.remove(t)
     return graph
 
 
@@ -87,6 +85,6 @@ def absorb_operand_transposes(graph: Graph) -> Graph:
         m.outputs[0].type = t.outputs[0].type
         m.origin = m.origin + tuple(o for o in t.origin if o not in m.origin)
         graph.replace_uses(t.outputs[0], m.outputs[0])
-        graph.nodes.remove(t)
+        graph.remove(t)
         uses = graph.consumers()
     return graph

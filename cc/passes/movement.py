@@ -54,10 +54,10 @@ def _collapse(graph: Graph, reshape: Node, uses: dict, outputs: set[int]) -> boo
             or inner.outputs[0].id in outputs:
         return False
     x = inner.inputs[0]
-    graph.nodes.remove(inner)
+    graph.remove(inner)
     if x.type == reshape.outputs[0].type and reshape.outputs[0].id not in outputs:
         graph.replace_uses(reshape.outputs[0], x)
-        graph.nodes.remove(reshape)
+        graph.remove(reshape)
     else:
         reshape.inputs = [x]
         reshape.origin = tuple(dict.fromkeys((*inner.origin, *reshape.origin)))
@@ -99,10 +99,11 @@ def sink_reshapes(graph: Graph) -> Graph:
             moved.outputs = [Value(TensorType(x.shape, user.outputs[0].dtype), producer=moved)]
             again = Node("reshape", [moved.outputs[0]], [], dict(reshape.attrs), reshape.origin)
             again.outputs = [Value(user.outputs[0].type, producer=again)]
-            position = graph.nodes.index(user)
-            graph.nodes[position:position + 1] = [moved, again]
+            graph.insert_before(user, moved)
+            graph.insert_before(user, again)
             graph.replace_uses(user.outputs[0], again.outputs[0])
-            graph.nodes.remove(reshape)
+            graph.remove(user)
+            graph.remove(reshape)
             changed = True
             break
     return graph

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node, TensorType, Value
+from ..rewrite import Pat, Rule, rewrite
 
 # exponent -> the unary functions applied in turn, then whether x multiplies the result
 _RULES: dict[float, tuple[str, bool]] = {
@@ -53,27 +54,32 @@ def _emit(kind: str, inputs: list[Value], attrs: dict, like: Value, origin: tupl
     return node
 
 
-def expand_constant_powers(graph: Graph) -> Graph:
-    """Rewrite `binary pow` by a constant 1, 2, 3, 0.5, -0.5 or -1 as the table above."""
-    out: list[Node] = []
-    for node in graph.nodes:
-        e = _exponent(node)
-        x = node.inputs[0]
-        if e == 1.0:
-            out.append(Node("copy", [x], node.outputs, {}, node.origin))
-            continue
-        if e is None or e not in _RULES:
-            out.append(node)
-            continue
+def _expand(graph: Graph, node: Node, bound: dict) -> bool:
+    e = _exponent(node)
+    if e is None or (e != 1.0 and e not in _RULES):
+        return False
+    x = node.inputs[0]
+    if e == 1.0:
+        new = [Node("copy", [x], node.outputs, {}, node.origin)]
+    else:
         fn, times_x = _RULES[e]
         if not times_x:
-            out.append(Node("unary", [x], node.outputs, {"fn": fn}, node.origin))
-            continue
-        inner = _emit("unary", [x], {"fn": fn}, x, node.origin)
-        out += [inner, Node("binary", [x, inner.outputs[0]], node.outputs, {"fn": "mul"},
-                            node.origin)]
-    for node in out:
-        for v in node.outputs:
-            v.producer = node
-    graph.nodes = out
-    return graph
+            new = [Node("unary", [x], node.outputs, {"fn": fn}, node.origin)]
+        else:
+            inner = _emit("unary", [x], {"fn": fn}, x, node.origin)
+            new = [inner, Node("binary", [x, inner.outputs[0]], node.outputs, {"fn": "mul"},
+                               node.origin)]
+    for n in new:
+        graph.insert_before(node, n)
+    graph.remove(node)
+    for v in new[-1].outputs:
+        v.producer = new[-1]
+    return True
+
+
+POWERS = [Rule("constant_power", Pat("binary", fn="pow"), _expand)]
+
+
+def expand_constant_powers(graph: Graph) -> Graph:
+    """Rewrite `binary pow` by a constant 1, 2, 3, 0.5, -0.5 or -1 as the table above."""
+    return rewrite(graph, POWERS)

@@ -8,12 +8,16 @@ from neuronish.runtime import isa
 
 from ..interpret import fold_fits, fold_node
 from ..ir import Graph, Node, Value
+from ..rewrite import Pat, Rule, rewrite
 
 
 def fold_constants(graph: Graph) -> Graph:
     """Evaluate every node whose inputs are all constants (with the device's own
     kernels, so the folded numbers are the ones the device would compute), unless
-    its result is too large to fold (`fold_fits`): the device computes that one."""
+    its result is too large to fold (`fold_fits`): the device computes that one.
+
+    One sweep in schedule order is already a fixed point (a node's inputs are folded
+    before it is visited), and `replace_uses` costs only the value's uses."""
     kept: list[Node] = []
     for node in graph.nodes:
         if node.inputs and all(v.is_const for v in node.inputs) and fold_fits(node):
@@ -52,25 +56,29 @@ def _is_identity(node: Node) -> Value | None:
     return None
 
 
+def _drop_identity(graph: Graph, node: Node, bound: dict) -> bool:
+    x = _is_identity(node)
+    if x is None:
+        return False
+    out = node.outputs[0]
+    if graph.is_output(out) and (any(v is x for v in graph.inputs) or graph.is_output(x)):
+        if node.kind == "copy":
+            return False  # already the copy it must stay as
+        copy = Node("copy", [x], node.outputs, {}, node.origin)  # must stay distinct
+        graph.replace(node, copy)
+        out.producer = copy
+        return True
+    graph.replace_uses(out, x)
+    graph.remove(node)
+    return True
+
+
+IDENTITIES = [Rule("identity", Pat(), _drop_identity)]
+
+
 def eliminate_identities(graph: Graph) -> Graph:
     """Drop nodes that return their input unchanged (same type, same values)."""
-    kept: list[Node] = []
-    for node in graph.nodes:
-        x = _is_identity(node)
-        if x is None:
-            kept.append(node)
-            continue
-        out = node.outputs[0]
-        if out in graph.outputs and (x in graph.inputs or x in graph.outputs):
-            copy = Node("copy", [x], node.outputs, {}, node.origin)  # must stay distinct
-            out.producer = copy
-            kept.append(copy)
-            continue
-        graph.replace_uses(out, x)
-        if out in graph.outputs:
-            x.name = x.name or out.name
-    graph.nodes = kept
-    return graph
+    return rewrite(graph, IDENTITIES)
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:

@@ -14,6 +14,7 @@ are left alone.
 from __future__ import annotations
 
 from ..ir import Graph, Node, Value
+from ..rewrite import Pat, Rule, rewrite
 
 _NON_NEGATIVE = ("relu", "relu6")
 
@@ -52,22 +53,25 @@ def _takes(reader: Node, v: Value, pads: list[int]) -> bool:
     return False
 
 
+def _fold_pad(graph: Graph, node: Node, bound: dict) -> bool:
+    pads = _spatial_zero_pads(node)
+    y = node.outputs[0]
+    readers = graph.uses(y)
+    if pads is None or graph.is_output(y) or not readers or not all(
+            _takes(r, y, pads) for r in readers):
+        return False
+    for r in readers:
+        r.inputs = [node.inputs[0], *r.inputs[1:]]
+        r.attrs = {**r.attrs, "pads": [a + b for a, b in zip(r.attrs["pads"], pads)]}
+        r.origin = r.origin + tuple(o for o in node.origin if o not in r.origin)
+    graph.remove(node)
+    return True
+
+
+PAD_INTO_WINDOW = [Rule("pad_into_window", Pat("pad"), _fold_pad)]
+
+
 def fold_pad_into_window(graph: Graph) -> Graph:
     """pad (zeros, H/W only) → conv2d / depthwise_conv2d / max pool of a non-negative
     value becomes that instruction with larger `pads`."""
-    uses = graph.consumers()
-    outputs = {v.id for v in graph.outputs}
-    for node in list(graph.nodes):
-        pads = _spatial_zero_pads(node)
-        y = node.outputs[0]
-        readers = uses.get(y.id, [])
-        if pads is None or y.id in outputs or not readers or not all(
-                _takes(r, y, pads) for r in readers):
-            continue
-        for r in readers:
-            r.inputs = [node.inputs[0], *r.inputs[1:]]
-            r.attrs = {**r.attrs, "pads": [a + b for a, b in zip(r.attrs["pads"], pads)]}
-            r.origin = r.origin + tuple(o for o in node.origin if o not in r.origin)
-        graph.nodes.remove(node)
-        uses = graph.consumers()
-    return graph
+    return rewrite(graph, PAD_INTO_WINDOW)

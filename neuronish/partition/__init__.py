@@ -2,7 +2,8 @@
 
 Stages, each a module with one public function, each testable alone:
 
-    shapes.infer / shapes.batch_axes   static shape, dtype and batch axis of every tensor
+    shape_inference.shapes.infer       static shape, dtype and batch axis of every tensor
+      / .batch_axes                    (a package of its own, re-exported here)
     mark.mark                          supported or not, and why not, per node
     cluster.cluster                    supported nodes -> clusters, never closing a cycle
     cluster.drop_small                 clusters too small to be worth a device call
@@ -24,9 +25,9 @@ from dataclasses import dataclass, field
 
 from tensorflow.core.framework import graph_pb2
 
+from neuronish.graph import GraphIndex, PartitionError, canonical, producer
 from neuronish.partition.cluster import Cluster, DroppedCluster, SizeFilter, cluster, drop_small
 from neuronish.partition.encapsulate import Subgraph, encapsulate
-from neuronish.partition.graph import GraphIndex, PartitionError, canonical, producer
 from neuronish.partition.mark import (
     DEVICE_DTYPES,
     CompilerSupport,
@@ -37,14 +38,14 @@ from neuronish.partition.mark import (
     mark,
     supported_ops,
 )
-from neuronish.partition.shapes import (
+from neuronish.partition.splice import Spliced, splice, unread_duplicates
+from neuronish.shape_inference.shapes import (
     TensorInfo,
     batch_axes,
     batched_inputs,
     infer,
     shapes_at_batch,
 )
-from neuronish.partition.splice import Spliced, splice, unread_duplicates
 
 __all__ = [
     "DEVICE_DTYPES", "Cluster", "CompilerSupport", "DroppedCluster", "Marking", "NodeMark",

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from tensorflow.core.framework import graph_pb2
 
 from neuronish.contracts import PASS_THROUGH_OPS
+from neuronish.graph import GraphIndex, producer
 from neuronish.partition.dag import ContractibleDag
-from neuronish.partition.graph import GraphIndex, producer
 from neuronish.partition.mark import Marking
-from neuronish.partition.values import device_static_nodes
+from neuronish.shape_inference.values import device_static_nodes
 
 NAME_PREFIX = "neuron_op_"
 

@@ -37,9 +37,9 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from neuronish.cc.graphdef import encode_varint
+from neuronish.graph import GraphIndex, PartitionError, canonical, parse_input, producer
 from neuronish.partition.cluster import Cluster
-from neuronish.partition.graph import GraphIndex, PartitionError, canonical, parse_input, producer
-from neuronish.partition.shapes import TensorInfo
+from neuronish.shape_inference.shapes import TensorInfo
 
 # Attributes that refer to the outer graph or cache its shapes.
 _OUTER_ATTRS = ("_class", "_output_shapes")

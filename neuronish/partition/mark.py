@@ -43,9 +43,9 @@ from pathlib import Path
 from tensorflow.core.framework import graph_pb2
 
 from neuronish import contracts
-from neuronish.partition.graph import GraphIndex, PartitionError, canonical, is_stateful, producer
-from neuronish.partition.shapes import TensorInfo
-from neuronish.partition.values import device_static_nodes, static_values
+from neuronish.graph import GraphIndex, PartitionError, canonical, is_stateful, producer
+from neuronish.shape_inference.shapes import TensorInfo
+from neuronish.shape_inference.values import device_static_nodes, static_values
 
 DEVICE_DTYPES = frozenset(contracts.DEVICE_DTYPES)
 INPUT_OPS = contracts.INPUT_OPS
@@ -108,11 +108,11 @@ class Marking:
 
 _LOOP_OPS = frozenset({"While", "StatelessWhile"})
 _LOOP_HINT = ("a loop (tf.while_loop and its TensorLists) whose trip count the input shapes do "
-              "not fix, or that partition/unroll.py could not rewrite: the device runs no "
+              "not fix, or that rewrites/unroll.py could not rewrite: the device runs no "
               "loops, so it stays on TensorFlow (loops of a fixed count, as Keras LSTM, GRU "
               "and SimpleRNN over fixed-length sequences, are unrolled and compile whole)")
 _LIST_HINT = ("a TensorList (a TensorArray written outside any loop) whose positions or "
-              "element shapes the input shapes do not fix, so partition/unroll.py could not "
+              "element shapes the input shapes do not fix, so rewrites/unroll.py could not "
               "rewrite it into tensors: it stays on TensorFlow")
 
 

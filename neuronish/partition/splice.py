@@ -26,8 +26,7 @@ from typing import NamedTuple
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
-from neuronish.partition.encapsulate import Subgraph
-from neuronish.partition.graph import (
+from neuronish.graph import (
     GraphIndex,
     PartitionError,
     canonical,
@@ -35,6 +34,7 @@ from neuronish.partition.graph import (
     parse_input,
     producer,
 )
+from neuronish.partition.encapsulate import Subgraph
 
 
 class Spliced(NamedTuple):

@@ -6,7 +6,7 @@
 // from it, with the same rules validate.py applies and the same leniencies
 // from_bytes has (Python iterates what it calls tuple() on, so the helpers below accept
 // what Python's tuple() and dict() accept), so both loaders accept the same files;
-// tests/test_c_api.py checks that on fuzzed mutants. Instruction attributes are
+// tests/runtime/test_c_api.py checks that on fuzzed mutants. Instruction attributes are
 // checked against isa_table.h, generated from runtime/isa.py at build time.
 // Not checked yet (docs/c-api.md): the kinds' shape rules (isa.py's Python functions
 // that derive output types from input types and check axes, windows, perms).

@@ -4,7 +4,7 @@ The facts (kinds, arity, attributes with their types, ranges, lengths and choice
 dtypes and size limits) stay in isa.py; this writes them out at build time
 (runtime/capi/library.py), so the C loader checks exactly what validate.py checks
 and cannot drift from it. The shape rules are Python functions: shape_rules.cc ports them
-by hand (NATIVE_RULES lists which), and tests/test_c_api.py compares the two.
+by hand (NATIVE_RULES lists which), and tests/runtime/test_c_api.py compares the two.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from .. import isa
 
 # The kinds whose shape rule runtime/capi/shape_rules.cc ports (all of them, checked by
-# tests/test_c_api.py); a kind added to isa.py without a port is checked for arity and
+# tests/runtime/test_c_api.py); a kind added to isa.py without a port is checked for arity and
 # attributes only until it gets one (docs/c-api.md).
 NATIVE_RULES = frozenset({"unary", "copy", "binary", "select", "cast", "matmul", "conv2d",
                           "depthwise_conv2d", "pool", "reduce", "softmax", "argminmax",

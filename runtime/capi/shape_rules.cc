@@ -1,5 +1,5 @@
 // Ports of runtime/isa.py's shape rules, one function per rule, in isa.py's order and
-// with its messages; tests/test_c_api.py compares them with isa.py on fuzzed mutants.
+// with its messages; tests/runtime/test_c_api.py compares them with isa.py on fuzzed mutants.
 #include "shape_rules.h"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 """int8 reference kernels: `quantize`, `conv2d_int8`, `matmul_int8` (docs/int8.md).
 
-These define the int8 semantics the native engine is held to (tests/test_int8.py):
+These define the int8 semantics the native engine is held to (tests/runtime/test_int8.py):
 
 - quantizing multiplies by float32(1/scale) once, rounds half to even and saturates
   (NaN gives 0), as oneDNN's reorder with a source scale and its cvt instructions do;

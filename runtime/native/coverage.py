@@ -5,7 +5,7 @@ instruction per combination of its function (`fn`/`mode`/... choice attributes) 
 input dtypes that the declaration admits (`isa.check` accepts it); `gaps` asks
 `spec.encode` (what the native engine runs, exactly as the loader asks) which of them
 it leaves to the numpy reference kernels. `python -m neuronish.runtime.native.coverage`
-prints that list; tests/test_native_gap.py holds it to a recorded one, so a kernel
+prints that list; tests/runtime/test_native_gap.py holds it to a recorded one, so a kernel
 added or lost shows up as a diff.
 
 Shapes are small and ordinary (no empty tensors, rank <= 4): what is measured is the

@@ -1,6 +1,6 @@
 // neuronish native engine: runs a device program's instructions as oneDNN primitives.
 //
-// The Python side (runtime/native/spec.py, called by runtime/native/program.py) translates each validated instruction into
+// The Python side (runtime/native/spec.py, called by runtime/native/engine_program.py) translates each validated instruction into
 // a flat spec of int64s (tensor references and attributes) plus a few floats, and calls
 // `ne_add` once per instruction at load time. Here each spec becomes one oneDNN primitive
 // (plus, for bf16 compute, a reorder of its input), created once: weights are reordered
@@ -43,7 +43,7 @@ using tag = dnnl::memory::format_tag;
 
 namespace {
 
-// Spec codes: tests/test_native_codes.py holds these enums to runtime/native/spec.py's.
+// Spec codes: tests/runtime/test_native_codes.py holds these enums to runtime/native/spec.py's.
 enum Op : int64_t {
   OP_CONV = 1, OP_MATMUL = 2, OP_POOL = 3, OP_ELTWISE = 4, OP_BINARY = 5, OP_SOFTMAX = 6,
   OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10, OP_LAYER_NORM = 11,
@@ -86,7 +86,7 @@ enum Bin : int64_t {
 enum Red : int64_t { R_SUM = 1, R_MEAN = 2, R_MAX = 3, R_MIN = 4, R_MUL = 5 };
 // OP_REDUCE_INT functions: int32, then bool.
 enum RedInt : int64_t { RI_SUM = 1, RI_MEAN = 2, RI_MAX = 3, RI_MIN = 4, RI_PROD = 5, RI_ANY = 6, RI_ALL = 7 };
-// Why a run stopped early (ne_run's result; keep in step with runtime/native/program.py).
+// Why a run stopped early (ne_run's result; keep in step with runtime/native/engine_program.py).
 enum Stop : int64_t { STOP_CANCELLED = 1, STOP_DEADLINE = 2 };
 
 struct Error : std::runtime_error {

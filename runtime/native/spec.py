@@ -5,7 +5,7 @@
 engine does not implement that instruction with those dtypes and attributes; the
 instruction then runs on the numpy reference kernel inside the same program (today no
 admitted combination does: runtime/native/coverage.py measures it). The codes below are
-engine.cc's enums; tests/test_native_codes.py holds the two to each other.
+engine.cc's enums; tests/runtime/test_native_codes.py holds the two to each other.
 """
 
 from __future__ import annotations

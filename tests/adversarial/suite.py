@@ -1,7 +1,7 @@
 """The adversarial suite (issue 23): generated cases of each class of attack the issue
 found, each judged "held" (refused with the project's own error, or served correctly)
 or not. A class is a generator of cases from a seeded random source, so a failure is
-reproducible from (class, seed, index); `tests/test_adversarial.py` runs a bounded
+reproducible from (class, seed, index); `tests/adversarial/test_adversarial.py` runs a bounded
 sample in CI and `scripts/adversarial.py` a longer run that prints the table.
 
 Classes (what each case tries, and what "held" means):
@@ -269,7 +269,7 @@ def run_dir_files(rng: random.Random, n: int, tmp: Path) -> Iterator[Case]:
 def int_division(rng: random.Random, n: int, tmp: Path) -> Iterator[Case]:
     from neuronish.cc import cli
     from neuronish.cc.proto import tf_graph_pb2 as pb
-    from tests.test_cc_hostile import _node, _tensor
+    from tests.cc.test_cc_hostile import _node, _tensor
 
     def run(i: int, op: str, dtype: int, divisor: list[int]) -> str | None:
         g = pb.GraphDef()
@@ -306,7 +306,7 @@ def int_division(rng: random.Random, n: int, tmp: Path) -> Iterator[Case]:
 
 def fold_bounds(rng: random.Random, n: int, tmp: Path) -> Iterator[Case]:
     from neuronish.cc.proto import tf_graph_pb2 as pb
-    from tests.test_cc_hostile import CC, _node, _tensor
+    from tests.cc.test_cc_hostile import CC, _node, _tensor
 
     i32, i64, f32 = ("type", pb.DT_INT32), ("type", pb.DT_INT64), ("type", pb.DT_FLOAT)
 

@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
 /* Loads executables through the neuronish C API and prints, per file, one JSON line:
- * its signature and program summary, or the error. tests/test_c_api.py builds it with
+ * its signature and program summary, or the error. tests/runtime/test_c_api.py builds it with
  * gcc against libneuronish_runtime.so and compares the lines with Python's reading.
  * Every file is loaded twice, from the file and from its bytes; both must agree. */
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Thread safety of the C API: 8 threads load, query and unload the same executable
  * (from its file and from one shared buffer) 40 times each, and one shared handle is
- * queried by all of them at once. tests/test_c_api.py runs it under ThreadSanitizer. */
+ * queried by all of them at once. tests/runtime/test_c_api.py runs it under ThreadSanitizer. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>

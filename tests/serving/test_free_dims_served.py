@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 import neuronish.saved_model
+from tests.neuronish.test_free_dims import MAX_LENGTH, _free_text_model, _text
 from tests.serving.harness import (
     Server,
     copy_version,
@@ -23,7 +24,6 @@ from tests.serving.harness import (
     running_server,
     write_text,
 )
-from tests.test_free_dims import MAX_LENGTH, _free_text_model, _text
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,137 @@
+"""Values computed from constants alone, computed once when compiling.
+
+Models compute fixed tables at serving time: a mel filter bank from linspace and
+broadcasts (`tf.signal.linear_to_mel_weight_matrix`, Keras' MelSpectrogram), DCT twiddle
+factors, positional encodings. Every call recomputes them, and an op the compiler does
+not take among them (BroadcastArgs) leaves the table on TensorFlow feeding a device op
+that needs it as a compile-time constant, which splits the model. `fold_constants` runs
+such computations once in TensorFlow, so the values are TensorFlow's own, and puts each
+result in a Const where it is read.
+
+What is not folded: pass-through and reshaping ops alone (a weight read through Identity
+or reshaped stays as it is: copying every weight would cost time and memory for
+nothing), stateful ops and graph inputs (PlaceholderWithDefault can be fed), results over
+`MAX_BYTES` (a large broadcast is cheaper computed than stored), strings, resources and
+variants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from neuronish import contracts
+from neuronish.graph import (
+    GraphIndex,
+    PartitionError,
+    canonical,
+    drop_dead,
+    is_control,
+    is_stateful,
+    parse_input,
+    producer,
+)
+
+MAX_BYTES = 1 << 20
+# Ops that only re-label a value's shape: a weight reshaped for a convolution's bias is not
+# worth folding (the compiler takes it as it is), and finding none spares copying the graph.
+_RELABELS = contracts.PASS_THROUGH_OPS | {"Reshape", "Squeeze", "ExpandDims"}
+_NOT_FOLDED_DTYPES = (tf.string, tf.resource, tf.variant)
+
+
+def fold_constants(graph_def: graph_pb2.GraphDef,
+                   fetches: Sequence[str] = ()) -> graph_pb2.GraphDef:
+    """`graph_def` with each value computed from Consts alone by a non-pass-through op
+    replaced by a Const (a new GraphDef), or `graph_def` itself when there is none."""
+    try:
+        index = GraphIndex.build(graph_def)
+    except PartitionError:
+        return graph_def  # (a cycle, a dangling input: the partitioner says what is wrong)
+    fixed, computed = _fixed_nodes(index)
+    fetched = {canonical(f) for f in fetches}
+    tensors = sorted({t for name in index.order if name not in fixed
+                      for t in index.data_inputs[name] if producer(t) in computed} - fetched)
+    if not tensors:
+        return graph_def
+    values = _evaluate(_closure(graph_def, index, tensors), tensors)
+    if values is None:
+        return graph_def
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    taken = {n.name for n in out.node}
+    replacement = {}
+    for tensor, value in values.items():
+        name, output = parse_input(tensor)
+        const_name = f"{name}/folded" + (f"_{output}" if output else "")
+        while const_name in taken:
+            const_name += "_"
+        taken.add(const_name)
+        node = out.node.add(name=const_name, op="Const")
+        node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+        replacement[tensor] = const_name
+    for node in out.node:
+        for k, ref in enumerate(node.input):
+            if not is_control(ref) and canonical(ref) in replacement:
+                node.input[k] = replacement[canonical(ref)]
+    drop_dead(out, fetches)
+    return out
+
+
+def _fixed_nodes(index: GraphIndex) -> tuple[set[str], set[str]]:
+    """(nodes whose outputs follow from Consts alone, those of them that compute)."""
+    fixed: set[str] = set()
+    computed: set[str] = set()
+    for name in index.order:  # producers first
+        node, sources = index.nodes[name], index.producers(name)
+        if not _foldable(node) or not (node.op == "Const" or (
+                sources and all(s in fixed for s in sources))):
+            continue
+        fixed.add(name)
+        if node.op not in _RELABELS or any(s in computed for s in sources):
+            computed.add(name)
+    return fixed, computed
+
+
+def _foldable(node: object) -> bool:
+    if node.op in contracts.INPUT_OPS:
+        return False
+    return not is_stateful(node.op)
+
+
+def _closure(graph_def: graph_pb2.GraphDef, index: GraphIndex, tensors: list[str]
+             ) -> graph_pb2.GraphDef:
+    """The nodes `tensors` are computed from (Consts at the roots), as their own graph: the
+    model's other weights are not copied to compute a few small tables."""
+    keep: set[str] = set()
+    stack = [producer(t) for t in tensors]
+    while stack:
+        name = stack.pop()
+        if name not in keep:
+            keep.add(name)
+            stack.extend(index.producers(name))
+    sub = graph_pb2.GraphDef()
+    sub.versions.CopyFrom(graph_def.versions)
+    sub.library.CopyFrom(graph_def.library)
+    sub.node.extend(n for n in graph_def.node if n.name in keep)
+    return sub
+
+
+def _evaluate(graph_def: graph_pb2.GraphDef, tensors: list[str]) -> dict | None:
+    """The values of `tensors` that are worth a Const, or None when TensorFlow cannot
+    compute them here (the graph is then left as it is)."""
+    graph = tf.Graph()
+    try:
+        with graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        wanted = [t for t in tensors if graph.get_tensor_by_name(t).dtype.base_dtype
+                  not in _NOT_FOLDED_DTYPES]
+        if not wanted:
+            return None
+        with tf.compat.v1.Session(graph=graph) as session:
+            values = session.run(wanted)
+    except (tf.errors.OpError, ValueError, KeyError):
+        return None
+    return {t: v for t, v in zip(wanted, values) if v.nbytes <= MAX_BYTES}

@@ -1,0 +1,457 @@
+"""Unroll loops whose trip count is fixed by shapes (Keras LSTM, GRU, SimpleRNN).
+
+The device runs no loops. A functional `While` (what `tf.while_loop` and Keras RNN layers
+without `unroll=True` leave in a frozen graph) whose condition reads only values fixed by
+constants and tensor shapes runs the same number of times for every input of the compile
+shape. Such a loop is replaced by that many copies of its body, each reading the previous
+copy's loop variables, and a `IdentityN` of the same name passing on the last ones. The
+TensorLists the loop reads and writes (a TensorArray over time steps) then become plain
+tensors: `TensorListFromTensor` + `TensorListGetItem(i)` a `GatherV2` of row i,
+`TensorListReserve` + `TensorListSetItem(i)` + `TensorListStack` a `Pack` of the items.
+
+Anything this cannot prove or rewrite (a trip count that depends on the data, more than
+`MAX_STEPS` iterations, a TensorList used otherwise, a body TensorFlow cannot rebuild)
+leaves the graph as it was: the loop stays on TensorFlow and the report says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+
+from neuronish.graph import (
+    GraphIndex,
+    PartitionError,
+    canonical,
+    control_refs,
+    data_refs,
+    drop_dead,
+    needed_nodes,
+    parse_input,
+    producer,
+)
+from neuronish.shape_inference.shapes import batched_inputs, infer
+from neuronish.shape_inference.values import static_values
+
+LOOP_OPS = frozenset({"While", "StatelessWhile"})
+MAX_STEPS = 512
+
+
+class _CannotUnroll(Exception):
+    pass
+
+
+def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
+                 fetches: Sequence[str] = ()) -> graph_pb2.GraphDef:
+    """`graph_def` with every loop of a shape-fixed trip count unrolled (a new GraphDef),
+    or `graph_def` itself when there is none or any step fails. `input_shapes` are the
+    compile shapes of the Placeholders (by name or "name:0"); `fetches` the tensors the
+    caller reads, kept whatever happens around them."""
+    # TensorLists without a loop are rewritten too: a TensorArray filled in a Python loop
+    # traces to straight-line TensorListReserve / SetItem / Stack (keras_hub's RWKV7).
+    if not any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in graph_def.node):
+        return graph_def
+    try:
+        out = graph_pb2.GraphDef()
+        out.CopyFrom(graph_def)
+        for _ in range(8):  # loops inside loop bodies surface one level per round
+            loops = [n for n in out.node if n.op in LOOP_OPS]
+            if not loops:
+                break
+            # One index of the graph as the round finds it: checking and counting the
+            # loops edit nothing, so what constants and shapes fix, the shapes, and the
+            # graph the counts are run in are found once for all loops.
+            index = GraphIndex.build(out)
+            static = static_values(index)
+            fixed_outer = static.constant | static.shape
+            # Proven before anything runs: running a loop whose count follows the data on
+            # made-up inputs could take forever.
+            _check_count_is_fixed(out, loops, fixed_outer)
+            trips = _trip_counts(out, loops, input_shapes, fixed_outer, index)
+            if not trips:
+                raise _CannotUnroll("no loop's trip count follows from constants and shapes")
+            loops = [n for n in loops if n.name in trips]
+            cond_reads = []
+            for node in loops:
+                cond_reads += _unroll(out, node.name, trips[node.name])
+            unrolled = GraphIndex.build(out)  # (the copies are edits: a new index)
+            _check_fixed(unrolled, cond_reads)
+            _lists_to_tensors(out, input_shapes, unrolled)
+            _bypass(out, {n.name for n in loops} - {producer(f) for f in fetches})
+            drop_dead(out, fetches)
+        if any(n.op.startswith("TensorList") for n in out.node):
+            _lists_to_tensors(out, input_shapes, GraphIndex.build(out))
+            drop_dead(out, fetches)
+        if any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in out.node):
+            return graph_def
+        return out
+    except _CannotUnroll:
+        return graph_def
+
+
+# --- running the graph at the compile shapes -------------------------------------------------
+
+def _evaluate(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
+              tensors: list[str], index: GraphIndex) -> list[np.ndarray]:
+    """The values of `tensors`, which must follow from constants and shapes alone: each
+    shape op whose input's shape is known at `input_shapes` becomes that constant, and
+    nothing is fed (no data, tables or other resources are needed). `index` is
+    `graph_def`'s, unedited since: the graph of constants is kept on it, per shapes."""
+    with tf.compat.v1.Session(graph=_constant_graph(graph_def, input_shapes, index)) as session:
+        try:
+            return session.run(tensors)
+        except (tf.errors.OpError, ValueError) as e:
+            raise _CannotUnroll(str(e)) from None
+
+
+def _constant_graph(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
+                    index: GraphIndex) -> tf.Graph:
+    """`graph_def` in TensorFlow with its shape ops at `input_shapes` as constants, built
+    once per index and shapes: a round runs each loop's count at two batch sizes, and
+    each run inferred the shapes and imported the whole graph again (keras_rnn_loop's
+    three loops: 7 inferences, 3.4 s of its 7.8 s of unrolling)."""
+    key = ("constant graph", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())))
+    if key in index.memo:
+        return index.memo[key]
+    try:
+        infos = infer(graph_def, input_shapes)
+    except PartitionError as e:
+        raise _CannotUnroll(str(e)) from None
+    constant = graph_pb2.GraphDef()
+    constant.CopyFrom(graph_def)
+    for original, node in zip(graph_def.node, constant.node):
+        if original.op not in ("Shape", "Size", "Rank") or not original.input:
+            continue
+        info = infos.get(canonical(original.input[0]))
+        if info is not None and info.fully_known:
+            shape = np.asarray(info.shape, dtype=np.int64)
+            value = {"Shape": shape, "Size": np.prod(shape),
+                     "Rank": np.int64(len(shape))}[original.op]
+            dtype = tf.as_dtype(original.attr["out_type"].type) if "out_type" in \
+                original.attr else tf.int32
+            node.Clear()
+            node.name, node.op = original.name, "Const"
+            node.attr["dtype"].type = dtype.as_datatype_enum
+            node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
+                np.asarray(value).astype(dtype.as_numpy_dtype)))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(constant, name="")
+    index.memo[key] = graph
+    return graph
+
+
+def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
+                 input_shapes: Mapping[str, Sequence[int]], fixed_outer: frozenset[str],
+                 index: GraphIndex) -> dict[str, int]:
+    """Iterations of each loop, found by running its condition and the body's fixed
+    variables (`_check_count_is_fixed`) on their starting values: the same at the compile
+    shapes and one batch larger (the compiled program serves every batch), and at most
+    MAX_STEPS."""
+    batched = batched_inputs(graph_def)
+    bigger = {k: [d + 1 if i == 0 and (k[:-2] if k.endswith(":0") else k) in batched else d
+                  for i, d in enumerate(v)] for k, v in input_shapes.items()}
+    trips = {}
+    for node in loops:
+        try:
+            counts = set(_simulate(graph_def, node, (input_shapes, bigger), fixed_outer, index))
+        except _CannotUnroll:
+            # Its count may follow from shapes that loops before it leave unknown until
+            # they are unrolled (Keras 2's Bidirectional GRU, then an LSTM over its output):
+            # the next round counts it.
+            continue
+        if len(counts) != 1:
+            raise _CannotUnroll(f"{node.name} runs {sorted(counts)} times at two batch sizes")
+        trips[node.name] = counts.pop()
+    return trips
+
+
+def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
+              shape_sets: Sequence[Mapping[str, Sequence[int]]], fixed_outer: frozenset[str],
+              index: GraphIndex) -> list[int]:
+    """How many times loop `node` runs at each of `shape_sets`: its condition and its
+    fixed variables, stepped in TensorFlow sessions from their starting values (the
+    condition and the body imported once for all the sets)."""
+    values = data_refs(node)
+    fixed = sorted(_fixed_variables(graph_def, node, fixed_outer))
+    starts = [dict(zip(fixed, _evaluate(graph_def, shapes, [canonical(values[k]) for k in fixed],
+                                        index))) for shapes in shape_sets]
+    cond = _function(graph_def, node.attr["cond"].func.name)
+    body = _function(graph_def, node.attr["body"].func.name)
+    cond_graph, cond_flat = function_def_to_graph_def(cond)
+    body_graph, body_flat = function_def_to_graph_def(body)
+    cond_args = [a.name for a in cond.signature.input_arg]
+    body_args = [a.name for a in body.signature.input_arg]
+    cond_out = cond_flat[cond.ret[cond.signature.output_arg[0].name]]
+    body_outs = [body_flat[body.ret[body.signature.output_arg[k].name]] for k in fixed]
+    sessions = []
+
+    def steps(current: dict[int, np.ndarray]) -> int:
+        for step in range(MAX_STEPS + 1):
+            go = cond_session.run(cond_out, {f"{cond_args[k]}:0": v for k, v in current.items()})
+            if not bool(go):
+                return step
+            current = dict(zip(fixed, body_session.run(
+                body_outs, {f"{body_args[k]}:0": v for k, v in current.items()})))
+        raise _CannotUnroll(f"{node.name} runs more than {MAX_STEPS} times")
+
+    try:
+        for graph_def_ in (cond_graph, body_graph):
+            graph = tf.Graph()
+            with graph.as_default():
+                tf.graph_util.import_graph_def(graph_def_, name="")
+            sessions.append(tf.compat.v1.Session(graph=graph))
+        cond_session, body_session = sessions
+        return [steps(current) for current in starts]
+    except (tf.errors.OpError, ValueError) as e:
+        raise _CannotUnroll(f"{node.name}: {e}") from None
+    finally:
+        for session in sessions:
+            session.close()
+
+
+def _check_count_is_fixed(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
+                          fixed_outer: frozenset[str]) -> None:
+    """Each loop's condition reads only loop variables that start fixed (constants and
+    shapes: `fixed_outer`) and that the body computes from such variables only."""
+    for node in loops:
+        if not set(_cond_args(graph_def, node)) <= _fixed_variables(graph_def, node,
+                                                                     fixed_outer):
+            raise _CannotUnroll(f"{node.name}: its condition reads values computed from data")
+
+
+def _fixed_variables(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
+                     fixed_outer: frozenset[str]) -> set[int]:
+    """Positions of the loop variables that start fixed (`fixed_outer`: the graph's nodes
+    computed from constants and shapes) and that the body computes from such variables
+    only."""
+    body = _function(graph_def, node.attr["body"].func.name)
+    body_graph, flat = function_def_to_graph_def(body)
+    args = [a.name for a in body.signature.input_arg]
+    values = data_refs(node)
+    if len(values) != len(args):
+        raise _CannotUnroll(f"{node.name}: {len(values)} inputs, body takes {len(args)}")
+    body_nodes = {n.name: n for n in body_graph.node}
+    # the nodes each result is computed from, through data edges
+    reads = [needed_nodes(body_nodes, [flat[body.ret[a.name]]], control=False)
+             for a in body.signature.output_arg]
+    fixed = {k for k, v in enumerate(values) if producer(v) in fixed_outer}
+    while True:  # drop variables the body computes from a variable that is not fixed
+        loose = {k for k in fixed if any(args[j] in reads[k] for j in
+                                        set(range(len(args))) - fixed)}
+        if not loose:
+            return fixed
+        fixed -= loose
+
+
+def _check_fixed(index: GraphIndex, tensors: list[str]) -> None:
+    """Every tensor in `tensors` is computed from constants and shapes only."""
+    static = static_values(index)
+    fixed = static.constant | static.shape
+    for t in tensors:
+        if producer(t) not in fixed:
+            raise _CannotUnroll(f"the loop condition reads {t}, computed from data")
+
+
+# --- copying the body ------------------------------------------------------------------------
+
+def _function(graph_def: graph_pb2.GraphDef, name: str) -> object:
+    for f in graph_def.library.function:
+        if f.signature.name == name:
+            return f
+    raise _CannotUnroll(f"function {name} is not in the graph's library")
+
+
+def _cond_args(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> list[int]:
+    """Which loop variables the loop's condition reads (positions)."""
+    cond = _function(graph_def, node.attr["cond"].func.name)
+    cond_graph, flat = function_def_to_graph_def(cond)
+    seen = needed_nodes(cond_graph.node, [flat[cond.ret[a.name]]
+                                          for a in cond.signature.output_arg])
+    return [k for k, a in enumerate(cond.signature.input_arg) if a.name in seen]
+
+
+def _unroll(graph_def: graph_pb2.GraphDef, loop: str, trips: int) -> list[str]:
+    """Replace node `loop` by `trips` copies of its body and an IdentityN of its name;
+    returns the tensors the condition read at each step (they must be fixed)."""
+    position = next(i for i, n in enumerate(graph_def.node) if n.name == loop)
+    node = graph_def.node[position]
+    body = _function(graph_def, node.attr["body"].func.name)
+    body_graph, flat = function_def_to_graph_def(body)
+    args = [a.name for a in body.signature.input_arg]
+    results = [flat[body.ret[a.name]] for a in body.signature.output_arg]
+    values = data_refs(node)
+    controls = control_refs(node)
+    if len(values) != len(args) or len(results) != len(args):
+        raise _CannotUnroll(f"{loop}: {len(values)} loop variables, body takes {len(args)}")
+    cond_args = _cond_args(graph_def, node)
+    cond_reads = []
+    copies = []
+    for step in range(trips + 1):
+        cond_reads.extend(values[k] for k in cond_args)
+        if step == trips:
+            break
+        prefix = f"{loop}/unrolled_{step}/"
+        bound = dict(zip(args, values))
+        for inner in body_graph.node:
+            if inner.name in bound:
+                continue
+            copy = node_def_pb2.NodeDef()
+            copy.CopyFrom(inner)
+            copy.name = prefix + inner.name
+            del copy.input[:]
+            for ref in inner.input:
+                copy.input.append(_rename(ref, bound, prefix))
+            if "_class" in copy.attr:  # colocations name the body's own nodes
+                del copy.attr["_class"]
+            if step == 0 and not inner.input:
+                copy.input.extend(controls)  # the loop's control inputs gate its first step
+            copies.append(copy)
+        values = [_rename(r, bound, prefix) for r in results]
+    passthrough = node_def_pb2.NodeDef(name=loop, op="IdentityN")
+    passthrough.input.extend(values)
+    if trips == 0:
+        passthrough.input.extend(controls)
+    passthrough.attr["T"].CopyFrom(node.attr["T"])
+    del graph_def.node[position]
+    graph_def.node.extend(copies)
+    graph_def.node.append(passthrough)
+    return cond_reads
+
+
+def _rename(ref: str, bound: Mapping[str, str], prefix: str) -> str:
+    """A body's input `ref` in the copy named `prefix`: an argument's the value `bound` to
+    it, any other node's its copy's."""
+    node, index = parse_input(ref)
+    if node in bound:
+        return "^" + producer(bound[node]) if index < 0 else bound[node]
+    return "^" + prefix + node if index < 0 else prefix + ref
+
+
+# --- TensorLists to tensors ------------------------------------------------------------------
+
+def _lists_to_tensors(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
+                      index: GraphIndex) -> None:
+    """Rewrite the TensorList ops of straight-line code into GatherV2, Pack and Identity,
+    following each list from where it is made to where it is read (`index`: the graph's
+    as it comes)."""
+    order = [index.nodes[n] for n in index.order]
+    list_ops = [n for n in order if n.op.startswith("TensorList")]
+    if not list_ops:
+        return
+    # Positions and sizes must be fixed by constants and shapes, like the trip count.
+    static = static_values(index)
+    fixed = static.constant | static.shape
+    needed = {}
+    for n in list_ops:
+        for k in {"TensorListGetItem": [1], "TensorListSetItem": [1],
+                  "TensorListReserve": [1]}.get(n.op, []):
+            tensor = canonical(n.input[k])
+            if producer(tensor) not in fixed:
+                raise _CannotUnroll(f"{n.name} reads position {tensor}, computed from data")
+            needed[tensor] = None
+    names = list(needed)
+    known = dict(zip(names, (int(np.asarray(v).reshape(())) for v in
+                             _evaluate(graph_def, input_shapes, names, index))))
+    lists: dict[str, tuple[str, object]] = {}  # variant tensor -> ("rows", t) | ("items", [..])
+    for n in order:
+        refs = [canonical(i) for i in data_refs(n)]
+        if n.op.startswith("TensorList") and refs and refs[0] not in lists and \
+                index.nodes[producer(refs[0])].op in LOOP_OPS:
+            continue  # a list a loop counted in a later round returns: read then
+        if n.op == "TensorListFromTensor":
+            lists[f"{n.name}:0"] = ("rows", refs[0])
+        elif n.op == "TensorListReserve":
+            lists[f"{n.name}:0"] = ("items", [None] * known[refs[1]])
+        elif n.op in ("Identity", "IdentityN"):
+            for k, ref in enumerate(refs):
+                if ref in lists:
+                    lists[f"{n.name}:{k}"] = lists[ref]
+        elif n.op == "TensorListSetItem":
+            kind, items = _list(lists, refs[0], n)
+            if kind != "items":
+                raise _CannotUnroll(f"{n.name} writes into a list made from a tensor")
+            items = list(items)
+            position = known[refs[1]]
+            if not 0 <= position < len(items):
+                raise _CannotUnroll(f"{n.name} writes position {position} of {len(items)}")
+            items[position] = refs[2]
+            lists[f"{n.name}:0"] = ("items", items)
+        elif n.op == "TensorListGetItem":
+            kind, value = _list(lists, refs[0], n)
+            position = known[refs[1]]
+            if kind == "rows":
+                int32 = tf.int32.as_datatype_enum
+                _replace(n, "GatherV2", [value, _const(graph_def, n.name + "/position",
+                                                       position),
+                                         _const(graph_def, n.name + "/axis", 0)],
+                         {"Tparams": n.attr["element_dtype"].type, "Tindices": int32,
+                          "Taxis": int32}, {"batch_dims": 0})
+            else:
+                if value[position] is None:
+                    raise _CannotUnroll(f"{n.name} reads position {position}, never written")
+                _replace(n, "Identity", [value[position]], {"T": n.attr["element_dtype"].type})
+        elif n.op == "TensorListStack":
+            kind, value = _list(lists, refs[0], n)
+            if kind == "rows":
+                _replace(n, "Identity", [value], {"T": n.attr["element_dtype"].type})
+            elif None in value or not value:
+                raise _CannotUnroll(f"{n.name} stacks a list with unwritten positions")
+            else:
+                _replace(n, "Pack", list(value), {"T": n.attr["element_dtype"].type},
+                         {"N": len(value), "axis": 0})
+        elif n.op.startswith("TensorList"):
+            raise _CannotUnroll(f"{n.name}: {n.op} is not rewritten")
+        elif any(r in lists for r in refs) and n.op in LOOP_OPS:
+            continue  # a loop counted in a later round: its lists stay lists till then
+        elif any(r in lists for r in refs) and n.op not in ("Identity", "IdentityN"):
+            raise _CannotUnroll(f"{n.name} ({n.op}) reads a TensorList")
+
+
+def _list(lists: Mapping[str, tuple[str, object]], ref: str,
+          node: node_def_pb2.NodeDef) -> tuple[str, object]:
+    if ref not in lists:
+        raise _CannotUnroll(f"{node.name} reads a TensorList this cannot follow ({ref})")
+    return lists[ref]
+
+
+def _const(graph_def: graph_pb2.GraphDef, name: str, value: int) -> str:
+    node = graph_def.node.add(name=name, op="Const")
+    node.attr["dtype"].type = tf.int32.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.int32(value)))
+    return f"{name}:0"
+
+
+def _replace(node: node_def_pb2.NodeDef, op: str, inputs: list[str],
+             types: Mapping[str, int], ints: Mapping[str, int] | None = None) -> None:
+    """Turn `node` into `op` over `inputs` (its control inputs kept), with dtype
+    attributes `types` (enums) and integer attributes `ints`."""
+    controls = control_refs(node)
+    name = node.name
+    node.Clear()
+    node.name, node.op = name, op
+    node.input.extend([*inputs, *controls])
+    for key, value in types.items():
+        node.attr[key].type = value
+    for key, value in (ints or {}).items():
+        node.attr[key].i = value
+
+
+def _bypass(graph_def: graph_pb2.GraphDef, passthroughs: set[str]) -> None:
+    """Readers of the IdentityN that replaced a loop read its inputs instead, so the lists
+    it passed on are read by nothing (and `drop_dead` removes them)."""
+    sources = {n.name: list(n.input) for n in graph_def.node if n.name in passthroughs}
+    for node in graph_def.node:
+        rewired = []
+        for ref in node.input:
+            source, k = parse_input(ref)
+            if source not in sources:
+                rewired.append(ref)
+            elif k >= 0:  # (a control edge goes: the unrolled steps have no side effects)
+                rewired.append(sources[source][k])
+        del node.input[:]
+        node.input.extend(dict.fromkeys(rewired))
