@@ -12,7 +12,7 @@ import tensorflow as tf
 from neuronish.cc.errors import NodeError
 from neuronish.cc.ir import TensorType, Value
 from neuronish.cc.ops.registry import LowerCtx, signature_key, value_key
-from tests.test_batch_safety import _compile
+from tests.cc.test_batch_safety import _compile
 
 
 def test_keys_tell_values_of_different_types_and_signs_apart() -> None:
