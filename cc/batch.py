@@ -546,8 +546,13 @@ class _Walk:
         elif not any(f.kind == "sample" for f in ins):
             reason = _free_but_resized(node, refs, self.at_batch, self.at_next, self.batch)
         else:
-            reason, known = _apply_rule(node, refs, ins, self.used, self.at_batch,
-                                        self.at_next, self.batch, self.rules)
+            reason, known, by_shape = _apply_rule(node, refs, ins, self.used, self.at_batch,
+                                                  self.at_next, self.batch, self.rules)
+            if reason is None and by_shape is not None:
+                for k, r in enumerate(refs):  # what the loop below would find, found already
+                    f = known[k] if known and k < len(known) else None
+                    self.facts[r] = f or by_shape[k]
+                return
         if reason is not None:
             self._report(node, f"mixes samples across the batch: {reason}")
             # Kept on TensorFlow, the node is computed whole and its result comes back
@@ -582,15 +587,16 @@ _HINT = ("keep this node on TensorFlow (the partitioner does this when it compil
 
 def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[TensorRef],
                 at_batch: Lowered, at_next: Lowered, batch: int,
-                rules: dict[str, BatchRule | None]) -> tuple[str | None, list[Fact] | None]:
-    """Why the node mixes samples (or None), and its outputs' facts if the rule knows them
-    better than shapes."""
+                rules: dict[str, BatchRule | None]
+                ) -> tuple[str | None, list[Fact] | None, list[Fact] | None]:
+    """Why the node mixes samples (or None), its outputs' facts if the rule knows them
+    better than shapes, and (when the rule ran) their facts from shapes."""
     rule = rules.get(node.op)
     if rule is None:
-        return f"op type {node.op} declares no batch rule, so it is taken as mixing", None
+        return f"op type {node.op} declares no batch rule, so it is taken as mixing", None, None
     if any(f.interleaved for f in ins) and rule not in _KEEPS_INTERLEAVED:
-        return ("its input holds the batch interleaved with image blocks (after "
-                "SpaceToBatchND), which only per-image and element-wise ops keep apart"), None
+        return ("its input holds the batch interleaved with image blocks (after SpaceToBatchND), "
+                "which only per-image and element-wise ops keep apart"), None, None
     outs = [_shape_fact(at_batch.shapes.get(r), at_next.shapes.get(r), batch) for r in refs]
     # An output nothing reads decides nothing (FusedBatchNormV3's reserve spaces).
     view = OpView(node, ins, [at_batch.shapes.get(r, ()) for r in node.inputs],
@@ -599,7 +605,7 @@ def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[
                   [at_batch.shapes.get(r, ()) for r in refs],
                   [at_batch.values.get(r) for r in node.inputs],
                   [at_next.values.get(r) for r in node.inputs])
-    return rule(view), view.outputs
+    return rule(view), view.outputs, outs
 
 
 _KEEPS_INTERLEAVED = (elementwise, image, reshape, batch_to_space)
@@ -636,6 +642,8 @@ def _shape_fact(shape: tuple[int, ...] | None, bigger: tuple[int, ...] | None,
     """The batch axis read from shapes at `batch` and `batch + 1`."""
     if shape is None or bigger is None or len(shape) != len(bigger):
         return MIXED
+    if shape == bigger:
+        return FREE
     grown = [i for i, (a, b) in enumerate(zip(shape, bigger)) if a != b]
     if not grown:
         return FREE
@@ -653,7 +661,7 @@ def _static_fact(value: np.ndarray, bigger: np.ndarray | None, batch: int) -> Fa
     only grows along one axis whose rows are all alike, else it encodes the batch size."""
     if bigger is None:
         return SIZE
-    if _same(value, bigger):
+    if bigger is value or _same(value, bigger):  # the same array: a weight no input reaches
         return FREE
     f = _shape_fact(value.shape, bigger.shape, batch)
     if f.kind == "sample" and _rows_alike(value, f.axis) and _rows_alike(bigger, f.axis) \

@@ -28,13 +28,14 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import numpy as np
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
 from .errors import InvalidGraph, NodeError
+from .nogc import paused_gc
 from .proto import tf_graph_pb2 as pb
 
 # TF DataType enum value -> numpy dtype name. Types numpy cannot hold natively
@@ -60,9 +61,9 @@ def dtype_name(enum_value: int) -> str:
     return name.removeprefix("DT_").lower()  # e.g. "string", "resource", "bfloat16"
 
 
-@dataclass(frozen=True)
-class TensorRef:
-    """One output of one node: `node:index`."""
+class TensorRef(NamedTuple):
+    """One output of one node: `node:index`. A NamedTuple: the compiler hashes these
+    millions of times for a large graph, and a tuple's hash and equality are native."""
 
     node: str
     index: int = 0
@@ -214,6 +215,12 @@ def parse_graph_def(data: bytes | bytearray | memoryview | mmap.mmap, *,
                     text: bool = False) -> list[TFNode]:
     """Parse a serialized GraphDef (or its text form) into TFNodes. Binary constants are
     views of `data` (not copied), so `data` must not change afterwards."""
+    with paused_gc():
+        return _parse_graph_def(data, text)
+
+
+def _parse_graph_def(data: bytes | bytearray | memoryview | mmap.mmap,
+                     text: bool) -> list[TFNode]:
     parsed: list[tuple[pb.NodeDef, dict[str, memoryview]]]
     try:
         if text:

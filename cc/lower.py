@@ -18,7 +18,8 @@ from .graphdef import TensorRef, TFNode
 from .interpret import fold_node
 from .ioconfig import IOConfig, TensorSpec
 from .ir import Graph, TensorType, Value
-from .ops.registry import LOWERINGS, LowerCtx
+from .nogc import paused_gc
+from .ops.registry import LOWERINGS, LowerCtx, value_key
 
 _NAMES_HINT = ("tensor names are '<node name>:<output index>'; check the spelling against "
                "the GraphDef's node names")
@@ -210,6 +211,12 @@ def _check_output_batch_axes(io: IOConfig, values: dict[TensorRef, Value],
 
 
 def lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None = None) -> Graph:
+    """Lower the part of `nodes` that `io.outputs` needs into an IR graph (`_lower`)."""
+    with paused_gc():
+        return _lower(nodes, io, notes)
+
+
+def _lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None) -> Graph:
     """Lower the part of `nodes` that `io.outputs` needs into an IR graph.
 
     Raises `UnsupportedNodes` listing every problem found, io-config and graph alike. A
@@ -319,6 +326,10 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
     reached = set(fed_nodes)
     ctx = _ConstReads(nxt)
     failed: dict[str, str] = {}
+    # Lowerings already made at this batch, by what they depend on (`_same_lowering_key`):
+    # a chain of 100k alike nodes is lowered once here. Only successes are kept, so every
+    # failure is found, and worded, by the lowering itself.
+    seen: dict[tuple, tuple[list[tuple[TensorType, object]], frozenset[int]]] = {}
     for node in order:
         if node.name in fed_nodes:
             continue
@@ -331,17 +342,53 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
         if any(r.node in failed for r in node.inputs):
             failed[node.name] = "an input could not be computed at that batch"
             continue
+        ins = [nxt.get(r) for r in node.inputs]
+        key = _same_lowering_key(node, ins)
+        if key is not None and (hit := seen.get(key)) is not None:
+            outs, reads = hit
+            for r, (t, data) in zip(refs, outs):
+                nxt[r] = Value(t, data=data)
+            if reads:
+                ctx.reads[node.name] = set(reads)
+            continue
         try:
-            for r, v in zip(refs, _lower_node(ctx, node)):
-                nxt[r] = v
+            lowered = _lower_node(ctx, node)
         except NodeError as e:
             failed[node.name] = e.reason
+            continue
+        for r, v in zip(refs, lowered):
+            nxt[r] = v
+        if key is not None:
+            seen[key] = ([(v.type, v.data) for v in lowered],
+                         frozenset(ctx.reads.get(node.name, ())))
     used = {r for node in order for r in node.inputs} | {TensorRef.parse(n) for n in io.outputs}
     outputs = [(TensorRef.parse(n), a) for n, a in zip(io.outputs, _declared_axes(io, values))]
     return batch.check(order, {ref: spec.batch_axis for ref, spec in fed.items()}, used,
                        outputs, b, _facts(values, {}, {}, output_counts),
                        _facts(nxt, ctx.reads, failed, output_counts),
                        {op: lowering.batch for op, lowering in LOWERINGS.items()})
+
+
+def _same_lowering_key(node: TFNode, ins: list[Value | None]) -> tuple | None:
+    """What a lowering's results (output types, constant outputs, inputs read as
+    constants) depend on: the op type, the attributes, each computed input's type and each
+    constant input itself (by identity: the key holds the Value, so the id is not reused).
+    None when that cannot be keyed cheaply (a tensor-valued attribute, a missing input)."""
+    attrs = value_key(node.attr)
+    if attrs is None:
+        return None
+    parts = []
+    for v in ins:
+        if v is None:
+            return None
+        if v.data is not None:
+            parts.append(("const", id(v), v))
+            continue
+        shape = v.type.shape
+        if type(shape) is not tuple or any(type(d) is not int for d in shape):
+            return None
+        parts.append((shape, v.type.dtype))
+    return (node.op, attrs, tuple(parts))
 
 
 def _facts(values: dict[TensorRef, Value], reads: dict[str, set[int]],

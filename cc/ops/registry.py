@@ -127,13 +127,7 @@ class LowerCtx:
         """Append one instruction; returns its outputs (constant-folded when every
         input is a constant and the result is within `interpret.fold_fits`)."""
         attrs = dict(attrs or {})
-        out_types = kinds.infer(kind, [v.type for v in inputs], attrs)
-        for t in out_types:  # what the executable's validator would refuse, refused here
-            try:
-                isa.check_type(list(t.shape), t.dtype)
-            except isa.IsaError as e:
-                raise NodeError(f"{kind} output: {e.reason}", "the graph asks for a tensor "
-                                "larger than the device holds") from None
+        out_types = _output_types(kind, [v.type for v in inputs], attrs)
         origin = (self.node.name,) if self.node else ()
         node = Node(kind, list(inputs), [], attrs, origin)
         node.outputs = [Value(t, producer=node) for t in out_types]
@@ -144,6 +138,72 @@ class LowerCtx:
 
     def emit1(self, kind: str, inputs: list[Value], attrs: dict | None = None) -> Value:
         return self.emit(kind, inputs, attrs)[0]
+
+
+# (kind, input types, attrs) -> output types, for instructions already checked: a large
+# graph repeats a few signatures many times, and checking one costs ~50 µs.
+_CHECKED: dict[tuple, list[TensorType]] = {}
+_CHECKED_MAX = 1 << 16  # emptied when full: a cache, never a leak
+
+
+def _output_types(kind: str, types: list[TensorType], attrs: dict) -> list[TensorType]:
+    """The instruction's output types, checked against its declaration (`kinds.infer`)
+    and the device's size limits; NodeError if either refuses it."""
+    key = signature_key(kind, types, attrs)
+    if key is not None and (hit := _CHECKED.get(key)) is not None:
+        return hit
+    out_types = kinds.infer(kind, types, attrs)
+    for t in out_types:  # what the executable's validator would refuse, refused here
+        try:
+            isa.check_type(list(t.shape), t.dtype)
+        except isa.IsaError as e:
+            raise NodeError(f"{kind} output: {e.reason}", "the graph asks for a tensor "
+                            "larger than the device holds") from None
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = out_types
+    return out_types
+
+
+def signature_key(kind: str, types: list[TensorType], attrs: dict) -> tuple | None:
+    """A key that equals another only when the kind, the input shapes and dtypes and the
+    attributes are the same values of the same Python types (1, 1.0 and True differ, so
+    do 0.0 and -0.0); None when an attribute is of a type not worth keying (arrays)."""
+    shapes = []
+    for t in types:
+        if type(t.shape) is not tuple or type(t.dtype) is not str or \
+                any(type(d) is not int for d in t.shape):
+            return None
+        shapes.append((t.shape, t.dtype))
+    attr_key = value_key(attrs)
+    return None if attr_key is None else (kind, tuple(shapes), attr_key)
+
+
+def value_key(value: object) -> object:
+    """`value` as a hashable key tagged with its exact types, or None (see `signature_key`)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return (kind, value)
+    if kind is float:
+        return (kind, value.hex())  # tells -0.0 from 0.0, and NaN equals itself
+    if kind is list or kind is tuple:
+        items = []
+        for item in value:
+            k = value_key(item)
+            if k is None:
+                return None
+            items.append(k)
+        return (kind, tuple(items))
+    if kind is dict:
+        items = []
+        for name, item in value.items():
+            k = value_key(item)
+            if type(name) is not str or k is None:
+                return None
+            items.append((name, k))
+        return (kind, tuple(sorted(items)))
+    return None
 
 
 def attr_tensor(node: TFNode, key: str = "value") -> np.ndarray:

@@ -1,0 +1,78 @@
+"""The shortcuts that make lowering a 100k-node graph take seconds (issue 23) change no
+decision: an instruction's checked types are reused only for the very same signature,
+a refusal is never remembered, and the batch check's second lowering reuses a node's
+lowering (with the inputs it read as constants) only for an identical one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.cc.errors import NodeError
+from neuronish.cc.ir import TensorType, Value
+from neuronish.cc.ops.registry import LowerCtx, signature_key, value_key
+from tests.cc.test_batch_safety import _compile
+
+
+def test_keys_tell_values_of_different_types_and_signs_apart() -> None:
+    keys = [value_key(v) for v in (1, True, 1.0, "1", 0.0, -0.0, [1], (1,), None)]
+    assert None not in keys
+    assert len(set(keys)) == len(keys)
+    assert value_key(float("nan")) == value_key(float("nan"))
+    assert value_key({"b": 1, "a": [2.5]}) == value_key({"a": [2.5], "b": 1})
+    assert value_key(np.int64(1)) is None  # numpy values are not keyed: never cached
+    assert value_key({"t": np.zeros(2)}) is None
+    f32 = TensorType((4, 8), "float32")
+    assert signature_key("unary", [f32], {"fn": "relu"}) != \
+        signature_key("unary", [TensorType((5, 8), "float32")], {"fn": "relu"})
+    assert signature_key("unary", [TensorType([4, 8], "float32")], {}) is None
+
+
+def test_a_refused_instruction_is_refused_every_time() -> None:
+    ctx = LowerCtx({}, lambda node: node.outputs)
+    a = Value(TensorType((4, 8), "float32"))
+    ok = ctx.emit1("binary", [a, Value(TensorType((8,), "float32"))], {"fn": "add"})
+    again = ctx.emit1("binary", [a, Value(TensorType((8,), "float32"))], {"fn": "add"})
+    assert ok.type == again.type == TensorType((4, 8), "float32")
+    for _ in range(2):
+        with pytest.raises(NodeError, match="do not broadcast"):
+            ctx.emit1("binary", [a, Value(TensorType((3,), "float32"))], {"fn": "add"})
+    for _ in range(2):  # the same shapes, another attribute value: checked again
+        with pytest.raises(NodeError):
+            ctx.emit1("binary", [a, Value(TensorType((8,), "float32"))], {"fn": "nope"})
+
+
+def _reshape_twice_by_shape(x: tf.Tensor) -> tf.Tensor:
+    s = tf.shape(x)  # a compile-time value that follows the batch size
+    return tf.reshape(tf.reshape(tf.nn.relu(x), s), s) + 1.0
+
+
+def test_a_reused_lowering_keeps_its_constant_reads(tmp_path) -> None:  # noqa: ANN001
+    # Both Reshapes lower alike at the compiled batch + 1 (same input type, the same shape
+    # value); the second reuses the first's lowering, and with it the fact that the shape
+    # is a shape operand, not data: read as data it would be reported as mixing samples.
+    done = _compile(tmp_path, _reshape_twice_by_shape)
+    assert done.returncode == 0, done.stderr
+
+
+def _chain_then_times_batch(x: tf.Tensor) -> tf.Tensor:
+    for _ in range(6):
+        x = tf.nn.relu(x)
+    return x * tf.cast(tf.shape(x)[0], tf.float32)
+
+
+def _chain_then_cumsum(x: tf.Tensor) -> tf.Tensor:
+    for _ in range(6):
+        x = tf.nn.relu(x)
+    return tf.cumsum(x, axis=0)
+
+
+@pytest.mark.parametrize("fn, op", [(_chain_then_times_batch, "Mul"),
+                                    (_chain_then_cumsum, "Cumsum")])
+def test_a_mixing_node_after_a_chain_of_alike_nodes_is_named(tmp_path, fn, op) -> None:  # noqa: ANN001
+    done = _compile(tmp_path, fn)
+    assert done.returncode == 1, done.stderr
+    line = next(ln for ln in done.stderr.splitlines() if "mixes samples" in ln)
+    assert f"({op})" in line
+
