@@ -25,85 +25,17 @@ import os
 import pstats
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from compiler_scale import FEATURES, GRAPHS  # noqa: E402 (a sibling script: the same graphs)
 
 from cc import lower as lower_mod  # noqa: E402
 from cc.graphdef import parse_graph_def  # noqa: E402
 from cc.ioconfig import parse_io_config  # noqa: E402
 from neuronish.cc.proto import tf_graph_pb2 as pb  # noqa: E402
-
-FEATURES = 8
-
-
-def _node(g: pb.GraphDef, name: str, op: str, inputs: tuple[str, ...] = (),
-          **attrs: object) -> None:
-    n = g.node.add()
-    n.name, n.op = name, op
-    n.input.extend(inputs)
-    for key, value in attrs.items():
-        if isinstance(value, np.ndarray):
-            t = n.attr[key].tensor
-            t.dtype = pb.DT_FLOAT
-            t.tensor_shape.dim.extend(pb.TensorShapeProto.Dim(size=d) for d in value.shape)
-            t.tensor_content = value.astype(np.float32).tobytes()
-        elif key in ("T", "dtype"):
-            n.attr[key].type = value
-        else:
-            n.attr[key].i = value
-
-
-def relu_chain(n: int) -> pb.GraphDef:
-    g = pb.GraphDef()
-    _node(g, "x", "Placeholder", dtype=pb.DT_FLOAT)
-    prev = "x"
-    for i in range(n):
-        _node(g, f"r{i}", "Relu", (prev,), T=pb.DT_FLOAT)
-        prev = f"r{i}"
-    return g
-
-
-def addn(n: int) -> pb.GraphDef:
-    g = pb.GraphDef()
-    _node(g, "x", "Placeholder", dtype=pb.DT_FLOAT)
-    rng = np.random.default_rng(0)
-    names = []
-    for i in range(n):
-        _node(g, f"c{i}", "Const", value=rng.standard_normal(FEATURES).astype(np.float32),
-              dtype=pb.DT_FLOAT)
-        _node(g, f"m{i}", "Mul", ("x", f"c{i}"), T=pb.DT_FLOAT)
-        names.append(f"m{i}")
-    _node(g, "y", "AddN", tuple(names), T=pb.DT_FLOAT, N=n)
-    return g
-
-
-def fusable(n: int) -> pb.GraphDef:
-    g = pb.GraphDef()
-    _node(g, "x", "Placeholder", dtype=pb.DT_FLOAT)
-    rng = np.random.default_rng(0)
-    prev = "x"
-    for i in range(max(1, n // 4)):
-        w = rng.standard_normal((FEATURES, FEATURES)).astype(np.float32) / 3
-        _node(g, f"w{i}", "Const", value=w, dtype=pb.DT_FLOAT)
-        _node(g, f"s{i}", "Const", value=rng.uniform(0.5, 1.5, FEATURES).astype(np.float32),
-              dtype=pb.DT_FLOAT)
-        _node(g, f"b{i}", "Const", value=rng.standard_normal(FEATURES).astype(np.float32),
-              dtype=pb.DT_FLOAT)
-        _node(g, f"mm{i}", "MatMul", (prev, f"w{i}"), T=pb.DT_FLOAT)
-        _node(g, f"mul{i}", "Mul", (f"mm{i}", f"s{i}"), T=pb.DT_FLOAT)
-        _node(g, f"add{i}", "AddV2", (f"mul{i}", f"b{i}"), T=pb.DT_FLOAT)
-        _node(g, f"relu{i}", "Relu", (f"add{i}",), T=pb.DT_FLOAT)
-        prev = f"relu{i}"
-    return g
-
-
-GRAPHS: dict[str, Callable[[int], pb.GraphDef]] = {
-    "relu_chain": relu_chain, "addn": addn, "fusable": fusable}
 
 
 def measure(graph: pb.GraphDef, profile: bool) -> dict[str, float]:
