@@ -478,6 +478,15 @@ def _matmul_logical(t: Sequence[HasType], a: dict) -> list[Type]:
         # A bfloat16 product adding a float32 residual writes float32: the residual
         # stream it continues keeps its precision (cc/passes/dtypes.py).
         out = Type(out.shape, "float32")
+    _check_bias_residual("matmul", "a, b", t, a, out, n, "columns")
+    return [out]
+
+
+def _check_bias_residual(kind: str, operands: str, t: Sequence[HasType], a: dict, out: Type,
+                         width: int, unit: str) -> None:
+    """The optional bias ([width]) and residual (the output's type) that follow a matmul's
+    or a convolution's two operands."""
+    rest = list(t[2:])
     if a.get("residual"):
         if not rest or not _same(rest[-1], out):
             got = _fmt(rest[-1]) if rest else "nothing"
@@ -485,11 +494,10 @@ def _matmul_logical(t: Sequence[HasType], a: dict) -> list[Type]:
                            "residual")
         rest = rest[:-1]
     if len(rest) > 1:
-        raise IsaError(f"matmul takes a, b [, bias] [, residual]; got {len(t)} inputs with "
-                       f"residual={bool(a.get('residual'))}", "in")
-    if rest and tuple(rest[0].shape) != (n,):
-        raise IsaError(f"bias {_fmt(rest[0])} does not match the {n} output columns", "in")
-    return [out]
+        raise IsaError(f"{kind} takes {operands} [, bias] [, residual]; got {len(t)} inputs "
+                       f"with residual={bool(a.get('residual'))}", "in")
+    if rest and tuple(rest[0].shape) != (width,):
+        raise IsaError(f"bias {_fmt(rest[0])} does not match the {width} output {unit}", "in")
 
 
 def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
@@ -515,18 +523,7 @@ def _conv_like(t: Sequence[HasType], a: dict, depthwise: bool) -> list[Type]:
     oh = window_out(h, kh, sh, dh, pt, pb, "dilations")
     ow = window_out(wd, kw, sw, dw, pl, pr, "dilations")
     out = Type((n, oh, ow, out_c), x.dtype)
-    rest = list(t[2:])
-    if a.get("residual"):
-        if not rest or not _same(rest[-1], out):
-            got = _fmt(rest[-1]) if rest else "nothing"
-            raise IsaError(f"residual must have the output's type {_fmt(out)}, got {got}",
-                           "residual")
-        rest = rest[:-1]
-    if len(rest) > 1:
-        raise IsaError(f"conv takes x, w [, bias] [, residual]; got {len(t)} inputs with "
-                       f"residual={bool(a.get('residual'))}", "in")
-    if rest and tuple(rest[0].shape) != (out_c,):
-        raise IsaError(f"bias {_fmt(rest[0])} does not match the {out_c} output channels", "in")
+    _check_bias_residual("conv", "x, w", t, a, out, out_c, "channels")
     return [out]
 
 
