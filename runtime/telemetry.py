@@ -284,6 +284,16 @@ def model_unloaded(model: object) -> None:
         t.untrack(model)
 
 
+def publish_now() -> None:
+    """Publish at once (after a loader relabelled its models), so a reader started
+    right afterwards does not see the snapshot of up to PUBLISH_INTERVAL ago."""
+    if (t := get_telemetry()) is not None:
+        try:
+            t.publish()
+        except (OSError, UntrustedRunDir):  # the background loop reports these
+            pass
+
+
 # -- reading (neuronish ls / top) ----------------------------------------------------
 
 def _alive(pid: int) -> bool:

@@ -76,6 +76,10 @@ def labelled_device_loads(servable: Servable, meta_graph: meta_graph_pb2.MetaGra
             if id(model) not in before:
                 node = getattr(model, "label", None) or ""
                 model.label = f"{servable.name}:{servable.version} {node.rsplit('/', 1)[-1]}"
+        # The version is reported available next: `neuronish ls` must see the labels.
+        from neuronish.runtime.telemetry import publish_now
+
+        publish_now()
 
 
 def _most_copies() -> int:
