@@ -555,6 +555,7 @@ void read_programs(const Node &programs, Body &b, Executable &exe, const std::se
         ins_out.scratch_bytes = id_of(*scratch_items[1]);
       }
       check_attrs(*k, ins.size(), attrs, where);
+      ins_out.attrs = &attrs;
       if (k->native_rule) check_types(*k, ins_out, attrs, exe, where);
       exe.programs.back().push_back(std::move(ins_out));
     }
@@ -598,7 +599,7 @@ void check_overlaps(const Executable &exe) {
 }
 
 void parse_body(const uint8_t *body, size_t size, Executable &exe) {
-  Node root;
+  Node &root = exe.tree;  // kept: the engine spec encoder reads the attributes later
   std::string error;
   if (!mp::parse(body, size, root, error)) malformed("body", error);
   Body b;
