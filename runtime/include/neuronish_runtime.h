@@ -2,15 +2,21 @@
  *
  * Plain C, opaque handles, no Python and no TensorFlow. Every call that can fail
  * returns an nr_status and, when the caller passes a buffer, writes a message there
- * that names the field or instruction at fault (the same facts runtime/validate.py
- * reports). Thread safety: the library has no global mutable state; an nr_executable
- * is immutable once loaded, so any number of threads may query one concurrently.
- * Unloading must not race with other calls on the same handle.
+ * that names the field, instruction, input or environment variable at fault. No call
+ * aborts, prints or exits on bad input.
  *
- * Implemented in this version: loading an executable (bytes or file) with full
- * validation of the header and body, queries of its signature and program summary,
- * and unloading. Not yet: devices, cores, execute, batch split, deadlines (see
- * docs/c-api.md for the planned shape).
+ * What there is: loading an executable (bytes or a file) with full validation, queries
+ * of its signature and program; a device configured from NEURONISH_* as the Python
+ * runtime reads it (cores, core groups, core memory, host CPUs); loading a model onto
+ * core groups (duplicates) as native engine programs (runtime/native/engine.cc, linked);
+ * execute at any batch (split, padded, assembled). Not yet: deadlines and cancellation,
+ * profiles and telemetry, failing cores (docs/c-api.md).
+ *
+ * Thread safety: an nr_executable is immutable once loaded (any threads may query it);
+ * nr_execute may be called from any number of threads on one model (a call takes an idle
+ * copy, then each of its cores in turn under a mutex per core, and its share of the
+ * host's CPUs). Devices and models may be opened and loaded from several threads. A
+ * handle must not be unloaded or closed while another thread uses it.
  */
 #ifndef NEURONISH_RUNTIME_H
 #define NEURONISH_RUNTIME_H
