@@ -246,3 +246,26 @@ def test_device_memory_is_charged_and_released(device: binding.Device, tmp_path:
     assert len(charged) == 2, (before, during)
     model.unload()
     assert device.memory() == before
+
+
+def test_concurrent_calls_give_each_its_own_result(device: binding.Device,
+                                                   tmp_path: Path) -> None:
+    """8 threads (ctypes lets go of the GIL inside nr_execute) call one pipelined model with
+    2 duplicates at once, at batches that split and pad; each gets its own outputs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests import graphs
+
+    graph = graphs.conv_bn_relu(batch=2)
+    data = compile_graph(tmp_path, "cnn2", graph.graph_def, graph.io_config,
+                         "--neuroncore-pipeline-cores", "2")
+    model = binding.Model(device, data, duplicates=2)
+    py = py_runtime.load(data)
+    xs = [np.random.default_rng(k).standard_normal((1 + k % 5, 8, 8, 3)).astype(np.float32)
+          for k in range(32)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda x: model.run([x])[0], xs))
+    for x, g in zip(xs, got):
+        np.testing.assert_allclose(g, py.run_list([x])[0], rtol=0, atol=1e-6)
+    model.unload()
+    py.unload()
