@@ -7,6 +7,7 @@ logic of its own: what it checks, the C library checks again.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,6 +40,10 @@ class TensorInfo(ctypes.Structure):
                 ("shape", ctypes.POINTER(ctypes.c_int64)), ("batch_axis", ctypes.c_int64)]
 
 
+class ExecuteOptions(ctypes.Structure):
+    _fields_ = [("deadline_ns", ctypes.c_int64), ("cancel", ctypes.c_void_p)]
+
+
 class CoreInfo(ctypes.Structure):
     _fields_ = [("core", ctypes.c_int32), ("used", ctypes.c_uint64), ("total", ctypes.c_uint64)]
 
@@ -64,6 +69,8 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_model_duplicates": ([vp], sz),
         "nr_execute": ([vp, ctypes.POINTER(Tensor), sz, ctypes.POINTER(Tensor), sz, err, sz],
                        ctypes.c_int),
+        "nr_execute_with": ([vp, ctypes.POINTER(Tensor), sz, ctypes.POINTER(Tensor), sz,
+                             ctypes.POINTER(ExecuteOptions), err, sz], ctypes.c_int),
         "nr_model_instruction_spec": ([vp, sz, ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
                                        ctypes.POINTER(sz),
                                        ctypes.POINTER(ctypes.POINTER(ctypes.c_double)),
@@ -139,9 +146,11 @@ class Model:
         return t
 
     def run(self, inputs: Sequence[np.ndarray], names: bool = True,
-            outputs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+            outputs: Sequence[np.ndarray] | None = None, *, timeout: float | None = None,
+            cancel: bytearray | None = None) -> list[np.ndarray]:
         """Run on arrays in signature order; returns the outputs (allocated here unless
-        given, each with the call's batch on its batch axis)."""
+        given, each with the call's batch on its batch axis). `timeout` (seconds) and
+        `cancel` (a bytearray(1) another thread may set) as in runtime.Model.run."""
         arrays = [np.ascontiguousarray(x) for x in inputs]
         batch = None
         for (_, _, _, axis), x in zip(self.inputs, arrays):
@@ -159,8 +168,17 @@ class Model:
         outs = (Tensor * max(len(outputs), 1))(*[
             self._tensor(o, sig[0] if names else None) for sig, o in zip(self.outputs, outputs)])
         buf = ctypes.create_string_buffer(_ERR)
-        _check(self.lib, self.lib.nr_execute(self.handle, ins, len(arrays), outs, len(outputs),
-                                             buf, _ERR), buf)
+        if timeout is None and cancel is None:
+            _check(self.lib, self.lib.nr_execute(self.handle, ins, len(arrays), outs,
+                                                 len(outputs), buf, _ERR), buf)
+            return list(outputs)
+        flag = ctypes.c_uint8.from_buffer(cancel) if cancel is not None else None
+        options = ExecuteOptions(
+            0 if timeout is None else time.monotonic_ns() + int(timeout * 1e9),
+            ctypes.addressof(flag) if flag is not None else None)
+        _check(self.lib, self.lib.nr_execute_with(self.handle, ins, len(arrays), outs,
+                                                  len(outputs), ctypes.byref(options), buf,
+                                                  _ERR), buf)
         return list(outputs)
 
     def raw_run(self, ins: Sequence[Tensor], outs: Sequence[Tensor]) -> None:

@@ -87,6 +87,8 @@ const char *nr_status_name(nr_status status) {
     case NR_OUT_OF_DEVICE_MEMORY: return "out of device memory";
     case NR_INVALID_INPUT: return "invalid input";
     case NR_EXECUTION_ERROR: return "execution error";
+    case NR_CANCELLED: return "cancelled";
+    case NR_DEADLINE_EXCEEDED: return "deadline exceeded";
   }
   return "unknown status";
 }

@@ -82,7 +82,20 @@ size_t nr_model_duplicates(const nr_model *model) { return model ? model->model-
 nr_status nr_execute(nr_model *model, const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
                      size_t num_outputs, char *error, size_t error_size) {
   if (!model) return report(NR_INVALID_ARGUMENT, "model is NULL", error, error_size);
-  return guarded(error, error_size, [&] { model->model->execute(inputs, num_inputs, outputs, num_outputs); });
+  return guarded(error, error_size, [&] { model->model->execute(inputs, num_inputs, outputs, num_outputs, nullptr); });
+}
+
+nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
+                          size_t num_outputs, const nr_execute_options *options, char *error, size_t error_size) {
+  if (!model) return report(NR_INVALID_ARGUMENT, "model is NULL", error, error_size);
+  nr::Cutoff cutoff;
+  if (options) {
+    cutoff.deadline = options->deadline_ns > 0 ? double(options->deadline_ns) * 1e-9 : 0.0;
+    cutoff.cancel = options->cancel;
+  }
+  bool any = cutoff.deadline > 0 || cutoff.cancel;
+  return guarded(error, error_size,
+                 [&] { model->model->execute(inputs, num_inputs, outputs, num_outputs, any ? &cutoff : nullptr); });
 }
 
 nr_status nr_model_instruction_spec(const nr_model *model, size_t index, const int64_t **ints, size_t *num_ints,

@@ -167,18 +167,26 @@ int HostCPUs::width(int team) const {
   return std::min(std::max(1, w), cpus_);
 }
 
-void HostCPUs::acquire(int n) {
+bool HostCPUs::acquire(int n, const std::function<bool()> &give_up, std::chrono::milliseconds poll) {
   std::unique_lock<std::mutex> lock(mu_);
   if (waiting_.empty() && free_ >= n) {
     free_ -= n;
-    return;
+    return true;
   }
   uint64_t ticket = next_ticket_++;
   waiting_.push_back(ticket);
-  cv_.wait(lock, [&] { return waiting_.front() == ticket && free_ >= n; });
-  free_ -= n;
-  waiting_.pop_front();
+  auto ready = [&] { return waiting_.front() == ticket && free_ >= n; };
+  bool got = true;
+  if (!give_up) {
+    cv_.wait(lock, ready);
+  } else {
+    while (!cv_.wait_for(lock, poll, ready))
+      if (give_up()) { got = false; break; }
+  }
+  if (got) free_ -= n;
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), ticket));
   cv_.notify_all();  // the next in line may now be first
+  return got;
 }
 
 void HostCPUs::release(int n) {

@@ -4,6 +4,7 @@
 // by the programs computing at once (runtime/host.py).
 #pragma once
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -32,7 +33,10 @@ class HostCPUs {
  public:
   HostCPUs(int cpus, int fixed_width);  // fixed_width <= 0: programs take their own width
   int width(int team) const;            // what a program of `team` threads holds
-  void acquire(int n);
+  // Waits in line; with `give_up`, looks at it every `poll` and returns false (leaving the
+  // line) once it says so.
+  bool acquire(int n, const std::function<bool()> &give_up = nullptr,
+               std::chrono::milliseconds poll = std::chrono::milliseconds(20));
   void release(int n);
 
  private:

@@ -32,7 +32,7 @@ struct Stage {
   uint64_t weight_bytes = 0, buffer_bytes = 0;
   std::vector<int64_t> engine_index;  // per instruction of the stage: its engine index, -1 none
   std::set<size_t> weight_instructions;  // (stage-local) whose weights the engine reordered
-  std::mutex lock;          // a core runs one call at a time
+  std::timed_mutex lock;    // a core runs one call at a time
   ~Stage();
 };
 

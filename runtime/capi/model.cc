@@ -197,14 +197,23 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
   return batch;
 }
 
-void Model::run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs) {
-  size_t k;
-  {
-    std::unique_lock<std::mutex> lock(idle_mu_);
-    idle_cv_.wait(lock, [&] { return !idle_.empty(); });
-    k = idle_.front();
-    idle_.pop_front();
+size_t Model::take_copy(const Cutoff *cutoff) {
+  std::unique_lock<std::mutex> lock(idle_mu_);
+  auto idle = [&] { return !idle_.empty(); };
+  if (!cutoff) {
+    idle_cv_.wait(lock, idle);
+  } else {
+    cutoff->check("before it started");
+    while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
+      cutoff->check("while it waited for the model's cores (all busy with other calls)");
   }
+  size_t k = idle_.front();
+  idle_.pop_front();
+  return k;
+}
+
+void Model::run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff) {
+  size_t k = take_copy(cutoff);
   struct GiveBack {
     Model *m; size_t k;
     ~GiveBack() {
@@ -233,13 +242,29 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
   for (void *p : outs) ptrs.push_back(p);
   char err[2048];
   for (auto &stage : copy.program->stages) {
-    std::lock_guard<std::mutex> core(stage->lock);
+    if (cutoff) cutoff->check("before its next stage could start");
+    std::unique_lock<std::timed_mutex> core(stage->lock, std::defer_lock);
+    if (!cutoff) {
+      core.lock();
+    } else {
+      while (!core.try_lock_for(cutoff->slice()))
+        cutoff->check("while it waited for a core (busy with other calls)");
+    }
     HostCPUs &host = device_->host();
     int width = host.width(stage->width);
-    host.acquire(width);
+    if (!cutoff) {
+      host.acquire(width);
+    } else if (!host.acquire(width, [&] { return cutoff->stopped(); })) {
+      cutoff->check("while it waited for the host's CPUs (busy with other calls)");
+    }
     int64_t rc = ne_run(stage->engine, 0, stage->count, copy.program->first_call_slot, ptrs.data(),
-                        int64_t(ptrs.size()), nullptr, 0.0, err, sizeof err);
+                        int64_t(ptrs.size()), cutoff ? reinterpret_cast<const char *>(const_cast<const uint8_t *>(cutoff->cancel)) : nullptr,
+                        cutoff ? cutoff->deadline : 0.0, err, sizeof err);
     host.release(width);
+    if (rc > 0) {
+      cutoff->check("while its instructions ran");  // (throws: the engine saw it)
+      throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};
+    }
     if (rc < 0) {
       std::string names;
       size_t shown = 0;
@@ -253,7 +278,8 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
   }
 }
 
-void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs) {
+void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
+                    const Cutoff *cutoff) {
   const Executable &exe = *exe_;
   int64_t batch = check_call(inputs, num_inputs, outputs, num_outputs);
   if (batch < 0 || batch == batch_size_) {
@@ -261,7 +287,7 @@ void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor 
     std::vector<void *> outs;
     for (size_t i = 0; i < num_inputs; ++i) ins.push_back(inputs[i].data);
     for (size_t i = 0; i < num_outputs; ++i) outs.push_back(outputs[i].data);
-    run_one(ins, outs);
+    run_one(ins, outs, cutoff);
     return;
   }
   if (batch == 0) return;  // empty outputs: nothing to compute
@@ -311,7 +337,7 @@ void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor 
     std::vector<const void *> ins;
     std::vector<void *> outs;
     job(c, keep, ins, outs);
-    run_one(ins, outs);
+    run_one(ins, outs, cutoff);
     finish(c, outs);
   };
   size_t workers = std::min<size_t>(copies_.size(), size_t(chunks));

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cutoff.h"
 #include "device.h"
 #include "engine_program.h"
 #include "executable.h"
@@ -34,7 +35,9 @@ class Model {
   Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> exe, size_t duplicates);
   ~Model();
   // The call: inputs and outputs in signature order (nr_tensor as the header defines).
-  void execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
+  // `cutoff` (may be null): where to give up (cutoff.h).
+  void execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
+               const Cutoff *cutoff);
   const Executable &exe() const { return *exe_; }
   int64_t batch_size() const { return batch_size_; }  // -1: no split (compiled shapes only)
   size_t duplicates() const { return copies_.size(); }
@@ -42,7 +45,8 @@ class Model {
 
  private:
   // One run at the compiled shapes: `ins`/`outs` are buffers of exactly those shapes.
-  void run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs);
+  void run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff);
+  size_t take_copy(const Cutoff *cutoff);
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;
   std::shared_ptr<const Executable> exe_;

@@ -48,7 +48,9 @@ typedef enum nr_status {
   NR_DEVICE_ERROR = 8,        /* no core group can take the model (too few cores, failed) */
   NR_OUT_OF_DEVICE_MEMORY = 9,/* the cores of every fitting group lack the memory */
   NR_INVALID_INPUT = 10,      /* a call's inputs or output buffers do not fit the signature */
-  NR_EXECUTION_ERROR = 11     /* the engine failed while running an instruction */
+  NR_EXECUTION_ERROR = 11,    /* the engine failed while running an instruction */
+  NR_CANCELLED = 12,          /* the caller cancelled the call (nr_execute_options.cancel) */
+  NR_DEADLINE_EXCEEDED = 13   /* the call's deadline passed (nr_execute_options.deadline_ns) */
 } nr_status;
 
 /* Device dtypes (runtime/isa.py ITEMSIZE). */
@@ -179,6 +181,22 @@ NR_API size_t nr_model_duplicates(const nr_model *model);
 NR_API nr_status nr_execute(nr_model *model, const nr_tensor *inputs, size_t num_inputs,
                             const nr_tensor *outputs, size_t num_outputs, char *error,
                             size_t error_size);
+
+/* When a call is abandoned. Either may be unset (0 / NULL). Once the deadline passes or
+ * the cancel byte becomes non-zero, the call stops where it is: waiting for a copy, a
+ * core or the host's CPUs, or before its next instruction, stage or chunk (an instruction
+ * already computing finishes), and returns NR_DEADLINE_EXCEEDED / NR_CANCELLED saying
+ * where it stopped; its outputs are then unspecified. */
+typedef struct nr_execute_options {
+  int64_t deadline_ns;             /* absolute CLOCK_MONOTONIC time in nanoseconds */
+  const volatile uint8_t *cancel;  /* a byte another thread may set non-zero */
+} nr_execute_options;
+
+/* nr_execute with a deadline and/or a cancel flag (`options` may be NULL: none). */
+NR_API nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_t num_inputs,
+                                 const nr_tensor *outputs, size_t num_outputs,
+                                 const nr_execute_options *options, char *error,
+                                 size_t error_size);
 
 /* For tests: the native engine spec the loader built for instruction `index` (flat, over
  * all cores) of the model's first copy: its int64 list and its floats (as engine.cc reads

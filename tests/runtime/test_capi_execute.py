@@ -269,3 +269,70 @@ def test_concurrent_calls_give_each_its_own_result(device: binding.Device,
         np.testing.assert_allclose(g, py.run_list([x])[0], rtol=0, atol=1e-6)
     model.unload()
     py.unload()
+
+
+NR_CANCELLED, NR_DEADLINE_EXCEEDED = 12, 13
+
+
+def test_deadlines_and_cancellation(device: binding.Device, tmp_path: Path) -> None:
+    """nr_execute_with stops a call at its deadline or once its cancel byte is set: before
+    it starts, while it waits for the model's only copy (busy with a long call), and in
+    the middle of a long split call, which stops with NR_CANCELLED; the model then runs
+    the next call normally."""
+    import threading
+    import time
+
+    from tests import graphs
+
+    small = graphs.dense_relu(batch=64, features=1024, units=1024)
+    model = binding.Model(device, compile_graph(tmp_path, "wide", small.graph_def,
+                                                small.io_config))
+    x = np.random.default_rng(0).standard_normal((64 * 200, 1024)).astype(np.float32)
+    with pytest.raises(binding.CRuntimeError) as e:
+        model.run([x[:64]], cancel=bytearray(b"\x01"))
+    assert e.value.status == NR_CANCELLED and "before it started" in e.value.message
+    with pytest.raises(binding.CRuntimeError) as e:
+        model.run([x[:64]], timeout=-1.0)
+    assert e.value.status == NR_DEADLINE_EXCEEDED and "before it started" in e.value.message
+
+    def in_thread(fn: object) -> tuple[threading.Thread, dict]:
+        result: dict = {}
+
+        def body() -> None:
+            try:
+                fn()
+                result["status"] = 0
+            except binding.CRuntimeError as err:
+                result["status"], result["message"] = err.status, err.message
+
+        thread = threading.Thread(target=body)
+        thread.start()
+        return thread, result
+
+    # A split call of 200 chunks, cancelled once it runs.
+    flag = bytearray(1)
+    thread, result = in_thread(lambda: model.run([x], cancel=flag))
+    time.sleep(0.05)
+    flag[0] = 1
+    thread.join(120)
+    assert result.get("status") == NR_CANCELLED, result
+    assert "cancelled by its caller" in result["message"]
+    out = model.run([x[:64]], timeout=60.0)[0]  # the model goes on
+    np.testing.assert_array_equal(out, model.run([x[:64]])[0])
+    model.unload()
+
+    # One long call holds the only copy of a big model; another call's deadline passes
+    # while it waits for it.
+    big = graphs.dense_relu(batch=4096, features=2048, units=2048)
+    model = binding.Model(device, compile_graph(tmp_path, "big", big.graph_def,
+                                                big.io_config))
+    xb = np.ones((4096, 2048), np.float32)
+    thread, result = in_thread(lambda: model.run([xb]))
+    time.sleep(0.02)
+    with pytest.raises(binding.CRuntimeError) as e:
+        model.run([xb], timeout=0.05)
+    thread.join(120)
+    assert result.get("status") == 0, result
+    assert e.value.status == NR_DEADLINE_EXCEEDED
+    assert "while it waited for" in e.value.message, e.value.message
+    model.unload()
