@@ -9,8 +9,8 @@
  * of its signature and program; a device configured from NEURONISH_* as the Python
  * runtime reads it (cores, core groups, core memory, host CPUs); loading a model onto
  * core groups (duplicates) as native engine programs (runtime/native/engine.cc, linked);
- * execute at any batch (split, padded, assembled). Not yet: deadlines and cancellation,
- * profiles and telemetry, failing cores (docs/c-api.md).
+ * execute at any batch (split, padded, assembled), with a deadline and a cancel flag.
+ * Not yet: profiles and telemetry, failing cores (docs/c-api.md).
  *
  * Thread safety: an nr_executable is immutable once loaded (any threads may query it);
  * nr_execute may be called from any number of threads on one model (a call takes an idle
