@@ -336,3 +336,29 @@ def test_deadlines_and_cancellation(device: binding.Device, tmp_path: Path) -> N
     assert e.value.status == NR_DEADLINE_EXCEEDED
     assert "while it waited for" in e.value.message, e.value.message
     model.unload()
+
+
+def test_int8_model_matches_python(device: binding.Device, tmp_path: Path) -> None:
+    """A CNN quantized by neuronish-cc (--quantize int8 with a calibration file: quantize,
+    conv2d_int8 with a residual, matmul_int8) gives the Python runtime's outputs, and
+    TensorFlow's within what int8 costs, at batches 4, 1 and 9."""
+    from tests.runtime.test_int8 import _small_cnn
+
+    graph = _small_cnn()
+    calib = np.random.default_rng(1).standard_normal((6, 4, 8, 8, 3)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", **{"x:0": calib})
+    data = compile_graph(tmp_path, "int8", graph.graph_def, graph.io_config, "--quantize",
+                         "int8", "--calibration", str(tmp_path / "calib.npz"))
+    model = binding.Model(device, data)
+    py = py_runtime.load(data)
+    kinds = {i.kind for p in py.exe.programs for i in p}
+    assert {"quantize", "conv2d_int8", "matmul_int8"} <= kinds, kinds
+    for batch in (4, 1, 9):
+        x = np.random.default_rng(batch).standard_normal((batch, 8, 8, 3)).astype(np.float32)
+        [got] = model.run([x])
+        [want] = py.run_list([x])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        tf_out = next(iter(graph.reference({"x:0": x}).values()))
+        assert np.abs(got - tf_out).max() <= 0.05 * np.abs(tf_out).max()
+    model.unload()
+    py.unload()
