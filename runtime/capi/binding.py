@@ -63,6 +63,8 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_device_num_cores": ([vp], sz),
         "nr_device_core": ([vp, sz, ctypes.POINTER(CoreInfo)], ctypes.c_int),
         "nr_model_load": ([vp, vp, ctypes.c_uint32, pvp, err, sz], ctypes.c_int),
+        "nr_model_load_bytes": ([vp, ctypes.c_char_p, sz, ctypes.c_uint32, pvp, err, sz],
+                                ctypes.c_int),
         "nr_model_unload": ([vp], None),
         "nr_model_executable": ([vp], vp),
         "nr_model_batch_size": ([vp], ctypes.c_int64),
@@ -116,15 +118,9 @@ class Model:
     def __init__(self, device: Device, data: bytes, duplicates: int = 1):
         lib = self.lib = device.lib
         buf = ctypes.create_string_buffer(_ERR)
-        exe = ctypes.c_void_p()
-        _check(lib, lib.nr_executable_load_bytes(data, len(data), ctypes.byref(exe), buf, _ERR),
-               buf)
         self.handle = ctypes.c_void_p()
-        try:
-            _check(lib, lib.nr_model_load(device.handle, exe, duplicates,
-                                          ctypes.byref(self.handle), buf, _ERR), buf)
-        finally:
-            lib.nr_executable_unload(exe)  # (the model keeps what it needs)
+        _check(lib, lib.nr_model_load_bytes(device.handle, data, len(data), duplicates,
+                                            ctypes.byref(self.handle), buf, _ERR), buf)
         exe = lib.nr_model_executable(self.handle)
         self.inputs = [self._info(exe, 0, k) for k in range(lib.nr_executable_num_tensors(exe, 0))]
         self.outputs = [self._info(exe, 1, k)

@@ -18,6 +18,24 @@ struct nr_model {
 using nr::guarded;
 using nr::report;
 
+namespace {
+
+// Load an executable with `read` (nr_executable_load_bytes or _file), then the model.
+template <typename Read>
+nr_status load_model(nr_device *dev, uint32_t duplicates, nr_model **out, char *error, size_t error_size,
+                     Read &&read) {
+  if (!out) return report(NR_INVALID_ARGUMENT, "out is NULL", error, error_size);
+  *out = nullptr;
+  nr_executable *exe = nullptr;
+  nr_status status = read(&exe);
+  if (status != NR_OK) return status;
+  status = nr_model_load(dev, exe, duplicates, out, error, error_size);
+  nr_executable_unload(exe);  // (the model keeps what it needs)
+  return status;
+}
+
+}  // namespace
+
 extern "C" {
 
 nr_status nr_device_open(nr_device **out, char *error, size_t error_size) {
@@ -59,16 +77,19 @@ nr_status nr_model_load(nr_device *dev, const nr_executable *exe, uint32_t dupli
   });
 }
 
+
+nr_status nr_model_load_bytes(nr_device *dev, const void *data, size_t size, uint32_t duplicates, nr_model **out,
+                              char *error, size_t error_size) {
+  return load_model(dev, duplicates, out, error, error_size, [&](nr_executable **exe) {
+    return nr_executable_load_bytes(data, size, exe, error, error_size);
+  });
+}
+
 nr_status nr_model_load_file(nr_device *dev, const char *path, uint32_t duplicates, nr_model **out,
                              char *error, size_t error_size) {
-  if (!out) return report(NR_INVALID_ARGUMENT, "out is NULL", error, error_size);
-  *out = nullptr;
-  nr_executable *exe = nullptr;
-  nr_status status = nr_executable_load_file(path, &exe, error, error_size);
-  if (status != NR_OK) return status;
-  status = nr_model_load(dev, exe, duplicates, out, error, error_size);
-  nr_executable_unload(exe);
-  return status;
+  return load_model(dev, duplicates, out, error, error_size, [&](nr_executable **exe) {
+    return nr_executable_load_file(path, exe, error, error_size);
+  });
 }
 
 void nr_model_unload(nr_model *model) { delete model; }

@@ -154,7 +154,11 @@ NR_API nr_status nr_device_core(const nr_device *dev, size_t index, nr_core_info
  * what it needs of `exe`: the executable may be unloaded first. */
 NR_API nr_status nr_model_load(nr_device *dev, const nr_executable *exe, uint32_t duplicates,
                                nr_model **out, char *error, size_t error_size);
-/* The same from a file (read and validated as nr_executable_load_file does). */
+/* The same from bytes or a file (read and validated as nr_executable_load_bytes and
+ * nr_executable_load_file do; `data` is copied). */
+NR_API nr_status nr_model_load_bytes(nr_device *dev, const void *data, size_t size,
+                                     uint32_t duplicates, nr_model **out, char *error,
+                                     size_t error_size);
 NR_API nr_status nr_model_load_file(nr_device *dev, const char *path, uint32_t duplicates,
                                     nr_model **out, char *error, size_t error_size);
 /* Free the model's device memory and engine programs; NULL is allowed. No call on the
