@@ -6,7 +6,7 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
                   input_batch_axis, output_names, output_dtypes, output_shapes,
                   output_batch_axis, model_config, graph_def,
                   external_files)                      # once per op instance
-    shapes = output_shapes(handle, input_shapes)        # every call, ops with free dims
+    shapes = output_shapes(handle, inputs, cancel)      # every call, ops with free dims
     run(handle, inputs, outputs, cancel)               # every call
     unload(handle)                                     # kernel destructor (queued)
     code, message = error_status(exc)                  # when any of them raised

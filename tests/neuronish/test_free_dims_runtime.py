@@ -9,6 +9,7 @@ compared with TensorFlow's; what ran where is read from counters, never from tim
 
 from __future__ import annotations
 
+import json
 import stat
 import sys
 import threading
@@ -137,6 +138,58 @@ def slow_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_cache: 
     script.write_text(f'#!/bin/sh\nif [ "$1" = compile ]; then sleep 3; fi\nexec "{real}" "$@"\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("NEURONISH_CC", str(script))
+
+
+@pytest.fixture
+def picky_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_cache: None) -> Path:
+    """The real neuronish-cc, behind a script that logs each compile's io-config (one
+    line per compiler run) and refuses any shape 33 high, as the compiler refuses a
+    subgraph it cannot compile (exit 1)."""
+    real = Path(sys.executable).parent / "neuronish-cc"
+    log = tmp_path / "compiles.log"
+    script = tmp_path / "picky-neuronish-cc"
+    script.write_text(f"""#!{sys.executable}
+import json, os, sys
+args = sys.argv[1:]
+if args[:1] == ["compile"]:
+    io = args[args.index("--io-config") + 1]
+    config = json.load(open(io)) if os.path.exists(io) else json.loads(io)
+    shapes = [v[0] for v in config["inputs"].values()]
+    with open({str(log)!r}, "a") as f:
+        f.write(json.dumps(shapes) + "\\n")
+    if any(len(s) == 4 and s[1] == 33 for s in shapes):
+        sys.exit("CompileError: refused for the test: height 33")
+os.execv({str(real)!r}, [{str(real)!r}, *args])
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("NEURONISH_CC", str(script))
+    return log
+
+
+def test_a_shape_the_compiler_refuses_is_not_compiled_again(
+        model: tuple[str, str], picky_compiler: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its calls run on TensorFlow (fallback on, counted) or fail naming the op and the
+    shape (fallback off), without running the compiler again."""
+    src, out = model
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    compiled = tf.saved_model.load(out).signatures["serving_default"]
+    before = set(live_tables())
+    x = _image(1, 33, 20)
+    monkeypatch.setenv(fallback.ENV_FALLBACK, "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fallback.FallbackWarning)
+        for _ in range(2):
+            np.testing.assert_allclose(compiled(image=x)["output_0"],
+                                       original(image=x)["output_0"], rtol=1e-5, atol=1e-5)
+            assert wait_for_compiles(300)
+    table = _new_table(before)
+    assert _fallback_calls(table) >= 2 and table.compiled == []
+    monkeypatch.setenv(fallback.ENV_FALLBACK, "0")
+    with pytest.raises(tf.errors.InternalError, match="(?s)compiling it for the new shape "
+                       "neuron_op_0@1x33x20x3 failed: .*refused for the test"):
+        compiled(image=x)
+    runs = [json.loads(line) for line in picky_compiler.read_text().splitlines()]
+    assert runs == [[[1, 33, 20, 3]]]  # one compiler run for the three calls
 
 
 def _wait_until(condition, what: str) -> None:
