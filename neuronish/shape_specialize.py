@@ -18,8 +18,10 @@ dimensions (and the batch) left unknown. `ShapeTable` answers each call:
   (split or padded); else, with the runtime fallback on (NEURONISH_FALLBACK), on
   TensorFlow, counted as a fallback call; else it waits for the compile until its
   deadline or cancellation (then DeadlineExceeded/Cancelled naming the op and the
-  shape; the compile goes on). A shape the compiler refused is remembered: its
-  calls fail (or fall back) without compiling it again;
+  shape; the compile goes on). A shape whose compile (or load) failed is remembered:
+  its calls fail (or fall back) without compiling it again. Calls that do not wait
+  queue at most `NEURONISH_MAX_SHAPES` shapes; past that they run on TensorFlow and a
+  later call queues its shape;
 - a shape outside the bounds is refused naming the input, the dimension and the
   bounds, or, with the runtime fallback on, runs the subgraph on TensorFlow, counted
   as a fallback call.
@@ -239,8 +241,9 @@ class ShapeTable:
         runtime splits or pads the call, exactly); else, with `wait`, the compile is
         waited for until `cutoff` (DeadlineExceeded or Cancelled naming the op and the
         shape; the compile goes on for later calls), and without it None: the caller
-        computes this call elsewhere (TensorFlow). A shape the compiler refused raises
-        ShapeCompileError, every time, without compiling it again."""
+        computes this call elsewhere (TensorFlow). A shape whose compile (or load) failed
+        raises that error (ShapeCompileError, OutOfDeviceMemory, ...), every time,
+        without compiling it again."""
         want = self.key(shapes)
         while True:
             with self._lock:
@@ -248,7 +251,11 @@ class ShapeTable:
                     raise DeviceError(f"NeuronOp '{self.node_name}' was unloaded")
                 entry = self._entries.get(want)
                 if entry is None:
-                    if want not in self._failed:
+                    # A caller that does not wait queues no more than max_shapes()
+                    # compiles (a later call queues its shape when there is room): a
+                    # burst of new shapes cannot line up more than the op can hold.
+                    if want not in self._failed and (wait or want in self._pending or
+                                                     len(self._queue) < max_shapes()):
                         pending = self._request(want)
                     entry = self._other_batch(want)
                 if entry is not None:

@@ -263,3 +263,30 @@ def test_a_call_waiting_for_a_compile_ends_at_its_deadline(
     table.done(entry)
     assert table.compiled == ["neuron_op_0@1x40x12x3"]
 
+
+
+def test_calls_that_do_not_wait_queue_no_more_shapes_than_the_op_holds(
+        model: tuple[str, str], slow_compiler: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With NEURONISH_MAX_SHAPES=1, a burst of three new shapes (on TensorFlow meanwhile)
+    queues at most one behind the compile under way; the third is compiled only once a
+    later call brings it again."""
+    monkeypatch.setenv(fallback.ENV_FALLBACK, "1")
+    monkeypatch.setenv("NEURONISH_MAX_SHAPES", "1")
+    src, out = model
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    compiled = tf.saved_model.load(out).signatures["serving_default"]
+    before = set(live_tables())
+    images = [_image(1, side, side) for side in (21, 22, 23)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fallback.FallbackWarning)
+        for x in images:  # within the first compile's 3 s
+            np.testing.assert_allclose(compiled(image=x)["output_0"],
+                                       original(image=x)["output_0"], rtol=1e-5, atol=1e-5)
+        table = _new_table(before)
+        assert "neuron_op_0@1x23x23x3" not in table.compiling()
+        assert wait_for_compiles(300)
+        assert table.compiled[0] == "neuron_op_0@1x21x21x3"
+        assert "neuron_op_0@1x23x23x3" not in table.compiled
+        compiled(image=images[2])  # room now: queued
+        assert wait_for_compiles(300)
+    assert table.compiled[-1] == "neuron_op_0@1x23x23x3"
