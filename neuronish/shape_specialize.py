@@ -56,6 +56,9 @@ ENV_MAX_SHAPES = "NEURONISH_MAX_SHAPES"
 SHAPES_FILE = os.path.join("assets.extra", "neuronish_shapes.json")
 DEFAULT_MAX_SHAPES = 8
 MAX_RUNTIME_BATCH = 64  # a larger call is split into chunks of this batch (`batch_for`)
+# A run-time compile still running after this is killed and its shape failed: a hung
+# compiler must not hold the op's compile thread (and every later shape) for ever.
+COMPILE_TIMEOUT_S = 600.0
 
 
 class ShapeCompileError(DeviceError):
@@ -397,7 +400,7 @@ class ShapeTable:
         (result,) = compile_with_cache([CompileJob(name, self._graph, io_config,
                                                    tuple(self.spec.compiler_args))],
                                        CompileCache.from_env(), CacheStats(),
-                                       max_num_compilers=1)
+                                       max_num_compilers=1, timeout=COMPILE_TIMEOUT_S)
         if not result.ok:
             raise ShapeCompileError(f"NeuronOp '{self.node_name}': compiling it for the new "
                                     f"shape {self.label(key)} failed: {result.error}")
