@@ -1,8 +1,9 @@
-// runtime/native/spec.py and spec_int8.py in C++ (engine_spec.h says why): shared
-// helpers, the table of encoders, `encode` and `work`. Each function
-// below is its Python namesake, in the same order of tests, so a change there is easy to
-// follow here; the codes are engine.cc's enums (tests/runtime/test_native_codes.py holds
-// spec.py to them, tests/runtime/test_capi_spec.py holds these files to spec.py).
+// runtime/native/spec.py and spec_int8.py in C++ (engine_spec.h says why): the shared
+// helpers, the table of encoders, `encode` and `work`. Every function here and in
+// engine_spec_{compute,data,int8}.cc is its Python namesake with the same order of tests,
+// so a change there is easy to follow here; the codes are engine.cc's enums
+// (tests/runtime/test_native_codes.py holds spec.py to them, tests/runtime/test_capi_spec.py
+// holds these files to spec.py, list for list).
 #include <algorithm>
 #include <cmath>
 #include <map>
