@@ -28,6 +28,8 @@ from types import ModuleType
 from neuronish.runtime.buildcache import BuildError, Cache
 
 SOURCE = Path(__file__).resolve().parent / "ops" / "neuron_op.cc"
+# The op's registration, shared with the Python-free library (neuronish/native_op_library.py).
+OP_DEF = SOURCE.parent / "neuron_op_def.h"
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -75,6 +77,7 @@ def library_path() -> Path:
 
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
+    key.update(OP_DEF.read_bytes())
     # Everything that changes the binary; the output path itself is not part of it.
     key.update("\0".join(build_command("OUT")).encode())
     key.update(sys.version.encode())
