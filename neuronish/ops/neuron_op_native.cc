@@ -365,7 +365,8 @@ class NeuronOpNativeKernel : public OpKernel {
     std::vector<std::vector<int64_t>> dims;
     dims.reserve(NumTensorInputs() + outputs.size());
     auto view = [&dims](const Tensor& t, const std::string& name, DataType dt) {
-      dims.emplace_back(t.shape().dim_sizes().begin(), t.shape().dim_sizes().end());
+      dims.emplace_back(t.dims());
+      for (int d = 0; d < t.dims(); ++d) dims.back()[d] = t.dim_size(d);
       nr_tensor v;
       v.name = name.c_str();
       ToDevice(dt, &v.dtype);
