@@ -317,6 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", required=True)
     r.add_argument("--duplicates", type=int, default=1)
     device_tools.add_parsers(sub)
+    o = sub.add_parser("op-library", help="print the path of the NeuronOp library for hosts "
+                       "without Python, building it if needed",
+                       description="The NeuronOp library whose kernel calls the C runtime: "
+                       "TF_LoadLibrary it from a TensorFlow host that is not Python (the C "
+                       "API, TF Serving) before loading a compiled SavedModel "
+                       "(docs/c-api.md, \"From TensorFlow's C API\").")
+    o.add_argument("--json", action="store_true",
+                   help="print JSON: the op library, the runtime library, its header directory, "
+                   "TensorFlow's library and include directories")
     from neuronish import profile  # its TensorFlow import waits until it runs
 
     profile.add_parser(sub)
@@ -338,6 +347,30 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + 13  # killed by SIGPIPE, by shell convention
 
 
+def _op_library(args: argparse.Namespace) -> int:
+    from neuronish import native_op_library
+    from neuronish.op_library import OpLibraryError
+
+    try:
+        path = native_op_library.build()
+    except OpLibraryError as e:
+        print(f"neuronish op-library: {e}", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(path)
+        return 0
+    import json
+
+    import tensorflow as tf  # (already imported by the build)
+
+    from neuronish.runtime.capi import library
+
+    print(json.dumps({"op_library": str(path), "runtime_library": str(library.build()),
+                      "include": str(library.INCLUDE), "tensorflow_lib": tf.sysconfig.get_lib(),
+                      "tensorflow_include": tf.sysconfig.get_include()}, indent=2))
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "run":
@@ -346,6 +379,8 @@ def _main(argv: list[str]) -> int:
         return _compile(args)
     if args.command == "benchmark":
         return benchmark.run(args)
+    if args.command == "op-library":
+        return _op_library(args)
     if args.command in ("ls", "top", "profile"):
         return args.handler(args)
     return 2
