@@ -1,0 +1,130 @@
+"""The NeuronOp library for hosts without Python (neuronish/ops/neuron_op_native.cc):
+it has no Python symbol to resolve, and a plain C program on TensorFlow's C API
+(examples/c/tf_saved_model.c, built with gcc against the TF wheel's libraries) loads it
+with TF_LoadLibrary, loads a SavedModel the real compiler compiled, and runs its
+serving signature at the compiled batch and at another one, giving TensorFlow's
+numbers on the original model; with the executable inline and stored in the assets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+import neuronish.saved_model
+from neuronish import native_op_library
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
+                                reason="gcc and nm (binutils) are needed to build and inspect "
+                                       "the C program and the op library")
+
+
+def test_library_has_no_python_symbols() -> None:
+    lib = native_op_library.build()
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], check=True,
+                               capture_output=True, text=True).stdout.split()
+    python = [s for s in undefined if s.startswith(("Py", "_Py"))]
+    assert not python, f"{lib} needs Python symbols: {python[:10]}"
+    # What it does need: the C runtime, for every call.
+    assert "nr_execute_with" in undefined and "nr_model_load_bytes" in undefined
+    needed = subprocess.run(["readelf", "-d", str(lib)], check=True, capture_output=True,
+                            text=True).stdout
+    assert "libneuronish_runtime" in needed and "libpython" not in needed
+
+
+def test_cli_prints_the_library() -> None:
+    r = subprocess.run([sys.executable, "-m", "neuronish.cli", "op-library"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(native_op_library.build())
+
+
+class _TwoInputs(tf.Module):
+    """relu(x @ w) @ v + z: two inputs (their order in the raw file matters), a batch axis."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.w = tf.Variable(rng.standard_normal((16, 32)).astype(np.float32))
+        self.v = tf.Variable(rng.standard_normal((32, 8)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x"),
+                                  tf.TensorSpec([None, 8], tf.float32, name="z")])
+    def __call__(self, x: tf.Tensor, z: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": tf.matmul(tf.nn.relu(tf.matmul(x, self.w)), self.v) + z}
+
+
+def _signature(model_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """serving_default's input and output graph tensor names, by key."""
+    sm = saved_model_pb2.SavedModel()
+    sm.ParseFromString((model_dir / "saved_model.pb").read_bytes())
+    [meta] = [m for m in sm.meta_graphs if "serve" in m.meta_info_def.tags]
+    sig = meta.signature_def["serving_default"]
+    return ({k: v.name for k, v in sig.inputs.items()},
+            {k: v.name for k, v in sig.outputs.items()})
+
+
+def _build_program(out: Path) -> Path:
+    tf_lib = tf.sysconfig.get_lib()
+    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", "-pedantic",
+                    f"-I{tf.sysconfig.get_include()}",
+                    str(ROOT / "examples" / "c" / "tf_saved_model.c"), "-o", str(out),
+                    f"-L{tf_lib}", "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2",
+                    f"-Wl,-rpath,{tf_lib}"], check=True, capture_output=True, text=True)
+    return out
+
+
+def _run(program: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # No Python anywhere near it: a clean environment, no PYTHONPATH.
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
+           "NEURONISH_FALLBACK": "0", "OMP_WAIT_POLICY": "passive",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "assets"])
+def test_c_program_runs_the_compiled_model_as_tensorflow_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, external: bool) -> None:
+    src, out = tmp_path / "src", tmp_path / "compiled"
+    module = _TwoInputs()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    if external:  # every executable and subgraph goes to assets/ (neuronish/external.py)
+        monkeypatch.setenv("NEURONISH_EXTERNAL_THRESHOLD", "1")
+    report = neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    assert [op["outcome"] for op in report["NeuronOps"]] == ["compiled"]
+    if external:
+        assert list((out / "assets").glob("*.neff")), "the executable was not stored outside"
+    ins, outs = _signature(out)
+    src_ins, src_outs = _signature(src)
+    assert ins == src_ins
+    program = _build_program(tmp_path / "tf_saved_model")
+    lib = str(native_op_library.build())
+    original = tf.saved_model.load(str(src)).signatures["serving_default"]
+    for batch in (2, 5):
+        rng = np.random.default_rng(batch)
+        x = rng.standard_normal((batch, 16)).astype(np.float32)
+        z = rng.standard_normal((batch, 8)).astype(np.float32)
+        (tmp_path / "in.bin").write_bytes(x.tobytes() + z.tobytes())
+        r = _run(program, "-l", lib, "-i", str(tmp_path / "in.bin"), "-o",
+                 str(tmp_path / "out.bin"), str(out), f"{ins['x']}=float32:{batch},16",
+                 f"{ins['z']}=float32:{batch},8", "--", outs["y"])
+        assert r.returncode == 0, r.stderr
+        want = original(x=tf.constant(x), z=tf.constant(z))["y"].numpy()
+        [line] = r.stdout.splitlines()
+        assert line.split()[:3] == [outs["y"], "float32", f"[{batch},8]"]
+        got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(want.shape)
+        err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+        assert err <= 1e-4, f"batch {batch}: relative error {err:.1e}"
+    # Without the library TensorFlow does not know the op: the NeuronOp is what ran.
+    r = _run(program, str(out), f"{ins['x']}=float32:2,16", f"{ins['z']}=float32:2,8", "--",
+             outs["y"])
+    assert r.returncode == 1 and "NeuronOp" in r.stderr, r.stderr
