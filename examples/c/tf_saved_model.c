@@ -40,8 +40,23 @@ static int usage(const char *argv0) {
   return 2;
 }
 
+/* TensorFlow's status codes (tensorflow/c/tf_status.h) a NeuronOp call may return. */
+static const char *code_name(TF_Code code) {
+  switch (code) {
+    case TF_CANCELLED: return "CANCELLED";
+    case TF_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case TF_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case TF_NOT_FOUND: return "NOT_FOUND";
+    case TF_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case TF_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case TF_INTERNAL: return "INTERNAL";
+    default: return "error";
+  }
+}
+
 static int fail(const char *what, TF_Status *status) {
-  fprintf(stderr, "tf_saved_model: %s: %s\n", what, TF_Message(status));
+  fprintf(stderr, "tf_saved_model: %s: [%s] %s\n", what, code_name(TF_GetCode(status)),
+          TF_Message(status));
   return 1;
 }
 

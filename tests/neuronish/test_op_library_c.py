@@ -124,6 +124,11 @@ def test_c_program_runs_the_compiled_model_as_tensorflow_does(
         got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(want.shape)
         err = np.max(np.abs(got - want)) / np.max(np.abs(want))
         assert err <= 1e-4, f"batch {batch}: relative error {err:.1e}"
+    # A shape the executable was not compiled for: the kernel's InvalidArgument, naming it.
+    r = _run(program, "-l", lib, str(out), f"{ins['x']}=float32:2,17",
+             f"{ins['z']}=float32:2,8", "--", outs["y"])
+    assert r.returncode == 1 and "[INVALID_ARGUMENT] NeuronOp '" in r.stderr, r.stderr
+    assert "input 'x:0' has shape [2,17]; expected [2,16]" in r.stderr
     # Without the library TensorFlow does not know the op: the NeuronOp is what ran.
     r = _run(program, str(out), f"{ins['x']}=float32:2,16", f"{ins['z']}=float32:2,8", "--",
              outs["y"])
