@@ -11,7 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -133,3 +135,83 @@ def test_c_program_runs_the_compiled_model_as_tensorflow_does(
     r = _run(program, str(out), f"{ins['x']}=float32:2,16", f"{ins['z']}=float32:2,8", "--",
              outs["y"])
     assert r.returncode == 1 and "NeuronOp" in r.stderr, r.stderr
+
+
+class _Deep(tf.Module):
+    """LAYERS x (16x16 MatMul + Relu): a call of many rows takes a while on the device."""
+
+    LAYERS = 40
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(1)
+        self.ws = [tf.Variable(rng.standard_normal((16, 16)).astype(np.float32) / 4)
+                   for _ in range(self.LAYERS)]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+    def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        for w in self.ws:
+            x = tf.nn.relu(tf.matmul(x, w))
+        return {"y": x}
+
+
+def _set_neuron_op_attr(model_dir: Path, edit: Callable[[Any], None]) -> int:
+    """Apply `edit` to the attrs of every NeuronOp in the SavedModel (its functions too)."""
+    sm = saved_model_pb2.SavedModel()
+    sm.ParseFromString((model_dir / "saved_model.pb").read_bytes())
+    count = 0
+    for meta in sm.meta_graphs:
+        nodes = [*meta.graph_def.node,
+                 *(n for f in meta.graph_def.library.function for n in f.node_def)]
+        for node in nodes:
+            if node.op == "NeuronOp":
+                edit(node.attr)
+                count += 1
+    (model_dir / "saved_model.pb").write_bytes(sm.SerializeToString())
+    return count
+
+
+def test_model_config_timeout_is_the_calls_deadline(tmp_path: Path) -> None:
+    """timeout_s = 1 on an op, and a call of many rows (split into that many chunks):
+    DeadlineExceeded naming the op; the same op at the compiled batch runs."""
+    src, out = tmp_path / "src", tmp_path / "compiled"
+    module = _Deep()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    report = neuronish.saved_model.compile(str(src), str(out), batch_size=1)
+    assert [op["outcome"] for op in report["NeuronOps"]] == ["compiled"]
+
+    def one_second(attrs: Any) -> None:  # noqa: ANN401 (a protobuf map)
+        attrs["model_config"].list.i[3] = 1  # [.., .., max_num_duplicates, timeout_s, ..]
+
+    assert _set_neuron_op_attr(out, one_second) == 1
+    ins, outs = _signature(out)
+    program = _build_program(tmp_path / "tf_saved_model")
+    lib = str(native_op_library.build())
+    r = _run(program, "-l", lib, str(out), f"{ins['x']}=float32:1,16", "--", outs["y"])
+    assert r.returncode == 0, r.stderr
+    # 400k chunks of 40 instructions each: far more than a second on any CPU here.
+    r = _run(program, "-l", lib, str(out), f"{ins['x']}=float32:400000,16", "--", outs["y"])
+    assert r.returncode == 1 and "[DEADLINE_EXCEEDED] NeuronOp '" in r.stderr, r.stderr
+
+
+def test_free_dimensions_say_they_need_the_python_host(tmp_path: Path) -> None:
+    """An op compiled with a free dimension (dynamic_shapes set) is refused per call,
+    naming the op and what to do, rather than run wrong or crash."""
+    src, out = tmp_path / "src", tmp_path / "compiled"
+
+    class Free(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32, name="x")])
+        def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"y": tf.nn.relu(x * 2.0 + 1.0)}
+
+    module = Free()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    neuronish.saved_model.compile(str(src), str(out), batch_size=1)
+    dynamic: list[bytes] = []
+    _set_neuron_op_attr(out, lambda attrs: dynamic.append(attrs["dynamic_shapes"].s))
+    assert dynamic and all(dynamic), "the compile left no free dimension to test"
+    ins, outs = _signature(out)
+    program = _build_program(tmp_path / "tf_saved_model")
+    r = _run(program, "-l", str(native_op_library.build()), str(out),
+             f"{ins['x']}=float32:1,7", "--", outs["y"])
+    assert r.returncode == 1 and "[UNIMPLEMENTED] NeuronOp '" in r.stderr, r.stderr
+    assert "free dimensions (dynamic_shapes)" in r.stderr and "Python host" in r.stderr
