@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.graph import GraphIndex, PartitionError, canonical, producer
+from neuronish.graph import Graph, PartitionError, canonical, producer
 from neuronish.partition.cluster import Cluster, DroppedCluster, SizeFilter, cluster, drop_small
 from neuronish.partition.encapsulate import Subgraph, encapsulate
 from neuronish.partition.mark import (
@@ -44,6 +44,7 @@ from neuronish.shape_inference.shapes import (
     batch_axes,
     batched_inputs,
     infer,
+    infer_once,
     shapes_at_batch,
 )
 
@@ -80,7 +81,7 @@ class Partition:
     # Nodes of the graph that stay on TensorFlow (wholly or as a copy), with why.
     left_on_tensorflow: dict[str, OnTensorFlow]
     # The index of the partitioned graph, for `splice` and further rounds to reuse.
-    index: GraphIndex | None = field(default=None, compare=False, repr=False)
+    index: Graph | None = field(default=None, compare=False, repr=False)
 
     def reasons(self) -> dict[str, str]:
         """node -> why it stays on TensorFlow, as text."""
@@ -108,7 +109,7 @@ def partition(
     fetches: Iterable[str] | None = None,
     device_dtypes: Collection[str] = DEVICE_DTYPES,
     refused: Mapping[str, str] | None = None,
-    index: GraphIndex | None = None,
+    index: Graph | None = None,
     batch_mixing: Mapping[str, str] | None = None,
 ) -> Partition:
     """mark -> cluster -> drop_small -> encapsulate over a frozen GraphDef.
@@ -130,7 +131,7 @@ def partition(
         support = compiler_support(graph_def)
         supported, refused = support.ops, {**support.refused, **(refused or {})}
     fetch_list = None if fetches is None else [canonical(f) for f in fetches]
-    index = index or GraphIndex.build(graph_def)
+    index = index or Graph.build(graph_def)
     for t in fetch_list or ():
         if producer(t) not in index.nodes:
             raise PartitionError(f"fetch {t} names no node of the graph")
@@ -145,7 +146,7 @@ def partition(
                 raise PartitionError(f"input {name} has shape {list(shape)}, but the batch size "
                                      f"is {batch}: with dynamic_batch_size every input's dim 0 "
                                      f"is the batch")
-    infos, axes = _shapes(graph_def, index, input_shapes, batch)
+    infos, axes = _shapes(index, input_shapes, batch)
     # A node that mixes samples across the batch (a reduction over it, a reshape moving
     # it) would make its whole cluster run at the compiled batch only; it stays on
     # TensorFlow instead, and the rest is partitioned again, so the device's part keeps a
@@ -190,24 +191,23 @@ _MAX_MIXING_ROUNDS = 8
 
 
 def _shapes(
-    graph_def: graph_pb2.GraphDef,
-    index: GraphIndex,
+    graph: Graph,
     input_shapes: Mapping[str, Sequence[int]],
     batch: int | None,
 ) -> tuple[dict[str, TensorInfo], dict[str, int | None]]:
     """Shapes and dtypes at the compile batch, and batch axes when `batch` is given (the
-    batch is dynamic), each inferred once per index: a recovery round partitions the same
-    graph at the same shapes again, and each inference imports the whole graph into
-    TensorFlow (ResNet50: a second or more). The results are only read downstream."""
-    key = ("shapes", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())), batch)
-    if key not in index.memo:
-        if batch is None:
-            index.memo[key] = infer(graph_def, input_shapes), {}
-        else:
-            full_shapes = shapes_at_batch(graph_def, input_shapes, batch)
-            infos = infer(graph_def, full_shapes)
-            index.memo[key] = infos, batch_axes(graph_def, full_shapes, batch, infos)
-    return index.memo[key]
+    batch is dynamic), each inferred once per version of the graph: a recovery round
+    partitions the same graph at the same shapes again, and each inference imports the
+    whole graph into TensorFlow (ResNet50: a second or more). The results are only read
+    downstream."""
+    if batch is None:
+        return infer_once(graph, input_shapes), {}
+    key = ("batch_axes", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())), batch)
+    if key not in graph.memo:
+        full_shapes = shapes_at_batch(graph.graph_def, input_shapes, batch)
+        infos = infer_once(graph, full_shapes)
+        graph.memo[key] = infos, batch_axes(graph.graph_def, full_shapes, batch, infos, graph)
+    return graph.memo[key]
 
 
 def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:
@@ -219,7 +219,7 @@ def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:
 
 
 def _left_on_tensorflow(
-    index: GraphIndex,
+    index: Graph,
     marking: Marking,
     subgraphs: Sequence[Subgraph],
     dropped: Sequence[DroppedCluster],

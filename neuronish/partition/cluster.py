@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from tensorflow.core.framework import graph_pb2
 
 from neuronish.contracts import PASS_THROUGH_OPS
-from neuronish.graph import GraphIndex, producer
+from neuronish.graph import Graph, producer
 from neuronish.partition.dag import ContractibleDag
 from neuronish.partition.mark import Marking
 from neuronish.shape_inference.values import device_static_nodes
@@ -71,10 +71,10 @@ class SizeFilter:
 
 
 def cluster(graph_def: graph_pb2.GraphDef, marking: Marking,
-            index: GraphIndex | None = None) -> list[Cluster]:
+            index: Graph | None = None) -> list[Cluster]:
     """Cluster the supported nodes of `graph_def` (see the module docstring). `index` is
-    `GraphIndex.build(graph_def)` when the caller has it."""
-    index = index or GraphIndex.build(graph_def)
+    `Graph.build(graph_def)` when the caller has it."""
+    index = index or Graph.build(graph_def)
     static = device_static_nodes(index, marking.supported)
     dynamic = [n for n in index.order if n not in static]
     ids = {n: i for i, n in enumerate(dynamic)}
@@ -135,7 +135,7 @@ def cluster(graph_def: graph_pb2.GraphDef, marking: Marking,
     return clusters
 
 
-def _static_inputs(members: Sequence[str], index: GraphIndex, static: frozenset[str]) -> set[str]:
+def _static_inputs(members: Sequence[str], index: Graph, static: frozenset[str]) -> set[str]:
     """The static nodes `members` read, directly or through other static nodes."""
     found: set[str] = set()
     stack = [producer(t) for m in members for t in index.data_inputs[m]]

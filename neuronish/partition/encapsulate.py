@@ -37,7 +37,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from neuronish.cc.graphdef import encode_varint
-from neuronish.graph import GraphIndex, PartitionError, canonical, parse_input, producer
+from neuronish.graph import Graph, PartitionError, canonical, parse_input, producer
 from neuronish.partition.cluster import Cluster
 from neuronish.shape_inference.shapes import TensorInfo
 
@@ -130,15 +130,15 @@ def encapsulate(
     dynamic_batch_size: bool,
     fetches: Iterable[str] | None = None,
     *,
-    index: GraphIndex | None = None,
+    index: Graph | None = None,
 ) -> Subgraph:
     """Build the Subgraph of `cluster` (see the module docstring for the rules).
 
     `infos` is `shapes.infer` at the compile batch, `batch_axes` is
     `shapes.batch_axes`; `fetches` are the outer tensors the caller reads
-    (signature outputs).  `index` may pass a prebuilt `GraphIndex.build(graph_def)`.
+    (signature outputs).  `index` may pass a prebuilt `Graph.build(graph_def)`.
     """
-    index = index or GraphIndex.build(graph_def)
+    index = index or Graph.build(graph_def)
     members = set(cluster.nodes)
     fetched = None if fetches is None else {canonical(f) for f in fetches}
     kept = _duplicated(cluster, index, infos, fetched)
@@ -150,7 +150,7 @@ def encapsulate(
         if m in cluster.static_nodes:
             continue
         for t in _outputs(m, infos):
-            readers = index.tensor_consumers.get(t, ())
+            readers = index.readers(t)
             if (any(r not in members or r in kept for r in readers)
                     or (fetched is not None and t in fetched)
                     or (fetched is None and not index.consumers(m))):
@@ -208,7 +208,7 @@ def _outputs(name: str, infos: Mapping[str, TensorInfo]) -> list[str]:
 
 
 def _duplicated(
-    cluster: Cluster, index: GraphIndex, infos: Mapping[str, TensorInfo], fetched: set[str] | None
+    cluster: Cluster, index: Graph, infos: Mapping[str, TensorInfo], fetched: set[str] | None
 ) -> set[str]:
     """Static members that must also stay on TensorFlow, with the static members they read."""
     members = set(cluster.nodes)
@@ -216,7 +216,7 @@ def _duplicated(
     # node waits for instead (it has no side effects).
     kept = {
         s for s in cluster.static_nodes
-        if any(c not in members for c in index.data_consumers[s])
+        if any(c not in members for c in index.data_consumers(s))
         or (fetched is not None and any(t in fetched for t in _outputs(s, infos)))
     }
     stack = list(kept)
@@ -246,7 +246,7 @@ def _placeholder_names(inputs: list[str], members: set[str]) -> list[str]:
 def _subgraph_def(
     graph_def: graph_pb2.GraphDef,
     cluster: Cluster,
-    index: GraphIndex,
+    index: Graph,
     inputs: list[str],
     placeholders: list[str],
     infos: Mapping[str, TensorInfo],
@@ -282,7 +282,7 @@ def _subgraph_def(
 
 def _no_dynamic_batch_reason(
     cluster: Cluster,
-    index: GraphIndex,
+    index: Graph,
     infos: Mapping[str, TensorInfo],
     axes: Mapping[str, int | None],
     inputs: list[str],
@@ -325,7 +325,7 @@ def _no_dynamic_batch_reason(
             sources = data[k:k + 1] if index.nodes[m].op == "IdentityN" else data
             if not any(s in batched for s in sources):
                 continue
-            if t not in outputs and not index.tensor_consumers.get(t):
+            if t not in outputs and not index.readers(t):
                 continue  # read by nothing (FusedBatchNormV3's batch_mean in inference)
             if axes.get(t) != -1:
                 batched.add(t)

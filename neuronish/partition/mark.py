@@ -43,7 +43,7 @@ from pathlib import Path
 from tensorflow.core.framework import graph_pb2
 
 from neuronish import contracts
-from neuronish.graph import GraphIndex, PartitionError, canonical, is_stateful, producer
+from neuronish.graph import Graph, PartitionError, canonical, is_stateful, producer
 from neuronish.shape_inference.shapes import TensorInfo
 from neuronish.shape_inference.values import device_static_nodes, static_values
 
@@ -126,7 +126,7 @@ def mark(
     exclude_nodes: Mapping[str, str] | None = None,
     device_dtypes: Collection[str] = DEVICE_DTYPES,
     refused: Mapping[str, str] | None = None,
-    index: GraphIndex | None = None,
+    index: Graph | None = None,
     batch_mixing: Mapping[str, str] | None = None,
     fetches: Iterable[str] | None = None,
 ) -> Marking:
@@ -137,10 +137,10 @@ def mark(
     names to the reason they must stay on TensorFlow; a name not in the graph
     raises PartitionError. `refused` maps node names to the compiler's reason for
     refusing their attribute values (`CompilerSupport.refused`). `index` is
-    `GraphIndex.build(graph_def)` when the caller has it. `batch_mixing` maps nodes that
+    `Graph.build(graph_def)` when the caller has it. `batch_mixing` maps nodes that
     mix samples across the batch to why (the partitioner's own second look).
     """
-    index = index or GraphIndex.build(graph_def)
+    index = index or Graph.build(graph_def)
     refused = refused or {}
     no_fuse, force = set(no_fuse_ops), set(force_fuse_ops)
     exclude = dict(exclude_nodes or {})
@@ -158,7 +158,7 @@ def mark(
     fetched = None if fetches is None else {canonical(f) for f in fetches}
 
     def used(t: str) -> bool:
-        return (t.endswith(":0") or bool(index.tensor_consumers.get(t))
+        return (t.endswith(":0") or bool(index.readers(t))
                 or (t in fetched if fetched is not None else
                     not index.consumers(producer(t))))
 
@@ -184,7 +184,7 @@ def mark(
     return Marking(marks, unmatched)
 
 
-def _keep_shape_values_whole(index: GraphIndex, marks: dict[str, NodeMark]) -> None:
+def _keep_shape_values_whole(index: Graph, marks: dict[str, NodeMark]) -> None:
     """Rule 8: a shape-derived value the device cannot compute from scratch stays on TF."""
     shape_values = static_values(index).shape
     device_static = device_static_nodes(index, lambda n: marks[n].reason is None)

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from neuronish.graph import (
-    GraphIndex,
+    Graph,
     PartitionError,
     canonical,
     data_refs,
@@ -48,15 +48,15 @@ def splice(
     graph_def: graph_pb2.GraphDef,
     replacements: Sequence[tuple[Subgraph, node_def_pb2.NodeDef]],
     fetches: Iterable[str] = (),
-    index: GraphIndex | None = None,
+    index: Graph | None = None,
 ) -> Spliced:
     """Replace each Subgraph's cluster in `graph_def` by its NodeDef (see the module docstring).
 
     `fetches` are tensors the caller will read (they keep duplicated nodes
     alive and are checked to exist or be renamed). `index` is
-    `GraphIndex.build(graph_def)` when the caller has it (`Partition.index`).
+    `Graph.build(graph_def)` when the caller has it (`Partition.index`).
     """
-    index = index or GraphIndex.build(graph_def)
+    index = index or Graph.build(graph_def)
     names = [op.name for _, op in replacements]
     if len(set(names)) != len(names):
         raise PartitionError(f"two replacement nodes share a name: {sorted(names)}; name each "
@@ -130,14 +130,14 @@ def splice(
         new.CopyFrom(node)
         rewire(new, None, ())
     try:
-        GraphIndex.build(out)  # a dangling input or a cycle: fail here, not in TensorFlow
+        Graph.build(out)  # a dangling input or a cycle: fail here, not in TensorFlow
     except PartitionError as e:
         raise PartitionError(f"splice produced an invalid graph ({e}); this is a partitioner "
                              f"bug, please report it with the graph") from None
     return Spliced(out, renamed)
 
 
-def _check_replacement(subgraph: Subgraph, op: node_def_pb2.NodeDef, index: GraphIndex) -> None:
+def _check_replacement(subgraph: Subgraph, op: node_def_pb2.NodeDef, index: Graph) -> None:
     data = [canonical(r) for r in data_refs(op)]
     if data != list(subgraph.inputs):
         raise PartitionError(f"the node replacing {subgraph.name} ({op.name!r}) reads {data}; "
@@ -150,7 +150,7 @@ def _check_replacement(subgraph: Subgraph, op: node_def_pb2.NodeDef, index: Grap
 
 def unread_duplicates(
     subgraphs: Iterable[Subgraph],
-    index: GraphIndex,
+    index: Graph,
     removed: set[str],
     fetched: set[str],
 ) -> set[str]:
@@ -164,7 +164,7 @@ def unread_duplicates(
     gone: set[str] = set()
     # Readers come later in topological order: decide them first.
     for name in sorted(candidates, key=index.position.__getitem__, reverse=True):
-        readers = index.data_consumers[name]  # control readers are rewired (module doc)
+        readers = index.data_consumers(name)  # control readers are rewired (module doc)
         if all(r in removed or r in gone for r in readers) and not any(
             producer(t) == name for t in fetched
         ):
@@ -172,7 +172,7 @@ def unread_duplicates(
     return gone
 
 
-def _reads(name: str, static: set[str], index: GraphIndex) -> list[str]:
+def _reads(name: str, static: set[str], index: Graph) -> list[str]:
     """The non-static nodes the static node `name` waits for, directly or not."""
     found: dict[str, None] = {}
     stack, seen = [name], {name}

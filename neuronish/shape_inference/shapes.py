@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.graph import PartitionError
+from neuronish.graph import Graph, PartitionError
 from neuronish.shape_inference import lists, loops, strings, tables
 
 
@@ -126,6 +126,18 @@ def infer(
 
 
 _MAX_LOOP_ROUNDS = 4
+
+
+def infer_once(graph: Graph, input_shapes: Mapping[str, Sequence[int | None]]
+               ) -> dict[str, TensorInfo]:
+    """`infer` of `graph` at `input_shapes`, kept in `graph.memo` until the graph is
+    edited: each inference imports the whole graph into TensorFlow (ResNet50: a second
+    or more), and the rewrites, the partitioner and its recovery rounds ask for the same
+    shapes of the same graph. Read the result; do not change it."""
+    key = ("infer", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())))
+    if key not in graph.memo:
+        graph.memo[key] = infer(graph.graph_def, input_shapes)
+    return graph.memo[key]
 
 
 def _import_shapes(patched: graph_pb2.GraphDef,
@@ -268,6 +280,7 @@ def batch_axes(
     input_shapes: Mapping[str, Sequence[int | None]],
     batch_size: int,
     infos: Mapping[str, TensorInfo] | None = None,
+    graph: Graph | None = None,
 ) -> BatchAxes:
     """The batch axis of every tensor: an axis, -1 for none, None if it cannot be told.
 
@@ -279,14 +292,18 @@ def batch_axes(
     batch folded into another dimension), or a shape is unknown. The result's
     `mixing` names the Reshapes that mix samples (`_mixing_reshapes`).
 
-    `infos`, if given, must be `infer` at `batch_size` (saves one inference).
+    `infos`, if given, must be `infer` at `batch_size` (saves one inference). With
+    `graph` (the Graph of `graph_def`), both inferences are `infer_once`'s.
     """
     if batch_size < 1:
         raise PartitionError(f"batch_size must be >= 1, got {batch_size}")
+    def inferred(shapes: Mapping[str, Sequence[int | None]]) -> dict[str, TensorInfo]:
+        return infer(graph_def, shapes) if graph is None else infer_once(graph, shapes)
+
     if infos is None:
-        infos = infer(graph_def, shapes_at_batch(graph_def, input_shapes, batch_size))
+        infos = inferred(shapes_at_batch(graph_def, input_shapes, batch_size))
     try:
-        bigger = infer(graph_def, shapes_at_batch(graph_def, input_shapes, batch_size + 1))
+        bigger = inferred(shapes_at_batch(graph_def, input_shapes, batch_size + 1))
     except PartitionError as e:
         raise PartitionError(
             f"the graph does not accept batch size {batch_size + 1}, so its batch size is baked "
