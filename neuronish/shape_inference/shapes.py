@@ -25,12 +25,23 @@ from neuronish.shape_inference import lists, loops, strings, tables
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Static shape and dtype of one tensor.
+    """Static shape and dtype of one tensor: the TensorFlow side's one record of them.
 
     `shape` is None when even the rank is unknown; a None dimension is
     unknown.  `dtype` is TensorFlow's name ("float32", "int64", "string",
     "resource", "variant", "complex64", ...), which for numeric types is
-    also numpy's.
+    also numpy's. Shape inference gives one per tensor, keyed by tensor name; a
+    signature's input (`freeze.SignatureInput`) is one with its key and placeholder.
+
+    The other records of a tensor stay apart because they sit across a boundary or
+    say something else: `cc/ir.TensorType` and `runtime/isa.Type` are the compiler's
+    and the device's (static shapes, the ISA's dtypes; neither process imports
+    TensorFlow), `cc/ioconfig.TensorSpec` is a field of the io-config file the
+    compiler reads, `runtime/executable.TensorSig` of the executable file (with the
+    value id and batch axis); `neuron_op.StatedSignature` is the NeuronOp's attribute
+    lists, column by column as the op declares them; `serving/signatures.TensorSpec`
+    is what the server reads from an exported SignatureDef (tf.DType, -1 for any
+    size, the bounds of free dimensions) to check requests against.
     """
 
     shape: tuple[int | None, ...] | None
