@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -449,6 +450,18 @@ def test_flags() -> None:
     options = server.parse_flags(["--rest_api_enable_cors_support",
                                   "--enable_signature_method_name_check=true"])
     assert options.rest_api_enable_cors_support and options.enable_signature_method_name_check
+    # gflags' other spellings: a value after a space, one dash, a bool set false.
+    options = server.parse_flags(["--model_base_path", "/m", "-port=7", "--enable_model_warmup=0"])
+    assert (options.model_base_path, options.port, options.enable_model_warmup) == ("/m", 7, False)
+    # Each error names the flag and what it takes.
+    for bad, message in ((["--port"], "--port needs a value: --port=..."),
+                         (["--port=x"], "--port takes an integer, got 'x'"),
+                         (["--enable_batching=yes"], "--enable_batching takes true or false"),
+                         (["--nope=1"], "unknown command line flag 'nope'"),
+                         (["--ssl_config"], "unknown command line flag 'ssl_config'"),
+                         (["--use_tflite_model=true"], "--use_tflite_model is not supported")):
+        with pytest.raises(server.FlagError, match=re.escape(message)):
+            server.parse_flags(bad)
 
 
 def test_flag_defaults_are_tf_servings() -> None:
