@@ -681,7 +681,7 @@ def test_ssl_config_is_tf_servings(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint8,
                                    np.float16, np.bool_])
 def test_encoding_a_response_costs_a_small_multiple_of_the_tensor(dtype: type) -> None:
-    """Issue 23: `array.tolist()` made a Python object per value (32 bytes each), 8x a
+    """`array.tolist()` made a Python object per value (32 bytes each), 8x a
     float32 output at once; now float/double go in as one packed block and the rest in
     chunks. Python-side allocations (tracemalloc) stay under 3x the tensor."""
     import tracemalloc
