@@ -177,6 +177,12 @@ class Graph:
         graph.order  # noqa: B018
         return graph
 
+    @classmethod
+    def of(cls, graph: Graph | graph_pb2.GraphDef) -> Graph:
+        """`graph` itself, or a GraphDef indexed (`build`): what a stage taking either
+        works on."""
+        return graph if isinstance(graph, Graph) else cls.build(graph)
+
     # -- reading ---------------------------------------------------------------------
 
     @property

@@ -477,7 +477,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     held = {} if o.verify else hold_constants(graph)
     mixing: dict[str, str] = {}  # nodes the compiler's batch check keeps on TensorFlow
     for round_ in range(MAX_RECOVERY_ROUNDS):
-        part = partition(graph_def, shapes, support.ops, refused=support.refused, index=graph,
+        part = partition(graph, shapes, support.ops, refused=support.refused,
                          batch_size=batch_of(shapes, batch_size),
                          no_fuse_ops=o.no_fuse_ops, force_fuse_ops=o.force_fuse_ops,
                          minimum_segment_size=o.minimum_segment_size,
@@ -582,7 +582,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
         graph_file = graphs[digests[sg.name]]
         blobs[sg.name] = {"executable": executable, "graph_def": replace(
             graph_file, sha256=hashes[graph_file.path].result())}
-    new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=graph)
+    new_graph_def, renamed = splice(graph, replacements, fetches=fetches)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature=signature, graph_def=new_graph_def, outputs=outputs, blobs=blobs,
                      part=part, compiled=compiled, excluded=excluded, failures=failures,

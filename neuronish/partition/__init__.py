@@ -13,8 +13,10 @@ Stages, each a module with one public function, each testable alone:
 `partition` chains the first five for the SavedModel compile; the caller
 compiles each `Subgraph`, builds its NeuronOp NodeDef (inputs =
 `Subgraph.inputs`) and calls `splice`.  When the compiler rejects nodes, call
-`partition` again with `exclude_nodes={node: reason}` and the same `index`
-(`Partition.index`): shapes and batch axes are then inferred once, not per round.
+`partition` again with `exclude_nodes={node: reason}` and the same `Graph`
+(`Partition.graph`): shapes and batch axes are then inferred once, not per round.
+Each stage takes the `Graph` (`neuronish.graph`) shared by the whole compile, or a
+GraphDef, which it indexes for the call.
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ class Partition:
     batch_axes: dict[str, int | None]  # empty when dynamic_batch_size is off
     # Nodes of the graph that stay on TensorFlow (wholly or as a copy), with why.
     left_on_tensorflow: dict[str, OnTensorFlow]
-    # The index of the partitioned graph, for `splice` and further rounds to reuse.
-    index: Graph | None = field(default=None, compare=False, repr=False)
+    # The graph of the partitioned graph, for `splice` and further rounds to reuse.
+    graph: Graph | None = field(default=None, compare=False, repr=False)
 
     def reasons(self) -> dict[str, str]:
         """node -> why it stays on TensorFlow, as text."""
@@ -96,7 +98,7 @@ class Partition:
 
 
 def partition(
-    graph_def: graph_pb2.GraphDef,
+    graph: Graph | graph_pb2.GraphDef,
     input_shapes: Mapping[str, Sequence[int]],
     supported: Collection[str] | None = None,
     *,
@@ -109,7 +111,6 @@ def partition(
     fetches: Iterable[str] | None = None,
     device_dtypes: Collection[str] = DEVICE_DTYPES,
     refused: Mapping[str, str] | None = None,
-    index: Graph | None = None,
     batch_mixing: Mapping[str, str] | None = None,
 ) -> Partition:
     """mark -> cluster -> drop_small -> encapsulate over a frozen GraphDef.
@@ -127,13 +128,14 @@ def partition(
     treats the outputs of nodes nothing reads as fetched.  A cluster none of
     whose results is used is dropped.
     """
+    graph = Graph.of(graph)
+    graph_def = graph.graph_def
     if supported is None:
         support = compiler_support(graph_def)
         supported, refused = support.ops, {**support.refused, **(refused or {})}
     fetch_list = None if fetches is None else [canonical(f) for f in fetches]
-    index = index or Graph.build(graph_def)
     for t in fetch_list or ():
-        if producer(t) not in index.nodes:
+        if producer(t) not in graph.nodes:
             raise PartitionError(f"fetch {t} names no node of the graph")
 
     batch: int | None = None  # the compile batch when it is dynamic
@@ -146,22 +148,21 @@ def partition(
                 raise PartitionError(f"input {name} has shape {list(shape)}, but the batch size "
                                      f"is {batch}: with dynamic_batch_size every input's dim 0 "
                                      f"is the batch")
-    infos, axes = _shapes(index, input_shapes, batch)
+    infos, axes = _shapes(graph, input_shapes, batch)
     # A node that mixes samples across the batch (a reduction over it, a reshape moving
     # it) would make its whole cluster run at the compiled batch only; it stays on
     # TensorFlow instead, and the rest is partitioned again, so the device's part keeps a
     # dynamic batch and every batch size gives TensorFlow's numbers.
     mixing: dict[str, str] = dict(batch_mixing or {})
     for _ in range(_MAX_MIXING_ROUNDS):
-        marking = mark(graph_def, infos, supported, no_fuse_ops, force_fuse_ops,
+        marking = mark(graph, infos, supported, no_fuse_ops, force_fuse_ops,
                        exclude_nodes=exclude_nodes, device_dtypes=device_dtypes,
-                       refused=refused, index=index, batch_mixing=mixing,
+                       refused=refused, batch_mixing=mixing,
                        fetches=fetch_list)
-        sized = drop_small(cluster(graph_def, marking, index), minimum_segment_size)
+        sized = drop_small(cluster(graph, marking), minimum_segment_size)
         subgraphs, dropped, clusters = [], list(sized.dropped), {}
         for c in sized.kept:
-            sub = encapsulate(graph_def, c, infos, axes, dynamic_batch_size, fetch_list,
-                              index=index)
+            sub = encapsulate(graph, c, infos, axes, dynamic_batch_size, fetch_list)
             if sub.outputs:
                 subgraphs.append(sub)
                 clusters[sub.name] = c
@@ -183,8 +184,8 @@ def partition(
                                    "kept on TensorFlow so that every batch size works")
                     for s in stuck]
     return Partition(tuple(subgraphs), tuple(dropped), marking, infos, axes,
-                     _left_on_tensorflow(index, marking, subgraphs, dropped, fetch_list or ()),
-                     index)
+                     _left_on_tensorflow(graph, marking, subgraphs, dropped, fetch_list or ()),
+                     graph)
 
 
 _MAX_MIXING_ROUNDS = 8
@@ -219,7 +220,7 @@ def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:
 
 
 def _left_on_tensorflow(
-    index: Graph,
+    graph: Graph,
     marking: Marking,
     subgraphs: Sequence[Subgraph],
     dropped: Sequence[DroppedCluster],
@@ -227,11 +228,11 @@ def _left_on_tensorflow(
 ) -> dict[str, OnTensorFlow]:
     """Why each node that `splice` will not remove stays on TensorFlow."""
     moved = {n for s in subgraphs for n in s.node_names if n not in s.duplicated_nodes}
-    moved |= unread_duplicates(subgraphs, index, moved, set(fetches))  # as splice will
+    moved |= unread_duplicates(subgraphs, graph, moved, set(fetches))  # as splice will
     copied = {n for s in subgraphs for n in s.duplicated_nodes}
     in_dropped = {n: d for d in dropped for n in d.cluster.nodes}
     reasons: dict[str, OnTensorFlow] = {}
-    for name in index.order:
+    for name in graph.order:
         node_mark = marking.nodes[name]
         if name in moved:
             continue

@@ -869,7 +869,7 @@ def test_repartition_after_the_compiler_rejects_a_node() -> None:
     check_end_to_end(gd, outs, again, lambda b: {"x:0": rand(b, 8), "y:0": rand(b, 8)}, [2])
 
 
-def test_recovery_rounds_on_one_index_infer_shapes_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recovery_rounds_on_one_graph_infer_shapes_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each inference imports the whole graph into TensorFlow; a recovery round changes the
     # excluded nodes only, so partitioning again on the same index reuses the shapes and
     # batch axes, and decides exactly what a fresh partition would.
@@ -890,26 +890,30 @@ def test_recovery_rounds_on_one_index_infer_shapes_once(monkeypatch: pytest.Monk
         return tf.subtract(y, tf.reduce_mean(y, axis=0, name="batch_mean"), name="centered")
 
     gd, outs = freeze(fn, spec(None, 8))
-    index = Graph.build(gd)
+    graph = Graph.build(gd)
     kwargs = {"dynamic_batch_size": True, "fetches": outs, "minimum_segment_size": 1}
-    first = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, **kwargs)
+    first = P.partition(graph, {"x": [4, 8]}, SUPPORTED, **kwargs)
     assert len(calls) == 2  # at the batch and at the batch + 1, for the batch axes
-    again = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, exclude_nodes={"y": "no"},
+    again = P.partition(graph, {"x": [4, 8]}, SUPPORTED, exclude_nodes={"y": "no"},
                         **kwargs)
     assert len(calls) == 2
     assert again.infos is first.infos and again.batch_axes is first.batch_axes
     fresh = P.partition(gd, {"x": [4, 8]}, SUPPORTED, exclude_nodes={"y": "no"}, **kwargs)
-    assert len(calls) == 4  # a new index infers afresh
+    assert len(calls) == 4  # a GraphDef is indexed for the call: it infers afresh
     assert again.reasons() == fresh.reasons() and "y" in again.reasons()
     assert [s.graph_def for s in again.subgraphs] == [s.graph_def for s in fresh.subgraphs]
     assert dict(again.batch_axes) == dict(fresh.batch_axes)
     # Other input shapes are another inference, not the cached one: at batch 3 (the
     # batch + 1, 4, is the first round's inference, kept).
-    other = P.partition(gd, {"x": [3, 8]}, SUPPORTED, index=index, **kwargs)
+    other = P.partition(graph, {"x": [3, 8]}, SUPPORTED, **kwargs)
     assert len(calls) == 5 and other.infos["x:0"].shape == (3, 8)
-    static = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, fetches=outs)
+    static = P.partition(graph, {"x": [4, 8]}, SUPPORTED, fetches=outs)
     assert static.batch_axes == {} and static.infos["x:0"].shape == (4, 8)
     assert len(calls) == 5  # the shapes at batch 4 are kept as well
+    # An edit drops what was inferred: the next round infers the edited graph.
+    graph.updated("y")
+    P.partition(graph, {"x": [4, 8]}, SUPPORTED, **kwargs)
+    assert len(calls) == 7
 
 
 def test_partition_with_the_compilers_operator_list() -> None:
