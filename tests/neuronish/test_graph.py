@@ -3,6 +3,8 @@ results kept in its memo (inferred shapes) are dropped by an edit and kept other
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -124,3 +126,40 @@ def test_shapes_are_inferred_once_per_version_of_the_graph(
     again = infer_once(graph, {"x": [2, 3]})
     assert len(calls) == 3 and again["sum:0"].shape == (2,)
     assert infer_once(graph, {"x": [2, 3]}) is again and len(calls) == 3
+
+
+def _rewrites() -> list:
+    from tests.neuronish.test_fold import _mel_like_table
+    from tests.neuronish.test_rewrite import _segments, _spectrogram
+    from tests.neuronish.test_unroll import _rnn
+
+    # (what rewrites it, the model, its input shape with the batch free)
+    return [("fold", _mel_like_table, [None, 5, 4]), ("unroll", _rnn, [None, 5, 4]),
+            ("complex pairs", _spectrogram, [None, 5, 4]), ("segments", _segments, [None, 6])]
+
+
+@pytest.mark.parametrize("case", range(4), ids=[c[0] for c in _rewrites()])
+def test_after_the_rewrites_the_graph_is_what_a_new_index_says(tmp_path: Path,
+                                                                case: int) -> None:
+    """The rewrites edit the compile's Graph in place; every index must match a fresh one
+    of the rewritten GraphDef, and partitioning the edited Graph must give what
+    partitioning a new one does."""
+    from neuronish import partition as P
+    from neuronish.rewrites.rewrite import rewrite_for_device
+    from tests.neuronish.test_unroll import _frozen
+
+    _, fn, shape = _rewrites()[case]
+    frozen = _frozen(tmp_path, fn, shape)
+    fetches = list(frozen.outputs.values())
+    graph = Graph(frozen.graph_def)
+    before = len(frozen.graph_def.node), graph.version
+    shapes_at = {"x:0": [2, *shape[1:]]}
+    rewrite_for_device(graph, shapes_at, fetches)
+    assert graph.version > before[1], "nothing was rewritten: the case tests nothing"
+    _same_indexes(graph)
+    supported = P.supported_ops()
+    edited = P.partition(graph, shapes_at, supported, fetches=fetches, minimum_segment_size=1)
+    fresh = P.partition(_fresh(graph).graph_def, shapes_at, supported, fetches=fetches,
+                        minimum_segment_size=1)
+    assert [s.graph_def for s in edited.subgraphs] == [s.graph_def for s in fresh.subgraphs]
+    assert edited.reasons() == fresh.reasons() and edited.subgraphs
