@@ -69,7 +69,7 @@ def complex_as_pairs(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
 class _Rewriter:
     def __init__(self, graph: Graph, infos: Mapping[str, TensorInfo]) -> None:
         self.graph = graph
-        self.infos = dict(infos)  # (the graph's edits drop its memo, not this copy)
+        self.infos = infos  # of the graph before the rewrite (edits drop the memo, not this)
         self.nodes = graph.nodes
         self.pairs: dict[str, Pair] = {}
 
