@@ -306,6 +306,26 @@ class Graph:
             name += "_"
         return name
 
+    def verify(self) -> None:
+        """Raise PartitionError naming the first node whose indexed inputs or use lists no
+        longer match its NodeDef: a stage edited a NodeDef without `updated`. For tests
+        and debugging; it reads every edge."""
+        fresh = Graph(self.graph_def) if [n.name for n in self.graph_def.node] == \
+            list(self.nodes) else None
+        if fresh is None:
+            raise PartitionError("the graph's nodes are not the GraphDef's: a node was added "
+                                 "or removed without Graph.add_node/remove")
+        for name in self.nodes:
+            if (self.data_inputs[name], self.control_inputs[name]) != \
+                    (fresh.data_inputs[name], fresh.control_inputs[name]):
+                raise PartitionError(f"node {name!r} reads {list(self.nodes[name].input)}, but "
+                                     f"the graph's index says {list(self.data_inputs[name])} "
+                                     f"and ^{list(self.control_inputs[name])}: call "
+                                     "Graph.updated after editing a NodeDef")
+        for name in self.nodes:
+            if sorted(self.consumers(name)) != sorted(fresh.consumers(name)):
+                raise PartitionError(f"the use list of node {name!r} is stale")
+
     # -- the indexes -----------------------------------------------------------------
 
     def _link(self, node: node_def_pb2.NodeDef) -> None:

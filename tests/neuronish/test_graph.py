@@ -42,6 +42,7 @@ def _fresh(graph: Graph) -> Graph:
 
 
 def _same_indexes(graph: Graph) -> None:
+    graph.verify()
     fresh = _fresh(graph)
     assert graph.nodes.keys() == fresh.nodes.keys()
     assert graph.order == fresh.order
@@ -89,6 +90,20 @@ def test_each_edit_is_seen_by_the_next_lookup() -> None:
     assert [n.name for n in graph.graph_def.node] == ["x", "k", "b", "c", "d"]
     _same_indexes(graph)
     assert needed_nodes(graph.nodes, ["d"]) == {"x", "k", "b", "c", "d"}
+
+
+def test_an_edit_behind_the_graphs_back_is_caught_by_verify() -> None:
+    graph = Graph(_chain())
+    graph.verify()
+    graph.nodes["c"].input[1] = "x"  # b no longer read, but the index still says so
+    with pytest.raises(PartitionError, match="node 'c' reads .* Graph.updated"):
+        graph.verify()
+    graph.updated("c")
+    graph.verify()
+    assert graph.readers("b:0") == ()
+    graph.graph_def.node.add(name="stray", op="NoOp")
+    with pytest.raises(PartitionError, match="without Graph.add_node"):
+        graph.verify()
 
 
 def test_an_edit_that_makes_a_cycle_or_a_dangling_input_is_named() -> None:
