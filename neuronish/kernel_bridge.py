@@ -55,7 +55,7 @@ from neuronish.runtime import (
     profiler,
 )
 from neuronish.runtime.cutoff import Cutoff
-from neuronish.runtime.executable import Executable, TensorSig, from_bytes
+from neuronish.runtime.executable import Executable, TensorSig, from_bytes, header_digest
 
 # When model_config does not bound the duplicates (max_num_duplicates = -1), load
 # this many copies, or as many as the device's core groups hold if fewer: enough
@@ -108,8 +108,10 @@ class Handle:
     neuronish/fallback.py) its subgraph on TensorFlow."""
 
     def __init__(self, node_name: str, model: Model | None, config: ModelConfig,
-                 fallback: FallbackSource | None = None):
+                 fallback: FallbackSource | None = None, op_id: str = ""):
         self.node_name = node_name
+        # What the fallback counters call this op (fallback.op_id): node and executable.
+        self.op_id = op_id or f"{node_name}@"
         self.model = model
         self.config = config
         # Each call's deadline on the device, in seconds (None: no deadline).
@@ -140,7 +142,7 @@ class Handle:
             if self.model is not None:
                 self.model.unload()
                 self.model = None
-        fallback.record_fallback(self.node_name, reason)
+        fallback.record_fallback(self.op_id, reason)
 
     def tensorflow_runner(self):  # -> fallback.GraphRunner
         """The op's subgraph on TensorFlow, built on first use."""
@@ -248,14 +250,18 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     dimensions: -1 in its shape attrs."""
     from neuronish import external
     from neuronish.fallback import fallback_enabled
+    from neuronish.fallback import op_id as fallback_op_id
 
     config = ModelConfig.from_list(model_config)
     files = list(external_files)
     source = None if graph_def is None else (
         _LazyBytes(bytes(graph_def), files, node_name), list(input_names), list(output_names),
         [list(s) for s in input_shapes], list(input_batch_axis), list(output_batch_axis))
+    op_id = f"{node_name}@"
     try:
-        exe = from_bytes(external.resolve(executable, files, node_name, "executable"))
+        raw = external.resolve(executable, files, node_name, "executable")
+        op_id = fallback_op_id(node_name, header_digest(raw))
+        exe = from_bytes(raw)
         _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
                          input_batch_axis)
         _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
@@ -266,7 +272,7 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
             from neuronish.shape_specialize import DynamicSpec, ShapeTable
 
             spec = DynamicSpec.parse(dynamic_shapes, node_name, len(exe.inputs))
-            handle = Handle(node_name, model, config, source)
+            handle = Handle(node_name, model, config, source, op_id)
             # Each shape's executable holds its own copy of the weights: one copy per
             # shape compiled at run time, unless model_config bounds the duplicates.
             one = config if config.max_num_duplicates >= 1 else \
@@ -277,11 +283,11 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     except (DeviceError, MemoryError) as e:
         if source is None or isinstance(e, InvalidInput) or not fallback_enabled():
             raise
-        handle = Handle(node_name, None, config, source)
+        handle = Handle(node_name, None, config, source, op_id)
         handle.fall_back(f"the device could not load its executable "
                          f"({type(e).__name__}: {e})")
         return handle
-    return Handle(node_name, model, config, source)
+    return Handle(node_name, model, config, source, op_id)
 
 
 def output_shapes(handle: Handle, inputs: Sequence[object],
@@ -333,9 +339,9 @@ def _on_tensorflow(handle: Handle, ins: list[np.ndarray], why: str,
     any shape and batch), warned once and counted as a fallback call."""
     from neuronish import fallback
 
-    fallback.record_fallback(handle.node_name, f"calls it cannot run on the device run on "
+    fallback.record_fallback(handle.op_id, f"calls it cannot run on the device run on "
                              f"TensorFlow (the first: {why})")
-    fallback.count_call(handle.node_name)
+    fallback.count_call(handle.op_id)
     runner = handle.tensorflow_runner()
     # (its placeholders take any shape: one chunk, the call's deadline bounding it)
     return runner._run_chunk(ins, cutoff, "before TensorFlow could start it")
@@ -377,7 +383,7 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
             return
     from neuronish.fallback import count_call
 
-    count_call(handle.node_name)
+    count_call(handle.op_id)
     handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs],
                       Cutoff.of(handle.timeout, cancel))
 
