@@ -135,6 +135,14 @@ def test_c_program_runs_the_compiled_model_as_tensorflow_does(
     r = _run(program, str(out), f"{ins['x']}=float32:2,16", f"{ins['z']}=float32:2,8", "--",
              outs["y"])
     assert r.returncode == 1 and "NeuronOp" in r.stderr, r.stderr
+    if external:  # an asset cut short: refused before the device reads it
+        [neff] = (out / "assets").glob("*.neff")
+        size = neff.stat().st_size
+        neff.write_bytes(neff.read_bytes()[:100])
+        r = _run(program, "-l", lib, str(out), f"{ins['x']}=float32:2,16",
+                 f"{ins['z']}=float32:2,8", "--", outs["y"])
+        assert r.returncode == 1 and "NeuronOp '" in r.stderr, r.stderr
+        assert f"has 100 bytes; the reference says {size}" in r.stderr
 
 
 class _Deep(tf.Module):
@@ -191,6 +199,15 @@ def test_model_config_timeout_is_the_calls_deadline(tmp_path: Path) -> None:
     # 400k chunks of 40 instructions each: far more than a second on any CPU here.
     r = _run(program, "-l", lib, str(out), f"{ins['x']}=float32:400000,16", "--", outs["y"])
     assert r.returncode == 1 and "[DEADLINE_EXCEEDED] NeuronOp '" in r.stderr, r.stderr
+
+    # Attrs that disagree with the executable (a broken rewrite): refused at load.
+    def rename_output(attrs: Any) -> None:  # noqa: ANN401 (a protobuf map)
+        attrs["output_names"].list.s[0] = b"renamed:0"
+
+    _set_neuron_op_attr(out, rename_output)
+    r = _run(program, "-l", lib, str(out), f"{ins['x']}=float32:1,16", "--", outs["y"])
+    assert r.returncode == 1 and "[INVALID_ARGUMENT] NeuronOp '" in r.stderr, r.stderr
+    assert "is 'renamed:0' (float) in the op's attrs but" in r.stderr
 
 
 def test_free_dimensions_say_they_need_the_python_host(tmp_path: Path) -> None:
