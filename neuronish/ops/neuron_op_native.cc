@@ -8,21 +8,33 @@
 // onto one process-wide device configured from NEURONISH_* (as the Python runtime reads
 // it), and each call runs there with the call's cancellation and model_config's timeout.
 //
+// When the device refuses the executable (too few cores, out of device memory, a damaged
+// file) or fails a call, the op computes its own subgraph (the graph_def attr) on
+// TensorFlow instead, as the Python host does (neuronish/fallback.py), unless
+// NEURONISH_FALLBACK=0: in a session of its own, made through TensorFlow's session
+// factory (so nothing more is linked: the host's TensorFlow registered the factory).
+//
 // Not here yet (docs/c-api.md, "From TensorFlow's C API"): ops with free dimensions
 // (dynamic_shapes; they compile executables at run time, which needs the Python host),
-// the runtime fallback to TensorFlow (running graph_def when the device refuses the
-// executable), profiles and telemetry.
+// profiles and telemetry, the fallback's counters.
 //
 // Built by neuronish/op_library.py (build_native) against the installed TensorFlow.
 
 #include <sys/stat.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,7 +44,12 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/graph.pb.h"
 #include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/platform/logging.h"
+#include "tensorflow/core/protobuf/config.pb.h"
+#include "tensorflow/core/public/session.h"
+#include "tensorflow/core/public/session_options.h"
 
 #include "neuron_op_def.h"
 
@@ -109,6 +126,97 @@ std::string ShapeText(const TensorShape& s) {
   return out + "]";
 }
 
+int64_t NowNs() {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+// NEURONISH_FALLBACK as neuronish/fallback.py reads it: off for 0, false, off, no.
+bool FallbackEnabled() {
+  const char* env = std::getenv("NEURONISH_FALLBACK");
+  std::string v = env ? env : "1";
+  v.erase(0, v.find_first_not_of(" \t\n"));
+  v.erase(v.find_last_not_of(" \t\n") + 1);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+  return !(v == "0" || v == "false" || v == "off" || v == "no");
+}
+
+// Load failures the device may have where TensorFlow would not: fall back on these.
+bool DeviceRefused(nr_status s) {
+  return s == NR_DEVICE_ERROR || s == NR_OUT_OF_DEVICE_MEMORY || s == NR_OUT_OF_MEMORY ||
+         s == NR_INVALID_EXECUTABLE || s == NR_UNSUPPORTED || s == NR_IO_ERROR;
+}
+
+// Rows [start, start + n) of `src` on `axis` into rows [0, n) of `dst` (the same shape
+// but on the axis), and rows n.. of `dst` up to its size repeating the last one copied
+// (padding: no value the model has not seen). Byte copies: any dtype but string.
+void CopyRows(const Tensor& src, int axis, int64_t start, int64_t n, Tensor* dst) {
+  int64_t outer = 1, inner = DataTypeSize(src.dtype());
+  for (int d = 0; d < axis; ++d) outer *= src.dim_size(d);
+  for (int d = axis + 1; d < src.dims(); ++d) inner *= src.dim_size(d);
+  const int64_t src_rows = src.dim_size(axis), dst_rows = dst->dim_size(axis);
+  const char* from = src.tensor_data().data();
+  char* to = const_cast<char*>(dst->tensor_data().data());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t r = 0; r < dst_rows; ++r) {
+      const int64_t row = start + std::min(r, n - 1);
+      std::memcpy(to + (o * dst_rows + r) * inner, from + (o * src_rows + row) * inner, inner);
+    }
+  }
+}
+
+// The op's subgraph on TensorFlow: its placeholders have the compiled shapes, so a call
+// of another batch is cut into compiled-size chunks, the last padded, as on the device.
+class Fallback {
+ public:
+  static absl::Status Make(const std::string& where, const std::string& graph_bytes,
+                           std::unique_ptr<Fallback>* out) {
+    tensorflow::GraphDef graph;
+    if (!graph.ParseFromString(graph_bytes)) {
+      return absl::InternalError(where + "its graph_def attr cannot be parsed, so it cannot "
+                                 "run on TensorFlow either");
+    }
+    // Its own threads, one inter-op: a kernel blocking one of the host's inter-op
+    // threads while it waits for this session cannot starve it.
+    tensorflow::SessionOptions options;
+    options.config.set_use_per_session_threads(true);
+    options.config.set_inter_op_parallelism_threads(1);
+    tensorflow::Session* session = nullptr;
+    TF_RETURN_IF_ERROR(tensorflow::NewSession(options, &session));
+    out->reset(new Fallback(session));
+    absl::Status s = (*out)->session_->Create(std::move(graph));
+    if (!s.ok()) {
+      out->reset();
+      return absl::InternalError(absl::StrCat(where, "its graph_def does not load on "
+                                              "TensorFlow: ", s.message()));
+    }
+    return absl::OkStatus();
+  }
+  ~Fallback() { (void)session_->Close(); }
+
+  // One run at the compiled shapes; the deadline (0: none) bounds it.
+  absl::Status RunChunk(const std::string& where,
+                        const std::vector<std::pair<std::string, Tensor>>& feeds,
+                        const std::vector<std::string>& fetches, int64_t deadline_ns,
+                        const volatile uint8_t* cancel, std::vector<Tensor>* out) {
+    tensorflow::RunOptions options;
+    if (cancel && *cancel) return absl::CancelledError(where + "the call was cancelled");
+    if (deadline_ns) {
+      const int64_t left_ms = (deadline_ns - NowNs()) / 1000000;
+      if (left_ms <= 0) return absl::DeadlineExceededError(where + "the call's deadline passed");
+      options.set_timeout_in_ms(left_ms);
+    }
+    absl::Status s = session_->Run(options, feeds, fetches, {}, out, nullptr);
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat(where, "(on TensorFlow) ", s.message()));
+  }
+
+ private:
+  explicit Fallback(tensorflow::Session* session) : session_(session) {}
+  std::unique_ptr<tensorflow::Session> session_;
+};
+
 class NeuronOpNativeKernel : public OpKernel {
  public:
   explicit NeuronOpNativeKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -129,6 +237,10 @@ class NeuronOpNativeKernel : public OpKernel {
     OP_REQUIRES(ctx, it != def().attr().end(),
                 absl::InvalidArgumentError(Where() + "has no executable attr"));
     executable_ = &it->second.s();
+    auto gd = def().attr().find("graph_def");  // for the fallback; borrowed too
+    OP_REQUIRES(ctx, gd != def().attr().end(),
+                absl::InvalidArgumentError(Where() + "has no graph_def attr"));
+    graph_def_ = &gd->second.s();
     if (dynamic_shapes_.empty()) OP_REQUIRES_OK(ctx, CheckAttrs());
   }
 
@@ -245,12 +357,18 @@ class NeuronOpNativeKernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  // The file an external executable reference names, among the paths fed to the
-  // op's external_files inputs (the SavedModel's assets, wherever it was loaded from).
-  // Its size is checked here and its whole content by the runtime's validation; its
-  // SHA-256 is not (the Python host checks it), which a damaged file would still fail.
-  absl::Status ExternalPath(OpKernelContext* ctx, std::string* path) const {
-    const std::string ref = executable_->substr(sizeof kExternalPrefix - 1);
+  static bool IsExternal(const std::string& value) {
+    return value.compare(0, sizeof kExternalPrefix - 1, kExternalPrefix) == 0;
+  }
+
+  // The file an external attr reference names (`what`: "executable", stored as
+  // <sha256>.neff, or "graph_def", <sha256>.pb), among the paths fed to the op's
+  // external_files inputs (the SavedModel's assets, wherever it was loaded from). Its
+  // size is checked here and an executable's whole content by the runtime's validation;
+  // the SHA-256 is not (the Python host checks it).
+  absl::Status ExternalPath(OpKernelContext* ctx, const std::string& value, const char* what,
+                            std::string* path) const {
+    const std::string ref = value.substr(sizeof kExternalPrefix - 1);
     const size_t colon = ref.find(':');
     const std::string digest = ref.substr(0, colon);
     const std::string size_text = colon == std::string::npos ? "" : ref.substr(colon + 1);
@@ -258,10 +376,10 @@ class NeuronOpNativeKernel : public OpKernel {
     const unsigned long long size = std::strtoull(size_text.c_str(), &end, 10);
     if (digest.size() != 64 || size_text.empty() || *end != '\0') {
       return absl::InvalidArgumentError(absl::StrCat(
-          Where(), "malformed external executable reference '", executable_->substr(0, 120),
+          Where(), "malformed external ", what, " reference '", value.substr(0, 120),
           "'; expected neuronish-external:v1:<sha256>:<size>"));
     }
-    const std::string file = digest + ".neff";
+    const std::string file = digest + (std::strcmp(what, "executable") == 0 ? ".neff" : ".pb");
     std::vector<std::string> fed;
     for (int k = 0; k < n_external_; ++k) {
       const Tensor& t = ctx->input(NumTensorInputs() + k);
@@ -276,11 +394,11 @@ class NeuronOpNativeKernel : public OpKernel {
       if ((slash == std::string::npos ? p : p.substr(slash + 1)) != file) continue;
       struct stat st;
       if (stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-        return absl::NotFoundError(absl::StrCat(Where(), "its executable ", p,
+        return absl::NotFoundError(absl::StrCat(Where(), "its ", what, " ", p,
                                                 " is missing or not a regular file"));
       }
       if (static_cast<unsigned long long>(st.st_size) != size) {
-        return absl::DataLossError(absl::StrCat(Where(), "its executable ", p, " has ",
+        return absl::DataLossError(absl::StrCat(Where(), "its ", what, " ", p, " has ",
                                                 st.st_size, " bytes; the reference says ",
                                                 size));
       }
@@ -288,7 +406,7 @@ class NeuronOpNativeKernel : public OpKernel {
       return absl::OkStatus();
     }
     return absl::NotFoundError(absl::StrCat(
-        Where(), "its executable is the asset ", file, ", which none of the ", fed.size(),
+        Where(), "its ", what, " is the asset ", file, ", which none of the ", fed.size(),
         " external_files inputs names (", absl::StrJoin(fed, ", "), ")"));
   }
 
@@ -324,19 +442,20 @@ class NeuronOpNativeKernel : public OpKernel {
   // Loads the executable on the first call (external_files are inputs, so not before);
   // later calls only read model_.
   absl::Status EnsureLoaded(OpKernelContext* ctx) {
-    if (model_.load(std::memory_order_acquire)) return absl::OkStatus();
+    if (ready_.load(std::memory_order_acquire)) return absl::OkStatus();
     std::lock_guard<std::mutex> lock(load_mu_);
-    if (model_.load(std::memory_order_acquire)) return absl::OkStatus();
+    if (ready_.load(std::memory_order_acquire)) return absl::OkStatus();
     nr_device* device = nullptr;
     TF_RETURN_IF_ERROR(SharedDevice(Where(), &device));
     std::string path;
-    if (executable_->compare(0, sizeof kExternalPrefix - 1, kExternalPrefix) == 0) {
-      TF_RETURN_IF_ERROR(ExternalPath(ctx, &path));
+    if (IsExternal(*executable_)) {
+      TF_RETURN_IF_ERROR(ExternalPath(ctx, *executable_, "executable", &path));
     }
     const int64_t bound = model_config_.size() > kMaxDuplicates ? model_config_[kMaxDuplicates]
                                                                 : -1;
-    // As many copies as asked (or the default), fewer if the device's core groups
-    // cannot hold them: NR_DEVICE_ERROR says there are too few groups.
+    // As many copies as asked (or the default), fewer, down to one, if the device's
+    // core groups cannot hold them (too few groups, or too little free memory), as the
+    // Python host loads (kernel_bridge.load_model).
     char error[kErrorSize];
     nr_status s = NR_DEVICE_ERROR;
     nr_model* model = nullptr;
@@ -346,10 +465,15 @@ class NeuronOpNativeKernel : public OpKernel {
                                              sizeof error)
                        : nr_model_load_file(device, path.c_str(), static_cast<uint32_t>(dups),
                                             &model, error, sizeof error);
-      if (s != NR_DEVICE_ERROR) break;
+      if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
     }
     if (s != NR_OK) {
-      return FromRuntime(s, Where() + "cannot load its executable: ", error);
+      const absl::Status refused =
+          FromRuntime(s, Where() + "cannot load its executable: ", error);
+      if (!DeviceRefused(s) || !FallbackEnabled()) return refused;
+      TF_RETURN_IF_ERROR(StartFallback(ctx, refused));
+      ready_.store(true, std::memory_order_release);
+      return absl::OkStatus();
     }
     absl::Status ok = CheckSignature(nr_model_executable(model));
     if (!ok.ok()) {
@@ -357,6 +481,103 @@ class NeuronOpNativeKernel : public OpKernel {
       return ok;
     }
     model_.store(model, std::memory_order_release);
+    ready_.store(true, std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  // From now on every call of this op runs its subgraph on TensorFlow; said once, with
+  // why. Called with load_mu_ held.
+  absl::Status StartFallback(OpKernelContext* ctx, const absl::Status& why) {
+    if (fallback_) return absl::OkStatus();
+    std::string graph;
+    if (IsExternal(*graph_def_)) {
+      std::string path;
+      TF_RETURN_IF_ERROR(ExternalPath(ctx, *graph_def_, "graph_def", &path));
+      std::ifstream f(path, std::ios::binary);
+      std::ostringstream bytes;
+      bytes << f.rdbuf();
+      if (!f) return absl::DataLossError(Where() + "cannot read its graph_def " + path);
+      graph = bytes.str();
+    }
+    std::unique_ptr<Fallback> fallback;
+    absl::Status made = Fallback::Make(Where(), graph.empty() ? *graph_def_ : graph, &fallback);
+    if (!made.ok()) {
+      return absl::Status(why.code(), absl::StrCat(why.message(), "; and the fallback to "
+                                                   "TensorFlow failed: ", made.message()));
+    }
+    LOG(WARNING) << why.message() << "; it runs on TensorFlow instead (NEURONISH_FALLBACK=0 "
+                 << "turns this off)";
+    fallback_ = std::move(fallback);
+    fallback_ready_.store(true, std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  // The call on the fallback's session: at the compiled batch as it is, else cut into
+  // compiled-size chunks (the last padded), each written into the outputs' rows.
+  absl::Status RunFallback(OpKernelContext* ctx, const std::vector<Tensor*>& outputs,
+                           int64_t deadline_ns, const volatile uint8_t* cancel) {
+    const std::string where = Where();
+    int64_t batch = -1;
+    for (int i = 0; i < NumTensorInputs() && splittable_; ++i) {
+      if (input_batch_axis_[i] >= 0) batch = ctx->input(i).dim_size(input_batch_axis_[i]);
+    }
+    const int64_t size = batch < 0 ? -1 : compiled_batch_;
+    std::vector<std::pair<std::string, Tensor>> feeds(NumTensorInputs());
+    std::vector<Tensor> results;
+    for (int64_t start = 0; size < 0 || start < batch; start += size) {
+      const int64_t n = size < 0 ? -1 : std::min(size, batch - start);
+      for (int i = 0; i < NumTensorInputs(); ++i) {
+        const Tensor& x = ctx->input(i);
+        feeds[i].first = input_names_[i];
+        if (n < 0 || input_batch_axis_[i] < 0 || (n == batch && batch == size)) {
+          feeds[i].second = x;
+          continue;
+        }
+        TensorShape shape = x.shape();
+        shape.set_dim(input_batch_axis_[i], size);
+        Tensor chunk(x.dtype(), shape);
+        CopyRows(x, static_cast<int>(input_batch_axis_[i]), start, n, &chunk);
+        feeds[i].second = std::move(chunk);
+      }
+      TF_RETURN_IF_ERROR(fallback_->RunChunk(where, feeds, output_names_, deadline_ns, cancel,
+                                             &results));
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        Tensor* out = outputs[o];
+        const int axis = static_cast<int>(output_batch_axis_[o]);
+        if (results[o].dtype() != out->dtype()) {
+          return absl::InternalError(absl::StrCat(where, "(on TensorFlow) output '",
+                                                  output_names_[o], "' came as ",
+                                                  DataTypeString(results[o].dtype())));
+        }
+        if (n < 0 || axis < 0) {
+          if (results[o].shape() != out->shape()) {
+            return absl::InternalError(absl::StrCat(
+                where, "(on TensorFlow) output '", output_names_[o], "' has shape ",
+                ShapeText(results[o].shape()), "; its attr says ", ShapeText(out->shape())));
+          }
+          std::memcpy(const_cast<char*>(out->tensor_data().data()),
+                      results[o].tensor_data().data(), out->TotalBytes());
+          continue;
+        }
+        // Rows [0, n) of the chunk's result into rows [start, start + n) of the output.
+        TensorShape want = out->shape();
+        want.set_dim(axis, size);
+        if (results[o].shape() != want) {
+          return absl::InternalError(absl::StrCat(
+              where, "(on TensorFlow) output '", output_names_[o], "' has shape ",
+              ShapeText(results[o].shape()), "; expected ", ShapeText(want)));
+        }
+        int64_t outer = 1, inner = DataTypeSize(out->dtype());
+        for (int d = 0; d < axis; ++d) outer *= want.dim_size(d);
+        for (int d = axis + 1; d < want.dims(); ++d) inner *= want.dim_size(d);
+        const char* from = results[o].tensor_data().data();
+        char* to = const_cast<char*>(out->tensor_data().data());
+        for (int64_t k = 0; k < outer; ++k) {
+          std::memcpy(to + (k * batch + start) * inner, from + k * size * inner, n * inner);
+        }
+      }
+      if (size < 0) break;
+    }
     return absl::OkStatus();
   }
 
@@ -386,11 +607,7 @@ class NeuronOpNativeKernel : public OpKernel {
     }
     nr_execute_options options{0, nullptr};
     const int64_t timeout_s = model_config_.size() > kTimeoutS ? model_config_[kTimeoutS] : -1;
-    if (timeout_s > 0) {
-      struct timespec now;
-      clock_gettime(CLOCK_MONOTONIC, &now);
-      options.deadline_ns = (now.tv_sec + timeout_s) * 1000000000LL + now.tv_nsec;
-    }
+    if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
     // A caller may give up on the call (TF Serving cancels a request's run at its
     // deadline): TensorFlow's cancellation callback sets this byte, which the runtime
     // reads before each instruction, stage and chunk. Deregistered before it goes.
@@ -406,12 +623,28 @@ class NeuronOpNativeKernel : public OpKernel {
       }
       options.cancel = &cancelled;
     }
-    char error[kErrorSize];
-    const nr_status s = nr_execute_with(model_.load(std::memory_order_acquire), ins.data(),
-                                        ins.size(), outs.data(), outs.size(), &options, error,
-                                        sizeof error);
+    absl::Status result = Execute(ctx, ins, outs, outputs, options);
     if (cm) cm->DeregisterCallback(token);
-    return FromRuntime(s, Where(), error);
+    return result;
+  }
+
+  // On the device; or on TensorFlow, when the device refused the executable or fails
+  // this call with an engine error (a later call tries the device again).
+  absl::Status Execute(OpKernelContext* ctx, const std::vector<nr_tensor>& ins,
+                       const std::vector<nr_tensor>& outs, const std::vector<Tensor*>& outputs,
+                       const nr_execute_options& options) {
+    nr_model* model = model_.load(std::memory_order_acquire);
+    if (!model) return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
+    char error[kErrorSize];
+    const nr_status s = nr_execute_with(model, ins.data(), ins.size(), outs.data(), outs.size(),
+                                        &options, error, sizeof error);
+    const absl::Status failed = FromRuntime(s, Where(), error);
+    if (s != NR_EXECUTION_ERROR || !FallbackEnabled()) return failed;
+    if (!fallback_ready_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(load_mu_);
+      TF_RETURN_IF_ERROR(StartFallback(ctx, failed));
+    }
+    return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
   }
 
   std::vector<std::string> input_names_, output_names_;
@@ -421,11 +654,15 @@ class NeuronOpNativeKernel : public OpKernel {
   int64_t n_external_ = 0;      // trailing string inputs: paths of external attrs
   std::string dynamic_shapes_;  // JSON; refused for now (Compute)
   const std::string* executable_ = nullptr;  // in def(); see the constructor
+  const std::string* graph_def_ = nullptr;   // in def() too
   bool splittable_ = false;  // other batch sizes are split into compiled ones
   int64_t compiled_batch_ = -1;
 
-  std::mutex load_mu_;                      // serializes the first load
-  std::atomic<nr_model*> model_{nullptr};  // owned
+  std::mutex load_mu_;                      // serializes the first load and the fallback's
+  std::atomic<bool> ready_{false};          // loaded, on the device or the fallback
+  std::atomic<nr_model*> model_{nullptr};  // owned; null: the fallback runs every call
+  std::unique_ptr<Fallback> fallback_;      // set once, under load_mu_
+  std::atomic<bool> fallback_ready_{false};
 };
 
 REGISTER_KERNEL_BUILDER(Name("NeuronOp").Device(tensorflow::DEVICE_CPU), NeuronOpNativeKernel);

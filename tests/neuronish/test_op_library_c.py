@@ -84,11 +84,11 @@ def _build_program(out: Path) -> Path:
     return out
 
 
-def _run(program: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(program: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
     # No Python anywhere near it: a clean environment, no PYTHONPATH.
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
            "NEURONISH_FALLBACK": "0", "OMP_WAIT_POLICY": "passive",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "TF_CPP_MIN_LOG_LEVEL": "2", **env_vars}
     return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=300,
                           env=env)
 
@@ -232,3 +232,42 @@ def test_free_dimensions_say_they_need_the_python_host(tmp_path: Path) -> None:
              f"{ins['x']}=float32:1,7", "--", outs["y"])
     assert r.returncode == 1 and "[UNIMPLEMENTED] NeuronOp '" in r.stderr, r.stderr
     assert "free dimensions (dynamic_shapes)" in r.stderr and "Python host" in r.stderr
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "assets"])
+def test_fallback_runs_the_subgraph_on_tensorflow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, external: bool) -> None:
+    """A device too small for the executable: the op computes its graph_def on TensorFlow
+    (split into compiled-size chunks, the last padded, at another batch) and says so once;
+    with NEURONISH_FALLBACK=0 the device's error (ResourceExhausted) reaches the caller."""
+    src, out = tmp_path / "src", tmp_path / "compiled"
+    module = _TwoInputs()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    if external:  # the subgraph too is an asset (<sha256>.pb)
+        monkeypatch.setenv("NEURONISH_EXTERNAL_THRESHOLD", "1")
+    neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    if external:
+        assert list((out / "assets").glob("*.pb")), "the subgraph was not stored outside"
+    ins, outs = _signature(out)
+    program = _build_program(tmp_path / "tf_saved_model")
+    lib = str(native_op_library.build())
+    original = tf.saved_model.load(str(src)).signatures["serving_default"]
+    tiny = {"NEURONISH_CORE_MEMORY": "1KiB", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    for batch in (2, 5):
+        rng = np.random.default_rng(batch)
+        x = rng.standard_normal((batch, 16)).astype(np.float32)
+        z = rng.standard_normal((batch, 8)).astype(np.float32)
+        (tmp_path / "in.bin").write_bytes(x.tobytes() + z.tobytes())
+        args = ("-l", lib, "-i", str(tmp_path / "in.bin"), "-o", str(tmp_path / "out.bin"),
+                str(out), f"{ins['x']}=float32:{batch},16", f"{ins['z']}=float32:{batch},8",
+                "--", outs["y"])
+        r = _run(program, *args, NEURONISH_FALLBACK="1", **tiny)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("it runs on TensorFlow instead") == 1, r.stderr
+        assert "out of device memory" in r.stderr
+        want = original(x=tf.constant(x), z=tf.constant(z))["y"].numpy()
+        got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(want.shape)
+        err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+        assert err <= 1e-4, f"batch {batch}: relative error {err:.1e}"
+        r = _run(program, *args, NEURONISH_FALLBACK="0", **tiny)
+        assert r.returncode == 1 and "[RESOURCE_EXHAUSTED] NeuronOp '" in r.stderr, r.stderr
