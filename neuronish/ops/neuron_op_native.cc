@@ -449,7 +449,14 @@ class NeuronOpNativeKernel : public OpKernel {
     TF_RETURN_IF_ERROR(SharedDevice(Where(), &device));
     std::string path;
     if (IsExternal(*executable_)) {
-      TF_RETURN_IF_ERROR(ExternalPath(ctx, *executable_, "executable", &path));
+      // A missing or damaged asset is the device's problem, not the subgraph's.
+      const absl::Status found = ExternalPath(ctx, *executable_, "executable", &path);
+      if (!found.ok()) {
+        if (!FallbackEnabled()) return found;
+        TF_RETURN_IF_ERROR(StartFallback(ctx, found));
+        ready_.store(true, std::memory_order_release);
+        return absl::OkStatus();
+      }
     }
     const int64_t bound = model_config_.size() > kMaxDuplicates ? model_config_[kMaxDuplicates]
                                                                 : -1;

@@ -143,6 +143,17 @@ def test_c_program_runs_the_compiled_model_as_tensorflow_does(
                  f"{ins['z']}=float32:2,8", "--", outs["y"])
         assert r.returncode == 1 and "NeuronOp '" in r.stderr, r.stderr
         assert f"has 100 bytes; the reference says {size}" in r.stderr
+        # ... unless the fallback is on: then the subgraph (its own asset) computes it.
+        x, z = np.full((2, 16), 0.5, np.float32), np.full((2, 8), -0.25, np.float32)
+        (tmp_path / "in.bin").write_bytes(x.tobytes() + z.tobytes())
+        r = _run(program, "-l", lib, "-i", str(tmp_path / "in.bin"), "-o",
+                 str(tmp_path / "out.bin"), str(out), f"{ins['x']}=float32:2,16",
+                 f"{ins['z']}=float32:2,8", "--", outs["y"], NEURONISH_FALLBACK="1",
+                 TF_CPP_MIN_LOG_LEVEL="1")
+        assert r.returncode == 0 and "it runs on TensorFlow instead" in r.stderr, r.stderr
+        want = original(x=tf.constant(x), z=tf.constant(z))["y"].numpy()
+        got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(2, 8)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 class _Deep(tf.Module):
