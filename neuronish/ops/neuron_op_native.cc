@@ -492,22 +492,23 @@ class NeuronOpNativeKernel : public OpKernel {
     return absl::OkStatus();
   }
 
+  absl::Status MakeFallback(OpKernelContext* ctx, std::unique_ptr<Fallback>* out) const {
+    if (!IsExternal(*graph_def_)) return Fallback::Make(Where(), *graph_def_, out);
+    std::string path;
+    TF_RETURN_IF_ERROR(ExternalPath(ctx, *graph_def_, "graph_def", &path));
+    std::ifstream f(path, std::ios::binary);
+    std::ostringstream bytes;
+    bytes << f.rdbuf();
+    if (!f) return absl::DataLossError(Where() + "cannot read its graph_def " + path);
+    return Fallback::Make(Where(), bytes.str(), out);
+  }
+
   // From now on every call of this op runs its subgraph on TensorFlow; said once, with
   // why. Called with load_mu_ held.
   absl::Status StartFallback(OpKernelContext* ctx, const absl::Status& why) {
     if (fallback_) return absl::OkStatus();
-    std::string graph;
-    if (IsExternal(*graph_def_)) {
-      std::string path;
-      TF_RETURN_IF_ERROR(ExternalPath(ctx, *graph_def_, "graph_def", &path));
-      std::ifstream f(path, std::ios::binary);
-      std::ostringstream bytes;
-      bytes << f.rdbuf();
-      if (!f) return absl::DataLossError(Where() + "cannot read its graph_def " + path);
-      graph = bytes.str();
-    }
     std::unique_ptr<Fallback> fallback;
-    absl::Status made = Fallback::Make(Where(), graph.empty() ? *graph_def_ : graph, &fallback);
+    absl::Status made = MakeFallback(ctx, &fallback);
     if (!made.ok()) {
       return absl::Status(why.code(), absl::StrCat(why.message(), "; and the fallback to "
                                                    "TensorFlow failed: ", made.message()));
