@@ -18,7 +18,8 @@
 // (dynamic_shapes; they compile executables at run time, which needs the Python host),
 // profiles and telemetry, the fallback's counters.
 //
-// Built by neuronish/op_library.py (build_native) against the installed TensorFlow.
+// Built by neuronish/native_op_library.py (`neuronish op-library`) against the installed
+// TensorFlow.
 
 #include <sys/stat.h>
 #include <time.h>
