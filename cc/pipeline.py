@@ -29,6 +29,7 @@ from .passes.idioms import (
     recognize_gelu,
     recognize_gelu_tanh,
     recognize_layer_norm,
+    recognize_masked_softmax,
     recognize_swish,
 )
 from .passes.layout import assign_layouts
@@ -60,6 +61,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("recognize_gelu_tanh", recognize_gelu_tanh),
         Pass("recognize_swish", recognize_swish),
         Pass("recognize_layer_norm", recognize_layer_norm),
+        # Attention's mask, softmax and mask again: one pass over the scores.
+        Pass("recognize_masked_softmax", recognize_masked_softmax),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # A Dense on [batch, seq, features] is one matmul, without its two reshapes...
         Pass("absorb_dense_reshapes", absorb_dense_reshapes),

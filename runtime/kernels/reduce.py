@@ -1,4 +1,4 @@
-"""Reductions: reduce, softmax, layer_norm, argminmax.
+"""Reductions: reduce, softmax, masked_softmax, layer_norm, argminmax.
 
 Reductions always write through a keepdims-shaped view of the output (a free
 reshape of the contiguous buffer), so `keepdims` never changes the code path.
@@ -69,6 +69,18 @@ def softmax(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
             np.divide(work, np.sum(work, axis=axis, keepdims=True), out=work)
     if work is not y:
         np.copyto(y, work, casting="unsafe")
+
+
+
+@kernel("masked_softmax")
+@bf16_via_float32
+def masked_softmax(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
+                   scratch: np.ndarray | None) -> None:
+    x, mask = ins
+    # The three TF ops it stands for: select, softmax over the last axis, select.
+    z = np.where(mask, x, np.float32(attrs["fill"]))
+    softmax([z], outs, {"axis": x.ndim - 1, "log": False}, None)
+    np.copyto(outs[0], np.float32(attrs["masked"]), where=~np.broadcast_to(mask, x.shape))
 
 
 @kernel("layer_norm")
