@@ -245,3 +245,32 @@ def test_is_output_follows_every_change_of_the_outputs_list() -> None:
     assert not g.is_output(b)
     g.outputs = [b]
     assert g.is_output(b) and not g.is_output(a)
+
+
+def _reshape(x: Value, shape: tuple[int, ...]) -> Node:
+    node = Node("reshape", [x], [], {"shape": list(shape)})
+    node.outputs = [Value(TensorType(shape, x.dtype), producer=node)]
+    return node
+
+
+def test_sink_reshapes_on_the_driver_moves_every_op_above_one_reshape() -> None:
+    """reshape -> relu -> reshape -> relu ... (n of each, the last dim kept): every relu
+    moves above the reshapes, which fold into one; the values stay the same."""
+    from neuronish.cc.passes.movement import sink_reshapes
+    from neuronish.cc.interpret import interpret
+
+    x = Value(TensorType((2, 3, 8), "float32"), name="x")
+    nodes, v = [], x
+    for k in range(400):
+        nodes.append(_reshape(v, (6, 8) if k % 2 == 0 else (2, 3, 8)))
+        nodes.append(_unary(nodes[-1].outputs[0], ("relu", "neg", "abs", "tanh")[k % 4]))
+        v = nodes[-1].outputs[0]
+    graph = Graph([x], [v], nodes, [0], [0])
+    feed = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+    want = interpret(graph, [feed])
+    sink_reshapes(graph)
+    verify(graph)
+    kinds_left = [n.kind for n in graph.nodes]
+    assert kinds_left == ["unary"] * 400 + ["reshape"] * (kinds_left[-1] == "reshape"), \
+        kinds_left[:10]
+    np.testing.assert_array_equal(interpret(graph, [feed])[0], want[0])
