@@ -256,8 +256,8 @@ def _reshape(x: Value, shape: tuple[int, ...]) -> Node:
 def test_sink_reshapes_on_the_driver_moves_every_op_above_one_reshape() -> None:
     """reshape -> relu -> reshape -> relu ... (n of each, the last dim kept): every relu
     moves above the reshapes, which fold into one; the values stay the same."""
-    from neuronish.cc.passes.movement import sink_reshapes
     from neuronish.cc.interpret import interpret
+    from neuronish.cc.passes.movement import sink_reshapes
 
     x = Value(TensorType((2, 3, 8), "float32"), name="x")
     nodes, v = [], x
