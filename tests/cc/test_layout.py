@@ -169,3 +169,23 @@ def test_depthwise_stays_nhwc_behind_an_nhwc_input_and_blocks_behind_a_blocked_o
             got = model.run({"x:0": x})
         for key, w in want.items():
             np.testing.assert_allclose(got[key], w, rtol=1e-5, atol=1e-5 * np.max(np.abs(w)))
+
+
+@pytest.mark.parametrize("side, starts_blocked", [(56, True), (58, False)])
+def test_a_blocked_region_starts_only_at_an_nhwc_image_of_at_most_56x56(
+        side: int, starts_blocked: bool) -> None:
+    """conv 8 -> 16 (its 8-channel input cannot be blocked, so its output is NHWC), then
+    1x1 16 -> 32 and 1x1 32 -> 32: the second conv would start a blocked region by
+    reordering the 16-channel image; above 56x56 it stays NHWC, and so does the third."""
+    w1, w2, w3 = _w(3, 3, 8, 16), _w(1, 1, 16, 32), _w(1, 1, 32, 32)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        a = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
+        b = tf.nn.relu(tf.nn.conv2d(a, w2, 1, "SAME"))
+        return tf.reduce_mean(tf.nn.conv2d(b, w3, 1, "SAME"), axis=[1, 2])
+
+    g = trace(fn, tf.TensorSpec([None, side, side, 8], tf.float32, name="x"), batch=1)
+    exe = from_bytes(compile_graph(g.graph_def, g.io_config))
+    convs = [i for p in exe.programs for i in p if i.kind == "conv2d"]
+    assert [i.attrs.get("layout", "nhwc") for i in convs[:2]] == \
+        ["nhwc", "nChw16c" if starts_blocked else "nhwc"]
