@@ -40,9 +40,11 @@ def reduce(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
         else:
             count = int(np.prod([x.shape[a] for a in axes]))
             total = np.sum(x, axis=axes, keepdims=True, dtype=y.dtype)
-            # C division: truncate toward zero.
-            q = np.abs(total) // count
-            np.copyto(yk, np.where(total < 0, -q, q), casting="unsafe")
+            # C division: truncate toward zero. (Not via abs: the sum may be the type's
+            # minimum, whose negation wraps to itself.)
+            q = total // count
+            q += ((total % count != 0) & (total < 0)).astype(q.dtype)
+            np.copyto(yk, q, casting="unsafe")
     elif fn in ("max", "min"):
         (np.max if fn == "max" else np.min)(x, axis=axes, keepdims=True, out=yk)
     elif fn in ("any", "all"):
