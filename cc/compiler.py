@@ -21,6 +21,7 @@ from .ioconfig import IOConfig, parse_io_config
 from .ir import Graph, Node, TensorType, Value
 from .lower import lower
 from .memory import plan_memory
+from .nogc import frozen_gc, paused_gc
 from .passes.quantize import QuantizeReport, check_calibration, quantize_int8
 from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
 
@@ -186,9 +187,10 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
         check_calibration(graph, calibration)
         quantize = functools.partial(quantize_int8, samples=calibration, max_error=max_error,
                                      report=quantized)
-    graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type,
-                                               quantize if quantized else None),
-                         instruments, timings)
+    with frozen_gc():  # the lowered graph is long-lived: not for the collector (nogc.py)
+        graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type,
+                                                   quantize if quantized else None),
+                             instruments, timings)
     options = {"auto_cast": auto_cast, "auto_cast_type": auto_cast_type,
                "pipeline_cores": pipeline_cores, "command_line": command_line or [],
                "output_names": list(io.outputs)}
@@ -199,12 +201,25 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     if disabled_passes:  # only when used, so ordinary executables are unchanged
         options["disabled_passes"] = sorted(disabled_passes)
     device = device or load_device()
-    exe = build_executable(graph, options, dict(sorted(tf_ops.items())))
+    with paused_gc():  # only allocation from here on, no cyclic garbage
+        exe = _finish(graph, options, dict(sorted(tf_ops.items())), device, notes, quantized)
+    exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
+    if dumper.directory:
+        memory = "\n".join(f"%{k} @ {off}" for k, off in sorted(exe.offsets.items()))
+        dumper.write("memory_plan", f"arena_bytes {exe.arena_bytes}\n{memory}\n")
+    return exe
+
+
+def _finish(graph: Graph, options: dict, tf_ops: dict[str, int], device: DeviceDescription,
+            notes: list[str] | None, quantized: QuantizeReport | None) -> Executable:
+    """The executable of the final graph, with its modelled times and statistics."""
+    pipeline_cores = options["pipeline_cores"]
+    exe = build_executable(graph, options, tf_ops)
     if pipeline_cores > 1:
         # Stages balanced by the device model's time per instruction, not by flops alone
         # (a memory-bound layer with few flops still takes its time).
         seconds = [c.seconds for c in estimate(exe, device).costs[0]]
-        exe = build_executable(graph, options, dict(sorted(tf_ops.items())), seconds)
+        exe = build_executable(graph, options, tf_ops, seconds)
         if exe.num_cores < pipeline_cores:
             note = (f"--neuroncore-pipeline-cores {pipeline_cores} asks for more stages than "
                     f"the program has instructions ({len(graph.nodes)}); compiled for "
@@ -220,8 +235,4 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     # What the native engine will leave to numpy (slow): the compile report warns of it.
     exe.stats["numpy_instructions"] = numpy_instructions(exe.programs, exe.values,
                                                          exe.constants)
-    exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
-    if dumper.directory:
-        memory = "\n".join(f"%{k} @ {off}" for k, off in sorted(exe.offsets.items()))
-        dumper.write("memory_plan", f"arena_bytes {exe.arena_bytes}\n{memory}\n")
     return exe
