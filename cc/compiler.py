@@ -24,15 +24,25 @@ from .memory import plan_memory
 from .nogc import frozen_gc, paused_gc
 from .passes.quantize import QuantizeReport, check_calibration, quantize_int8
 from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
+from .signature import Memo, signature_key
 
 AUTO_CAST_MODES = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16")
 
 
+# (signature, output shapes) -> flops: a pure function of them, worked out once each
+_FLOPS: Memo[int] = Memo()
+
+
 def flops(node: Node) -> int:
     """Estimated arithmetic of one instruction (runtime/isa.py's rule)."""
-    return isa.flops(node.kind, [v.shape for v in node.inputs], [v.shape for v in node.outputs],
-                     node.attrs)
+    signature = signature_key(node.kind, node.inputs, node.attrs)
+    key = None if signature is None else (signature, tuple(o.shape for o in node.outputs))
+    count = _FLOPS.get(key)
+    if count is None:
+        count = _FLOPS.put(key, isa.flops(node.kind, [v.shape for v in node.inputs],
+                                          [v.shape for v in node.outputs], node.attrs))
+    return count
 
 
 def _distinct_outputs(graph: Graph) -> None:

@@ -247,6 +247,9 @@ class Graph:
         self._use_counts: dict[int, int] = {}
         self._changed: set[Node] = set()
         self._all_changed = True
+        # Counts every edit of the schedule, the use lists or a node (the verifier skips a
+        # graph that did not move since its last check).
+        self.edits = 0
         # Called with each node an edit touches (the rewrite driver's worklist).
         self.listeners: list[Callable[[Node], None]] = []
         self.nodes = nodes
@@ -323,6 +326,7 @@ class Graph:
             anchor._prev = node
         self._count += 1
         self._cache = None
+        self.edits += 1
 
     def _unlink(self, node: Node) -> None:
         if node._prev is None:
@@ -336,6 +340,7 @@ class Graph:
         node._prev = node._next = None
         self._count -= 1
         self._cache = None
+        self.edits += 1
 
     def _attach(self, node: Node) -> None:
         node.graph = self
@@ -348,6 +353,7 @@ class Graph:
             self._drop_use(v, node)
         node.graph = None
         self._changed.discard(node)
+        self.edits += 1
 
     def _insert(self, node: Node, anchor: Node | None) -> Node:
         if node.graph is not None:
@@ -466,10 +472,12 @@ class Graph:
 
     def _touch(self, node: Node) -> None:
         self._changed.add(node)
+        self.edits += 1
         for listener in self.listeners:
             listener(node)
 
     def _retyped(self, v: Value) -> None:
+        self.edits += 1
         if v.producer is not None and v.producer.graph is self:
             self._touch(v.producer)
         for reader in list(self._uses.get(v.id, ())):
@@ -485,6 +493,7 @@ class Graph:
 
     def mark_all_changed(self) -> None:
         self._all_changed = True
+        self.edits += 1
 
 
 def _fmt_attr(v: object) -> str:

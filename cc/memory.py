@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from neuronish.runtime import isa
 
-from .ir import Graph
+from .ir import Graph, Node
+from .signature import Memo, signature_key
 
 ALIGN = 64  # cache line; also what numpy's SIMD loops like
 MAX_NEIGHBOURS = 512  # overlapping placed buffers searched for a gap, per buffer
@@ -82,6 +83,21 @@ def aliases(graph: Graph) -> dict[int, int]:
     return root
 
 
+# signature -> scratch bytes (a pure function of it; a large graph repeats a few)
+_SCRATCH: Memo[int] = Memo()
+
+
+def scratch_bytes(node: Node) -> int:
+    """The scratch bytes runtime/isa.py's rule grants the instruction."""
+    key = signature_key(node.kind, node.inputs, node.attrs)
+    nbytes = _SCRATCH.get(key)
+    if nbytes is None:
+        nbytes = _SCRATCH.put(key, isa.scratch_bytes(
+            node.kind, [v.shape for v in node.inputs], [v.dtype for v in node.inputs],
+            node.attrs))
+    return nbytes
+
+
 def lifetimes(graph: Graph, alias: dict[int, int] | None = None) -> list[Buffer]:
     """Each arena buffer's life; a reshape's output in `alias` is no buffer of its own, it
     extends the life of the buffer it shares (until its own last reader)."""
@@ -99,8 +115,7 @@ def lifetimes(graph: Graph, alias: dict[int, int] | None = None) -> list[Buffer]
         for o in node.outputs:
             if o.id not in external and o.id not in alias:
                 first[o.id], last[o.id], size[o.id] = i, i, o.type.nbytes
-        nbytes = isa.scratch_bytes(node.kind, [v.shape for v in node.inputs],
-                                   [v.dtype for v in node.inputs], node.attrs)
+        nbytes = scratch_bytes(node)
         if nbytes:
             buffers.append(Buffer(("scratch", i), _align(nbytes), i, i))
     buffers += [Buffer(("value", vid), _align(max(size[vid], 1)), first[vid], last[vid])
