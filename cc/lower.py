@@ -266,6 +266,10 @@ def _lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None) -> Graph:
 
     outputs = [values[TensorRef.parse(name)] for name in io.outputs]
     graph = Graph(inputs, outputs, ctx.nodes, [s.batch_axis for s in io.inputs])
+    # Every node came from `LowerCtx.emit`, which type-checked it as it was made (the
+    # verifier's inference, and the device's size limits) and nothing edits it since:
+    # the pipeline's verifier starts from here (cc/verify.py).
+    graph.take_changes()
     graph.output_batch_axes = _output_batch_axes(graph, io)
     if fixed_batch:
         graph.input_batch_axes = [-1] * len(graph.inputs)

@@ -11,11 +11,15 @@ pass changed rather than the whole graph again:
   types the node has): the costly part, only for the nodes given as `changed` (the
   graph's record of the nodes added or edited since the last check, and the readers of
   retyped values). `verify(graph)` with no `changed` checks every node; the pipeline
-  does so on the lowered graph and after the last pass.
+  does so after the last pass. The lowered graph's types were checked node by node as
+  the lowering emitted them (`LowerCtx.emit`: the same inference, and the device's size
+  limits), so on entry the pipeline checks its structure and the types of any node the
+  lowering did not emit. `NEURONISH_VERIFY=full` makes every check a full one.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 
 from . import kinds
@@ -81,6 +85,11 @@ def verify(graph: Graph, changed: Collection[Node] | None = None) -> None:
         raise _fail(graph, None, "batch axes do not match the graph's inputs/outputs")
 
 
+# NEURONISH_VERIFY=full: every check a full one (types of every node, after every pass),
+# for hunting a pass that edits the graph behind its back.
+FULL = os.environ.get("NEURONISH_VERIFY", "") == "full"
+
+
 class IncrementalVerifier:
     """Verifies a graph as passes edit it: in full the first time, for a graph object it
     has not seen, and when values were retyped where no graph could record it; otherwise
@@ -99,9 +108,8 @@ class IncrementalVerifier:
                  tuple(graph.input_batch_axes), tuple(graph.output_batch_axes))
         if not full and graph is self._graph and state == self._state:
             return  # as it was when it passed
-        changed = graph.take_changes()
-        if full or graph is not self._graph or self._state is None or \
-                Graph.untracked_edits != self._state[1]:
+        changed = graph.take_changes()  # (None for a new graph: every node is new)
+        if full or FULL or (self._state is not None and Graph.untracked_edits != self._state[1]):
             changed = None
         verify(graph, changed)
         self._graph, self._state = graph, state
