@@ -14,7 +14,7 @@ from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_
 from neuronish.runtime.native.spec import numpy_instructions
 
 from . import __version__
-from .device_model import DeviceDescription, estimate, load_device
+from .device_model import DeviceDescription, ValueTypes, estimate, load_device
 from .errors import InvalidGraph
 from .graphdef import TFNode, parse_graph_def
 from .ioconfig import IOConfig, parse_io_config
@@ -24,7 +24,7 @@ from .memory import plan_memory
 from .nogc import frozen_gc, paused_gc
 from .passes.quantize import QuantizeReport, check_calibration, quantize_int8
 from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
-from .signature import Memo, signature_key
+from .signature import Memo, signature_key, value_key
 
 AUTO_CAST_MODES = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16")
@@ -99,6 +99,33 @@ def _pack(costs: list[float], limit: float) -> list[list[int]]:
         stages[-1].append(i)
         total += c
     return stages
+
+
+def _numpy_instructions(exe: Executable) -> list[dict]:
+    """`numpy_instructions` of the executable, asked once per distinct instruction (kind,
+    attributes, operand types, which operands are constants: all it reads besides the
+    TF nodes), then listed for every instruction like it, in program order."""
+    types = ValueTypes(exe)
+    groups: dict[object, list[tuple[int, Instruction]]] = {}
+    alone: list[tuple[int, Instruction]] = []  # (not keyable: asked on their own)
+    index = 0
+    for program in exe.programs:
+        for ins in program:
+            attrs = value_key(ins.attrs)
+            key = None if attrs is None else (
+                ins.kind, attrs, tuple((types[v], v in exe.constants) for v in ins.inputs),
+                tuple(types[v] for v in ins.outputs))
+            if key is None:
+                alone.append((index, ins))
+            else:
+                groups.setdefault(key, []).append((index, ins))
+            index += 1
+    batches = [*groups.values(), *([one] for one in alone)]
+    firsts = [members[0][1] for members in batches]
+    slow = {f["index"]: f for f in numpy_instructions([firsts], exe.values, exe.constants)}
+    found = [{**slow[k], "index": i, "tf": list(ins.source)}
+             for k, members in enumerate(batches) if k in slow for i, ins in members]
+    return sorted(found, key=lambda f: f["index"])
 
 
 def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int],
@@ -243,6 +270,5 @@ def _finish(graph: Graph, options: dict, tf_ops: dict[str, int], device: DeviceD
     # Modelled device time per instruction (docs/device-model.md): an optional key.
     exe.stats["device_model"] = estimate(exe, device).to_stats()
     # What the native engine will leave to numpy (slow): the compile report warns of it.
-    exe.stats["numpy_instructions"] = numpy_instructions(exe.programs, exe.values,
-                                                         exe.constants)
+    exe.stats["numpy_instructions"] = _numpy_instructions(exe)
     return exe

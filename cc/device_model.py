@@ -180,7 +180,7 @@ def estimate(exe: Executable, device: DeviceDescription) -> Estimate:
     cast = _CAST_DTYPES.get(options.get("auto_cast_type", "bf16"), "bfloat16")
     mode = options.get("auto_cast", "none")
     boundary = {s.value for s in (*exe.inputs, *exe.outputs)}
-    types = _Types(exe)
+    types = ValueTypes(exe)
     # An instruction's cost follows from its kind, attributes, operand types and which
     # operands travel anyway (constants, inputs, outputs): a large graph repeats a few.
     seen: dict[object, Cost] = {}
@@ -202,7 +202,7 @@ def estimate(exe: Executable, device: DeviceDescription) -> Estimate:
     return Estimate(device.name, int(batch), costs)
 
 
-class _Types:
+class ValueTypes:
     """value id -> (shape, dtype name), constants' read from their arrays (a dtype's
     name is slow to ask numpy for: asked once per dtype)."""
 

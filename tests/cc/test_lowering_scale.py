@@ -16,6 +16,7 @@ from neuronish.cc.errors import NodeError, UnsupportedNodes
 from neuronish.cc.ir import TensorType, Value
 from neuronish.cc.ops.registry import LowerCtx, signature_key, value_key
 from neuronish.cc.proto import tf_graph_pb2 as pb
+from neuronish.runtime.native.spec import numpy_instructions
 from tests.cc.test_batch_safety import _compile
 
 
@@ -138,3 +139,21 @@ def test_a_lowering_that_never_looked_at_its_weight_is_done_once_per_type(
     # at the compiled batch: every Const, Mul and the AddN; at batch 5 one Mul and the AddN
     assert sum(name.startswith("m") for name in done) == n + 1
     assert len(done) == 2 * n + 1 + 2
+
+
+@pytest.mark.parametrize("exclude", ["", "binary", "binary,unary,matmul"])
+def test_numpy_instructions_asked_once_per_kind_of_instruction_list_every_one(
+        monkeypatch: pytest.MonkeyPatch, exclude: str) -> None:
+    # NEURONISH_NATIVE_EXCLUDE leaves kinds to numpy: the list must then name every
+    # instruction of those kinds, as the runtime's own walk over each one does.
+    monkeypatch.setenv("NEURONISH_NATIVE_EXCLUDE", exclude)
+    io = {"inputs": {"x:0": [[4, compiler_scale.FEATURES], "float32", 0]}}
+    for build in (compiler_scale.addn, compiler_scale.fusable, compiler_scale.relu_chain):
+        g = build(60)
+        exe = compile_executable(g.SerializeToString(),
+                                 {**io, "outputs": [f"{g.node[-1].name}:0"]})
+        listed = numpy_instructions(exe.programs, exe.values, exe.constants)
+        assert exe.stats["numpy_instructions"] == listed
+        assert [list(f) for f in exe.stats["numpy_instructions"]] == [list(f) for f in listed]
+        if not exclude or "matmul" in exclude:  # none, or every graph has some
+            assert bool(listed) == bool(exclude)
