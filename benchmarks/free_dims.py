@@ -11,15 +11,20 @@ are `[None, None]`; compiled with no shape arguments; called at (batch, length) 
 sample 0 padded. ResNet50: `keras.applications.ResNet50(weights=None, include_top=False,
 pooling="avg", input_shape=(None, None, 3))` at sides 97, 160, 224, 288.
 
-Per shape: the first call's latency (it compiles the executable for the shape, unless the
-compile cache has it: the script runs with a fresh cache, NEURONISH_COMPILE_CACHE set to
-a temporary directory), the max absolute difference against TensorFlow, each side's
-median call time over alternating timed slices and the throughput ratio (above 1: the
-compiled model is faster), the host's 1-minute load average when the shape's timing ended
-(the machine is shared: a ratio means little without it), and the fallback calls (none
-expected). With `--by-kind`, each shape's profiled ms per call by instruction kind
-follows its row. At the end: the device memory the op holds with every shape loaded
-(NEURONISH_MAX_SHAPES=8).
+Per shape: the first call's latency and where it ran (with the runtime fallback on, the
+default, a new shape's first call runs on TensorFlow while the shape compiles in the
+background; `NEURONISH_FALLBACK=0` makes it wait for the compile), the seconds until the
+shape's executable was ready (the compile, unless the compile cache has it: the script
+runs with a fresh cache, NEURONISH_COMPILE_CACHE set to a temporary directory), the max
+absolute difference against TensorFlow (of the first call and of a call on the device),
+each side's median call time over alternating timed slices and the throughput ratio
+(above 1: the compiled model is faster), for BERT's calls of batch > 1 the same call run
+as before run-time shapes were compiled at the call's batch (on the shape's batch-1
+executable: one program per sample) and how many times slower that is, and the host's
+1-minute load average when the shape's timing ended (the machine is shared: a ratio
+means little without it). With `--by-kind`, each shape's profiled ms per call by
+instruction kind follows its row. At the end: the device memory the op holds with every
+shape loaded (NEURONISH_MAX_SHAPES=8) and the fallback calls.
 """
 
 from __future__ import annotations
@@ -91,12 +96,28 @@ def _load_average() -> str:
         return "?"
 
 
+def _one_batch(compiled):
+    """`compiled` as it ran before run-time shapes compiled at the call's batch: every
+    shape at the op's compiled batch (1), a call of 4 split into four programs."""
+    from neuronish import shape_specialize
+
+    def call(**feeds):
+        policy = shape_specialize.batch_for
+        shape_specialize.batch_for = lambda calls, compiled_batch: compiled_batch
+        try:
+            return compiled(**feeds)
+        finally:
+            shape_specialize.batch_for = policy
+    return call
+
+
 def run(name: str, build, shapes, feeds_of, work: str, slices: int, seconds: float,
         by_kind: bool = False) -> None:
     import tensorflow as tf
 
     import neuronish.saved_model
     from neuronish import fallback
+    from neuronish.shape_specialize import wait_for_compiles
 
     src, out = os.path.join(work, name), os.path.join(work, name + "_neuron")
     build(src)
@@ -109,25 +130,43 @@ def run(name: str, build, shapes, feeds_of, work: str, slices: int, seconds: flo
     original = tf.saved_model.load(src).signatures["serving_default"]
     compiled = tf.saved_model.load(out).signatures["serving_default"]
     memory_before = _device_bytes()
-    print(f"{'shape':>12} {'first call s':>12} {'max abs diff':>12} {'TF ms':>8} "
-          f"{'neuronish ms':>12} {'ratio':>6} {'load':>5}")
+    print(f"{'shape':>12} {'first call s':>12} {'on':>6} {'ready s':>7} {'max abs diff':>12} "
+          f"{'TF ms':>8} {'neuronish ms':>12} {'ratio':>6} {'batch-1 ms':>10} "
+          f"{'one/split':>9} {'load':>5}")
     (key, *_) = original.structured_input_signature[1]
     for shape in shapes:
         feeds = {k or key: v for k, v in feeds_of(*shape).items()}  # "": the only input
+        fell_back = sum(c["calls"] for c in fallback.fallback_counts().values())
         t = time.perf_counter()
         got = compiled(**feeds)
         first = time.perf_counter() - t
+        where = "tf" if sum(c["calls"] for c in fallback.fallback_counts().values()) > \
+            fell_back else "device"
+        wait_for_compiles()
+        ready = time.perf_counter() - t
         want = original(**feeds)
         diff = max(float(np.max(np.abs(got[k].numpy() - want[k].numpy()))) for k in want)
-        times = timed_slices({"tf": original, "neuronish": compiled}, feeds, slices, seconds)
+        got = compiled(**feeds)  # on the device now
+        diff = max([diff, *(float(np.max(np.abs(got[k].numpy() - want[k].numpy())))
+                            for k in want)])
+        fns = {"tf": original, "neuronish": compiled}
+        if shape[0] > 1 and name == "bert":  # the same call as batch-1 programs
+            fns["split"] = _one_batch(compiled)
+            fns["split"](**feeds)
+            wait_for_compiles()
+        times = timed_slices(fns, feeds, slices, seconds)
         tf_ms, nn_ms = (statistics.median(times[k]) * 1000 for k in ("tf", "neuronish"))
-        print(f"{str(shape):>12} {first:12.2f} {diff:12.2e} {tf_ms:8.2f} {nn_ms:12.2f} "
-              f"{tf_ms / nn_ms:6.2f} {_load_average():>5}")
+        split = f"{statistics.median(times['split']) * 1000:10.2f} " \
+            f"{statistics.median(times['split']) * 1000 / nn_ms:9.2f}" if "split" in times \
+            else f"{'-':>10} {'-':>9}"
+        print(f"{str(shape):>12} {first:12.2f} {where:>6} {ready:7.2f} {diff:12.2e} "
+              f"{tf_ms:8.2f} {nn_ms:12.2f} {tf_ms / nn_ms:6.2f} {split} {_load_average():>5}")
         if by_kind:
             print_by_kind({"neuronish": compiled}, feeds)
     held = _device_bytes() - memory_before
-    print(f"device memory held at {len(shapes)} shape(s) (plus the probe's): "
-          f"{held / 2**20:.1f} MiB; fallback calls: {fallback.fallback_counts() or 'none'}")
+    print(f"device memory held at {len(shapes)} shape(s) (plus the probe's and the batch-1 "
+          f"ones of the split column): {held / 2**20:.1f} MiB; fallback calls: "
+          f"{fallback.fallback_counts() or 'none'}")
 
 
 def main() -> int:

@@ -237,6 +237,11 @@ def _measure(models: list[_Model], feeds: dict, batch: int, concurrency: list[in
         if warmup:
             for c, m in settings:
                 _slice(m, feeds, pools[c], c, requests=warmup, seconds=None)
+            # (a free dimension's new size ran on TensorFlow while it compiled: timed
+            # calls run on its executable)
+            from .shape_specialize import wait_for_compiles
+
+            wait_for_compiles()
         for r in range(rounds):
             # Alternate the order: no setting always follows the same other one.
             for c, m in settings if r % 2 == 0 else settings[::-1]:

@@ -44,8 +44,10 @@ class FallbackWarning(RuntimeWarning):
 
 
 _lock = threading.Lock()
-_ops: dict[str, str] = {}        # node name -> why it fell back (first reason)
-_calls: Counter[str] = Counter()  # node name -> calls served on TensorFlow
+# Keyed by op id, `node@executable` (kernel_bridge.Handle.op_id): two models served by
+# one process often share node names (`PartitionedCall/model/neuron_op_0`).
+_ops: dict[str, str] = {}        # op id -> why it fell back (first reason)
+_calls: Counter[str] = Counter()  # op id -> calls served on TensorFlow
 
 
 def fallback_enabled() -> bool:
@@ -54,9 +56,12 @@ def fallback_enabled() -> bool:
 
 
 def fallback_counts() -> dict[str, dict]:
-    """Per op that fell back in this process: why, and how many calls it served."""
+    """Per op that fell back in this process, by op id (`node@executable`): its node
+    name, executable (the first 12 hex digits of its SHA-256), why, and how many
+    calls it served."""
     with _lock:
-        return {name: {"reason": why, "calls": _calls[name]} for name, why in _ops.items()}
+        return {op_id: {"op": op_id.rpartition("@")[0], "executable": op_id.rpartition("@")[2],
+                        "reason": why, "calls": _calls[op_id]} for op_id, why in _ops.items()}
 
 
 def prometheus_lines() -> list[str]:
@@ -65,24 +70,32 @@ def prometheus_lines() -> list[str]:
     lines = ["# HELP :neuronish:neuron_op:fallback_calls NeuronOp calls computed on "
              "TensorFlow because the device could not load or run the op's executable.",
              "# TYPE :neuronish:neuron_op:fallback_calls counter"]
-    for name, c in sorted(counts.items()):
-        label = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        lines.append(f':neuronish:neuron_op:fallback_calls{{op="{label}"}} {c["calls"]}')
+    for _, c in sorted(counts.items()):
+        label = c["op"].replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        lines.append(f':neuronish:neuron_op:fallback_calls{{op="{label}",'
+                     f'executable="{c["executable"]}"}} {c["calls"]}')
     return lines
 
 
-def count_call(node_name: str) -> None:
-    with _lock:
-        _calls[node_name] += 1
+def op_id(node_name: str, executable_digest: str) -> str:
+    """How the counters name an op: its node and its executable's digest (12 hex)."""
+    return f"{node_name}@{executable_digest[:12]}"
 
 
-def record_fallback(node_name: str, reason: str) -> None:
-    """Note that `node_name` now runs on TensorFlow; warns the first time per op."""
+def count_call(op: str) -> None:
+    """One call of op id `op` served on TensorFlow."""
     with _lock:
-        first = node_name not in _ops
+        _calls[op] += 1
+
+
+def record_fallback(op: str, reason: str) -> None:
+    """Note that op id `op` now runs on TensorFlow; warns the first time per op."""
+    with _lock:
+        first = op not in _ops
         if first:
-            _ops[node_name] = reason
+            _ops[op] = reason
     if first:
+        node_name = op.rpartition("@")[0]
         warnings.warn(f"NeuronOp '{node_name}' runs on TensorFlow instead of the device: "
                       f"{reason}. Set {ENV_FALLBACK}=0 to make this an error",
                       FallbackWarning, stacklevel=2)
@@ -110,7 +123,7 @@ def run_failed_call(handle, error: BaseException, inputs: Sequence[object],
         raise TensorFlowRefused(e.error_code, f"{e.message} (TensorFlow refused the call as "
                                 f"well as the device, which said: {why})") from None
     handle.fall_back(f"the device failed to run it ({why})")
-    count_call(handle.node_name)
+    count_call(handle.op_id)
 
 
 class GraphRunner:

@@ -6,7 +6,7 @@ The kernel (neuronish/ops/neuron_op.cc) takes the GIL and calls four functions:
                   input_batch_axis, output_names, output_dtypes, output_shapes,
                   output_batch_axis, model_config, graph_def,
                   external_files)                      # once per op instance
-    shapes = output_shapes(handle, input_shapes)        # every call, ops with free dims
+    shapes = output_shapes(handle, inputs, cancel)      # every call, ops with free dims
     run(handle, inputs, outputs, cancel)               # every call
     unload(handle)                                     # kernel destructor (queued)
     code, message = error_status(exc)                  # when any of them raised
@@ -36,6 +36,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,7 +55,7 @@ from neuronish.runtime import (
     profiler,
 )
 from neuronish.runtime.cutoff import Cutoff
-from neuronish.runtime.executable import Executable, TensorSig, from_bytes
+from neuronish.runtime.executable import Executable, TensorSig, from_bytes, header_digest
 
 # When model_config does not bound the duplicates (max_num_duplicates = -1), load
 # this many copies, or as many as the device's core groups hold if fewer: enough
@@ -107,8 +108,10 @@ class Handle:
     neuronish/fallback.py) its subgraph on TensorFlow."""
 
     def __init__(self, node_name: str, model: Model | None, config: ModelConfig,
-                 fallback: FallbackSource | None = None):
+                 fallback: FallbackSource | None = None, op_id: str = ""):
         self.node_name = node_name
+        # What the fallback counters call this op (fallback.op_id): node and executable.
+        self.op_id = op_id or f"{node_name}@"
         self.model = model
         self.config = config
         # Each call's deadline on the device, in seconds (None: no deadline).
@@ -139,7 +142,7 @@ class Handle:
             if self.model is not None:
                 self.model.unload()
                 self.model = None
-        fallback.record_fallback(self.node_name, reason)
+        fallback.record_fallback(self.op_id, reason)
 
     def tensorflow_runner(self):  # -> fallback.GraphRunner
         """The op's subgraph on TensorFlow, built on first use."""
@@ -247,14 +250,18 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     dimensions: -1 in its shape attrs."""
     from neuronish import external
     from neuronish.fallback import fallback_enabled
+    from neuronish.fallback import op_id as fallback_op_id
 
     config = ModelConfig.from_list(model_config)
     files = list(external_files)
     source = None if graph_def is None else (
         _LazyBytes(bytes(graph_def), files, node_name), list(input_names), list(output_names),
         [list(s) for s in input_shapes], list(input_batch_axis), list(output_batch_axis))
+    op_id = f"{node_name}@"
     try:
-        exe = from_bytes(external.resolve(executable, files, node_name, "executable"))
+        raw = external.resolve(executable, files, node_name, "executable")
+        op_id = fallback_op_id(node_name, header_digest(raw))
+        exe = from_bytes(raw)
         _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
                          input_batch_axis)
         _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
@@ -265,7 +272,7 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
             from neuronish.shape_specialize import DynamicSpec, ShapeTable
 
             spec = DynamicSpec.parse(dynamic_shapes, node_name, len(exe.inputs))
-            handle = Handle(node_name, model, config, source)
+            handle = Handle(node_name, model, config, source, op_id)
             # Each shape's executable holds its own copy of the weights: one copy per
             # shape compiled at run time, unless model_config bounds the duplicates.
             one = config if config.max_num_duplicates >= 1 else \
@@ -276,55 +283,68 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     except (DeviceError, MemoryError) as e:
         if source is None or isinstance(e, InvalidInput) or not fallback_enabled():
             raise
-        handle = Handle(node_name, None, config, source)
+        handle = Handle(node_name, None, config, source, op_id)
         handle.fall_back(f"the device could not load its executable "
                          f"({type(e).__name__}: {e})")
         return handle
-    return Handle(node_name, model, config, source)
+    return Handle(node_name, model, config, source, op_id)
 
 
-def output_shapes(handle: Handle, inputs: Sequence[object]) -> list[list[int]]:
+def output_shapes(handle: Handle, inputs: Sequence[object],
+                  cancel: bytearray | None = None) -> list[list[int]]:
     """An op with free dimensions: the shapes of the outputs of a call on `inputs`
     (buffers, as `run` gets them); the kernel then allocates them and calls `run`.
-    Picks the executable for the call's shape, compiling it if new
-    (shape_specialize.py). A shape outside the op's bounds, or one the compiler
-    refuses, is an error, or with the runtime fallback on is computed on TensorFlow
-    here, counted as a fallback call. What was chosen waits for `run` on this thread
-    (the kernel calls both from one Compute)."""
+    Picks the executable for the call's shape (shape_specialize.py). A shape not loaded
+    yet is compiled in the background; with the runtime fallback on, this call is
+    computed on TensorFlow here meanwhile, counted as a fallback call; with it off, the
+    call waits for the compile until its deadline (`model_config`'s timeout_s) or
+    `cancel` (as `run`'s; older kernels pass none). A shape outside the op's bounds, or
+    one the compiler refuses, is an error, or with the runtime fallback on is computed
+    on TensorFlow. What was chosen waits for `run` on this thread (the kernel calls
+    both from one Compute), with the call's cutoff."""
     from neuronish import fallback
 
     ins = [np.asarray(x) for x in inputs]
     table = handle.shapes
     shapes = [x.shape for x in ins]
     use_tensorflow = handle.fallback is not None and fallback.fallback_enabled()
+    cutoff = Cutoff.of(handle.timeout, cancel)
     why = "the op runs on TensorFlow" if table is None or handle.model is None else \
         table.out_of_bounds(shapes)
     if why is None:
         try:
-            entry = table.entry(shapes)  # type: ignore[union-attr]
-            _chosen.value = ("device", entry)
-            return table.output_shapes(entry, shapes)  # type: ignore[union-attr]
+            entry = table.entry(shapes, wait=not use_tensorflow,  # type: ignore[union-attr]
+                                cutoff=cutoff)
+            if entry is not None:
+                _chosen.value = ("device", entry, cutoff)
+                return table.output_shapes(entry, shapes)  # type: ignore[union-attr]
+            why = (f"its shape {table.label(table.key(shapes))} "  # type: ignore[union-attr]
+                   "was new and compiles in the background")
+        except (DeadlineExceeded, Cancelled):
+            raise  # (a call given up is not computed on TensorFlow either)
         except DeviceError as e:
             if isinstance(e, InvalidInput) or not use_tensorflow:
                 raise
             why = f"{type(e).__name__}: {e}"
     elif not use_tensorflow:
         raise InvalidInput(why)
-    results = _on_tensorflow(handle, ins, why)
-    _chosen.value = ("tensorflow", results)
+    results = _on_tensorflow(handle, ins, why, cutoff)
+    _chosen.value = ("tensorflow", results, cutoff)
     return [list(r.shape) for r in results]
 
 
-def _on_tensorflow(handle: Handle, ins: list[np.ndarray], why: str) -> list[np.ndarray]:
+def _on_tensorflow(handle: Handle, ins: list[np.ndarray], why: str,
+                   cutoff: Cutoff | None = None) -> list[np.ndarray]:
     """A call of an op with free dimensions computed on TensorFlow (its subgraph takes
     any shape and batch), warned once and counted as a fallback call."""
     from neuronish import fallback
 
-    fallback.record_fallback(handle.node_name, f"calls it cannot run on the device run on "
+    fallback.record_fallback(handle.op_id, f"calls it cannot run on the device run on "
                              f"TensorFlow (the first: {why})")
-    fallback.count_call(handle.node_name)
+    fallback.count_call(handle.op_id)
     runner = handle.tensorflow_runner()
-    return runner.session.run(runner.output_names, dict(zip(runner.input_names, ins)))
+    # (its placeholders take any shape: one chunk, the call's deadline bounding it)
+    return runner._run_chunk(ins, cutoff, "before TensorFlow could start it")
 
 
 _chosen = threading.local()  # output_shapes -> run, per kernel thread
@@ -363,7 +383,7 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
             return
     from neuronish.fallback import count_call
 
-    count_call(handle.node_name)
+    count_call(handle.op_id)
     handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs],
                       Cutoff.of(handle.timeout, cancel))
 
@@ -371,7 +391,7 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
 def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
                 cancel: bytearray | None) -> None:
     """`run` for an op with free dimensions: on what `output_shapes` chose."""
-    where, chosen = getattr(_chosen, "value", None) or (None, None)
+    where, chosen, cutoff = getattr(_chosen, "value", None) or (None, None, None)
     _chosen.value = None
     if where is None:
         raise AttrMismatch(f"NeuronOp '{handle.node_name}': run before output_shapes; the "
@@ -382,8 +402,11 @@ def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[obje
             np.copyto(o, r, casting="no")
         return
     ins = [np.asarray(x) for x in inputs]
+    # The call's deadline began in output_shapes (it may have waited for a compile).
+    timeout = None if cutoff is None or cutoff.deadline is None else \
+        max(0.0, cutoff.deadline - time.monotonic())
     try:
-        chosen.model.run_list(ins, out=outs, timeout=handle.timeout,  # type: ignore[union-attr]
+        chosen.model.run_list(ins, out=outs, timeout=timeout,  # type: ignore[union-attr]
                               cancel=cancel)
     except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
         raise
@@ -392,7 +415,8 @@ def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[obje
 
         if handle.fallback is None or not fallback_enabled():
             raise
-        results = _on_tensorflow(handle, ins, f"{type(e).__name__}: {e}")
+        results = _on_tensorflow(handle, ins, f"{type(e).__name__}: {e}",
+                                 Cutoff.of(timeout, cancel))
         for r, o in zip(results, outs, strict=True):
             np.copyto(o, r, casting="no")
     finally:

@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for _ in range(args.warmup):
         model.fn(**feeds)
+    from neuronish.shape_specialize import wait_for_compiles
+
+    wait_for_compiles()  # (a free dimension's new size: profile its executable)
     profiler.start()
     try:
         for i in range(args.requests):

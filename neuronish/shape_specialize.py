@@ -5,19 +5,31 @@ A NeuronOp whose `dynamic_shapes` attr is set (JSON, written by
 executable compiled at its probe shape, and `graph_def`, its subgraph with the free
 dimensions (and the batch) left unknown. `ShapeTable` answers each call:
 
-- a shape seen before runs on its executable;
-- a new shape within the op's bounds gets one: `neuronish-cc` runs as a subprocess
-  on `graph_def` with an io-config at that shape (the compiler folds the subgraph's
-  shape computations for it), through the compile cache, so a restarted server or
-  another process finds it there. The call waits for it (synchronous: measured in
-  docs/saved-model-compile.md);
+- a shape is compiled at a batch: the op's compiled batch for calls of that batch,
+  else the call's batch rounded up to a power of two (`batch_for`), so a call is one
+  device program (the runtime pads the rest of the batch exactly, as for any op);
+- a shape loaded at that batch runs on its executable;
+- a new shape within the op's bounds is queued for the op's compile thread (one
+  compile at a time per op; a shape queued or compiling is never queued again):
+  `neuronish-cc` runs as a subprocess on `graph_def` with an io-config at that shape
+  and batch (the compiler folds the subgraph's shape computations for it), through
+  the compile cache, so a restarted server or another process finds it there.
+  Meanwhile the call runs on the same shape loaded at another batch if there is one
+  (split or padded); else, with the runtime fallback on (NEURONISH_FALLBACK), on
+  TensorFlow, counted as a fallback call; else it waits for the compile until its
+  deadline or cancellation (then DeadlineExceeded/Cancelled naming the op and the
+  shape; the compile goes on). A shape whose compile (or load) failed is remembered:
+  its calls fail (or fall back) without compiling it again. Calls that do not wait
+  queue at most `NEURONISH_MAX_SHAPES` shapes; past that they run on TensorFlow and a
+  later call queues its shape;
 - a shape outside the bounds is refused naming the input, the dimension and the
-  bounds, or, with the runtime fallback on (NEURONISH_FALLBACK), runs the subgraph on
-  TensorFlow, counted as a fallback call.
+  bounds, or, with the runtime fallback on, runs the subgraph on TensorFlow, counted
+  as a fallback call.
 
 At most `NEURONISH_MAX_SHAPES` (default 8) executables stay loaded per op; the least
 recently used one not running is unloaded first. Each is labelled `op@shape`, which
-`neuronish ls` shows with its device memory.
+`neuronish ls` shows with its device memory. `wait_for_compiles` waits until no
+op has a shape queued or compiling.
 
 No TensorFlow here (the fallback imports it only when it runs).
 """
@@ -28,11 +40,14 @@ import json
 import os
 import re
 import threading
-from collections import OrderedDict
+import time
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from neuronish.runtime import DeviceError, InvalidInput, Model
+from neuronish.runtime import Cancelled, DeadlineExceeded, DeviceError, InvalidInput, Model
+from neuronish.runtime.cutoff import Cutoff
 from neuronish.runtime.executable import Executable, from_bytes
 
 ENV_MAX_SHAPES = "NEURONISH_MAX_SHAPES"
@@ -40,6 +55,10 @@ ENV_MAX_SHAPES = "NEURONISH_MAX_SHAPES"
 # its free dimensions, which the model server shows (serving/signatures.py)
 SHAPES_FILE = os.path.join("assets.extra", "neuronish_shapes.json")
 DEFAULT_MAX_SHAPES = 8
+MAX_RUNTIME_BATCH = 64  # a larger call is split into chunks of this batch (`batch_for`)
+# A run-time compile still running after this is killed and its shape failed: a hung
+# compiler must not hold the op's compile thread (and every later shape) for ever.
+COMPILE_TIMEOUT_S = 600.0
 
 
 class ShapeCompileError(DeviceError):
@@ -85,9 +104,40 @@ def max_shapes() -> int:
         return DEFAULT_MAX_SHAPES
 
 
+def batch_for(calls: int, compiled: int) -> int:
+    """The batch a shape is compiled at for a call of `calls` rows: the op's compiled
+    batch for a call of that batch (so the probe's executable and the shapes compiled
+    ahead serve it), else the next power of two, at most MAX_RUNTIME_BATCH. Powers of
+    two bound the executables per shape (a server batching up to 32 needs six, not 32)
+    and pad a call by less than its own size; the pad rows are exact (the runtime
+    repeats the last row, and the compiler proved the subgraph keeps samples apart)."""
+    if calls == compiled:
+        return compiled
+    return min(MAX_RUNTIME_BATCH, 1 << max(0, calls - 1).bit_length())
+
+
 class _Entry:
     def __init__(self, model: Model, exe: Executable):
-        self.model, self.exe, self.running = model, exe, 0
+        self.model, self.exe, self.running, self.calls = model, exe, 0, 0
+
+
+_tables: weakref.WeakSet[ShapeTable] = weakref.WeakSet()
+
+
+def live_tables() -> list[ShapeTable]:
+    """Every op with free dimensions loaded in this process (for counters and tests)."""
+    return list(_tables)
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait until no op has a shape queued or compiling (a server's warm-up, or a test,
+    then knows later calls at the shapes seen run on the device); False if `timeout`
+    passed first."""
+    end = None if timeout is None else time.monotonic() + timeout
+    for table in live_tables():
+        if not table.wait_idle(None if end is None else max(0.0, end - time.monotonic())):
+            return False
+    return True
 
 
 class ShapeTable:
@@ -99,33 +149,76 @@ class ShapeTable:
         self.first = exe
         self._graph_def, self._load = graph_def, load
         self._graph: bytes | None = None
+        batches = {s.shape[s.batch_axis] for s in exe.inputs if s.batch_axis >= 0}
+        # (an op without batch axes compiles and runs every shape at its fixed sizes)
+        self.compiled_batch: int | None = batches.pop() if len(batches) == 1 else None
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
-        self._compiling: dict[tuple, threading.Event] = {}
+        self._pending: dict[tuple, threading.Event] = {}  # queued or compiling
+        self._queue: deque[tuple] = deque()
+        self._failed: dict[tuple, BaseException] = {}  # not compiled again
+        self._worker: threading.Thread | None = None
+        self._idle = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
-        model.label = self._label(self.key([s.shape for s in exe.inputs]))
-        self._entries[self.key([s.shape for s in exe.inputs])] = _Entry(model, exe)
+        self._closed = False
+        # Shapes compiled (or taken from the compile cache) at run time, in order.
+        self.compiled: list[str] = []
+        key = self._key([s.shape for s in exe.inputs], self.compiled_batch)
+        model.label = self.label(key)
+        self._entries[key] = _Entry(model, exe)
+        _tables.add(self)
+
+    def _key(self, shapes: Sequence[Sequence[int]], batch: int | None) -> tuple:
+        """(the batch compiled at, or -1 without batch axes; the shapes with the batch
+        axis left out as -1)."""
+        return (-1 if batch is None else batch,
+                tuple(tuple(-1 if d == s.batch_axis else int(n) for d, n in enumerate(shape))
+                      for s, shape in zip(self.first.inputs, shapes)))
 
     def key(self, shapes: Sequence[Sequence[int]]) -> tuple:
-        """A call's shapes with the batch left out (the runtime splits the batch)."""
-        return tuple(tuple(-1 if d == s.batch_axis else int(n) for d, n in enumerate(shape))
-                     for s, shape in zip(self.first.inputs, shapes))
+        """The executable a call at `shapes` is best served by: its shape, compiled at
+        `batch_for` the call's batch."""
+        calls = next((shape[s.batch_axis] for s, shape in zip(self.first.inputs, shapes)
+                      if s.batch_axis >= 0), None)
+        batch = None if calls is None or self.compiled_batch is None else \
+            batch_for(int(calls), self.compiled_batch)
+        return self._key(shapes, batch)
 
-    def _label(self, key: tuple) -> str:
-        """`neuron_op_0@*x128;*x128`: the op's own name (its scope left out, so that
-        `neuronish ls`, which shows 40 characters, shows the shape) and the shape."""
+    def label(self, key: tuple) -> str:
+        """`neuron_op_0@4x128;4x128`: the op's own name (its scope left out, so that
+        `neuronish ls`, which shows 40 characters, shows the shape) and the shape it is
+        compiled at."""
+        batch, shapes = key
         return f"{self.node_name.rsplit('/', 1)[-1]}@" + ";".join(
-            "x".join("*" if n < 0 else str(n) for n in shape) for shape in key)
+            "x".join(str(batch) if n < 0 else str(n) for n in shape) for shape in shapes)
 
     def shapes_loaded(self) -> list[tuple]:
         with self._lock:
             return list(self._entries)
 
-    def unload_all(self) -> None:
-        """Free every shape's device memory (the op is going away)."""
+    def calls(self) -> dict[str, int]:
+        """Per executable loaded (by label): the calls it has run since it was loaded."""
         with self._lock:
+            return {self.label(k): e.calls for k, e in self._entries.items()}
+
+    def compiling(self) -> list[str]:
+        """The shapes queued or compiling (labels)."""
+        with self._lock:
+            return [self.label(k) for k in self._pending]
+
+    def unload_all(self) -> None:
+        """Free every shape's device memory (the op is going away); a compile under way
+        finishes, and its executable is not loaded."""
+        with self._lock:
+            self._closed = True
+            self._queue.clear()
             entries, self._entries = list(self._entries.values()), OrderedDict()
         for entry in entries:
             entry.model.unload()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no shape is queued or compiling; False if `timeout` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._pending, timeout)
 
     # -- what the bridge calls (kernel_bridge.output_shapes / run) --------------------
 
@@ -142,10 +235,43 @@ class ShapeTable:
                             "--shape-bounds KEY:AXIS=LOW:HIGH) to serve other sizes")
         return None
 
-    def entry(self, shapes: Sequence[Sequence[int]]) -> _Entry:
-        """The executable for `shapes`, compiled and loaded if new; marked running
-        until `done`."""
-        return self._entry(self.key(shapes))
+    def entry(self, shapes: Sequence[Sequence[int]], wait: bool = True,
+              cutoff: Cutoff | None = None) -> _Entry | None:
+        """The executable to run a call at `shapes` on, marked running until `done`.
+
+        Its own (the shape at `batch_for` the call's batch) if loaded; else, while that
+        one compiles in the background, the same shape at another batch if loaded (the
+        runtime splits or pads the call, exactly); else, with `wait`, the compile is
+        waited for until `cutoff` (DeadlineExceeded or Cancelled naming the op and the
+        shape; the compile goes on for later calls), and without it None: the caller
+        computes this call elsewhere (TensorFlow). A shape whose compile (or load) failed
+        raises that error (ShapeCompileError, OutOfDeviceMemory, ...), every time,
+        without compiling it again."""
+        want = self.key(shapes)
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise DeviceError(f"NeuronOp '{self.node_name}' was unloaded")
+                entry = self._entries.get(want)
+                if entry is None:
+                    # A caller that does not wait queues no more than max_shapes()
+                    # compiles (a later call queues its shape when there is room): a
+                    # burst of new shapes cannot line up more than the op can hold.
+                    if want not in self._failed and (wait or want in self._pending or
+                                                     len(self._queue) < max_shapes()):
+                        pending = self._request(want)
+                    entry = self._other_batch(want)
+                if entry is not None:
+                    self._entries.move_to_end(self._key_of(entry))
+                    entry.running += 1
+                    entry.calls += 1
+                    return entry
+                failed = self._failed.get(want)
+                if failed is not None:
+                    raise type(failed)(*failed.args)
+            if not wait:
+                return None
+            self._wait(pending, want, cutoff)
 
     @staticmethod
     def output_shapes(entry: _Entry, shapes: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -161,34 +287,89 @@ class ShapeTable:
 
     # -- inside ---------------------------------------------------------------------
 
-    def _entry(self, key: tuple) -> _Entry:
+    def _key_of(self, entry: _Entry) -> tuple:
+        return next(k for k, e in self._entries.items() if e is entry)
+
+    def _other_batch(self, want: tuple) -> _Entry | None:
+        """A loaded executable of `want`'s shape at another batch (under the lock): the
+        smallest batch at least `want`'s (one program), else the largest."""
+        batches = sorted(k[0] for k in self._entries if k[1] == want[1])
+        if not batches:
+            return None
+        batch = next((b for b in batches if b >= want[0]), batches[-1])
+        return self._entries[(batch, want[1])]
+
+    def _request(self, key: tuple) -> threading.Event:
+        """Queue `key` for the op's compile thread unless it is queued or compiling
+        (under the lock); its event is set once it is loaded or has failed."""
+        pending = self._pending.get(key)
+        if pending is None:
+            with self._idle:
+                self._pending[key] = pending = threading.Event()
+            self._queue.append(key)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._compile_queued, daemon=True,
+                                                name=f"neuronish-shapes:{self.node_name}")
+                self._worker.start()
+        return pending
+
+    def _wait(self, pending: threading.Event, key: tuple, cutoff: Cutoff | None) -> None:
+        """Wait for `key`'s compile, honouring the call's deadline and cancel flag."""
+        while not pending.wait(None if cutoff is None else cutoff.wait_slice()):
+            assert cutoff is not None
+            if cutoff.flag is not None and cutoff.flag[0]:
+                raise Cancelled(f"NeuronOp '{self.node_name}': the call was cancelled by its "
+                                f"caller while it waited for its new shape {self.label(key)} "
+                                "to compile; the compile goes on for later calls")
+            if cutoff.deadline is not None and time.monotonic() >= cutoff.deadline:
+                raise DeadlineExceeded(f"NeuronOp '{self.node_name}': the call's deadline "
+                                       f"passed while it waited for its new shape "
+                                       f"{self.label(key)} to compile; the compile goes on "
+                                       "for later calls")
+
+    def _compile_queued(self) -> None:
+        """The op's compile thread: one shape at a time, until the queue is empty."""
         while True:
             with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None:
-                    self._entries.move_to_end(key)
-                    entry.running += 1
-                    return entry
-                pending = self._compiling.get(key)
-                if pending is None:
-                    self._compiling[key] = pending = threading.Event()
-                    mine = True
-                else:
-                    mine = False
-            if not mine:  # another thread compiles this shape: wait for it, look again
-                pending.wait()
-                continue
-            try:
-                exe = self._compile(key)
-                model = self._load(exe)
-                model.label = self._label(key)
-                with self._lock:
+                if not self._queue or self._closed:
+                    self._worker = None
+                    left, self._queue = list(self._queue), deque()
+                    break
+                key = self._queue.popleft()
+            self._compile_one(key)
+        for key in left:  # (the op was unloaded)
+            self._finished(key)
+
+    def _compile_one(self, key: tuple) -> None:
+        try:
+            exe = self._compile(key)
+            model = self._load(exe)
+            model.label = self.label(key)
+            with self._lock:
+                closed = self._closed
+                if not closed:
                     self._entries[key] = _Entry(model, exe)
-            finally:
-                with self._lock:
-                    del self._compiling[key]
-                pending.set()
-            self._evict()
+                    self.compiled.append(self.label(key))
+            if closed:
+                model.unload()
+        except (DeviceError, MemoryError) as e:  # its callers get it, every time
+            with self._lock:
+                self._failed[key] = e
+        except Exception as e:  # noqa: BLE001 - the same, for what else a load can raise
+            with self._lock:
+                self._failed[key] = ShapeCompileError(
+                    f"NeuronOp '{self.node_name}': loading its new shape {self.label(key)} "
+                    f"failed: {type(e).__name__}: {e}")
+        finally:
+            self._finished(key)
+        self._evict()
+
+    def _finished(self, key: tuple) -> None:
+        with self._lock, self._idle:
+            pending = self._pending.pop(key, None)
+            self._idle.notify_all()
+        if pending is not None:
+            pending.set()
 
     def _evict(self) -> None:
         limit = max_shapes()
@@ -203,23 +384,24 @@ class ShapeTable:
             entry.model.unload()
 
     def _compile(self, key: tuple) -> Executable:
-        """The subgraph compiled at `key` (batch at the compiled batch), through the
-        compile cache."""
+        """The subgraph compiled at `key` (its batch and shape), through the compile
+        cache."""
         from neuronish.compile_cache import CacheStats, CompileCache, compile_with_cache
         from neuronish.compile_driver import CompileJob
 
         if self._graph is None:
             self._graph = bytes(self._graph_def())
-        io_config = {"inputs": {s.name: [[s.shape[d] if n < 0 else n for d, n in enumerate(k)],
-                                         s.dtype, s.batch_axis]
-                                for s, k in zip(self.first.inputs, key)},
+        batch, shapes = key
+        io_config = {"inputs": {s.name: [[(batch if batch > 0 else s.shape[d]) if n < 0 else n
+                                          for d, n in enumerate(k)], s.dtype, s.batch_axis]
+                                for s, k in zip(self.first.inputs, shapes)},
                      "outputs": {s.name: s.batch_axis for s in self.first.outputs}}
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_name)
         (result,) = compile_with_cache([CompileJob(name, self._graph, io_config,
                                                    tuple(self.spec.compiler_args))],
                                        CompileCache.from_env(), CacheStats(),
-                                       max_num_compilers=1)
+                                       max_num_compilers=1, timeout=COMPILE_TIMEOUT_S)
         if not result.ok:
             raise ShapeCompileError(f"NeuronOp '{self.node_name}': compiling it for the new "
-                                    f"shape {self._label(key)} failed: {result.error}")
+                                    f"shape {self.label(key)} failed: {result.error}")
         return from_bytes(bytes(result.executable))  # type: ignore[arg-type]

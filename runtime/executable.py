@@ -185,6 +185,14 @@ def write(exe: Executable, file: BinaryIO) -> int:
     return size
 
 
+def header_digest(data: bytes | memoryview) -> str:
+    """The SHA-256 the header records for the body, as hex, unchecked ("" when there is
+    no header): a name for the executable, not a proof of it (read_header checks)."""
+    if len(data) < HEADER_SIZE:
+        return ""
+    return _HEADER.unpack_from(data)[4].hex()
+
+
 def read_header(data: bytes) -> tuple[int, int]:
     """Check magic, version, length and checksum; return (version, body length)."""
     if len(data) < HEADER_SIZE:

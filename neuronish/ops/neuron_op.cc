@@ -582,8 +582,22 @@ class NeuronOpKernel : public OpKernel {
         if (!view) return StatusFromPython(name());
         PyList_SET_ITEM(given.get(), i, view);
       }
+      // The bridge may wait here for the call's shape to compile: the caller's
+      // cancellation reaches it as it reaches run (see Run).
+      PyRef cancel(PyByteArray_FromStringAndSize(nullptr, 1));
+      if (!cancel) return StatusFromPython(name());
+      char* flag = PyByteArray_AS_STRING(cancel.get());
+      *flag = 0;
+      tensorflow::CancellationManager* cm = ctx->cancellation_manager();
+      const tensorflow::CancellationToken token =
+          cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
+      auto set_flag = [flag] { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); };
+      if (cm && !cm->RegisterCallback(token, set_flag)) {
+        return absl::CancelledError(Where() + "the call was cancelled before it started");
+      }
       PyObject* handle = handle_.load(std::memory_order_acquire);
-      PyRef r(b->Call(b->output_shapes, handle, given.get()));
+      PyRef r(b->Call(b->output_shapes, handle, given.get(), cm ? cancel.get() : Py_None));
+      if (cm) cm->DeregisterCallback(token);
       if (!r) return StatusFromPython(name());
       PyRef seq(PySequence_Fast(r.get(), "output_shapes must return a list"));
       if (!seq || PySequence_Fast_GET_SIZE(seq.get()) !=

@@ -215,4 +215,9 @@ def warm_up(servable: Servable) -> int:
                                    f"{e.message}") from None
     except tf.errors.OpError as e:
         raise ServingError(e.error_code, f"Cannot read warmup file {path}: {e.message}") from None
+    # A shape first seen here compiles in the background (its record ran on TensorFlow,
+    # neuronish/shape_specialize.py): wait, so the version serves it on the device.
+    from neuronish.shape_specialize import wait_for_compiles
+
+    wait_for_compiles()
     return count

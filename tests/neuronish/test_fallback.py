@@ -91,10 +91,13 @@ def _check_fell_back(r: subprocess.CompletedProcess[str], src: str, tmp_path: Pa
     for batch, w in want.items():
         np.testing.assert_allclose(np.array(got["outs"][batch], np.float32), w, rtol=1e-5,
                                    atol=1e-5)
-    ((op, count),) = got["counts"].items()
+    ((op_id, count),) = got["counts"].items()
     assert reason in count["reason"] and count["calls"] == calls, count
+    op, executable = count["op"], count["executable"]
+    assert op_id == f"{op}@{executable}" and len(executable) == 12, count
     assert len(got["warnings"]) == 1 and op in got["warnings"][0]  # once per op
-    assert f':neuronish:neuron_op:fallback_calls{{op="{op}"}} {calls}' in got["metrics"]
+    assert (f':neuronish:neuron_op:fallback_calls{{op="{op}",executable="{executable}"}} '
+            f'{calls}') in got["metrics"]
 
 
 def test_device_too_small_falls_back_to_tensorflow(compiled: tuple[str, Path],
@@ -268,3 +271,27 @@ def test_fallback_call_cancelled_by_its_caller_does_not_start() -> None:
         runner.run([np.ones((3, 64), np.float32)], [out], Cutoff(None, bytearray(b"\x01")))
     assert (out == 7.0).all()
     runner.close()
+
+
+def test_ops_of_two_models_sharing_a_node_name_are_counted_apart() -> None:
+    """Served models are partitioned alike, so their ops share node names
+    (`PartitionedCall/model/neuron_op_0`): the counters tell them apart by executable."""
+    from neuronish import fallback
+
+    node = "PartitionedCall/model/neuron_op_test_shared_name"
+    first, second = fallback.op_id(node, "a" * 64), fallback.op_id(node, "b" * 64)
+    assert first != second
+    with pytest.warns(fallback.FallbackWarning):
+        fallback.record_fallback(first, "first model's device failed")
+    with pytest.warns(fallback.FallbackWarning):
+        fallback.record_fallback(second, "second model's device failed")
+    fallback.count_call(first)
+    for _ in range(2):
+        fallback.count_call(second)
+    counts = fallback.fallback_counts()
+    assert counts[first] == {"op": node, "executable": "a" * 12, "calls": 1,
+                             "reason": "first model's device failed"}
+    assert counts[second]["calls"] == 2 and counts[second]["executable"] == "b" * 12
+    lines = fallback.prometheus_lines()
+    assert f':neuronish:neuron_op:fallback_calls{{op="{node}",executable="{"a" * 12}"}} 1' in lines
+    assert f':neuronish:neuron_op:fallback_calls{{op="{node}",executable="{"b" * 12}"}} 2' in lines

@@ -9,6 +9,7 @@ fails), and their results compared with the reference in shape, dtype and value
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -32,13 +33,16 @@ def frozen(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(autouse=True, params=["numpy", "native"])
-def engine(request: pytest.FixtureRequest) -> str:
-    """Every kernel test runs on the numpy reference and on the native engine."""
+def engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every kernel test runs on the numpy reference and on the native engine. The
+    engine goes back to numpy afterwards: modules importing `run` (the lane tests)
+    mean the reference engine."""
     global ENGINE
     ENGINE = request.param
     if ENGINE == "native":
         assert library.load() is not None, f"native engine unavailable: {library.why_not()}"
-    return ENGINE
+    yield ENGINE
+    ENGINE = "numpy"
 
 
 ENGINE = "numpy"
