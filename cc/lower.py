@@ -353,12 +353,12 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
             failed[node.name] = "an input could not be computed at that batch"
             continue
         ins = [nxt.get(r) for r in node.inputs]
-        key = _same_lowering_key(node, ins)
         typed = _same_lowering_key(node, ins, weights_by_type=True) \
             if any(type(v) is _WatchedConst for v in ins) else None
-        hit = seen.get(key) if key is not None else None
-        if hit is None and typed is not None:
-            hit = seen_typed.get(typed)
+        hit = seen_typed.get(typed) if typed is not None else None
+        key = _same_lowering_key(node, ins) if hit is None else None
+        if hit is None and key is not None:
+            hit = seen.get(key)
         if hit is not None:
             outs, reads = hit
             for r, (t, data) in zip(refs, outs):
