@@ -47,7 +47,16 @@ from tensorflow.core.protobuf import meta_graph_pb2  # noqa: E402
 from tensorflow.python.grappler import tf_optimizer  # noqa: E402
 
 from neuronish.freeze import VARIABLE_OPS, freeze_signature  # noqa: E402
-from neuronish.graph import needed_nodes, producer, topological_order  # noqa: E402
+from neuronish.graph import (  # noqa: E402
+    Graph,
+    canonical,
+    data_refs,
+    is_control,
+    needed_nodes,
+    parse_input,
+    producer,
+    topological_order,
+)
 from neuronish.inline import called_function  # noqa: E402
 
 
@@ -248,8 +257,7 @@ def _materialize_shapes(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     for node in out.node:
         if node.op not in ("Shape", "Size", "Rank"):
             continue
-        source = node.input[0]
-        shape = graph.get_tensor_by_name(source if ":" in source else source + ":0").shape
+        shape = graph.get_tensor_by_name(canonical(node.input[0])).shape
         if not shape.is_fully_defined():
             continue
         dims = shape.as_list()
@@ -301,15 +309,15 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
     # Identity node name -> the tensor it forwards (resolved through chains).
     forward: dict[str, str] = {}
     for node in graph_def.node:
-        data = [i for i in node.input if not i.startswith("^")]
+        data = data_refs(node)
         if node.op == "Identity" and node.name not in keep_set and len(data) == 1:
             forward[node.name] = data[0]
 
-    def resolve(tensor: str) -> str:
-        name, _, port = tensor.partition(":")
-        while name in forward and port in ("", "0"):
-            name, _, port = forward[name].partition(":")
-        return f"{name}:{port}" if port not in ("", "0") else name
+    def resolve(tensor: str) -> str:  # through the forwarding Identities; output 0 bare
+        name, port = parse_input(tensor)
+        while name in forward and port == 0:
+            name, port = parse_input(forward[name])
+        return f"{name}:{port}" if port else name
 
     by_name = {n.name: n for n in graph_def.node}
     # A frozen variable is a Const named after the function's captured-input
@@ -322,7 +330,7 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
             continue
         for i in node.input:
             ident = producer(i)
-            if i.startswith("^") or ident not in forward:
+            if is_control(i) or ident not in forward:
                 continue
             source = resolve(i)
             const = by_name.get(source)
@@ -335,7 +343,7 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
             ):
                 renamed[const.name] = ident
     for node in graph_def.node:
-        data = [resolve(i) for i in node.input if not i.startswith("^")]
+        data = [resolve(i) for i in data_refs(node)]
         data = [renamed.get(i, i) for i in data]  # Const outputs are port 0: bare names
         del node.input[:]
         node.input.extend(data)
@@ -452,15 +460,12 @@ def _int_input_high(graph_def: graph_pb2.GraphDef, input_node: str) -> int | Non
     Follows the input's consumers (through Cast, Identity, Select and friends)
     to the first GatherV2 that uses it as indices.
     """
-    consumers: dict[str, list[graph_pb2.NodeDef]] = {}
-    nodes = {n.name: n for n in graph_def.node}
-    for n in graph_def.node:
-        for i in n.input:
-            consumers.setdefault(producer(i), []).append(n)
+    graph = Graph(graph_def)
+    nodes = graph.nodes
     frontier, seen = [input_node], {input_node}
     while frontier:
         name = frontier.pop(0)
-        for c in consumers.get(name, []):
+        for c in (nodes[c] for c in graph.consumers(name)):
             if c.op in ("GatherV2", "Gather") and len(c.input) > 1:
                 if producer(c.input[1]) == name:
                     params = nodes.get(producer(c.input[0]))

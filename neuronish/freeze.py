@@ -39,6 +39,7 @@ from .graph import (
     rename_ref,
 )
 from .inline import InlineError, called_function, inline_calls
+from .shape_inference.shapes import TensorInfo
 
 # Variable access that must not survive freezing, anywhere (a control flow body
 # too), and function calls, which must not survive in the outer graph.
@@ -48,12 +49,14 @@ VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "Assign
 _WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign"})
 
 
-@dataclass(frozen=True)
-class SignatureInput:
+@dataclass(frozen=True, kw_only=True)
+class SignatureInput(TensorInfo):
+    """One input of a signature: the shape and dtype record every stage of the
+    TensorFlow side uses (`TensorInfo`, the signature's shape: None for the batch), with
+    the signature's keyword argument and its placeholder in the frozen graph."""
+
     key: str                          # the signature's keyword argument
     tensor: str                       # its placeholder in the frozen graph ("x:0")
-    shape: tuple[int | None, ...] | None  # None: unknown rank
-    dtype: str
 
 
 @dataclass(frozen=True)
@@ -264,7 +267,8 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
     for key, tensor in zip(keys, placeholders, strict=True):
         spec = specs[key]
         shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
-        inputs.append(SignatureInput(key, tensor, shape, spec.dtype.name))
+        inputs.append(SignatureInput(key=key, tensor=tensor, shape=shape,
+                                     dtype=spec.dtype.name))
     out_keys = sorted(concrete.structured_outputs)
     if len(out_keys) != len(concrete.outputs):
         raise SavedModelError(f"signature {signature_def_key!r} returns "
@@ -285,8 +289,7 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
     _keep_what_outputs_need(graph_def, [*outputs.values(), *input_names[:len(keys)]])
     renamed = _strip_call_prefixes(graph_def)
     outputs = {k: rename_ref(t, renamed) for k, t in outputs.items()}
-    inputs = [SignatureInput(i.key, rename_ref(i.tensor, renamed), i.shape, i.dtype)
-              for i in inputs]
+    inputs = [replace(i, tensor=rename_ref(i.tensor, renamed)) for i in inputs]
     resources = [CapturedResource(rename_ref(r.tensor, renamed), r.owner) for r in resources]
     return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags),
                            tuple(resources),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import graphlib
 import heapq
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from tensorflow.core.framework import graph_pb2, node_def_pb2
@@ -130,73 +129,89 @@ def topological_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:
     return order
 
 
-@dataclass(frozen=True)
-class GraphIndex:
-    """Nodes, edges and a topological order of a GraphDef.
+class Graph:
+    """A GraphDef indexed once and edited in place: the one graph object the rewrites,
+    shape inference, the partitioner and splice share.
 
-    `order` is topological over data and control edges; ties keep the
-    GraphDef's order, so the same graph always gives the same order.
+    It holds each node by name, each node's inputs parsed (canonical data tensors,
+    control producers), and the use lists of every tensor and node. Its edit methods
+    change the GraphDef and those indexes together, so a lookup after an edit sees the
+    edit; the topological order and `memo` (results computed from the graph, such as
+    shapes inferred at given input shapes) are dropped by every edit and rebuilt on
+    demand. A stage that changes a NodeDef's inputs, op or attributes directly says so
+    with `updated(name)`.
+
+    `order` is topological over data and control edges; ties keep the GraphDef's order,
+    so the same graph always gives the same order.
     """
 
-    nodes: dict[str, node_def_pb2.NodeDef]
-    order: tuple[str, ...]
-    position: dict[str, int]  # node -> index in `order`
-    data_inputs: dict[str, tuple[str, ...]]  # node -> canonical input tensors, in input order
-    control_inputs: dict[str, tuple[str, ...]]  # node -> producer nodes of its "^" inputs
-    tensor_consumers: dict[str, tuple[str, ...]]  # tensor -> nodes reading it (data edges)
-    data_consumers: dict[str, tuple[str, ...]]  # node -> nodes reading any of its outputs
-    control_consumers: dict[str, tuple[str, ...]]  # node -> nodes with a "^node" input
-    # Results computed from the graph alone (shape inference at given input shapes), kept
-    # for the index's life: the partitioner's recovery rounds change which nodes are
-    # excluded, never the graph, so TensorFlow's shape inference runs once per compile.
-    # An index is a view of a graph nobody edits; one edited needs a new index.
-    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    def __init__(self, graph_def: graph_pb2.GraphDef) -> None:
+        self.graph_def = graph_def
+        self.nodes: dict[str, node_def_pb2.NodeDef] = {}
+        self.data_inputs: dict[str, tuple[str, ...]] = {}  # node -> canonical input tensors
+        self.control_inputs: dict[str, tuple[str, ...]] = {}  # node -> producers of "^" inputs
+        # Use lists: tensor -> {reader: edge count}, node -> {data reader: edge count},
+        # node -> {control reader: None}. Dicts keep them ordered and O(1) to edit.
+        self._tensor_readers: dict[str, dict[str, int]] = {}
+        self._data_readers: dict[str, dict[str, int]] = {}
+        self._control_readers: dict[str, dict[str, None]] = {}
+        self._order: tuple[str, ...] | None = None
+        self._position: dict[str, int] | None = None
+        self.memo: dict[Any, Any] = {}
+        self.version = 0  # counts edits: a result computed at one version is stale at another
+        for node in graph_def.node:
+            if node.name in self.nodes:
+                raise PartitionError(
+                    f"the graph has two nodes named {node.name!r} "
+                    f"({self.nodes[node.name].op} and {node.op}); names must be unique")
+            self.nodes[node.name] = node
+        for node in graph_def.node:
+            self._link(node)
+        self._check_inputs_exist(self.nodes)
 
     @classmethod
-    def build(cls, graph_def: graph_pb2.GraphDef) -> GraphIndex:
-        nodes: dict[str, node_def_pb2.NodeDef] = {}
-        for node in graph_def.node:
-            if node.name in nodes:
-                raise PartitionError(f"the graph has two nodes named {node.name!r} "
-                                     f"({nodes[node.name].op} and {node.op}); names must be unique")
-            nodes[node.name] = node
-        data_inputs: dict[str, tuple[str, ...]] = {}
-        control_inputs: dict[str, tuple[str, ...]] = {}
-        tensor_consumers: dict[str, list[str]] = {}
-        data_consumers: dict[str, list[str]] = {n: [] for n in nodes}
-        control_consumers: dict[str, list[str]] = {n: [] for n in nodes}
-        for node in graph_def.node:
-            data, control = [], []
-            for ref in node.input:
-                source, index = parse_input(ref)
-                if source not in nodes:
-                    raise PartitionError(f"node {node.name!r} ({node.op}) reads {ref!r}, but the "
-                                         f"graph has no node {source!r}; pass a complete GraphDef")
-                if index < 0:
-                    if source not in control:
-                        control.append(source)
-                        control_consumers[source].append(node.name)
-                    continue
-                tensor = f"{source}:{index}"
-                data.append(tensor)
-                readers = tensor_consumers.setdefault(tensor, [])
-                if node.name not in readers:
-                    readers.append(node.name)
-                if node.name not in data_consumers[source]:
-                    data_consumers[source].append(node.name)
-            data_inputs[node.name] = tuple(data)
-            control_inputs[node.name] = tuple(control)
-        order = _topological_order(graph_def, data_inputs, control_inputs)
-        return cls(
-            nodes=nodes,
-            order=tuple(order),
-            position={n: i for i, n in enumerate(order)},
-            data_inputs=data_inputs,
-            control_inputs=control_inputs,
-            tensor_consumers={t: tuple(c) for t, c in tensor_consumers.items()},
-            data_consumers={n: tuple(c) for n, c in data_consumers.items()},
-            control_consumers={n: tuple(c) for n, c in control_consumers.items()},
-        )
+    def build(cls, graph_def: graph_pb2.GraphDef) -> Graph:
+        """`Graph(graph_def)` with its order found at once, so that a cycle is refused here
+        (naming it) rather than at the first stage that asks for the order."""
+        graph = cls(graph_def)
+        graph.order  # noqa: B018
+        return graph
+
+    @classmethod
+    def of(cls, graph: Graph | graph_pb2.GraphDef) -> Graph:
+        """`graph` itself, or a GraphDef indexed (`build`): what a stage taking either
+        works on."""
+        return graph if isinstance(graph, Graph) else cls.build(graph)
+
+    # -- reading ---------------------------------------------------------------------
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Node names, producers first (cached until the next edit)."""
+        if self._order is None:
+            self._check_inputs_exist(self.nodes)
+            self._order = tuple(_topological_order(self.graph_def, self.data_inputs,
+                                                   self.control_inputs))
+        return self._order
+
+    @property
+    def position(self) -> dict[str, int]:
+        """node -> its index in `order`."""
+        if self._position is None:
+            self._position = {n: i for i, n in enumerate(self.order)}
+        return self._position
+
+    def readers(self, tensor: str) -> tuple[str, ...]:
+        """Nodes with a data input `tensor` ("node:0")."""
+        return tuple(self._tensor_readers.get(tensor, ()))
+
+    def data_consumers(self, name: str) -> tuple[str, ...]:
+        """Nodes that read any output of node `name`."""
+        return tuple(self._data_readers.get(name, ()))
+
+    def control_consumers(self, name: str) -> tuple[str, ...]:
+        """Nodes with a control input "^name"."""
+        return tuple(self._control_readers.get(name, ()))
 
     def producers(self, name: str) -> list[str]:
         """Nodes `name` depends on directly, through data or control edges."""
@@ -204,7 +219,165 @@ class GraphIndex:
 
     def consumers(self, name: str) -> list[str]:
         """Nodes that depend on `name` directly, through data or control edges."""
-        return list(self.data_consumers[name]) + list(self.control_consumers[name])
+        return [*self._data_readers.get(name, ()), *self._control_readers.get(name, ())]
+
+    # -- editing ---------------------------------------------------------------------
+
+    def add_node(self, name: str, op: str, inputs: Iterable[str] = ()) -> node_def_pb2.NodeDef:
+        """A new node at the end of the GraphDef, indexed; its attributes are the caller's
+        to set (then no `updated` is needed: attributes are not indexed)."""
+        if name in self.nodes:
+            raise PartitionError(f"the graph already has a node named {name!r} "
+                                 f"({self.nodes[name].op}); names must be unique")
+        node = self.graph_def.node.add(name=name, op=op)
+        node.input.extend(inputs)
+        self.nodes[name] = node
+        self._link(node)
+        self._edited()
+        return node
+
+    def set_inputs(self, name: str, inputs: Iterable[str]) -> None:
+        """Node `name`'s inputs replaced by `inputs` (GraphDef spellings)."""
+        node = self.nodes[name]
+        self._unlink(node)
+        del node.input[:]
+        node.input.extend(inputs)
+        self._link(node)
+        self._edited()
+
+    def updated(self, name: str) -> None:
+        """Node `name` was changed in place (inputs, op or attributes): index it again."""
+        node = self.nodes[name]
+        self._unlink(node)
+        self._link(node)
+        self._edited()
+
+    def replace_uses(self, tensor: str, ref: str) -> None:
+        """Every data input reading `tensor` ("node:0") reads `ref` instead (found through
+        the use list, not by scanning the graph)."""
+        tensor = canonical(tensor)
+        for reader in list(self._tensor_readers.get(tensor, ())):
+            node = self.nodes[reader]
+            self._unlink(node)
+            for k, r in enumerate(node.input):
+                if not is_control(r) and canonical(r) == tensor:
+                    node.input[k] = ref
+            self._link(node)
+        self._edited()
+
+    def remove(self, names: Collection[str]) -> None:
+        """Delete nodes `names`; a node left reading one of them is an error."""
+        gone = set(names) & self.nodes.keys()
+        for name in gone:
+            left = [c for c in self.consumers(name) if c not in gone]
+            if left:
+                raise PartitionError(f"cannot remove node {name!r}: {left[0]!r} still reads it")
+        for name in gone:
+            self._unlink(self.nodes[name])
+        keep_only(self.graph_def, self.nodes.keys() - gone)
+        for name in gone:
+            del self.nodes[name], self.data_inputs[name], self.control_inputs[name]
+            self._data_readers.pop(name, None)
+            self._control_readers.pop(name, None)
+        self._edited()
+
+    def keep_only(self, names: Collection[str]) -> None:
+        """Delete the nodes not named in `names` (GraphDef order kept)."""
+        self.remove([n for n in self.nodes if n not in names])
+
+    def drop_dead(self, fetches: Iterable[str]) -> None:
+        """`drop_dead` on this graph: remove what neither `fetches` nor the inputs need."""
+        keep = {producer(f) for f in fetches}
+        if keep:
+            self.keep_only(needed_nodes(self.nodes, [
+                *keep, *(n for n, node in self.nodes.items() if node.op in INPUT_OPS)]))
+
+    def adopt(self, graph_def: graph_pb2.GraphDef) -> None:
+        """Become `graph_def`, indexed anew: for a rewrite that works on a copy because it
+        may give up halfway (unrolling loops), handing over its result. Holders of the
+        old `graph_def` keep the old graph; read `graph_def` from here."""
+        edits = self.version
+        self.__init__(graph_def)  # type: ignore[misc]
+        self.version = edits + 1
+
+    def unique_name(self, name: str) -> str:
+        """`name`, with "_" appended until no node has it."""
+        while name in self.nodes:
+            name += "_"
+        return name
+
+    def verify(self) -> None:
+        """Raise PartitionError naming the first node whose indexed inputs or use lists no
+        longer match its NodeDef: a stage edited a NodeDef without `updated`. For tests
+        and debugging; it reads every edge."""
+        fresh = Graph(self.graph_def) if [n.name for n in self.graph_def.node] == \
+            list(self.nodes) else None
+        if fresh is None:
+            raise PartitionError("the graph's nodes are not the GraphDef's: a node was added "
+                                 "or removed without Graph.add_node/remove")
+        for name in self.nodes:
+            if (self.data_inputs[name], self.control_inputs[name]) != \
+                    (fresh.data_inputs[name], fresh.control_inputs[name]):
+                raise PartitionError(f"node {name!r} reads {list(self.nodes[name].input)}, but "
+                                     f"the graph's index says {list(self.data_inputs[name])} "
+                                     f"and ^{list(self.control_inputs[name])}: call "
+                                     "Graph.updated after editing a NodeDef")
+        for name in self.nodes:
+            if sorted(self.consumers(name)) != sorted(fresh.consumers(name)):
+                raise PartitionError(f"the use list of node {name!r} is stale")
+
+    # -- the indexes -----------------------------------------------------------------
+
+    def _link(self, node: node_def_pb2.NodeDef) -> None:
+        data: list[str] = []
+        control: list[str] = []
+        for ref in node.input:
+            source, index = parse_input(ref)
+            if index < 0:
+                if source not in control:
+                    control.append(source)
+                    self._control_readers.setdefault(source, {})[node.name] = None
+                continue
+            tensor = f"{source}:{index}"
+            data.append(tensor)
+            readers = self._tensor_readers.setdefault(tensor, {})
+            readers[node.name] = readers.get(node.name, 0) + 1
+            users = self._data_readers.setdefault(source, {})
+            users[node.name] = users.get(node.name, 0) + 1
+        self.data_inputs[node.name] = tuple(data)
+        self.control_inputs[node.name] = tuple(control)
+
+    def _unlink(self, node: node_def_pb2.NodeDef) -> None:
+        name = node.name
+        for tensor in self.data_inputs.get(name, ()):
+            for table, key in ((self._tensor_readers, tensor),
+                               (self._data_readers, producer(tensor))):
+                readers = table[key]
+                readers[name] -= 1
+                if not readers[name]:
+                    del readers[name]
+                    if not readers:
+                        del table[key]
+        for source in self.control_inputs.get(name, ()):
+            readers = self._control_readers[source]
+            del readers[name]
+            if not readers:
+                del self._control_readers[source]
+
+    def _edited(self) -> None:
+        self._order = self._position = None
+        self.memo.clear()
+        self.version += 1
+
+    def _check_inputs_exist(self, nodes: Mapping[str, node_def_pb2.NodeDef]) -> None:
+        for table in (self._data_readers, self._control_readers):
+            for source, readers in table.items():
+                if source not in nodes:
+                    reader = self.nodes[next(iter(readers))]
+                    ref = next(r for r in reader.input if parse_input(r)[0] == source)
+                    raise PartitionError(
+                        f"node {reader.name!r} ({reader.op}) reads {ref!r}, but the graph has "
+                        f"no node {source!r}; pass a complete GraphDef")
 
 
 def _topological_order(

@@ -43,7 +43,7 @@ from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
-from .graph import GraphIndex
+from .graph import Graph
 from .input_shapes import batch_of, compile_shapes, plan_shapes
 from .neuron_op import StatedSignature, neuron_op_shell
 from .partition import compiler_support, partition, splice
@@ -446,8 +446,12 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     # Rewrites into ops the device runs: constants folded, loops of a fixed count unrolled,
     # complex values as pairs of real ones. Free dimensions stay unknown here, so
     # nothing computed from them becomes a constant.
-    signature = replace(signature, graph_def=rewrite_for_device(
-        signature.graph_def, plan.unknown() if plan.free else plan.shapes, fetches))
+    # The one Graph of this signature from here to splice: the rewrites edit it in place,
+    # and shape inference, the partitioner's rounds and splice read its indexes and the
+    # shapes it keeps until an edit.
+    graph = Graph(signature.graph_def)
+    rewrite_for_device(graph, plan.unknown() if plan.free else plan.shapes, fetches)
+    signature = replace(signature, graph_def=graph.graph_def)
     plan = settle(plan, signature.graph_def, _mine(options.shape_bounds, signature, main,
                                                       state.input_keys))
     shapes = plan.shapes
@@ -468,13 +472,12 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     support = compiler_support(graph_def)
     if o.op_whitelist is not None:
         support = replace(support, ops=support.ops & o.op_whitelist)
-    index = GraphIndex.build(graph_def)
     # Subgraphs built without copies of the large constants, written with them
     # (subgraph_files.py); verification runs the subgraphs in memory, so not then.
-    held = {} if o.verify else hold_constants(index)
+    held = {} if o.verify else hold_constants(graph)
     mixing: dict[str, str] = {}  # nodes the compiler's batch check keeps on TensorFlow
     for round_ in range(MAX_RECOVERY_ROUNDS):
-        part = partition(graph_def, shapes, support.ops, refused=support.refused, index=index,
+        part = partition(graph, shapes, support.ops, refused=support.refused,
                          batch_size=batch_of(shapes, batch_size),
                          no_fuse_ops=o.no_fuse_ops, force_fuse_ops=o.force_fuse_ops,
                          minimum_segment_size=o.minimum_segment_size,
@@ -524,7 +527,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             f"last failures: {failures[-3:]}; nodes kept on TensorFlow for mixing samples "
             f"across the batch: {len(mixing)} (the last: {list(mixing)[-3:]}). Pass "
             "no_fuse_ops=[...] for the nodes named, or dynamic_batch_size=False")
-    release_constants(index, held)
+    release_constants(graph, held)
 
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
@@ -579,7 +582,7 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
         graph_file = graphs[digests[sg.name]]
         blobs[sg.name] = {"executable": executable, "graph_def": replace(
             graph_file, sha256=hashes[graph_file.path].result())}
-    new_graph_def, renamed = splice(graph_def, replacements, fetches=fetches, index=index)
+    new_graph_def, renamed = splice(graph, replacements, fetches=fetches)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature=signature, graph_def=new_graph_def, outputs=outputs, blobs=blobs,
                      part=part, compiled=compiled, excluded=excluded, failures=failures,

@@ -24,7 +24,7 @@ from tensorflow.core.framework import node_def_pb2, tensor_pb2
 from neuronish.cc.graphdef import encode_varint, wire_fields
 
 from .external import BlobFile
-from .graph import GraphIndex
+from .graph import Graph
 from .partition.encapsulate import Subgraph, graph_def_parts
 
 HELD_FROM = 1 << 20  # bytes of tensor_content from which a Const's is held back
@@ -33,7 +33,7 @@ _TYPED_VALUES = [f.name for f in tensor_pb2.TensorProto.DESCRIPTOR.fields
                  if f.name.endswith("_val")]  # half_val, float_val, ... (repeated)
 
 
-def hold_constants(index: GraphIndex) -> dict[str, node_def_pb2.NodeDef]:
+def hold_constants(index: Graph) -> dict[str, node_def_pb2.NodeDef]:
     """Put in `index.nodes`, for each Const with at least HELD_FROM bytes of
     tensor_content, a copy without them; returns the original nodes by name."""
     held = {}
@@ -45,7 +45,7 @@ def hold_constants(index: GraphIndex) -> dict[str, node_def_pb2.NodeDef]:
     return held
 
 
-def release_constants(index: GraphIndex, held: dict[str, node_def_pb2.NodeDef]) -> None:
+def release_constants(index: Graph, held: dict[str, node_def_pb2.NodeDef]) -> None:
     """Undo `hold_constants`."""
     index.nodes.update(held)
 

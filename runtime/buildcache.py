@@ -16,6 +16,12 @@ could have written:
 Concurrent first uses (processes or threads) build once: the build runs under an
 `fcntl` lock and writes a temporary file renamed into place, so nobody loads a
 half-written library.
+
+Every change of a source or a build flag makes a new library, so after a build the
+cache keeps only the KEEP_PER_FAMILY most recently built of that family (`engine-*`,
+`neuron_op-*`; a pruned one in use again is rebuilt), leaving alone a library whose
+lock another process holds (it is being built). Removing a library a running process has
+loaded is safe: its mapping outlives the name.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+KEEP_PER_FAMILY = 12  # ~1.6 MB an engine: bounded at tens of MB per family
 
 
 class BuildError(RuntimeError):
@@ -157,4 +165,45 @@ class Cache:
                     os.unlink(tmp)
         finally:
             os.close(lock)
+        self.prune(path)
         return path
+
+    def prune(self, kept: Path, keep: int = KEEP_PER_FAMILY) -> list[Path]:
+        """Remove all but the `keep` most recently built libraries of `kept`'s family
+        (its name up to the last '-'), never `kept` itself; returns what was removed."""
+        family = kept.stem.rpartition("-")[0]
+        if not family:
+            return []
+        try:
+            libraries = [p for p in self.directory.glob(f"{family}-*{kept.suffix}")
+                         if p.stem.rpartition("-")[0] == family and p != kept]
+            libraries.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        except OSError:  # one vanished meanwhile (another process pruned): next time
+            return []
+        removed = []
+        for old in libraries[keep - 1:]:
+            if _remove_unless_building(old):
+                removed.append(old)
+        return removed
+
+
+def _remove_unless_building(library: Path) -> bool:
+    lock_path = library.with_suffix(".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = None  # no lock file: nobody is building it
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # another process is building it right now
+        library.unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)
+        return True
+    except OSError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)

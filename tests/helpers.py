@@ -18,3 +18,18 @@ def compile_and_run(graph_def: bytes, io_config: dict, feeds: dict[str, np.ndarr
         return model.run(feeds)
     finally:
         model.unload()
+
+
+def rewritten_copy(rewrite: object, graph_def: object, *args: object) -> tuple[bool, object]:
+    """(whether `rewrite` changed anything, the result) for a rewrite that edits a
+    `neuronish.graph.Graph` in place, run on a copy of `graph_def`: the original stays as
+    it was, to compare the two."""
+    from tensorflow.core.framework import graph_pb2
+
+    from neuronish.graph import Graph
+
+    copy = graph_pb2.GraphDef()
+    copy.CopyFrom(graph_def)
+    graph = Graph(copy)
+    changed = rewrite(graph, *args)
+    return changed, graph.graph_def

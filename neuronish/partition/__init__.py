@@ -13,8 +13,10 @@ Stages, each a module with one public function, each testable alone:
 `partition` chains the first five for the SavedModel compile; the caller
 compiles each `Subgraph`, builds its NeuronOp NodeDef (inputs =
 `Subgraph.inputs`) and calls `splice`.  When the compiler rejects nodes, call
-`partition` again with `exclude_nodes={node: reason}` and the same `index`
-(`Partition.index`): shapes and batch axes are then inferred once, not per round.
+`partition` again with `exclude_nodes={node: reason}` and the same `Graph`
+(`Partition.graph`): shapes and batch axes are then inferred once, not per round.
+Each stage takes the `Graph` (`neuronish.graph`) shared by the whole compile, or a
+GraphDef, which it indexes for the call.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.graph import GraphIndex, PartitionError, canonical, producer
+from neuronish.graph import Graph, PartitionError, canonical, producer
 from neuronish.partition.cluster import Cluster, DroppedCluster, SizeFilter, cluster, drop_small
 from neuronish.partition.encapsulate import Subgraph, encapsulate
 from neuronish.partition.mark import (
@@ -44,6 +46,7 @@ from neuronish.shape_inference.shapes import (
     batch_axes,
     batched_inputs,
     infer,
+    infer_once,
     shapes_at_batch,
 )
 
@@ -79,8 +82,8 @@ class Partition:
     batch_axes: dict[str, int | None]  # empty when dynamic_batch_size is off
     # Nodes of the graph that stay on TensorFlow (wholly or as a copy), with why.
     left_on_tensorflow: dict[str, OnTensorFlow]
-    # The index of the partitioned graph, for `splice` and further rounds to reuse.
-    index: GraphIndex | None = field(default=None, compare=False, repr=False)
+    # The graph of the partitioned graph, for `splice` and further rounds to reuse.
+    graph: Graph | None = field(default=None, compare=False, repr=False)
 
     def reasons(self) -> dict[str, str]:
         """node -> why it stays on TensorFlow, as text."""
@@ -95,7 +98,7 @@ class Partition:
 
 
 def partition(
-    graph_def: graph_pb2.GraphDef,
+    graph: Graph | graph_pb2.GraphDef,
     input_shapes: Mapping[str, Sequence[int]],
     supported: Collection[str] | None = None,
     *,
@@ -108,7 +111,6 @@ def partition(
     fetches: Iterable[str] | None = None,
     device_dtypes: Collection[str] = DEVICE_DTYPES,
     refused: Mapping[str, str] | None = None,
-    index: GraphIndex | None = None,
     batch_mixing: Mapping[str, str] | None = None,
 ) -> Partition:
     """mark -> cluster -> drop_small -> encapsulate over a frozen GraphDef.
@@ -126,13 +128,14 @@ def partition(
     treats the outputs of nodes nothing reads as fetched.  A cluster none of
     whose results is used is dropped.
     """
+    graph = Graph.of(graph)
+    graph_def = graph.graph_def
     if supported is None:
         support = compiler_support(graph_def)
         supported, refused = support.ops, {**support.refused, **(refused or {})}
     fetch_list = None if fetches is None else [canonical(f) for f in fetches]
-    index = index or GraphIndex.build(graph_def)
     for t in fetch_list or ():
-        if producer(t) not in index.nodes:
+        if producer(t) not in graph.nodes:
             raise PartitionError(f"fetch {t} names no node of the graph")
 
     batch: int | None = None  # the compile batch when it is dynamic
@@ -145,22 +148,21 @@ def partition(
                 raise PartitionError(f"input {name} has shape {list(shape)}, but the batch size "
                                      f"is {batch}: with dynamic_batch_size every input's dim 0 "
                                      f"is the batch")
-    infos, axes = _shapes(graph_def, index, input_shapes, batch)
+    infos, axes = _shapes(graph, input_shapes, batch)
     # A node that mixes samples across the batch (a reduction over it, a reshape moving
     # it) would make its whole cluster run at the compiled batch only; it stays on
     # TensorFlow instead, and the rest is partitioned again, so the device's part keeps a
     # dynamic batch and every batch size gives TensorFlow's numbers.
     mixing: dict[str, str] = dict(batch_mixing or {})
     for _ in range(_MAX_MIXING_ROUNDS):
-        marking = mark(graph_def, infos, supported, no_fuse_ops, force_fuse_ops,
+        marking = mark(graph, infos, supported, no_fuse_ops, force_fuse_ops,
                        exclude_nodes=exclude_nodes, device_dtypes=device_dtypes,
-                       refused=refused, index=index, batch_mixing=mixing,
+                       refused=refused, batch_mixing=mixing,
                        fetches=fetch_list)
-        sized = drop_small(cluster(graph_def, marking, index), minimum_segment_size)
+        sized = drop_small(cluster(graph, marking), minimum_segment_size)
         subgraphs, dropped, clusters = [], list(sized.dropped), {}
         for c in sized.kept:
-            sub = encapsulate(graph_def, c, infos, axes, dynamic_batch_size, fetch_list,
-                              index=index)
+            sub = encapsulate(graph, c, infos, axes, dynamic_batch_size, fetch_list)
             if sub.outputs:
                 subgraphs.append(sub)
                 clusters[sub.name] = c
@@ -182,32 +184,31 @@ def partition(
                                    "kept on TensorFlow so that every batch size works")
                     for s in stuck]
     return Partition(tuple(subgraphs), tuple(dropped), marking, infos, axes,
-                     _left_on_tensorflow(index, marking, subgraphs, dropped, fetch_list or ()),
-                     index)
+                     _left_on_tensorflow(graph, marking, subgraphs, dropped, fetch_list or ()),
+                     graph)
 
 
 _MAX_MIXING_ROUNDS = 8
 
 
 def _shapes(
-    graph_def: graph_pb2.GraphDef,
-    index: GraphIndex,
+    graph: Graph,
     input_shapes: Mapping[str, Sequence[int]],
     batch: int | None,
 ) -> tuple[dict[str, TensorInfo], dict[str, int | None]]:
     """Shapes and dtypes at the compile batch, and batch axes when `batch` is given (the
-    batch is dynamic), each inferred once per index: a recovery round partitions the same
-    graph at the same shapes again, and each inference imports the whole graph into
-    TensorFlow (ResNet50: a second or more). The results are only read downstream."""
-    key = ("shapes", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())), batch)
-    if key not in index.memo:
-        if batch is None:
-            index.memo[key] = infer(graph_def, input_shapes), {}
-        else:
-            full_shapes = shapes_at_batch(graph_def, input_shapes, batch)
-            infos = infer(graph_def, full_shapes)
-            index.memo[key] = infos, batch_axes(graph_def, full_shapes, batch, infos)
-    return index.memo[key]
+    batch is dynamic), each inferred once per version of the graph: a recovery round
+    partitions the same graph at the same shapes again, and each inference imports the
+    whole graph into TensorFlow (ResNet50: a second or more). The results are only read
+    downstream."""
+    if batch is None:
+        return infer_once(graph, input_shapes), {}
+    key = ("batch_axes", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())), batch)
+    if key not in graph.memo:
+        full_shapes = shapes_at_batch(graph.graph_def, input_shapes, batch)
+        infos = infer_once(graph, full_shapes)
+        graph.memo[key] = infos, batch_axes(graph.graph_def, full_shapes, batch, infos, graph)
+    return graph.memo[key]
 
 
 def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:
@@ -219,7 +220,7 @@ def _batch_of(input_shapes: Mapping[str, Sequence[int]]) -> int:
 
 
 def _left_on_tensorflow(
-    index: GraphIndex,
+    graph: Graph,
     marking: Marking,
     subgraphs: Sequence[Subgraph],
     dropped: Sequence[DroppedCluster],
@@ -227,11 +228,11 @@ def _left_on_tensorflow(
 ) -> dict[str, OnTensorFlow]:
     """Why each node that `splice` will not remove stays on TensorFlow."""
     moved = {n for s in subgraphs for n in s.node_names if n not in s.duplicated_nodes}
-    moved |= unread_duplicates(subgraphs, index, moved, set(fetches))  # as splice will
+    moved |= unread_duplicates(subgraphs, graph, moved, set(fetches))  # as splice will
     copied = {n for s in subgraphs for n in s.duplicated_nodes}
     in_dropped = {n: d for d in dropped for n in d.cluster.nodes}
     reasons: dict[str, OnTensorFlow] = {}
-    for name in index.order:
+    for name in graph.order:
         node_mark = marking.nodes[name]
         if name in moved:
             continue

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from tensorflow.core.framework import graph_pb2
 
 from neuronish.contracts import PASS_THROUGH_OPS
-from neuronish.graph import GraphIndex, producer
+from neuronish.graph import Graph, producer
 from neuronish.partition.dag import ContractibleDag
 from neuronish.partition.mark import Marking
 from neuronish.shape_inference.values import device_static_nodes
@@ -70,22 +70,20 @@ class SizeFilter:
     dropped: tuple[DroppedCluster, ...]
 
 
-def cluster(graph_def: graph_pb2.GraphDef, marking: Marking,
-            index: GraphIndex | None = None) -> list[Cluster]:
-    """Cluster the supported nodes of `graph_def` (see the module docstring). `index` is
-    `GraphIndex.build(graph_def)` when the caller has it."""
-    index = index or GraphIndex.build(graph_def)
-    static = device_static_nodes(index, marking.supported)
-    dynamic = [n for n in index.order if n not in static]
+def cluster(graph: Graph | graph_pb2.GraphDef, marking: Marking) -> list[Cluster]:
+    """Cluster the supported nodes of `graph` (see the module docstring)."""
+    graph = Graph.of(graph)
+    static = device_static_nodes(graph, marking.supported)
+    dynamic = [n for n in graph.order if n not in static]
     ids = {n: i for i, n in enumerate(dynamic)}
 
     # Dependencies between non-static nodes; a static node passes on the
     # dependencies of the nodes whose shapes it reads.
     reads: dict[str, frozenset[int]] = {}
     edges: set[tuple[int, int]] = set()
-    for name in index.order:
+    for name in graph.order:
         sources: set[int] = set()
-        for p in index.producers(name):
+        for p in graph.producers(name):
             if p in static:
                 sources |= reads[p]
             else:
@@ -99,7 +97,7 @@ def cluster(graph_def: graph_pb2.GraphDef, marking: Marking,
     for name in dynamic:
         if not marking.supported(name):
             continue
-        sources = [ids[p] for p in dict.fromkeys(producer(t) for t in index.data_inputs[name])
+        sources = [ids[p] for p in dict.fromkeys(producer(t) for t in graph.data_inputs[name])
                    if p not in static and marking.supported(p)]
         # One merge can make another possible (the path that blocked it now
         # runs inside the cluster), so retry until nothing changes.
@@ -116,34 +114,34 @@ def cluster(graph_def: graph_pb2.GraphDef, marking: Marking,
         if marking.supported(name):
             groups.setdefault(dag.find(ids[name]), []).append(name)
 
-    taken = set(index.nodes)
+    taken = set(graph.nodes)
     clusters, counter = [], 0
     for members in groups.values():  # dict order: by first member
-        copies = _static_inputs(members, index, static)
+        copies = _static_inputs(members, graph, static)
         while f"{NAME_PREFIX}{counter}" in taken:
             counter += 1
         name = f"{NAME_PREFIX}{counter}"
         counter += 1
         clusters.append(Cluster(
             name=name,
-            nodes=tuple(sorted([*members, *copies], key=index.position.__getitem__)),
+            nodes=tuple(sorted([*members, *copies], key=graph.position.__getitem__)),
             static_nodes=frozenset(copies),
             compute_nodes=tuple(m for m in members
-                                if index.nodes[m].op not in PASS_THROUGH_OPS),
+                                if graph.nodes[m].op not in PASS_THROUGH_OPS),
             forced=any(marking.nodes[m].forced for m in members),
         ))
     return clusters
 
 
-def _static_inputs(members: Sequence[str], index: GraphIndex, static: frozenset[str]) -> set[str]:
+def _static_inputs(members: Sequence[str], graph: Graph, static: frozenset[str]) -> set[str]:
     """The static nodes `members` read, directly or through other static nodes."""
     found: set[str] = set()
-    stack = [producer(t) for m in members for t in index.data_inputs[m]]
+    stack = [producer(t) for m in members for t in graph.data_inputs[m]]
     while stack:
         name = stack.pop()
         if name in static and name not in found:
             found.add(name)
-            stack.extend(producer(t) for t in index.data_inputs[name])
+            stack.extend(producer(t) for t in graph.data_inputs[name])
     return found
 
 

@@ -37,7 +37,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from neuronish.cc.graphdef import encode_varint
-from neuronish.graph import GraphIndex, PartitionError, canonical, parse_input, producer
+from neuronish.graph import Graph, PartitionError, canonical, parse_input, producer
 from neuronish.partition.cluster import Cluster
 from neuronish.shape_inference.shapes import TensorInfo
 
@@ -123,37 +123,36 @@ _NODE_TAG = b"\x0a"  # GraphDef.node: field 1, length-delimited
 
 
 def encapsulate(
-    graph_def: graph_pb2.GraphDef,
+    graph: Graph | graph_pb2.GraphDef,
     cluster: Cluster,
     infos: Mapping[str, TensorInfo],
     batch_axes: Mapping[str, int | None],
     dynamic_batch_size: bool,
     fetches: Iterable[str] | None = None,
-    *,
-    index: GraphIndex | None = None,
 ) -> Subgraph:
     """Build the Subgraph of `cluster` (see the module docstring for the rules).
 
     `infos` is `shapes.infer` at the compile batch, `batch_axes` is
     `shapes.batch_axes`; `fetches` are the outer tensors the caller reads
-    (signature outputs).  `index` may pass a prebuilt `GraphIndex.build(graph_def)`.
+    (signature outputs).
     """
-    index = index or GraphIndex.build(graph_def)
+    graph = Graph.of(graph)
+    graph_def = graph.graph_def
     members = set(cluster.nodes)
     fetched = None if fetches is None else {canonical(f) for f in fetches}
-    kept = _duplicated(cluster, index, infos, fetched)
+    kept = _duplicated(cluster, graph, infos, fetched)
 
     inputs = list(dict.fromkeys(
-        t for m in cluster.nodes for t in index.data_inputs[m] if producer(t) not in members))
+        t for m in cluster.nodes for t in graph.data_inputs[m] if producer(t) not in members))
     outputs = []
     for m in cluster.nodes:
         if m in cluster.static_nodes:
             continue
         for t in _outputs(m, infos):
-            readers = index.tensor_consumers.get(t, ())
+            readers = graph.readers(t)
             if (any(r not in members or r in kept for r in readers)
                     or (fetched is not None and t in fetched)
-                    or (fetched is None and not index.consumers(m))):
+                    or (fetched is None and not graph.consumers(m))):
                 outputs.append(t)
     for t in inputs + outputs:
         if not infos[t].fully_known:
@@ -162,10 +161,10 @@ def encapsulate(
                                  f"kept its node off the device (were infos from another batch?)")
 
     placeholders = _placeholder_names(inputs, members)
-    subgraph = _subgraph_def(graph_def, cluster, index, inputs, placeholders, infos)
+    subgraph = _subgraph_def(graph_def, cluster, graph, inputs, placeholders, infos)
     in_axes = [batch_axes.get(t) for t in inputs]
     out_axes = [batch_axes.get(t) for t in outputs]
-    reason, mixers = _no_dynamic_batch_reason(cluster, index, infos, batch_axes, inputs,
+    reason, mixers = _no_dynamic_batch_reason(cluster, graph, infos, batch_axes, inputs,
                                              outputs, dynamic_batch_size)
     if reason is not None:
         in_axes, out_axes = [-1] * len(inputs), [-1] * len(outputs)
@@ -192,10 +191,10 @@ def encapsulate(
         input_batch_axes=tuple(in_axes),
         output_batch_axes=tuple(out_axes),
         control_inputs=tuple(dict.fromkeys(
-            c for m in cluster.nodes for c in index.control_inputs[m] if c not in members)),
+            c for m in cluster.nodes for c in graph.control_inputs[m] if c not in members)),
         dynamic_batch_reason=reason,
         batch_mixing_nodes=mixers,
-        op_counts=dict(sorted(Counter(index.nodes[m].op for m in cluster.nodes).items())),
+        op_counts=dict(sorted(Counter(graph.nodes[m].op for m in cluster.nodes).items())),
     )
 
 
@@ -208,7 +207,7 @@ def _outputs(name: str, infos: Mapping[str, TensorInfo]) -> list[str]:
 
 
 def _duplicated(
-    cluster: Cluster, index: GraphIndex, infos: Mapping[str, TensorInfo], fetched: set[str] | None
+    cluster: Cluster, graph: Graph, infos: Mapping[str, TensorInfo], fetched: set[str] | None
 ) -> set[str]:
     """Static members that must also stay on TensorFlow, with the static members they read."""
     members = set(cluster.nodes)
@@ -216,12 +215,12 @@ def _duplicated(
     # node waits for instead (it has no side effects).
     kept = {
         s for s in cluster.static_nodes
-        if any(c not in members for c in index.data_consumers[s])
+        if any(c not in members for c in graph.data_consumers(s))
         or (fetched is not None and any(t in fetched for t in _outputs(s, infos)))
     }
     stack = list(kept)
     while stack:
-        for t in index.data_inputs[stack.pop()]:
+        for t in graph.data_inputs[stack.pop()]:
             p = producer(t)
             if p in cluster.static_nodes and p not in kept:
                 kept.add(p)
@@ -246,7 +245,7 @@ def _placeholder_names(inputs: list[str], members: set[str]) -> list[str]:
 def _subgraph_def(
     graph_def: graph_pb2.GraphDef,
     cluster: Cluster,
-    index: GraphIndex,
+    graph: Graph,
     inputs: list[str],
     placeholders: list[str],
     infos: Mapping[str, TensorInfo],
@@ -262,7 +261,7 @@ def _subgraph_def(
     renamed = dict(zip(inputs, placeholders))
     for m in cluster.nodes:
         node = out.node.add()
-        node.CopyFrom(index.nodes[m])
+        node.CopyFrom(graph.nodes[m])
         rewired = []
         for ref in node.input:
             source, k = parse_input(ref)
@@ -282,7 +281,7 @@ def _subgraph_def(
 
 def _no_dynamic_batch_reason(
     cluster: Cluster,
-    index: GraphIndex,
+    graph: Graph,
     infos: Mapping[str, TensorInfo],
     axes: Mapping[str, int | None],
     inputs: list[str],
@@ -302,7 +301,7 @@ def _no_dynamic_batch_reason(
         # it back).
         dark = set(unclear)
         movers = [producer(t) for t in unclear if t in outputs]
-        movers += [m for m in cluster.nodes if any(t in dark for t in index.data_inputs[m])]
+        movers += [m for m in cluster.nodes if any(t in dark for t in graph.data_inputs[m])]
         return (f"the batch axis of {unclear[0]} (shape {list(infos[unclear[0]].shape)}) cannot be "
                 f"told from shapes: no axis, or more than one, follows the batch size "
                 f"exactly"), tuple(dict.fromkeys(movers))
@@ -319,13 +318,13 @@ def _no_dynamic_batch_reason(
     for m in cluster.nodes:
         if m in cluster.static_nodes:
             continue
-        data = index.data_inputs[m]
+        data = graph.data_inputs[m]
         for k, t in enumerate(_outputs(m, infos)):
             # IdentityN's output k is its input k; any other op's outputs read all inputs.
-            sources = data[k:k + 1] if index.nodes[m].op == "IdentityN" else data
+            sources = data[k:k + 1] if graph.nodes[m].op == "IdentityN" else data
             if not any(s in batched for s in sources):
                 continue
-            if t not in outputs and not index.tensor_consumers.get(t):
+            if t not in outputs and not graph.readers(t):
                 continue  # read by nothing (FusedBatchNormV3's batch_mean in inference)
             if axes.get(t) != -1:
                 batched.add(t)
@@ -333,7 +332,7 @@ def _no_dynamic_batch_reason(
             # A mixer: off the device, its result comes back without a batch axis, so
             # what reads it is not a mixer for that (the scan goes on for the others).
             reason = reason or (
-                f"{t} ({index.nodes[m].op}) has no batch axis but is computed from "
+                f"{t} ({graph.nodes[m].op}) has no batch axis but is computed from "
                 f"batched inputs: the cluster mixes samples across the batch (e.g. a "
                 f"reduction over it), so a batch cannot be split into chunks")
             if m not in mixers:

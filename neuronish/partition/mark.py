@@ -43,7 +43,7 @@ from pathlib import Path
 from tensorflow.core.framework import graph_pb2
 
 from neuronish import contracts
-from neuronish.graph import GraphIndex, PartitionError, canonical, is_stateful, producer
+from neuronish.graph import Graph, PartitionError, canonical, is_stateful, producer
 from neuronish.shape_inference.shapes import TensorInfo
 from neuronish.shape_inference.values import device_static_nodes, static_values
 
@@ -117,7 +117,7 @@ _LIST_HINT = ("a TensorList (a TensorArray written outside any loop) whose posit
 
 
 def mark(
-    graph_def: graph_pb2.GraphDef,
+    graph: Graph | graph_pb2.GraphDef,
     infos: Mapping[str, TensorInfo],
     supported_ops: Collection[str],
     no_fuse_ops: Iterable[str] = (),
@@ -126,29 +126,29 @@ def mark(
     exclude_nodes: Mapping[str, str] | None = None,
     device_dtypes: Collection[str] = DEVICE_DTYPES,
     refused: Mapping[str, str] | None = None,
-    index: GraphIndex | None = None,
     batch_mixing: Mapping[str, str] | None = None,
     fetches: Iterable[str] | None = None,
 ) -> Marking:
-    """Mark every node of `graph_def` supported or not (see the module docstring).
+    """Mark every node of `graph` supported or not (see the module docstring).
 
     `infos` is `shapes.infer` at the compile batch.  `no_fuse_ops` and
     `force_fuse_ops` hold node names or op types.  `exclude_nodes` maps node
     names to the reason they must stay on TensorFlow; a name not in the graph
     raises PartitionError. `refused` maps node names to the compiler's reason for
-    refusing their attribute values (`CompilerSupport.refused`). `index` is
-    `GraphIndex.build(graph_def)` when the caller has it. `batch_mixing` maps nodes that
+    refusing their attribute values (`CompilerSupport.refused`).
+    `batch_mixing` maps nodes that
     mix samples across the batch to why (the partitioner's own second look).
     """
-    index = index or GraphIndex.build(graph_def)
+    graph = Graph.of(graph)
+    graph_def = graph.graph_def
     refused = refused or {}
     no_fuse, force = set(no_fuse_ops), set(force_fuse_ops)
     exclude = dict(exclude_nodes or {})
-    missing = sorted(set(exclude) - set(index.nodes))
+    missing = sorted(set(exclude) - set(graph.nodes))
     if missing:
         raise PartitionError(f"exclude_nodes names {missing}, which are not nodes of the graph; "
                              f"pass names of the outer graph's nodes")
-    known = set(index.nodes) | {n.op for n in graph_def.node}
+    known = set(graph.nodes) | {n.op for n in graph_def.node}
     unmatched = tuple(sorted((no_fuse | force) - known))
 
     # Rules 4 and 5 look at the outputs something uses: a node's first, the ones read or
@@ -158,14 +158,14 @@ def mark(
     fetched = None if fetches is None else {canonical(f) for f in fetches}
 
     def used(t: str) -> bool:
-        return (t.endswith(":0") or bool(index.tensor_consumers.get(t))
+        return (t.endswith(":0") or bool(graph.readers(t))
                 or (t in fetched if fetched is not None else
-                    not index.consumers(producer(t))))
+                    not graph.consumers(producer(t))))
 
     has_loops = any(n.op in _LOOP_OPS for n in graph_def.node)
     marks: dict[str, NodeMark] = {}
     for node in graph_def.node:
-        tensors = [*index.data_inputs[node.name],
+        tensors = [*graph.data_inputs[node.name],
                    *(t for t in _outputs(node.name, infos) if used(t))]
         reason, detail = _first_rule(node.name, node.op, tensors, infos, exclude, no_fuse,
                                      device_dtypes)
@@ -180,21 +180,21 @@ def mark(
         if reason is None and node.name in (batch_mixing or {}):
             reason, detail, forced = Reason.BATCH_MIXING, batch_mixing[node.name], False
         marks[node.name] = NodeMark(node.name, node.op, reason, detail, forced)
-    _keep_shape_values_whole(index, marks)
+    _keep_shape_values_whole(graph, marks)
     return Marking(marks, unmatched)
 
 
-def _keep_shape_values_whole(index: GraphIndex, marks: dict[str, NodeMark]) -> None:
+def _keep_shape_values_whole(graph: Graph, marks: dict[str, NodeMark]) -> None:
     """Rule 8: a shape-derived value the device cannot compute from scratch stays on TF."""
-    shape_values = static_values(index).shape
-    device_static = device_static_nodes(index, lambda n: marks[n].reason is None)
-    for name in index.order:  # topological, so a blocker upstream is named first
+    shape_values = static_values(graph).shape
+    device_static = device_static_nodes(graph, lambda n: marks[n].reason is None)
+    for name in graph.order:  # topological, so a blocker upstream is named first
         mark_ = marks[name]
         if mark_.reason is not None or name not in shape_values or name in device_static:
             continue
-        blocker = next(producer(t) for t in index.data_inputs[name]
+        blocker = next(producer(t) for t in graph.data_inputs[name]
                        if producer(t) not in device_static)
-        detail = (f"computed from tensor shapes, but {blocker} ({index.nodes[blocker].op}) "
+        detail = (f"computed from tensor shapes, but {blocker} ({graph.nodes[blocker].op}) "
                   f"stays on TensorFlow")
         marks[name] = NodeMark(name, mark_.op, Reason.SHAPE_VALUE, detail)
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
 from neuronish.graph import (
-    GraphIndex,
+    Graph,
     PartitionError,
     canonical,
     data_refs,
@@ -45,18 +45,18 @@ class Spliced(NamedTuple):
 
 
 def splice(
-    graph_def: graph_pb2.GraphDef,
+    graph: Graph | graph_pb2.GraphDef,
     replacements: Sequence[tuple[Subgraph, node_def_pb2.NodeDef]],
     fetches: Iterable[str] = (),
-    index: GraphIndex | None = None,
 ) -> Spliced:
-    """Replace each Subgraph's cluster in `graph_def` by its NodeDef (see the module docstring).
+    """Replace each Subgraph's cluster in `graph` by its NodeDef (see the module docstring).
 
     `fetches` are tensors the caller will read (they keep duplicated nodes
-    alive and are checked to exist or be renamed). `index` is
-    `GraphIndex.build(graph_def)` when the caller has it (`Partition.index`).
+    alive and are checked to exist or be renamed). `graph` is the partitioned one
+    (`Partition.graph`); splice leaves it as it was and returns a new GraphDef.
     """
-    index = index or GraphIndex.build(graph_def)
+    graph = Graph.of(graph)
+    graph_def = graph.graph_def
     names = [op.name for _, op in replacements]
     if len(set(names)) != len(names):
         raise PartitionError(f"two replacement nodes share a name: {sorted(names)}; name each "
@@ -64,7 +64,7 @@ def splice(
     owner: dict[str, str] = {}  # removed node -> op replacing it
     renamed: dict[str, str] = {}
     for subgraph, op in replacements:
-        _check_replacement(subgraph, op, index)
+        _check_replacement(subgraph, op, graph)
         for name in subgraph.node_names:
             if name in subgraph.duplicated_nodes:
                 continue
@@ -75,7 +75,7 @@ def splice(
         renamed.update({t: f"{op.name}:{k}" for k, t in enumerate(subgraph.outputs)})
     fetched = {canonical(f) for f in fetches}
     subgraphs = [s for s, _ in replacements]
-    gone = set(owner) | unread_duplicates(subgraphs, index, set(owner), fetched)
+    gone = set(owner) | unread_duplicates(subgraphs, graph, set(owner), fetched)
     for t in fetched:
         if producer(t) in gone and t not in renamed:
             raise PartitionError(f"fetch {t} is computed inside {owner.get(producer(t))} but is "
@@ -89,7 +89,7 @@ def splice(
             return [source]
         if source not in static:
             return [owner[source]]
-        return [owner.get(r, r) for r in _reads(source, static, index)]
+        return [owner.get(r, r) for r in _reads(source, static, graph)]
 
     def rewire(node: node_def_pb2.NodeDef, own: str | None, extra_control: Iterable[str]) -> None:
         data, control = [], []
@@ -130,27 +130,27 @@ def splice(
         new.CopyFrom(node)
         rewire(new, None, ())
     try:
-        GraphIndex.build(out)  # a dangling input or a cycle: fail here, not in TensorFlow
+        Graph.build(out)  # a dangling input or a cycle: fail here, not in TensorFlow
     except PartitionError as e:
         raise PartitionError(f"splice produced an invalid graph ({e}); this is a partitioner "
                              f"bug, please report it with the graph") from None
     return Spliced(out, renamed)
 
 
-def _check_replacement(subgraph: Subgraph, op: node_def_pb2.NodeDef, index: GraphIndex) -> None:
+def _check_replacement(subgraph: Subgraph, op: node_def_pb2.NodeDef, graph: Graph) -> None:
     data = [canonical(r) for r in data_refs(op)]
     if data != list(subgraph.inputs):
         raise PartitionError(f"the node replacing {subgraph.name} ({op.name!r}) reads {data}; "
                              f"set its inputs to Subgraph.inputs {list(subgraph.inputs)}")
     removed = set(subgraph.node_names) - set(subgraph.duplicated_nodes)
-    if op.name in index.nodes and op.name not in removed:
+    if op.name in graph.nodes and op.name not in removed:
         raise PartitionError(f"the node replacing {subgraph.name} is named {op.name!r}, which "
                              f"the graph already uses; name it after the Subgraph")
 
 
 def unread_duplicates(
     subgraphs: Iterable[Subgraph],
-    index: GraphIndex,
+    graph: Graph,
     removed: set[str],
     fetched: set[str],
 ) -> set[str]:
@@ -163,8 +163,8 @@ def unread_duplicates(
     candidates -= read_by_ops
     gone: set[str] = set()
     # Readers come later in topological order: decide them first.
-    for name in sorted(candidates, key=index.position.__getitem__, reverse=True):
-        readers = index.data_consumers[name]  # control readers are rewired (module doc)
+    for name in sorted(candidates, key=graph.position.__getitem__, reverse=True):
+        readers = graph.data_consumers(name)  # control readers are rewired (module doc)
         if all(r in removed or r in gone for r in readers) and not any(
             producer(t) == name for t in fetched
         ):
@@ -172,12 +172,12 @@ def unread_duplicates(
     return gone
 
 
-def _reads(name: str, static: set[str], index: GraphIndex) -> list[str]:
+def _reads(name: str, static: set[str], graph: Graph) -> list[str]:
     """The non-static nodes the static node `name` waits for, directly or not."""
     found: dict[str, None] = {}
     stack, seen = [name], {name}
     while stack:
-        for p in index.producers(stack.pop()):
+        for p in graph.producers(stack.pop()):
             if p in static:
                 if p not in seen:
                     seen.add(p)

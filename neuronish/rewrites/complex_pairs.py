@@ -23,22 +23,14 @@ value is fetched, is left as it is: it stays on TensorFlow and the report names 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.framework import node_def_pb2
 
-from neuronish.graph import (
-    canonical,
-    control_refs,
-    data_refs,
-    drop_dead,
-    is_control,
-    producer,
-)
-from neuronish.shape_inference.shapes import PartitionError, TensorInfo, infer
+from neuronish.graph import Graph, canonical, control_refs, data_refs, producer
+from neuronish.shape_inference.shapes import PartitionError, TensorInfo, infer_once
 
 _PART_DTYPE = {tf.complex64.as_datatype_enum: tf.float32.as_datatype_enum,
                tf.complex128.as_datatype_enum: tf.float64.as_datatype_enum}
@@ -54,50 +46,43 @@ _EXITS = {"Real", "Imag", "ComplexAbs", "Angle", "Shape"}
 Pair = tuple[str, str | None]  # (real part, imaginary part or None when it is zero)
 
 
-def complex_as_pairs(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-                     fetches: Sequence[str]) -> graph_pb2.GraphDef:
-    """`graph_def` with each complex region it can rewrite as pairs of real tensors (a new
-    GraphDef), or `graph_def` itself when there is none."""
-    if not any(n.op in _EXITS and n.op != "Shape" for n in graph_def.node):
-        return graph_def  # (cheap: most graphs hold no complex values at all)
+def complex_as_pairs(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
+                     fetches: Sequence[str]) -> bool:
+    """Rewrite, in `graph`, each complex region it can as pairs of real tensors; whether
+    there was one."""
+    if not any(n.op in _EXITS and n.op != "Shape" for n in graph.graph_def.node):
+        return False  # (cheap: most graphs hold no complex values at all)
     try:
-        infos = infer(graph_def, input_shapes)
+        infos = infer_once(graph, input_shapes)
     except PartitionError:
-        return graph_def
-    exits = _Rewriter(graph_def, infos).exits({canonical(f) for f in fetches})
+        return False
+    rewriter = _Rewriter(graph, infos)
+    exits = rewriter.exits({canonical(f) for f in fetches})
     if not exits:
-        return graph_def  # found before copying the graph, weights and all
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    rewriter = _Rewriter(out, infos)
+        return False
     for name in exits:
-        rewriter.lower_exit(rewriter.nodes[name])
-    drop_dead(out, fetches)
-    return out
+        rewriter.lower_exit(graph.nodes[name])
+    graph.drop_dead(fetches)
+    return True
 
 
 class _Rewriter:
-    def __init__(self, graph_def: graph_pb2.GraphDef, infos: Mapping[str, TensorInfo]) -> None:
-        self.graph_def = graph_def
-        self.infos = infos
-        self.nodes = {n.name: n for n in graph_def.node}
+    def __init__(self, graph: Graph, infos: Mapping[str, TensorInfo]) -> None:
+        self.graph = graph
+        self.infos = infos  # of the graph before the rewrite (edits drop the memo, not this)
+        self.nodes = graph.nodes
         self.pairs: dict[str, Pair] = {}
+
+    def readers(self, name: str) -> list[node_def_pb2.NodeDef]:
+        """The nodes reading an output of node `name`."""
+        return [self.nodes[r] for r in self.graph.data_consumers(name)]
 
     # --- which regions can be rewritten --------------------------------------------------
 
-    @functools.cached_property
-    def readers(self) -> dict[str, list[node_def_pb2.NodeDef]]:
-        """Node -> the nodes reading its outputs; "^node" -> those waiting for it."""
-        readers: dict[str, list[node_def_pb2.NodeDef]] = {}
-        for n in self.graph_def.node:
-            for ref in n.input:
-                key = ref if is_control(ref) else producer(ref)
-                readers.setdefault(key, []).append(n)
-        return readers
-
     def exits(self, fetched: set[str]) -> list[str]:
         """The exits of every region that can be rewritten whole, by name."""
-        complex_nodes = {n.name for n in self.graph_def.node if self._is_complex(f"{n.name}:0")}
+        complex_nodes = {n.name for n in self.graph.graph_def.node
+                         if self._is_complex(f"{n.name}:0")}
         seen: set[str] = set()
         found = []
         for start in sorted(complex_nodes):
@@ -111,9 +96,9 @@ class _Rewriter:
                 region.add(name)
                 node = self.nodes[name]
                 stack += [producer(r) for r in data_refs(node) if producer(r) in complex_nodes]
-                stack += [r.name for r in self.readers.get(name, []) if r.name in complex_nodes]
+                stack += [r.name for r in self.readers(name) if r.name in complex_nodes]
             seen |= region
-            leaving = [r for name in region for r in self.readers.get(name, [])
+            leaving = [r for name in region for r in self.readers(name)
                        if r.name not in region and r.op in _EXITS]
             if leaving and self._can_rewrite(region, fetched):
                 found += sorted(n.name for n in leaving)
@@ -122,10 +107,10 @@ class _Rewriter:
     def _can_rewrite(self, region: set[str], fetched: set[str]) -> bool:
         for name in region:
             node = self.nodes[name]
-            if f"{name}:0" in fetched or self.readers.get(f"^{name}") or \
+            if f"{name}:0" in fetched or self.graph.control_consumers(name) or \
                     not self._supported(node):
                 return False
-            for reader in self.readers.get(name, []):
+            for reader in self.readers(name):
                 if reader.name not in region and reader.op not in _EXITS:
                     return False
         return True
@@ -159,6 +144,7 @@ class _Rewriter:
         if op == "Shape":  # a part has the shape of the complex tensor
             node.input[0] = re
             node.attr["T"].type = self._part_dtype(source)
+            self.graph.updated(name)
             return
         dtype = node.attr["Tout"].type
         if op == "Real":
@@ -177,6 +163,7 @@ class _Rewriter:
         node.name, node.op = name, op
         node.input.extend([*inputs, *controls])
         node.attr["T"].type = dtype
+        self.graph.updated(name)
 
     def pair(self, tensor: str) -> Pair:
         name = producer(tensor)
@@ -330,28 +317,24 @@ class _Rewriter:
         return f"{node.name}:0"
 
     def _add(self, op: str, name: str, inputs: list[str], dtype: int) -> str:
-        node = self._new(name, op)
-        node.input.extend(inputs)
+        node = self._new(name, op, inputs)
         node.attr["T"].type = dtype
         return f"{node.name}:0"
 
     def _copy(self, original: node_def_pb2.NodeDef, part: str, inputs: list[str],
               dtype: int) -> str:
-        node = self._new(f"{original.name}/{part}", original.op)
-        node.input.extend(inputs)
+        node = self._new(f"{original.name}/{part}", original.op, inputs)
         for key, value in original.attr.items():
             node.attr[key].CopyFrom(value)
         node.attr["T"].type = dtype
         return f"{node.name}:0"
 
-    def _new(self, name: str, op: str) -> node_def_pb2.NodeDef:
+    def _new(self, name: str, op: str, inputs: Sequence[str] = ()) -> node_def_pb2.NodeDef:
         unique, k = name, 0
         while unique in self.nodes:
             k += 1
             unique = f"{name}_{k}"
-        node = self.graph_def.node.add(name=unique, op=op)
-        self.nodes[unique] = node
-        return node
+        return self.graph.add_node(unique, op, inputs)
 
 
 def _dft(n: int, dtype: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,12 +24,11 @@ from tensorflow.core.framework import graph_pb2
 
 from neuronish import contracts
 from neuronish.graph import (
-    GraphIndex,
+    Graph,
     PartitionError,
     canonical,
-    drop_dead,
-    is_control,
     is_stateful,
+    needed_nodes,
     parse_input,
     producer,
 )
@@ -41,51 +40,39 @@ _RELABELS = contracts.PASS_THROUGH_OPS | {"Reshape", "Squeeze", "ExpandDims"}
 _NOT_FOLDED_DTYPES = (tf.string, tf.resource, tf.variant)
 
 
-def fold_constants(graph_def: graph_pb2.GraphDef,
-                   fetches: Sequence[str] = ()) -> graph_pb2.GraphDef:
-    """`graph_def` with each value computed from Consts alone by a non-pass-through op
-    replaced by a Const (a new GraphDef), or `graph_def` itself when there is none."""
+def fold_constants(graph: Graph, fetches: Sequence[str] = ()) -> bool:
+    """Replace, in `graph`, each value computed from Consts alone by a non-pass-through op
+    by a Const; whether anything was."""
     try:
-        index = GraphIndex.build(graph_def)
+        graph.order  # noqa: B018 (a cycle: the partitioner says what is wrong)
     except PartitionError:
-        return graph_def  # (a cycle, a dangling input: the partitioner says what is wrong)
-    fixed, computed = _fixed_nodes(index)
+        return False
+    fixed, computed = _fixed_nodes(graph)
     fetched = {canonical(f) for f in fetches}
-    tensors = sorted({t for name in index.order if name not in fixed
-                      for t in index.data_inputs[name] if producer(t) in computed} - fetched)
+    tensors = sorted({t for name in graph.order if name not in fixed
+                      for t in graph.data_inputs[name] if producer(t) in computed} - fetched)
     if not tensors:
-        return graph_def
-    values = _evaluate(_closure(graph_def, index, tensors), tensors)
+        return False
+    values = _evaluate(_closure(graph, tensors), tensors)
     if values is None:
-        return graph_def
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    taken = {n.name for n in out.node}
-    replacement = {}
+        return False
     for tensor, value in values.items():
         name, output = parse_input(tensor)
-        const_name = f"{name}/folded" + (f"_{output}" if output else "")
-        while const_name in taken:
-            const_name += "_"
-        taken.add(const_name)
-        node = out.node.add(name=const_name, op="Const")
+        node = graph.add_node(graph.unique_name(f"{name}/folded" + (f"_{output}" if output
+                                                                    else "")), "Const")
         node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
         node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
-        replacement[tensor] = const_name
-    for node in out.node:
-        for k, ref in enumerate(node.input):
-            if not is_control(ref) and canonical(ref) in replacement:
-                node.input[k] = replacement[canonical(ref)]
-    drop_dead(out, fetches)
-    return out
+        graph.replace_uses(tensor, node.name)
+    graph.drop_dead(fetches)
+    return True
 
 
-def _fixed_nodes(index: GraphIndex) -> tuple[set[str], set[str]]:
+def _fixed_nodes(graph: Graph) -> tuple[set[str], set[str]]:
     """(nodes whose outputs follow from Consts alone, those of them that compute)."""
     fixed: set[str] = set()
     computed: set[str] = set()
-    for name in index.order:  # producers first
-        node, sources = index.nodes[name], index.producers(name)
+    for name in graph.order:  # producers first
+        node, sources = graph.nodes[name], graph.producers(name)
         if not _foldable(node) or not (node.op == "Const" or (
                 sources and all(s in fixed for s in sources))):
             continue
@@ -101,21 +88,14 @@ def _foldable(node: object) -> bool:
     return not is_stateful(node.op)
 
 
-def _closure(graph_def: graph_pb2.GraphDef, index: GraphIndex, tensors: list[str]
-             ) -> graph_pb2.GraphDef:
+def _closure(graph: Graph, tensors: list[str]) -> graph_pb2.GraphDef:
     """The nodes `tensors` are computed from (Consts at the roots), as their own graph: the
     model's other weights are not copied to compute a few small tables."""
-    keep: set[str] = set()
-    stack = [producer(t) for t in tensors]
-    while stack:
-        name = stack.pop()
-        if name not in keep:
-            keep.add(name)
-            stack.extend(index.producers(name))
+    keep = needed_nodes(graph.nodes, tensors)
     sub = graph_pb2.GraphDef()
-    sub.versions.CopyFrom(graph_def.versions)
-    sub.library.CopyFrom(graph_def.library)
-    sub.node.extend(n for n in graph_def.node if n.name in keep)
+    sub.versions.CopyFrom(graph.graph_def.versions)
+    sub.library.CopyFrom(graph.graph_def.library)
+    sub.node.extend(n for n in graph.graph_def.node if n.name in keep)
     return sub
 
 

@@ -1,7 +1,7 @@
 """Rewrites of a frozen graph, before partitioning, into ops the device runs.
 
-`rewrite_for_device` applies each in turn; each returns its input unchanged when it does
-not apply:
+`rewrite_for_device` applies each in turn to one `Graph`, editing it in place; each
+returns whether it changed anything:
 
 - `fold.fold_constants`: values computed from constants alone (a mel filter bank, DFT
   twiddles) computed once, as Consts.
@@ -27,65 +27,57 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.framework import node_def_pb2
 
-from neuronish.graph import canonical, control_refs, drop_dead, is_control, producer
+from neuronish.graph import Graph, canonical, control_refs, producer
 from neuronish.rewrites.complex_pairs import complex_as_pairs
 from neuronish.rewrites.fold import fold_constants
 from neuronish.rewrites.unroll import unroll_loops
-from neuronish.shape_inference.shapes import PartitionError, TensorInfo, infer
+from neuronish.shape_inference.shapes import PartitionError, TensorInfo, infer_once
 
 
-def rewrite_for_device(graph_def: graph_pb2.GraphDef,
-                       input_shapes: Mapping[str, Sequence[int]],
-                       fetches: Sequence[str]) -> graph_pb2.GraphDef:
-    """`graph_def` with every rewrite of this module applied (a new GraphDef if any did)."""
-    graph_def = fold_constants(graph_def, fetches)
-    graph_def = unroll_loops(graph_def, input_shapes, fetches)
-    graph_def = complex_as_pairs(graph_def, input_shapes, fetches)
-    graph_def = folded_layer_norms_as_moments(graph_def, input_shapes, fetches)
-    return sorted_segments_as_unsorted(graph_def, input_shapes)
+def rewrite_for_device(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
+                       fetches: Sequence[str]) -> None:
+    """Every rewrite of this module applied to `graph`, in place, in turn."""
+    fold_constants(graph, fetches)
+    unroll_loops(graph, input_shapes, fetches)
+    complex_as_pairs(graph, input_shapes, fetches)
+    folded_layer_norms_as_moments(graph, input_shapes, fetches)
+    sorted_segments_as_unsorted(graph, input_shapes)
 
 
 _FUSED_BN = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 
 
-def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
-                                  input_shapes: Mapping[str, Sequence[int]],
-                                  fetches: Sequence[str]) -> graph_pb2.GraphDef:
-    """Each Reshape(FusedBatchNorm(Reshape(x, [1, rows, width, 1]), ones, zeros,
+def folded_layer_norms_as_moments(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
+                                  fetches: Sequence[str]) -> bool:
+    """Rewrite each Reshape(FusedBatchNorm(Reshape(x, [1, rows, width, 1]), ones, zeros,
     is_training, NCHW), Shape(x)) whose width is the size of x's trailing axes as the
-    normalization of x over those axes; `graph_def` itself when there is none."""
-    by_name = {n.name: n for n in graph_def.node}
-    readers: dict[str, list[node_def_pb2.NodeDef]] = {}
-    for n in graph_def.node:
-        for i in n.input:
-            readers.setdefault("^" + producer(i) if is_control(i) else canonical(i),
-                               []).append(n)
+    normalization of x over those axes; whether there was one."""
+    by_name = graph.nodes
     found = []
-    for bn in graph_def.node:
+    for bn in graph.graph_def.node:
         if bn.op not in _FUSED_BN or not bn.attr["is_training"].b or \
                 bn.attr["data_format"].s != b"NCHW" or len(bn.input) < 3:
             continue
         fold = by_name.get(producer(bn.input[0]))
-        back = readers.get(f"{bn.name}:0", [])
-        used = [t for t in readers if t.startswith(f"{bn.name}:") and t != f"{bn.name}:0"]
+        back = graph.readers(f"{bn.name}:0")
+        used = [t for t in _outputs_read(graph, bn.name) if t != f"{bn.name}:0"]
         if fold is None or fold.op != "Reshape" or used or len(back) != 1 or \
-                back[0].op != "Reshape" or not _filled(by_name, bn.input[1], 1.0) or \
+                by_name[back[0]].op != "Reshape" or not _filled(by_name, bn.input[1], 1.0) or \
                 not _filled(by_name, bn.input[2], 0.0):
             continue
         x = canonical(fold.input[0])
-        shape_of = by_name.get(producer(back[0].input[1]))
+        shape_of = by_name.get(producer(by_name[back[0]].input[1]))
         if shape_of is None or shape_of.op != "Shape" or canonical(shape_of.input[0]) != x:
             continue
-        found.append((bn.name, back[0].name, x))
-    prepared = _copy_with_shapes(graph_def, input_shapes) if found else None
-    if prepared is None:
-        return graph_def
-    out, nodes, infos = prepared
+        found.append((bn.name, back[0], x))
+    infos = _shapes(graph, input_shapes) if found else None
+    if infos is None:
+        return False
     changed = False
     for bn_name, back_name, x in found:
-        bn = nodes[bn_name]
+        bn = by_name[bn_name]
         x_info, folded = infos.get(x), infos.get(canonical(bn.input[0]))
         if x_info is None or folded is None or not x_info.fully_known or \
                 not folded.fully_known or len(folded.shape) != 4:
@@ -96,19 +88,23 @@ def folded_layer_norms_as_moments(graph_def: graph_pb2.GraphDef,
                      if int(np.prod(sizes[k:])) == width), None)
         if axes is None or folded.shape[0] != 1:
             continue
-        normed = _layer_norm(out, bn_name, x, axes, bn.attr["epsilon"].f, bn.attr["T"].type)
-        back = nodes[back_name]  # its readers now read the normalization itself
+        normed = _layer_norm(graph, bn_name, x, axes, bn.attr["epsilon"].f, bn.attr["T"].type)
+        back = by_name[back_name]  # its readers now read the normalization itself
         back.op = "Identity"
-        del back.input[:]
-        back.input.append(normed)
         for key in list(back.attr):
             del back.attr[key]
         back.attr["T"].type = bn.attr["T"].type
+        graph.set_inputs(back_name, [normed])
         changed = True
-    if not changed:
-        return graph_def
-    drop_dead(out, fetches)
-    return out
+    if changed:
+        graph.drop_dead(fetches)
+    return changed
+
+
+def _outputs_read(graph: Graph, name: str) -> list[str]:
+    """The outputs of node `name` some node reads."""
+    return sorted({t for reader in graph.data_consumers(name)
+                   for t in graph.data_inputs[reader] if producer(t) == name})
 
 
 def _filled(by_name: Mapping[str, node_def_pb2.NodeDef], ref: str, value: float) -> bool:
@@ -121,16 +117,15 @@ def _filled(by_name: Mapping[str, node_def_pb2.NodeDef], ref: str, value: float)
     return bool(np.all(tf.make_ndarray(node.attr["value"].tensor) == value))
 
 
-def _layer_norm(graph_def: graph_pb2.GraphDef, name: str, x: str, axes: list[int],
+def _layer_norm(graph: Graph, name: str, x: str, axes: list[int],
                 epsilon: float, dtype: int) -> str:
     """(x - mean) * rsqrt(variance + epsilon) over `axes`, as nodes `name/...`."""
     np_dtype = tf.as_dtype(dtype).as_numpy_dtype
-    axes_ref = _const(graph_def, f"{name}/moments/axes", np.asarray(axes, np.int32))
-    eps_ref = _const(graph_def, f"{name}/moments/epsilon", np.asarray(epsilon, np_dtype))
+    axes_ref = _const(graph, f"{name}/moments/axes", np.asarray(axes, np.int32))
+    eps_ref = _const(graph, f"{name}/moments/epsilon", np.asarray(epsilon, np_dtype))
 
     def add(op: str, suffix: str, inputs: list[str], **attrs: object) -> str:
-        node = graph_def.node.add(name=f"{name}/{suffix}", op=op)
-        node.input.extend(inputs)
+        node = graph.add_node(f"{name}/{suffix}", op, inputs)
         node.attr["T"].type = dtype
         for key, value in attrs.items():
             if isinstance(value, bool):
@@ -147,48 +142,43 @@ def _layer_norm(graph_def: graph_pb2.GraphDef, name: str, x: str, axes: list[int
     return add("Mul", "normalized", [add("Sub", "centered", [x, mean]), scale])
 
 
-def _copy_with_shapes(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]]
-                      ) -> tuple[graph_pb2.GraphDef, dict[str, node_def_pb2.NodeDef],
-                                 dict[str, TensorInfo]] | None:
-    """A copy of `graph_def` to rewrite, its nodes by name, and the static shapes of the
-    tensors; None when shape inference fails (then nothing is rewritten)."""
+def _shapes(graph: Graph, input_shapes: Mapping[str, Sequence[int]]
+            ) -> dict[str, TensorInfo] | None:
+    """The static shapes of `graph`'s tensors; None when shape inference fails (then
+    nothing is rewritten)."""
     try:
-        infos = infer(graph_def, input_shapes)
+        return infer_once(graph, input_shapes)
     except PartitionError:
         return None
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    return out, {n.name: n for n in out.node}, infos
 
 
-def _const(graph_def: graph_pb2.GraphDef, name: str, value: np.ndarray) -> str:
-    node = graph_def.node.add(name=name, op="Const")
+def _const(graph: Graph, name: str, value: np.ndarray) -> str:
+    node = graph.add_node(name, "Const")
     node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
     node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
     return f"{name}:0"
 
 
-def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
-                                input_shapes: Mapping[str, Sequence[int]]
-                                ) -> graph_pb2.GraphDef:
-    """Each SegmentSum / SegmentMean whose segment ids are a sorted, non-negative 1-D Const
-    as UnsortedSegmentSum (and a division by the constant counts); `graph_def` itself
-    when there is none."""
-    by_name = {n.name: n for n in graph_def.node}
+def sorted_segments_as_unsorted(graph: Graph,
+                                input_shapes: Mapping[str, Sequence[int]]) -> bool:
+    """Rewrite each SegmentSum / SegmentMean whose segment ids are a sorted, non-negative
+    1-D Const as UnsortedSegmentSum (and a division by the constant counts); whether
+    there was one."""
+    nodes = graph.nodes
     found = []
-    for node in graph_def.node:
+    for node in graph.graph_def.node:
         if node.op not in ("SegmentSum", "SegmentMean") or len(node.input) < 2:
             continue
-        ids_node = by_name.get(producer(node.input[1]))
+        ids_node = nodes.get(producer(node.input[1]))
         if ids_node is None or ids_node.op != "Const":
             continue
         ids = tf.make_ndarray(ids_node.attr["value"].tensor)
         if ids.ndim == 1 and ids.size and (ids >= 0).all() and (np.diff(ids) >= 0).all():
             found.append((node.name, ids))
-    prepared = _copy_with_shapes(graph_def, input_shapes) if found else None
-    if prepared is None:
-        return graph_def
-    out, nodes, infos = prepared
+    infos = _shapes(graph, input_shapes) if found else None
+    if infos is None:
+        return False
+    changed = False
     for name, ids in found:
         data_info = infos.get(canonical(nodes[name].input[0]))
         if data_info is None or data_info.shape is None or not data_info.shape:
@@ -196,28 +186,27 @@ def sorted_segments_as_unsorted(graph_def: graph_pb2.GraphDef,
         node = nodes[name]
         segments = int(ids[-1]) + 1
         dtype = node.attr["T"].type
-        count = _const(out, f"{name}/num_segments", np.int64(segments))
+        count = _const(graph, f"{name}/num_segments", np.int64(segments))
         data, ids_ref = node.input[0], node.input[1]
         controls = control_refs(node)
         mean = node.op == "SegmentMean"
-        summed = node if not mean else out.node.add(name=f"{name}/sum")
+        summed = node if not mean else graph.add_node(f"{name}/sum", "UnsortedSegmentSum")
         summed.op = "UnsortedSegmentSum"
-        del summed.input[:]
-        summed.input.extend([data, ids_ref, count, *controls])
         for key in list(summed.attr):
             del summed.attr[key]
         summed.attr["T"].type = dtype
         summed.attr["Tindices"].type = nodes[producer(ids_ref)].attr["dtype"].type
         summed.attr["Tnumsegments"].type = tf.int64.as_datatype_enum
+        graph.set_inputs(summed.name, [data, ids_ref, count, *controls])
         if mean:  # empty segments: 0 / 1 = 0, as TensorFlow's SegmentMean gives
             sizes = np.maximum(np.bincount(ids, minlength=segments), 1)
             shape = [segments] + [1] * (len(data_info.shape) - 1)
-            divisor = _const(out, f"{name}/sizes", sizes.reshape(shape).astype(
+            divisor = _const(graph, f"{name}/sizes", sizes.reshape(shape).astype(
                 tf.as_dtype(dtype).as_numpy_dtype))
             node.op = "RealDiv" if tf.as_dtype(dtype).is_floating else "Div"
-            del node.input[:]
-            node.input.extend([f"{name}/sum:0", divisor])
             for key in list(node.attr):
                 del node.attr[key]
             node.attr["T"].type = dtype
-    return out
+            graph.set_inputs(name, [f"{name}/sum:0", divisor])
+        changed = True
+    return changed

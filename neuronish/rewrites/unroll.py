@@ -24,7 +24,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from neuronish.graph import (
-    GraphIndex,
+    Graph,
     PartitionError,
     canonical,
     control_refs,
@@ -45,16 +45,21 @@ class _CannotUnroll(Exception):
     pass
 
 
-def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-                 fetches: Sequence[str] = ()) -> graph_pb2.GraphDef:
-    """`graph_def` with every loop of a shape-fixed trip count unrolled (a new GraphDef),
-    or `graph_def` itself when there is none or any step fails. `input_shapes` are the
-    compile shapes of the Placeholders (by name or "name:0"); `fetches` the tensors the
-    caller reads, kept whatever happens around them."""
+def unroll_loops(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
+                 fetches: Sequence[str] = ()) -> bool:
+    """Unroll every loop of `graph` with a shape-fixed trip count; whether it did (it
+    leaves the graph as it was when there is none or any step fails). `input_shapes` are
+    the compile shapes of the Placeholders (by name or "name:0"); `fetches` the tensors
+    the caller reads, kept whatever happens around them.
+
+    The unrolling is done on a copy, which `graph` adopts at the end: it can give up
+    halfway (a count that turns out to follow the data), and loops are rare enough
+    that the copy costs nothing on most graphs."""
+    graph_def = graph.graph_def
     # TensorLists without a loop are rewritten too: a TensorArray filled in a Python loop
     # traces to straight-line TensorListReserve / SetItem / Stack (keras_hub's RWKV7).
     if not any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in graph_def.node):
-        return graph_def
+        return False
     try:
         out = graph_pb2.GraphDef()
         out.CopyFrom(graph_def)
@@ -65,7 +70,7 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
             # One index of the graph as the round finds it: checking and counting the
             # loops edit nothing, so what constants and shapes fix, the shapes, and the
             # graph the counts are run in are found once for all loops.
-            index = GraphIndex.build(out)
+            index = Graph.build(out)
             static = static_values(index)
             fixed_outer = static.constant | static.shape
             # Proven before anything runs: running a loop whose count follows the data on
@@ -78,25 +83,26 @@ def unroll_loops(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Seque
             cond_reads = []
             for node in loops:
                 cond_reads += _unroll(out, node.name, trips[node.name])
-            unrolled = GraphIndex.build(out)  # (the copies are edits: a new index)
+            unrolled = Graph.build(out)  # (the copies are edits: a new index)
             _check_fixed(unrolled, cond_reads)
             _lists_to_tensors(out, input_shapes, unrolled)
             _bypass(out, {n.name for n in loops} - {producer(f) for f in fetches})
             drop_dead(out, fetches)
         if any(n.op.startswith("TensorList") for n in out.node):
-            _lists_to_tensors(out, input_shapes, GraphIndex.build(out))
+            _lists_to_tensors(out, input_shapes, Graph.build(out))
             drop_dead(out, fetches)
         if any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in out.node):
-            return graph_def
-        return out
+            return False
     except _CannotUnroll:
-        return graph_def
+        return False
+    graph.adopt(out)
+    return True
 
 
 # --- running the graph at the compile shapes -------------------------------------------------
 
 def _evaluate(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-              tensors: list[str], index: GraphIndex) -> list[np.ndarray]:
+              tensors: list[str], index: Graph) -> list[np.ndarray]:
     """The values of `tensors`, which must follow from constants and shapes alone: each
     shape op whose input's shape is known at `input_shapes` becomes that constant, and
     nothing is fed (no data, tables or other resources are needed). `index` is
@@ -109,7 +115,7 @@ def _evaluate(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence
 
 
 def _constant_graph(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-                    index: GraphIndex) -> tf.Graph:
+                    index: Graph) -> tf.Graph:
     """`graph_def` in TensorFlow with its shape ops at `input_shapes` as constants, built
     once per index and shapes: a round runs each loop's count at two batch sizes, and
     each run inferred the shapes and imported the whole graph again (keras_rnn_loop's
@@ -147,7 +153,7 @@ def _constant_graph(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Se
 
 def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
                  input_shapes: Mapping[str, Sequence[int]], fixed_outer: frozenset[str],
-                 index: GraphIndex) -> dict[str, int]:
+                 index: Graph) -> dict[str, int]:
     """Iterations of each loop, found by running its condition and the body's fixed
     variables (`_check_count_is_fixed`) on their starting values: the same at the compile
     shapes and one batch larger (the compiled program serves every batch), and at most
@@ -172,7 +178,7 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
 
 def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
               shape_sets: Sequence[Mapping[str, Sequence[int]]], fixed_outer: frozenset[str],
-              index: GraphIndex) -> list[int]:
+              index: Graph) -> list[int]:
     """How many times loop `node` runs at each of `shape_sets`: its condition and its
     fixed variables, stepped in TensorFlow sessions from their starting values (the
     condition and the body imported once for all the sets)."""
@@ -248,7 +254,7 @@ def _fixed_variables(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
         fixed -= loose
 
 
-def _check_fixed(index: GraphIndex, tensors: list[str]) -> None:
+def _check_fixed(index: Graph, tensors: list[str]) -> None:
     """Every tensor in `tensors` is computed from constants and shapes only."""
     static = static_values(index)
     fixed = static.constant | static.shape
@@ -335,7 +341,7 @@ def _rename(ref: str, bound: Mapping[str, str], prefix: str) -> str:
 # --- TensorLists to tensors ------------------------------------------------------------------
 
 def _lists_to_tensors(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-                      index: GraphIndex) -> None:
+                      index: Graph) -> None:
     """Rewrite the TensorList ops of straight-line code into GatherV2, Pack and Identity,
     following each list from where it is made to where it is read (`index`: the graph's
     as it comes)."""

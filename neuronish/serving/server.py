@@ -18,14 +18,17 @@ finish (up to --shutdown_grace_period_seconds), unload, exit 0.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import NoReturn
 
 log = logging.getLogger("neuronish.serving")
 
@@ -147,41 +150,70 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def parse_flags(argv: Sequence[str]) -> Options:
-    options = Options()
-    types = {f.name: type(f.default) for f in fields(Options)}
-    for arg in argv:
-        if arg in ("-h", "--help", "-help"):
-            options.help = True
-            continue
-        if not arg.startswith("-"):
-            raise FlagError(f"unexpected argument {arg!r} (flags are --name=value)")
-        name, has_value, value = arg.lstrip("-").partition("=")
-        if name in _NO_EFFECT:
-            log.warning("--%s has no effect in neuronish-model-server", name)
-            continue
-        if name in _REFUSED:
-            raise FlagError(f"--{name} is not supported by neuronish-model-server")
-        if name not in types:
-            raise FlagError(f"unknown command line flag '{name}'")
-        kind = types[name]
-        if kind is bool:
-            if not has_value or value.lower() in ("true", "1"):
-                setattr(options, name, True)
-            elif value.lower() in ("false", "0"):
-                setattr(options, name, False)
-            else:
-                raise FlagError(f"--{name} takes true or false, got {value!r}")
-        elif not has_value:
-            raise FlagError(f"--{name} needs a value: --{name}=...")
-        elif kind is int:
-            try:
-                setattr(options, name, int(value))
-            except ValueError:
-                raise FlagError(f"--{name} takes an integer, got {value!r}") from None
+class _Parser(argparse.ArgumentParser):
+    """argparse with TF Serving's flag spellings; its errors raise FlagError (main
+    prints them with the usage) instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --port/-port: expected one argument" -> "--port needs a value: ..."
+        found = re.fullmatch(r"argument ([^/:]+)\S*: (.*)", message, re.DOTALL)
+        if found is None:
+            raise FlagError(message)
+        flag, problem = found.groups()
+        if problem == "expected one argument":
+            raise FlagError(f"{flag} needs a value: {flag}=...")
+        raise FlagError(f"{flag} {problem}")
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"takes true or false, got {value!r}")
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes an integer, got {value!r}") from None
+
+
+def _parser() -> _Parser:
+    """Every flag as `--name=value`, `--name value` or gflags' `-name=value`; a bool one
+    also bare (`--enable_batching`). No abbreviations: a misspelt flag is refused."""
+    parser = _Parser(prog="neuronish-model-server", add_help=False, allow_abbrev=False)
+    for f in fields(Options):
+        spellings = ["-h", "--help", "-help"] if f.name == "help" else \
+            [f"--{f.name}", f"-{f.name}"]
+        if f.type == "bool":
+            parser.add_argument(*spellings, dest=f.name, type=_bool, nargs="?", const=True,
+                                default=f.default)
         else:
-            setattr(options, name, value)
-    return options
+            parser.add_argument(*spellings, dest=f.name, default=f.default,
+                                type=_int if f.type == "int" else str)
+    for name in sorted(_NO_EFFECT | _REFUSED):  # taken, to be warned about or refused
+        parser.add_argument(f"--{name}", f"-{name}", dest=f"other:{name}", nargs="?",
+                            default=None, const="")
+    return parser
+
+
+def parse_flags(argv: Sequence[str]) -> Options:
+    """TF Serving's command line as Options (FlagError naming the flag and the fix)."""
+    known, rest = _parser().parse_known_args(list(argv))
+    for arg in rest:
+        if arg.startswith("-"):
+            raise FlagError(f"unknown command line flag '{arg.lstrip('-').partition('=')[0]}'")
+        raise FlagError(f"unexpected argument {arg!r} (flags are --name=value)")
+    given = vars(known)
+    for name in sorted(_REFUSED):
+        if given[f"other:{name}"] is not None:
+            raise FlagError(f"--{name} is not supported by neuronish-model-server")
+    for name in sorted(_NO_EFFECT):
+        if given[f"other:{name}"] is not None:
+            log.warning("--%s has no effect in neuronish-model-server", name)
+    return Options(**{f.name: given[f.name] for f in fields(Options)})
 
 
 def grpc_server_options(arguments: str) -> list[tuple[str, object]]:

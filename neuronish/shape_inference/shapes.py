@@ -19,18 +19,29 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.graph import PartitionError
+from neuronish.graph import Graph, PartitionError
 from neuronish.shape_inference import lists, loops, strings, tables
 
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Static shape and dtype of one tensor.
+    """Static shape and dtype of one tensor: the TensorFlow side's one record of them.
 
     `shape` is None when even the rank is unknown; a None dimension is
     unknown.  `dtype` is TensorFlow's name ("float32", "int64", "string",
     "resource", "variant", "complex64", ...), which for numeric types is
-    also numpy's.
+    also numpy's. Shape inference gives one per tensor, keyed by tensor name; a
+    signature's input (`freeze.SignatureInput`) is one with its key and placeholder.
+
+    The other records of a tensor stay apart because they sit across a boundary or
+    say something else: `cc/ir.TensorType` and `runtime/isa.Type` are the compiler's
+    and the device's (static shapes, the ISA's dtypes; neither process imports
+    TensorFlow), `cc/ioconfig.TensorSpec` is a field of the io-config file the
+    compiler reads, `runtime/executable.TensorSig` of the executable file (with the
+    value id and batch axis); `neuron_op.StatedSignature` is the NeuronOp's attribute
+    lists, column by column as the op declares them; `serving/signatures.TensorSpec`
+    is what the server reads from an exported SignatureDef (tf.DType, -1 for any
+    size, the bounds of free dimensions) to check requests against.
     """
 
     shape: tuple[int | None, ...] | None
@@ -126,6 +137,18 @@ def infer(
 
 
 _MAX_LOOP_ROUNDS = 4
+
+
+def infer_once(graph: Graph, input_shapes: Mapping[str, Sequence[int | None]]
+               ) -> dict[str, TensorInfo]:
+    """`infer` of `graph` at `input_shapes`, kept in `graph.memo` until the graph is
+    edited: each inference imports the whole graph into TensorFlow (ResNet50: a second
+    or more), and the rewrites, the partitioner and its recovery rounds ask for the same
+    shapes of the same graph. Read the result; do not change it."""
+    key = ("infer", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())))
+    if key not in graph.memo:
+        graph.memo[key] = infer(graph.graph_def, input_shapes)
+    return graph.memo[key]
 
 
 def _import_shapes(patched: graph_pb2.GraphDef,
@@ -268,6 +291,7 @@ def batch_axes(
     input_shapes: Mapping[str, Sequence[int | None]],
     batch_size: int,
     infos: Mapping[str, TensorInfo] | None = None,
+    graph: Graph | None = None,
 ) -> BatchAxes:
     """The batch axis of every tensor: an axis, -1 for none, None if it cannot be told.
 
@@ -279,14 +303,18 @@ def batch_axes(
     batch folded into another dimension), or a shape is unknown. The result's
     `mixing` names the Reshapes that mix samples (`_mixing_reshapes`).
 
-    `infos`, if given, must be `infer` at `batch_size` (saves one inference).
+    `infos`, if given, must be `infer` at `batch_size` (saves one inference). With
+    `graph` (the Graph of `graph_def`), both inferences are `infer_once`'s.
     """
     if batch_size < 1:
         raise PartitionError(f"batch_size must be >= 1, got {batch_size}")
+    def inferred(shapes: Mapping[str, Sequence[int | None]]) -> dict[str, TensorInfo]:
+        return infer(graph_def, shapes) if graph is None else infer_once(graph, shapes)
+
     if infos is None:
-        infos = infer(graph_def, shapes_at_batch(graph_def, input_shapes, batch_size))
+        infos = inferred(shapes_at_batch(graph_def, input_shapes, batch_size))
     try:
-        bigger = infer(graph_def, shapes_at_batch(graph_def, input_shapes, batch_size + 1))
+        bigger = inferred(shapes_at_batch(graph_def, input_shapes, batch_size + 1))
     except PartitionError as e:
         raise PartitionError(
             f"the graph does not accept batch size {batch_size + 1}, so its batch size is baked "

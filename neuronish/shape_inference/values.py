@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neuronish.graph import GraphIndex, is_stateful, producer
+from neuronish.graph import Graph, is_stateful, producer
 
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
@@ -24,7 +24,7 @@ class StaticValues:
     shape: frozenset[str]  # shape ops, and stateless nodes computed from them and Consts
 
 
-def static_values(index: GraphIndex) -> StaticValues:
+def static_values(index: Graph) -> StaticValues:
     constant: set[str] = set()
     shape: set[str] = set()
     for name in index.order:
@@ -40,7 +40,7 @@ def static_values(index: GraphIndex) -> StaticValues:
 
 
 def device_static_nodes(
-    index: GraphIndex, supported: Callable[[str], bool]
+    index: Graph, supported: Callable[[str], bool]
 ) -> frozenset[str]:
     """Static values the device can compute itself, so that clusters can take copies.
 

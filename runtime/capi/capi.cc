@@ -13,24 +13,14 @@
 #include <vector>
 
 #include "executable.h"
+#include "handles.h"
 #include "isa_table.h"
-
-struct nr_executable {
-  nr::Executable exe;
-};
 
 namespace {
 
 constexpr size_t kMaxFileBytes = size_t(1) << 40;  // runtime/executable.py's MAX_FILE_BYTES
 
-nr_status report(nr_status status, const std::string &message, char *error, size_t error_size) {
-  if (error && error_size) {
-    size_t n = std::min(message.size(), error_size - 1);
-    std::memcpy(error, message.data(), n);
-    error[n] = '\0';
-  }
-  return status;
-}
+using nr::report;
 
 // The C views the queries return, built once so queries never allocate.
 void build_views(nr::Executable &exe) {
@@ -54,26 +44,15 @@ void build_views(nr::Executable &exe) {
   }
 }
 
-template <typename F>
-nr_status guarded(char *error, size_t error_size, F &&body) {
-  try {
-    body();
-    return NR_OK;
-  } catch (const nr::Refused &r) {
-    return report(r.status, r.message, error, error_size);
-  } catch (const std::bad_alloc &) {
-    return report(NR_OUT_OF_MEMORY, "out of host memory while reading the executable", error, error_size);
-  } catch (const std::exception &e) {
-    return report(NR_INTERNAL, std::string("internal error: ") + e.what(), error, error_size);
-  }
-}
+using nr::guarded;
 
 nr_status load(const uint8_t *data, size_t size, nr_executable **out, char *error, size_t error_size) {
   nr_executable *handle = nullptr;
   nr_status status = guarded(error, error_size, [&] {
     auto h = std::make_unique<nr_executable>();
-    nr::parse_executable(data, size, h->exe);
-    build_views(h->exe);
+    h->exe = std::make_shared<nr::Executable>();
+    nr::parse_executable(data, size, *h->exe);
+    build_views(*h->exe);
     handle = h.release();
   });
   *out = handle;
@@ -103,6 +82,13 @@ const char *nr_status_name(nr_status status) {
     case NR_UNSUPPORTED: return "unsupported";
     case NR_OUT_OF_MEMORY: return "out of memory";
     case NR_INTERNAL: return "internal error";
+    case NR_INVALID_CONFIG: return "invalid configuration";
+    case NR_DEVICE_ERROR: return "device error";
+    case NR_OUT_OF_DEVICE_MEMORY: return "out of device memory";
+    case NR_INVALID_INPUT: return "invalid input";
+    case NR_EXECUTION_ERROR: return "execution error";
+    case NR_CANCELLED: return "cancelled";
+    case NR_DEADLINE_EXCEEDED: return "deadline exceeded";
   }
   return "unknown status";
 }
@@ -163,43 +149,43 @@ void nr_executable_unload(nr_executable *exe) { delete exe; }
 
 size_t nr_executable_num_tensors(const nr_executable *exe, nr_io which) {
   if (!exe) return 0;
-  return which == NR_INPUT ? exe->exe.inputs.size() : which == NR_OUTPUT ? exe->exe.outputs.size() : 0;
+  return which == NR_INPUT ? exe->exe->inputs.size() : which == NR_OUTPUT ? exe->exe->outputs.size() : 0;
 }
 
 nr_status nr_executable_tensor(const nr_executable *exe, nr_io which, size_t index, nr_tensor_info *info) {
   if (!exe || !info || (which != NR_INPUT && which != NR_OUTPUT)) return NR_INVALID_ARGUMENT;
-  auto &infos = which == NR_INPUT ? exe->exe.input_info : exe->exe.output_info;
+  auto &infos = which == NR_INPUT ? exe->exe->input_info : exe->exe->output_info;
   if (index >= infos.size()) return NR_INVALID_ARGUMENT;
   *info = infos[index];
   return NR_OK;
 }
 
-uint32_t nr_executable_version(const nr_executable *exe) { return exe ? exe->exe.version : 0; }
-size_t nr_executable_num_cores(const nr_executable *exe) { return exe ? exe->exe.programs.size() : 0; }
+uint32_t nr_executable_version(const nr_executable *exe) { return exe ? exe->exe->version : 0; }
+size_t nr_executable_num_cores(const nr_executable *exe) { return exe ? exe->exe->programs.size() : 0; }
 
 size_t nr_executable_num_instructions(const nr_executable *exe, size_t core) {
-  return exe && core < exe->exe.programs.size() ? exe->exe.programs[core].size() : 0;
+  return exe && core < exe->exe->programs.size() ? exe->exe->programs[core].size() : 0;
 }
 
 const char *nr_executable_instruction_kind(const nr_executable *exe, size_t core, size_t index) {
-  if (!exe || core >= exe->exe.programs.size() || index >= exe->exe.programs[core].size()) return nullptr;
-  return exe->exe.programs[core][index].kind.c_str();
+  if (!exe || core >= exe->exe->programs.size() || index >= exe->exe->programs[core].size()) return nullptr;
+  return exe->exe->programs[core][index].kind.c_str();
 }
 
-uint64_t nr_executable_arena_bytes(const nr_executable *exe) { return exe ? exe->exe.arena_bytes : 0; }
-size_t nr_executable_num_constants(const nr_executable *exe) { return exe ? exe->exe.constants.size() : 0; }
+uint64_t nr_executable_arena_bytes(const nr_executable *exe) { return exe ? exe->exe->arena_bytes : 0; }
+size_t nr_executable_num_constants(const nr_executable *exe) { return exe ? exe->exe->constants.size() : 0; }
 
 uint64_t nr_executable_constant_bytes(const nr_executable *exe) {
   uint64_t n = 0;
-  if (exe) for (auto &[vid, c] : exe->exe.constants) n += c.data_bytes;
+  if (exe) for (auto &[vid, c] : exe->exe->constants) n += c.data_bytes;
   return n;
 }
 
 const char *nr_executable_compiler_name(const nr_executable *exe) {
-  return exe ? exe->exe.compiler_name.c_str() : "";
+  return exe ? exe->exe->compiler_name.c_str() : "";
 }
 const char *nr_executable_compiler_version(const nr_executable *exe) {
-  return exe ? exe->exe.compiler_version.c_str() : "";
+  return exe ? exe->exe->compiler_version.c_str() : "";
 }
 
 }  // extern "C"

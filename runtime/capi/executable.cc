@@ -555,6 +555,7 @@ void read_programs(const Node &programs, Body &b, Executable &exe, const std::se
         ins_out.scratch_bytes = id_of(*scratch_items[1]);
       }
       check_attrs(*k, ins.size(), attrs, where);
+      ins_out.attrs = &attrs;
       if (k->native_rule) check_types(*k, ins_out, attrs, exe, where);
       exe.programs.back().push_back(std::move(ins_out));
     }
@@ -564,12 +565,31 @@ void read_programs(const Node &programs, Body &b, Executable &exe, const std::se
 // validate.py's _check_overlaps: no two arena buffers in use at once share bytes.
 void check_overlaps(const Executable &exe) {
   std::map<uint64_t, std::pair<size_t, size_t>> spans;
+  std::map<uint64_t, uint64_t> shares;  // a reshape's output on its input's bytes -> that buffer
   struct Buffer { size_t first, last; uint64_t start, end; std::string what; };
   std::vector<Buffer> buffers;
+  auto bytes = [&](uint64_t v) { return nbytes(exe.values.at(v).shape, exe.values.at(v).dtype); };
+  // validate.py's _aliasing_reshape: the same bytes under other dims (cc/memory.py).
+  auto aliasing = [&](const Instruction &ins) {
+    if (ins.kind != "reshape" || ins.inputs.size() != 1 || ins.outputs.size() != 1) return false;
+    uint64_t x = ins.inputs[0], y = ins.outputs[0];
+    auto ox = exe.offsets.find(x), oy = exe.offsets.find(y);
+    return ox != exe.offsets.end() && oy != exe.offsets.end() && ox->second == oy->second &&
+           bytes(x) == bytes(y);
+  };
   size_t t = 0;
   for (auto &program : exe.programs)
     for (auto &ins : program) {
-      for (uint64_t v : ins.inputs) if (auto it = spans.find(v); it != spans.end()) it->second.second = t;
+      for (uint64_t v : ins.inputs) {
+        if (auto s = shares.find(v); s != shares.end()) v = s->second;
+        if (auto it = spans.find(v); it != spans.end()) it->second.second = t;
+      }
+      if (aliasing(ins)) {
+        auto s = shares.find(ins.inputs[0]);
+        shares[ins.outputs[0]] = s != shares.end() ? s->second : ins.inputs[0];
+        ++t;
+        continue;
+      }
       for (uint64_t v : ins.outputs) if (exe.offsets.count(v)) spans[v] = {t, t};
       if (ins.has_scratch && ins.scratch_bytes)
         buffers.push_back({t, t, ins.scratch_offset, ins.scratch_offset + ins.scratch_bytes,
@@ -598,7 +618,7 @@ void check_overlaps(const Executable &exe) {
 }
 
 void parse_body(const uint8_t *body, size_t size, Executable &exe) {
-  Node root;
+  Node &root = exe.tree;  // kept: the engine spec encoder reads the attributes later
   std::string error;
   if (!mp::parse(body, size, root, error)) malformed("body", error);
   Body b;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../include/neuronish_runtime.h"
+#include "msgpack_reader.h"
 
 namespace nr {
 
@@ -27,6 +28,7 @@ struct Instruction {
   bool has_scratch = false;
   uint64_t scratch_offset = 0, scratch_bytes = 0;
   std::vector<std::string> source;  // TF node names
+  const mp::Node *attrs = nullptr;  // the validated attribute map, inside Executable::tree
 };
 
 struct Constant {
@@ -37,6 +39,7 @@ struct Constant {
 
 struct Executable {
   std::vector<uint8_t> body;  // owns the bytes constants point into
+  mp::Node tree;              // the parsed body (attrs point into it; strings into body)
   uint32_t version = 0;
   std::string compiler_name, compiler_version;
   std::vector<Signature> inputs, outputs;

@@ -1,8 +1,11 @@
 """Build the C runtime library (libneuronish_runtime.so) on first use, as the native
 engine is built (runtime/native/library.py): compiled once per source and build
 command into `$NEURONISH_RUNTIME_CACHE` (default ~/.cache/neuronish/runtime) under
-runtime/buildcache.py's trust rules. It needs only a C++17 compiler: no oneDNN, no
-msgpack-c, no Python at run time.
+runtime/buildcache.py's trust rules. It needs a C++17 compiler and links the native
+engine (runtime/native/engine.cc, built by runtime/native/library.py against the oneDNN
+wheels) for execution: the engine library's path is recorded in it (DT_NEEDED, and its
+directory and oneDNN's as rpath), so a C program links only this library. No msgpack-c,
+no Python at run time.
 
 The instruction schema is generated from runtime/isa.py (isa_table.py) into a private
 temporary directory for the build; its text is part of the cache key, so a change to
@@ -17,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..buildcache import BuildError, Cache
+from ..native import library as engine_library
 from . import isa_table
 
 HERE = Path(__file__).resolve().parent
@@ -32,17 +36,21 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "neuronish" / "runtime"
 
 
-def build_command(output: str, generated: str, extra: tuple[str, ...] = ()) -> list[str]:
+def build_command(output: str, generated: str, engine: str, extra: tuple[str, ...] = ()
+                  ) -> list[str]:
+    # -ffp-contract=off: the encoder computes resize weights in float32 exactly as numpy
+    # does (no fused multiply-adds).
     return [os.environ.get("CXX", "g++"), "-std=c++17", "-O2", "-shared", "-fPIC",
-            "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-Wall", *extra,
-            f"-I{generated}", *map(str, SOURCES), "-o", output]
+            "-ffp-contract=off", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-Wall",
+            *extra, f"-I{generated}", *map(str, SOURCES), "-o", output, engine,
+            f"-Wl,-rpath,{Path(engine).parent}", "-lpthread"]
 
 
-def library_name(table: str, extra: tuple[str, ...] = ()) -> str:
+def library_name(table: str, engine: str, extra: tuple[str, ...] = ()) -> str:
     key = hashlib.sha256(table.encode())
     for path in (*SOURCES, *HEADERS):
         key.update(path.name.encode() + b"\0" + path.read_bytes())
-    key.update("\0".join(build_command("OUT", "GEN", extra)).encode())
+    key.update("\0".join(build_command("OUT", "GEN", engine, extra)).encode())
     return f"libneuronish_runtime-{key.hexdigest()[:16]}.so"
 
 
@@ -50,8 +58,9 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     """The library's path, built first unless cached (BuildError when it cannot be).
     `extra_flags` (e.g. sanitizers) give a separately cached variant."""
     table = isa_table.header()
+    engine = str(engine_library.build())  # (its name carries engine.cc's hash)
     cache = Cache(cache_dir(), "the C runtime library", "NEURONISH_RUNTIME_CACHE")
     with tempfile.TemporaryDirectory(prefix="neuronish-capi-") as generated:
         (Path(generated) / "isa_table.h").write_text(table)
-        return cache.build(library_name(table, extra_flags),
-                           lambda out: build_command(out, generated, extra_flags))
+        return cache.build(library_name(table, engine, extra_flags),
+                           lambda out: build_command(out, generated, engine, extra_flags))

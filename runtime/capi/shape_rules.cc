@@ -130,7 +130,41 @@ void extras(const In &t, const TensorType &out, bool residual, int64_t bias_n, c
     fail("bias " + fmt(rest[0]) + " does not match the " + std::to_string(bias_n) + " outputs", "in");
 }
 
+// isa._permuted: `t` read through numpy transpose(perm) (an empty perm: as it is).
+TensorType permuted(const TensorType &t, const std::vector<int64_t> &perm, const char *name) {
+  if (perm.empty()) return t;
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  bool ok = sorted.size() == t.shape.size();
+  for (size_t i = 0; ok && i < sorted.size(); ++i) ok = sorted[i] == int64_t(i);
+  if (!ok) {
+    std::string p;
+    for (int64_t v : perm) p += (p.empty() ? "" : ", ") + std::to_string(v);
+    fail(std::string(name) + " [" + p + "] is not a permutation of the " + std::to_string(t.shape.size()) +
+         " dims of " + fmt(t), name);
+  }
+  TensorType out{{}, t.dtype};
+  for (int64_t v : perm) out.shape.push_back(t.shape[size_t(v)]);
+  return out;
+}
+
+TensorType matmul_logical(const In &t, const Node &a);
+
+// isa._matmul: the operands read through perm_a / perm_b, the result stored through perm_y.
 TensorType matmul(const In &t, const Node &a) {
+  In logical(t);
+  logical[0] = permuted(t[0], attr_ints(a, "perm_a"), "perm_a");
+  logical[1] = permuted(t[1], attr_ints(a, "perm_b"), "perm_b");
+  TensorType out = matmul_logical(logical, a);
+  std::vector<int64_t> perm_y = attr_ints(a, "perm_y");
+  if (!perm_y.empty()) {
+    if (attr_bool(a, "residual", false)) fail("perm_y and residual do not go together", "perm_y");
+    out = permuted(out, perm_y, "perm_y");
+  }
+  return out;
+}
+
+TensorType matmul_logical(const In &t, const Node &a) {
   const TensorType &x = t[0], &w = t[1];
   if (x.shape.size() < 2 || w.shape.size() < 2)
     fail("matmul operands must have rank >= 2, got " + fmt(x) + " and " + fmt(w), "in");

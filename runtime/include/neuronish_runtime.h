@@ -2,15 +2,21 @@
  *
  * Plain C, opaque handles, no Python and no TensorFlow. Every call that can fail
  * returns an nr_status and, when the caller passes a buffer, writes a message there
- * that names the field or instruction at fault (the same facts runtime/validate.py
- * reports). Thread safety: the library has no global mutable state; an nr_executable
- * is immutable once loaded, so any number of threads may query one concurrently.
- * Unloading must not race with other calls on the same handle.
+ * that names the field, instruction, input or environment variable at fault. No call
+ * aborts, prints or exits on bad input.
  *
- * Implemented in this version: loading an executable (bytes or file) with full
- * validation of the header and body, queries of its signature and program summary,
- * and unloading. Not yet: devices, cores, execute, batch split, deadlines (see
- * docs/c-api.md for the planned shape).
+ * What there is: loading an executable (bytes or a file) with full validation, queries
+ * of its signature and program; a device configured from NEURONISH_* as the Python
+ * runtime reads it (cores, core groups, core memory, host CPUs); loading a model onto
+ * core groups (duplicates) as native engine programs (runtime/native/engine.cc, linked);
+ * execute at any batch (split, padded, assembled), with a deadline and a cancel flag.
+ * Not yet: profiles and telemetry, failing cores (docs/c-api.md).
+ *
+ * Thread safety: an nr_executable is immutable once loaded (any threads may query it);
+ * nr_execute may be called from any number of threads on one model (a call takes an idle
+ * copy, then each of its cores in turn under a mutex per core, and its share of the
+ * host's CPUs). Devices and models may be opened and loaded from several threads. A
+ * handle must not be unloaded or closed while another thread uses it.
  */
 #ifndef NEURONISH_RUNTIME_H
 #define NEURONISH_RUNTIME_H
@@ -36,8 +42,15 @@ typedef enum nr_status {
   NR_IO_ERROR = 2,            /* the file cannot be opened or read */
   NR_INVALID_EXECUTABLE = 3,  /* corrupt, truncated, inconsistent, or not an executable */
   NR_UNSUPPORTED = 4,         /* a newer format version or an instruction kind this runtime lacks */
-  NR_OUT_OF_MEMORY = 5,
-  NR_INTERNAL = 6
+  NR_OUT_OF_MEMORY = 5,       /* the host is out of memory */
+  NR_INTERNAL = 6,            /* a bug in this library: please report it */
+  NR_INVALID_CONFIG = 7,      /* a NEURONISH_* variable has a value this library cannot use */
+  NR_DEVICE_ERROR = 8,        /* no core group can take the model (too few cores, failed) */
+  NR_OUT_OF_DEVICE_MEMORY = 9,/* the cores of every fitting group lack the memory */
+  NR_INVALID_INPUT = 10,      /* a call's inputs or output buffers do not fit the signature */
+  NR_EXECUTION_ERROR = 11,    /* the engine failed while running an instruction */
+  NR_CANCELLED = 12,          /* the caller cancelled the call (nr_execute_options.cancel) */
+  NR_DEADLINE_EXCEEDED = 13   /* the call's deadline passed (nr_execute_options.deadline_ns) */
 } nr_status;
 
 /* Device dtypes (runtime/isa.py ITEMSIZE). */
@@ -97,6 +110,104 @@ NR_API uint64_t nr_executable_constant_bytes(const nr_executable *exe);
 /* compiler.name / compiler.version from the file ("" when absent). */
 NR_API const char *nr_executable_compiler_name(const nr_executable *exe);
 NR_API const char *nr_executable_compiler_version(const nr_executable *exe);
+
+/* ---- Devices, models, execution -------------------------------------------------- */
+
+typedef struct nr_device nr_device;
+typedef struct nr_model nr_model;
+
+/* A tensor of a call: an input (read) or an output buffer (written). `shape` has `rank`
+ * dims; `data` holds at least `bytes` bytes, C-contiguous (row-major), the dtype's
+ * native byte order. `name` may be NULL; if set it must be the signature's name. */
+typedef struct nr_tensor {
+  const char *name;
+  nr_dtype dtype;
+  size_t rank;
+  const int64_t *shape;
+  void *data;
+  size_t bytes;
+} nr_tensor;
+
+/* One core of the device: its id and device memory (bytes). */
+typedef struct nr_core_info {
+  int32_t core;
+  uint64_t used;
+  uint64_t total;
+} nr_core_info;
+
+/* Open a simulated device configured from the environment as the Python runtime reads it
+ * (NEURONISH_NUM_CORES, NEURONISH_VISIBLE_CORES, NEURONISH_CORE_GROUP_SIZES,
+ * NEURONISH_CORE_MEMORY, NEURONISH_CORE_THREADS, NEURONISH_HOST_PARALLELISM; README).
+ * NR_INVALID_CONFIG names the variable. Each call opens a new, independent device. */
+NR_API nr_status nr_device_open(nr_device **out, char *error, size_t error_size);
+/* Close the handle. Models still loaded keep the device alive until they are unloaded. */
+NR_API void nr_device_close(nr_device *dev);
+/* Visible cores, and core `index` of them (0 .. num_cores-1). */
+NR_API size_t nr_device_num_cores(const nr_device *dev);
+NR_API nr_status nr_device_core(const nr_device *dev, size_t index, nr_core_info *info);
+
+/* Load `exe` onto `duplicates` (>= 1) core groups of nr_executable_num_cores(exe) cores:
+ * its constants are copied to device memory, every instruction is built as a native
+ * engine primitive. Errors: NR_DEVICE_ERROR (too few core groups), NR_OUT_OF_DEVICE_MEMORY,
+ * NR_UNSUPPORTED (an instruction the native engine has no kernel for: the message names
+ * it; the Python runtime would run it on numpy), NR_INVALID_EXECUTABLE. The model keeps
+ * what it needs of `exe`: the executable may be unloaded first. */
+NR_API nr_status nr_model_load(nr_device *dev, const nr_executable *exe, uint32_t duplicates,
+                               nr_model **out, char *error, size_t error_size);
+/* The same from bytes or a file (read and validated as nr_executable_load_bytes and
+ * nr_executable_load_file do; `data` is copied). */
+NR_API nr_status nr_model_load_bytes(nr_device *dev, const void *data, size_t size,
+                                     uint32_t duplicates, nr_model **out, char *error,
+                                     size_t error_size);
+NR_API nr_status nr_model_load_file(nr_device *dev, const char *path, uint32_t duplicates,
+                                    nr_model **out, char *error, size_t error_size);
+/* Free the model's device memory and engine programs; NULL is allowed. No call on the
+ * model may be running or start afterwards. */
+NR_API void nr_model_unload(nr_model *model);
+/* The model's executable (its signature and program summary), valid while it is loaded. */
+NR_API const nr_executable *nr_model_executable(const nr_model *model);
+/* The compiled batch size calls are split by, or -1 when the model takes only its
+ * compiled shapes (no input has a batch axis, or they disagree). */
+NR_API int64_t nr_model_batch_size(const nr_model *model);
+NR_API size_t nr_model_duplicates(const nr_model *model);
+
+/* Run the model. `inputs` in signature order, each of its dtype and shape, except that
+ * on its batch axis (nr_tensor_info.batch_axis >= 0, when nr_model_batch_size >= 0) every
+ * batched input may have any size B, the same for all. `outputs` are caller-owned buffers
+ * in signature order with each output's dtype and shape, with B on its batch axis. A call
+ * at another batch than the compiled one is split into chunks of the compiled size (the
+ * last padded by repeating its last row: no value the model has not seen), run on the
+ * model's duplicates in parallel, and the outputs assembled; B = 0 computes nothing.
+ * NR_INVALID_INPUT names the input or output at fault and what was expected; nothing is
+ * written then. Thread-safe: any number of threads may call it on one model at once (a
+ * call waits for an idle copy, and holds each core of it, one mutex per core, while its
+ * program runs there). */
+NR_API nr_status nr_execute(nr_model *model, const nr_tensor *inputs, size_t num_inputs,
+                            const nr_tensor *outputs, size_t num_outputs, char *error,
+                            size_t error_size);
+
+/* When a call is abandoned. Either may be unset (0 / NULL). Once the deadline passes or
+ * the cancel byte becomes non-zero, the call stops where it is: waiting for a copy, a
+ * core or the host's CPUs, or before its next instruction, stage or chunk (an instruction
+ * already computing finishes), and returns NR_DEADLINE_EXCEEDED / NR_CANCELLED saying
+ * where it stopped; its outputs are then unspecified. */
+typedef struct nr_execute_options {
+  int64_t deadline_ns;             /* absolute CLOCK_MONOTONIC time in nanoseconds */
+  const volatile uint8_t *cancel;  /* a byte another thread may set non-zero */
+} nr_execute_options;
+
+/* nr_execute with a deadline and/or a cancel flag (`options` may be NULL: none). */
+NR_API nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_t num_inputs,
+                                 const nr_tensor *outputs, size_t num_outputs,
+                                 const nr_execute_options *options, char *error,
+                                 size_t error_size);
+
+/* For tests: the native engine spec the loader built for instruction `index` (flat, over
+ * all cores) of the model's first copy: its int64 list and its floats (as engine.cc reads
+ * them). NR_UNSUPPORTED if the engine was not given that instruction (nothing to compute). */
+NR_API nr_status nr_model_instruction_spec(const nr_model *model, size_t index,
+                                           const int64_t **ints, size_t *num_ints,
+                                           const double **floats, size_t *num_floats);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,8 @@
-"""The adversarial suite (issue 23): generated cases of each class of attack the issue
-found, each judged "held" (refused with the project's own error, or served correctly)
-or not. A class is a generator of cases from a seeded random source, so a failure is
-reproducible from (class, seed, index); `tests/adversarial/test_adversarial.py` runs a bounded
-sample in CI and `scripts/adversarial.py` a longer run that prints the table.
+"""The adversarial suite: generated cases of each class of attack on the bounds of requests,
+graphs, cache entries and files, each judged "held" (refused with the project's own error,
+or served correctly) or not. A class is a generator of cases from a seeded random source, so
+a failure is reproducible from (class, seed, index); `tests/adversarial/test_adversarial.py`
+runs a bounded sample in CI and `scripts/adversarial.py` a longer run that prints the table.
 
 Classes (what each case tries, and what "held" means):
 

@@ -1,6 +1,7 @@
-"""A bounded sample of the adversarial suite (tests/adversarial/suite.py, issue 23):
-every class of attack the issue found, generated from a fixed seed; every case must
-hold. `scripts/adversarial.py` runs the long version and prints the figures."""
+"""A bounded sample of the adversarial suite (tests/adversarial/suite.py): every class of
+attack on the bounds of requests, graphs, cache entries and files, generated from a fixed
+seed; every case must hold. `scripts/adversarial.py` runs the long version and prints the
+figures."""
 
 from __future__ import annotations
 

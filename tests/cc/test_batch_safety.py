@@ -1,5 +1,5 @@
 """A compiled model gives TensorFlow's numbers at every batch size, or says why a part stays
-on TensorFlow (issue 26): the batch is split into chunks only where the compiler proves
+on TensorFlow: the batch is split into chunks only where the compiler proves
 every sample is computed on its own (cc/batch.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Work and memory bounded by what the input declares (issue 23): the memory
+"""Work and memory bounded by what the input declares: the memory
 planner is near-linear in the node count, and constant folding has a size bound.
 
 Bounds are proven without timing asserts: a planner run that would take minutes

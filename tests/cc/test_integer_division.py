@@ -1,6 +1,6 @@
-"""Integer division by a constant zero (issue 23): TensorFlow fails such a node when it
+"""Integer division by a constant zero: TensorFlow fails such a node when it
 runs ("Integer division by zero"); the compiler refuses it naming the node (numpy would
-quietly give 0, and the issue's run saw "IR verification failed" with no node)."""
+quietly give 0, and it once failed with "IR verification failed", naming no node)."""
 
 from __future__ import annotations
 

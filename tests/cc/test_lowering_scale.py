@@ -1,4 +1,4 @@
-"""The shortcuts that make lowering a 100k-node graph take seconds (issue 23) change no
+"""The shortcuts that make lowering a 100k-node graph take seconds change no
 decision: an instruction's checked types are reused only for the very same signature,
 a refusal is never remembered, and the batch check's second lowering reuses a node's
 lowering (with the inputs it read as constants) only for an identical one."""

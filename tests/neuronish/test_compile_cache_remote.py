@@ -1,5 +1,5 @@
-"""The compile cache's shared tier (issue 24: many machines, one object store through
-fsspec). Two "machines" here are two local cache directories sharing one store URL
+"""The compile cache's shared tier (many machines, one object store through fsspec).
+Two "machines" here are two local cache directories sharing one store URL
 (fsspec's `file://` driver: the code path an `s3://` or `gs://` URL takes, on a store
 this machine has). The second machine compiles nothing; a forged or torn entry in the
 store is a miss, never a wrong hit."""

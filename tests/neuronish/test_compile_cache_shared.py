@@ -1,5 +1,5 @@
-"""The compile cache shared by many writers (issue 24: many machines mounting one
-cache directory, e.g. over NFS): several processes put the same key into one
+"""The compile cache shared by many writers (many machines mounting one cache
+directory, e.g. over NFS): several processes put the same key into one
 directory at once, with the same executable (what a deterministic compile writes) and
 with different ones, while looking it up. Every hit must be bytes some writer put
 under that key, and the file handed out must hold exactly those bytes; a torn pair

@@ -1,4 +1,4 @@
-"""The compile cache does not trust its directory (issue 23): an entry whose record
+"""The compile cache does not trust its directory: an entry whose record
 was rewritten, a symlinked entry, a FIFO or /dev/zero in place of a file, a
 directory another user could write, and a re-put racing a lookup never make a
 compile use bytes the cache did not check for that key."""

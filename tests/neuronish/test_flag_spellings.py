@@ -1,4 +1,4 @@
-"""A flag is taken only as spelled (issue 23): argparse's prefix abbreviations let
+"""A flag is taken only as spelled: argparse's prefix abbreviations let
 `--outp DIR` and `--workd DIR` in `compiler_args` or `$NEURONISH_CC_FLAGS` reach the
 driver-owned `--output`/`--workdir` (writing outside the job folder) while the compile
 exited 0 with the subgraph silently left on TensorFlow. Every parser here refuses

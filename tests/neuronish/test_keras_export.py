@@ -1,5 +1,5 @@
 """`neuronish compile model.keras --input-shape ...` exports with those shapes, and a failure
-inside Keras while exporting reaches the user as one message naming the layer (issue 26)."""
+inside Keras while exporting reaches the user as one message naming the layer."""
 
 from __future__ import annotations
 

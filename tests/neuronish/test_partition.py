@@ -25,7 +25,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 
 from neuronish import partition as P
 from neuronish.graph import (
-    GraphIndex,
+    Graph,
     is_stateful,
     needed_nodes,
     producer,
@@ -111,7 +111,7 @@ def run_spliced(spliced: P.Spliced, subgraphs: Sequence[P.Subgraph], feeds: dict
     gd = graph_pb2.GraphDef()
     gd.CopyFrom(spliced.graph_def)
     subs = {s.name: s for s in subgraphs}
-    order = [n for n in GraphIndex.build(gd).order if n in subs]  # before cutting the edges
+    order = [n for n in Graph.build(gd).order if n in subs]  # before cutting the edges
     reads: dict[str, list[str]] = {}
     for node in gd.node:
         if node.op != "NeuronOp":
@@ -448,7 +448,7 @@ def test_clustering_never_closes_a_cycle_on_random_graphs() -> None:
         owner = {m: c.name for c in clusters for m in c.nodes}
         assert set(owner) == {k for k, v in ok.items() if v}
         assert len(owner) == sum(len(c.nodes) for c in clusters)  # disjoint
-        index = GraphIndex.build(gd)
+        index = Graph.build(gd)
         edges = {(owner.get(p, p), owner.get(n, n)) for n in index.order
                  for p in index.producers(n)}
         assert not _has_cycle({(a, b) for a, b in edges if a != b}), f"trial {trial}"
@@ -521,9 +521,9 @@ def test_graph_order_releases_the_first_ready_node_in_graphdef_order() -> None:
     # b becomes ready after a, and still comes before c, which was ready from the start:
     # the order is the smallest by GraphDef position at every step, not level by level.
     gd = _graph(("a", ()), ("b", ("a",)), ("c", ()), ("d", ("c", "^b")))
-    assert GraphIndex.build(gd).order == ("a", "b", "c", "d")
+    assert Graph.build(gd).order == ("a", "b", "c", "d")
     gd = _graph(("c", ()), ("d", ("c", "^b")), ("b", ("a",)), ("a", ()))
-    assert GraphIndex.build(gd).order == ("c", "a", "b", "d")
+    assert Graph.build(gd).order == ("c", "a", "b", "d")
 
 
 def test_one_topological_order_for_partitioner_and_model_freezer() -> None:
@@ -540,7 +540,7 @@ def test_one_topological_order_for_partitioner_and_model_freezer() -> None:
     for name, inputs in [("z", []), ("y", ["z:0"]), ("x", ["^z"]), ("w", ["y", "x:1"])]:
         gd.node.add(name=name, op="NoOp", input=inputs)
     assert [n.name for n in _canonical_order(gd).node] == ["z", "x", "y", "w"]
-    assert list(GraphIndex.build(gd).order) == ["z", "y", "x", "w"]
+    assert list(Graph.build(gd).order) == ["z", "y", "x", "w"]
 
 
 def test_needed_nodes_follow_data_and_control_edges_from_any_spelling() -> None:
@@ -573,7 +573,7 @@ def test_one_answer_to_is_stateful_for_freezing_and_partitioning() -> None:
 def test_graph_with_a_cycle_is_refused_naming_the_cycle() -> None:
     gd = _graph(("x", ()), ("a", ("x", "c")), ("b", ("a",)), ("c", ("^b",)))
     with pytest.raises(P.PartitionError, match="cycle") as e:
-        GraphIndex.build(gd)
+        Graph.build(gd)
     assert all(repr(n) in str(e.value) for n in ("a", "b", "c"))
     assert "'x'" not in str(e.value)
 
@@ -869,7 +869,7 @@ def test_repartition_after_the_compiler_rejects_a_node() -> None:
     check_end_to_end(gd, outs, again, lambda b: {"x:0": rand(b, 8), "y:0": rand(b, 8)}, [2])
 
 
-def test_recovery_rounds_on_one_index_infer_shapes_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_recovery_rounds_on_one_graph_infer_shapes_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each inference imports the whole graph into TensorFlow; a recovery round changes the
     # excluded nodes only, so partitioning again on the same index reuses the shapes and
     # batch axes, and decides exactly what a fresh partition would.
@@ -890,24 +890,30 @@ def test_recovery_rounds_on_one_index_infer_shapes_once(monkeypatch: pytest.Monk
         return tf.subtract(y, tf.reduce_mean(y, axis=0, name="batch_mean"), name="centered")
 
     gd, outs = freeze(fn, spec(None, 8))
-    index = GraphIndex.build(gd)
+    graph = Graph.build(gd)
     kwargs = {"dynamic_batch_size": True, "fetches": outs, "minimum_segment_size": 1}
-    first = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, **kwargs)
+    first = P.partition(graph, {"x": [4, 8]}, SUPPORTED, **kwargs)
     assert len(calls) == 2  # at the batch and at the batch + 1, for the batch axes
-    again = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, exclude_nodes={"y": "no"},
+    again = P.partition(graph, {"x": [4, 8]}, SUPPORTED, exclude_nodes={"y": "no"},
                         **kwargs)
     assert len(calls) == 2
     assert again.infos is first.infos and again.batch_axes is first.batch_axes
     fresh = P.partition(gd, {"x": [4, 8]}, SUPPORTED, exclude_nodes={"y": "no"}, **kwargs)
-    assert len(calls) == 4  # a new index infers afresh
+    assert len(calls) == 4  # a GraphDef is indexed for the call: it infers afresh
     assert again.reasons() == fresh.reasons() and "y" in again.reasons()
     assert [s.graph_def for s in again.subgraphs] == [s.graph_def for s in fresh.subgraphs]
     assert dict(again.batch_axes) == dict(fresh.batch_axes)
-    # Other input shapes are another inference, not the cached one.
-    other = P.partition(gd, {"x": [3, 8]}, SUPPORTED, index=index, **kwargs)
-    assert len(calls) == 6 and other.infos["x:0"].shape == (3, 8)
-    static = P.partition(gd, {"x": [4, 8]}, SUPPORTED, index=index, fetches=outs)
-    assert len(calls) == 7 and static.batch_axes == {}
+    # Other input shapes are another inference, not the cached one: at batch 3 (the
+    # batch + 1, 4, is the first round's inference, kept).
+    other = P.partition(graph, {"x": [3, 8]}, SUPPORTED, **kwargs)
+    assert len(calls) == 5 and other.infos["x:0"].shape == (3, 8)
+    static = P.partition(graph, {"x": [4, 8]}, SUPPORTED, fetches=outs)
+    assert static.batch_axes == {} and static.infos["x:0"].shape == (4, 8)
+    assert len(calls) == 5  # the shapes at batch 4 are kept as well
+    # An edit drops what was inferred: the next round infers the edited graph.
+    graph.updated("y")
+    P.partition(graph, {"x": [4, 8]}, SUPPORTED, **kwargs)
+    assert len(calls) == 7
 
 
 def test_partition_with_the_compilers_operator_list() -> None:

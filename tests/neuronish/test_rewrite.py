@@ -16,6 +16,7 @@ import tensorflow as tf
 import neuronish.saved_model
 from neuronish.rewrites.complex_pairs import complex_as_pairs
 from neuronish.rewrites.rewrite import sorted_segments_as_unsorted
+from tests.helpers import rewritten_copy
 from tests.neuronish.test_unroll import _frozen, _run
 
 
@@ -62,7 +63,7 @@ def test_complex_values_between_real_ones_become_real_pairs_with_tf_numbers(
     frozen = _frozen(tmp_path, fn, [None, 5, 4] if fn in (_spectrogram, _mfcc) else [None, 6, 4])
     fetches = list(frozen.outputs.values())
     shape = [2, 5, 4] if fn in (_spectrogram, _mfcc) else [2, 6, 4]
-    rewritten = complex_as_pairs(frozen.graph_def, {"x:0": shape}, fetches)
+    _, rewritten = rewritten_copy(complex_as_pairs, frozen.graph_def, {"x:0": shape}, fetches)
     assert any(map(_is_complex, frozen.graph_def.node))
     assert not [n.name for n in rewritten.node if _is_complex(n)]
     for batch in (2, 3):
@@ -82,7 +83,7 @@ def test_a_region_whose_complex_value_leaves_some_other_way_is_left_alone(
         tmp_path: Path) -> None:
     frozen = _frozen(tmp_path, _complex_out, [None, 6, 4])
     fetches = list(frozen.outputs.values())
-    out = complex_as_pairs(frozen.graph_def, {"x:0": [2, 6, 4]}, fetches)
+    _, out = rewritten_copy(complex_as_pairs, frozen.graph_def, {"x:0": [2, 6, 4]}, fetches)
     ops = [n.op for n in out.node]
     assert "IRFFT" in ops and "RFFT" in ops, "the rfft -> irfft region must stay whole"
     assert "FFT" not in ops, "the separate fft region is still rewritten"
@@ -117,7 +118,7 @@ def test_sorted_segments_over_constant_ids_compile_with_tf_numbers(tmp_path: Pat
     src = tmp_path / "segments"
     frozen = _frozen(src, _segments, [None, 6])
     fetches = list(frozen.outputs.values())
-    rewritten = sorted_segments_as_unsorted(frozen.graph_def, {"x:0": [2, 6]})
+    _, rewritten = rewritten_copy(sorted_segments_as_unsorted, frozen.graph_def, {"x:0": [2, 6]})
     ops = {n.op for n in rewritten.node}
     assert "UnsortedSegmentSum" in ops and not {"SegmentSum", "SegmentMean"} & ops
     for batch in (2, 3):

@@ -14,6 +14,7 @@ import neuronish.saved_model
 from neuronish.freeze import freeze_signature
 from neuronish.rewrites import unroll
 from neuronish.rewrites.unroll import unroll_loops
+from tests.helpers import rewritten_copy
 
 
 def _frozen(tmp_path: Path, fn: object, shape: list[int | None]) -> object:
@@ -64,7 +65,7 @@ def test_a_loop_of_fixed_count_over_tensor_lists_becomes_straight_line_code(
     frozen = _frozen(tmp_path, _rnn, [None, 5, 4])
     fetches = list(frozen.outputs.values())
     assert any(n.op in ("While", "StatelessWhile") for n in frozen.graph_def.node)
-    unrolled = unroll_loops(frozen.graph_def, {"x:0": [2, 5, 4]}, fetches)
+    _, unrolled = rewritten_copy(unroll_loops, frozen.graph_def, {"x:0": [2, 5, 4]}, fetches)
     ops = {n.op for n in unrolled.node}
     assert not {"While", "StatelessWhile"} & ops and not any(o.startswith("TensorList")
                                                              for o in ops), ops
@@ -93,7 +94,7 @@ def test_a_loop_counted_from_another_loops_output_is_unrolled_after_it(
     frozen = _frozen(tmp_path, _two_loops, [None, 4])
     fetches = list(frozen.outputs.values())
     assert sum(n.op in ("While", "StatelessWhile") for n in frozen.graph_def.node) == 2
-    unrolled = unroll_loops(frozen.graph_def, {"x:0": [2, 4]}, fetches)
+    _, unrolled = rewritten_copy(unroll_loops, frozen.graph_def, {"x:0": [2, 4]}, fetches)
     ops = {n.op for n in unrolled.node}
     assert not {"While", "StatelessWhile"} & ops and not any(o.startswith("TensorList")
                                                              for o in ops), ops
@@ -127,7 +128,7 @@ def test_loops_of_one_round_are_counted_from_one_shape_inference_per_batch_size(
         return real(graph_def, input_shapes)
 
     monkeypatch.setattr(unroll, "infer", counted)
-    unrolled = unroll_loops(frozen.graph_def, {"x:0": [2, 4]}, fetches)
+    _, unrolled = rewritten_copy(unroll_loops, frozen.graph_def, {"x:0": [2, 4]}, fetches)
     assert not {"While", "StatelessWhile"} & {n.op for n in unrolled.node}
     assert sorted(c["x:0"][0] for c in calls) == [2, 3], calls
     for batch in (2, 5):
@@ -143,8 +144,9 @@ def test_loops_whose_count_the_shapes_do_not_fix_are_left_alone(
     monkeypatch.setattr(unroll, "_evaluate", lambda *a, **k: evaluated.append(1) or real(*a, **k))
     for i, (fn, shape) in enumerate(((_until_small, [None, 4]), (_per_sample, [None, 4]))):
         frozen = _frozen(tmp_path / str(i), fn, shape)
-        out = unroll_loops(frozen.graph_def, {"x:0": [2, 4]}, list(frozen.outputs.values()))
-        assert out is frozen.graph_def, fn.__name__
+        changed, _ = rewritten_copy(unroll_loops, frozen.graph_def, {"x:0": [2, 4]},
+                                    list(frozen.outputs.values()))
+        assert not changed, fn.__name__
     # A count read from the data is refused before the graph runs on made-up inputs (where
     # such a loop could run for ever); the batch-sized one is caught when it runs.
     assert len(evaluated) == 2

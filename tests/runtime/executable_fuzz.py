@@ -1,6 +1,6 @@
 """Executable fuzzing: mutants of real executables, each loaded and run in a child process.
 
-An executable is untrusted input (issue 12): a file whose checksum was re-sealed after
+An executable is untrusted input: a file whose checksum was re-sealed after
 any change must be refused with one of the runtime's own errors, or load and run;
 never crash the process (a signal), hang, or escape as a foreign exception.
 
@@ -94,7 +94,7 @@ def _cnn() -> tuple[list, dict]:
     g.op("a2", "AddV2", ["c2", "m1"], T="float32")
     g.op("r2", "Relu6", ["a2"], T="float32")
     # A ResNet-style 1x1 stride-2 projection: its output shape does not depend on the
-    # dilation, so a hostile dilation keeps every type consistent (issue 12's crash).
+    # dilation, so a hostile dilation keeps every type consistent (it once crashed the engine).
     g.op("proj", "Conv2D", ["r2", g.weights("w3", 1, 1, 8, 6)], strides=[1, 2, 2, 1],
          padding="VALID", dilations=[1, 1, 1, 1], **nhwc)
     g.op("ap", "AvgPool", ["r2"], ksize=[1, 2, 2, 1], strides=[1, 1, 1, 1], padding="VALID",
@@ -293,7 +293,7 @@ def _mutate_instruction(body: dict, rng: random.Random) -> str:
     kind = ins["kind"]
     r = rng.random()
     attrs = ins["attrs"]
-    if r < 0.55 and attrs:  # one attribute: the crash class of issue 12
+    if r < 0.55 and attrs:  # one attribute: the class of mutant that once crashed the engine
         key = rng.choice(list(attrs))
         attrs[key] = _tweak(attrs[key], rng)
         return f"attr:{kind}.{key}"
@@ -328,7 +328,7 @@ def _mutate_instruction(body: dict, rng: random.Random) -> str:
 
 def _mutate_window(body: dict, rng: random.Random) -> str:
     """One entry of a windowed instruction's strides/dilations/pads/ksize: the values
-    that made issue 12's strided views read outside their buffers."""
+    that once made strided views read outside their buffers."""
     found = [i for i in _instructions(body) if i.get("kind") in WINDOWED]
     if not found:
         return _mutate_instruction(body, rng)

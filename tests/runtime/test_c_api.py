@@ -1,4 +1,4 @@
-"""The C runtime's C API (issue 25, docs/c-api.md): a real C program, built with gcc
+"""The C runtime's C API (docs/c-api.md): a real C program, built with gcc
 against libneuronish_runtime.so, loads executables and prints what it read.
 
 - Executables the real neuronish-cc (a subprocess) wrote, and the golden file, give

@@ -57,3 +57,35 @@ def test_a_failed_build_names_the_compiler_command(tmp_path: Path,
     with pytest.raises(BuildError, match=r"building the native engine failed \(exit status 1\)"
                                          r"[\s\S]*command: false -std=c\+\+17"):
         library.build()
+
+
+def test_the_cache_keeps_the_latest_builds_of_each_family(tmp_path: Path) -> None:
+    """Every source change builds a new library: without pruning the cache grows by a
+    library per edit for ever."""
+    import fcntl
+
+    from neuronish.runtime.buildcache import KEEP_PER_FAMILY, Cache
+
+    cache = Cache(tmp_path / "cache", "a test library", "TEST_CACHE")
+
+    def write(out: str) -> list[str]:
+        return [sys.executable, "-c", f"open({out!r}, 'w').write('library')"]
+
+    other = cache.build("other-0000.so", write)  # another family: never pruned here
+    building = None
+    built = []
+    for i in range(KEEP_PER_FAMILY + 5):
+        path = cache.build(f"lib-{i:04x}.so", write)
+        os.utime(path, (1000 + i, 1000 + i))  # build order, whatever the clock's resolution
+        built.append(path)
+        if i == 1:  # another process is (re)building this one: its lock is held
+            building = os.open(path.with_suffix(".lock"), os.O_RDWR)
+            fcntl.flock(building, fcntl.LOCK_EX)
+    try:
+        left = sorted(p.name for p in (tmp_path / "cache").glob("lib-*.so"))
+        newest = [p.name for p in built[-KEEP_PER_FAMILY:]]
+        assert left == sorted([built[1].name, *newest]), left
+        assert other.exists()
+        assert not built[0].with_suffix(".lock").exists()  # its lock went with it
+    finally:
+        os.close(building)

@@ -1,6 +1,6 @@
 """Executables are untrusted input: thousands of re-sealed mutants of real executables,
 each loaded and run in a child process, never crash, hang or raise anything but the
-runtime's own errors (issue 12). The harness itself is checked to catch all three."""
+runtime's own errors. The harness itself is checked to catch all three."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Every file read from outside is a regular file checked for its size (and JSON
-for its depth) before it is read (issue 23): a symlink to /dev/zero, a FIFO, a
+for its depth) before it is read: a symlink to /dev/zero, a FIFO, a
 sparse file of gigabytes or a deeply nested JSON file is refused with a message
 naming it, never read whole, never waited on, never a traceback.
 

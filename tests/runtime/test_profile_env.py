@@ -1,6 +1,6 @@
 """`NEURONISH_PROFILE` naming something that is not a directory (a file, /dev/null, a
 dangling symlink, a path under a file) printed a FileExistsError traceback when the
-program exited (issue 23); now one line says why nothing is recorded, and the
+program exited; now one line says why nothing is recorded, and the
 program's own exit status stands."""
 
 from __future__ import annotations

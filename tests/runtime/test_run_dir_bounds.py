@@ -1,5 +1,5 @@
 """`neuronish ls` / `top` and the telemetry publisher against a hostile run
-directory (issue 23): one malformed counters file, a /dev/zero link, a FIFO or a
+directory: one malformed counters file, a /dev/zero link, a FIFO or a
 3 GiB sparse file is skipped with one line naming it (no traceback, no hang, no
 GiB read); a run directory another user could write is refused by readers and not
 published into."""

@@ -1,4 +1,4 @@
-"""Issue 23 re-checked: telemetry is not published into a run directory owned by
+"""Telemetry is not published into a run directory owned by
 another user, nor one of mode 0777 (test_run_dir_bounds.py has the mode and symlink
 cases for readers). The directory really belongs to another uid when the tests run
 as root; otherwise it is ours and the process is made to see another uid, so the

@@ -1,4 +1,4 @@
-"""Issue 23, re-checked on the server: REST requests count in the server-wide memory
+"""On the server: REST requests count in the server-wide memory
 budget (they did not: only gRPC Predicts reserved), a JSON value nested deeper than a
 tensor can be is 400 with our message (numpy's "maximum supported dimension" leaked as
 a 500), and an unexpected exception answers INTERNAL with an incident number, never

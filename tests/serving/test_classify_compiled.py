@@ -1,4 +1,4 @@
-"""Issue 24, end to end: a TF1 model's classify and regress signatures, compiled, are
+"""End to end: a TF1 model's classify and regress signatures, compiled, are
 served by neuronish-model-server with --enable_signature_method_name_check (the
 compiled model's method names were `predict`, so Classify was refused on it while the
 original was served), with the same results as the original; and the compiled

@@ -1,4 +1,4 @@
-"""The REST server's connections under stress (issue 23), in-process with a stub API
+"""The REST server's connections under stress, in-process with a stub API
 (the sockets, threads and HTTP are the real server's):
 - a slow-loris client reaped at its deadline cost a BrokenPipe traceback in the log
   (300 clients: 282 tracebacks); now one line per class of connection error;

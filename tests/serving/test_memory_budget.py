@@ -1,4 +1,4 @@
-"""The server-wide budget for request memory (issue 23): a gRPC Predict reserves
+"""The server-wide budget for request memory: a gRPC Predict reserves
 REQUEST_MEMORY_MULTIPLE x its tensors' bytes before it is decoded; one larger than
 the budget is RESOURCE_EXHAUSTED at once, one that does not fit beside those in
 flight waits for them until its deadline."""

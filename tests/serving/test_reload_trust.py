@@ -1,4 +1,4 @@
-"""Reloading a config (issue 23): pinning a version that is not on disk unloaded the
+"""Reloading a config: pinning a version that is not on disk unloaded the
 live model (NOT_FOUND for every client); a version directory symlinked out of
 --reload_config_allowed_roots was served. The manager with a stub loader here (what
 it loads is a real path check); the end-to-end refusal of base paths is in

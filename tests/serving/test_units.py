@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -449,6 +450,18 @@ def test_flags() -> None:
     options = server.parse_flags(["--rest_api_enable_cors_support",
                                   "--enable_signature_method_name_check=true"])
     assert options.rest_api_enable_cors_support and options.enable_signature_method_name_check
+    # gflags' other spellings: a value after a space, one dash, a bool set false.
+    options = server.parse_flags(["--model_base_path", "/m", "-port=7", "--enable_model_warmup=0"])
+    assert (options.model_base_path, options.port, options.enable_model_warmup) == ("/m", 7, False)
+    # Each error names the flag and what it takes.
+    for bad, message in ((["--port"], "--port needs a value: --port=..."),
+                         (["--port=x"], "--port takes an integer, got 'x'"),
+                         (["--enable_batching=yes"], "--enable_batching takes true or false"),
+                         (["--nope=1"], "unknown command line flag 'nope'"),
+                         (["--ssl_config"], "unknown command line flag 'ssl_config'"),
+                         (["--use_tflite_model=true"], "--use_tflite_model is not supported")):
+        with pytest.raises(server.FlagError, match=re.escape(message)):
+            server.parse_flags(bad)
 
 
 def test_flag_defaults_are_tf_servings() -> None:
@@ -668,7 +681,7 @@ def test_ssl_config_is_tf_servings(tmp_path: Path) -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint8,
                                    np.float16, np.bool_])
 def test_encoding_a_response_costs_a_small_multiple_of_the_tensor(dtype: type) -> None:
-    """Issue 23: `array.tolist()` made a Python object per value (32 bytes each), 8x a
+    """`array.tolist()` made a Python object per value (32 bytes each), 8x a
     float32 output at once; now float/double go in as one packed block and the rest in
     chunks. Python-side allocations (tracemalloc) stay under 3x the tensor."""
     import tracemalloc

@@ -1,0 +1,212 @@
+"""A ctypes binding of the C runtime's device, model and execute calls
+(runtime/include/neuronish_runtime.h), for tests and tools: numpy arrays in, numpy arrays
+out, every non-OK status raised as CRuntimeError with its code and message. It holds no
+logic of its own: what it checks, the C library checks again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import library
+
+# nr_dtype's order (neuronish_runtime.h)
+DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "bfloat16",
+          "float32", "float64")
+_ERR = 4096
+
+
+class CRuntimeError(RuntimeError):
+    """A call into the C runtime returned a status other than NR_OK."""
+
+    def __init__(self, status: int, name: str, message: str):
+        super().__init__(f"{name} ({status}): {message}")
+        self.status, self.name, self.message = status, name, message
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("rank", ctypes.c_size_t),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p),
+                ("bytes", ctypes.c_size_t)]
+
+
+class TensorInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int),
+                ("dtype_name", ctypes.c_char_p), ("rank", ctypes.c_size_t),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("batch_axis", ctypes.c_int64)]
+
+
+class ExecuteOptions(ctypes.Structure):
+    _fields_ = [("deadline_ns", ctypes.c_int64), ("cancel", ctypes.c_void_p)]
+
+
+class CoreInfo(ctypes.Structure):
+    _fields_ = [("core", ctypes.c_int32), ("used", ctypes.c_uint64), ("total", ctypes.c_uint64)]
+
+
+def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library.build(extra_flags)))
+    vp, sz, err = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+    pvp = ctypes.POINTER(vp)
+    signatures = {
+        "nr_status_name": ([ctypes.c_int], ctypes.c_char_p),
+        "nr_executable_load_bytes": ([ctypes.c_char_p, sz, pvp, err, sz], ctypes.c_int),
+        "nr_executable_unload": ([vp], None),
+        "nr_executable_num_tensors": ([vp, ctypes.c_int], sz),
+        "nr_executable_tensor": ([vp, ctypes.c_int, sz, ctypes.POINTER(TensorInfo)], ctypes.c_int),
+        "nr_device_open": ([pvp, err, sz], ctypes.c_int),
+        "nr_device_close": ([vp], None),
+        "nr_device_num_cores": ([vp], sz),
+        "nr_device_core": ([vp, sz, ctypes.POINTER(CoreInfo)], ctypes.c_int),
+        "nr_model_load": ([vp, vp, ctypes.c_uint32, pvp, err, sz], ctypes.c_int),
+        "nr_model_load_bytes": ([vp, ctypes.c_char_p, sz, ctypes.c_uint32, pvp, err, sz],
+                                ctypes.c_int),
+        "nr_model_unload": ([vp], None),
+        "nr_model_executable": ([vp], vp),
+        "nr_model_batch_size": ([vp], ctypes.c_int64),
+        "nr_model_duplicates": ([vp], sz),
+        "nr_execute": ([vp, ctypes.POINTER(Tensor), sz, ctypes.POINTER(Tensor), sz, err, sz],
+                       ctypes.c_int),
+        "nr_execute_with": ([vp, ctypes.POINTER(Tensor), sz, ctypes.POINTER(Tensor), sz,
+                             ctypes.POINTER(ExecuteOptions), err, sz], ctypes.c_int),
+        "nr_model_instruction_spec": ([vp, sz, ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
+                                       ctypes.POINTER(sz),
+                                       ctypes.POINTER(ctypes.POINTER(ctypes.c_double)),
+                                       ctypes.POINTER(sz)], ctypes.c_int),
+    }
+    for name, (args, res) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    return lib
+
+
+def _check(lib: ctypes.CDLL, status: int, buf: ctypes.Array | None) -> None:
+    if status != 0:
+        message = buf.value.decode("utf-8", "replace") if buf is not None else ""
+        raise CRuntimeError(status, lib.nr_status_name(status).decode(), message)
+
+
+class Device:
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        self.handle = ctypes.c_void_p()
+        buf = ctypes.create_string_buffer(_ERR)
+        _check(lib, lib.nr_device_open(ctypes.byref(self.handle), buf, _ERR), buf)
+
+    def memory(self) -> dict[int, tuple[int, int]]:
+        """core -> (used, total) bytes."""
+        out = {}
+        for k in range(self.lib.nr_device_num_cores(self.handle)):
+            info = CoreInfo()
+            _check(self.lib, self.lib.nr_device_core(self.handle, k, ctypes.byref(info)), None)
+            out[info.core] = (info.used, info.total)
+        return out
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.nr_device_close(self.handle)
+            self.handle = ctypes.c_void_p()
+
+
+class Model:
+    """An executable (its bytes) loaded onto a C device."""
+
+    def __init__(self, device: Device, data: bytes, duplicates: int = 1):
+        lib = self.lib = device.lib
+        buf = ctypes.create_string_buffer(_ERR)
+        self.handle = ctypes.c_void_p()
+        _check(lib, lib.nr_model_load_bytes(device.handle, data, len(data), duplicates,
+                                            ctypes.byref(self.handle), buf, _ERR), buf)
+        exe = lib.nr_model_executable(self.handle)
+        self.inputs = [self._info(exe, 0, k) for k in range(lib.nr_executable_num_tensors(exe, 0))]
+        self.outputs = [self._info(exe, 1, k)
+                        for k in range(lib.nr_executable_num_tensors(exe, 1))]
+        self.batch_size = lib.nr_model_batch_size(self.handle)
+
+    def _info(self, exe: int, which: int, k: int) -> tuple[str, str, tuple[int, ...], int]:
+        info = TensorInfo()
+        _check(self.lib, self.lib.nr_executable_tensor(exe, which, k, ctypes.byref(info)), None)
+        return (info.name.decode(), info.dtype_name.decode(),
+                tuple(info.shape[i] for i in range(info.rank)), info.batch_axis)
+
+    @staticmethod
+    def _tensor(a: np.ndarray, name: str | None, dtype: str | None = None) -> Tensor:
+        shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+        t = Tensor(name.encode() if name else None, DTYPES.index(dtype or a.dtype.name), a.ndim,
+                   shape, a.ctypes.data, a.nbytes)
+        t._keep = shape  # type: ignore[attr-defined]
+        return t
+
+    def run(self, inputs: Sequence[np.ndarray], names: bool = True,
+            outputs: Sequence[np.ndarray] | None = None, *, timeout: float | None = None,
+            cancel: bytearray | None = None) -> list[np.ndarray]:
+        """Run on arrays in signature order; returns the outputs (allocated here unless
+        given, each with the call's batch on its batch axis). `timeout` (seconds) and
+        `cancel` (a bytearray(1) another thread may set) as in runtime.Model.run."""
+        arrays = [np.ascontiguousarray(x) for x in inputs]
+        batch = None
+        for (_, _, _, axis), x in zip(self.inputs, arrays):
+            if axis >= 0 and self.batch_size >= 0 and x.ndim > axis:
+                batch = x.shape[axis]
+        if outputs is None:
+            outputs = []
+            for _, dtype, shape, axis in self.outputs:
+                dims = list(shape)
+                if axis >= 0 and batch is not None:
+                    dims[axis] = batch
+                outputs.append(np.empty(dims, _np_dtype(dtype)))
+        ins = (Tensor * max(len(arrays), 1))(*[
+            self._tensor(x, sig[0] if names else None) for sig, x in zip(self.inputs, arrays)])
+        outs = (Tensor * max(len(outputs), 1))(*[
+            self._tensor(o, sig[0] if names else None) for sig, o in zip(self.outputs, outputs)])
+        buf = ctypes.create_string_buffer(_ERR)
+        if timeout is None and cancel is None:
+            _check(self.lib, self.lib.nr_execute(self.handle, ins, len(arrays), outs,
+                                                 len(outputs), buf, _ERR), buf)
+            return list(outputs)
+        flag = ctypes.c_uint8.from_buffer(cancel) if cancel is not None else None
+        options = ExecuteOptions(
+            0 if timeout is None else time.monotonic_ns() + int(timeout * 1e9),
+            ctypes.addressof(flag) if flag is not None else None)
+        _check(self.lib, self.lib.nr_execute_with(self.handle, ins, len(arrays), outs,
+                                                  len(outputs), ctypes.byref(options), buf,
+                                                  _ERR), buf)
+        return list(outputs)
+
+    def raw_run(self, ins: Sequence[Tensor], outs: Sequence[Tensor]) -> None:
+        """nr_execute on hand-made tensors (for tests of what the C side refuses)."""
+        a = (Tensor * max(len(ins), 1))(*ins)
+        b = (Tensor * max(len(outs), 1))(*outs)
+        buf = ctypes.create_string_buffer(_ERR)
+        _check(self.lib, self.lib.nr_execute(self.handle, a, len(ins), b, len(outs), buf, _ERR),
+               buf)
+
+    def spec(self, index: int) -> tuple[list[int], list[float]] | None:
+        """The engine spec the C loader built for instruction `index` (None: not given)."""
+        ints = ctypes.POINTER(ctypes.c_int64)()
+        floats = ctypes.POINTER(ctypes.c_double)()
+        n, nf = ctypes.c_size_t(), ctypes.c_size_t()
+        status = self.lib.nr_model_instruction_spec(self.handle, index, ctypes.byref(ints),
+                                                    ctypes.byref(n), ctypes.byref(floats),
+                                                    ctypes.byref(nf))
+        if status == 4:  # NR_UNSUPPORTED
+            return None
+        _check(self.lib, status, None)
+        return [ints[i] for i in range(n.value)], [floats[i] for i in range(nf.value)]
+
+    def unload(self) -> None:
+        if self.handle:
+            self.lib.nr_model_unload(self.handle)
+            self.handle = ctypes.c_void_p()
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

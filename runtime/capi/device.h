@@ -1,0 +1,77 @@
+// The simulated device in C++: its configuration from the NEURONISH_* environment (as
+// runtime/config.py reads it), its cores' memory (runtime/device.py's accounting: a
+// model charges each core of each core group it lands on), and the host's CPUs shared
+// by the programs computing at once (runtime/host.py).
+#pragma once
+#include <condition_variable>
+#include <functional>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace nr {
+
+struct DeviceConfig {
+  int num_cores = 4;
+  uint64_t core_memory = uint64_t(4) << 30;
+  std::vector<int> visible_cores;
+  std::vector<std::vector<int>> core_groups;
+  int host_parallelism = 1;
+  int core_threads = 1;       // OpenMP threads one program's instructions may use
+  bool share_by_width = true; // false when NEURONISH_HOST_PARALLELISM fixes programs at once
+};
+
+// From the environment; throws Refused{NR_INVALID_CONFIG} naming the variable.
+DeviceConfig config_from_env();
+
+// runtime/host.py's HostCPUs: `cpus` shared by programs, each taking its team's width
+// while it computes; waiters are served in arrival order.
+class HostCPUs {
+ public:
+  HostCPUs(int cpus, int fixed_width);  // fixed_width <= 0: programs take their own width
+  int width(int team) const;            // what a program of `team` threads holds
+  // Waits in line; with `give_up`, looks at it every `poll` and returns false (leaving the
+  // line) once it says so.
+  bool acquire(int n, const std::function<bool()> &give_up = nullptr,
+               std::chrono::milliseconds poll = std::chrono::milliseconds(20));
+  void release(int n);
+
+ private:
+  int cpus_, fixed_, free_;
+  uint64_t next_ticket_ = 0;
+  std::deque<uint64_t> waiting_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+struct Reservation {
+  std::vector<int> cores;
+  std::vector<uint64_t> bytes_per_core;
+};
+
+class Device {
+ public:
+  explicit Device(DeviceConfig config);
+  const DeviceConfig &config() const { return config_; }
+  HostCPUs &host() { return host_; }
+  // `copies` core groups of `group_size` cores, core k of each holding bytes_per_core[k];
+  // all or nothing (Refused: NR_DEVICE_ERROR, NR_OUT_OF_DEVICE_MEMORY).
+  std::vector<Reservation> reserve(size_t group_size, const std::vector<uint64_t> &bytes_per_core,
+                                   size_t copies);
+  void resize(Reservation &r, const std::vector<uint64_t> &bytes_per_core);
+  void release(const Reservation &r);
+  uint64_t used(int core);
+
+ private:
+  std::vector<std::vector<int>> candidate_groups(size_t size) const;
+  uint64_t free_bytes(int core) const { return config_.core_memory - used_.at(core); }
+  DeviceConfig config_;
+  std::map<int, uint64_t> used_;
+  std::mutex mu_;
+  HostCPUs host_;
+};
+
+}  // namespace nr

@@ -1,0 +1,59 @@
+// One loaded copy of an executable on the native engine: per core of its group (pipeline
+// stage) an engine program built from the instructions' specs (engine_spec.h), with
+// runtime/program.py's placement: slot 0.. the constants, then per call the arena, the
+// inputs and the outputs; values the compiler marked channel-blocked stay blocked only
+// where the engine took their producer and every reader with a real kernel.
+#pragma once
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine_spec.h"
+#include "executable.h"
+
+namespace nr {
+
+// Constants placed in (simulated) device memory: 64-byte aligned copies, shared by a
+// model's copies, read-only.
+struct DeviceConstants {
+  std::vector<uint64_t> ids;        // sorted value ids: constant k is engine slot k
+  std::vector<void *> data;
+  std::vector<uint64_t> bytes;
+  ~DeviceConstants();
+};
+std::shared_ptr<DeviceConstants> place_constants(const Executable &exe);
+
+struct Stage {
+  void *engine = nullptr;   // ne_* program
+  int64_t count = 0;        // engine instructions (run [0, count) per call)
+  int width = 1;            // its widest team: the host CPUs it takes while it computes
+  uint64_t weight_bytes = 0, buffer_bytes = 0;
+  std::vector<int64_t> engine_index;  // per instruction of the stage: its engine index, -1 none
+  std::set<size_t> weight_instructions;  // (stage-local) whose weights the engine reordered
+  std::timed_mutex lock;    // a core runs one call at a time
+  ~Stage();
+};
+
+// Each instruction's spec, by flat instruction index (for tests: nr_model_instruction_spec).
+struct SpecRecord {
+  bool taken = false;
+  spec::Spec spec;
+};
+
+struct CopyProgram {
+  std::vector<std::unique_ptr<Stage>> stages;
+  int64_t first_call_slot = 0;
+  std::vector<SpecRecord> specs;
+};
+
+// Builds the engine programs of one copy; throws Refused naming the instruction the
+// engine does not take (NR_UNSUPPORTED) or that oneDNN refused.
+std::unique_ptr<CopyProgram> build_copy(const Executable &exe, const DeviceConstants &constants,
+                                        int threads);
+
+// Bytes each core of the group holds for one copy (runtime/program.py's bytes_per_core).
+std::vector<uint64_t> bytes_per_core(const Executable &exe, const CopyProgram &copy, size_t arenas);
+
+}  // namespace nr

@@ -1,0 +1,371 @@
+// runtime/model.py in C++ (model.h).
+#include "model.h"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "engine_api.h"
+#include "isa_table.h"
+
+namespace nr {
+namespace {
+
+uint64_t itemsize(int dtype) { return uint64_t(isa::kDTypes[dtype].itemsize); }
+
+uint64_t count(const std::vector<int64_t> &shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= uint64_t(d);
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t> &shape, int64_t star = -1) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? "," : "") + (int64_t(i) == star ? std::string("*") : std::to_string(shape[i]));
+  return s + "]";
+}
+
+std::string type_text(const Signature &s, bool batched) {
+  return std::string(isa::kDTypes[s.type.dtype].name) + shape_text(s.type.shape, batched ? s.batch_axis : -1);
+}
+
+[[noreturn]] void invalid(const std::string &what) { throw Refused{NR_INVALID_INPUT, what}; }
+
+// A tensor seen as [outer, batch, inner bytes] around its batch axis.
+struct Rows {
+  uint64_t outer, inner;
+};
+Rows rows_of(const std::vector<int64_t> &shape, int64_t axis, int dtype) {
+  Rows r{1, itemsize(dtype)};
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (int64_t(i) < axis) r.outer *= uint64_t(shape[i]);
+    if (int64_t(i) > axis) r.inner *= uint64_t(shape[i]);
+  }
+  return r;
+}
+
+// Copy rows [lo, lo + n) of `src` (batch `from` on the axis) into rows [at, at + n) of
+// `dst` (batch `to`).
+void copy_rows(const uint8_t *src, uint64_t from, uint8_t *dst, uint64_t to, Rows r, uint64_t lo,
+               uint64_t at, uint64_t n) {
+  for (uint64_t o = 0; o < r.outer; ++o)
+    std::memcpy(dst + (o * to + at) * r.inner, src + (o * from + lo) * r.inner, n * r.inner);
+}
+
+struct Buffer {  // a 64-byte aligned temporary
+  void *p = nullptr;
+  explicit Buffer(uint64_t bytes) {
+    p = std::aligned_alloc(64, std::max<uint64_t>((bytes + 63) / 64 * 64, 64));
+    if (!p) throw std::bad_alloc();
+  }
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer &) = delete;
+  Buffer(Buffer &&o) noexcept : p(o.p) { o.p = nullptr; }
+};
+
+}  // namespace
+
+Copy::~Copy() {
+  program.reset();  // the engine programs first: they point into the arenas
+  for (void *a : all_arenas) std::free(a);
+}
+
+Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> exe, size_t duplicates)
+    : device_(std::move(device)), exe_(std::move(exe)) {
+  if (duplicates < 1) throw Refused{NR_INVALID_ARGUMENT, "duplicates must be >= 1, got 0"};
+  std::set<int64_t> batches;
+  for (auto &s : exe_->inputs)
+    if (s.batch_axis >= 0) batches.insert(s.type.shape[size_t(s.batch_axis)]);
+  // Splitting needs one compiled batch size shared by every batched input.
+  batch_size_ = batches.size() == 1 ? *batches.begin() : -1;
+  size_t stages = exe_->programs.size();
+  std::vector<uint64_t> estimate;  // model.py's _bytes_per_core, before the engine is built
+  for (auto &program : exe_->programs) {
+    std::set<uint64_t> used;
+    for (auto &ins : program)
+      for (uint64_t v : ins.inputs)
+        if (exe_->constants.count(v)) used.insert(v);
+    uint64_t total = exe_->arena_bytes;
+    for (uint64_t v : used) total += exe_->constants.at(v).data_bytes;
+    estimate.push_back(total);
+  }
+  auto reservations = device_->reserve(stages, estimate, duplicates);
+  try {
+    constants_ = place_constants(*exe_);
+    for (auto &r : reservations) {
+      auto copy = std::make_unique<Copy>();
+      copy->reservation = r;
+      copy->program = build_copy(*exe_, *constants_, device_->config().core_threads);
+      for (size_t k = 0; k < std::max<size_t>(stages, 1); ++k) {
+        void *arena = std::aligned_alloc(64, std::max<uint64_t>((exe_->arena_bytes + 63) / 64 * 64, 64));
+        if (!arena) throw std::bad_alloc();
+        copy->all_arenas.push_back(arena);
+        copy->arenas.push_back(arena);
+      }
+      copies_.push_back(std::move(copy));
+    }
+    for (auto &copy : copies_) {
+      // The engine's reordered weights and buffers are known only now.
+      device_->resize(copy->reservation, bytes_per_core(*exe_, *copy->program, copy->all_arenas.size()));
+    }
+  } catch (...) {
+    for (size_t k = 0; k < reservations.size(); ++k)  // a failed load keeps no device memory
+      device_->release(k < copies_.size() ? copies_[k]->reservation : reservations[k]);
+    throw;
+  }
+  for (size_t k = 0; k < copies_.size(); ++k)
+    for (size_t s = 0; s < std::max<size_t>(stages, 1); ++s) idle_.push_back(k);
+}
+
+Model::~Model() {
+  for (auto &copy : copies_) device_->release(copy->reservation);
+}
+
+int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs) {
+  const Executable &exe = *exe_;
+  auto names = [](const std::vector<Signature> &sigs) {
+    std::string s;
+    for (auto &x : sigs) s += (s.empty() ? "'" : ", '") + x.name + "'";
+    return s;
+  };
+  if (num_inputs != exe.inputs.size() || (num_inputs && !inputs))
+    invalid("the call has " + std::to_string(inputs ? num_inputs : 0) + " input(s); the model's inputs are " +
+            names(exe.inputs) + " (" + std::to_string(exe.inputs.size()) + ", in this order)");
+  if (num_outputs != exe.outputs.size() || (num_outputs && !outputs))
+    invalid("the call has " + std::to_string(outputs ? num_outputs : 0) + " output buffer(s); the model's outputs are " +
+            names(exe.outputs) + " (" + std::to_string(exe.outputs.size()) + ", in this order)");
+  int64_t batch = -1;
+  std::string first;
+  for (size_t i = 0; i < num_inputs; ++i) {
+    const Signature &sig = exe.inputs[i];
+    const nr_tensor &t = inputs[i];
+    std::string who = "input " + std::to_string(i) + " '" + sig.name + "'";
+    if (t.name && sig.name != t.name)
+      invalid(who + " is named '" + std::string(t.name) + "' in the call; pass the inputs in the model's order: " +
+              names(exe.inputs));
+    if (int(t.dtype) != sig.type.dtype) {
+      const char *got = nr_dtype_name(t.dtype);
+      invalid(who + " has dtype " + (got ? got : "<not a dtype: " + std::to_string(int(t.dtype)) + ">") +
+              "; the model was compiled for " + isa::kDTypes[sig.type.dtype].name + ". Pass a " +
+              isa::kDTypes[sig.type.dtype].name + " tensor (convert it yourself if changing the values is intended)");
+    }
+    bool splittable = sig.batch_axis >= 0 && batch_size_ >= 0;
+    std::vector<int64_t> shape(t.shape, t.shape + (t.shape ? t.rank : 0));
+    bool ok = t.rank == sig.type.shape.size() && (t.shape || t.rank == 0);
+    for (size_t d = 0; ok && d < t.rank; ++d)
+      ok = shape[d] >= 0 && (shape[d] == sig.type.shape[d] || (splittable && int64_t(d) == sig.batch_axis));
+    if (!ok)
+      invalid(who + " has shape " + (t.shape || t.rank == 0 ? shape_text(shape) : "<NULL>") + "; expected " +
+              type_text(sig, splittable) +
+              (splittable ? " (any size on batch axis " + std::to_string(sig.batch_axis) + ")" : ""));
+    uint64_t need = count(shape) * itemsize(sig.type.dtype);
+    if (t.bytes < need || (need && !t.data))
+      invalid(who + " holds " + std::to_string(t.data ? t.bytes : 0) + " bytes; its shape " + shape_text(shape) +
+              " needs " + std::to_string(need));
+    if (splittable) {
+      int64_t b = shape[size_t(sig.batch_axis)];
+      if (batch >= 0 && b != batch)
+        invalid("inputs disagree on the batch size: " + first + " has " + std::to_string(batch) + ", '" + sig.name +
+                "' has " + std::to_string(b));
+      if (batch < 0) first = "'" + sig.name + "'";
+      batch = b;
+    }
+  }
+  for (size_t i = 0; i < num_outputs; ++i) {
+    const Signature &sig = exe.outputs[i];
+    const nr_tensor &t = outputs[i];
+    std::vector<int64_t> want = sig.type.shape;
+    if (sig.batch_axis >= 0 && batch >= 0) want[size_t(sig.batch_axis)] = batch;
+    std::vector<int64_t> shape(t.shape, t.shape + (t.shape ? t.rank : 0));
+    uint64_t need = count(want) * itemsize(sig.type.dtype);
+    bool ok = int(t.dtype) == sig.type.dtype && t.rank == want.size() && shape == want &&
+              t.bytes >= need && (t.data || !need) && (!t.name || sig.name == t.name);
+    if (!ok) {
+      const char *got = nr_dtype_name(t.dtype);
+      invalid("output buffer " + std::to_string(i) + " for output '" + sig.name + "' is " +
+              (t.name && sig.name != t.name ? "named '" + std::string(t.name) + "', " : "") + (got ? got : "?") +
+              (t.shape || t.rank == 0 ? shape_text(shape) : "<NULL>") + " with " + std::to_string(t.data ? t.bytes : 0) +
+              " bytes; expected a writable " + isa::kDTypes[sig.type.dtype].name + shape_text(want) + " buffer of " +
+              std::to_string(need) + " bytes");
+    }
+  }
+  return batch;
+}
+
+size_t Model::take_copy(const Cutoff *cutoff) {
+  std::unique_lock<std::mutex> lock(idle_mu_);
+  auto idle = [&] { return !idle_.empty(); };
+  if (!cutoff) {
+    idle_cv_.wait(lock, idle);
+  } else {
+    cutoff->check("before it started");
+    while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
+      cutoff->check("while it waited for the model's cores (all busy with other calls)");
+  }
+  size_t k = idle_.front();
+  idle_.pop_front();
+  return k;
+}
+
+void Model::run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff) {
+  size_t k = take_copy(cutoff);
+  struct GiveBack {
+    Model *m; size_t k;
+    ~GiveBack() {
+      { std::lock_guard<std::mutex> lock(m->idle_mu_); m->idle_.push_back(k); }
+      m->idle_cv_.notify_one();
+    }
+  } give_back{this, k};
+  Copy &copy = *copies_[k];
+  void *arena;
+  {
+    std::lock_guard<std::mutex> lock(copy.arenas_mu);
+    arena = copy.arenas.back();  // (there are as many arenas as entries of the copy in idle_)
+    copy.arenas.pop_back();
+  }
+  struct ArenaBack {
+    Copy &c; void *a;
+    ~ArenaBack() { std::lock_guard<std::mutex> lock(c.arenas_mu); c.arenas.push_back(a); }
+  } arena_back{copy, arena};
+  const Executable &exe = *exe_;
+  for (size_t i = 0; i < exe.outputs.size(); ++i) {  // outputs that are constants
+    auto c = exe.constants.find(exe.outputs[i].value);
+    if (c != exe.constants.end()) std::memcpy(outs[i], exe.body.data() + c->second.data_offset, c->second.data_bytes);
+  }
+  std::vector<void *> ptrs{arena};
+  for (const void *p : ins) ptrs.push_back(const_cast<void *>(p));  // (the engine only reads inputs)
+  for (void *p : outs) ptrs.push_back(p);
+  char err[2048];
+  for (auto &stage : copy.program->stages) {
+    if (cutoff) cutoff->check("before its next stage could start");
+    std::unique_lock<std::timed_mutex> core(stage->lock, std::defer_lock);
+    if (!cutoff) {
+      core.lock();
+    } else {
+      while (!core.try_lock_for(cutoff->slice()))
+        cutoff->check("while it waited for a core (busy with other calls)");
+    }
+    HostCPUs &host = device_->host();
+    int width = host.width(stage->width);
+    if (!cutoff) {
+      host.acquire(width);
+    } else if (!host.acquire(width, [&] { return cutoff->stopped(); })) {
+      cutoff->check("while it waited for the host's CPUs (busy with other calls)");
+    }
+    int64_t rc = ne_run(stage->engine, 0, stage->count, copy.program->first_call_slot, ptrs.data(),
+                        int64_t(ptrs.size()), cutoff ? reinterpret_cast<const char *>(const_cast<const uint8_t *>(cutoff->cancel)) : nullptr,
+                        cutoff ? cutoff->deadline : 0.0, err, sizeof err);
+    host.release(width);
+    if (rc > 0) {
+      cutoff->check("while its instructions ran");  // (throws: the engine saw it)
+      throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};
+    }
+    if (rc < 0) {
+      std::string names;
+      size_t shown = 0;
+      for (auto &program : exe.programs)
+        for (auto &ins : program)
+          for (auto &s : ins.source)
+            if (shown++ < 8) names += (names.empty() ? "" : ", ") + s;
+      throw Refused{NR_EXECUTION_ERROR, std::string("native engine: ") + err + " (in the instructions from TF node(s) " +
+                    (names.empty() ? "?" : names) + ")"};
+    }
+  }
+}
+
+void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
+                    const Cutoff *cutoff) {
+  const Executable &exe = *exe_;
+  int64_t batch = check_call(inputs, num_inputs, outputs, num_outputs);
+  if (batch < 0 || batch == batch_size_) {
+    std::vector<const void *> ins;
+    std::vector<void *> outs;
+    for (size_t i = 0; i < num_inputs; ++i) ins.push_back(inputs[i].data);
+    for (size_t i = 0; i < num_outputs; ++i) outs.push_back(outputs[i].data);
+    run_one(ins, outs, cutoff);
+    return;
+  }
+  if (batch == 0) return;  // empty outputs: nothing to compute
+  uint64_t size = uint64_t(batch_size_), total = uint64_t(batch);
+  uint64_t chunks = (total + size - 1) / size;
+  // Each chunk's buffers: a batched input's rows lo..hi (padded by repeating its last
+  // row); an output on batch axis 0 of a whole chunk is written in place.
+  auto job = [&](uint64_t c, std::vector<Buffer> &keep, std::vector<const void *> &ins, std::vector<void *> &outs) {
+    uint64_t lo = c * size, n = std::min(size, total - lo);
+    for (size_t i = 0; i < num_inputs; ++i) {
+      const Signature &sig = exe.inputs[i];
+      if (sig.batch_axis < 0) { ins.push_back(inputs[i].data); continue; }
+      Rows r = rows_of(sig.type.shape, sig.batch_axis, sig.type.dtype);
+      const uint8_t *src = static_cast<const uint8_t *>(inputs[i].data);
+      if (n == size && sig.batch_axis == 0) { ins.push_back(src + lo * r.inner); continue; }
+      keep.emplace_back(r.outer * size * r.inner);
+      uint8_t *dst = static_cast<uint8_t *>(keep.back().p);
+      copy_rows(src, total, dst, size, r, lo, 0, n);
+      for (uint64_t pad = n; pad < size; ++pad) copy_rows(src, total, dst, size, r, lo + n - 1, pad, 1);
+      ins.push_back(dst);
+    }
+    for (size_t i = 0; i < num_outputs; ++i) {
+      const Signature &sig = exe.outputs[i];
+      uint8_t *dst = static_cast<uint8_t *>(outputs[i].data);
+      if (sig.batch_axis == 0 && n == size) {
+        outs.push_back(dst + lo * rows_of(sig.type.shape, 0, sig.type.dtype).inner);
+      } else if (sig.batch_axis < 0 && c == 0) {
+        outs.push_back(dst);
+      } else {
+        keep.emplace_back(count(sig.type.shape) * itemsize(sig.type.dtype));
+        outs.push_back(keep.back().p);
+      }
+    }
+  };
+  auto finish = [&](uint64_t c, const std::vector<void *> &outs) {
+    uint64_t lo = c * size, n = std::min(size, total - lo);
+    for (size_t i = 0; i < num_outputs; ++i) {
+      const Signature &sig = exe.outputs[i];
+      if (sig.batch_axis < 0 || (sig.batch_axis == 0 && n == size)) continue;
+      Rows r = rows_of(sig.type.shape, sig.batch_axis, sig.type.dtype);
+      copy_rows(static_cast<const uint8_t *>(outs[i]), size, static_cast<uint8_t *>(outputs[i].data), total, r, 0, lo, n);
+    }
+  };
+  auto run_chunk = [&](uint64_t c) {
+    std::vector<Buffer> keep;
+    keep.reserve(num_inputs + num_outputs);  // (Buffers never move: pointers stay valid)
+    std::vector<const void *> ins;
+    std::vector<void *> outs;
+    job(c, keep, ins, outs);
+    run_one(ins, outs, cutoff);
+    finish(c, outs);
+  };
+  size_t workers = std::min<size_t>(copies_.size(), size_t(chunks));
+  if (workers <= 1) {
+    for (uint64_t c = 0; c < chunks; ++c) run_chunk(c);
+    return;
+  }
+  // Chunks in parallel on the duplicates: one thread per copy pulls chunks in order; the
+  // first error stops the rest and is the call's.
+  std::atomic<uint64_t> next{0};
+  std::mutex error_mu;
+  std::exception_ptr error;
+  auto worker = [&] {
+    for (uint64_t c; (c = next++) < chunks;) {
+      try {
+        run_chunk(c);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next = chunks;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t w = 1; w < workers; ++w) threads.emplace_back(worker);
+  worker();
+  for (auto &t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace nr

@@ -1,0 +1,61 @@
+// A model on the device (runtime/model.py in C++): loaded onto `duplicates` core groups,
+// each copy with its engine programs (engine_program.h) and one arena per call in
+// flight; `execute` checks a call's tensors against the signature and splits a batch
+// other than the compiled one into chunks of the compiled size (the last padded by
+// repeating its last row), runs them on the copies, and assembles the outputs.
+//
+// Thread safety: `execute` may be called from any number of threads. A call waits for an
+// idle copy, then for each stage of it in turn (a mutex per stage: a core runs one call
+// at a time) and for its share of the host's CPUs.
+#pragma once
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cutoff.h"
+#include "device.h"
+#include "engine_program.h"
+#include "executable.h"
+
+namespace nr {
+
+struct Copy {
+  std::unique_ptr<CopyProgram> program;
+  Reservation reservation;
+  std::mutex arenas_mu;
+  std::vector<void *> arenas;  // idle arenas (one per stage: calls in flight at once)
+  std::vector<void *> all_arenas;
+  ~Copy();
+};
+
+class Model {
+ public:
+  Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> exe, size_t duplicates);
+  ~Model();
+  // The call: inputs and outputs in signature order (nr_tensor as the header defines).
+  // `cutoff` (may be null): where to give up (cutoff.h).
+  void execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
+               const Cutoff *cutoff);
+  const Executable &exe() const { return *exe_; }
+  int64_t batch_size() const { return batch_size_; }  // -1: no split (compiled shapes only)
+  size_t duplicates() const { return copies_.size(); }
+  const Copy &copy(size_t k) const { return *copies_[k]; }
+
+ private:
+  // One run at the compiled shapes: `ins`/`outs` are buffers of exactly those shapes.
+  void run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff);
+  size_t take_copy(const Cutoff *cutoff);
+  int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
+  std::shared_ptr<Device> device_;
+  std::shared_ptr<const Executable> exe_;
+  std::shared_ptr<DeviceConstants> constants_;
+  std::vector<std::unique_ptr<Copy>> copies_;
+  int64_t batch_size_ = -1;
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  std::deque<size_t> idle_;  // copies free to take a call (each once per stage)
+};
+
+}  // namespace nr
