@@ -106,7 +106,7 @@ class IncrementalVerifier:
     def __call__(self, graph: Graph, full: bool = False) -> None:
         state = (graph.edits, Graph.untracked_edits, tuple(graph.inputs), tuple(graph.outputs),
                  tuple(graph.input_batch_axes), tuple(graph.output_batch_axes))
-        if not full and graph is self._graph and state == self._state:
+        if not (full or FULL) and graph is self._graph and state == self._state:
             return  # as it was when it passed
         changed = graph.take_changes()  # (None for a new graph: every node is new)
         if full or FULL or (self._state is not None and Graph.untracked_edits != self._state[1]):

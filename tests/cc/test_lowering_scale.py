@@ -13,6 +13,8 @@ from benchmarks import compiler_scale
 from neuronish.cc import lower as lower_module
 from neuronish.cc.compiler import compile_executable
 from neuronish.cc.errors import NodeError, UnsupportedNodes
+from neuronish.cc.graphdef import parse_graph_def
+from neuronish.cc.ioconfig import parse_io_config
 from neuronish.cc.ir import TensorType, Value
 from neuronish.cc.ops.registry import LowerCtx, signature_key, value_key
 from neuronish.cc.proto import tf_graph_pb2 as pb
@@ -157,3 +159,30 @@ def test_numpy_instructions_asked_once_per_kind_of_instruction_list_every_one(
         assert [list(f) for f in exe.stats["numpy_instructions"]] == [list(f) for f in listed]
         if not exclude or "matmul" in exclude:  # none, or every graph has some
             assert bool(listed) == bool(exclude)
+
+
+def test_the_verifier_skips_an_unedited_graph_unless_asked_for_full_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuronish.cc import verify as verify_module
+    from neuronish.cc.pipeline import Pass, run_pipeline
+
+    walks: list[int | str] = []
+    real = verify_module.verify
+
+    def counting(graph: object, changed: object = None) -> None:
+        walks.append("full" if changed is None else len(changed))  # type: ignore[arg-type]
+        real(graph, changed)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify_module, "verify", counting)
+    g = compiler_scale.relu_chain(30)
+    io = parse_io_config({"inputs": {"x:0": [[4, compiler_scale.FEATURES], "float32", 0]},
+                          "outputs": ["r29:0"]})
+    graph = lower_module.lower(parse_graph_def(g.SerializeToString()), io)
+    noops = [Pass(f"noop{i}", lambda graph: graph) for i in range(5)]
+    run_pipeline(graph, noops)
+    # on entry (structure; the lowering typed every node) and after the last pass only
+    assert walks == [0, "full"]
+    walks.clear()
+    monkeypatch.setattr(verify_module, "FULL", True)
+    run_pipeline(graph, noops)
+    assert walks == ["full"] * 7  # on entry, after each of the 5 passes, at the end
