@@ -2,9 +2,10 @@
 bottom, run under instruments (TVM's pass instruments): hooks around every pass
 that verify, dump, time or skip it, so no pass carries that code itself.
 
-    Verify          the verifier after every pass (always on): in full on the lowered
-                    graph and after the last pass, between passes the types of the
-                    nodes each pass changed (cc/verify.py)
+    Verify          the verifier after every pass (always on): the structure of the
+                    lowered graph and the types of nodes its lowering did not check,
+                    between passes what each pass changed, everything after the last
+                    pass (cc/verify.py; NEURONISH_VERIFY=full: everything every time)
     Dumper          the graph after each pass as `NNN_<pass>.txt` (`NEURONISH_DUMP_DIR`,
                     `--workdir`)
     Timer           per-pass wall time and node counts (`neuronish-cc --verbose`)
@@ -118,14 +119,14 @@ class Instrument:
 
 class Verify(Instrument):
     """The verifier on the lowered graph and after every pass, naming the pass it caught;
-    the nodes a pass changed between passes, every node at both ends."""
+    the nodes a pass changed between passes, every node after the last."""
 
     def __init__(self) -> None:
         self.check = IncrementalVerifier()
         self.last: str | None = None
 
     def enter_pipeline(self, graph: Graph) -> None:
-        self.check(graph, full=True)
+        self.check(graph)  # (a graph not from `lower` has every node new: checked in full)
 
     def after_pass(self, p: Pass, graph: Graph) -> None:
         self.last = p.name
