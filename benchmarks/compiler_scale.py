@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/compiler_scale.py                     # 20000 100000
     .venv/bin/python benchmarks/compiler_scale.py --nodes 5000 10000 --graphs relu_chain
     .venv/bin/python benchmarks/compiler_scale.py --passes            # + slowest passes
+    .venv/bin/python benchmarks/compiler_scale.py --compare /work/main/.venv/bin/neuronish-cc
 
 Graphs, built as GraphDefs with the compiler's own protobuf module (no TensorFlow):
 
@@ -13,10 +14,12 @@ Graphs, built as GraphDefs with the compiler's own protobuf module (no TensorFlo
                  every block
 
 Each compile is `neuronish-cc compile --verbose` in its own process (as the
-partitioner runs it); printed per graph: the wall seconds of the whole process, the
-compiler's own `compile_seconds`, and with `--passes` the passes that took longest.
-Nothing is asserted; compare runs on a quiet machine and note what else was running
-(the load average is printed).
+partitioner runs it); printed per graph: the wall seconds of the whole process, its CPU
+seconds (user + system: less sensitive than wall to what else runs), the seconds spent
+in passes, and with `--passes` the passes that took longest. `--compare OTHER` compiles
+each graph with OTHER too, right before this tree's compiler (same graph, same load),
+and prints the ratio of CPU seconds. Nothing is asserted; compare runs on a quiet
+machine and note what else was running (the load average is printed before each graph).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -120,6 +124,7 @@ def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str],
     io = {"inputs": {"x:0": [[4, FEATURES], "float32"]}, "outputs": [f"{output}:0"]}
     exe = workdir / "out.neff"
     start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         run = subprocess.run([*compiler, "compile", str(workdir / "g.pb"), "--framework",
                               "TENSORFLOW", "--io-config", json.dumps(io), "--output",
@@ -128,6 +133,8 @@ def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str],
     except subprocess.TimeoutExpired:
         return None  # (the compiler is killed)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if run.returncode != 0:
         raise SystemExit(f"compile failed ({run.returncode}):\n{run.stderr[-3000:]}")
     passes = []
@@ -136,8 +143,8 @@ def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str],
         if m:
             passes.append((float(m.group(2)) / 1000, m.group(1)))
     m = re.search(r"compile_seconds\D+([\d.]+)", run.stderr + run.stdout)
-    return {"wall": wall, "passes": passes, "compile_seconds": float(m.group(1)) if m else None,
-            "bytes": exe.stat().st_size}
+    return {"wall": wall, "cpu": cpu, "passes": passes,
+            "compile_seconds": float(m.group(1)) if m else None, "bytes": exe.stat().st_size}
 
 
 def main() -> None:
@@ -149,23 +156,36 @@ def main() -> None:
                         help="the neuronish-cc to run (another tree's, to compare)")
     parser.add_argument("--timeout", type=float, help="give up on a compile after this many "
                         "seconds (printed as '> T s')")
+    parser.add_argument("--compare", metavar="OTHER", help="another neuronish-cc (main's): "
+                        "compile each graph with it first, print both and the CPU ratio")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, "
-          f"compiler {args.compiler}")
+          f"compiler {args.compiler}" + (f", against {args.compare}" if args.compare else ""))
+    compilers = [("other", args.compare), ("this", args.compiler)] if args.compare else \
+        [("this", args.compiler)]
     with tempfile.TemporaryDirectory(prefix="compiler-scale-") as tmp:
         for name in args.graphs:
             for n in args.nodes:
-                r = compile_once(GRAPHS[name](n), Path(tmp), [args.compiler], args.timeout)
-                if r is None:
-                    print(f"{name:<11} {n:>7} nodes  > {args.timeout:.0f} s (stopped)",
-                          flush=True)
-                    continue
-                in_passes = sum(s for s, _ in r["passes"])
-                print(f"{name:<11} {n:>7} nodes  {r['wall']:7.2f} s wall  "
-                      f"{in_passes:7.2f} s in passes  ({r['bytes']} bytes)", flush=True)
-                if args.passes:
-                    for seconds, p in sorted(r["passes"], reverse=True)[:4]:
-                        print(f"      {p:<24} {seconds:7.3f} s")
+                graph = GRAPHS[name](n)
+                cpu: dict[str, float] = {}
+                for label, compiler in compilers:
+                    load = os.getloadavg()[0]
+                    r = compile_once(graph, Path(tmp), [compiler], args.timeout)
+                    tag = f"{label:<5} " if args.compare else ""
+                    if r is None:
+                        print(f"{tag}{name:<11} {n:>7} nodes  > {args.timeout:.0f} s (stopped)",
+                              flush=True)
+                        continue
+                    cpu[label] = r["cpu"]
+                    in_passes = sum(s for s, _ in r["passes"])
+                    print(f"{tag}{name:<11} {n:>7} nodes  {r['wall']:7.2f} s wall  "
+                          f"{r['cpu']:7.2f} s CPU  {in_passes:7.2f} s in passes  "
+                          f"({r['bytes']} bytes, load {load:.1f})", flush=True)
+                    if args.passes:
+                        for seconds, p in sorted(r["passes"], reverse=True)[:4]:
+                            print(f"      {p:<24} {seconds:7.3f} s")
+                if len(cpu) == 2:
+                    print(f"      CPU this / other: {cpu['this'] / cpu['other']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import numpy as np
 
 from .errors import NodeProblem
 from .graphdef import TensorRef, TFNode
+from .signature import value_key
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,24 @@ class OpView:
     in_shapes_next: list[tuple[int, ...]]  # at the compiled batch + 1
     outs: list[Fact]  # from shapes: sample(axis, fold), free (no axis grows) or mixed
     out_shapes: list[tuple[int, ...]]
-    consts: list[np.ndarray | None]  # input values at the compiled batch (None: computed)
-    consts_next: list[np.ndarray | None]  # the same at the compiled batch + 1
+    values: list[np.ndarray | None]  # input values at the compiled batch (None: computed)
+    values_next: list[np.ndarray | None]  # the same at the compiled batch + 1
     # Set by a rule that knows its outputs' facts better than shapes do (an interleaved
     # batch looks like a sample-major fold).
     outputs: list[Fact] | None = None
+    # Whether the rule looked at input values: a verdict that did not is the same for
+    # every node alike in everything else, and `check` reuses it.
+    read_values: bool = False
+
+    @property
+    def consts(self) -> list[np.ndarray | None]:
+        self.read_values = True
+        return self.values
+
+    @property
+    def consts_next(self) -> list[np.ndarray | None]:
+        self.read_values = True
+        return self.values_next
 
     def samples(self) -> list[int]:
         """Indices of the inputs computed per sample."""
@@ -515,6 +529,7 @@ class _Walk:
     facts: dict[TensorRef, Fact]
     problems: list[NodeProblem] = field(default_factory=list)
     reported: set[str] = field(default_factory=set)
+    verdicts: dict[tuple, tuple] = field(default_factory=dict)  # `_apply_rule`'s reuse
 
     def visit(self, node: TFNode) -> None:
         refs = _node_outputs(node, self.at_batch)
@@ -547,7 +562,8 @@ class _Walk:
             reason = _free_but_resized(node, refs, self.at_batch, self.at_next, self.batch)
         else:
             reason, known, by_shape = _apply_rule(node, refs, ins, self.used, self.at_batch,
-                                                  self.at_next, self.batch, self.rules)
+                                                  self.at_next, self.batch, self.rules,
+                                                  self.verdicts)
             if reason is None and by_shape is not None:
                 for k, r in enumerate(refs):  # what the loop below would find, found already
                     f = known[k] if known and k < len(known) else None
@@ -587,25 +603,42 @@ _HINT = ("keep this node on TensorFlow (the partitioner does this when it compil
 
 def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[TensorRef],
                 at_batch: Lowered, at_next: Lowered, batch: int,
-                rules: dict[str, BatchRule | None]
+                rules: dict[str, BatchRule | None], verdicts: dict[tuple, tuple]
                 ) -> tuple[str | None, list[Fact] | None, list[Fact] | None]:
     """Why the node mixes samples (or None), its outputs' facts if the rule knows them
-    better than shapes, and (when the rule ran) their facts from shapes."""
+    better than shapes, and (when the rule ran) their facts from shapes.
+
+    A rule sees the node's op, attributes, input facts and shapes, output shapes and
+    (maybe) input values: for a verdict given without looking at values, `verdicts`
+    keeps it under everything else it saw, and a node alike in all of that gets it
+    without the rule running again (a chain of 100,000 Relus asks the rule once)."""
     rule = rules.get(node.op)
     if rule is None:
         return f"op type {node.op} declares no batch rule, so it is taken as mixing", None, None
     if any(f.interleaved for f in ins) and rule not in _KEEPS_INTERLEAVED:
         return ("its input holds the batch interleaved with image blocks (after SpaceToBatchND), "
                 "which only per-image and element-wise ops keep apart"), None, None
-    outs = [_shape_fact(at_batch.shapes.get(r), at_next.shapes.get(r), batch) for r in refs]
+    in_shapes = tuple(at_batch.shapes.get(r, ()) for r in node.inputs)
+    in_shapes_next = tuple(at_next.shapes.get(r, ()) for r in node.inputs)
+    out_shapes = tuple(at_batch.shapes.get(r) for r in refs)
+    out_shapes_next = tuple(at_next.shapes.get(r) for r in refs)
     # An output nothing reads decides nothing (FusedBatchNormV3's reserve spaces).
-    view = OpView(node, ins, [at_batch.shapes.get(r, ()) for r in node.inputs],
-                  [at_next.shapes.get(r, ()) for r in node.inputs],
-                  [o if r in used else None for o, r in zip(outs, refs)],
-                  [at_batch.shapes.get(r, ()) for r in refs],
+    outputs_used = tuple(r in used for r in refs)
+    attrs = value_key(node.attr)
+    key = None if attrs is None else (node.op, attrs, tuple(ins), in_shapes, in_shapes_next,
+                                      out_shapes, out_shapes_next, outputs_used)
+    if key is not None and (verdict := verdicts.get(key)) is not None:
+        return verdict
+    outs = [_shape_fact(a, b, batch) for a, b in zip(out_shapes, out_shapes_next)]
+    view = OpView(node, ins, list(in_shapes), list(in_shapes_next),
+                  [o if u else None for o, u in zip(outs, outputs_used)],
+                  [s if s is not None else () for s in out_shapes],
                   [at_batch.values.get(r) for r in node.inputs],
                   [at_next.values.get(r) for r in node.inputs])
-    return rule(view), view.outputs, outs
+    verdict = (rule(view), view.outputs, outs)
+    if key is not None and not view.read_values:
+        verdicts[key] = verdict
+    return verdict
 
 
 _KEEPS_INTERLEAVED = (elementwise, image, reshape, batch_to_space)

@@ -73,10 +73,12 @@ def _write_output(output: Path, exe: Executable) -> int:
     directory it deletes afterwards."""
     from neuronish.runtime.executable import write
 
+    from .nogc import paused_gc
+
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f, paused_gc():  # packing allocates, frees no cycles
             size = write(exe, f)
         os.replace(tmp, output)
     except BaseException:

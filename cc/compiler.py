@@ -14,24 +14,35 @@ from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_
 from neuronish.runtime.native.spec import numpy_instructions
 
 from . import __version__
-from .device_model import DeviceDescription, estimate, load_device
+from .device_model import DeviceDescription, ValueTypes, estimate, load_device
 from .errors import InvalidGraph
 from .graphdef import TFNode, parse_graph_def
 from .ioconfig import IOConfig, parse_io_config
 from .ir import Graph, Node, TensorType, Value
 from .lower import lower
 from .memory import plan_memory
+from .nogc import frozen_gc, paused_gc
 from .passes.quantize import QuantizeReport, check_calibration, quantize_int8
 from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
+from .signature import Memo, signature_key, value_key
 
 AUTO_CAST_MODES = ("none", "matmult", "all")
 AUTO_CAST_TYPES = ("bf16", "fp16")
 
 
+# (signature, output shapes) -> flops: a pure function of them, worked out once each
+_FLOPS: Memo[int] = Memo()
+
+
 def flops(node: Node) -> int:
     """Estimated arithmetic of one instruction (runtime/isa.py's rule)."""
-    return isa.flops(node.kind, [v.shape for v in node.inputs], [v.shape for v in node.outputs],
-                     node.attrs)
+    signature = signature_key(node.kind, node.inputs, node.attrs)
+    key = None if signature is None else (signature, tuple(o.shape for o in node.outputs))
+    count = _FLOPS.get(key)
+    if count is None:
+        count = _FLOPS.put(key, isa.flops(node.kind, [v.shape for v in node.inputs],
+                                          [v.shape for v in node.outputs], node.attrs))
+    return count
 
 
 def _distinct_outputs(graph: Graph) -> None:
@@ -88,6 +99,33 @@ def _pack(costs: list[float], limit: float) -> list[list[int]]:
         stages[-1].append(i)
         total += c
     return stages
+
+
+def _numpy_instructions(exe: Executable) -> list[dict]:
+    """`numpy_instructions` of the executable, asked once per distinct instruction (kind,
+    attributes, operand types, which operands are constants: all it reads besides the
+    TF nodes), then listed for every instruction like it, in program order."""
+    types = ValueTypes(exe)
+    groups: dict[object, list[tuple[int, Instruction]]] = {}
+    alone: list[tuple[int, Instruction]] = []  # (not keyable: asked on their own)
+    index = 0
+    for program in exe.programs:
+        for ins in program:
+            attrs = value_key(ins.attrs)
+            key = None if attrs is None else (
+                ins.kind, attrs, tuple((types[v], v in exe.constants) for v in ins.inputs),
+                tuple(types[v] for v in ins.outputs))
+            if key is None:
+                alone.append((index, ins))
+            else:
+                groups.setdefault(key, []).append((index, ins))
+            index += 1
+    batches = [*groups.values(), *([one] for one in alone)]
+    firsts = [members[0][1] for members in batches]
+    slow = {f["index"]: f for f in numpy_instructions([firsts], exe.values, exe.constants)}
+    found = [{**slow[k], "index": i, "tf": list(ins.source)}
+             for k, members in enumerate(batches) if k in slow for i, ins in members]
+    return sorted(found, key=lambda f: f["index"])
 
 
 def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int],
@@ -186,9 +224,10 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
         check_calibration(graph, calibration)
         quantize = functools.partial(quantize_int8, samples=calibration, max_error=max_error,
                                      report=quantized)
-    graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type,
-                                               quantize if quantized else None),
-                         instruments, timings)
+    with frozen_gc():  # the lowered graph is long-lived: not for the collector (nogc.py)
+        graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type,
+                                                   quantize if quantized else None),
+                             instruments, timings)
     options = {"auto_cast": auto_cast, "auto_cast_type": auto_cast_type,
                "pipeline_cores": pipeline_cores, "command_line": command_line or [],
                "output_names": list(io.outputs)}
@@ -199,12 +238,25 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     if disabled_passes:  # only when used, so ordinary executables are unchanged
         options["disabled_passes"] = sorted(disabled_passes)
     device = device or load_device()
-    exe = build_executable(graph, options, dict(sorted(tf_ops.items())))
+    with paused_gc():  # only allocation from here on, no cyclic garbage
+        exe = _finish(graph, options, dict(sorted(tf_ops.items())), device, notes, quantized)
+    exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
+    if dumper.directory:
+        memory = "\n".join(f"%{k} @ {off}" for k, off in sorted(exe.offsets.items()))
+        dumper.write("memory_plan", f"arena_bytes {exe.arena_bytes}\n{memory}\n")
+    return exe
+
+
+def _finish(graph: Graph, options: dict, tf_ops: dict[str, int], device: DeviceDescription,
+            notes: list[str] | None, quantized: QuantizeReport | None) -> Executable:
+    """The executable of the final graph, with its modelled times and statistics."""
+    pipeline_cores = options["pipeline_cores"]
+    exe = build_executable(graph, options, tf_ops)
     if pipeline_cores > 1:
         # Stages balanced by the device model's time per instruction, not by flops alone
         # (a memory-bound layer with few flops still takes its time).
         seconds = [c.seconds for c in estimate(exe, device).costs[0]]
-        exe = build_executable(graph, options, dict(sorted(tf_ops.items())), seconds)
+        exe = build_executable(graph, options, tf_ops, seconds)
         if exe.num_cores < pipeline_cores:
             note = (f"--neuroncore-pipeline-cores {pipeline_cores} asks for more stages than "
                     f"the program has instructions ({len(graph.nodes)}); compiled for "
@@ -218,10 +270,5 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     # Modelled device time per instruction (docs/device-model.md): an optional key.
     exe.stats["device_model"] = estimate(exe, device).to_stats()
     # What the native engine will leave to numpy (slow): the compile report warns of it.
-    exe.stats["numpy_instructions"] = numpy_instructions(exe.programs, exe.values,
-                                                         exe.constants)
-    exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
-    if dumper.directory:
-        memory = "\n".join(f"%{k} @ {off}" for k, off in sorted(exe.offsets.items()))
-        dumper.write("memory_plan", f"arena_bytes {exe.arena_bytes}\n{memory}\n")
+    exe.stats["numpy_instructions"] = _numpy_instructions(exe)
     return exe

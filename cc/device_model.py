@@ -35,6 +35,7 @@ from neuronish.runtime.executable import Executable, Instruction
 from neuronish.runtime.files import FileRefused, read_json
 
 from .errors import CompilerError
+from .signature import value_key
 
 ENV_VAR = "NEURONISH_DEVICE_MODEL"
 MAX_DEVICE_MODEL_BYTES = 1 << 20  # a dozen numbers; a file past this is not one
@@ -179,24 +180,66 @@ def estimate(exe: Executable, device: DeviceDescription) -> Estimate:
     cast = _CAST_DTYPES.get(options.get("auto_cast_type", "bf16"), "bfloat16")
     mode = options.get("auto_cast", "none")
     boundary = {s.value for s in (*exe.inputs, *exe.outputs)}
-    costs = [[_cost(i, exe, device, mode, cast, boundary) for i in program]
-             for program in exe.programs]
+    types = ValueTypes(exe)
+    # An instruction's cost follows from its kind, attributes, operand types and which
+    # operands travel anyway (constants, inputs, outputs): a large graph repeats a few.
+    seen: dict[object, Cost] = {}
+    costs = []
+    for program in exe.programs:
+        row = []
+        for ins in program:
+            in_types = [types[v] for v in ins.inputs]
+            out_types = [types[v] for v in ins.outputs]
+            key = _cost_key(ins, in_types, out_types, exe, boundary)
+            cost = seen.get(key) if key is not None else None
+            if cost is None:
+                cost = _cost(ins, in_types, out_types, exe, device, mode, cast, boundary)
+                if key is not None:
+                    seen[key] = cost
+            row.append(cost)
+        costs.append(row)
     batch = next((s.shape[s.batch_axis] for s in exe.inputs if s.batch_axis >= 0), 1)
     return Estimate(device.name, int(batch), costs)
 
 
-def _type(exe: Executable, vid: int) -> tuple[tuple[int, ...], str]:
-    if vid in exe.constants:
-        a = exe.constants[vid]
-        return tuple(a.shape), a.dtype.name
-    return exe.values[vid]
+class ValueTypes:
+    """value id -> (shape, dtype name), constants' read from their arrays (a dtype's
+    name is slow to ask numpy for: asked once per dtype)."""
+
+    def __init__(self, exe: Executable):
+        self.exe = exe
+        self.names: dict[np.dtype, str] = {}
+
+    def __getitem__(self, vid: int) -> tuple[tuple[int, ...], str]:
+        a = self.exe.constants.get(vid)
+        if a is None:
+            return self.exe.values[vid]
+        name = self.names.get(a.dtype)
+        if name is None:
+            name = self.names[a.dtype] = a.dtype.name
+        return tuple(a.shape), name
 
 
-def _cost(ins: Instruction, exe: Executable, device: DeviceDescription, mode: str, cast: str,
-          boundary: set[int]) -> Cost:
+def _cost_key(ins: Instruction, in_types: list, out_types: list, exe: Executable,
+              boundary: set[int]) -> tuple | None:
+    """What `_cost` depends on besides the device and the auto-cast options (the same for
+    a whole executable); None if some part cannot be keyed (a list-valued shape from a
+    file, an array attribute)."""
+    attrs = value_key(ins.attrs)
+    if attrs is None:
+        return None
+    travels = tuple(v in exe.constants or v in boundary for v in (*ins.inputs, *ins.outputs))
+    key = (ins.kind, attrs, tuple(in_types), tuple(out_types), travels)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _cost(ins: Instruction, in_types: list, out_types: list, exe: Executable,
+          device: DeviceDescription, mode: str, cast: str, boundary: set[int]) -> Cost:
     unit = "matrix" if ins.kind in MATRIX_KINDS else "vector"
-    in_types = [_type(exe, v) for v in ins.inputs]
-    out_types = [_type(exe, v) for v in ins.outputs]
     dtype = in_types[0][1] if in_types else out_types[0][1]
     rounded = (mode == "matmult" and unit == "matrix") or mode == "all"
     if rounded and dtype == "float32":

@@ -393,14 +393,38 @@ def _refuse_cycles(nodes: list[TFNode]) -> None:
                      or by_name[p].op not in ("NextIteration", "RefNextIteration")}
         return {p for p in names if p in by_name}
 
-    try:
-        graphlib.TopologicalSorter({n.name: preds(n) for n in nodes}).prepare()
+    graph = {n.name: preds(n) for n in nodes}
+    if _acyclic(graph):
+        return
+    try:  # graphlib names the cycle (as it always has: the message stays the same)
+        graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as e:
         # graphlib lists it producer first; read it as "consumer <- producer".
         cycle = list(reversed(e.args[1]))
         raise InvalidGraph("the graph has a cycle (through data or control edges): "
                            + " <- ".join(repr(c) for c in cycle)
                            + "; TensorFlow refuses such a graph too") from None
+
+
+def _acyclic(preds: dict[str, set[str]]) -> bool:
+    """Whether the graph (node -> its predecessors) has no cycle: Kahn's algorithm, in
+    plain dicts and lists (graphlib's `prepare` walked every node in a Python-level
+    search for a cycle first: 1.2 s of a 200,000-node parse)."""
+    waiting = {name: len(p) for name, p in preds.items()}
+    readers: dict[str, list[str]] = {}
+    for name, p in preds.items():
+        for q in p:
+            readers.setdefault(q, []).append(name)
+    ready = [name for name, count in waiting.items() if not count]
+    done = 0
+    while ready:
+        name = ready.pop()
+        done += 1
+        for reader in readers.get(name, ()):
+            waiting[reader] -= 1
+            if not waiting[reader]:
+                ready.append(reader)
+    return done == len(preds)
 
 
 def load_graph_def(path: str | Path) -> list[TFNode]:

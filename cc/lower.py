@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import traceback
 
+import numpy as np
+
 from . import batch, ops  # noqa: F401  (ops registers every lowering)
 from .errors import CompilerError, InvalidGraph, NodeError, NodeProblem, UnsupportedNodes
 from .graphdef import TensorRef, TFNode
@@ -266,6 +268,10 @@ def _lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None) -> Graph:
 
     outputs = [values[TensorRef.parse(name)] for name in io.outputs]
     graph = Graph(inputs, outputs, ctx.nodes, [s.batch_axis for s in io.inputs])
+    # Every node came from `LowerCtx.emit`, which type-checked it as it was made (the
+    # verifier's inference, and the device's size limits) and nothing edits it since:
+    # the pipeline's verifier starts from here (cc/verify.py).
+    graph.take_changes()
     graph.output_batch_axes = _output_batch_axes(graph, io)
     if fixed_batch:
         graph.input_batch_axes = [-1] * len(graph.inputs)
@@ -330,27 +336,37 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
     # a chain of 100k alike nodes is lowered once here. Only successes are kept, so every
     # failure is found, and worded, by the lowering itself.
     seen: dict[tuple, tuple[list[tuple[TensorType, object]], frozenset[int]]] = {}
+    # ...and, for lowerings that never looked at a weight's values (`_WatchedConst`), by
+    # the weights' types instead: 100k Muls, each by its own constant, are lowered once.
+    seen_typed: dict[tuple, tuple[list[tuple[TensorType, object]], frozenset[int]]] = {}
     for node in order:
         if node.name in fed_nodes:
             continue
         refs = [TensorRef(node.name, k) for k in range(output_counts.get(node.name, 0))]
         if not any(r.node in reached for r in node.inputs):
             for r in refs:
-                nxt[r] = values[r]
+                v = values[r]
+                nxt[r] = _WatchedConst(v.type, data=v.data, name=v.name) if v.is_const else v
             continue
         reached.add(node.name)
         if any(r.node in failed for r in node.inputs):
             failed[node.name] = "an input could not be computed at that batch"
             continue
         ins = [nxt.get(r) for r in node.inputs]
-        key = _same_lowering_key(node, ins)
-        if key is not None and (hit := seen.get(key)) is not None:
+        typed = _same_lowering_key(node, ins, weights_by_type=True) \
+            if any(type(v) is _WatchedConst for v in ins) else None
+        hit = seen_typed.get(typed) if typed is not None else None
+        key = _same_lowering_key(node, ins) if hit is None else None
+        if hit is None and key is not None:
+            hit = seen.get(key)
+        if hit is not None:
             outs, reads = hit
             for r, (t, data) in zip(refs, outs):
                 nxt[r] = Value(t, data=data)
             if reads:
                 ctx.reads[node.name] = set(reads)
             continue
+        looks = _WatchedConst.looks
         try:
             lowered = _lower_node(ctx, node)
         except NodeError as e:
@@ -358,9 +374,11 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
             continue
         for r, v in zip(refs, lowered):
             nxt[r] = v
+        result = ([(v.type, v.data) for v in lowered], frozenset(ctx.reads.get(node.name, ())))
         if key is not None:
-            seen[key] = ([(v.type, v.data) for v in lowered],
-                         frozenset(ctx.reads.get(node.name, ())))
+            seen[key] = result
+        if typed is not None and _WatchedConst.looks == looks:
+            seen_typed[typed] = result
     used = {r for node in order for r in node.inputs} | {TensorRef.parse(n) for n in io.outputs}
     outputs = [(TensorRef.parse(n), a) for n, a in zip(io.outputs, _declared_axes(io, values))]
     return batch.check(order, {ref: spec.batch_axis for ref, spec in fed.items()}, used,
@@ -369,11 +387,33 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
                        {op: lowering.batch for op, lowering in LOWERINGS.items()})
 
 
-def _same_lowering_key(node: TFNode, ins: list[Value | None]) -> tuple | None:
+class _WatchedConst(Value):
+    """A constant no fed tensor reaches (a weight), as the lowering at the compiled batch
+    + 1 sees it: every look at its values (`data`, `is_const`) is counted, so a lowering
+    that never looked is known to depend on its type alone."""
+
+    __slots__ = ("_data",)
+    looks = 0
+
+    @property  # type: ignore[override]
+    def data(self) -> np.ndarray | None:
+        _WatchedConst.looks += 1
+        return self._data
+
+    @data.setter
+    def data(self, value: np.ndarray | None) -> None:
+        self._data = value
+
+
+def _same_lowering_key(node: TFNode, ins: list[Value | None],
+                       weights_by_type: bool = False) -> tuple | None:
     """What a lowering's results (output types, constant outputs, inputs read as
     constants) depend on: the op type, the attributes, each computed input's type and each
     constant input itself (by identity: the key holds the Value, so the id is not reused).
-    None when that cannot be keyed cheaply (a tensor-valued attribute, a missing input)."""
+    None when that cannot be keyed cheaply (a tensor-valued attribute, a missing input).
+
+    `weights_by_type`: weights (`_WatchedConst`) by their type instead, which a lowering
+    that did not look at their values (`_WatchedConst.looks` unchanged) depends on alone."""
     attrs = value_key(node.attr)
     if attrs is None:
         return None
@@ -381,7 +421,10 @@ def _same_lowering_key(node: TFNode, ins: list[Value | None]) -> tuple | None:
     for v in ins:
         if v is None:
             return None
-        if v.data is not None:
+        if weights_by_type and type(v) is _WatchedConst:
+            parts.append(("weight", v.type))
+            continue
+        if v.is_const:
             parts.append(("const", id(v), v))
             continue
         shape = v.type.shape

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from neuronish.runtime import isa
 
-from .ir import Graph
+from .ir import Graph, Node
+from .signature import Memo, signature_key
 
 ALIGN = 64  # cache line; also what numpy's SIMD loops like
 MAX_NEIGHBOURS = 512  # overlapping placed buffers searched for a gap, per buffer
@@ -82,6 +83,21 @@ def aliases(graph: Graph) -> dict[int, int]:
     return root
 
 
+# signature -> scratch bytes (a pure function of it; a large graph repeats a few)
+_SCRATCH: Memo[int] = Memo()
+
+
+def scratch_bytes(node: Node) -> int:
+    """The scratch bytes runtime/isa.py's rule grants the instruction."""
+    key = signature_key(node.kind, node.inputs, node.attrs)
+    nbytes = _SCRATCH.get(key)
+    if nbytes is None:
+        nbytes = _SCRATCH.put(key, isa.scratch_bytes(
+            node.kind, [v.shape for v in node.inputs], [v.dtype for v in node.inputs],
+            node.attrs))
+    return nbytes
+
+
 def lifetimes(graph: Graph, alias: dict[int, int] | None = None) -> list[Buffer]:
     """Each arena buffer's life; a reshape's output in `alias` is no buffer of its own, it
     extends the life of the buffer it shares (until its own last reader)."""
@@ -99,8 +115,7 @@ def lifetimes(graph: Graph, alias: dict[int, int] | None = None) -> list[Buffer]
         for o in node.outputs:
             if o.id not in external and o.id not in alias:
                 first[o.id], last[o.id], size[o.id] = i, i, o.type.nbytes
-        nbytes = isa.scratch_bytes(node.kind, [v.shape for v in node.inputs],
-                                   [v.dtype for v in node.inputs], node.attrs)
+        nbytes = scratch_bytes(node)
         if nbytes:
             buffers.append(Buffer(("scratch", i), _align(nbytes), i, i))
     buffers += [Buffer(("value", vid), _align(max(size[vid], 1)), first[vid], last[vid])
@@ -118,38 +133,53 @@ class _TimeIndex:
         self.size = 1
         while self.size < max(positions, 1):
             self.size *= 2
-        self.covering: dict[int, list[int]] = {}  # tree node -> buffer indexes
+        # Flat lists by tree node, not dicts (a 100k-value plan updates them millions of
+        # times): the buffers stored there, and how many.
+        self.covering: list[list[int] | None] = [None] * (2 * self.size)
+        self.cover_count = [0] * (2 * self.size)
         self.starting: dict[int, list[int]] = {}  # leaf position -> buffer indexes
         self.start_count = [0] * (2 * self.size)
 
     def add(self, index: int, first: int, last: int) -> None:
+        covering, cover_count = self.covering, self.cover_count
         lo, hi = first + self.size, last + self.size + 1
         while lo < hi:  # the canonical nodes of [first, last]
             if lo & 1:
-                self.covering.setdefault(lo, []).append(index)
+                if covering[lo] is None:
+                    covering[lo] = [index]
+                else:
+                    covering[lo].append(index)  # type: ignore[union-attr]
+                cover_count[lo] += 1
                 lo += 1
             if hi & 1:
                 hi -= 1
-                self.covering.setdefault(hi, []).append(index)
+                if covering[hi] is None:
+                    covering[hi] = [index]
+                else:
+                    covering[hi].append(index)  # type: ignore[union-attr]
+                cover_count[hi] += 1
             lo //= 2
             hi //= 2
         self.starting.setdefault(first, []).append(index)
         node = first + self.size
+        start_count = self.start_count
         while node:
-            self.start_count[node] += 1
+            start_count[node] += 1
             node //= 2
 
     def alive_at_count(self, position: int) -> int:
-        node, count = position + self.size, 0
+        node, count, cover_count = position + self.size, 0, self.cover_count
         while node:
-            count += len(self.covering.get(node, ()))
+            count += cover_count[node]
             node //= 2
         return count
 
     def alive_at(self, position: int) -> list[int]:
         node, found = position + self.size, []
         while node:
-            found += self.covering.get(node, ())
+            here = self.covering[node]
+            if here:
+                found += here
             node //= 2
         return found
 

@@ -1,10 +1,16 @@
-"""Pause Python's cyclic garbage collector while a large graph is built.
+"""Keep Python's cyclic garbage collector off the compiler's large, long-lived graphs.
 
 Parsing and lowering a 100k-node graph allocate millions of long-lived objects and
 almost no garbage; the collector's generational passes over them took about half the
 time (a 100k-node Relu chain: lowering 15 s with it, 8 s without). Reference counting
 still frees everything acyclic meanwhile, and the collector resumes (and catches up)
 when the outermost pause ends.
+
+After lowering, the passes do make cyclic garbage (a removed node and its outputs
+point at each other), so the collector stays on there, but the graph built so far is
+frozen out of its sight (`frozen_gc`): its full collections, each a walk over every
+live object, came back every few thousand allocations and cost a 100,000-node AddN
+about 10 of its 33 s (benchmarks/compiler_scale.py).
 """
 
 from __future__ import annotations
@@ -25,3 +31,18 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+@contextmanager
+def frozen_gc() -> Iterator[None]:
+    """Every object alive now is left out of the collector's walks for the block (its
+    own garbage is still collected); afterwards they are collectable again. A caller
+    that froze objects itself is left alone (unfreezing would release its objects too)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -2,9 +2,10 @@
 bottom, run under instruments (TVM's pass instruments): hooks around every pass
 that verify, dump, time or skip it, so no pass carries that code itself.
 
-    Verify          the verifier after every pass (always on): in full on the lowered
-                    graph and after the last pass, between passes the types of the
-                    nodes each pass changed (cc/verify.py)
+    Verify          the verifier after every pass (always on): the structure of the
+                    lowered graph and the types of nodes its lowering did not check,
+                    between passes what each pass changed, everything after the last
+                    pass (cc/verify.py; NEURONISH_VERIFY=full: everything every time)
     Dumper          the graph after each pass as `NNN_<pass>.txt` (`NEURONISH_DUMP_DIR`,
                     `--workdir`)
     Timer           per-pass wall time and node counts (`neuronish-cc --verbose`)
@@ -29,6 +30,7 @@ from .passes.idioms import (
     recognize_gelu,
     recognize_gelu_tanh,
     recognize_layer_norm,
+    recognize_masked_softmax,
     recognize_swish,
 )
 from .passes.layout import assign_layouts
@@ -60,6 +62,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("recognize_gelu_tanh", recognize_gelu_tanh),
         Pass("recognize_swish", recognize_swish),
         Pass("recognize_layer_norm", recognize_layer_norm),
+        # Attention's mask, softmax and mask again: one pass over the scores.
+        Pass("recognize_masked_softmax", recognize_masked_softmax),
         Pass("eliminate_dead_code", eliminate_dead_code),
         # A Dense on [batch, seq, features] is one matmul, without its two reshapes...
         Pass("absorb_dense_reshapes", absorb_dense_reshapes),
@@ -115,14 +119,14 @@ class Instrument:
 
 class Verify(Instrument):
     """The verifier on the lowered graph and after every pass, naming the pass it caught;
-    the nodes a pass changed between passes, every node at both ends."""
+    the nodes a pass changed between passes, every node after the last."""
 
     def __init__(self) -> None:
         self.check = IncrementalVerifier()
         self.last: str | None = None
 
     def enter_pipeline(self, graph: Graph) -> None:
-        self.check(graph, full=True)
+        self.check(graph)  # (a graph not from `lower` has every node new: checked in full)
 
     def after_pass(self, p: Pass, graph: Graph) -> None:
         self.last = p.name

@@ -561,6 +561,19 @@ def _softmax(t: Sequence[HasType], a: dict) -> list[Type]:
     return _one(t, a)
 
 
+def _masked_softmax(t: Sequence[HasType], a: dict) -> list[Type]:
+    x, mask = t
+    if x.dtype not in ("float32", "bfloat16") or not x.shape:
+        raise IsaError(f"x must be a float32 or bfloat16 tensor of rank >= 1, got {_fmt(x)}",
+                       "in")
+    if mask.dtype != "bool":
+        raise IsaError(f"mask must be bool, got {_fmt(mask)}", "in")
+    if len(mask.shape) > len(x.shape) or broadcast_shapes(x.shape, mask.shape) != x.shape:
+        raise IsaError(f"mask {_fmt(mask)} must broadcast to x {_fmt(x)} without growing it",
+                       "in")
+    return _one(t, a)
+
+
 def _layer_norm(t: Sequence[HasType], a: dict) -> list[Type]:
     x, scale, shift = t
     if x.dtype not in ("float32", "float16", "float64") or not x.shape:
@@ -806,6 +819,13 @@ declare(Kind("reduce", ("x",), attrs=(
 declare(Kind("softmax", ("x",), attrs=(Attr("axis", Int(lo=0)), Attr("log", BOOL, False)),
              traits=_t("reduction"), rule=_softmax, doc=(
                  "softmax (or log-softmax) along `axis`, numerically stable (subtract max).")))
+declare(Kind("masked_softmax", ("x", "mask"), attrs=(
+    Attr("fill", NUM, doc="what a masked-out x counts as in the softmax"),
+    Attr("masked", NUM, doc="what a masked-out output is")),
+    traits=_t("reduction"), rule=_masked_softmax, doc=(
+        "attention's masked softmax over the last axis, one pass for three TF ops: "
+        "y = where(mask, softmax(where(mask, x, fill)), masked), mask broadcasting to x. "
+        "Computed in float32 (a bfloat16 x is widened, y rounded once).")))
 declare(Kind("layer_norm", ("x", "scale", "shift"), attrs=(
     Attr("epsilon", NUM, doc=">= 0, added to the variance"),),
     traits=_t("reduction"), rule=_layer_norm, doc=(
@@ -928,7 +948,7 @@ def flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[Se
         return 2 * out * (a[-2] if attrs.get("transpose_a") else a[-1])
     if kind in ("pool", "pool3d"):
         return out * elements(attrs.get("ksize", ()))
-    if kind in ("reduce", "softmax", "layer_norm", "argminmax"):
+    if kind in ("reduce", "softmax", "masked_softmax", "layer_norm", "argminmax"):
         return elements(in_shapes[0]) if in_shapes else out
     return out
 

@@ -23,6 +23,7 @@ from ..errors import NodeError
 from ..graphdef import TENSOR_TYPES, TensorRef, TFNode, tensor_to_numpy
 from ..interpret import MAX_FOLD_BYTES, fold_fits
 from ..ir import Node, TensorType, Value, constant
+from ..signature import signature_key, value_key
 
 LowerFn = Callable[["LowerCtx", TFNode], list[Value]]
 SupportsFn = Callable[[TFNode], "str | None"]
@@ -166,46 +167,6 @@ def _output_types(kind: str, types: list[TensorType], attrs: dict) -> list[Tenso
     return out_types
 
 
-def signature_key(kind: str, types: list[TensorType], attrs: dict) -> tuple | None:
-    """A key that equals another only when the kind, the input shapes and dtypes and the
-    attributes are the same values of the same Python types (1, 1.0 and True differ, so
-    do 0.0 and -0.0); None when an attribute is of a type not worth keying (arrays)."""
-    shapes = []
-    for t in types:
-        if type(t.shape) is not tuple or type(t.dtype) is not str or \
-                any(type(d) is not int for d in t.shape):
-            return None
-        shapes.append((t.shape, t.dtype))
-    attr_key = value_key(attrs)
-    return None if attr_key is None else (kind, tuple(shapes), attr_key)
-
-
-def value_key(value: object) -> object:
-    """`value` as a hashable key tagged with its exact types, or None (see `signature_key`)."""
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return (kind, value)
-    if kind is float:
-        return (kind, value.hex())  # tells -0.0 from 0.0, and NaN equals itself
-    if kind is list or kind is tuple:
-        items = []
-        for item in value:
-            k = value_key(item)
-            if k is None:
-                return None
-            items.append(k)
-        return (kind, tuple(items))
-    if kind is dict:
-        items = []
-        for name, item in value.items():
-            k = value_key(item)
-            if type(name) is not str or k is None:
-                return None
-            items.append((name, k))
-        return (kind, tuple(sorted(items)))
-    return None
-
-
 def attr_tensor(node: TFNode, key: str = "value") -> np.ndarray:
     """Decode a tensor-valued attribute (e.g. Const's `value`)."""
     value = node.attr.get(key)
@@ -221,4 +182,4 @@ def require_type(v: Value, *dtypes: str, what: str = "input") -> None:
 
 
 __all__ = ["LOWERINGS", "LowerCtx", "Lowering", "TensorType", "attr_tensor", "refused_nodes",
-           "require_type", "tf_op"]
+           "require_type", "signature_key", "tf_op", "value_key"]

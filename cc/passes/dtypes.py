@@ -9,8 +9,8 @@ assigns each value a dtype instead:
   activation epilogue still work on the float32 accumulator; the result is rounded once,
   to nearest even, as oneDNN's bf16 primitives do);
 - softmax (computed in float32 from the bf16 scores, rounded once) and select (the
-  attention mask: it only picks values), so attention's scores stay bf16 from their
-  matmul to the next one;
+  attention mask: it only picks values), or masked_softmax (both in one), so attention's
+  scores stay bf16 from their matmul to the next one;
 - pooling, the activations and element-wise functions oneDNN has bf16 kernels for,
   add/sub/mul/div/maximum/minimum (where oneDNN takes the broadcast), a mean or max over
   an image's H and W (a global pool), concat and the movement kinds write bfloat16 when
@@ -57,6 +57,8 @@ def _follows(node: Node) -> bool:
     if node.kind == "softmax":  # (attention's probabilities: oneDNN's bf16 softmax)
         return not node.attrs.get("log")
     if node.kind == "select":  # (attention's mask: picks values, exact in any dtype)
+        return True
+    if node.kind == "masked_softmax":  # (the two above in one: float32 inside, rounded once)
         return True
     if node.kind == "reduce":  # NHWC's H and W: a global pool on the native engine
         return len(node.inputs[0].shape) == 4 and sorted(node.attrs["axes"]) == [1, 2] \

@@ -18,6 +18,11 @@ tf.nn.batch_normalization) arrives as ten to twelve ops: two means, a squared di
 rsqrt(var + eps), then x * inv + (beta - mean * inv) with inv = rsqrt(...) * gamma. As
 one `layer_norm` it is one pass over the rows (oneDNN's layer normalization).
 
+Attention's masked softmax (Keras' Softmax layer with a mask, keras_hub's BERT family)
+arrives as three ops over the [batch, heads, query, key] scores: where(mask, x, -1e9),
+softmax over the keys, where(mask, p, 0). As one `masked_softmax` it is one pass over
+the scores instead of three (the engine's own loop).
+
 Each idiom is a rule for the rewrite driver (cc/rewrite.py): a pattern rooted at the
 instruction that is replaced, and an action checking what a pattern cannot say (the
 constants of the formula, x's type kept).
@@ -302,6 +307,49 @@ def recognize_layer_norm(graph: Graph) -> Graph:
     """(x - mean) * rsqrt(var + eps) * gamma + beta over x's last axis, in the forms
     Keras and tf.nn.batch_normalization write it, becomes `layer_norm(x, gamma, beta)`."""
     return rewrite(graph, LAYER_NORM)  # the dead pieces go in eliminate_dead_code
+
+
+
+def _one_float(v: Value) -> float | None:
+    """The value of a one-element float constant, else None."""
+    if not v.is_const or v.data.size != 1 or v.dtype not in FLOATS:
+        return None
+    return float(np.asarray(v.data).reshape(()))
+
+
+def _masked_softmax(graph: Graph, final: Node, m: dict[str, Value]) -> bool:
+    """final = where(mask, softmax(where(mask, x, fill)), masked) over x's last axis, the
+    mask broadcasting to x without growing it, fill and masked scalar constants."""
+    x, mask, sm = m["x"], m["mask"], m["p"].producer
+    fill, masked = _one_float(m["fill"]), _one_float(m["masked"])
+    if fill is None or masked is None or sm.attrs.get("log") \
+            or sm.attrs["axis"] != len(x.shape) - 1 or x.dtype not in ("float32", "bfloat16") \
+            or m["z"].type != x.type or final.outputs[0].type != x.type \
+            or len(mask.shape) > len(x.shape) \
+            or any(d not in (1, e) for d, e in zip(mask.shape[::-1], x.shape[::-1])):
+        return False
+    node = Node("masked_softmax", [x, mask], final.outputs, {"fill": fill, "masked": masked},
+                tuple(dict.fromkeys(o for n in (m["z"].producer, sm, final)
+                                    for o in n.origin)))
+    graph.replace(final, node)
+    final.outputs[0].producer = node
+    return True
+
+
+# where(mask, softmax(where(mask, x, fill)), masked): the inner select and the softmax
+# each read once, both selects by the same mask.
+MASKED_SOFTMAX = [Rule("masked_softmax", Pat("select", inputs=(
+    Pat(name="mask"),
+    Pat("softmax", private=True, name="p", inputs=(
+        Pat("select", private=True, name="z", inputs=(
+            Pat(name="mask"), Pat(name="x"), Pat(name="fill"))),)),
+    Pat(name="masked"))), _masked_softmax)]
+
+
+def recognize_masked_softmax(graph: Graph) -> Graph:
+    """where(mask, softmax(where(mask, x, fill)), masked) over x's last axis becomes
+    `masked_softmax(x, mask)` (Keras' masked Softmax: fill -1e9, masked 0)."""
+    return rewrite(graph, MASKED_SOFTMAX)  # the dead pieces go in eliminate_dead_code
 
 
 def _statistics(r_node: Node) -> tuple[Value, Value, float, list[Node]] | None:

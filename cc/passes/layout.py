@@ -8,8 +8,11 @@ consumer. This pass marks exactly those values: a 4-D float32 output of a window
 instruction (conv2d, depthwise_conv2d, pool) whose channels are a multiple of 16 (so
 the blocked tensor is the NHWC tensor's size and the memory plan holds either) and
 whose every reader is a windowed instruction reading it as its image (or conv2d's
-residual), never a graph output. It sets the producer's `layout` attribute
-(docs/isa.md); the IR dump shows it and `neuronish-cc inspect` counts it.
+residual), never a graph output; and, since the engine reorders an NHWC input into a
+blocked instruction, only where that input is blocked itself or small: a depthwise
+convolution's input must be blocked, any other's blocked or at most 56x56. It sets the
+producer's `layout` attribute (docs/isa.md); the IR dump shows it and `neuronish-cc
+inspect` counts it.
 
 Semantics do not change: `layout` is a hint about physical placement. The numpy
 reference engine ignores it; the native engine keeps a marked value blocked only if it
@@ -24,6 +27,8 @@ from ..ir import Graph, Node, Value
 
 BLOCKED = "nChw16c"
 BLOCK = 16
+# A blocked region may start (reorder its NHWC input) at images of at most 56x56.
+_LARGEST_REGION_START = 56 * 56
 
 
 def _float32_math(node: Node) -> bool:
@@ -47,6 +52,7 @@ def _reads_as_image(node: Node, v: Value) -> bool:
 def assign_layouts(graph: Graph) -> Graph:
     """Mark each windowed instruction whose output can stay channel-blocked."""
     outputs = {v.id for v in graph.outputs}
+    blocked: set[int] = set()
     for node in graph.nodes:
         if node.kind not in isa.WINDOWED or len(node.outputs) != 1 or not _float32_math(node):
             continue
@@ -58,6 +64,17 @@ def assign_layouts(graph: Graph) -> Graph:
                 and all(_reads_as_image(r, y) for r in readers)
                 # The producer's own image can be blocked too (a 3-channel input image
                 # cannot: oneDNN has no fast kernel from it to a blocked output).
-                and x.dtype == "float32" and len(x.shape) == 4 and x.shape[3] % BLOCK == 0):
+                and x.dtype == "float32" and len(x.shape) == 4 and x.shape[3] % BLOCK == 0
+                # A depthwise convolution reads and writes one layout: blocking its output
+                # when its input stays NHWC costs a reorder of the input, as large as the
+                # output (MobileNetV2's 144-channel blocks between 24-channel ones: two
+                # reorders of 8x144x56x56 each), and oneDNN's NHWC depthwise is as fast.
+                and (node.kind != "depthwise_conv2d" or x.id in blocked)
+                # Nor does any region start at an NHWC input above 56x56: the engine would
+                # reorder that input (ResNet50's stem output into its max pool, 8x64x112x112;
+                # MobileNetV2's 8x32x112x112 into its first 1x1), while NHWC kernels there
+                # are about as fast (brgconv, brdgmm_dw, NHWC pooling).
+                and (x.id in blocked or x.shape[1] * x.shape[2] <= _LARGEST_REGION_START)):
             node.attrs = {**node.attrs, "layout": BLOCKED}
+            blocked.add(y.id)
     return graph

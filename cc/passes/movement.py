@@ -12,6 +12,7 @@ computes the same values, and leaves the op next to its producer.
 from __future__ import annotations
 
 from ..ir import Graph, Node, TensorType, Value, constant
+from ..rewrite import Pat, Rule, rewrite
 
 
 def _last_dim_constant(c: Value, features: int) -> bool:
@@ -47,63 +48,64 @@ def _sinkable(reshape: Node, user: Node) -> bool:
     return False
 
 
-def _collapse(graph: Graph, reshape: Node, uses: dict, outputs: set[int]) -> bool:
+def _collapse(graph: Graph, reshape: Node, m: dict[str, Value]) -> bool:
     """reshape(reshape(x)) is one reshape of x, or x itself when the shapes agree."""
-    inner = reshape.inputs[0].producer
-    if inner is None or inner.kind != "reshape" or len(uses.get(inner.outputs[0].id, [])) != 1 \
-            or inner.outputs[0].id in outputs:
-        return False
-    x = inner.inputs[0]
-    graph.remove(inner)
-    if x.type == reshape.outputs[0].type and reshape.outputs[0].id not in outputs:
-        graph.replace_uses(reshape.outputs[0], x)
+    inner = m["inner"].producer
+    x, y = inner.inputs[0], reshape.outputs[0]
+    if x.type == y.type and not graph.is_output(y):
+        graph.replace_uses(y, x)
         graph.remove(reshape)
     else:
         reshape.inputs = [x]
         reshape.origin = tuple(dict.fromkeys((*inner.origin, *reshape.origin)))
+    graph.remove(inner)
     return True
+
+
+def _sink(graph: Graph, reshape: Node, m: dict[str, Value]) -> bool:
+    """reshape -> its only reader (sinkable) becomes that op on x -> reshape."""
+    y = reshape.outputs[0]
+    if graph.use_count(y) != 1 or graph.is_output(y):
+        return False
+    user = graph.uses(y)[0]
+    if not _sinkable(reshape, user):
+        return False
+    x = reshape.inputs[0]
+    inputs = []
+    for v in user.inputs:
+        if v is y:
+            inputs.append(x)
+        elif v.is_const and v.data.size == 1:  # a scalar, whatever its rank
+            inputs.append(constant(v.data.reshape(())))
+        elif v.is_const and len(v.shape) > 1:  # [1, 1, F] -> [F]
+            inputs.append(constant(v.data.reshape(v.shape[-1:])))
+        else:
+            inputs.append(v)
+    moved = Node(user.kind, inputs, [], dict(user.attrs), user.origin)
+    moved.outputs = [Value(TensorType(x.shape, user.outputs[0].dtype), producer=moved)]
+    again = Node("reshape", [moved.outputs[0]], [], dict(reshape.attrs), reshape.origin)
+    again.outputs = [Value(user.outputs[0].type, producer=again)]
+    graph.insert_before(user, moved)
+    graph.insert_before(user, again)
+    graph.replace_uses(user.outputs[0], again.outputs[0])
+    graph.remove(user)
+    graph.remove(reshape)
+    return True
+
+
+# Rooted at a reshape: first fold a reshape feeding it (read by nothing else), then move
+# it below its reader. The driver revisits the reshape each rewrite leaves behind, so a
+# chain sinks one op at a time without rescanning the graph (it restarted from the top
+# after every move, quadratic in the number of reshapes).
+SINK_RESHAPES = [
+    Rule("collapse_reshapes", Pat("reshape", inputs=(
+        Pat("reshape", private=True, name="inner"),)), _collapse),
+    Rule("sink_reshape", Pat("reshape"), _sink),
+]
 
 
 def sink_reshapes(graph: Graph) -> Graph:
     """reshape (last dim kept) -> unary / binary-with-a-per-feature-constant becomes
     that op -> reshape, repeatedly, so a chain of them ends up before the reshape; and
     back-to-back reshapes become one (or none)."""
-    changed = True
-    while changed:
-        changed = False
-        uses = graph.consumers()
-        outputs = {v.id for v in graph.outputs}
-        for reshape in list(graph.nodes):
-            if reshape.kind != "reshape":
-                continue
-            if _collapse(graph, reshape, uses, outputs):
-                changed = True
-                break
-            y = reshape.outputs[0]
-            readers = uses.get(y.id, [])
-            if len(readers) != 1 or y.id in outputs or not _sinkable(reshape, readers[0]):
-                continue
-            user = readers[0]
-            x = reshape.inputs[0]
-            inputs = []
-            for v in user.inputs:
-                if v is y:
-                    inputs.append(x)
-                elif v.is_const and v.data.size == 1:  # a scalar, whatever its rank
-                    inputs.append(constant(v.data.reshape(())))
-                elif v.is_const and len(v.shape) > 1:  # [1, 1, F] -> [F]
-                    inputs.append(constant(v.data.reshape(v.shape[-1:])))
-                else:
-                    inputs.append(v)
-            moved = Node(user.kind, inputs, [], dict(user.attrs), user.origin)
-            moved.outputs = [Value(TensorType(x.shape, user.outputs[0].dtype), producer=moved)]
-            again = Node("reshape", [moved.outputs[0]], [], dict(reshape.attrs), reshape.origin)
-            again.outputs = [Value(user.outputs[0].type, producer=again)]
-            graph.insert_before(user, moved)
-            graph.insert_before(user, again)
-            graph.replace_uses(user.outputs[0], again.outputs[0])
-            graph.remove(user)
-            graph.remove(reshape)
-            changed = True
-            break
-    return graph
+    return rewrite(graph, SINK_RESHAPES)

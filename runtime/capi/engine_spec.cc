@@ -175,7 +175,7 @@ using Encoder = Out (*)(const Attrs &, const std::vector<Ref> &, const std::vect
 const std::map<std::string, Encoder> kEncoders = {
     {"conv2d", conv2d}, {"depthwise_conv2d", depthwise_conv2d},
     {"matmul", matmul}, {"pool", pool}, {"unary", unary}, {"binary", binary},
-    {"softmax", softmax}, {"reduce", reduce}, {"layer_norm", layer_norm}, {"concat", concat},
+    {"softmax", softmax}, {"masked_softmax", masked_softmax}, {"reduce", reduce}, {"layer_norm", layer_norm}, {"concat", concat},
     {"transpose", transpose}, {"copy", flat_copy}, {"reshape", flat_copy}, {"cast", cast},
     {"strided_slice", strided_slice}, {"broadcast_to", broadcast_to}, {"tile", tile},
     {"pad", pad}, {"argminmax", argminmax}, {"cumulative", cumulative}, {"one_hot", one_hot},

@@ -341,6 +341,17 @@ Out softmax(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> 
   return made(ints);
 }
 
+// ints: x, mask (padded to x's rank), y; floats: fill, masked (spec.py's _masked_softmax).
+Out masked_softmax(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &) {
+  const Ref &x = ins[0], &mask = ins[1], &y = outs[0];
+  if ((x.dtype != F32 && x.dtype != BF16) || y.dtype != x.dtype || x.shape.empty() ||
+      x.shape.size() > 8)
+    return std::nullopt;
+  Ints ints{OP_MASKED_SOFTMAX};
+  put(ints, x); put(ints, mask, padded(mask.shape, x.shape.size())); put(ints, y);
+  return made(ints, {a.f("fill"), a.f("masked")});
+}
+
 Out reduce(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &c) {
   const Ref &x = ins[0], &y = outs[0];
   Ints list = a.ints("axes");

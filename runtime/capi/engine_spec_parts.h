@@ -26,7 +26,7 @@ enum : int64_t {
   OP_MAP = 12, OP_BINARY_LOOP = 13, OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16,
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19, OP_ARGMINMAX = 20, OP_CUMULATIVE = 21,
   OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24, OP_RESIZE = 25, OP_REDUCE_INT = 26,
-  OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
+  OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29, OP_MASKED_SOFTMAX = 30,
   OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42,
   OP_G_UNARY = 50, OP_G_BINARY = 51, OP_G_REDUCE = 52, OP_G_CAST = 53, OP_G_POOL = 54,
   OP_G_SOFTMAX = 55, OP_G_LAYER_NORM = 56, OP_G_CONCAT = 57, OP_G_MATMUL = 58, OP_G_CONV = 59,
@@ -131,6 +131,7 @@ Out strided(const Ref &x, const Ref &y, int64_t start, const Ints &dims, const I
   Out name(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &c)
 NR_SPEC_ENCODER(conv2d); NR_SPEC_ENCODER(depthwise_conv2d); NR_SPEC_ENCODER(matmul);
 NR_SPEC_ENCODER(pool); NR_SPEC_ENCODER(unary); NR_SPEC_ENCODER(binary); NR_SPEC_ENCODER(softmax);
+NR_SPEC_ENCODER(masked_softmax);
 NR_SPEC_ENCODER(reduce); NR_SPEC_ENCODER(layer_norm); NR_SPEC_ENCODER(conv3d); NR_SPEC_ENCODER(pool3d);
 NR_SPEC_ENCODER(flat_copy); NR_SPEC_ENCODER(concat); NR_SPEC_ENCODER(transpose); NR_SPEC_ENCODER(cast);
 NR_SPEC_ENCODER(strided_slice); NR_SPEC_ENCODER(broadcast_to); NR_SPEC_ENCODER(tile); NR_SPEC_ENCODER(pad);

@@ -18,7 +18,8 @@ from .. import isa
 # attributes only until it gets one (docs/c-api.md).
 NATIVE_RULES = frozenset({"unary", "copy", "binary", "select", "cast", "matmul", "conv2d",
                           "depthwise_conv2d", "pool", "reduce", "softmax", "argminmax",
-                          "reshape", "transpose", "concat", "strided_slice", "layer_norm",
+                          "reshape", "transpose", "concat", "strided_slice", "masked_softmax",
+                          "layer_norm",
                           "pad", "tile", "broadcast_to", "gather", "conv3d", "pool3d",
                           "cumulative", "top_k", "one_hot", "resize", "quantize",
                           "conv2d_int8", "matmul_int8"})

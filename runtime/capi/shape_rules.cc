@@ -314,6 +314,16 @@ TensorType strided_slice(const In &t, const Node &a) {
   return {shape, t[0].dtype};
 }
 
+TensorType masked_softmax(const In &t, const Node &) {
+  const TensorType &x = t[0], &mask = t[1];
+  if ((x.dtype != dtype_of("float32") && x.dtype != dtype_of("bfloat16")) || x.shape.empty())
+    fail("x must be a float32 or bfloat16 tensor of rank >= 1, got " + fmt(x), "in");
+  if (mask.dtype != dtype_of("bool")) fail("mask must be bool, got " + fmt(mask), "in");
+  if (mask.shape.size() > x.shape.size() || broadcast({&x.shape, &mask.shape}) != x.shape)
+    fail("mask " + fmt(mask) + " must broadcast to x " + fmt(x) + " without growing it", "in");
+  return x;
+}
+
 TensorType layer_norm(const In &t, const Node &a) {
   const TensorType &x = t[0];
   if ((x.dtype != dtype_of("float32") && x.dtype != dtype_of("float16") && x.dtype != dtype_of("float64")) ||
@@ -509,7 +519,8 @@ const std::map<std::string, Rule> &rules() {
       {"depthwise_conv2d", [](const In &t, const Node &a) { return conv_like(t, a, true); }},
       {"pool", pool}, {"reduce", reduce}, {"softmax", softmax}, {"argminmax", argminmax},
       {"reshape", reshape}, {"transpose", transpose}, {"concat", concat},
-      {"strided_slice", strided_slice}, {"layer_norm", layer_norm}, {"pad", pad}, {"tile", tile},
+      {"strided_slice", strided_slice}, {"masked_softmax", masked_softmax},
+      {"layer_norm", layer_norm}, {"pad", pad}, {"tile", tile},
       {"broadcast_to", broadcast_to}, {"gather", gather}, {"conv3d", conv3d}, {"pool3d", pool3d},
       {"cumulative", cumulative}, {"top_k", top_k}, {"one_hot", one_hot}, {"resize", resize},
       {"quantize", quantize}, {"conv2d_int8", conv2d_int8}, {"matmul_int8", matmul_int8}};

@@ -1,4 +1,4 @@
-"""Reductions: reduce, softmax, layer_norm, argminmax.
+"""Reductions: reduce, softmax, masked_softmax, layer_norm, argminmax.
 
 Reductions always write through a keepdims-shaped view of the output (a free
 reshape of the contiguous buffer), so `keepdims` never changes the code path.
@@ -40,9 +40,11 @@ def reduce(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
         else:
             count = int(np.prod([x.shape[a] for a in axes]))
             total = np.sum(x, axis=axes, keepdims=True, dtype=y.dtype)
-            # C division: truncate toward zero.
-            q = np.abs(total) // count
-            np.copyto(yk, np.where(total < 0, -q, q), casting="unsafe")
+            # C division: truncate toward zero. (Not via abs: the sum may be the type's
+            # minimum, whose negation wraps to itself.)
+            q = total // count
+            q += ((total % count != 0) & (total < 0)).astype(q.dtype)
+            np.copyto(yk, q, casting="unsafe")
     elif fn in ("max", "min"):
         (np.max if fn == "max" else np.min)(x, axis=axes, keepdims=True, out=yk)
     elif fn in ("any", "all"):
@@ -69,6 +71,18 @@ def softmax(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
             np.divide(work, np.sum(work, axis=axis, keepdims=True), out=work)
     if work is not y:
         np.copyto(y, work, casting="unsafe")
+
+
+
+@kernel("masked_softmax")
+@bf16_via_float32
+def masked_softmax(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
+                   scratch: np.ndarray | None) -> None:
+    x, mask = ins
+    # The three TF ops it stands for: select, softmax over the last axis, select.
+    z = np.where(mask, x, np.float32(attrs["fill"]))
+    softmax([z], outs, {"axis": x.ndim - 1, "log": False}, None)
+    np.copyto(outs[0], np.float32(attrs["masked"]), where=~np.broadcast_to(mask, x.shape))
 
 
 @kernel("layer_norm")

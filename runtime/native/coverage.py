@@ -81,6 +81,9 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
     elif kind == "softmax":
         for log, d in itertools.product((False, True), _ALL):
             yield ("log" if log else "softmax"), [((2, 3, 8), d)], {"axis": 2, "log": log}
+    elif kind == "masked_softmax":
+        for d in ("float32", "bfloat16"):
+            yield "", [((2, 3, 8), d), ((2, 1, 8), "bool")], {"fill": -1e9, "masked": 0.0}
     elif kind == "layer_norm":
         for d in _ALL:
             yield "", [((2, 3, 8), d), ((8,), d), ((8,), d)], {"epsilon": 1e-5}

@@ -15,6 +15,7 @@
 // C ABI (ctypes): every function returns 0 / a non-negative value on success and -1 on
 // failure, with a message in the caller's error buffer. No C++ exception crosses it.
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -53,6 +54,7 @@ enum Op : int64_t {
   OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
   OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
+  OP_MASKED_SOFTMAX = 30,
   // A reshape whose output the memory plan put on its input's bytes: nothing to do.
   OP_ALIAS = 60,
 };
@@ -433,6 +435,184 @@ template <> struct Num<BHalf> {
   }
 };
 
+// exp(x) in float32 for the masked softmax's loop, as plain arithmetic a vector loop can
+// take (libm's expf is a call per element): x = k ln2 + r with |r| <= ln2/2 (Cody-Waite, two
+// parts of ln2), exp(r) by Cephes' degree-6 polynomial (within 2 ulp of the true value),
+// times 2^k built in two halves (each a normal float). Arguments below -87 give 0: exp of
+// them is subnormal (below 1.7e-38), and a vector lane making a subnormal stalls the CPU
+// ~100 cycles (a masked score is -1e9: half of attention's lanes). Above 88.73 infinity, as
+// expf; a NaN stays a NaN.
+inline float exp_poly(float x) {
+  float c = x < -87.f ? -87.f : (x > 88.8f ? 88.8f : x);  // (a NaN passes through)
+  float k = (c * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round to nearest
+  float r = c - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  int32_t ki = (int32_t)(k == k ? k : 0.f);
+  int32_t k1 = ki / 2, k2 = ki - k1;
+  uint32_t b1 = (uint32_t)(k1 + 127) << 23, b2 = (uint32_t)(k2 + 127) << 23;
+  float s1, s2;
+  std::memcpy(&s1, &b1, 4);
+  std::memcpy(&s2, &b2, 4);
+  float e = p * s1 * s2;
+  return x < -87.f ? 0.f : e;
+}
+
+// One row of attention's masked softmax, float32: z = m ? x : fill, y = exp(z - max) / sum
+// where m, else `masked` (m one byte per element). A NaN among the z makes the row's kept
+// outputs NaN, as the reference's max, exp and sum do. This is the portable form; the
+// engine takes masked_softmax_row_avx512 where the CPU has AVX-512 (the compiler's own
+// vectorization of this loop was 2-3x slower: byte masks and per-row reduction set-up).
+using MaskedSoftmaxRow = void (*)(const float*, const uint8_t*, float*, int64_t, float, float);
+
+void masked_softmax_row(const float* x, const uint8_t* m, float* y, int64_t n, float fill,
+                        float masked) {
+  float mx = -INFINITY;
+  bool bad = false;
+  for (int64_t j = 0; j < n; ++j) {
+    float z = m[j] ? x[j] : fill;
+    y[j] = z;
+    mx = z > mx ? z : mx;
+    bad |= z != z;
+  }
+  if (bad) mx = NAN;
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    float e = exp_poly(y[j] - mx);
+    y[j] = e;
+    sum += e;
+  }
+  for (int64_t j = 0; j < n; ++j) y[j] = m[j] ? y[j] / sum : masked;
+}
+
+// The same with AVX-512 (16 lanes, the row's tail by lane masks), exp_poly's steps with
+// fused multiply-adds and scalef for the 2^k.
+#define NEURONISH_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+NEURONISH_AVX512 inline __mmask16 lanes16(int64_t n, int64_t j) {  // the row's lanes from j
+  return n - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - j)) - 1u);
+}
+NEURONISH_AVX512 inline __mmask16 kept16(const uint8_t* m, int64_t j, __mmask16 t) {
+  __m128i b = _mm_maskz_loadu_epi8(t, m + j);
+  return _mm_test_epi8_mask(b, b);
+}
+
+NEURONISH_AVX512
+void masked_softmax_row_avx512(const float* x, const uint8_t* m, float* y, int64_t n,
+                               float fill, float masked) {
+  const __m512 vfill = _mm512_set1_ps(fill);
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 t = lanes16(n, j);
+    __m512 z = _mm512_mask_loadu_ps(vfill, kept16(m, j, t) & t, x + j);
+    _mm512_mask_storeu_ps(y + j, t, z);
+    vmax = _mm512_mask_max_ps(vmax, t, vmax, z);
+    nan |= _mm512_mask_cmp_ps_mask(t, z, z, _CMP_UNORD_Q);
+  }
+  if (nan) {
+    for (int64_t j = 0; j < n; ++j) y[j] = m[j] ? NAN : masked;
+    return;
+  }
+  const __m512 vmx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  const __m512 lo = _mm512_set1_ps(-87.f), hi = _mm512_set1_ps(88.8f);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+  const __m512 c5 = _mm512_set1_ps(1.9875691500e-4f), c4 = _mm512_set1_ps(1.3981999507e-3f),
+               c3 = _mm512_set1_ps(8.3334519073e-3f), c2 = _mm512_set1_ps(4.1665795894e-2f),
+               c1 = _mm512_set1_ps(1.6666665459e-1f), c0 = _mm512_set1_ps(5.0000001201e-1f),
+               one = _mm512_set1_ps(1.f);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 t = lanes16(n, j);
+    __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(t, y + j), vmx);
+    __mmask16 tiny = _mm512_cmp_ps_mask(d, lo, _CMP_LT_OQ);
+    __m512 c = _mm512_min_ps(_mm512_max_ps(d, lo), hi);
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(c, log2e),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, ln2_hi, c);
+    r = _mm512_fnmadd_ps(k, ln2_lo, r);
+    __m512 p = _mm512_fmadd_ps(c5, r, c4);
+    p = _mm512_fmadd_ps(p, r, c3);
+    p = _mm512_fmadd_ps(p, r, c2);
+    p = _mm512_fmadd_ps(p, r, c1);
+    p = _mm512_fmadd_ps(p, r, c0);
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, one));
+    __m512 e = _mm512_mask_mov_ps(_mm512_scalef_ps(p, k), tiny, _mm512_setzero_ps());
+    _mm512_mask_storeu_ps(y + j, t, e);
+    vsum = _mm512_mask_add_ps(vsum, t, vsum, e);
+  }
+  const __m512 vs = _mm512_set1_ps(_mm512_reduce_add_ps(vsum));
+  const __m512 vmasked = _mm512_set1_ps(masked);
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 t = lanes16(n, j);
+    __m512 q = _mm512_div_ps(_mm512_maskz_loadu_ps(t, y + j), vs);
+    _mm512_mask_storeu_ps(y + j, t, _mm512_mask_blend_ps(kept16(m, j, t), vmasked, q));
+  }
+}
+
+// bfloat16 rows <-> float32 for the masked softmax: widening is exact; narrowing rounds to
+// nearest even and keeps a NaN a NaN, as round_bf16.
+using Bf16Row = void (*)(const uint16_t*, float*, int64_t);
+using Bf16RowOut = void (*)(const float*, uint16_t*, int64_t);
+
+void widen_bf16_row(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t u = (uint32_t)x[j] << 16;
+    std::memcpy(&y[j], &u, 4);
+  }
+}
+
+void narrow_bf16_row(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    float f = round_bf16(x[j]);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    y[j] = (uint16_t)(u >> 16);
+  }
+}
+
+NEURONISH_AVX512 void widen_bf16_row_avx512(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 t = lanes16(n, j);
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(t, x + j));
+    _mm512_mask_storeu_ps(y + j, t, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+  }
+}
+
+NEURONISH_AVX512 void narrow_bf16_row_avx512(const float* x, uint16_t* y, int64_t n) {
+  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff),
+                quiet = _mm512_set1_epi32(0x00400000);
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 t = lanes16(n, j);
+    __m512 f = _mm512_maskz_loadu_ps(t, x + j);
+    __m512i u = _mm512_castps_si512(f);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, half),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), one));
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), u, quiet);
+    _mm256_mask_storeu_epi16(y + j, t, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+}
+
+struct MaskedSoftmaxKernels {
+  MaskedSoftmaxRow row;
+  Bf16Row widen;
+  Bf16RowOut narrow;
+};
+
+MaskedSoftmaxKernels masked_softmax_kernels() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return {masked_softmax_row_avx512, widen_bf16_row_avx512, narrow_bf16_row_avx512};
+  return {masked_softmax_row, widen_bf16_row, narrow_bf16_row};
+}
+
 template <class T> constexpr bool is_real() {
   return std::is_floating_point<typename Num<T>::C>::value;
 }
@@ -797,6 +977,7 @@ struct Program {
       case OP_RESIZE: add_resize(rd, ins); break;
       case OP_REDUCE_INT: add_reduce_int(rd, ins); break;
       case OP_LOG_SOFTMAX_AXIS: add_log_softmax_axis(rd, ins); break;
+      case OP_MASKED_SOFTMAX: add_masked_softmax(rd, ins); break;
       case OP_CONV3D: add_conv3d(rd, ins); break;
       case OP_POOL3D: add_pool3d(rd, ins); break;
       case OP_ALIAS: {
@@ -1534,6 +1715,50 @@ struct Program {
         }
         float ls = std::log(sum);
         for (int64_t j = 0; j < n; ++j) o[j] -= ls;
+      }
+    });
+  }
+
+  // Attention's masked softmax over the last axis of x (float32 or bfloat16, computed in
+  // float32 and rounded once), the mask (bool, x's rank) broadcasting to it: one pass over
+  // the scores where select, softmax and select took three (exp_poly, masked_softmax_row).
+  void add_masked_softmax(Reader& rd, Instr& ins) {
+    Ref x = rd.ref(), mask = rd.ref(), y = rd.ref();
+    float fill = rd.nextf(), masked = rd.nextf();
+    if ((x.type != dt::f32 && x.type != dt::bf16) || y.type != x.type || y.dims != x.dims ||
+        mask.type != dt::u8 || x.dims.empty())
+      throw Error("masked_softmax: bad spec");
+    Broadcast b(x.dims, {mask.dims});
+    bool wide = x.type == dt::f32;
+    MaskedSoftmaxKernels k = masked_softmax_kernels();
+    Step s;
+    for (const Ref* r : {&x, &mask, &y}) byte_arg(s, *r);
+    push_loop(ins, s, "neuronish:masked_softmax", [=](const Step& st, int threads) {
+      const char* px = data<const char>(st, 0);
+      const uint8_t* pm = data<const uint8_t>(st, 1);
+      char* py = data<char>(st, 2);
+      const int64_t n = b.inner, ms = b.strides[0].back();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+      {
+        // per thread: the row's mask (when it broadcasts along the row) and float32 rows
+        std::vector<uint8_t> mrow(ms == 1 ? 0 : n);
+        std::vector<float> xf(wide ? 0 : n), yf(wide ? 0 : n);
+#pragma omp for
+        for (int64_t row = 0; row < b.rows; ++row) {
+          const uint8_t* m = pm + b.offset(0, row);
+          if (ms != 1) {
+            std::fill(mrow.begin(), mrow.end(), m[0]);
+            m = mrow.data();
+          }
+          if (wide) {
+            k.row(reinterpret_cast<const float*>(px) + row * n, m,
+                  reinterpret_cast<float*>(py) + row * n, n, fill, masked);
+          } else {
+            k.widen(reinterpret_cast<const uint16_t*>(px) + row * n, xf.data(), n);
+            k.row(xf.data(), m, yf.data(), n, fill, masked);
+            k.narrow(yf.data(), reinterpret_cast<uint16_t*>(py) + row * n, n);
+          }
+        }
       }
     });
   }
@@ -2683,7 +2908,9 @@ void add_g_binary(Program& p, Reader& rd, Instr& ins) {
         case F_MAX: NE_R(nan_max(p, q));
         case F_MIN: NE_R(nan_min(p, q));
         case F_POW: NE_R(std::pow(p, q));
-        case F_FLOOR_DIV: NE_R(std::floor(p / q));
+        // TF (Eigen) rounds the quotient to T before the floor: for float16 and bfloat16
+        // flooring the float quotient differs in ~2% and ~10% of random operands.
+        case F_FLOOR_DIV: NE_R(std::floor(Num<T>::get(Num<T>::put(p / q))));
         case F_FLOOR_MOD: NE_R(real_floor_mod(p, q));
         case F_SQUARED_DIFFERENCE: NE_R((p - q) * (p - q));
       }

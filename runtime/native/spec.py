@@ -27,6 +27,7 @@ OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 
 OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
 OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
+OP_MASKED_SOFTMAX = 30  # select, softmax over the last axis, select: one loop
 OP_ALIAS = 60  # a reshape onto its input's own bytes (cc/memory.py): no work
 
 # int64, float64 and int16 have no oneDNN 3.2 type: only engine.cc's own loops take them.
@@ -435,6 +436,18 @@ def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
             *outs[0].encode()], []
 
 
+
+def _masked_softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
+                    const: list[bool]) -> tuple[list[int], list[float]] | None:
+    # ints: x, mask (padded to x's rank), y; floats: fill, masked.
+    x, mask = ins
+    if x.dtype not in ("float32", "bfloat16") or outs[0].dtype != x.dtype or not x.shape \
+            or len(x.shape) > 8:
+        return None
+    return [OP_MASKED_SOFTMAX, *x.encode(), *mask.encode(_padded(mask.shape, len(x.shape))),
+            *outs[0].encode()], [float(attrs["fill"]), float(attrs["masked"])]
+
+
 def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
@@ -768,6 +781,7 @@ _ENCODERS = {
     "unary": _unary,
     "binary": _binary,
     "softmax": _softmax,
+    "masked_softmax": _masked_softmax,
     "reduce": _reduce,
     "layer_norm": _layer_norm,
     "concat": _concat,

@@ -1,7 +1,7 @@
 """Attention under `--auto-cast matmult`: the scores stay bfloat16 from their matmul through
-the mask's selects and the softmax to the context matmul (no conversions of the largest
-tensor of the layer), both engines agree, and the error against TensorFlow's float32 stays
-at bf16's scale, a fully masked row included."""
+the masked softmax (mask, softmax, mask: one instruction) to the context matmul (no
+conversions of the largest tensor of the layer), both engines agree, and the error against
+TensorFlow's float32 stays at bf16's scale, a fully masked row included."""
 
 from __future__ import annotations
 
@@ -48,8 +48,10 @@ def test_scores_stay_bf16_through_mask_and_softmax(compiled: tuple) -> None:
     e = from_bytes(exe)
     program = [i for p in e.programs for i in p]
     dtype = {i.outputs[0]: e.values[i.outputs[0]][1] for i in program}
+    assert [i.kind for i in program].count("masked_softmax") == 1
     for i in program:
-        if i.kind in ("softmax", "select") and len(e.values[i.outputs[0]][0]) == 4:
+        if i.kind in ("softmax", "select", "masked_softmax") \
+                and len(e.values[i.outputs[0]][0]) == 4:
             assert dtype[i.outputs[0]] == "bfloat16", (i.kind, i.source)
     scores_casts = [i for i in program if i.kind == "cast" and e.values[i.outputs[0]][0]
                     == (3, H, S, S)]

@@ -126,3 +126,66 @@ def test_no_blocked_value_leaves_a_kernel_on_onednns_reference_path() -> None:
         got = model.run({"x:0": x})
     for name, value in g.reference({"x:0": x}).items():
         np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
+
+
+def inverted_residual() -> object:
+    """MobileNetV2's block between 24-channel bottlenecks: 1x1 expand 24 -> 48 (its input
+    cannot be blocked), depthwise 3x3 on 48, 1x1 project 48 -> 24; then a second expand
+    and depthwise whose input *is* blocked (a 16 -> 32 conv after a 16-channel one)."""
+    we, wd, wp = _w(1, 1, 24, 48), _w(3, 3, 48, 1), _w(1, 1, 48, 24)
+    w0, w1, wd2 = _w(3, 3, 24, 16), _w(1, 1, 16, 32), _w(3, 3, 32, 1)
+
+    def fn(x: tf.Tensor) -> tuple:
+        e = tf.nn.relu6(tf.nn.conv2d(x, we, 1, "SAME"))
+        d = tf.nn.relu6(tf.nn.depthwise_conv2d(e, wd, [1, 1, 1, 1], "SAME"))
+        p = tf.nn.conv2d(d, wp, 1, "SAME") + x
+        a = tf.nn.relu(tf.nn.conv2d(p, w0, 1, "SAME"))
+        b = tf.nn.relu6(tf.nn.conv2d(a, w1, 1, "SAME"))
+        c = tf.nn.relu6(tf.nn.depthwise_conv2d(b, wd2, [1, 1, 1, 1], "SAME"))
+        return tf.reduce_mean(p, axis=[1, 2]), tf.nn.max_pool2d(c, 2, 2, "VALID")
+
+    return trace(fn, tf.TensorSpec([None, 10, 10, 24], tf.float32, name="x"), batch=2)
+
+
+def test_depthwise_stays_nhwc_behind_an_nhwc_input_and_blocks_behind_a_blocked_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    g = inverted_residual()
+    exe_bytes = compile_graph(g.graph_def, g.io_config)
+    exe = from_bytes(exe_bytes)
+    producer = {i.outputs[0]: i for p in exe.programs for i in p}
+    dws = [i for p in exe.programs for i in p if i.kind == "depthwise_conv2d"]
+    assert len(dws) == 2
+    behind_blocked, behind_nhwc = sorted(dws, key=lambda i: exe.values[i.outputs[0]][0][-1])
+    assert producer[behind_nhwc.inputs[0]].attrs.get("layout", "nhwc") == "nhwc"
+    assert behind_nhwc.attrs.get("layout", "nhwc") == "nhwc"  # (was blocked: 2 reorders)
+    assert producer[behind_blocked.inputs[0]].attrs.get("layout") == "nChw16c"
+    assert behind_blocked.attrs.get("layout") == "nChw16c"
+    x = RNG.standard_normal((2, 10, 10, 24)).astype(np.float32)
+    want = g.reference({"x:0": x})
+    assert library.load() is not None, library.why_not()
+    for engine in ("numpy", "native"):
+        monkeypatch.setenv("NEURONISH_ENGINE", engine)
+        with load(exe_bytes) as model:
+            got = model.run({"x:0": x})
+        for key, w in want.items():
+            np.testing.assert_allclose(got[key], w, rtol=1e-5, atol=1e-5 * np.max(np.abs(w)))
+
+
+@pytest.mark.parametrize("side, starts_blocked", [(56, True), (58, False)])
+def test_a_blocked_region_starts_only_at_an_nhwc_image_of_at_most_56x56(
+        side: int, starts_blocked: bool) -> None:
+    """conv 8 -> 16 (its 8-channel input cannot be blocked, so its output is NHWC), then
+    1x1 16 -> 32 and 1x1 32 -> 32: the second conv would start a blocked region by
+    reordering the 16-channel image; above 56x56 it stays NHWC, and so does the third."""
+    w1, w2, w3 = _w(3, 3, 8, 16), _w(1, 1, 16, 32), _w(1, 1, 32, 32)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        a = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
+        b = tf.nn.relu(tf.nn.conv2d(a, w2, 1, "SAME"))
+        return tf.reduce_mean(tf.nn.conv2d(b, w3, 1, "SAME"), axis=[1, 2])
+
+    g = trace(fn, tf.TensorSpec([None, side, side, 8], tf.float32, name="x"), batch=1)
+    exe = from_bytes(compile_graph(g.graph_def, g.io_config))
+    convs = [i for p in exe.programs for i in p if i.kind == "conv2d"]
+    assert [i.attrs.get("layout", "nhwc") for i in convs[:2]] == \
+        ["nhwc", "nChw16c" if starts_blocked else "nhwc"]

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from neuronish.cc import kinds
+from neuronish.cc import verify as verify_module
 from neuronish.cc.errors import VerificationError
 from neuronish.cc.ir import Graph, Node, TensorType, Value, constant
 from neuronish.cc.passes.fuse import fold_scale_shift, fuse_activation
@@ -200,14 +200,16 @@ def test_the_pipeline_verifier_catches_a_broken_changed_node(bad_pass) -> None: 
 
 def test_the_verifier_between_passes_infers_only_what_changed(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Counted where the verifier type-checks a node (inference itself is memoized by
+    # signature, so counting `kinds.infer` would count signatures, not nodes).
     inferred: list[str] = []
-    real = kinds.infer
+    real = verify_module._check_types
 
-    def counting(kind: str, *args: object) -> object:
-        inferred.append(kind)
-        return real(kind, *args)
+    def counting(graph: Graph, node: Node) -> None:
+        inferred.append(node.kind)
+        real(graph, node)
 
-    monkeypatch.setattr(kinds, "infer", counting)
+    monkeypatch.setattr(verify_module, "_check_types", counting)
 
     def add_one(graph: Graph) -> Graph:
         graph.append(_unary(graph.outputs[0], "neg"))
@@ -245,3 +247,32 @@ def test_is_output_follows_every_change_of_the_outputs_list() -> None:
     assert not g.is_output(b)
     g.outputs = [b]
     assert g.is_output(b) and not g.is_output(a)
+
+
+def _reshape(x: Value, shape: tuple[int, ...]) -> Node:
+    node = Node("reshape", [x], [], {"shape": list(shape)})
+    node.outputs = [Value(TensorType(shape, x.dtype), producer=node)]
+    return node
+
+
+def test_sink_reshapes_on_the_driver_moves_every_op_above_one_reshape() -> None:
+    """reshape -> relu -> reshape -> relu ... (n of each, the last dim kept): every relu
+    moves above the reshapes, which fold into one; the values stay the same."""
+    from neuronish.cc.interpret import interpret
+    from neuronish.cc.passes.movement import sink_reshapes
+
+    x = Value(TensorType((2, 3, 8), "float32"), name="x")
+    nodes, v = [], x
+    for k in range(400):
+        nodes.append(_reshape(v, (6, 8) if k % 2 == 0 else (2, 3, 8)))
+        nodes.append(_unary(nodes[-1].outputs[0], ("relu", "neg", "abs", "tanh")[k % 4]))
+        v = nodes[-1].outputs[0]
+    graph = Graph([x], [v], nodes, [0], [0])
+    feed = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+    want = interpret(graph, [feed])
+    sink_reshapes(graph)
+    verify(graph)
+    kinds_left = [n.kind for n in graph.nodes]
+    assert kinds_left == ["unary"] * 400 + ["reshape"] * (kinds_left[-1] == "reshape"), \
+        kinds_left[:10]
+    np.testing.assert_array_equal(interpret(graph, [feed])[0], want[0])

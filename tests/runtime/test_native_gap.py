@@ -13,6 +13,8 @@ dtypes are in tests/runtime/test_native_coverage.py.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -124,7 +126,9 @@ NATIVE = [s for s in SAMPLES if native(s)]
 @pytest.mark.parametrize("sample", NATIVE, ids=[s.label() for s in NATIVE])
 def test_native_matches_the_reference(native_engine: None, monkeypatch: pytest.MonkeyPatch,
                                       sample: Sample) -> None:
-    rng = np.random.default_rng(abs(hash(sample.label())) % 2**32)
+    # Seeded by the label's CRC, not hash(): str hashes change per process, and a
+    # failure must come back when the test is re-run.
+    rng = np.random.default_rng(zlib.crc32(sample.label().encode()))
     exe, feeds = _executable(sample, _inputs(sample, rng))
     got, left = _run(exe, feeds)
     assert left == [], f"left to numpy: {left}"

@@ -1,0 +1,84 @@
+"""Keys for memoizing what an instruction's signature alone decides.
+
+A large graph repeats a few signatures (kind, input shapes and dtypes, attributes) many
+times, and what follows from one (its output types, its scratch bytes, its flops, its
+modelled cost) costs tens of microseconds to work out: the lowering, the verifier, the
+memory plan and the device model each compute it once per signature and look it up
+for the rest (benchmarks/compiler_scale.py: 100,000-node graphs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Generic, Protocol, TypeVar
+
+V = TypeVar("V")
+
+
+class _Typed(Protocol):
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def signature_key(kind: str, types: Sequence[_Typed], attrs: object) -> tuple | None:
+    """A key that equals another only when the kind, the input shapes and dtypes and the
+    attributes are the same values of the same Python types (1, 1.0 and True differ, so
+    do 0.0 and -0.0); None when an attribute is of a type not worth keying (arrays)."""
+    shapes = []
+    for t in types:
+        shape, dtype = t.shape, t.dtype
+        if type(shape) is not tuple or type(dtype) is not str:
+            return None
+        for d in shape:  # (a loop: `any` over a generator cost twice as much here)
+            if type(d) is not int:
+                return None
+        shapes.append((shape, dtype))
+    attr_key = value_key(attrs)
+    return None if attr_key is None else (kind, tuple(shapes), attr_key)
+
+
+def value_key(value: object) -> object:
+    """`value` as a hashable key tagged with its exact types, or None (see `signature_key`)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return (kind, value)
+    if kind is float:
+        return (kind, value.hex())  # tells -0.0 from 0.0, and NaN equals itself
+    if kind is list or kind is tuple:
+        items = []
+        for item in value:
+            t = type(item)  # (scalars inline: this runs for every instruction)
+            k = (t, item) if t is str or t is int or t is bool else value_key(item)
+            if k is None:
+                return None
+            items.append(k)
+        return (kind, tuple(items))
+    if kind is dict:
+        items = []
+        for name, item in value.items():
+            t = type(item)
+            k = (t, item) if t is str or t is int or t is bool else value_key(item)
+            if type(name) is not str or k is None:
+                return None
+            items.append((name, k))
+        return (kind, tuple(sorted(items)))
+    return None
+
+
+class Memo(Generic[V]):
+    """key -> value, emptied when it holds `limit` entries: a cache, never a leak (the
+    compiler may run in a long-lived process). A None key is never stored."""
+
+    def __init__(self, limit: int = 1 << 16):
+        self.limit = limit
+        self.entries: dict[object, V] = {}
+
+    def get(self, key: object) -> V | None:
+        return None if key is None else self.entries.get(key)
+
+    def put(self, key: object, value: V) -> V:
+        if key is not None:
+            if len(self.entries) >= self.limit:
+                self.entries.clear()
+            self.entries[key] = value
+        return value
