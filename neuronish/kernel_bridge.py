@@ -257,11 +257,9 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
     source = None if graph_def is None else (
         _LazyBytes(bytes(graph_def), files, node_name), list(input_names), list(output_names),
         [list(s) for s in input_shapes], list(input_batch_axis), list(output_batch_axis))
-    op_id = f"{node_name}@"
+    op_id = fallback_op_id(node_name, _executable_digest(executable))
     try:
-        raw = external.resolve(executable, files, node_name, "executable")
-        op_id = fallback_op_id(node_name, header_digest(raw))
-        exe = from_bytes(raw)
+        exe = from_bytes(external.resolve(executable, files, node_name, "executable"))
         _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
                          input_batch_axis)
         _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
@@ -288,6 +286,19 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
                          f"({type(e).__name__}: {e})")
         return handle
     return Handle(node_name, model, config, source, op_id)
+
+
+def _executable_digest(value: bytes | memoryview) -> str:
+    """A name for the op's executable without reading it: the SHA-256 an external
+    reference names, else the one the inline executable's header records (unchecked:
+    a damaged executable still gets a name, and the load then refuses it)."""
+    from neuronish import external
+
+    try:
+        reference = external.parse_reference(value)
+    except DeviceError:  # a malformed reference: the load names it
+        reference = None
+    return reference[0] if reference else header_digest(value)
 
 
 def output_shapes(handle: Handle, inputs: Sequence[object],

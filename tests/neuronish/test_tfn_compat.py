@@ -164,7 +164,12 @@ def test_ctrl_c_during_a_compile_is_one_line_and_exit_130(tmp_path: Path) -> Non
     # The compiler of the (only) subgraph says it started, then hangs: Ctrl-C lands
     # while a compile is really in flight.
     compiler = wrapper_compiler(tmp_path, f"touch {marker}; sleep 120")
-    proc = subprocess.Popen([sys.executable, "-m", "neuronish.cli", "compile", src,
+    # As under a terminal, SIGINT is the interpreter's KeyboardInterrupt: a test run
+    # started in the background (`cmd &` in a script) passes SIGINT down ignored, and
+    # Python then leaves it ignored, so the signal below would do nothing.
+    cli = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           "from neuronish.cli import main; sys.exit(main())")
+    proc = subprocess.Popen([sys.executable, "-c", cli, "compile", src,
                              str(tmp_path / "out")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "NEURONISH_CC": compiler,
