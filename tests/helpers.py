@@ -33,3 +33,15 @@ def rewritten_copy(rewrite: object, graph_def: object, *args: object) -> tuple[b
     graph = Graph(copy)
     changed = rewrite(graph, *args)
     return changed, graph.graph_def
+
+
+def run_reporting_numpy(exe: bytes, feeds: dict) -> tuple[dict, list[str]]:
+    """The outputs of one call, and the kinds of the instructions the native engine
+    left to numpy."""
+    with load(exe) as model:
+        got = model.run(feeds)
+        program = model._idle.get()
+        model._idle.put(program)
+        left = [program.instructions[i].kind for stage in program.stages if stage.native
+                for i in stage.native.rejected]
+    return got, left

@@ -14,6 +14,7 @@ from neuronish.runtime.errors import ExecutionError
 from neuronish.runtime.executable import from_bytes
 from neuronish.runtime.native import library
 from tests.graphs import trace
+from tests.helpers import run_reporting_numpy
 
 RNG = np.random.default_rng(11)
 raw = tf.raw_ops
@@ -242,17 +243,6 @@ def _trace(fn: object, inputs: list[np.ndarray]):  # noqa: ANN202
     return trace(fn, *specs)
 
 
-def _run(exe: bytes, feeds: dict) -> tuple[dict, list[str]]:
-    """The outputs, and the instructions the native engine left to numpy."""
-    with load(exe) as model:
-        got = model.run(feeds)
-        program = model._idle.get()
-        model._idle.put(program)
-        left = [program.instructions[i].kind for stage in program.stages if stage.native
-                for i in stage.native.rejected]
-    return got, left
-
-
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURONISH_ENGINE", "native")
@@ -267,7 +257,7 @@ def test_runs_natively_and_matches_tf(native: None, monkeypatch: pytest.MonkeyPa
     exe = compile_graph(g.graph_def, g.io_config)
     assert from_bytes(exe).stats["numpy_instructions"] == []
     feeds = {f"in{i}:0": x for i, x in enumerate(inputs)}
-    got, left = _run(exe, feeds)
+    got, left = run_reporting_numpy(exe, feeds)
     assert left == [], f"left to numpy: {left}"
     if case_id in VS_REFERENCE:  # bit for bit where rtol is 0
         monkeypatch.setenv("NEURONISH_ENGINE", "numpy")

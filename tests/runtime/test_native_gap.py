@@ -22,6 +22,7 @@ from neuronish.runtime import isa, load
 from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
 from neuronish.runtime.native import library
 from neuronish.runtime.native.coverage import Sample, gaps, native, sample_instructions
+from tests.helpers import run_reporting_numpy
 
 # What the native engine still leaves to numpy (python -m neuronish.runtime.native.coverage).
 GAP = """
@@ -104,16 +105,6 @@ def _tolerance(dtype: str) -> float:
     return {"float64": 1e-12, "float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
 
 
-def _run(exe: bytes, feeds: dict) -> tuple[dict, list[str]]:
-    with load(exe) as model:
-        got = model.run(feeds)
-        program = model._idle.get()
-        model._idle.put(program)
-        left = [program.instructions[i].kind for stage in program.stages if stage.native
-                for i in stage.native.rejected]
-    return got, left
-
-
 @pytest.fixture
 def native_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURONISH_ENGINE", "native")
@@ -130,7 +121,7 @@ def test_native_matches_the_reference(native_engine: None, monkeypatch: pytest.M
     # failure must come back when the test is re-run.
     rng = np.random.default_rng(zlib.crc32(sample.label().encode()))
     exe, feeds = _executable(sample, _inputs(sample, rng))
-    got, left = _run(exe, feeds)
+    got, left = run_reporting_numpy(exe, feeds)
     assert left == [], f"left to numpy: {left}"
     monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
     with load(exe) as model:
@@ -169,7 +160,7 @@ def test_integer_division_by_zero_is_defined(native_engine: None,
         results = {}
         for engine in ("native", "numpy"):
             monkeypatch.setenv("NEURONISH_ENGINE", engine)
-            got, left = _run(exe, feeds)
+            got, left = run_reporting_numpy(exe, feeds)
             assert left == []
             results[engine] = got["out0"]
         np.testing.assert_array_equal(results["native"], results["numpy"], err_msg=fn)
