@@ -807,7 +807,7 @@ void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
     po.append_eltwise(elt_alg(e.codes[k]), e.alpha[k], e.beta[k]);
 }
 
-// int8 instructions (docs/int8.md), defined at the end of this file.
+// int8 instructions (docs/int8.md), defined in engine_int8.cc (included below).
 enum OpInt8 : int64_t { OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42 };
 // Loops over every dtype, defined at the end of this file.
 enum OpGeneric : int64_t {
@@ -2571,140 +2571,8 @@ NE_API int64_t ne_impl(void* p, int64_t k, char* out, int64_t len) {
 
 }  // extern "C"
 
-// --- int8 (docs/int8.md; the numpy kernels in runtime/kernels/quantized.py define it) ------
-//
-// quantize: a reorder f32 -> u8/s8 whose source scale is float32(1/scale): one multiply,
-// round half to even, saturate. conv2d_int8 / matmul_int8: oneDNN's int8 primitives
-// (AMX-INT8 or VNNI on this CPU) with a per-tensor source scale, per-output-channel weight
-// scales and, for an 8-bit output, a destination scale; bias, residual (a binary post-op)
-// and the activation are applied in f32 between the scales, as the reference does.
-namespace {
-
-// A one-element f32 scale owned by the program (oneDNN 3 takes scales as memory arguments).
-memory scale_memory(Program& p, float value) {
-  void* buf = std::aligned_alloc(64, 64);
-  if (!buf) throw Error("out of host memory for a scale");
-  p.owned.emplace_back(buf, std::free);
-  *static_cast<float*>(buf) = value;
-  return memory(memory::desc({1}, dt::f32, tag::a), p.eng, buf);
-}
-
-void add_quantize(Program& p, Reader& rd, Instr& ins) {
-  Ref x = rd.ref(), y = rd.ref();
-  float inv_scale = rd.nextf();
-  if (x.type != dt::f32 || (y.type != dt::u8 && y.type != dt::s8))
-    throw Error("quantize: f32 to u8/s8 only");
-  primitive_attr a = p.attr();
-  a.set_scales_mask(DNNL_ARG_SRC, 0);
-  auto pd = dnnl::reorder::primitive_desc(p.eng, plain(x), p.eng, plain(y), a);
-  Step s;
-  p.arg(s, DNNL_ARG_FROM, x, plain(x));
-  p.arg(s, DNNL_ARG_TO, y, plain(y));
-  p.own_arg(s, DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, scale_memory(p, inv_scale));
-  p.push<dnnl::reorder>(ins, s, pd);
-}
-
-// The scales and post-ops of an int8 primitive; `wmask` selects the weights' output axis.
-primitive_attr int8_attr(Program& p, int wmask, bool out_int, const memory::desc* residual,
-                         const Epilogue& act, float res_step = 0.f) {
-  primitive_attr a = p.attr();
-  a.set_scales_mask(DNNL_ARG_SRC, 0);
-  a.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
-  if (out_int) a.set_scales_mask(DNNL_ARG_DST, 0);
-  dnnl::post_ops po;
-  if (res_step > 0) po.append_eltwise(algorithm::eltwise_linear, 1.f / res_step, 0.f);
-  if (residual) po.append_binary(algorithm::binary_add, *residual);
-  if (res_step > 0) po.append_eltwise(algorithm::eltwise_linear, res_step, 0.f);
-  append_eltwise(po, act);
-  a.set_post_ops(po);
-  return a;
-}
-
-void bind_scales(Program& p, Step& s, const Ref& ws, float x_scale, bool out_int,
-                 float y_scale) {
-  p.own_arg(s, DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, scale_memory(p, x_scale));
-  p.arg(s, DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, ws, plain(ws));
-  if (out_int) p.own_arg(s, DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, scale_memory(p, y_scale));
-}
-
-// x (u8/s8 NHWC), w (s8 [KH, KW, C, O], constant), w_scale [O] [, bias] [, residual], y.
-void add_qconv(Program& p, Reader& rd, Instr& ins) {
-  int64_t has_bias = rd.next(), has_res = rd.next();
-  Ref x = rd.ref(), w = rd.ref(), ws = rd.ref(), b, res;
-  if (has_bias) b = rd.ref();
-  if (has_res) res = rd.ref();
-  Ref y = rd.ref();
-  memory::dims strides = rd.ints(2), dil = rd.ints(2), pads = rd.ints(4);
-  Epilogue act = read_epilogue(rd);
-  float x_scale = rd.nextf(), y_scale = rd.nextf(), res_scale = rd.nextf();
-  for (auto& d : dil) d -= 1;
-  if (w.dims.size() != 4 || w.type != dt::s8) throw Error("conv2d_int8 weights must be s8 4-D");
-  bool out_int = y.type != dt::f32;
-  memory::desc w_given({w.dims[3], w.dims[2], w.dims[0], w.dims[1]}, dt::s8, tag::hwio);
-  Step s;
-  size_t temp_at = 0;
-  memory::desc x_use, res_use;
-  p.bind_image(ins, s, DNNL_ARG_SRC, x, x.type, false, temp_at, &x_use);
-  // An 8-bit residual r adds r * res_scale; oneDNN's binary post-op has no scale of its
-  // own (3.2), so the sum is taken at the residual's scale: (v / res_scale + r) * res_scale
-  // (then the binary is post-op 1, after that division).
-  float res_step = has_res && res.type != dt::f32 ? res_scale : 0.f;
-  if (has_res)
-    p.bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(res_step > 0 ? 1 : 0) | DNNL_ARG_SRC_1,
-                 res, res.type, false, temp_at, &res_use);
-  memory::desc b_md = has_bias ? plain(b) : memory::desc();
-  primitive_attr a = int8_attr(p, 1, out_int, has_res ? &res_use : nullptr, act, res_step);
-  auto pd = dnnl::convolution_forward::primitive_desc(
-      p.eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
-      memory::desc(w_given.get_dims(), dt::s8, tag::any), b_md, nhwc(y), strides, dil,
-      {pads[0], pads[2]}, {pads[1], pads[3]}, a);
-  p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(w, w_given, pd.weights_desc()));
-  if (has_bias) p.arg(s, DNNL_ARG_BIAS, b, b_md);
-  p.arg(s, DNNL_ARG_DST, y, nhwc(y));
-  bind_scales(p, s, ws, x_scale, out_int, y_scale);
-  p.push<dnnl::convolution_forward>(ins, s, pd);
-}
-
-// a (u8/s8 [..., M, K]), b (s8 [K, N] constant, padded to a's rank), w_scale [N] [, bias], y.
-void add_qmatmul(Program& p, Reader& rd, Instr& ins) {
-  int64_t has_bias = rd.next();
-  Ref A = rd.ref(), B = rd.ref(), ws = rd.ref(), bias;
-  if (has_bias) bias = rd.ref();
-  Ref y = rd.ref();
-  Epilogue act = read_epilogue(rd);
-  float a_scale = rd.nextf(), y_scale = rd.nextf();
-  size_t r = y.dims.size();
-  if (A.dims.size() != r || B.dims.size() != r || B.type != dt::s8)
-    throw Error("matmul_int8: ranks differ or weights not s8");
-  bool out_int = y.type != dt::f32;
-  memory::desc bias_md;
-  if (has_bias) {
-    memory::dims bd(r, 1);
-    bd[r - 1] = y.dims[r - 1];
-    bias_md = plain(bd, dt::f32);
-  }
-  primitive_attr a = int8_attr(p, 1 << (r - 1), out_int, nullptr, act);
-  auto pd = dnnl::matmul::primitive_desc(p.eng, plain(A),
-                                         memory::desc(B.dims, dt::s8, tag::any), bias_md,
-                                         plain(y), a);
-  Step s;
-  p.arg(s, DNNL_ARG_SRC, A, plain(A));
-  p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(B, plain(B), pd.weights_desc()));
-  if (has_bias) p.arg(s, DNNL_ARG_BIAS, bias, bias_md);
-  p.arg(s, DNNL_ARG_DST, y, plain(y));
-  bind_scales(p, s, ws, a_scale, out_int, y_scale);
-  p.push<dnnl::matmul>(ins, s, pd);
-}
-
-void add_int8(Program& p, int64_t op, Reader& rd, Instr& ins) {
-  switch (op) {
-    case OP_QUANTIZE: add_quantize(p, rd, ins); break;
-    case OP_QCONV: add_qconv(p, rd, ins); break;
-    default: add_qmatmul(p, rd, ins); break;
-  }
-}
-
-}  // namespace
+// int8 instructions (docs/int8.md): runtime/native/engine_int8.cc, part of this unit.
+#include "engine_int8.cc"
 
 // --- Loops over every dtype (float64, float16, bfloat16, 8/16/64-bit integers) ------------
 //

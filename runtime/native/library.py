@@ -27,6 +27,7 @@ from pathlib import Path
 from ..buildcache import BuildError, Cache
 
 SOURCE = Path(__file__).resolve().parent / "engine.cc"
+SOURCES = (SOURCE, SOURCE.parent / "engine_int8.cc")
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _why_not: str | None = None
@@ -62,7 +63,9 @@ def build_command(output: str, root: Path) -> list[str]:
 
 
 def library_path(root: Path) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256()
+    for part in SOURCES:  # engine.cc and the files it includes
+        key.update(part.read_bytes())
     key.update("\0".join(build_command("OUT", root)).encode())
     return cache_dir() / f"engine-{key.hexdigest()[:16]}.so"
 
