@@ -11,12 +11,17 @@ process loads every contender at once:
 - TensorFlow fp32: the SavedModel's serving signature (the baseline of every ratio);
 - neuronish: `neuronish.saved_model.compile` at that batch in fp32, in bf16 with
   `--auto-cast matmult` and with `--auto-cast all`, and in int8 when `compile` takes
-  `quantize="int8", calibration_data=...` (said 'not available' otherwise);
+  `quantize="int8", calibration_data=...` (said 'not available' otherwise): `int8` with
+  `--auto-cast matmult` (what int8 leaves in float runs in bf16), `int8-fp32` without;
 - OpenVINO: `ov.convert_model` of the same SavedModel, reshaped to the batch, compiled
   for the CPU with `PERFORMANCE_HINT` LATENCY and `INFERENCE_PRECISION_HINT` f32 or bf16
   (OpenVINO's default on a CPU with AMX is bf16, so f32 is asked for), and int8 from
-  `nncf.quantize` over the same calibration samples neuronish gets (non-quantized
-  layers at OpenVINO's default precision, as a user gets them).
+  `nncf.quantize` over the same calibration samples neuronish gets: `int8` with the
+  non-quantized layers at OpenVINO's default precision, as a user gets them (bf16 on a
+  CPU with AMX), `int8-fp32` with f32 asked for. Like is compared with like: neuronish
+  `int8` with OpenVINO `int8`, `int8-fp32` with `int8-fp32`; the "ran as" column says
+  what each contender ran (neuronish's compiler flags, OpenVINO's reported inference
+  precision).
 
 The calls alternate: each round calls every contender, in an order rotated from round
 to round, so noise from the machine falls on all of them alike; the median over rounds
@@ -54,11 +59,15 @@ NEURONISH_FLAGS = {
     "fp32": [],
     "bf16": ["--auto-cast", "matmult", "--auto-cast-type", "bf16"],
     "bf16-all": ["--auto-cast", "all", "--auto-cast-type", "bf16"],
-    "int8": [],
+    "int8": ["--auto-cast", "matmult", "--auto-cast-type", "bf16"],
+    "int8-fp32": [],
 }
-PRECISIONS = ("fp32", "bf16", "bf16-all", "int8")
+PRECISIONS = ("fp32", "bf16", "bf16-all", "int8", "int8-fp32")
 # neuronish precision -> the OpenVINO precision it is compared with
-OV_PEER = {"fp32": "fp32", "bf16": "bf16", "bf16-all": "bf16", "int8": "int8"}
+OV_PEER = {"fp32": "fp32", "bf16": "bf16", "bf16-all": "bf16", "int8": "int8",
+           "int8-fp32": "int8-fp32"}
+# OpenVINO precision -> INFERENCE_PRECISION_HINT (None: OpenVINO's default for the CPU)
+OV_HINT = {"fp32": "f32", "bf16": "bf16", "int8": None, "int8-fp32": "f32"}
 CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8",
              "amx_tile")
 Feeds = dict[str, np.ndarray]
@@ -69,7 +78,7 @@ class Contender:
     """One way of running the model: `call()` answers the benchmark's inputs."""
 
     runtime: str      # tensorflow | neuronish | openvino
-    precision: str    # fp32 | bf16 | bf16-all | int8
+    precision: str    # fp32 | bf16 | bf16-all | int8 | int8-fp32
     call: Callable[[], Feeds] | None
     note: str = ""    # why `call` is None (not available, failed), or how it was set up
 
@@ -143,7 +152,7 @@ class Row:
     vs_tf: float | None
     vs_openvino: float | None
     errors: dict[str, float]
-    note: str
+    note: str         # what the contender ran as, or why it has no figures
 
 
 def summarize(model: str, batch: int, results: Sequence[Result]) -> list[Row]:
@@ -178,20 +187,20 @@ def format_errors(errors: dict[str, float]) -> str:
 def format_table(rows: Sequence[Row]) -> str:
     """The markdown table of docs/performance.md."""
     lines = ["| model | batch | runtime | precision | samples/s | latency ms | vs TF | "
-             "vs OpenVINO | max rel. error vs TF fp32 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "vs OpenVINO | max rel. error vs TF fp32 | ran as |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def num(v: float | None, fmt: str) -> str:
         return "" if v is None else format(v, fmt)
 
     for r in rows:
         if r.throughput is None:
-            cells = ["", "", "", "", r.note]
+            cells = ["", "", "", "", "", r.note]
         else:
             cells = [num(r.throughput, ".1f"), num(r.latency_ms, ".2f"),
                      num(r.vs_tf, ".2f") + "x" * (r.vs_tf is not None),
                      num(r.vs_openvino, ".2f") + "x" * (r.vs_openvino is not None),
-                     format_errors(r.errors)]
+                     format_errors(r.errors), r.note]
         lines.append(f"| {r.model} | {r.batch} | {r.runtime} | {r.precision} | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -229,7 +238,8 @@ def tensorflow_contender(saved_model: str, feeds: Feeds) -> Contender:
 
     fn = tf.saved_model.load(saved_model).signatures["serving_default"]
     args = {k: tf.constant(v) for k, v in feeds.items()}
-    return Contender("tensorflow", "fp32", lambda: {k: v.numpy() for k, v in fn(**args).items()})
+    return Contender("tensorflow", "fp32", lambda: {k: v.numpy() for k, v in fn(**args).items()},
+                     "float32")
 
 
 def int8_available() -> bool:
@@ -247,11 +257,12 @@ def neuronish_contender(saved_model: str, model: str, workdir: str, batch: int,
 
     import neuronish
 
-    if precision == "int8" and not int8_available():
+    int8 = precision.startswith("int8")
+    if int8 and not int8_available():
         return Contender("neuronish", precision, None,
                          "not available (saved_model.compile has no quantize=)")
     extra = ({"quantize": "int8", "calibration_data": batched(calibration, batch)}
-             if precision == "int8" else {})
+             if int8 else {})
     dst = compiled_dir(workdir, model, precision, batch)
     try:
         neuronish.saved_model.compile(saved_model, dst, batch_size=batch,
@@ -260,8 +271,9 @@ def neuronish_contender(saved_model: str, model: str, workdir: str, batch: int,
         return Contender("neuronish", precision, None, f"compile failed: {_first_line(e)}")
     fn = tf.saved_model.load(dst).signatures["serving_default"]
     args = {k: tf.constant(v) for k, v in feeds.items()}
+    ran = " ".join(["--quantize int8"] * int8 + NEURONISH_FLAGS[precision]) or "float32"
     return Contender("neuronish", precision,
-                     lambda: {k: v.numpy() for k, v in fn(**args).items()})
+                     lambda: {k: v.numpy() for k, v in fn(**args).items()}, ran)
 
 
 def compiled_dir(workdir: str, model: str, precision: str, batch: int) -> str:
@@ -289,10 +301,10 @@ def openvino_contender(saved_model: str, model: str, batch: int, precision: str,
     try:
         ov_model = ov.convert_model(saved_model)
         config = {"PERFORMANCE_HINT": "LATENCY"}
-        if precision == "int8":
+        if precision.startswith("int8"):
             ov_model = _nncf_int8(ov_model, model, calibration)  # at free batch
-        else:
-            config["INFERENCE_PRECISION_HINT"] = {"fp32": "f32", "bf16": "bf16"}[precision]
+        if OV_HINT[precision]:
+            config["INFERENCE_PRECISION_HINT"] = OV_HINT[precision]
         ov_model.reshape({i.get_any_name(): [batch, *feeds[i.get_any_name()].shape[1:]]
                           for i in ov_model.inputs})
         compiled = ov.Core().compile_model(ov_model, "CPU", config)
@@ -307,7 +319,8 @@ def openvino_contender(saved_model: str, model: str, batch: int, precision: str,
         return {k: request.get_tensor(o).data.copy() for k, o in names.items()}
 
     hint = compiled.get_property("INFERENCE_PRECISION_HINT")
-    return Contender("openvino", precision, call, f"inference precision {hint}")
+    nncf = "NNCF int8, " * precision.startswith("int8")
+    return Contender("openvino", precision, call, f"{nncf}inference precision {hint}")
 
 
 def _nncf_int8(ov_model: object, model: str, calibration: Sequence[Feeds]) -> object:

@@ -24,7 +24,6 @@ from pathlib import Path
 from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
-from .passes.dtypes import assign_dtypes
 from .passes.fuse import absorb_dense_reshapes, fold_scale_shift, fuse_activation, fuse_residual_add
 from .passes.idioms import (
     recognize_gelu,
@@ -37,6 +36,7 @@ from .passes.layout import assign_layouts
 from .passes.matmul_transposes import absorb_operand_transposes, fold_output_transposes
 from .passes.movement import sink_reshapes
 from .passes.powers import expand_constant_powers
+from .passes.quantize import assign_dtypes_with_int8
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
 from .passes.window import fold_pad_into_window
 from .verify import IncrementalVerifier
@@ -86,8 +86,9 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         # device would store them.
         Pass("auto_cast", functools.partial(auto_cast, mode=auto_cast_mode,
                                             cast_type=auto_cast_type)),
-        # ...and with bf16, values stay bf16 between the instructions that take it.
-        Pass("assign_dtypes", functools.partial(assign_dtypes, mode=auto_cast_mode,
+        # ...and with bf16, values stay bf16 between the instructions that take it (an
+        # int8 instruction next to such a region writes bf16 itself, docs/int8.md).
+        Pass("assign_dtypes", functools.partial(assign_dtypes_with_int8, mode=auto_cast_mode,
                                                 cast_type=auto_cast_type)),
         # Attention's head split and merge are strides of its matmuls, not copies.
         Pass("absorb_operand_transposes", absorb_operand_transposes),

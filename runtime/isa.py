@@ -1154,14 +1154,14 @@ def markdown_table() -> str:
 # layout assignment and the windowed/matmul-like paths of the engines leave them alone).
 
 QUANTIZED = frozenset({"uint8", "int8"})
-_QOUT = (Attr("out", Choice("float32", "uint8", "int8"), "float32",
-              "y's dtype: float32 (dequantized), or requantized to 8 bits"),
+_QOUT = (Attr("out", Choice("float32", "bfloat16", "uint8", "int8"), "float32",
+              "y's dtype: float32 or bfloat16 (dequantized), or requantized to 8 bits"),
          Attr("y_scale", NUM, 1.0, "with an 8-bit `out`: y's quantization step"))
 
 
 def _quantize(t: Sequence[HasType], a: dict) -> list[Type]:
-    if t[0].dtype != "float32":
-        raise IsaError(f"quantize takes float32, got {_fmt(t[0])}", "in")
+    if t[0].dtype not in ("float32", "bfloat16"):
+        raise IsaError(f"quantize takes float32 or bfloat16, got {_fmt(t[0])}", "in")
     _positive(a, "scale")
     return [Type(tuple(t[0].shape), a["to"])]
 
@@ -1215,7 +1215,9 @@ def _matmul_int8(t: Sequence[HasType], a: dict) -> list[Type]:
         raise IsaError(f"matmul_int8 inner dimensions differ: {_fmt(t[0])} and {_fmt(t[1])}",
                        "in")
     y = Type(tuple(t[0].shape[:-1]) + (t[1].shape[1],), a["out"])
-    _float_extras(t[3:], y.shape[-1], y, False)
+    _float_extras(t[3:], y.shape[-1], y, a["residual"])
+    if a["residual"] and t[-1].dtype != "float32":
+        raise IsaError(f"matmul_int8's residual must be float32, got {_fmt(t[-1])}", "residual")
     return [y]
 
 
@@ -1240,8 +1242,10 @@ declare(Kind("conv2d_int8", ("x", "w", "w_scale"), ("bias", "residual"), attrs=(
         "per-output-channel steps w_scale)." + _INT8_DOC.format(s="x_scale") +
         " A uint8/int8 residual (a quantized shortcut) adds float32(residual)·"
         "float32(residual_scale).")))
-declare(Kind("matmul_int8", ("a", "b", "w_scale"), ("bias",), attrs=(
-    Attr("a_scale", NUM, doc="a's quantization step"), *_ACTIVATION[:2], *_QOUT),
+declare(Kind("matmul_int8", ("a", "b", "w_scale"), ("bias", "residual"), attrs=(
+    Attr("a_scale", NUM, doc="a's quantization step"),
+    Attr("residual", BOOL, False, "the last input (y's shape, float32) is added after bias"),
+    *_ACTIVATION[:2], *_QOUT),
     rule=_matmul_int8, doc=(
         "a [..., M, K] (uint8/int8) @ b [K, N] (int8, per-column steps w_scale)."
         + _INT8_DOC.format(s="a_scale"))))

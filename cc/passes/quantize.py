@@ -37,6 +37,7 @@ from neuronish.runtime.kernels.quantized import inverse, quantize_into
 from ..errors import InvalidGraph
 from ..interpret import run_node
 from ..ir import Graph, Node, TensorType, Value, constant
+from .dtypes import assign_dtypes
 
 QUANTIZABLE = ("conv2d", "matmul")
 
@@ -103,8 +104,7 @@ def candidates(graph: Graph) -> list[Node]:
         if n.kind == "conv2d" and n.attrs.get("groups", 1) == 1:
             out.append(n)
         elif n.kind == "matmul" and len(n.inputs[1].shape) == 2 and \
-                not n.attrs.get("transpose_a") and len(n.inputs[0].shape) >= 2 and \
-                not n.attrs.get("residual"):  # (matmul_int8 has no residual input)
+                not n.attrs.get("transpose_a") and len(n.inputs[0].shape) >= 2:
             out.append(n)
     return out
 
@@ -231,7 +231,7 @@ def _int8_node(n: Node, x: Value, xp: QParams, out: QParams | None) -> Node:
     else:
         w = n.inputs[1].data
         wq, ws = quantize_weights(w.T if a.get("transpose_b") else w, (0,))
-        attrs = {"a_scale": xp.scale, **common}
+        attrs = {"a_scale": xp.scale, "residual": bool(a.get("residual")), **common}
         kind = "matmul_int8"
     node = Node(kind, [x, constant(wq), constant(ws), *n.inputs[2:]], [], attrs, n.origin)
     dtype = out.dtype if out else "float32"
@@ -377,3 +377,78 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
             report.kept[len(report.rows)] = copies[i]
         report.rows.append(row)
     return final
+
+
+# --- int8 next to bf16 (`--quantize int8` with `--auto-cast` to bf16) ------------------------
+
+_INT8 = ("conv2d_int8", "matmul_int8")
+
+
+def assign_dtypes_with_int8(graph: Graph, mode: str, cast_type: str) -> Graph:
+    """cc/passes/dtypes.py's `assign_dtypes` with the int8 instructions taking part: they
+    write bf16 before it runs (`int8_writes_bf16`) and lose the conversions it leaves at
+    their edges after (`int8_dtype_edges`). One pass: in between, a reader of an int8
+    instruction's bf16 output is still typed float32. Without int8 instructions it is
+    `assign_dtypes` alone."""
+    int8_writes_bf16(graph, mode, cast_type)
+    assign_dtypes(graph, mode, cast_type)
+    return int8_dtype_edges(graph)
+
+
+def int8_writes_bf16(graph: Graph, mode: str, cast_type: str) -> Graph:
+    """With auto-cast to bf16, an int8 instruction that dequantizes (its readers are not
+    all int8) writes bfloat16 from its epilogue, so the float region after it (a
+    depthwise conv, pooling, a residual add, attention) runs in bf16 from its first
+    instruction on, without a float32 value and a cast in between. Runs right before
+    `assign_dtypes`, which then sees a bf16 value like any other.
+
+    Left float32: a matmul with a residual (the transformer's residual stream, read by
+    layer norm in float32, as assign_dtypes keeps it), a value an int8 instruction adds
+    as its residual, and the graph's outputs."""
+    if mode == "none" or cast_type != "bf16":
+        return graph
+    outputs = {v.id for v in graph.outputs}
+    # values an int8 instruction adds as a float32 residual stay float32
+    residuals = {n.inputs[-1].id for n in graph.nodes
+                 if n.kind in _INT8 and n.attrs.get("residual")}
+    for n in graph.nodes:
+        y = n.outputs[0] if n.outputs else None
+        if n.kind not in _INT8 or y.dtype != "float32" or y.id in outputs or \
+                y.id in residuals or (n.kind == "matmul_int8" and n.attrs.get("residual")):
+            continue
+        n.attrs = {**n.attrs, "out": "bfloat16"}
+        y.type = TensorType(y.shape, "bfloat16")
+    return graph
+
+
+def int8_dtype_edges(graph: Graph) -> Graph:
+    """After `assign_dtypes`, remove the conversions its float32 defaults left at int8
+    edges:
+
+    - a `quantize` reading a bf16 value converted to float32 reads the bf16 value (the
+      instruction widens it exactly, so the result is the same);
+    - an int8 instruction writing bf16 whose every reader converts it back to float32
+      writes float32 instead (one rounding fewer; the conversions fall out as dead code).
+    """
+    for n in graph.nodes:
+        if n.kind == "quantize":
+            src = n.inputs[0].producer
+            if src is not None and src.kind == "cast" and src.inputs[0].dtype == "bfloat16":
+                n.inputs = [src.inputs[0]]
+    readers = graph.consumers()
+    for n in list(graph.nodes):
+        if n.kind not in _INT8 or n.attrs.get("out") != "bfloat16":
+            continue
+        y = n.outputs[0]
+        users = list(readers.get(y.id, []))
+        if not users or graph.is_output(y) or not all(
+                u.kind == "cast" and u.attrs["to"] == "float32" for u in users):
+            continue
+        n.attrs = {**n.attrs, "out": "float32"}
+        y.type = TensorType(y.shape, "float32")
+        for cast in users:
+            c = cast.outputs[0]
+            if graph.is_output(c):
+                y.name = y.name or c.name
+            graph.replace_uses(c, y)
+    return graph

@@ -31,7 +31,8 @@ Out matmul_int8(const Attrs &a, const std::vector<Ref> &ins, const std::vector<R
   auto act = activation(a);
   size_t rank = outs[0].shape.size();
   if (!act || !c[1] || rank > 6) return std::nullopt;
-  Ints ints{OP_QMATMUL, ins.size() > 3};
+  bool residual = a.truth("residual");
+  Ints ints{OP_QMATMUL, int64_t(ins.size()) - residual > 3, residual};
   put(ints, ins[0]); put(ints, ins[1], padded(ins[1].shape, rank)); put(ints, ins[2]);
   for (size_t i = 3; i < ins.size(); ++i) put(ints, ins[i]);
   put(ints, outs[0]);

@@ -445,7 +445,8 @@ TensorType resize(const In &t, const Node &a) {
 }
 
 TensorType quantize(const In &t, const Node &a) {
-  if (t[0].dtype != dtype_of("float32")) fail("quantize takes float32, got " + fmt(t[0]), "in");
+  if (t[0].dtype != dtype_of("float32") && t[0].dtype != dtype_of("bfloat16"))
+    fail("quantize takes float32 or bfloat16, got " + fmt(t[0]), "in");
   double scale = attr_num(a, "scale", 0);
   if (!(std::isfinite(scale) && scale > 0)) fail("scale must be a finite number > 0", "scale");
   return {t[0].shape, dtype_of(attr_str(a, "to", ""))};
@@ -507,7 +508,10 @@ TensorType matmul_int8(const In &t, const Node &a) {
   Shape shape(t[0].shape.begin(), t[0].shape.end() - 1);
   shape.push_back(t[1].shape[1]);
   TensorType y{shape, dtype_of(attr_str(a, "out", "float32"))};
-  float_extras(t, y.shape.back(), y, false);
+  bool residual = attr_bool(a, "residual", false);
+  float_extras(t, y.shape.back(), y, residual);
+  if (residual && t.back().dtype != dtype_of("float32"))
+    fail("matmul_int8's residual must be float32, got " + fmt(t.back()), "residual");
   return y;
 }
 

@@ -10,11 +10,15 @@ These define the int8 semantics the native engine is held to (tests/runtime/test
 - that sum is dequantized with one float32 multiply by x_scale·w_scale[o] (a float32
   product too), then bias, residual and activation in float32, as oneDNN applies its
   scales before its post-ops;
-- an 8-bit output is requantized like `quantize`, with 1/y_scale.
+- an 8-bit output is requantized like `quantize`, with 1/y_scale; a bfloat16 output
+  (the int8 region's edge into a bf16 one, docs/int8.md) is that float32 value rounded
+  once to nearest even, as oneDNN writes a bf16 destination;
+- `quantize` of a bfloat16 value widens it to float32 (exact) first.
 """
 
 from __future__ import annotations
 
+import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype)
 import numpy as np
 
 from . import conv  # noqa: F401 (the float kernel this one reuses)
@@ -32,7 +36,7 @@ def inverse(scale: float) -> np.float32:
 def quantize_into(x: np.ndarray, inv_scale: np.float32, out: np.ndarray) -> None:
     """out = saturate(round_half_even(x * inv_scale)), NaN -> 0."""
     lo, hi = _RANGE[out.dtype]
-    v = np.multiply(x, inv_scale, dtype=np.float32)
+    v = np.multiply(x.astype(np.float32, copy=False), inv_scale, dtype=np.float32)
     np.rint(v, out=v)
     np.clip(v, lo, hi, out=v)
     np.copyto(out, np.nan_to_num(v, nan=0.0), casting="unsafe")
@@ -47,7 +51,7 @@ def quantize(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
 def _epilogue(acc: np.ndarray, scale: np.ndarray, extras: list[np.ndarray], y: np.ndarray,
               attrs: dict) -> None:
     """acc (exact integer sums, float64) -> y: scale, bias, residual, activation, and
-    requantization when y is 8-bit."""
+    requantization when y is 8-bit (rounding once to nearest even when bfloat16)."""
     v = acc.astype(np.float32)
     v *= scale
     for extra in extras:  # bias, then residual
@@ -55,6 +59,8 @@ def _epilogue(acc: np.ndarray, scale: np.ndarray, extras: list[np.ndarray], y: n
     activate(v, attrs)
     if y.dtype == np.float32:
         np.copyto(y, v)
+    elif y.dtype.name == "bfloat16":
+        np.copyto(y, v.astype(y.dtype))
     else:
         quantize_into(v, inverse(attrs["y_scale"]), y)
 

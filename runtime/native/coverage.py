@@ -119,17 +119,21 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
             yield mode, [((1, 4, 5, 5, 3), d)], {"mode": mode, "ksize": [2, 2, 2],
                                                  "strides": [1, 2, 2], "pads": [0] * 6}
     elif kind == "quantize":
-        for to in sorted(isa.QUANTIZED):
-            yield "", [((2, 3, 8), "float32")], {"scale": 0.1, "to": to}
+        for to, x in itertools.product(sorted(isa.QUANTIZED), ("float32", "bfloat16")):
+            yield "", [((2, 3, 8), x)], {"scale": 0.1, "to": to}
     elif kind == "conv2d_int8":
-        for x, out in itertools.product(sorted(isa.QUANTIZED), ("float32", "uint8", "int8")):
+        for x, out in itertools.product(sorted(isa.QUANTIZED),
+                                        ("float32", "bfloat16", "uint8", "int8")):
             yield "", [((1, 6, 6, 4), x), ((3, 3, 4, 6), "int8"), ((6,), "float32")], {
                 "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "x_scale": 0.1,
                 "out": out}
     elif kind == "matmul_int8":
-        for x, out in itertools.product(sorted(isa.QUANTIZED), ("float32", "uint8", "int8")):
+        for x, out in itertools.product(sorted(isa.QUANTIZED),
+                                        ("float32", "bfloat16", "uint8", "int8")):
             yield "", [((2, 3, 8), x), ((8, 5), "int8"), ((5,), "float32")], {
                 "a_scale": 0.1, "out": out}
+        yield "residual", [((2, 3, 8), "uint8"), ((8, 5), "int8"), ((5,), "float32"),
+                           ((2, 3, 5), "float32")], {"a_scale": 0.1, "residual": True}
     else:  # movement kinds: every dtype
         attrs = {"reshape": {"shape": [6, 8]}, "transpose": {"perm": [2, 0, 1]},
                  "concat": {"axis": 1}, "tile": {"multiples": [1, 2, 1]},

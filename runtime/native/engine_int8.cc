@@ -1,10 +1,11 @@
 // --- int8 (docs/int8.md; the numpy kernels in runtime/kernels/quantized.py define it) ------
 //
-// quantize: a reorder f32 -> u8/s8 whose source scale is float32(1/scale): one multiply,
+// quantize: a reorder f32 (or bf16) -> u8/s8 whose source scale is float32(1/scale): one multiply,
 // round half to even, saturate. conv2d_int8 / matmul_int8: oneDNN's int8 primitives
 // (AMX-INT8 or VNNI on this CPU) with a per-tensor source scale, per-output-channel weight
 // scales and, for an 8-bit output, a destination scale; bias, residual (a binary post-op)
-// and the activation are applied in f32 between the scales, as the reference does.
+// and the activation are applied in f32 between the scales, as the reference does. A
+// float output is f32 or bf16 (rounded once, to nearest even, by the primitive).
 namespace {
 
 // A one-element f32 scale owned by the program (oneDNN 3 takes scales as memory arguments).
@@ -19,8 +20,8 @@ memory scale_memory(Program& p, float value) {
 void add_quantize(Program& p, Reader& rd, Instr& ins) {
   Ref x = rd.ref(), y = rd.ref();
   float inv_scale = rd.nextf();
-  if (x.type != dt::f32 || (y.type != dt::u8 && y.type != dt::s8))
-    throw Error("quantize: f32 to u8/s8 only");
+  if ((x.type != dt::f32 && x.type != dt::bf16) || (y.type != dt::u8 && y.type != dt::s8))
+    throw Error("quantize: f32/bf16 to u8/s8 only");
   primitive_attr a = p.attr();
   a.set_scales_mask(DNNL_ARG_SRC, 0);
   auto pd = dnnl::reorder::primitive_desc(p.eng, plain(x), p.eng, plain(y), a);
@@ -66,7 +67,7 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   float x_scale = rd.nextf(), y_scale = rd.nextf(), res_scale = rd.nextf();
   for (auto& d : dil) d -= 1;
   if (w.dims.size() != 4 || w.type != dt::s8) throw Error("conv2d_int8 weights must be s8 4-D");
-  bool out_int = y.type != dt::f32;
+  bool out_int = y.type == dt::u8 || y.type == dt::s8;
   memory::desc w_given({w.dims[3], w.dims[2], w.dims[0], w.dims[1]}, dt::s8, tag::hwio);
   Step s;
   size_t temp_at = 0;
@@ -92,25 +93,29 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   p.push<dnnl::convolution_forward>(ins, s, pd);
 }
 
-// a (u8/s8 [..., M, K]), b (s8 [K, N] constant, padded to a's rank), w_scale [N] [, bias], y.
+// a (u8/s8 [..., M, K]), b (s8 [K, N] constant, padded to a's rank), w_scale [N] [, bias]
+// [, residual (f32, y's shape)], y.
 void add_qmatmul(Program& p, Reader& rd, Instr& ins) {
-  int64_t has_bias = rd.next();
-  Ref A = rd.ref(), B = rd.ref(), ws = rd.ref(), bias;
+  int64_t has_bias = rd.next(), has_res = rd.next();
+  Ref A = rd.ref(), B = rd.ref(), ws = rd.ref(), bias, res;
   if (has_bias) bias = rd.ref();
+  if (has_res) res = rd.ref();
   Ref y = rd.ref();
   Epilogue act = read_epilogue(rd);
   float a_scale = rd.nextf(), y_scale = rd.nextf();
   size_t r = y.dims.size();
   if (A.dims.size() != r || B.dims.size() != r || B.type != dt::s8)
     throw Error("matmul_int8: ranks differ or weights not s8");
-  bool out_int = y.type != dt::f32;
-  memory::desc bias_md;
+  if (has_res && (res.type != dt::f32 || res.dims != y.dims))
+    throw Error("matmul_int8: the residual must be f32 of the output's shape");
+  bool out_int = y.type == dt::u8 || y.type == dt::s8;
+  memory::desc bias_md, res_md = has_res ? plain(res) : memory::desc();
   if (has_bias) {
     memory::dims bd(r, 1);
     bd[r - 1] = y.dims[r - 1];
     bias_md = plain(bd, dt::f32);
   }
-  primitive_attr a = int8_attr(p, 1 << (r - 1), out_int, nullptr, act);
+  primitive_attr a = int8_attr(p, 1 << (r - 1), out_int, has_res ? &res_md : nullptr, act);
   auto pd = dnnl::matmul::primitive_desc(p.eng, plain(A),
                                          memory::desc(B.dims, dt::s8, tag::any), bias_md,
                                          plain(y), a);
@@ -118,6 +123,7 @@ void add_qmatmul(Program& p, Reader& rd, Instr& ins) {
   p.arg(s, DNNL_ARG_SRC, A, plain(A));
   p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(B, plain(B), pd.weights_desc()));
   if (has_bias) p.arg(s, DNNL_ARG_BIAS, bias, bias_md);
+  if (has_res) p.arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, res_md);
   p.arg(s, DNNL_ARG_DST, y, plain(y));
   bind_scales(p, s, ws, a_scale, out_int, y_scale);
   p.push<dnnl::matmul>(ins, s, pd);

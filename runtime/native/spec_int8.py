@@ -44,10 +44,11 @@ def _matmul_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
     rank = len(outs[0].shape)
     if act is None or not const[1] or rank > 6:
         return None
-    a, b, ws, *bias = ins
-    ints = [OP_QMATMUL, int(bool(bias))]
+    residual = bool(attrs.get("residual"))
+    a, b, ws, *extras = ins
+    ints = [OP_QMATMUL, len(extras) - residual, int(residual)]
     ints += a.encode() + b.encode(_padded(b.shape, rank)) + ws.encode()
-    for r in bias:
+    for r in extras:
         ints += r.encode()
     ints += outs[0].encode()
     floats: list[float] = []

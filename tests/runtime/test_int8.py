@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -45,6 +46,8 @@ def _epilogue(acc: np.ndarray, scale: np.ndarray, extras: list, attrs: dict) -> 
         v = np.maximum(v, 0)
     if attrs.get("out", "float32") == "float32":
         return v.astype(np.float32)
+    if attrs["out"] == "bfloat16":  # rounded once, to nearest even
+        return v.astype(np.float32).astype(ml_dtypes.bfloat16)
     return _rint_sat(v * np.float32(1.0 / attrs["y_scale"]), attrs["out"])
 
 
@@ -73,7 +76,11 @@ def _agree(got: np.ndarray, want: np.ndarray) -> None:
     """Float outputs to float32 rounding (oneDNN may fuse the scale and bias into one FMA);
     8-bit outputs exactly but for a rare ±1 where that rounding lands on a tie."""
     assert got.dtype == want.dtype and got.shape == want.shape
-    if got.dtype == np.float32:
+    if got.dtype.name == "bfloat16":  # (a float32 rounding apart can cross a bf16 tie)
+        g, w = got.astype(np.float32), want.astype(np.float32)
+        np.testing.assert_allclose(g, w, rtol=2.0 ** -8, atol=1e-6 * np.abs(w).max())
+        assert np.mean(g != w) < 1e-3
+    elif got.dtype == np.float32:
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
     else:
         diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
@@ -97,8 +104,16 @@ def test_quantize_rounds_half_to_even_and_saturates(to: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=engine)
 
 
+def test_quantize_reads_bfloat16_as_its_float32_value() -> None:
+    x = (RNG.standard_normal((3, 50)) * 4).astype(ml_dtypes.bfloat16)
+    want = _rint_sat(x.astype(np.float32) * np.float32(1 / 0.031), "int8")
+    for engine, got in _both_engines("quantize", [x], {"scale": 0.031, "to": "int8"},
+                                     (x.shape, "int8")).items():
+        np.testing.assert_array_equal(got, want, err_msg=engine)
+
+
 @pytest.mark.parametrize("x_dtype", ["uint8", "int8"])
-@pytest.mark.parametrize("out", ["float32", "uint8", "int8"])
+@pytest.mark.parametrize("out", ["float32", "bfloat16", "uint8", "int8"])
 @pytest.mark.parametrize("case", ["bias_relu", "strided_dilated", "residual",
                                   "residual_uint8"])
 def test_conv2d_int8_matches_reference(x_dtype: str, out: str, case: str) -> None:
@@ -128,16 +143,21 @@ def test_conv2d_int8_matches_reference(x_dtype: str, out: str, case: str) -> Non
         _agree(got, want)
 
 
-@pytest.mark.parametrize("out", ["float32", "uint8"])
-def test_matmul_int8_matches_reference(out: str) -> None:
+@pytest.mark.parametrize("out", ["float32", "bfloat16", "uint8"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_matmul_int8_matches_reference(out: str, residual: bool) -> None:
     a = RNG.integers(0, 256, (3, 5, 40)).astype(np.uint8)
     b = RNG.integers(-127, 128, (40, 24)).astype(np.int8)
     ws = RNG.uniform(0.5, 2, 24).astype(np.float32) * 1e-3
     bias = RNG.standard_normal(24).astype(np.float32)
-    attrs = {"a_scale": 0.01, "activation": "relu", "out": out, "y_scale": 0.01}
+    attrs = {"a_scale": 0.01, "activation": "relu", "out": out, "y_scale": 0.01,
+             "residual": residual}
+    extras = [bias]
+    if residual:  # (a transformer's residual stream: float32, added after the bias)
+        extras.append(RNG.standard_normal((3, 5, 24)).astype(np.float32))
     acc = a.astype(np.float64) @ b.astype(np.float64)
-    want = _epilogue(acc, np.float32(0.01) * ws, [bias], attrs)
-    for _, got in _both_engines("matmul_int8", [a, b, ws, bias], attrs,
+    want = _epilogue(acc, np.float32(0.01) * ws, extras, attrs)
+    for _, got in _both_engines("matmul_int8", [a, b, ws, *extras], attrs,
                                 (want.shape, out)).items():
         _agree(got, want)
 
@@ -155,6 +175,11 @@ def test_isa_refuses_bad_int8_instructions() -> None:
     with pytest.raises(isa.IsaError, match="int8 operands"):
         isa.check("matmul_int8", [t((4, 3), "float32"), t((3, 8), "int8"),
                                   t((8,), "float32")], {"a_scale": 1.0})
+    with pytest.raises(isa.IsaError, match="residual must be float32"):
+        isa.check("matmul_int8", [t((4, 3), "uint8"), t((3, 8), "int8"), t((8,), "float32"),
+                                  t((4, 8), "uint8")], {"a_scale": 1.0, "residual": True})
+    with pytest.raises(isa.IsaError, match="quantize takes float32 or bfloat16"):
+        isa.check("quantize", [t((4, 3), "int32")], {"scale": 1.0, "to": "int8"})
 
 
 # --- the compiler ------------------------------------------------------------------------------
@@ -253,6 +278,56 @@ def test_max_error_keeps_the_costliest_in_float32() -> None:
                                auto_cast="matmult")
     assert {r["precision"] for r in mixed.stats["quantization"]["instructions"]} <= \
         {"int8", "bfloat16"}
+
+
+def _int8_next_to_floats():  # noqa: ANN202
+    """conv-relu -> max pool -> conv -> mean -> dense -> dense + residual: int8 regions
+    with float instructions between them, and a matmul adding a residual."""
+    rng = np.random.default_rng(1)
+    w1 = tf.constant(rng.standard_normal((3, 3, 3, 16)).astype(np.float32) * 0.3)
+    w2 = tf.constant(rng.standard_normal((3, 3, 16, 16)).astype(np.float32) * 0.1)
+    wd = tf.constant(rng.standard_normal((16, 32)).astype(np.float32) * 0.3)
+    we = tf.constant(rng.standard_normal((32, 32)).astype(np.float32) * 0.2)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        y = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
+        z = tf.nn.conv2d(tf.nn.max_pool2d(y, 2, 2, "VALID"), w2, 1, "SAME")
+        h = tf.matmul(tf.reduce_mean(z, axis=[1, 2]), wd)
+        return tf.matmul(h, we) + h
+
+    return trace(fn, tf.TensorSpec([None, 8, 8, 3], tf.float32, name="x"), batch=4)
+
+
+def test_int8_with_auto_cast_writes_bf16_at_its_edges(monkeypatch) -> None:  # noqa: ANN001
+    """With --auto-cast to bf16 the float instructions between int8 regions run in bf16,
+    with no float32 value and conversion at an edge: an int8 instruction dequantizes
+    straight to bf16, a quantize reads bf16; what is added as a residual, and the graph's
+    outputs, stay float32. Both engines agree and the answer stays near TensorFlow's."""
+    g = _int8_next_to_floats()
+    calib = [[RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)] for _ in range(3)]
+    exe = compile_executable(g.graph_def, g.io_config, calibration=calib, auto_cast="matmult")
+    prog = exe.programs[0]
+    kinds = [i.kind for i in prog]
+    assert kinds.count("conv2d_int8") == 2 and kinds.count("matmul_int8") == 2, kinds
+    assert "cast" not in kinds, kinds
+    conv1, conv2 = [i for i in prog if i.kind == "conv2d_int8"]
+    dense, dense_res = [i for i in prog if i.kind == "matmul_int8"]
+    assert conv1.attrs["out"] == "bfloat16" and conv2.attrs["out"] == "bfloat16"
+    assert dense.attrs["out"] == "float32"  # (added as the next one's residual)
+    assert dense_res.attrs["residual"] and dense_res.attrs["out"] == "float32"
+    pool = next(i for i in prog if i.kind == "pool")
+    assert exe.values[pool.outputs[0]][1] == "bfloat16"
+    x = RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)
+    want = g.reference({"x:0": x})
+    results = {}
+    for engine in ("numpy", "native"):
+        monkeypatch.setenv("NEURONISH_ENGINE", engine)
+        with load(to_bytes(exe)) as model:
+            results[engine] = model.run({"x:0": x})
+    for k, v in want.items():
+        assert _rel(results["numpy"][k], v) < 0.05, _rel(results["numpy"][k], v)
+        np.testing.assert_allclose(results["native"][k], results["numpy"][k], rtol=1e-2,
+                                   atol=1e-2 * np.abs(v).max())
 
 
 def test_native_and_numpy_engines_agree_on_a_quantized_model(monkeypatch) -> None:  # noqa: ANN001
