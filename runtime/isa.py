@@ -931,10 +931,10 @@ def flops(kind: str, in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[Se
     their products, windows by their taps, reductions by the elements they fold, anything
     else one per output element. (attrs: with defaults, as `Kind.with_defaults` gives.)"""
     out = elements(out_shapes[0]) if out_shapes else 0
-    if kind in ("conv2d", "conv2d_int8"):
+    if kind == "conv2d" or (kind == "conv2d_int8" and not attrs.get("depthwise")):
         kh, kw, cin, _ = in_shapes[1]
         return 2 * out * kh * kw * cin
-    if kind == "depthwise_conv2d":
+    if kind in ("depthwise_conv2d", "conv2d_int8"):
         kh, kw = in_shapes[1][:2]
         return 2 * out * kh * kw
     if kind == "conv3d":
@@ -1200,8 +1200,10 @@ def _float_extras(extras: Sequence[HasType], bias_n: int, out: Type, residual: b
 def _conv2d_int8(t: Sequence[HasType], a: dict) -> list[Type]:
     if len(t[1].shape) != 4:
         raise IsaError(f"conv2d_int8's filter must be 4-D, got {_fmt(t[1])}", "in")
-    _int8_operands(t, a, "x_scale", t[1].shape[3])
-    y = _conv_like([t[0], t[1]], {**a, "groups": 1, "residual": False}, depthwise=False)[0]
+    kh, kw, c, o = t[1].shape
+    _int8_operands(t, a, "x_scale", c * o if a["depthwise"] else o)
+    y = _conv_like([t[0], t[1]], {**a, "groups": 1, "residual": False},
+                   depthwise=a["depthwise"])[0]
     y = Type(y.shape, a["out"])
     _float_extras(t[3:], y.shape[3], Type(y.shape, "float32"), a["residual"])
     return [y]
@@ -1233,13 +1235,15 @@ declare(Kind("quantize", ("x",), attrs=(
         "[−128, 127]; NaN gives 0. The edge of an int8 region (docs/int8.md).")))
 declare(Kind("conv2d_int8", ("x", "w", "w_scale"), ("bias", "residual"), attrs=(
     *_WINDOW[:3], Attr("x_scale", NUM, doc="x's quantization step"),
+    Attr("depthwise", BOOL, False, "w is [KH,KW,C,M]: each input channel c convolved "
+         "with w[..., c, m] gives output channel c·M+m (as depthwise_conv2d)"),
     Attr("residual", BOOL, False, "the last input (y's shape) is added after bias"),
     Attr("residual_scale", NUM, 1.0, "an 8-bit residual's step: it adds residual·"
          "float32(residual_scale)"),
     *_ACTIVATION[:2], *_QOUT),
     rule=_conv2d_int8, doc=(
-        "conv2d (NHWC, one group) on a quantized x (uint8/int8) and w (int8 [KH,KW,C,O], "
-        "per-output-channel steps w_scale)." + _INT8_DOC.format(s="x_scale") +
+        "conv2d (NHWC, one group; or depthwise) on a quantized x (uint8/int8) and w (int8 "
+        "[KH,KW,C,O], per-output-channel steps w_scale)." + _INT8_DOC.format(s="x_scale") +
         " A uint8/int8 residual (a quantized shortcut) adds float32(residual)·"
         "float32(residual_scale).")))
 declare(Kind("matmul_int8", ("a", "b", "w_scale"), ("bias", "residual"), attrs=(

@@ -3,8 +3,8 @@
 The compiler calibrates itself: it runs the graph (as the passes before this one left
 it, so every range belongs to a value the device will hold) on the calibration samples
 with the numpy reference kernels, and records each value's range. Then every float32
-conv2d (one group) and matmul with constant weights becomes `conv2d_int8` /
-`matmul_int8`:
+conv2d (one group), depthwise_conv2d and matmul with constant weights becomes
+`conv2d_int8` (`depthwise` for the second) / `matmul_int8`:
 
 - weights: int8, symmetric, one step per output channel (max |w| / 127);
 - activations: one step per tensor, uint8 when the calibrated range is non-negative
@@ -39,7 +39,7 @@ from ..interpret import run_node
 from ..ir import Graph, Node, TensorType, Value, constant
 from .dtypes import assign_dtypes
 
-QUANTIZABLE = ("conv2d", "matmul")
+QUANTIZABLE = ("conv2d", "depthwise_conv2d", "matmul")
 
 
 @dataclass
@@ -93,15 +93,15 @@ def quantize_weights(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, 
 
 
 def candidates(graph: Graph) -> list[Node]:
-    """The instructions int8 can take: float32 conv2d (one group) and matmul whose weights
-    are constants."""
+    """The instructions int8 can take: float32 conv2d (one group), depthwise_conv2d and
+    matmul whose weights are constants."""
     out = []
     for n in graph.nodes:
         if n.kind not in QUANTIZABLE or n.inputs[0].dtype != "float32" or \
                 not n.inputs[1].is_const or n.inputs[1].dtype != "float32" or \
                 n.attrs.get("compute", "float32") != "float32":
             continue
-        if n.kind == "conv2d" and n.attrs.get("groups", 1) == 1:
+        if n.kind == "conv2d" and n.attrs.get("groups", 1) == 1 or n.kind == "depthwise_conv2d":
             out.append(n)
         elif n.kind == "matmul" and len(n.inputs[1].shape) == 2 and \
                 not n.attrs.get("transpose_a") and len(n.inputs[0].shape) >= 2:
@@ -223,10 +223,13 @@ def _int8_node(n: Node, x: Value, xp: QParams, out: QParams | None) -> Node:
     a = n.attrs
     common = {"activation": a.get("activation", "none"), "alpha": a.get("alpha", 0.2),
               "out": out.dtype if out else "float32", "y_scale": out.scale if out else 1.0}
-    if n.kind == "conv2d":
-        wq, ws = quantize_weights(n.inputs[1].data, (0, 1, 2))
+    if n.kind in ("conv2d", "depthwise_conv2d"):
+        depthwise = n.kind == "depthwise_conv2d"  # w [KH, KW, C, M]: a step per (c, m)
+        wq, ws = quantize_weights(n.inputs[1].data, (0, 1) if depthwise else (0, 1, 2))
         attrs = {k: a[k] for k in ("strides", "dilations", "pads")}
-        attrs.update(x_scale=xp.scale, residual=bool(a.get("residual")), **common)
+        attrs.update(x_scale=xp.scale, depthwise=depthwise, residual=bool(a.get("residual")),
+                     **common)
+        ws = ws.reshape(-1)
         kind = "conv2d_int8"
     else:
         w = n.inputs[1].data

@@ -17,7 +17,7 @@ Out conv2d_int8(const Attrs &a, const std::vector<Ref> &ins, const std::vector<R
   if (!act || !c[1]) return std::nullopt;
   bool residual = a.truth("residual");
   bool has_bias = int64_t(ins.size()) - residual == 4;
-  Ints ints{OP_QCONV, has_bias, residual};
+  Ints ints{OP_QCONV, has_bias, residual, a.truth("depthwise")};
   for (const Ref &r : ins) put(ints, r);
   put(ints, outs[0]);
   append(ints, a.ints("strides")); append(ints, a.ints("dilations")); append(ints, a.ints("pads"));

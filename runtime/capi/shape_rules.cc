@@ -484,7 +484,8 @@ void float_extras(const In &t, int64_t bias_n, const TensorType &out, bool resid
 
 TensorType conv2d_int8(const In &t, const Node &a) {
   if (t[1].shape.size() != 4) fail("conv2d_int8's filter must be 4-D, got " + fmt(t[1]), "in");
-  int8_operands(t, a, "x_scale", t[1].shape[3]);
+  bool depthwise = attr_bool(a, "depthwise", false);
+  int8_operands(t, a, "x_scale", t[1].shape[3] * (depthwise ? t[1].shape[2] : 1));
   // The float conv's rule on x and w alone, one group, no residual.
   In xw{t[0], t[1]};
   Node plain_attrs;
@@ -494,7 +495,7 @@ TensorType conv2d_int8(const In &t, const Node &a) {
       plain_attrs.items.push_back(a.items[i]);
       plain_attrs.items.push_back(a.items[i + 1]);
     }
-  TensorType y = conv_like(xw, plain_attrs, false);
+  TensorType y = conv_like(xw, plain_attrs, depthwise);
   y.dtype = dtype_of(attr_str(a, "out", "float32"));
   float_extras(t, y.shape[3], TensorType{y.shape, dtype_of("float32")}, attr_bool(a, "residual", false));
   return y;

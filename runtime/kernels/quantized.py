@@ -71,7 +71,8 @@ def conv2d_int8(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
     x, w, w_scale = ins[:3]
     y = outs[0]
     plain = {k: attrs[k] for k in ("strides", "dilations", "pads")}
-    acc = evaluate("conv2d", [x.astype(np.float64), w.astype(np.float64)], plain,
+    kind = "depthwise_conv2d" if attrs.get("depthwise") else "conv2d"
+    acc = evaluate(kind, [x.astype(np.float64), w.astype(np.float64)], plain,
                    [(y.shape, "float64")])[0]
     scale = np.float32(attrs["x_scale"]) * w_scale
     extras = list(ins[3:])

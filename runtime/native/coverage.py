@@ -127,6 +127,9 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
             yield "", [((1, 6, 6, 4), x), ((3, 3, 4, 6), "int8"), ((6,), "float32")], {
                 "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "x_scale": 0.1,
                 "out": out}
+        yield "depthwise", [((1, 6, 6, 4), "uint8"), ((3, 3, 4, 2), "int8"), ((8,), "float32")], {
+            "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "x_scale": 0.1,
+            "depthwise": True}
     elif kind == "matmul_int8":
         for x, out in itertools.product(sorted(isa.QUANTIZED),
                                         ("float32", "bfloat16", "uint8", "int8")):

@@ -55,9 +55,10 @@ void bind_scales(Program& p, Step& s, const Ref& ws, float x_scale, bool out_int
   if (out_int) p.own_arg(s, DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, scale_memory(p, y_scale));
 }
 
-// x (u8/s8 NHWC), w (s8 [KH, KW, C, O], constant), w_scale [O] [, bias] [, residual], y.
+// x (u8/s8 NHWC), w (s8 [KH, KW, C, O], constant; depthwise [KH, KW, C, M]), w_scale [O]
+// [, bias] [, residual], y.
 void add_qconv(Program& p, Reader& rd, Instr& ins) {
-  int64_t has_bias = rd.next(), has_res = rd.next();
+  int64_t has_bias = rd.next(), has_res = rd.next(), depthwise = rd.next();
   Ref x = rd.ref(), w = rd.ref(), ws = rd.ref(), b, res;
   if (has_bias) b = rd.ref();
   if (has_res) res = rd.ref();
@@ -68,7 +69,10 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   for (auto& d : dil) d -= 1;
   if (w.dims.size() != 4 || w.type != dt::s8) throw Error("conv2d_int8 weights must be s8 4-D");
   bool out_int = y.type == dt::u8 || y.type == dt::s8;
-  memory::desc w_given({w.dims[3], w.dims[2], w.dims[0], w.dims[1]}, dt::s8, tag::hwio);
+  // TF's [KH, KW, C, O] is hwio; depthwise [KH, KW, C, M] is hwigo with C groups of M.
+  memory::desc w_given = depthwise
+      ? memory::desc({w.dims[2], w.dims[3], 1, w.dims[0], w.dims[1]}, dt::s8, tag::hwigo)
+      : memory::desc({w.dims[3], w.dims[2], w.dims[0], w.dims[1]}, dt::s8, tag::hwio);
   Step s;
   size_t temp_at = 0;
   memory::desc x_use, res_use;
@@ -81,7 +85,9 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
     p.bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(res_step > 0 ? 1 : 0) | DNNL_ARG_SRC_1,
                  res, res.type, false, temp_at, &res_use);
   memory::desc b_md = has_bias ? plain(b) : memory::desc();
-  primitive_attr a = int8_attr(p, 1, out_int, has_res ? &res_use : nullptr, act, res_step);
+  // per output channel: dim 0 (O), or dims 0 and 1 (group, M) of a grouped filter
+  primitive_attr a = int8_attr(p, depthwise ? 3 : 1, out_int, has_res ? &res_use : nullptr, act,
+                               res_step);
   auto pd = dnnl::convolution_forward::primitive_desc(
       p.eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
       memory::desc(w_given.get_dims(), dt::s8, tag::any), b_md, nhwc(y), strides, dil,

@@ -28,7 +28,7 @@ def _conv2d_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
         return None
     residual = bool(attrs.get("residual"))
     has_bias = len(ins) - residual == 4
-    ints = [OP_QCONV, int(has_bias), int(residual)]
+    ints = [OP_QCONV, int(has_bias), int(residual), int(bool(attrs.get("depthwise")))]
     for r in (*ins, outs[0]):
         ints += r.encode()
     ints += [*attrs["strides"], *attrs["dilations"], *attrs["pads"]]

@@ -44,6 +44,8 @@ def _epilogue(acc: np.ndarray, scale: np.ndarray, extras: list, attrs: dict) -> 
         v = v + e
     if attrs.get("activation") == "relu":
         v = np.maximum(v, 0)
+    elif attrs.get("activation") == "relu6":
+        v = np.clip(v, 0, 6)
     if attrs.get("out", "float32") == "float32":
         return v.astype(np.float32)
     if attrs["out"] == "bfloat16":  # rounded once, to nearest even
@@ -139,6 +141,26 @@ def test_conv2d_int8_matches_reference(x_dtype: str, out: str, case: str) -> Non
         extras.append(r.astype(np.float32) * np.float32(0.03))
     want = _conv_reference(x, w, ws, extras, attrs)
     for got in _both_engines("conv2d_int8", [x, w, ws, *inputs], attrs,
+                             (want.shape, out)).values():
+        _agree(got, want)
+
+
+@pytest.mark.parametrize("x_dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("out", ["float32", "bfloat16", "uint8"])
+@pytest.mark.parametrize("mult,strides", [(1, [1, 1]), (1, [2, 2]), (2, [1, 1])])
+def test_depthwise_conv2d_int8_matches_reference(x_dtype: str, out: str, mult: int,
+                                                 strides: list) -> None:
+    lo, hi = (0, 256) if x_dtype == "uint8" else (-128, 128)
+    x = RNG.integers(lo, hi, (2, 9, 10, 24)).astype(x_dtype)
+    w = RNG.integers(-127, 128, (3, 3, 24, mult)).astype(np.int8)
+    ws = RNG.uniform(0.5, 2, 24 * mult).astype(np.float32) * 1e-2
+    bias = RNG.standard_normal(24 * mult).astype(np.float32)
+    attrs = {**WINDOW, "strides": strides, "x_scale": 0.02, "out": out, "y_scale": 0.05,
+             "depthwise": True, "activation": "relu6"}
+    acc = tf.nn.depthwise_conv2d(x.astype(np.float64), w.astype(np.float64),
+                                 [1, *strides, 1], [[0, 0], [1, 1], [1, 1], [0, 0]]).numpy()
+    want = _epilogue(acc, np.float32(0.02) * ws, [bias], attrs)
+    for got in _both_engines("conv2d_int8", [x, w, ws, bias], attrs,
                              (want.shape, out)).values():
         _agree(got, want)
 
