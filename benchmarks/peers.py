@@ -323,14 +323,24 @@ def openvino_contender(saved_model: str, model: str, batch: int, precision: str,
     return Contender("openvino", precision, call, f"{nncf}inference precision {hint}")
 
 
+_NNCF: dict[tuple[str, int], object] = {}  # (model, calibration set) -> quantized model
+
+
 def _nncf_int8(ov_model: object, model: str, calibration: Sequence[Feeds]) -> object:
+    """NNCF's int8 of `ov_model`, quantized once per model and calibration set (int8 and
+    int8-fp32 differ only in how OpenVINO compiles it)."""
     import nncf
 
     from models import peer_models
 
-    kind = nncf.ModelType.TRANSFORMER if model in peer_models.BUILDERS else None
-    dataset = nncf.Dataset(list(calibration))
-    return nncf.quantize(ov_model, dataset, subset_size=len(calibration), model_type=kind)
+    key = (model, id(calibration))
+    if key not in _NNCF:
+        kind = nncf.ModelType.TRANSFORMER if model in peer_models.BUILDERS else None
+        dataset = nncf.Dataset(list(calibration))
+        _NNCF.clear()
+        _NNCF[key] = nncf.quantize(ov_model, dataset, subset_size=len(calibration),
+                                   model_type=kind)
+    return _NNCF[key].clone()  # (the caller reshapes its copy)
 
 
 def _first_line(e: BaseException) -> str:

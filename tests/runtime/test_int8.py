@@ -106,8 +106,9 @@ def test_quantize_rounds_half_to_even_and_saturates(to: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=engine)
 
 
-def test_quantize_reads_bfloat16_as_its_float32_value() -> None:
-    x = (RNG.standard_normal((3, 50)) * 4).astype(ml_dtypes.bfloat16)
+@pytest.mark.parametrize("shape", [(3, 50), (5, 40011)])  # (the second: many threads' chunks)
+def test_quantize_reads_bfloat16_as_its_float32_value(shape: tuple) -> None:
+    x = (RNG.standard_normal(shape) * 4).astype(ml_dtypes.bfloat16)
     want = _rint_sat(x.astype(np.float32) * np.float32(1 / 0.031), "int8")
     for engine, got in _both_engines("quantize", [x], {"scale": 0.031, "to": "int8"},
                                      (x.shape, "int8")).items():
