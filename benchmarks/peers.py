@@ -319,6 +319,7 @@ def openvino_contender(saved_model: str, model: str, batch: int, precision: str,
         return {k: request.get_tensor(o).data.copy() for k, o in names.items()}
 
     hint = compiled.get_property("INFERENCE_PRECISION_HINT")
+    hint = hint.get_type_name() if hasattr(hint, "get_type_name") else hint  # (an ov.Type)
     nncf = "NNCF int8, " * precision.startswith("int8")
     return Contender("openvino", precision, call, f"{nncf}inference precision {hint}")
 
