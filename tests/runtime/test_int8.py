@@ -355,6 +355,35 @@ def test_int8_with_auto_cast_writes_bf16_at_its_edges(monkeypatch) -> None:  # n
                                    atol=1e-2 * np.abs(v).max())
 
 
+def test_an_inverted_residual_block_stays_8_bit() -> None:
+    """MobileNetV2's block: expand 1x1 (relu6) -> depthwise 3x3 (relu6) -> project 1x1 +
+    the block's input. The depthwise conv is int8 too, so one quantize (the input) starts
+    the region and only the project conv dequantizes; the answer stays near TF's."""
+    rng = np.random.default_rng(2)
+    we = tf.constant(rng.standard_normal((1, 1, 8, 24)).astype(np.float32) * 0.4)
+    wd = tf.constant(rng.standard_normal((3, 3, 24, 1)).astype(np.float32) * 0.3)
+    wp = tf.constant(rng.standard_normal((1, 1, 24, 8)).astype(np.float32) * 0.2)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        h = tf.nn.relu6(tf.nn.conv2d(x, we, 1, "SAME"))
+        h = tf.nn.relu6(tf.nn.depthwise_conv2d(h, wd, [1, 1, 1, 1], "SAME"))
+        return tf.nn.conv2d(h, wp, 1, "SAME") + x
+
+    g = trace(fn, tf.TensorSpec([None, 6, 6, 8], tf.float32, name="x"), batch=4)
+    calib = [[rng.standard_normal((4, 6, 6, 8)).astype(np.float32)] for _ in range(4)]
+    exe = compile_executable(g.graph_def, g.io_config, calibration=calib)
+    kinds = [i.kind for i in exe.programs[0]]
+    assert kinds == ["quantize", "conv2d_int8", "conv2d_int8", "conv2d_int8"], kinds
+    expand, dw, project = exe.programs[0][1:]
+    assert dw.attrs["depthwise"] and not expand.attrs["depthwise"]
+    assert [i.attrs["out"] for i in (expand, dw, project)] == ["uint8", "uint8", "float32"]
+    x = rng.standard_normal((4, 6, 6, 8)).astype(np.float32)
+    with load(to_bytes(exe)) as model:
+        got = model.run({"x:0": x})
+    for name, want in g.reference({"x:0": x}).items():
+        assert _rel(got[name], want) < 0.03, _rel(got[name], want)
+
+
 def test_native_and_numpy_engines_agree_on_a_quantized_model(monkeypatch) -> None:  # noqa: ANN001
     g = _small_cnn()
     calib = [[RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)] for _ in range(2)]
