@@ -9,6 +9,7 @@ caller (runtime/program.py) runs the rest on numpy, on the same buffers.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -68,6 +69,11 @@ class _EngineThreads:
     def __init__(self) -> None:
         self._idle: list[_EngineThread] = []
         self._lock = threading.Lock()
+        # A forked child has none of these threads: it starts its own.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._idle, self._lock = [], threading.Lock()
 
     def call(self, fn: Callable[[], T]) -> T:
         if threading.current_thread() is threading.main_thread():
