@@ -312,17 +312,18 @@ def _own_link(fd: int, data: bytes | mmap.mmap, into: Path, key: str) -> str:
 
 
 def _source_digest() -> str:
-    """Digest of the bundled compiler's sources, the executable-format writer and the native
-    engine's encoders (they decide the executable's stats["numpy_instructions"])."""
+    """Digest of the bundled compiler's sources and of the whole runtime's Python: the
+    compiler reads the instruction declarations (isa.py), folds constants and calibrates
+    int8 with the reference kernels, writes the executable format and asks the native
+    engine's encoders what will run natively, so an edit to any of them can change what it
+    writes (hashing only the four files it imported by name once kept stale int8
+    executables after a kernel change)."""
     h = hashlib.sha256()
     for package in ("neuronish.cc", "neuronish.runtime"):
         spec = importlib.util.find_spec(package)
         roots = list(spec.submodule_search_locations or []) if spec else []
         for root in roots:
             for path in sorted(Path(root).rglob("*.py")):
-                if package == "neuronish.runtime" and path.name not in (
-                        "executable.py", "validate.py", "spec.py", "spec_int8.py"):
-                    continue
                 h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
