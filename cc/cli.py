@@ -113,6 +113,7 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
     from .device_model import DeviceModelError, load_device
     from .graphdef import load_graph_def
     from .ioconfig import parse_io_config
+    from .nogc import frozen_gc
     from .pipeline import Timer, dump_dir_from_env, pass_names
 
     try:
@@ -152,16 +153,17 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"neuronish-cc: error: {e}", file=sys.stderr)
             return 2
     try:
-        nodes = load_graph_def(args.graph)
         timer = Timer()
         notes: list[str] = []
-        exe = compile_executable(nodes, io, auto_cast=args.auto_cast,
-                                 auto_cast_type=args.auto_cast_type,
-                                 pipeline_cores=args.neuroncore_pipeline_cores,
-                                 dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
-                                 instruments=[timer], disabled_passes=args.disable_pass,
-                                 device=device, notes=notes, calibration=calibration,
-                                 max_error=args.max_error)
+        with frozen_gc():  # the parsed graph is long-lived too (nogc.py)
+            nodes = load_graph_def(args.graph)
+            exe = compile_executable(nodes, io, auto_cast=args.auto_cast,
+                                     auto_cast_type=args.auto_cast_type,
+                                     pipeline_cores=args.neuroncore_pipeline_cores,
+                                     dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
+                                     instruments=[timer], disabled_passes=args.disable_pass,
+                                     device=device, notes=notes, calibration=calibration,
+                                     max_error=args.max_error)
         for note in notes:
             print(f"neuronish-cc: note: {note}", file=sys.stderr)
     except CompilerError as e:

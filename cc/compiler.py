@@ -211,35 +211,37 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     if pipeline_cores < 1:
         raise InvalidGraph(f"neuroncore-pipeline-cores must be >= 1, got {pipeline_cores}")
     start = time.perf_counter()
-    nodes = parse_graph_def(graph_def) if isinstance(graph_def, bytes) else graph_def
-    io = parse_io_config(io_config)
-    graph = lower(nodes, io, notes)
-    by_name = {n.name: n.op for n in nodes}
-    tf_ops = Counter(by_name[name] for node in graph.nodes for name in node.origin)
-    dumper = Dumper(dump_dir)
-    instruments = [dumper, *(instruments or []), DisablePasses(disabled_passes or [])]
-    quantized = None
-    if calibration is not None:
-        quantized = QuantizeReport()
-        check_calibration(graph, calibration)
-        quantize = functools.partial(quantize_int8, samples=calibration, max_error=max_error,
-                                     report=quantized)
-    with frozen_gc():  # the lowered graph is long-lived: not for the collector (nogc.py)
+    # The parsed and lowered graphs are long-lived: out of the collector's sight, and
+    # what each paused block below makes is frozen as it ends (nogc.py).
+    with frozen_gc():
+        nodes = parse_graph_def(graph_def) if isinstance(graph_def, bytes) else graph_def
+        io = parse_io_config(io_config)
+        graph = lower(nodes, io, notes)
+        by_name = {n.name: n.op for n in nodes}
+        tf_ops = Counter(by_name[name] for node in graph.nodes for name in node.origin)
+        dumper = Dumper(dump_dir)
+        instruments = [dumper, *(instruments or []), DisablePasses(disabled_passes or [])]
+        quantized = None
+        if calibration is not None:
+            quantized = QuantizeReport()
+            check_calibration(graph, calibration)
+            quantize = functools.partial(quantize_int8, samples=calibration, max_error=max_error,
+                                         report=quantized)
         graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type,
                                                    quantize if quantized else None),
                              instruments, timings)
-    options = {"auto_cast": auto_cast, "auto_cast_type": auto_cast_type,
-               "pipeline_cores": pipeline_cores, "command_line": command_line or [],
-               "output_names": list(io.outputs)}
-    if quantized is not None:
-        options["quantize"] = "int8"
-        if max_error is not None:
-            options["max_error"] = max_error
-    if disabled_passes:  # only when used, so ordinary executables are unchanged
-        options["disabled_passes"] = sorted(disabled_passes)
-    device = device or load_device()
-    with paused_gc():  # only allocation from here on, no cyclic garbage
-        exe = _finish(graph, options, dict(sorted(tf_ops.items())), device, notes, quantized)
+        options = {"auto_cast": auto_cast, "auto_cast_type": auto_cast_type,
+                   "pipeline_cores": pipeline_cores, "command_line": command_line or [],
+                   "output_names": list(io.outputs)}
+        if quantized is not None:
+            options["quantize"] = "int8"
+            if max_error is not None:
+                options["max_error"] = max_error
+        if disabled_passes:  # only when used, so ordinary executables are unchanged
+            options["disabled_passes"] = sorted(disabled_passes)
+        device = device or load_device()
+        with paused_gc():  # only allocation from here on, no cyclic garbage
+            exe = _finish(graph, options, dict(sorted(tf_ops.items())), device, notes, quantized)
     exe.stats["compile_seconds"] = round(time.perf_counter() - start, 3)
     if dumper.directory:
         memory = "\n".join(f"%{k} @ {off}" for k, off in sorted(exe.offsets.items()))

@@ -381,10 +381,13 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
             seen_typed[typed] = result
     used = {r for node in order for r in node.inputs} | {TensorRef.parse(n) for n in io.outputs}
     outputs = [(TensorRef.parse(n), a) for n, a in zip(io.outputs, _declared_axes(io, values))]
-    return batch.check(order, {ref: spec.batch_axis for ref, spec in fed.items()}, used,
-                       outputs, b, _facts(values, {}, {}, output_counts),
-                       _facts(nxt, ctx.reads, failed, output_counts),
-                       {op: lowering.batch for op, lowering in LOWERINGS.items()})
+    problems = batch.check(order, {ref: spec.batch_axis for ref, spec in fed.items()}, used,
+                           outputs, b, _facts(values, {}, {}, output_counts),
+                           _facts(nxt, ctx.reads, failed, output_counts),
+                           {op: lowering.batch for op, lowering in LOWERINGS.items()})
+    for node in ctx.nodes:  # node <-> output cycles: freed now, not by a later collection
+        node._outputs = []
+    return problems
 
 
 class _WatchedConst(Value):

@@ -83,12 +83,16 @@ def aliases(graph: Graph) -> dict[int, int]:
     return root
 
 
+# The kinds runtime/isa.py has a scratch rule for (read, not copied: one source of truth).
+_SCRATCH_RULES = isa._SCRATCH
 # signature -> scratch bytes (a pure function of it; a large graph repeats a few)
 _SCRATCH: Memo[int] = Memo()
 
 
 def scratch_bytes(node: Node) -> int:
     """The scratch bytes runtime/isa.py's rule grants the instruction."""
+    if node.kind not in _SCRATCH_RULES:
+        return 0  # (most kinds: isa.scratch_bytes gives 0 without a rule)
     key = signature_key(node.kind, node.inputs, node.attrs)
     nbytes = _SCRATCH.get(key)
     if nbytes is None:

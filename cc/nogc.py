@@ -11,6 +11,11 @@ point at each other), so the collector stays on there, but the graph built so fa
 frozen out of its sight (`frozen_gc`): its full collections, each a walk over every
 live object, came back every few thousand allocations and cost a 100,000-node AddN
 about 10 of its 33 s (benchmarks/compiler_scale.py).
+
+Inside a `frozen_gc` block, what a paused block made is frozen too when the pause ends
+(the parsed or lowered graph, the executable): re-enabling the collector would otherwise
+start by walking all of it, once per generation it passes through (about 1 s of a
+100,000-node compile). It is all collectable again when the `frozen_gc` block ends.
 """
 
 from __future__ import annotations
@@ -30,7 +35,12 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            if _freezing:
+                gc.freeze()
             gc.enable()
+
+
+_freezing = 0  # how many `frozen_gc` blocks (that froze) are open
 
 
 @contextmanager
@@ -41,8 +51,11 @@ def frozen_gc() -> Iterator[None]:
     if gc.get_freeze_count():
         yield
         return
+    global _freezing
     gc.freeze()
+    _freezing += 1
     try:
         yield
     finally:
+        _freezing -= 1
         gc.unfreeze()

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
+from .ir import TensorType
+
 V = TypeVar("V")
 
 
@@ -26,15 +28,31 @@ def signature_key(kind: str, types: Sequence[_Typed], attrs: object) -> tuple | 
     do 0.0 and -0.0); None when an attribute is of a type not worth keying (arrays)."""
     shapes = []
     for t in types:
-        shape, dtype = t.shape, t.dtype
-        if type(shape) is not tuple or type(dtype) is not str:
+        tt = t if type(t) is TensorType else getattr(t, "_type", None)  # (a Value's type)
+        if type(tt) is TensorType:
+            # A TensorType is immutable: its part of the key is worked out once and kept
+            # on it (each of the lowering, verifier, memory plan and flops asks again).
+            k = tt.__dict__.get("_signature")
+            if k is None:
+                k = _type_key(tt.shape, tt.dtype)
+                object.__setattr__(tt, "_signature", k)
+        else:
+            k = _type_key(t.shape, t.dtype)
+        if k is False:
             return None
-        for d in shape:  # (a loop: `any` over a generator cost twice as much here)
-            if type(d) is not int:
-                return None
-        shapes.append((shape, dtype))
+        shapes.append(k)
     attr_key = value_key(attrs)
     return None if attr_key is None else (kind, tuple(shapes), attr_key)
+
+
+def _type_key(shape: object, dtype: object) -> tuple | bool:
+    """(shape, dtype), or False if either is of a type not keyed exactly."""
+    if type(shape) is not tuple or type(dtype) is not str:
+        return False
+    for d in shape:  # (a loop: `any` over a generator cost twice as much here)
+        if type(d) is not int:
+            return False
+    return (shape, dtype)
 
 
 def value_key(value: object) -> object:

@@ -103,6 +103,9 @@ def _bin_header(n: int) -> bytes:
     return b"\xc6" + n.to_bytes(4, "big")
 
 
+_INLINE_BYTES = 4096  # constants up to this size are copied into the packed pieces
+
+
 def _body_parts(exe: Executable) -> list[bytes | memoryview]:
     """The msgpack body as pieces whose concatenation is `packb(body)`: the constants'
     data are views of the arrays, never copied into a buffer (a GB of weights copied
@@ -121,16 +124,25 @@ def _body_parts(exe: Executable) -> list[bytes | memoryview]:
     item("outputs", [_sig_to_raw(s) for s in exe.outputs])
     small.extend(pack("constants"))
     small.extend(msgpack.Packer().pack_array_header(len(exe.constants)))
+    # {value, shape, dtype, data}: the fixed keys packed once (a graph may hold 100,000
+    # small constants); small data is copied in line, large data stays a view.
+    value_key, shape_key, dtype_key, data_key = (pack(k) for k in ("value", "shape", "dtype",
+                                                                   "data"))
     for vid, a in sorted(exe.constants.items()):
         data = _constant_data(a)
-        small.extend(b"\x84")  # {value, shape, dtype, data}
-        item("value", vid)
-        item("shape", list(a.shape))
-        item("dtype", a.dtype.name)
-        small.extend(pack("data"))
-        small.extend(_bin_header(data.nbytes))
-        parts += (bytes(small), data)
-        small.clear()
+        small += b"\x84" + value_key
+        small += pack(vid)
+        small += shape_key
+        small += pack(list(a.shape))
+        small += dtype_key
+        small += pack(a.dtype.name)
+        small += data_key
+        small += _bin_header(data.nbytes)
+        if data.nbytes <= _INLINE_BYTES:
+            small += data
+        else:
+            parts += (bytes(small), data)
+            small.clear()
     item("values", [[vid, list(shape), dtype]
                     for vid, (shape, dtype) in sorted(exe.values.items())])
     item("memory", {"arena_bytes": exe.arena_bytes,

@@ -133,7 +133,9 @@ class LowerCtx:
         node = Node(kind, list(inputs), [], attrs, origin)
         node.outputs = [Value(t, producer=node) for t in out_types]
         if inputs and all(v.is_const for v in inputs) and fold_fits(node):
-            return self._fold(node)
+            folded = self._fold(node)
+            node._outputs = []  # (no node <-> output cycle left for the collector)
+            return folded
         self.nodes.append(node)
         return node.outputs
 

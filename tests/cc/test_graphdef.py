@@ -186,3 +186,39 @@ def test_cut_reader_agrees_with_protobuf_on_damaged_bytes() -> None:
                     except Exception:  # noqa: BLE001
                         continue
                     np.testing.assert_array_equal(tensor_to_numpy(ours.attr[key]), expected)
+
+
+def test_runs_of_small_nodes_read_as_protobuf_reads_them() -> None:
+    """Small nodes are parsed a run at a time: runs broken by a large node, by other
+    GraphDef fields between nodes, and nodes whose length takes 1, 2 or 3 bytes (or an
+    overlong varint) come out as protobuf's own parse of the whole GraphDef."""
+    from neuronish.cc.proto import tf_graph_pb2 as pb
+
+    def node(name: str, size: int = 0, inputs: tuple[str, ...] = ()) -> bytes:
+        n = pb.NodeDef(name=name, op="Const", input=list(inputs))
+        n.attr["value"].tensor.dtype = pb.DT_FLOAT
+        n.attr["value"].tensor.tensor_shape.dim.add().size = size
+        n.attr["value"].tensor.tensor_content = np.arange(size, dtype=np.float32).tobytes()
+        return n.SerializeToString()
+
+    def field(number: int, body: bytes, overlong: bool = False) -> bytes:
+        length = _varint(len(body))
+        if overlong:  # the same length in one byte more
+            length = bytes(b | 0x80 for b in length) + b"\x00"
+        return _varint(number << 3 | 2) + length + body
+
+    versions = pb.VersionDef(producer=1).SerializeToString()
+    data = b"".join([
+        field(1, node("a")), field(1, node("b", 40, ("a", "^a"))),  # 1- and 2-byte lengths
+        field(4, versions), field(1, node("c", 2, ("b:0",))),       # another field between
+        field(1, node("big", 40_000)),                              # cut out (3-byte length)
+        field(1, node("d", 3), overlong=True), field(1, node("e", 1, ("d", "big:0"))),
+    ])
+    want = pb.GraphDef.FromString(data)
+    got = parse_graph_def(data)
+    assert [n.name for n in got] == [n.name for n in want.node] == ["a", "b", "c", "big", "d", "e"]
+    for ours, theirs in zip(got, want.node, strict=True):
+        assert [str(r) for r in ours.inputs] + [f"^{c}" for c in ours.control_inputs] == \
+            [i if i.startswith("^") else (i if ":" in i else f"{i}:0") for i in theirs.input]
+        np.testing.assert_array_equal(tensor_to_numpy(ours.attr["value"]),
+                                      tensor_to_numpy(theirs.attr["value"].tensor))
