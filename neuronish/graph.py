@@ -300,6 +300,28 @@ class Graph:
         self.__init__(graph_def)  # type: ignore[misc]
         self.version = edits + 1
 
+    def rename(self, renamed: Mapping[str, str]) -> None:
+        """Rename nodes (old name -> new) and every input reading them, GraphDef order
+        kept. The new names must be free. The indexes are built anew: the one rename
+        there is (freezing's, of every node inlining prefixed) moves most of their keys."""
+        if not renamed:
+            return
+        taken = self.nodes.keys() - renamed.keys()
+        for old, new in renamed.items():
+            if new in taken:
+                raise PartitionError(f"cannot rename node {old!r} to {new!r}: another node "
+                                     "has that name")
+            taken.add(new)
+        readers = {r for old in renamed for r in self.consumers(old)}
+        for name in readers:
+            node = self.nodes[name]
+            refs = [rename_ref(r, renamed) for r in node.input]
+            del node.input[:]
+            node.input.extend(refs)
+        for old, new in renamed.items():
+            self.nodes[old].name = new
+        self.adopt(self.graph_def)
+
     def unique_name(self, name: str) -> str:
         """`name`, with "_" appended until no node has it."""
         while name in self.nodes:

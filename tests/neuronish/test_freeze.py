@@ -257,6 +257,7 @@ def test_renamed_nodes_keep_their_colocations() -> None:
     Keras 2's LSTM carries) is renamed with it, or TensorFlow refuses the graph (the
     LSTM's compile failed with "expects to be colocated with unknown node")."""
     from neuronish.freeze import _strip_call_prefixes
+    from neuronish.graph import Graph
 
     graph = tf.Graph()
     with graph.as_default():
@@ -264,8 +265,11 @@ def test_renamed_nodes_keep_their_colocations() -> None:
         with tf.compat.v1.colocate_with(a):
             tf.identity(a, name="Func/StatefulPartitionedCall/input/_12")
     graph_def = graph.as_graph_def()
-    renamed = _strip_call_prefixes(graph_def)
+    indexed = Graph(graph_def)
+    renamed = _strip_call_prefixes(indexed)
     assert renamed["StatefulPartitionedCall/lstm/Identity"] == "lstm/Identity"
+    indexed.verify()  # the rename kept the Graph's indexes current
+    graph_def = indexed.graph_def
     (reader,) = [n for n in graph_def.node if n.op == "Identity"]
     assert list(reader.attr["_class"].list.s) == [b"loc:@lstm/Identity"]
     with tf.Graph().as_default():
