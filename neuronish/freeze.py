@@ -19,9 +19,11 @@ partition could cut.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -45,6 +47,7 @@ from .shape_inference.shapes import TensorInfo
 VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "AssignVariableOp",
                            "AssignAddVariableOp", "AssignSubVariableOp", "ResourceGather",
                            "ResourceGatherNd", "VarIsInitializedOp", "Assign"})
+_T = TypeVar("_T")
 _WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign"})
 
 
@@ -107,6 +110,21 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
                      tags: list[str] | tuple[str, ...] | None = None) -> FrozenSignature:
     """Load `model_dir` and freeze one of its signatures (default `serving_default`,
     or the only one there is)."""
+    return _collected(_freeze_signature(model_dir, signature_def_key, tags))
+
+
+def _collected(frozen: _T) -> _T:
+    """`frozen`, once the SavedModel loaded to freeze it is collected. Its objects point
+    at each other, so only the cyclic collector frees them, and it came to them at
+    whatever allocated next: NASNetMobile's loaded model is 252,885 objects and 215 MiB,
+    and freeing them (1.6 s under load 10) was timed as its rewrite stage, after the
+    rewrites had copied what they needed with those 215 MiB still held."""
+    gc.collect()
+    return frozen
+
+
+def _freeze_signature(model_dir: str, signature_def_key: str | None,
+                      tags: list[str] | tuple[str, ...] | None) -> FrozenSignature:
     loaded, tags = _load(model_dir, tags)
     signatures = dict(loaded.signatures)
     if signature_def_key is None:
@@ -142,6 +160,11 @@ def freeze_signatures(model_dir: str, signature_def_key: str | None = None,
     `serve` and `serving_default`) once.
     A signature other than the main one that cannot be frozen is left out with why;
     the main one raises."""
+    return _collected(_freeze_signatures(model_dir, signature_def_key, tags))
+
+
+def _freeze_signatures(model_dir: str, signature_def_key: str | None,
+                       tags: list[str] | tuple[str, ...] | None) -> FrozenSignatures:
     loaded, tags = _load(model_dir, tags)
     signatures = dict(loaded.signatures)
     if signature_def_key is not None and signature_def_key not in signatures:
