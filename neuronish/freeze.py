@@ -358,7 +358,13 @@ def _captured_resources(loaded: object, concrete: object, placeholders: set[str]
 
 class _ConverterData(convert_to_constants._FunctionConverterDataInEager):
     """Reads each variable without the copy `.numpy()` makes (VGG16's 528 MB took ~1 s):
-    the array shares the value's buffer, and is only read, into its constant."""
+    the array shares the value's buffer, and is only read, into its constant.
+
+    A subclass used by this module's own converter object, not a patch: TensorFlow's
+    class and module stay as they are for every other caller and thread. It leans on
+    convert_to_constants' private classes (as `_replace_variables_by_constants` does),
+    which test_freeze's proto comparisons would catch changing in a TensorFlow upgrade;
+    the public `convert_variables_to_constants_v2` costs the copy and a function wrap."""
 
     def _eval(self, tensor: object) -> object:
         value = tensor.read_value() if hasattr(tensor, "read_value") else tensor
