@@ -30,6 +30,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 from tensorflow.python.framework import convert_to_constants, tensor_util
 
+from .cc.nogc import paused_gc
 from .errors import SavedModelError
 from .graph import (
     Graph,
@@ -110,15 +111,21 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
                      tags: list[str] | tuple[str, ...] | None = None) -> FrozenSignature:
     """Load `model_dir` and freeze one of its signatures (default `serving_default`,
     or the only one there is)."""
-    return _collected(_freeze_signature(model_dir, signature_def_key, tags))
+    with paused_gc():
+        frozen = _freeze_signature(model_dir, signature_def_key, tags)
+    return _collected(frozen)
 
 
 def _collected(frozen: _T) -> _T:
-    """`frozen`, once the SavedModel loaded to freeze it is collected. Its objects point
-    at each other, so only the cyclic collector frees them, and it came to them at
-    whatever allocated next: NASNetMobile's loaded model is 252,885 objects and 215 MiB,
-    and freeing them (1.6 s under load 10) was timed as its rewrite stage, after the
-    rewrites had copied what they needed with those 215 MiB still held."""
+    """`frozen`, once the SavedModel loaded to freeze it is collected.
+
+    Loading allocates some hundred thousand long-lived objects and next to no garbage:
+    the collector's full passes during it freed nothing (NASNetMobile: three, 8.5 s of
+    a compile under load 10), so freezing runs with it paused (`paused_gc`). The loaded
+    model's objects point at each other, so only a full pass frees them; it used to come
+    at whatever allocated next (NASNetMobile: 252,885 objects and 215 MiB, timed as the
+    rewrite stage, which held those 215 MiB while it copied what it needed). Collected
+    here, the pass is freezing's."""
     gc.collect()
     return frozen
 
@@ -160,7 +167,9 @@ def freeze_signatures(model_dir: str, signature_def_key: str | None = None,
     `serve` and `serving_default`) once.
     A signature other than the main one that cannot be frozen is left out with why;
     the main one raises."""
-    return _collected(_freeze_signatures(model_dir, signature_def_key, tags))
+    with paused_gc():
+        frozen = _freeze_signatures(model_dir, signature_def_key, tags)
+    return _collected(frozen)
 
 
 def _freeze_signatures(model_dir: str, signature_def_key: str | None,
