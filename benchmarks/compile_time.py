@@ -2,11 +2,14 @@
 
     .venv/bin/python benchmarks/compile_time.py                      # ResNet50 VGG16 NASNetMobile
     .venv/bin/python benchmarks/compile_time.py ConvNeXtLarge --batch-size 1
+    PYTHONPATH=. .venv/bin/python -c \
+        "from benchmarks.recovery_rounds import build; build('DIR', False)"
+    .venv/bin/python benchmarks/compile_time.py DIR --batch-size 2  # partitioned again
 
-Each model (a zoo name: `models/third_party.py`, built once into the model cache) is
-compiled once in its own process, with the compile cache off, as a new user would:
-`compile(src, dst, batch_size=B)` on a `model.export`ed SavedModel. Printed per model:
-the end-to-end seconds and the wall seconds of each stage,
+Each model (a zoo name: `models/third_party.py`, built once into the model cache, or a
+SavedModel directory) is compiled once in its own process, with the compile cache off,
+as a new user would: `compile(src, dst, batch_size=B)` on a `model.export`ed SavedModel.
+Printed per model: the end-to-end seconds and the wall seconds of each stage,
 
     freeze      tf.saved_model.load + variables to constants + inlining (TensorFlow's)
     rewrite     before partitioning: constants folded, fixed loops unrolled, complex
@@ -57,7 +60,7 @@ def measure(name: str, batch: int) -> dict:
     import neuronish.saved_model as sm
     from models.cache import cached_saved_model
 
-    src = cached_saved_model(name)
+    src = name if os.path.isdir(name) else cached_saved_model(name)
     seconds: dict[str, float] = defaultdict(float)
 
     def timed(stage: str, fn):  # noqa: ANN001, ANN202

@@ -19,21 +19,23 @@ partition could cut.
 
 from __future__ import annotations
 
+import gc
 import sys
-from dataclasses import dataclass, replace
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 from tensorflow.python.framework import convert_to_constants, tensor_util
 
+from .cc.nogc import paused_gc
 from .errors import SavedModelError
 from .graph import (
-    control_refs,
-    data_refs,
-    is_control,
+    Graph,
+    PartitionError,
     is_stateful,
-    keep_only,
     needed_nodes,
     producer,
     rename_ref,
@@ -46,6 +48,7 @@ from .shape_inference.shapes import TensorInfo
 VARIABLE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "VariableV2", "AssignVariableOp",
                            "AssignAddVariableOp", "AssignSubVariableOp", "ResourceGather",
                            "ResourceGatherNd", "VarIsInitializedOp", "Assign"})
+_T = TypeVar("_T")
 _WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign"})
 
 
@@ -61,9 +64,13 @@ class SignatureInput(TensorInfo):
 
 @dataclass(frozen=True)
 class FrozenSignature:
-    """One signature, frozen: the graph and how its inputs and outputs are named."""
+    """One signature, frozen: the graph and how its inputs and outputs are named.
 
-    graph_def: graph_pb2.GraphDef
+    `graph` is the one indexed Graph of the signature from freezing on: the rewrites,
+    shape inference, the partitioner and splice edit and read it, so `graph_def` (its
+    GraphDef) is the signature as rewritten so far."""
+
+    graph: Graph = field(repr=False)
     signature_key: str
     inputs: tuple[SignatureInput, ...]
     outputs: dict[str, str]           # output key -> tensor in the frozen graph
@@ -78,6 +85,10 @@ class FrozenSignature:
     methods: tuple[Method, ...] = ()
     # Variable writes no output sees, left out of the frozen graph (`_drop_dead_writes`).
     dropped_writes: tuple[str, ...] = ()
+
+    @property
+    def graph_def(self) -> graph_pb2.GraphDef:
+        return self.graph.graph_def
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,27 @@ def freeze_signature(model_dir: str, signature_def_key: str | None = None,
                      tags: list[str] | tuple[str, ...] | None = None) -> FrozenSignature:
     """Load `model_dir` and freeze one of its signatures (default `serving_default`,
     or the only one there is)."""
+    with paused_gc():
+        frozen = _freeze_signature(model_dir, signature_def_key, tags)
+    return _collected(frozen)
+
+
+def _collected(frozen: _T) -> _T:
+    """`frozen`, once the SavedModel loaded to freeze it is collected.
+
+    Loading allocates some hundred thousand long-lived objects and next to no garbage:
+    the collector's full passes during it freed nothing (NASNetMobile: three, 8.5 s of
+    a compile under load 10), so freezing runs with it paused (`paused_gc`). The loaded
+    model's objects point at each other, so only a full pass frees them; it used to come
+    at whatever allocated next (NASNetMobile: 252,885 objects and 215 MiB, timed as the
+    rewrite stage, which held those 215 MiB while it copied what it needed). Collected
+    here, the pass is freezing's."""
+    gc.collect()
+    return frozen
+
+
+def _freeze_signature(model_dir: str, signature_def_key: str | None,
+                      tags: list[str] | tuple[str, ...] | None) -> FrozenSignature:
     loaded, tags = _load(model_dir, tags)
     signatures = dict(loaded.signatures)
     if signature_def_key is None:
@@ -135,6 +167,13 @@ def freeze_signatures(model_dir: str, signature_def_key: str | None = None,
     `serve` and `serving_default`) once.
     A signature other than the main one that cannot be frozen is left out with why;
     the main one raises."""
+    with paused_gc():
+        frozen = _freeze_signatures(model_dir, signature_def_key, tags)
+    return _collected(frozen)
+
+
+def _freeze_signatures(model_dir: str, signature_def_key: str | None,
+                       tags: list[str] | tuple[str, ...] | None) -> FrozenSignatures:
     loaded, tags = _load(model_dir, tags)
     signatures = dict(loaded.signatures)
     if signature_def_key is not None and signature_def_key not in signatures:
@@ -281,17 +320,21 @@ def _freeze(loaded: object, concrete: object, signature_def_key: str, model_dir:
         if writes:
             _refuse_variable_writes(writes, what)
         raise SavedModelError(f"{what} could not be fully frozen: {e}") from None
-    dropped = _drop_dead_writes(graph_def, list(outputs.values()), writes, what) if writes \
+    try:  # the signature's one Graph from here on (FrozenSignature.graph)
+        graph = Graph(graph_def)
+    except PartitionError as e:
+        raise SavedModelError(f"{what} froze to a graph TensorFlow could not run: {e}") from None
+    dropped = _drop_dead_writes(graph, list(outputs.values()), writes, what) if writes \
         else ()
     _check_frozen(graph_def, what)
-    drop_dangling_colocations(graph_def)
-    _drop_ordering_edges(graph_def)
-    _keep_what_outputs_need(graph_def, [*outputs.values(), *input_names[:len(keys)]])
-    renamed = _strip_call_prefixes(graph_def)
+    drop_dangling_colocations(graph_def, graph.nodes)
+    _drop_ordering_edges(graph)
+    _keep_what_outputs_need(graph, [*outputs.values(), *input_names[:len(keys)]])
+    renamed = _strip_call_prefixes(graph)
     outputs = {k: rename_ref(t, renamed) for k, t in outputs.items()}
     inputs = [replace(i, tensor=rename_ref(i.tensor, renamed)) for i in inputs]
     resources = [CapturedResource(rename_ref(r.tensor, renamed), r.owner) for r in resources]
-    return FrozenSignature(graph_def, signature_def_key, tuple(inputs), outputs, tuple(tags),
+    return FrozenSignature(graph, signature_def_key, tuple(inputs), outputs, tuple(tags),
                            tuple(resources),
                            dropped_writes=dropped)
 
@@ -324,7 +367,13 @@ def _captured_resources(loaded: object, concrete: object, placeholders: set[str]
 
 class _ConverterData(convert_to_constants._FunctionConverterDataInEager):
     """Reads each variable without the copy `.numpy()` makes (VGG16's 528 MB took ~1 s):
-    the array shares the value's buffer, and is only read, into its constant."""
+    the array shares the value's buffer, and is only read, into its constant.
+
+    A subclass used by this module's own converter object, not a patch: TensorFlow's
+    class and module stay as they are for every other caller and thread. It leans on
+    convert_to_constants' private classes (as `_replace_variables_by_constants` does),
+    which test_freeze's proto comparisons would catch changing in a TensorFlow upgrade;
+    the public `convert_variables_to_constants_v2` costs the copy and a function wrap."""
 
     def _eval(self, tensor: object) -> object:
         value = tensor.read_value() if hasattr(tensor, "read_value") else tensor
@@ -400,11 +449,14 @@ def _constant_proto(values: object, dtype: object) -> tensor_pb2.TensorProto | N
                                   tensor_content=values.tobytes())
 
 
-def drop_dangling_colocations(graph_def: graph_pb2.GraphDef) -> None:
+def drop_dangling_colocations(graph_def: graph_pb2.GraphDef,
+                              names: Collection[str] | None = None) -> None:
     """Remove `_class: loc:@node` entries naming nodes the frozen graph no longer has
     (inlining renames a called function's inputs and outputs): TensorFlow refuses to
-    import a graph with them, and colocation means nothing on one CPU anyway."""
-    names = {n.name for n in graph_def.node}
+    import a graph with them, and colocation means nothing on one CPU anyway. `names`:
+    the graph's node names, if an index has them."""
+    if names is None:
+        names = {n.name for n in graph_def.node}
     for node in graph_def.node:
         if "_class" not in node.attr:
             continue
@@ -425,7 +477,7 @@ def _variable_writes(graph_def: graph_pb2.GraphDef) -> list[str]:
                      for f in graph_def.library.function for n in f.node_def if n.op in _WRITES]
 
 
-def _drop_dead_writes(graph_def: graph_pb2.GraphDef, outputs: list[str], writes: list[str],
+def _drop_dead_writes(graph: Graph, outputs: list[str], writes: list[str],
                       what: str) -> tuple[str, ...]:
     """Remove, in place, the variable writes no output can see, and return their names;
     refuse the signature (naming the writes) if an output can.
@@ -439,28 +491,33 @@ def _drop_dead_writes(graph_def: graph_pb2.GraphDef, outputs: list[str], writes:
     (Keras' random layers read the seed they advance), or when it sits in a control flow
     body, which this does not look into.
     """
-    nodes = {n.name: n for n in graph_def.node}
-    own = [n for n in graph_def.node if n.op in _WRITES]
+    nodes = graph.nodes
+    own = [n for n in graph.graph_def.node if n.op in _WRITES]
     if len(own) < len(writes):  # some are left in control flow bodies
         _refuse_variable_writes(writes, what)
 
-    def root(ref: str) -> str:  # through the Identity chain a read or a write takes
-        name = producer(ref)
-        while name in nodes and nodes[name].op == "Identity" and nodes[name].input:
-            name = producer(nodes[name].input[0])
+    def root(tensor: str) -> str:  # through the Identity chain a read or a write takes
+        name = producer(tensor)
+        while nodes[name].op == "Identity" and graph.data_inputs[name]:
+            name = producer(graph.data_inputs[name][0])
         return name
 
-    written = {root(w.input[0]) for w in own}
+    written = {root(graph.data_inputs[w.name][0]) for w in own if graph.data_inputs[w.name]}
     seen = needed_nodes(nodes, outputs, control=False)  # the outputs and their data sources
     gone = {w.name for w in own}
     if seen & (written | gone):
         _refuse_variable_writes(writes, what)
-    keep_only(graph_def, nodes.keys() - gone)
-    for node in graph_def.node:
-        if any(is_control(i) and producer(i) in gone for i in node.input):
-            kept = [i for i in node.input if not (is_control(i) and producer(i) in gone)]
-            del node.input[:]
-            node.input.extend(kept)
+    # What reads a write's output (an `Assign`'s ref) goes with it: no output reads it.
+    todo = list(gone)
+    while todo:
+        for reader in graph.data_consumers(todo.pop()):
+            if reader not in gone:
+                gone.add(reader)
+                todo.append(reader)
+    for name in {c for g in gone for c in graph.control_consumers(g)} - gone:
+        node = nodes[name]
+        graph.set_inputs(name, [i for i in node.input if producer(i) not in gone])
+    graph.remove(gone)
     return tuple(sorted(f"{w.name} ({w.op})" for w in own))
 
 
@@ -504,7 +561,7 @@ def _check_frozen(graph_def: graph_pb2.GraphDef, what: str) -> None:
                               + more)
 
 
-def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
+def _drop_ordering_edges(graph: Graph) -> None:
     """Drop NoOps and the control edges that only order stateless nodes, in place.
 
     Inlined function bodies end in `NoOp`s that wait for their reads and results;
@@ -512,33 +569,30 @@ def _drop_ordering_edges(graph_def: graph_pb2.GraphDef) -> None:
     split what is one computation. A control edge from a stateful node (an `Assert`)
     carries meaning and is kept, through any NoOps it passed.
     """
-    nodes = {n.name: n for n in graph_def.node}
+    nodes = graph.nodes
     kept: dict[str, list[str]] = {}  # NoOp -> the meaningful control inputs it stands for
 
-    def meaningful(ref: str) -> list[str]:
-        name = producer(ref)
-        node = nodes.get(name)
-        if node is None or node.op != "NoOp":
-            return [ref] if node is None or is_stateful(node.op) else []
+    def meaningful(name: str) -> list[str]:  # a control input's producer
+        if nodes[name].op != "NoOp":
+            return ["^" + name] if is_stateful(nodes[name].op) else []
         if name not in kept:
             kept[name] = []  # a cycle of NoOps (never in a valid graph) ends here
-            kept[name] = sorted({r for i in node.input for r in meaningful(i)})
+            kept[name] = sorted({r for c in graph.control_inputs[name] for r in meaningful(c)})
         return kept[name]
 
-    for node in graph_def.node:
-        controls = control_refs(node)
-        if not controls:
-            continue
-        refs = data_refs(node) + sorted({r for i in controls for r in meaningful(i)})
-        del node.input[:]
-        node.input.extend(refs)
-    keep_only(graph_def, {n.name for n in graph_def.node if n.op != "NoOp"})
+    for node in graph.graph_def.node:
+        controls = graph.control_inputs[node.name]
+        if controls:
+            refs = [i for i in node.input if not i.startswith("^")]
+            graph.set_inputs(node.name, refs + sorted({r for c in controls
+                                                       for r in meaningful(c)}))
+    graph.remove([name for name, node in nodes.items() if node.op == "NoOp"])
 
 
-def _keep_what_outputs_need(graph_def: graph_pb2.GraphDef, keep: list[str]) -> None:
+def _keep_what_outputs_need(graph: Graph, keep: list[str]) -> None:
     """Drop, in place, the nodes no output needs, as a signature call never runs them
     (Keras leaves shape arithmetic nothing reads); the inputs in `keep` stay."""
-    keep_only(graph_def, needed_nodes(graph_def.node, keep))
+    graph.keep_only(needed_nodes(graph.nodes, keep))
 
 
 def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:
@@ -575,7 +629,7 @@ def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:
 _CALL_PREFIXES = ("StatefulPartitionedCall/", "PartitionedCall/")
 
 
-def _strip_call_prefixes(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
+def _strip_call_prefixes(graph: Graph) -> dict[str, str]:
     """Drop the call-site prefixes inlining leaves ("StatefulPartitionedCall/dense/MatMul"
     -> "dense/MatMul"), in place, for every node whose short name is still free: node
     names reach users in the compile report and in error messages, and should be the
@@ -588,20 +642,17 @@ def _strip_call_prefixes(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
             name = name[len(prefix):]
         return name
 
-    taken = {n.name for n in graph_def.node}
+    taken = set(graph.nodes)
     renamed = {}
-    for node in graph_def.node:
-        name = short(node.name)
-        if name != node.name and name not in taken:
-            renamed[node.name] = name
-            taken.add(name)
-    for node in graph_def.node:
-        node.name = renamed.get(node.name, node.name)
-        refs = [rename_ref(r, renamed) for r in node.input]
-        del node.input[:]
-        node.input.extend(refs)
-        # Colocations name nodes too ("loc:@lstm/Identity"): renamed with them, or
-        # TensorFlow refuses to import the graph (Keras 2's LSTM and GRU carry them).
+    for name in graph.nodes:
+        new = short(name)
+        if new != name and new not in taken:
+            renamed[name] = new
+            taken.add(new)
+    graph.rename(renamed)
+    # Colocations name nodes too ("loc:@lstm/Identity"): renamed with them, or
+    # TensorFlow refuses to import the graph (Keras 2's LSTM and GRU carry them).
+    for node in graph.graph_def.node:
         if "_class" in node.attr:
             locs = [b"loc:@" + renamed.get(c[5:].decode(), c[5:].decode()).encode()
                     if c.startswith(b"loc:@") else c for c in node.attr["_class"].list.s]

@@ -292,13 +292,56 @@ class Graph:
             self.keep_only(needed_nodes(self.nodes, [
                 *keep, *(n for n, node in self.nodes.items() if node.op in INPUT_OPS)]))
 
-    def adopt(self, graph_def: graph_pb2.GraphDef) -> None:
-        """Become `graph_def`, indexed anew: for a rewrite that works on a copy because it
-        may give up halfway (unrolling loops), handing over its result. Holders of the
-        old `graph_def` keep the old graph; read `graph_def` from here."""
+    def replace_node(self, name: str, op: str, inputs: Iterable[str] = ()
+                     ) -> node_def_pb2.NodeDef:
+        """Node `name` replaced by a new node of that name at the end of the GraphDef
+        (`op` over `inputs`, attributes the caller's to set): its readers read the new
+        node. For a node whose replacement reads nodes added after it (an unrolled loop's
+        IdentityN reads the last step's copies)."""
+        self._unlink(self.nodes.pop(name))
+        del self.graph_def.node[next(i for i, n in enumerate(self.graph_def.node)
+                                     if n.name == name)]
+        node = self.graph_def.node.add(name=name, op=op)
+        node.input.extend(inputs)
+        self.nodes[name] = node
+        self._link(node)
+        self._edited()
+        return node
+
+    def adopt(self, other: Graph | graph_pb2.GraphDef) -> None:
+        """Become `other` (a GraphDef, indexed anew, or a Graph, its indexes taken over):
+        for a rewrite that works on a copy because it may give up halfway (unrolling
+        loops), handing over its result. Holders of the old `graph_def` keep the old
+        graph; read `graph_def` from here."""
         edits = self.version
-        self.__init__(graph_def)  # type: ignore[misc]
-        self.version = edits + 1
+        if isinstance(other, Graph):
+            vars(self).update(vars(other))
+            self.memo = {}
+        else:
+            self.__init__(other)  # type: ignore[misc]
+        self.version = max(edits, self.version) + 1
+
+    def rename(self, renamed: Mapping[str, str]) -> None:
+        """Rename nodes (old name -> new) and every input reading them, GraphDef order
+        kept. The new names must be free. The indexes are built anew: the one rename
+        there is (freezing's, of every node inlining prefixed) moves most of their keys."""
+        if not renamed:
+            return
+        taken = self.nodes.keys() - renamed.keys()
+        for old, new in renamed.items():
+            if new in taken:
+                raise PartitionError(f"cannot rename node {old!r} to {new!r}: another node "
+                                     "has that name")
+            taken.add(new)
+        readers = {r for old in renamed for r in self.consumers(old)}
+        for name in readers:
+            node = self.nodes[name]
+            refs = [rename_ref(r, renamed) for r in node.input]
+            del node.input[:]
+            node.input.extend(refs)
+        for old, new in renamed.items():
+            self.nodes[old].name = new
+        self.adopt(self.graph_def)
 
     def unique_name(self, name: str) -> str:
         """`name`, with "_" appended until no node has it."""

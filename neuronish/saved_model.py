@@ -43,7 +43,6 @@ from .errors import CompileWarning, SavedModelError, SubgraphCompileError
 from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
-from .graph import Graph
 from .input_shapes import batch_of, compile_shapes, plan_shapes
 from .neuron_op import StatedSignature, neuron_op_shell
 from .partition import compiler_support, partition, splice
@@ -449,9 +448,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     # The one Graph of this signature from here to splice: the rewrites edit it in place,
     # and shape inference, the partitioner's rounds and splice read its indexes and the
     # shapes it keeps until an edit.
-    graph = Graph(signature.graph_def)
+    graph = signature.graph
     rewrite_for_device(graph, plan.unknown() if plan.free else plan.shapes, fetches)
-    signature = replace(signature, graph_def=graph.graph_def)
     plan = settle(plan, signature.graph_def, _mine(options.shape_bounds, signature, main,
                                                       state.input_keys))
     shapes = plan.shapes

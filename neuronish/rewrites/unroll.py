@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from neuronish.graph import (
@@ -29,7 +29,6 @@ from neuronish.graph import (
     canonical,
     control_refs,
     data_refs,
-    drop_dead,
     needed_nodes,
     parse_input,
     producer,
@@ -52,77 +51,77 @@ def unroll_loops(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
     the compile shapes of the Placeholders (by name or "name:0"); `fetches` the tensors
     the caller reads, kept whatever happens around them.
 
-    The unrolling is done on a copy, which `graph` adopts at the end: it can give up
-    halfway (a count that turns out to follow the data), and loops are rare enough
-    that the copy costs nothing on most graphs."""
-    graph_def = graph.graph_def
+    The unrolling is done on a copy, indexed once and edited through its Graph, which
+    `graph` takes over at the end: it can give up halfway (a count that turns out to
+    follow the data), and loops are rare enough that the copy costs nothing on most
+    graphs."""
     # TensorLists without a loop are rewritten too: a TensorArray filled in a Python loop
     # traces to straight-line TensorListReserve / SetItem / Stack (keras_hub's RWKV7).
-    if not any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in graph_def.node):
+    if not any(n.op in LOOP_OPS or n.op.startswith("TensorList")
+               for n in graph.graph_def.node):
         return False
     try:
-        out = graph_pb2.GraphDef()
-        out.CopyFrom(graph_def)
+        copy = graph_pb2.GraphDef()
+        copy.CopyFrom(graph.graph_def)
+        work = Graph.build(copy)
         for _ in range(8):  # loops inside loop bodies surface one level per round
-            loops = [n for n in out.node if n.op in LOOP_OPS]
+            loops = [n for n in work.graph_def.node if n.op in LOOP_OPS]
             if not loops:
                 break
-            # One index of the graph as the round finds it: checking and counting the
-            # loops edit nothing, so what constants and shapes fix, the shapes, and the
-            # graph the counts are run in are found once for all loops.
-            index = Graph.build(out)
-            static = static_values(index)
+            # Checking and counting the loops edit nothing, so what constants and shapes
+            # fix, the shapes, and the graph the counts are run in (kept in `work.memo`
+            # until the first edit) are found once for all loops.
+            static = static_values(work)
             fixed_outer = static.constant | static.shape
             # Proven before anything runs: running a loop whose count follows the data on
             # made-up inputs could take forever.
-            _check_count_is_fixed(out, loops, fixed_outer)
-            trips = _trip_counts(out, loops, input_shapes, fixed_outer, index)
+            _check_count_is_fixed(work.graph_def, loops, fixed_outer)
+            trips = _trip_counts(work, loops, input_shapes, fixed_outer)
             if not trips:
                 raise _CannotUnroll("no loop's trip count follows from constants and shapes")
-            loops = [n for n in loops if n.name in trips]
+            loops = [n.name for n in loops if n.name in trips]
             cond_reads = []
-            for node in loops:
-                cond_reads += _unroll(out, node.name, trips[node.name])
-            unrolled = Graph.build(out)  # (the copies are edits: a new index)
-            _check_fixed(unrolled, cond_reads)
-            _lists_to_tensors(out, input_shapes, unrolled)
-            _bypass(out, {n.name for n in loops} - {producer(f) for f in fetches})
-            drop_dead(out, fetches)
-        if any(n.op.startswith("TensorList") for n in out.node):
-            _lists_to_tensors(out, input_shapes, Graph.build(out))
-            drop_dead(out, fetches)
-        if any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in out.node):
+            for loop in loops:
+                cond_reads += _unroll(work, loop, trips[loop])
+            _check_fixed(work, cond_reads)
+            _lists_to_tensors(work, input_shapes)
+            _bypass(work, set(loops) - {producer(f) for f in fetches})
+            work.drop_dead(fetches)
+        if any(n.op.startswith("TensorList") for n in work.graph_def.node):
+            _lists_to_tensors(work, input_shapes)
+            work.drop_dead(fetches)
+        if any(n.op in LOOP_OPS or n.op.startswith("TensorList") for n in work.graph_def.node):
             return False
     except _CannotUnroll:
         return False
-    graph.adopt(out)
+    graph.adopt(work)
     return True
 
 
 # --- running the graph at the compile shapes -------------------------------------------------
 
-def _evaluate(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-              tensors: list[str], index: Graph) -> list[np.ndarray]:
+def _evaluate(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
+              tensors: list[str]) -> list[np.ndarray]:
     """The values of `tensors`, which must follow from constants and shapes alone: each
     shape op whose input's shape is known at `input_shapes` becomes that constant, and
-    nothing is fed (no data, tables or other resources are needed). `index` is
-    `graph_def`'s, unedited since: the graph of constants is kept on it, per shapes."""
-    with tf.compat.v1.Session(graph=_constant_graph(graph_def, input_shapes, index)) as session:
+    nothing is fed (no data, tables or other resources are needed)."""
+    with tf.compat.v1.Session(graph=_constant_graph(graph, input_shapes)) as session:
         try:
             return session.run(tensors)
         except (tf.errors.OpError, ValueError) as e:
             raise _CannotUnroll(str(e)) from None
 
 
-def _constant_graph(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-                    index: Graph) -> tf.Graph:
-    """`graph_def` in TensorFlow with its shape ops at `input_shapes` as constants, built
-    once per index and shapes: a round runs each loop's count at two batch sizes, and
-    each run inferred the shapes and imported the whole graph again (keras_rnn_loop's
-    three loops: 7 inferences, 3.4 s of its 7.8 s of unrolling)."""
+def _constant_graph(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> tf.Graph:
+    """`graph` in TensorFlow with its shape ops at `input_shapes` as constants, built
+    once per version of the graph and shapes (kept in its memo, which an edit drops): a
+    round runs each loop's count at two batch sizes, and each run inferred the shapes and
+    imported the whole graph again (keras_rnn_loop's three loops: 7 inferences, 3.4 s of
+    its 7.8 s of unrolling)."""
     key = ("constant graph", tuple(sorted((k, tuple(v)) for k, v in input_shapes.items())))
-    if key in index.memo:
-        return index.memo[key]
+    if key in graph.memo:
+        return graph.memo[key]
+    graph_def = graph.graph_def
     try:
         infos = infer(graph_def, input_shapes)
     except PartitionError as e:
@@ -144,27 +143,27 @@ def _constant_graph(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Se
             node.attr["dtype"].type = dtype.as_datatype_enum
             node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
                 np.asarray(value).astype(dtype.as_numpy_dtype)))
-    graph = tf.Graph()
-    with graph.as_default():
+    imported = tf.Graph()
+    with imported.as_default():
         tf.graph_util.import_graph_def(constant, name="")
-    index.memo[key] = graph
-    return graph
+    graph.memo[key] = imported
+    return imported
 
 
-def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
-                 input_shapes: Mapping[str, Sequence[int]], fixed_outer: frozenset[str],
-                 index: Graph) -> dict[str, int]:
+def _trip_counts(graph: Graph, loops: list[node_def_pb2.NodeDef],
+                 input_shapes: Mapping[str, Sequence[int]],
+                 fixed_outer: frozenset[str]) -> dict[str, int]:
     """Iterations of each loop, found by running its condition and the body's fixed
     variables (`_check_count_is_fixed`) on their starting values: the same at the compile
     shapes and one batch larger (the compiled program serves every batch), and at most
     MAX_STEPS."""
-    batched = batched_inputs(graph_def)
+    batched = batched_inputs(graph.graph_def)
     bigger = {k: [d + 1 if i == 0 and (k[:-2] if k.endswith(":0") else k) in batched else d
                   for i, d in enumerate(v)] for k, v in input_shapes.items()}
     trips = {}
     for node in loops:
         try:
-            counts = set(_simulate(graph_def, node, (input_shapes, bigger), fixed_outer, index))
+            counts = set(_simulate(graph, node, (input_shapes, bigger), fixed_outer))
         except _CannotUnroll:
             # Its count may follow from shapes that loops before it leave unknown until
             # they are unrolled (Keras 2's Bidirectional GRU, then an LSTM over its output):
@@ -176,16 +175,17 @@ def _trip_counts(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef
     return trips
 
 
-def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
-              shape_sets: Sequence[Mapping[str, Sequence[int]]], fixed_outer: frozenset[str],
-              index: Graph) -> list[int]:
+def _simulate(graph: Graph, node: node_def_pb2.NodeDef,
+              shape_sets: Sequence[Mapping[str, Sequence[int]]],
+              fixed_outer: frozenset[str]) -> list[int]:
     """How many times loop `node` runs at each of `shape_sets`: its condition and its
     fixed variables, stepped in TensorFlow sessions from their starting values (the
     condition and the body imported once for all the sets)."""
+    graph_def = graph.graph_def
     values = data_refs(node)
     fixed = sorted(_fixed_variables(graph_def, node, fixed_outer))
-    starts = [dict(zip(fixed, _evaluate(graph_def, shapes, [canonical(values[k]) for k in fixed],
-                                        index))) for shapes in shape_sets]
+    starts = [dict(zip(fixed, _evaluate(graph, shapes, [canonical(values[k]) for k in fixed])))
+              for shapes in shape_sets]
     cond = _function(graph_def, node.attr["cond"].func.name)
     body = _function(graph_def, node.attr["body"].func.name)
     cond_graph, cond_flat = function_def_to_graph_def(cond)
@@ -207,10 +207,10 @@ def _simulate(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
 
     try:
         for graph_def_ in (cond_graph, body_graph):
-            graph = tf.Graph()
-            with graph.as_default():
+            imported = tf.Graph()
+            with imported.as_default():
                 tf.graph_util.import_graph_def(graph_def_, name="")
-            sessions.append(tf.compat.v1.Session(graph=graph))
+            sessions.append(tf.compat.v1.Session(graph=imported))
         cond_session, body_session = sessions
         return [steps(current) for current in starts]
     except (tf.errors.OpError, ValueError) as e:
@@ -281,11 +281,11 @@ def _cond_args(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> lis
     return [k for k, a in enumerate(cond.signature.input_arg) if a.name in seen]
 
 
-def _unroll(graph_def: graph_pb2.GraphDef, loop: str, trips: int) -> list[str]:
+def _unroll(graph: Graph, loop: str, trips: int) -> list[str]:
     """Replace node `loop` by `trips` copies of its body and an IdentityN of its name;
     returns the tensors the condition read at each step (they must be fixed)."""
-    position = next(i for i, n in enumerate(graph_def.node) if n.name == loop)
-    node = graph_def.node[position]
+    graph_def = graph.graph_def
+    node = graph.nodes[loop]
     body = _function(graph_def, node.attr["body"].func.name)
     body_graph, flat = function_def_to_graph_def(body)
     args = [a.name for a in body.signature.input_arg]
@@ -296,7 +296,6 @@ def _unroll(graph_def: graph_pb2.GraphDef, loop: str, trips: int) -> list[str]:
         raise _CannotUnroll(f"{loop}: {len(values)} loop variables, body takes {len(args)}")
     cond_args = _cond_args(graph_def, node)
     cond_reads = []
-    copies = []
     for step in range(trips + 1):
         cond_reads.extend(values[k] for k in cond_args)
         if step == trips:
@@ -306,26 +305,20 @@ def _unroll(graph_def: graph_pb2.GraphDef, loop: str, trips: int) -> list[str]:
         for inner in body_graph.node:
             if inner.name in bound:
                 continue
-            copy = node_def_pb2.NodeDef()
+            copy = graph.add_node(prefix + inner.name, inner.op)
             copy.CopyFrom(inner)
             copy.name = prefix + inner.name
-            del copy.input[:]
-            for ref in inner.input:
-                copy.input.append(_rename(ref, bound, prefix))
             if "_class" in copy.attr:  # colocations name the body's own nodes
                 del copy.attr["_class"]
-            if step == 0 and not inner.input:
-                copy.input.extend(controls)  # the loop's control inputs gate its first step
-            copies.append(copy)
+            # (the loop's control inputs gate its first step)
+            graph.set_inputs(copy.name, [_rename(ref, bound, prefix) for ref in inner.input]
+                             or (controls if step == 0 else []))
         values = [_rename(r, bound, prefix) for r in results]
-    passthrough = node_def_pb2.NodeDef(name=loop, op="IdentityN")
-    passthrough.input.extend(values)
-    if trips == 0:
-        passthrough.input.extend(controls)
-    passthrough.attr["T"].CopyFrom(node.attr["T"])
-    del graph_def.node[position]
-    graph_def.node.extend(copies)
-    graph_def.node.append(passthrough)
+    types = attr_value_pb2.AttrValue()
+    types.CopyFrom(node.attr["T"])  # (the loop's NodeDef is deleted next)
+    passthrough = graph.replace_node(loop, "IdentityN",
+                                     [*values, *(controls if trips == 0 else [])])
+    passthrough.attr["T"].CopyFrom(types)
     return cond_reads
 
 
@@ -340,17 +333,15 @@ def _rename(ref: str, bound: Mapping[str, str], prefix: str) -> str:
 
 # --- TensorLists to tensors ------------------------------------------------------------------
 
-def _lists_to_tensors(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, Sequence[int]],
-                      index: Graph) -> None:
+def _lists_to_tensors(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> None:
     """Rewrite the TensorList ops of straight-line code into GatherV2, Pack and Identity,
-    following each list from where it is made to where it is read (`index`: the graph's
-    as it comes)."""
-    order = [index.nodes[n] for n in index.order]
+    following each list from where it is made to where it is read."""
+    order = [graph.nodes[n] for n in graph.order]
     list_ops = [n for n in order if n.op.startswith("TensorList")]
     if not list_ops:
         return
     # Positions and sizes must be fixed by constants and shapes, like the trip count.
-    static = static_values(index)
+    static = static_values(graph)
     fixed = static.constant | static.shape
     needed = {}
     for n in list_ops:
@@ -362,12 +353,12 @@ def _lists_to_tensors(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, 
             needed[tensor] = None
     names = list(needed)
     known = dict(zip(names, (int(np.asarray(v).reshape(())) for v in
-                             _evaluate(graph_def, input_shapes, names, index))))
+                             _evaluate(graph, input_shapes, names))))
     lists: dict[str, tuple[str, object]] = {}  # variant tensor -> ("rows", t) | ("items", [..])
     for n in order:
         refs = [canonical(i) for i in data_refs(n)]
         if n.op.startswith("TensorList") and refs and refs[0] not in lists and \
-                index.nodes[producer(refs[0])].op in LOOP_OPS:
+                graph.nodes[producer(refs[0])].op in LOOP_OPS:
             continue  # a list a loop counted in a later round returns: read then
         if n.op == "TensorListFromTensor":
             lists[f"{n.name}:0"] = ("rows", refs[0])
@@ -392,23 +383,24 @@ def _lists_to_tensors(graph_def: graph_pb2.GraphDef, input_shapes: Mapping[str, 
             position = known[refs[1]]
             if kind == "rows":
                 int32 = tf.int32.as_datatype_enum
-                _replace(n, "GatherV2", [value, _const(graph_def, n.name + "/position",
-                                                       position),
-                                         _const(graph_def, n.name + "/axis", 0)],
+                _replace(graph, n, "GatherV2", [value, _const(graph, n.name + "/position",
+                                                              position),
+                                                _const(graph, n.name + "/axis", 0)],
                          {"Tparams": n.attr["element_dtype"].type, "Tindices": int32,
                           "Taxis": int32}, {"batch_dims": 0})
             else:
                 if value[position] is None:
                     raise _CannotUnroll(f"{n.name} reads position {position}, never written")
-                _replace(n, "Identity", [value[position]], {"T": n.attr["element_dtype"].type})
+                _replace(graph, n, "Identity", [value[position]],
+                         {"T": n.attr["element_dtype"].type})
         elif n.op == "TensorListStack":
             kind, value = _list(lists, refs[0], n)
             if kind == "rows":
-                _replace(n, "Identity", [value], {"T": n.attr["element_dtype"].type})
+                _replace(graph, n, "Identity", [value], {"T": n.attr["element_dtype"].type})
             elif None in value or not value:
                 raise _CannotUnroll(f"{n.name} stacks a list with unwritten positions")
             else:
-                _replace(n, "Pack", list(value), {"T": n.attr["element_dtype"].type},
+                _replace(graph, n, "Pack", list(value), {"T": n.attr["element_dtype"].type},
                          {"N": len(value), "axis": 0})
         elif n.op.startswith("TensorList"):
             raise _CannotUnroll(f"{n.name}: {n.op} is not rewritten")
@@ -425,14 +417,14 @@ def _list(lists: Mapping[str, tuple[str, object]], ref: str,
     return lists[ref]
 
 
-def _const(graph_def: graph_pb2.GraphDef, name: str, value: int) -> str:
-    node = graph_def.node.add(name=name, op="Const")
+def _const(graph: Graph, name: str, value: int) -> str:
+    node = graph.add_node(name, "Const")
     node.attr["dtype"].type = tf.int32.as_datatype_enum
     node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.int32(value)))
     return f"{name}:0"
 
 
-def _replace(node: node_def_pb2.NodeDef, op: str, inputs: list[str],
+def _replace(graph: Graph, node: node_def_pb2.NodeDef, op: str, inputs: list[str],
              types: Mapping[str, int], ints: Mapping[str, int] | None = None) -> None:
     """Turn `node` into `op` over `inputs` (its control inputs kept), with dtype
     attributes `types` (enums) and integer attributes `ints`."""
@@ -440,24 +432,23 @@ def _replace(node: node_def_pb2.NodeDef, op: str, inputs: list[str],
     name = node.name
     node.Clear()
     node.name, node.op = name, op
-    node.input.extend([*inputs, *controls])
     for key, value in types.items():
         node.attr[key].type = value
     for key, value in (ints or {}).items():
         node.attr[key].i = value
+    graph.set_inputs(name, [*inputs, *controls])
 
 
-def _bypass(graph_def: graph_pb2.GraphDef, passthroughs: set[str]) -> None:
+def _bypass(graph: Graph, passthroughs: set[str]) -> None:
     """Readers of the IdentityN that replaced a loop read its inputs instead, so the lists
     it passed on are read by nothing (and `drop_dead` removes them)."""
-    sources = {n.name: list(n.input) for n in graph_def.node if n.name in passthroughs}
-    for node in graph_def.node:
+    sources = {p: list(graph.nodes[p].input) for p in passthroughs}  # before any is rewired
+    for reader in {r for p in passthroughs for r in graph.consumers(p)}:
         rewired = []
-        for ref in node.input:
+        for ref in graph.nodes[reader].input:
             source, k = parse_input(ref)
             if source not in sources:
                 rewired.append(ref)
             elif k >= 0:  # (a control edge goes: the unrolled steps have no side effects)
                 rewired.append(sources[source][k])
-        del node.input[:]
-        node.input.extend(dict.fromkeys(rewired))
+        graph.set_inputs(reader, dict.fromkeys(rewired))

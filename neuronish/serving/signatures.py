@@ -45,7 +45,17 @@ REGRESS_OUTPUTS = "outputs"
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One signature input or output: its key, dtype and shape (-1 = any size)."""
+    """One signature input or output: its key, dtype and shape (-1 = any size).
+
+    The server's view of an exported SignatureDef's TensorInfo proto, in that proto's
+    spellings, which the transports answer with as they are (TF Serving's metadata and
+    KServe v2 print -1 for any size; requests are decoded to `tf.DType`s), plus the
+    bounds compile wrote for a free dimension. It is not the compile side's
+    `shape_inference.TensorInfo` (None for unknown, dtype by name): the server never
+    sees a frozen graph, and converting at every request check would only move the
+    spellings about. (`neuron_op.StatedSignature` stays apart too: it is the NeuronOp's
+    attribute lists, column by column, each one optional.)
+    """
 
     key: str
     dtype: tf.dtypes.DType

@@ -92,6 +92,24 @@ def test_each_edit_is_seen_by_the_next_lookup() -> None:
     assert needed_nodes(graph.nodes, ["d"]) == {"x", "k", "b", "c", "d"}
 
 
+def test_a_rename_reaches_every_reader_and_keeps_the_order() -> None:
+    """Freezing renames nodes (call prefixes stripped) on the signature's Graph: readers'
+    inputs follow, control and port spellings kept, GraphDef order kept; a taken name
+    is refused naming both."""
+    gd = _chain()
+    gd.node.add(name="d", op="NoOp").input.extend(["^a"])
+    graph = Graph(gd)
+    graph.rename({"a": "relu", "b": "neg"})
+    _same_indexes(graph)
+    assert [n.name for n in graph.graph_def.node] == ["x", "k", "relu", "neg", "c", "d"]
+    assert list(graph.nodes["c"].input) == ["relu", "neg"]
+    assert list(graph.nodes["neg"].input) == ["relu:0"]
+    assert list(graph.nodes["d"].input) == ["^relu"]
+    assert set(graph.readers("relu:0")) == {"neg", "c"}
+    with pytest.raises(PartitionError, match="'c' to 'k'"):
+        graph.rename({"c": "k"})
+
+
 def test_an_edit_behind_the_graphs_back_is_caught_by_verify() -> None:
     graph = Graph(_chain())
     graph.verify()
