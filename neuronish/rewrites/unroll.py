@@ -451,4 +451,8 @@ def _bypass(graph: Graph, passthroughs: set[str]) -> None:
                 rewired.append(ref)
             elif k >= 0:  # (a control edge goes: the unrolled steps have no side effects)
                 rewired.append(sources[source][k])
-        graph.set_inputs(reader, dict.fromkeys(rewired))
+        # Only control edges may repeat after rewiring; a data input read twice
+        # (Mul(loop:1, loop:1)) is two operands and both stay.
+        controls = [r for r in rewired if r.startswith("^")]
+        graph.set_inputs(reader, [r for r in rewired if not r.startswith("^")]
+                         + list(dict.fromkeys(controls)))

@@ -166,3 +166,21 @@ def test_compile_unrolls_a_fixed_loop_and_reports_a_data_dependent_one(tmp_path:
     loops = {n: why for n, why in report["OnTensorFlowNodes"].items() if n.endswith("while")}
     assert loops and all("trip count" in why for why in loops.values()), \
         report["OnTensorFlowNodes"]
+
+
+def _loop_read_twice(module: tf.Module, x: tf.Tensor) -> tf.Tensor:
+    """One node reads the same loop output twice (Mul(loop:1, loop:1))."""
+    h = tf.while_loop(lambda t, h: t < 3,
+                      lambda t, h: (t + 1, tf.tanh(tf.matmul(h, module.w) + x)),
+                      [tf.constant(0), tf.zeros_like(x)])[1]
+    return h * h
+
+
+def test_a_reader_of_one_loop_output_twice_keeps_both_inputs(tmp_path: Path) -> None:
+    frozen = _frozen(tmp_path, _loop_read_twice, [None, 4])
+    fetches = list(frozen.outputs.values())
+    _, unrolled = rewritten_copy(unroll_loops, frozen.graph_def, {"x:0": [2, 4]}, fetches)
+    assert not {"While", "StatelessWhile"} & {n.op for n in unrolled.node}
+    x = np.random.default_rng(7).standard_normal((2, 4)).astype("float32")
+    (want,), (got,) = _run(frozen.graph_def, fetches, x), _run(unrolled, fetches, x)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
