@@ -17,6 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from neuronish.graph import parse_input
 from neuronish.shape_inference.stand_ins import concat, const, replace_with_fill, vector
 
 SPLIT_OPS = frozenset({"StringSplitV2"})
@@ -30,7 +31,7 @@ def stand_in(graph_def: graph_pb2.GraphDef) -> None:
     for node in list(graph_def.node):
         types = [t.decode() for t in node.attr["row_partition_types"].list.s] \
             if node.op == "RaggedTensorToTensor" else []
-        shape = consts.get(node.input[0]) if node.input else None
+        shape = consts.get(parse_input(node.input[0])[0]) if node.input else None
         # (a shape given as a constant vector: a scalar -1 would be "any rank")
         if types[:1] == ["FIRST_DIM_SIZE"] and len(node.input) > 3 and shape is not None \
                 and len(shape.attr["value"].tensor.tensor_shape.dim) == 1:
