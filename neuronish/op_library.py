@@ -30,6 +30,8 @@ from neuronish.runtime.buildcache import BuildError, Cache
 SOURCE = Path(__file__).resolve().parent / "ops" / "neuron_op.cc"
 # The op's registration, shared with the Python-free library (neuronish/native_op_library.py).
 OP_DEF = SOURCE.parent / "neuron_op_def.h"
+# The attrs record, its checks and the cancellation guard, shared with it too.
+OP_ATTRS = SOURCE.parent / "neuron_op_attrs.h"
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -78,6 +80,7 @@ def library_path() -> Path:
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
     key.update(OP_DEF.read_bytes())
+    key.update(OP_ATTRS.read_bytes())
     # Everything that changes the binary; the output path itself is not part of it.
     key.update("\0".join(build_command("OUT")).encode())
     key.update(sys.version.encode())
