@@ -14,6 +14,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>  // first, as the C API asks
 
+#include <time.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -27,7 +29,11 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/platform/logging.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+// The C runtime's types only: the kernel calls it through the pointer kernel_bridge
+// hands it (native_entry), so this library does not link it.
+#include "neuronish_runtime.h"
 
 // The op (attrs, shape function): shared with the Python-free kernel.
 #include "neuron_op_def.h"
@@ -254,6 +260,27 @@ std::string DtypeName(DataType dt) {
 
 bool HasDtype(DataType dt) { return Describe(dt).format != nullptr; }
 
+// The C runtime's dtype of a dtype HasDtype takes.
+nr_dtype ToDevice(DataType dt) {
+  switch (dt) {
+    case tensorflow::DT_DOUBLE: return NR_FLOAT64;
+    case tensorflow::DT_HALF: return NR_FLOAT16;
+    case tensorflow::DT_INT8: return NR_INT8;
+    case tensorflow::DT_INT16: return NR_INT16;
+    case tensorflow::DT_INT32: return NR_INT32;
+    case tensorflow::DT_INT64: return NR_INT64;
+    case tensorflow::DT_UINT8: return NR_UINT8;
+    case tensorflow::DT_BOOL: return NR_BOOL;
+    default: return NR_FLOAT32;
+  }
+}
+
+int64_t NowNs() {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
 PyObject* StringList(const std::vector<std::string>& items) {
   PyObject* list = PyList_New(items.size());
   for (size_t i = 0; list && i < items.size(); ++i) {
@@ -356,6 +383,19 @@ class NeuronOpKernel : public OpKernel {
       return;
     }
     OP_REQUIRES_OK(ctx, Prepare(ctx, &outputs));
+    if (!handle_.load(std::memory_order_acquire)) {
+      OP_REQUIRES_OK(ctx, RequirePython());
+      OP_REQUIRES_OK(ctx, EnsureLoaded(ctx));
+    }
+    if (nr_model* model = native_.load(std::memory_order_acquire)) {
+      absl::Status result;
+      if (RunNative(ctx, model, outputs, &result)) {
+        OP_REQUIRES_OK(ctx, result);
+        return;
+      }
+      // The C runtime failed the call (not a bad input, deadline or cancel): the Python
+      // runtime's rules decide what happens (retry, run it on TensorFlow, fall back).
+    }
     OP_REQUIRES_OK(ctx, Run(ctx, outputs));
   }
 
@@ -486,16 +526,103 @@ class NeuronOpKernel : public OpKernel {
     PyRef load(args ? PyObject_GetAttr(b->module, b->load) : nullptr);
     PyRef handle(load ? PyObject_Call(load.get(), args.get(), nullptr) : nullptr);
     if (!handle) return StatusFromPython(name());
+    TF_RETURN_IF_ERROR(ReadNativeEntry(handle.get()));
     handle_.store(handle.release(), std::memory_order_release);
     return absl::OkStatus();
   }
 
-  absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
-    if (!PythonUsable()) {
-      return absl::FailedPreconditionError(
-          Where() + "the neuronish device runs in Python and this process has no running "
-          "Python interpreter; serve the model from Python, after `import neuronish`");
+  // Whether calls go to the C runtime directly: the handle's native_entry is
+  // (nr_model*, nr_execute_with) when its model is there, None when the Python runtime or
+  // TensorFlow (the fallback) runs it. Holds the GIL.
+  absl::Status ReadNativeEntry(PyObject* handle) {
+    PyRef entry(PyObject_GetAttrString(handle, "native_entry"));
+    if (!entry) return StatusFromPython(name());
+    if (entry.get() == Py_None) {
+      native_.store(nullptr, std::memory_order_release);
+      return absl::OkStatus();
     }
+    unsigned long long model = 0, execute = 0;
+    if (!PyArg_ParseTuple(entry.get(), "KK", &model, &execute) || !model || !execute) {
+      PyErr_Clear();
+      return absl::InternalError(Where() + "the bridge's native_entry is not "
+                                 "(nr_model*, nr_execute_with)");
+    }
+    execute_.store(reinterpret_cast<ExecuteFn>(execute), std::memory_order_relaxed);
+    native_.store(reinterpret_cast<nr_model*>(model), std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  absl::Status RequirePython() const {
+    if (PythonUsable()) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        Where() + "the neuronish device runs in Python and this process has no running "
+        "Python interpreter; serve the model from Python, after `import neuronish`");
+  }
+
+  // One call on the C runtime, on TensorFlow's buffers, without the GIL. True when the
+  // call is settled (`result` is what it came to); false when the runtime failed it in
+  // a way the Python runtime decides about (an engine error, a failed device).
+  bool RunNative(OpKernelContext* ctx, nr_model* model, const std::vector<Tensor*>& outputs,
+                 absl::Status* result) const {
+    const int n_in = a_.NumTensorInputs();
+    const size_t n_out = outputs.size();
+    // Views of the tensors (no copies); their dims in one array, sized first so the
+    // pointers into it stay put.
+    size_t ranks = 0;
+    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
+    for (const Tensor* t : outputs) ranks += t->dims();
+    absl::InlinedVector<int64_t, 32> dims(ranks);
+    absl::InlinedVector<nr_tensor, 8> views(n_in + n_out);
+    int64_t* next = dims.data();
+    auto view = [&next](const Tensor& t, const std::string& name, DataType dt, nr_tensor* v) {
+      v->name = name.c_str();
+      v->dtype = ToDevice(dt);
+      v->rank = t.dims();
+      v->shape = next;
+      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
+      const auto bytes = t.tensor_data();
+      v->data = const_cast<char*>(bytes.data());
+      v->bytes = bytes.size();
+    };
+    for (int i = 0; i < n_in; ++i) {
+      view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i], &views[i]);
+    }
+    for (size_t i = 0; i < n_out; ++i) {
+      view(*outputs[i], a_.output_names[i], a_.output_dtypes[i], &views[n_in + i]);
+    }
+    nr_execute_options options{0, nullptr};
+    const int64_t timeout_s = a_.model_config.size() > 3 ? a_.model_config[3] : -1;
+    if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
+    volatile uint8_t cancelled = 0;
+    CancelGuard guard(ctx, &cancelled);
+    if (!guard.started()) {
+      *result = absl::CancelledError(Where() + "the call was cancelled before it started");
+      return true;
+    }
+    options.cancel = guard.flag();
+    char error[1024];
+    error[0] = '\0';
+    const nr_status s = execute_.load(std::memory_order_relaxed)(
+        model, views.data(), n_in, views.data() + n_in, n_out, &options, error, sizeof error);
+    switch (s) {
+      case NR_OK: *result = absl::OkStatus(); return true;
+      case NR_INVALID_INPUT:
+      case NR_INVALID_ARGUMENT:
+        *result = absl::InvalidArgumentError(Where() + error);
+        return true;
+      // (as kernel_bridge.error_status words them)
+      case NR_DEADLINE_EXCEEDED:
+        *result = absl::DeadlineExceededError(Where() + "DeadlineExceeded: " + error);
+        return true;
+      case NR_CANCELLED:
+        *result = absl::CancelledError(Where() + "Cancelled: " + error);
+        return true;
+      default: return false;
+    }
+  }
+
+  absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
+    TF_RETURN_IF_ERROR(RequirePython());
     TF_RETURN_IF_ERROR(EnsureLoaded(ctx));
     Gil gil;
     const Bridge* b = GetBridge();
@@ -524,13 +651,21 @@ class NeuronOpKernel : public OpKernel {
     }
     PyObject* handle = handle_.load(std::memory_order_acquire);
     PyRef r(b->Call(b->run, handle, ins.get(), outs.get(), guard.flag() ? cancel.get() : Py_None));
-    return r ? absl::OkStatus() : StatusFromPython(name());
+    if (!r) return StatusFromPython(name());
+    // The call may have moved the op off the C runtime (it fell back to TensorFlow).
+    if (native_.load(std::memory_order_acquire)) TF_RETURN_IF_ERROR(ReadNativeEntry(handle));
+    return absl::OkStatus();
   }
 
   NeuronOpAttrs a_;
 
   std::mutex load_mu_;                      // serializes the first load
   std::atomic<PyObject*> handle_{nullptr};  // kernel_bridge.Handle, owned
+  // Its model on the C runtime (owned by the handle, which keeps it loaded until the
+  // kernel goes, even after a fallback), or null: calls go through the bridge.
+  using ExecuteFn = decltype(&nr_execute_with);
+  std::atomic<nr_model*> native_{nullptr};
+  std::atomic<ExecuteFn> execute_{nullptr};
 };
 
 REGISTER_KERNEL_BUILDER(Name("NeuronOp").Device(tensorflow::DEVICE_CPU), NeuronOpKernel);
