@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "neuronish_runtime.h"
@@ -478,28 +479,30 @@ class NeuronOpNativeKernel : public OpKernel {
   }
 
   absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
-    // nr_tensor views of TensorFlow's buffers (no copies); dims kept alive alongside.
-    std::vector<std::vector<int64_t>> dims;
-    dims.reserve(a_.NumTensorInputs() + outputs.size());
-    auto view = [&dims](const Tensor& t, const std::string& name, DataType dt) {
-      dims.emplace_back(t.dims());
-      for (int d = 0; d < t.dims(); ++d) dims.back()[d] = t.dim_size(d);
-      nr_tensor v;
-      v.name = name.c_str();
-      ToDevice(dt, &v.dtype);
-      v.rank = dims.back().size();
-      v.shape = dims.back().data();
+    // nr_tensor views of TensorFlow's buffers (no copies); their dims in one array,
+    // sized first so the pointers into it stay put. Inlined: no heap on the call's path.
+    const int n_in = a_.NumTensorInputs();
+    size_t ranks = 0;
+    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
+    for (const Tensor* t : outputs) ranks += t->dims();
+    absl::InlinedVector<int64_t, 32> dims(ranks);
+    absl::InlinedVector<nr_tensor, 8> views(n_in + outputs.size());
+    int64_t* next = dims.data();
+    auto view = [&next](const Tensor& t, const std::string& name, DataType dt, nr_tensor* v) {
+      v->name = name.c_str();
+      ToDevice(dt, &v->dtype);
+      v->rank = t.dims();
+      v->shape = next;
+      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
       const auto bytes = t.tensor_data();
-      v.data = const_cast<char*>(bytes.data());
-      v.bytes = bytes.size();
-      return v;
+      v->data = const_cast<char*>(bytes.data());
+      v->bytes = bytes.size();
     };
-    std::vector<nr_tensor> ins, outs;
-    for (int i = 0; i < a_.NumTensorInputs(); ++i) {
-      ins.push_back(view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i]));
+    for (int i = 0; i < n_in; ++i) {
+      view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i], &views[i]);
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
-      outs.push_back(view(*outputs[i], a_.output_names[i], a_.output_dtypes[i]));
+      view(*outputs[i], a_.output_names[i], a_.output_dtypes[i], &views[n_in + i]);
     }
     nr_execute_options options{0, nullptr};
     const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
@@ -513,19 +516,22 @@ class NeuronOpNativeKernel : public OpKernel {
       return absl::CancelledError(Where() + "the call was cancelled before it started");
     }
     options.cancel = guard.flag();
-    return Execute(ctx, ins, outs, outputs, options);
+    return Execute(ctx, views.data(), n_in, views.data() + n_in, outputs, options);
   }
 
   // On the device; or on TensorFlow, when the device refused the executable or fails
   // this call with an engine error (a later call tries the device again).
-  absl::Status Execute(OpKernelContext* ctx, const std::vector<nr_tensor>& ins,
-                       const std::vector<nr_tensor>& outs, const std::vector<Tensor*>& outputs,
+  absl::Status Execute(OpKernelContext* ctx, const nr_tensor* ins, size_t n_in,
+                       const nr_tensor* outs, const std::vector<Tensor*>& outputs,
                        const nr_execute_options& options) {
     nr_model* model = model_.load(std::memory_order_acquire);
     if (!model) return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
     char error[kErrorSize];
-    const nr_status s = nr_execute_with(model, ins.data(), ins.size(), outs.data(), outs.size(),
-                                        &options, error, sizeof error);
+    const nr_status s = nr_execute_with(model, ins, n_in, outs, outputs.size(), &options, error,
+                                        sizeof error);
+    // (Before any message is built: on success `error` was never written, and building
+    // one cost every call a few string allocations.)
+    if (s == NR_OK) return absl::OkStatus();
     const absl::Status failed = FromRuntime(s, Where(), error);
     if (s != NR_EXECUTION_ERROR || !FallbackEnabled()) return failed;
     if (!fallback_ready_.load(std::memory_order_acquire)) {

@@ -90,10 +90,21 @@ class NativeModel:
     """An executable loaded on the C device; runs with the Python runtime's signature."""
 
     def __init__(self, model, label: str = ""):  # model: binding.Model
+        from .. import telemetry
+
         self._model = model
         self.label = label
+        self.batch_size = int(model.batch_size)
         self.duplicates = int(model.lib.nr_model_duplicates(model.handle))
-        self.core_groups: list[tuple[int, ...]] = []  # (the C API does not say them)
+        self.core_groups = [tuple(c[0]) for c in model.copies()]
+        # `neuronish ls/top` show it with the C runtime's counters (nr_model_copy).
+        self._telemetry = telemetry.get_telemetry()
+        if self._telemetry is not None:
+            self._telemetry.track_native(self)
+
+    def copies(self) -> list[tuple[list[int], list[int], int, int]]:
+        """Each copy's (cores, bytes per core, runs, busy ns), from the C runtime."""
+        return self._model.copies()
 
     @property
     def entry(self) -> tuple[int, int] | None:
@@ -114,6 +125,8 @@ class NativeModel:
             raise  # (unreachable: raise_from raises)
 
     def unload(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.untrack_native(self)  # (first: a snapshot reads its copies)
         self._model.unload()
 
     def __repr__(self) -> str:

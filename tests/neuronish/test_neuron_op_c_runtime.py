@@ -117,3 +117,34 @@ def test_settings_only_the_python_runtime_has_keep_it(dense, monkeypatch) -> Non
     assert handle.native_entry is None
     np.testing.assert_allclose(out[0].numpy(), g.reference({"x:0": x})["Identity:0"],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_neuronish_ls_and_top_see_it_with_the_c_runtimes_counters(dense, monkeypatch) -> None:
+    """Device telemetry (what `neuronish ls/top` read): the op's model on the C runtime,
+    named by its node, with its runs, busy time and memory from nr_model_copy."""
+    from neuronish.runtime import telemetry
+
+    g, exe = dense
+    monkeypatch.delenv("NEURONISH_KERNEL", raising=False)
+    publisher = telemetry.get_telemetry()
+    assert publisher is not None, "telemetry is on by default; this test needs it"
+    node = neuron_op_node_def("seen_op", ["x:0"], exe, g.graph_def,
+                              model_config=[-1, -1, 1, -1, -1])
+    f = neuron_function(g, node, [tf.TensorSpec(None, tf.float32)])
+    f(tf.constant(rows(4)))
+    f(tf.constant(rows(4 * 2 + 1)))  # three runs of the compiled batch
+    snapshot = publisher.snapshot()
+    [record] = [m for m in snapshot["models"] if m["name"] == "seen_op"]
+    assert record["engine"] == "native (C runtime)"
+    assert record["calls"] == 4 and record["inferences"] == 16 and record["batch"] == 4
+    assert record["busy_seconds"] > 0
+    [group] = record["core_groups"]
+    assert all(snapshot["cores"][str(c)]["used_bytes"] >= b
+               for c, b in zip(group, record["bytes_per_core"]))
+    assert sum(record["bytes_per_core"]) > 0
+    assert all(snapshot["cores"][str(c)]["busy_seconds"] >= record["busy_seconds"] * 0.999
+               for c in group)
+    f = None
+    gc.collect()
+    assert kernel_bridge.wait_for_unloads(timeout=30)
+    assert not [m for m in publisher.snapshot()["models"] if m["name"] == "seen_op"]
