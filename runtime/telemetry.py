@@ -205,16 +205,11 @@ class Telemetry:
                                "inferences": m.inferences,
                                "busy_seconds": m.busy_seconds + in_flight,
                                "loaded_at": m.loaded_at})
-            native_used: dict[int, int] = {}
             for model_id, model, loaded_at in self._native.values():
-                models.append(self._native_record(model_id, model, loaded_at, core_busy,
-                                                  native_used))
+                models.append(self._native_record(model_id, model, loaded_at, core_busy))
             device = self._device
         config = device.config  # type: ignore[attr-defined]
-        memory = device.memory_report()  # type: ignore[attr-defined]
-        for core, used in native_used.items():
-            if core in memory:
-                memory[core] = {**memory[core], "used": memory[core]["used"] + used}
+        memory = device.memory_report()  # type: ignore[attr-defined] (C models' memory too)
         return {
             "format": FORMAT, "pid": os.getpid(), "command": " ".join(sys.argv)[:200],
             "started": self.started, "time": time.time(),
@@ -229,14 +224,13 @@ class Telemetry:
 
     @staticmethod
     def _native_record(model_id: int, model: object, loaded_at: float,
-                       core_busy: dict[int, float], used: dict[int, int]) -> dict:
-        """A C-runtime model's entry of the snapshot; adds its copies' busy time and
-        memory to their cores'. (Under the lock: it cannot be unloaded meanwhile.)"""
+                       core_busy: dict[int, float]) -> dict:
+        """A C-runtime model's entry of the snapshot; adds its copies' busy time to their
+        cores'. (Under the lock: it cannot be unloaded meanwhile.)"""
         copies = model.copies()  # type: ignore[attr-defined]
-        for cores, bytes_per_core, _, busy_ns in copies:
-            for core, size in zip(cores, bytes_per_core):
+        for cores, _, _, busy_ns in copies:
+            for core in cores:
                 core_busy[core] = core_busy.get(core, 0.0) + busy_ns * 1e-9
-                used[core] = used.get(core, 0) + size
         runs = sum(c[2] for c in copies)
         batch = max(model.batch_size, 1)  # type: ignore[attr-defined]
         name = model.label or f"model-{model_id}"  # type: ignore[attr-defined]

@@ -77,6 +77,13 @@ def shared_device():  # -> binding.Device | None
         return _device
 
 
+def device_used() -> dict[int, int]:
+    """Bytes in use per core on the C device; {} if it was never opened."""
+    with _lock:
+        device = _device
+    return {} if device is None else {core: used for core, (used, _) in device.memory().items()}
+
+
 def raise_from(error: Exception) -> None:
     """Re-raise a binding.CRuntimeError as the Python runtime's exception for its code."""
     from .binding import CRuntimeError

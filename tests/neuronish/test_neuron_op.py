@@ -296,6 +296,7 @@ def test_a_kernel_collected_by_a_thread_holding_a_runtime_lock_does_not_hang(
     f = neuron_function(g, node, [tf.TensorSpec([None, 16], tf.float32)])
     f(tf.constant(rows(2)))  # loaded, so tracked by telemetry
     gc.collect()
+    assert kernel_bridge.wait_for_unloads(timeout=30)  # (earlier tests' queued unloads)
     before_drop = _device_used()
     holder: list = [f]
     f = None
@@ -320,6 +321,7 @@ def test_loads_once_per_op_even_when_first_called_concurrently_and_unloads(
     monkeypatch.setenv("NEURONISH_KERNEL", "python")
     g, exe, node, _ = dense
     gc.collect()  # earlier tests' functions (and their loaded models) go first
+    assert kernel_bridge.wait_for_unloads(timeout=30)  # (queued unloads too)
     before = _device_used()
     f = neuron_function(g, node, [tf.TensorSpec([None, 16], tf.float32)])
     barrier = threading.Barrier(8)
