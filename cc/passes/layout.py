@@ -21,6 +21,8 @@ runs the producer and every reader itself, and otherwise leaves it NHWC.
 
 from __future__ import annotations
 
+import math
+
 from neuronish.runtime import isa
 
 from ..ir import Graph, Node, Value
@@ -50,7 +52,38 @@ def _reads_as_image(node: Node, v: Value) -> bool:
 
 
 def assign_layouts(graph: Graph) -> Graph:
-    """Mark each windowed instruction whose output can stay channel-blocked."""
+    """Mark each windowed instruction whose output can stay channel-blocked.
+
+    A reader whose own output stays NHWC reorders a blocked input back to NHWC (the
+    engine runs a windowed instruction in one layout). Where that reorder is larger than
+    the one the producer would need to write NHWC itself (its input is smaller, or NHWC:
+    no reorder at all), the value is left NHWC and the marking redone until none is.
+    EfficientNetB0's expand convolutions (x6 channels) wrote blocked outputs that their
+    depthwise convolutions, NHWC because their squeeze-excite readers are not windowed,
+    reordered back: 16 reorders of up to 8x1152x7x7 a call."""
+    producers = [n for n in graph.nodes if n.kind in isa.WINDOWED and len(n.outputs) == 1]
+    refused: set[int] = set()
+    while True:
+        blocked = _blocked_values(graph, refused)
+        reordered = {n.outputs[0].id for n in producers if n.outputs[0].id in blocked
+                     and any(r.outputs[0].id not in blocked for r in graph.uses(n.outputs[0]))
+                     and (n.inputs[0].id not in blocked
+                          or _size(n.outputs[0]) > _size(n.inputs[0]))}
+        if not reordered:
+            break
+        refused |= reordered
+    for node in producers:
+        if node.outputs[0].id in blocked:
+            node.attrs = {**node.attrs, "layout": BLOCKED}
+    return graph
+
+
+def _size(v: Value) -> int:
+    return math.prod(v.shape)
+
+
+def _blocked_values(graph: Graph, refused: set[int]) -> set[int]:
+    """The outputs that may stay blocked, given values already `refused` (in order)."""
     outputs = {v.id for v in graph.outputs}
     blocked: set[int] = set()
     for node in graph.nodes:
@@ -59,7 +92,8 @@ def assign_layouts(graph: Graph) -> Graph:
         y = node.outputs[0]
         readers = graph.uses(y)
         x = node.inputs[0]
-        if (y.dtype == "float32" and len(y.shape) == 4 and y.shape[3] % BLOCK == 0
+        if (y.id not in refused and y.dtype == "float32" and len(y.shape) == 4
+                and y.shape[3] % BLOCK == 0
                 and y.id not in outputs and readers
                 and all(_reads_as_image(r, y) for r in readers)
                 # The producer's own image can be blocked too (a 3-channel input image
@@ -75,6 +109,5 @@ def assign_layouts(graph: Graph) -> Graph:
                 # MobileNetV2's 8x32x112x112 into its first 1x1), while NHWC kernels there
                 # are about as fast (brgconv, brdgmm_dw, NHWC pooling).
                 and (x.id in blocked or x.shape[1] * x.shape[2] <= _LARGEST_REGION_START)):
-            node.attrs = {**node.attrs, "layout": BLOCKED}
             blocked.add(y.id)
-    return graph
+    return blocked

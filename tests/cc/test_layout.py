@@ -20,16 +20,17 @@ def _w(*shape: int) -> tf.Tensor:
 
 
 def conv_chain() -> object:
-    """A ResNet-like block: conv -> conv -> (residual add) -> pool -> conv(3 channels)
-    -> mean. The first three activations (16 and 32 channels) can stay blocked; the
-    8-channel ones cannot (not a multiple of 16), nor what `reduce` reads."""
+    """A ResNet-like block: conv -> conv -> (residual add) -> pool -> conv -> conv(8
+    channels) -> mean. The 32-channel activations can stay blocked; the 8-channel ones
+    cannot (not a multiple of 16), nor what `reduce` reads."""
     w1, w2, w3, w4 = _w(3, 3, 8, 16), _w(1, 1, 16, 32), _w(1, 1, 8, 32), _w(3, 3, 32, 8)
+    w5 = _w(3, 3, 32, 32)
 
     def fn(x: tf.Tensor) -> tf.Tensor:
         a = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
         b = tf.nn.conv2d(a, w2, 1, "SAME") + tf.nn.conv2d(x, w3, 1, "SAME")
         c = tf.nn.max_pool2d(tf.nn.relu(b), 3, 2, "SAME")
-        d = tf.nn.conv2d(c, w4, 1, "SAME")
+        d = tf.nn.conv2d(tf.nn.relu(tf.nn.conv2d(c, w5, 1, "SAME")), w4, 1, "SAME")
         return tf.reduce_mean(d, axis=[1, 2])
 
     return trace(fn, tf.TensorSpec([None, 12, 12, 8], tf.float32, name="x"), batch=2)
@@ -96,7 +97,7 @@ def test_inspect_and_the_ir_dump_show_the_decisions(tmp_path, monkeypatch) -> No
     assert "activation layouts (assign_layouts): nChw16c x" in out, out
     assert "matmul-like operands read in" not in out, out
     # bf16 convolutions are fastest on NHWC (AMX / brgemm kernels): nothing is blocked.
-    assert "matmul-like operands read in: bfloat16 x4" in out16, out16
+    assert "matmul-like operands read in: bfloat16 x5" in out16, out16
     assert "nChw16c" not in out16, out16
     dumps = sorted((tmp_path / "dump").glob("*_assign_layouts.txt"))
     assert dumps and "layout=nChw16c" in dumps[0].read_text().replace("'", "")
@@ -175,14 +176,15 @@ def test_depthwise_stays_nhwc_behind_an_nhwc_input_and_blocks_behind_a_blocked_o
 def test_a_blocked_region_starts_only_at_an_nhwc_image_of_at_most_56x56(
         side: int, starts_blocked: bool) -> None:
     """conv 8 -> 16 (its 8-channel input cannot be blocked, so its output is NHWC), then
-    1x1 16 -> 32 and 1x1 32 -> 32: the second conv would start a blocked region by
+    1x1 16 -> 32 and two 1x1 32 -> 32: the second conv would start a blocked region by
     reordering the 16-channel image; above 56x56 it stays NHWC, and so does the third."""
-    w1, w2, w3 = _w(3, 3, 8, 16), _w(1, 1, 16, 32), _w(1, 1, 32, 32)
+    w1, w2, w3, w4 = _w(3, 3, 8, 16), _w(1, 1, 16, 32), _w(1, 1, 32, 32), _w(1, 1, 32, 32)
 
     def fn(x: tf.Tensor) -> tf.Tensor:
         a = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME"))
         b = tf.nn.relu(tf.nn.conv2d(a, w2, 1, "SAME"))
-        return tf.reduce_mean(tf.nn.conv2d(b, w3, 1, "SAME"), axis=[1, 2])
+        c = tf.nn.relu(tf.nn.conv2d(b, w3, 1, "SAME"))
+        return tf.reduce_mean(tf.nn.conv2d(c, w4, 1, "SAME"), axis=[1, 2])
 
     g = trace(fn, tf.TensorSpec([None, side, side, 8], tf.float32, name="x"), batch=1)
     exe = from_bytes(compile_graph(g.graph_def, g.io_config))
