@@ -54,6 +54,7 @@ from neuronish.runtime import (
     get_device,
     profiler,
 )
+from neuronish.runtime.capi import native_model
 from neuronish.runtime.cutoff import Cutoff
 from neuronish.runtime.executable import Executable, TensorSig, from_bytes, header_digest
 
@@ -104,10 +105,12 @@ class ModelConfig:
 
 
 class Handle:
-    """One NeuronOp instance: its model on the device, or (after a device failure, see
+    """One NeuronOp instance: its model on the device (the Python runtime's, or the C
+    runtime's: native_model.NativeModel), or (after a device failure, see
     neuronish/fallback.py) its subgraph on TensorFlow."""
 
-    def __init__(self, node_name: str, model: Model | None, config: ModelConfig,
+    def __init__(self, node_name: str, model: Model | native_model.NativeModel | None,
+                 config: ModelConfig,
                  fallback: FallbackSource | None = None, op_id: str = ""):
         self.node_name = node_name
         # What the fallback counters call this op (fallback.op_id): node and executable.
@@ -119,6 +122,9 @@ class Handle:
         self.fallback = fallback
         self.runner = None  # fallback.GraphRunner once the op runs on TensorFlow
         self.shapes = None  # shape_specialize.ShapeTable for an op with free dimensions
+        # A model on the C runtime the op stopped using (it fell back): kept loaded until
+        # the op unloads, since the kernel's threads may still be inside a call on it.
+        self._retired: Model | native_model.NativeModel | None = None
         self._unloaded = False
         self._lock = threading.Lock()
 
@@ -130,6 +136,8 @@ class Handle:
                     self.shapes.unload_all()
                 elif self.model is not None:
                     self.model.unload()
+                if self._retired is not None:
+                    self._retired.unload()
                 if self.runner is not None:
                     self.runner.close()
 
@@ -139,10 +147,19 @@ class Handle:
 
         self.tensorflow_runner()
         with self._lock:
-            if self.model is not None:
+            if isinstance(self.model, native_model.NativeModel):
+                self._retired = self.model
+            elif self.model is not None:
                 self.model.unload()
-                self.model = None
+            self.model = None
         fallback.record_fallback(self.op_id, reason)
+
+    @property
+    def native_entry(self) -> tuple[int, int] | None:
+        """(nr_model*, nr_execute_with) when the op's model is on the C runtime: the kernel
+        then runs each call there itself, without the GIL; None: it calls `run`."""
+        model = self.model
+        return model.entry if isinstance(model, native_model.NativeModel) else None
 
     def tensorflow_runner(self):  # -> fallback.GraphRunner
         """The op's subgraph on TensorFlow, built on first use."""
@@ -204,15 +221,19 @@ def _check_signature(kind: str, sigs: list[TensorSig], names: Sequence[str],
                 "from the same executable")
 
 
+def _duplicates_wanted(config: ModelConfig) -> int:
+    """max_num_duplicates if bound, else DEFAULT_MAX_DUPLICATES."""
+    return config.max_num_duplicates if config.max_num_duplicates >= 1 else \
+        DEFAULT_MAX_DUPLICATES
+
+
 def load_model(exe: Executable, config: ModelConfig, device: Device | None = None) -> Model:
     """Load `exe` with `config.max_num_duplicates` copies if bound, else
     DEFAULT_MAX_DUPLICATES; when fewer fit (too few core groups, or too little free
     memory), with fewer, down to one. Only if one copy does not fit does it raise
     (the runtime's OutOfDeviceMemory or DeviceError)."""
     device = device or get_device()
-    want = config.max_num_duplicates if config.max_num_duplicates >= 1 else \
-        DEFAULT_MAX_DUPLICATES
-    for n in range(want, 0, -1):
+    for n in range(_duplicates_wanted(config), 0, -1):
         try:
             return Model(exe, device, duplicates=n)
         except OutOfDeviceMemory:
@@ -259,11 +280,18 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
         [list(s) for s in input_shapes], list(input_batch_axis), list(output_batch_axis))
     op_id = fallback_op_id(node_name, _executable_digest(executable))
     try:
-        exe = from_bytes(external.resolve(executable, files, node_name, "executable"))
+        data = external.resolve(executable, files, node_name, "executable")
+        exe = from_bytes(data)
         _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
                          input_batch_axis)
         _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
                          output_batch_axis)
+        if not dynamic_shapes and native_model.wanted():
+            # On the C runtime, when it takes the executable: the kernel then runs every
+            # call there without the GIL. Anything it refuses loads on the Python runtime.
+            native = native_model.load(data, _duplicates_wanted(config), node_name)
+            if native is not None:
+                return Handle(node_name, native, config, source, op_id)
         model = load_model(exe, config)
         model.label = node_name  # how `neuronish ls` / `top` / profiles name it
         if dynamic_shapes:

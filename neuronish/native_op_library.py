@@ -69,7 +69,7 @@ def library_path(runtime: Path) -> Path:
     import tensorflow as tf
 
     key = hashlib.sha256()
-    for path in (SOURCE, op_library.OP_DEF):
+    for path in (SOURCE, op_library.OP_DEF, op_library.OP_ATTRS):
         key.update(path.name.encode() + b"\0" + path.read_bytes())
     key.update("\0".join(build_command("OUT", runtime)).encode())
     digest = key.hexdigest()[:16]

@@ -26,10 +26,15 @@ from pathlib import Path
 from types import ModuleType
 
 from neuronish.runtime.buildcache import BuildError, Cache
+from neuronish.runtime.capi.library import INCLUDE
 
 SOURCE = Path(__file__).resolve().parent / "ops" / "neuron_op.cc"
 # The op's registration, shared with the Python-free library (neuronish/native_op_library.py).
 OP_DEF = SOURCE.parent / "neuron_op_def.h"
+# The attrs record, its checks and the cancellation guard, shared with it too.
+OP_ATTRS = SOURCE.parent / "neuron_op_attrs.h"
+# The C runtime's API, whose nr_execute_with the kernel calls for a model loaded there.
+RUNTIME_HEADER = INCLUDE / "neuronish_runtime.h"
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -67,6 +72,8 @@ def build_command(output: str | Path) -> list[str]:
         str(SOURCE), "-o", str(output),
         *tf.sysconfig.get_compile_flags(),
         "-I" + sysconfig.get_paths()["include"],
+        # The C runtime's header (its types; the kernel gets its entry point from Python).
+        f"-I{RUNTIME_HEADER.parent}",
         *tf.sysconfig.get_link_flags(),
     ]
 
@@ -78,6 +85,8 @@ def library_path() -> Path:
     key = hashlib.sha256()
     key.update(SOURCE.read_bytes())
     key.update(OP_DEF.read_bytes())
+    key.update(OP_ATTRS.read_bytes())
+    key.update(RUNTIME_HEADER.read_bytes())
     # Everything that changes the binary; the output path itself is not part of it.
     key.update("\0".join(build_command("OUT")).encode())
     key.update(sys.version.encode())

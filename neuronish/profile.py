@@ -5,6 +5,7 @@ Chrome-trace / Perfetto timeline of what its NeuronOps did on the device
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -44,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         print("neuronish: error: --batch-size and --requests must be >= 1, --warmup and "
               "--top >= 0", file=sys.stderr)
         return 2
+    # Its NeuronOps on the Python runtime, which records each instruction; the C runtime
+    # (where they load by default) records no profile yet (docs/c-api.md).
+    os.environ["NEURONISH_KERNEL"] = "python"
     try:
         _check_saved_model_dir(args.model_dir)
         model = _load(args.model_dir, args.model_dir, args.signature)

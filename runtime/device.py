@@ -53,9 +53,18 @@ class Device:
         return self.config.core_memory - self._used[core]
 
     def memory_report(self) -> dict[int, dict[str, int]]:
+        """Per core: bytes in use and free. The process's device (`get_device()`) also
+        counts what models on the C runtime hold (the NeuronOp loads there when it can,
+        runtime/capi/native_model.py): its cores are the same configured cores."""
         with self._lock:
-            return {c: {"used": u, "free": self.config.core_memory - u}
-                    for c, u in self._used.items()}
+            used = dict(self._used)
+        if self is _device:
+            from .capi.native_model import device_used
+
+            for core, size in device_used().items():
+                if core in used:
+                    used[core] += size
+        return {c: {"used": u, "free": self.config.core_memory - u} for c, u in used.items()}
 
     def _candidate_groups(self, size: int) -> list[tuple[int, ...]]:
         groups = [g[:size] for g in self.config.core_groups if len(g) >= size]

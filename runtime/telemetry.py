@@ -103,6 +103,8 @@ class Telemetry:
         self._lock = threading.Lock()
         self._publishing = threading.Lock()  # see publish
         self._models: dict[int, _ModelCounters] = {}  # id(model) -> counters
+        # id(model) -> (its id here, the model, loaded at): models on the C runtime
+        self._native: dict[int, tuple[int, object, float]] = {}
         self._ids = itertools.count()
         self._core_busy: dict[int, float] = {}
         self._device: object = None
@@ -117,11 +119,31 @@ class Telemetry:
         with self._lock:
             self._models[id(model)] = _ModelCounters(next(self._ids), model)
             self._device = model.device  # type: ignore[attr-defined]
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="neuronish-telemetry",
-                                                daemon=True)
-                self._thread.start()
-                atexit.register(self.close)
+            self._start()
+
+    def track_native(self, model: object) -> None:
+        """A model was loaded on the C runtime (runtime/capi/native_model.py): its
+        counters are the C runtime's (nr_model_copy), read when publishing. Its cores are
+        the C device's, configured from the same NEURONISH_* as this process's device."""
+        from .device import get_device
+
+        with self._lock:
+            self._native[id(model)] = (next(self._ids), model, time.time())
+            if self._device is None:
+                self._device = get_device()
+            self._start()
+
+    def untrack_native(self, model: object) -> None:
+        """Before a C-runtime model unloads: after this no snapshot reads it."""
+        with self._lock:
+            self._native.pop(id(model), None)
+
+    def _start(self) -> None:  # (under self._lock)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="neuronish-telemetry",
+                                            daemon=True)
+            self._thread.start()
+            atexit.register(self.close)
 
     def untrack(self, model: object) -> None:
         """A model was unloaded."""
@@ -183,9 +205,11 @@ class Telemetry:
                                "inferences": m.inferences,
                                "busy_seconds": m.busy_seconds + in_flight,
                                "loaded_at": m.loaded_at})
+            for model_id, model, loaded_at in self._native.values():
+                models.append(self._native_record(model_id, model, loaded_at, core_busy))
             device = self._device
         config = device.config  # type: ignore[attr-defined]
-        memory = device.memory_report()  # type: ignore[attr-defined]
+        memory = device.memory_report()  # type: ignore[attr-defined] (C models' memory too)
         return {
             "format": FORMAT, "pid": os.getpid(), "command": " ".join(sys.argv)[:200],
             "started": self.started, "time": time.time(),
@@ -197,6 +221,24 @@ class Telemetry:
                                "busy_seconds": core_busy.get(c, 0.0)} for c in memory},
             "models": models,
         }
+
+    @staticmethod
+    def _native_record(model_id: int, model: object, loaded_at: float,
+                       core_busy: dict[int, float]) -> dict:
+        """A C-runtime model's entry of the snapshot; adds its copies' busy time to their
+        cores'. (Under the lock: it cannot be unloaded meanwhile.)"""
+        copies = model.copies()  # type: ignore[attr-defined]
+        for cores, _, _, busy_ns in copies:
+            for core in cores:
+                core_busy[core] = core_busy.get(core, 0.0) + busy_ns * 1e-9
+        runs = sum(c[2] for c in copies)
+        batch = max(model.batch_size, 1)  # type: ignore[attr-defined]
+        name = model.label or f"model-{model_id}"  # type: ignore[attr-defined]
+        return {"id": model_id, "name": name,
+                "core_groups": [list(c[0]) for c in copies],
+                "bytes_per_core": list(copies[0][1]) if copies else [], "batch": batch,
+                "engine": "native (C runtime)", "calls": runs, "inferences": runs * batch,
+                "busy_seconds": sum(c[3] for c in copies) * 1e-9, "loaded_at": loaded_at}
 
     def publish(self) -> None:
         if self._device is None:

@@ -14,6 +14,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>  // first, as the C API asks
 
+#include <time.h>
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -27,10 +29,16 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/platform/logging.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+// The C runtime's types only: the kernel calls it through the pointer kernel_bridge
+// hands it (native_entry), so this library does not link it.
+#include "neuronish_runtime.h"
 
 // The op (attrs, shape function): shared with the Python-free kernel.
 #include "neuron_op_def.h"
+// The attrs record and checks, and the cancellation guard: shared with it too.
+#include "neuron_op_attrs.h"
 
 namespace neuronish {
 namespace {
@@ -250,6 +258,29 @@ std::string DtypeName(DataType dt) {
   return name ? name : tensorflow::DataTypeString(dt);
 }
 
+bool HasDtype(DataType dt) { return Describe(dt).format != nullptr; }
+
+// The C runtime's dtype of a dtype HasDtype takes.
+nr_dtype ToDevice(DataType dt) {
+  switch (dt) {
+    case tensorflow::DT_DOUBLE: return NR_FLOAT64;
+    case tensorflow::DT_HALF: return NR_FLOAT16;
+    case tensorflow::DT_INT8: return NR_INT8;
+    case tensorflow::DT_INT16: return NR_INT16;
+    case tensorflow::DT_INT32: return NR_INT32;
+    case tensorflow::DT_INT64: return NR_INT64;
+    case tensorflow::DT_UINT8: return NR_UINT8;
+    case tensorflow::DT_BOOL: return NR_BOOL;
+    default: return NR_FLOAT32;
+  }
+}
+
+int64_t NowNs() {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
 PyObject* StringList(const std::vector<std::string>& items) {
   PyObject* list = PyList_New(items.size());
   for (size_t i = 0; list && i < items.size(); ++i) {
@@ -326,38 +357,10 @@ absl::Status StatusFromPython(const std::string& node) {
 // adds a thread switch and more threads contending for the GIL. Revisit for an
 // out-of-process device, where the kernel would be waiting on I/O instead.
 
-std::string ShapeText(const TensorShape& s) {
-  std::string out = "[";
-  for (int d = 0; d < s.dims(); ++d) out += (d ? "," : "") + std::to_string(s.dim_size(d));
-  return out + "]";
-}
-
 class NeuronOpKernel : public OpKernel {
  public:
   explicit NeuronOpKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("input_names", &input_names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_names", &output_names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("input_shapes", &input_shapes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tin", &input_dtypes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_dtypes", &output_dtypes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("input_batch_axis", &input_batch_axis_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_batch_axis", &output_batch_axis_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("model_config", &model_config_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_external", &n_external_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dynamic_shapes", &dynamic_shapes_));
-    // Borrow the executable from the kernel's own NodeDef, which lives as long as
-    // the kernel, instead of copying what may be hundreds of MB.
-    auto it = def().attr().find("executable");
-    OP_REQUIRES(ctx, it != def().attr().end(),
-                absl::InvalidArgumentError(Where() + "has no executable attr"));
-    executable_ = &it->second.s();
-    // The subgraph, for the runtime fallback (neuronish/fallback.py); borrowed too.
-    auto gd = def().attr().find("graph_def");
-    OP_REQUIRES(ctx, gd != def().attr().end(),
-                absl::InvalidArgumentError(Where() + "has no graph_def attr"));
-    graph_def_ = &gd->second.s();
-    OP_REQUIRES_OK(ctx, CheckAttrs());
+    OP_REQUIRES_OK(ctx, a_.Read(ctx, DtypeTable{HasDtype, DtypeName}));
   }
 
   ~NeuronOpKernel() override {
@@ -374,131 +377,37 @@ class NeuronOpKernel : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     std::vector<Tensor*> outputs;
-    if (!dynamic_shapes_.empty()) {
+    if (!a_.dynamic_shapes.empty()) {
       OP_REQUIRES_OK(ctx, PrepareDynamic(ctx, &outputs));
       OP_REQUIRES_OK(ctx, Run(ctx, outputs));
       return;
     }
     OP_REQUIRES_OK(ctx, Prepare(ctx, &outputs));
+    if (!handle_.load(std::memory_order_acquire)) {
+      OP_REQUIRES_OK(ctx, RequirePython());
+      OP_REQUIRES_OK(ctx, EnsureLoaded(ctx));
+    }
+    if (nr_model* model = native_.load(std::memory_order_acquire)) {
+      absl::Status result;
+      if (RunNative(ctx, model, outputs, &result)) {
+        OP_REQUIRES_OK(ctx, result);
+        return;
+      }
+      // The C runtime failed the call (not a bad input, deadline or cancel): the Python
+      // runtime's rules decide what happens (retry, run it on TensorFlow, fall back).
+    }
     OP_REQUIRES_OK(ctx, Run(ctx, outputs));
   }
 
  private:
-  std::string Where() const { return "NeuronOp '" + name() + "': "; }
-
-  // The attrs must agree among themselves; the bridge checks them against the
-  // executable when it loads.
-  absl::Status CheckAttrs() {
-    const size_t n_in = input_dtypes_.size(), n_out = output_dtypes_.size();
-    if (input_names_.size() != n_in || input_shapes_.size() != n_in ||
-        input_batch_axis_.size() != n_in || output_names_.size() != n_out ||
-        output_shapes_.size() != n_out || output_batch_axis_.size() != n_out) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(), "attribute lists disagree in length: Tin ", n_in, ", input_names ",
-          input_names_.size(), ", input_shapes ", input_shapes_.size(), ", input_batch_axis ",
-          input_batch_axis_.size(), "; output_dtypes ", n_out, ", output_names ",
-          output_names_.size(), ", output_shapes ", output_shapes_.size(),
-          ", output_batch_axis ", output_batch_axis_.size(),
-          ". Build the node with neuronish.neuron_op.neuron_op_node_def"));
-    }
-    auto check = [&](const char* kind, const std::vector<std::string>& names,
-                     const DataTypeVector& dtypes, const std::vector<PartialTensorShape>& shapes,
-                     const std::vector<int64_t>& axes) -> absl::Status {
-      for (size_t i = 0; i < names.size(); ++i) {
-        const std::string what = absl::StrCat(Where(), kind, " '", names[i], "' ");
-        if (Describe(dtypes[i]).format == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, "has dtype ", DtypeName(dtypes[i]), ", which the device does not have"));
-        }
-        if (shapes[i].unknown_rank() ||
-            (dynamic_shapes_.empty() && !shapes[i].IsFullyDefined())) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, "has shape ", shapes[i].DebugString(), "; compiled shapes are static"));
-        }
-        if (axes[i] < -1 || axes[i] >= shapes[i].dims()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, "has batch axis ", axes[i], " outside [-1, ", shapes[i].dims(), ")"));
-        }
-      }
-      return absl::OkStatus();
-    };
-    TF_RETURN_IF_ERROR(
-        check("input", input_names_, input_dtypes_, input_shapes_, input_batch_axis_));
-    TF_RETURN_IF_ERROR(
-        check("output", output_names_, output_dtypes_, output_shapes_, output_batch_axis_));
-    // As in the runtime: other batch sizes are split only when every batched input
-    // was compiled with the same batch.
-    for (size_t i = 0; i < n_in; ++i) {
-      if (input_batch_axis_[i] < 0) continue;
-      const int64_t b = input_shapes_[i].dim_size(input_batch_axis_[i]);
-      if (compiled_batch_ == -1) {
-        compiled_batch_ = b;
-        splittable_ = true;
-      } else if (b != compiled_batch_) {
-        splittable_ = false;
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // `float32[*,16]`: what input i must look like (`*` = any size).
-  std::string Expected(size_t i) const {
-    std::string out = DtypeName(input_dtypes_[i]) + "[";
-    for (int d = 0; d < input_shapes_[i].dims(); ++d) {
-      if (d) out += ",";
-      const bool any = splittable_ && d == input_batch_axis_[i];
-      const int64_t size = input_shapes_[i].dim_size(d);
-      out += any ? "*" : size < 0 ? "?" : std::to_string(size);
-    }
-    return out + "]";
-  }
-
-  // Ranks and sizes against the compiled shapes (dtypes are enforced by Tin, and
-  // Tin against the executable at load); sets the call's batch, or -1 when the
-  // compiled shapes apply as they are.
-  absl::Status CheckInputs(OpKernelContext* ctx, int64_t* batch) const {
-    int first = -1;
-    for (int i = 0; i < NumTensorInputs(); ++i) {
-      const TensorShape& got = ctx->input(i).shape();
-      const PartialTensorShape& want = input_shapes_[i];
-      const int axis = splittable_ ? static_cast<int>(input_batch_axis_[i]) : -1;
-      bool ok = got.dims() == want.dims();
-      for (int d = 0; ok && d < got.dims(); ++d) {
-        ok = d == axis || want.dim_size(d) < 0 || got.dim_size(d) == want.dim_size(d);
-      }
-      if (!ok) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Where(), "input '", input_names_[i], "' has shape ", ShapeText(got), "; expected ",
-            Expected(i),
-            axis >= 0 ? absl::StrCat(" (any size on batch axis ", axis, ")") : std::string(),
-            ". Feed the shape the model was compiled for, or recompile it for this one"));
-      }
-      if (axis < 0) continue;
-      if (first < 0) {
-        first = i;
-        *batch = got.dim_size(axis);
-      } else if (got.dim_size(axis) != *batch) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Where(), "inputs disagree on the batch size: '", input_names_[first], "' has ",
-            *batch, ", '", input_names_[i], "' has ", got.dim_size(axis)));
-      }
-    }
-    return absl::OkStatus();
-  }
+  const std::string& Where() const { return a_.where; }
 
   // Checks the inputs and allocates the outputs: the compiled shapes with the
   // call's batch, which is exactly what the runtime returns.
   absl::Status Prepare(OpKernelContext* ctx, std::vector<Tensor*>* outputs) const {
     int64_t batch = -1;
-    TF_RETURN_IF_ERROR(CheckInputs(ctx, &batch));
-    outputs->resize(output_shapes_.size());
-    for (size_t i = 0; i < outputs->size(); ++i) {
-      TensorShape shape;
-      output_shapes_[i].AsTensorShape(&shape);  // fully defined: CheckAttrs
-      if (batch >= 0 && output_batch_axis_[i] >= 0) shape.set_dim(output_batch_axis_[i], batch);
-      TF_RETURN_IF_ERROR(ctx->allocate_output(i, shape, &(*outputs)[i]));
-    }
-    return absl::OkStatus();
+    TF_RETURN_IF_ERROR(a_.CheckInputs(ctx, &batch));
+    return a_.AllocateOutputs(ctx, batch, outputs);
   }
 
   // A NeuronOp with free dimensions (dynamic_shapes): ranks and fixed sizes checked
@@ -507,7 +416,7 @@ class NeuronOpKernel : public OpKernel {
   // the call on TensorFlow, when it falls back).
   absl::Status PrepareDynamic(OpKernelContext* ctx, std::vector<Tensor*>* outputs) {
     int64_t batch = -1;
-    TF_RETURN_IF_ERROR(CheckInputs(ctx, &batch));
+    TF_RETURN_IF_ERROR(a_.CheckInputs(ctx, &batch));
     if (!PythonUsable()) {
       return absl::FailedPreconditionError(
           Where() + "the neuronish device runs in Python and this process has no running "
@@ -519,9 +428,9 @@ class NeuronOpKernel : public OpKernel {
       Gil gil;
       const Bridge* b = GetBridge();
       if (!b) return StatusFromPython(name());
-      PyRef given(PyList_New(NumTensorInputs()));
+      PyRef given(PyList_New(a_.NumTensorInputs()));
       if (!given) return StatusFromPython(name());
-      for (int i = 0; i < NumTensorInputs(); ++i) {
+      for (int i = 0; i < a_.NumTensorInputs(); ++i) {
         PyObject* view = NewTensorView(*b, ctx->input(i), /*writable=*/false);
         if (!view) return StatusFromPython(name());
         PyList_SET_ITEM(given.get(), i, view);
@@ -530,22 +439,17 @@ class NeuronOpKernel : public OpKernel {
       // cancellation reaches it as it reaches run (see Run).
       PyRef cancel(PyByteArray_FromStringAndSize(nullptr, 1));
       if (!cancel) return StatusFromPython(name());
-      char* flag = PyByteArray_AS_STRING(cancel.get());
-      *flag = 0;
-      tensorflow::CancellationManager* cm = ctx->cancellation_manager();
-      const tensorflow::CancellationToken token =
-          cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
-      auto set_flag = [flag] { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); };
-      if (cm && !cm->RegisterCallback(token, set_flag)) {
+      CancelGuard guard(ctx, reinterpret_cast<uint8_t*>(PyByteArray_AS_STRING(cancel.get())));
+      if (!guard.started()) {
         return absl::CancelledError(Where() + "the call was cancelled before it started");
       }
       PyObject* handle = handle_.load(std::memory_order_acquire);
-      PyRef r(b->Call(b->output_shapes, handle, given.get(), cm ? cancel.get() : Py_None));
-      if (cm) cm->DeregisterCallback(token);
+      PyRef r(b->Call(b->output_shapes, handle, given.get(),
+                      guard.flag() ? cancel.get() : Py_None));
       if (!r) return StatusFromPython(name());
       PyRef seq(PySequence_Fast(r.get(), "output_shapes must return a list"));
       if (!seq || PySequence_Fast_GET_SIZE(seq.get()) !=
-                      static_cast<Py_ssize_t>(output_shapes_.size())) {
+                      static_cast<Py_ssize_t>(a_.output_shapes.size())) {
         PyErr_Clear();
         return absl::InternalError(Where() + "the bridge returned the wrong number of shapes");
       }
@@ -560,30 +464,28 @@ class NeuronOpKernel : public OpKernel {
         shapes.push_back(std::move(shape));
       }
     }
-    outputs->resize(output_shapes_.size());
+    outputs->resize(a_.output_shapes.size());
     for (size_t i = 0; i < outputs->size(); ++i) {
       TensorShape shape;
       TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(shapes[i], &shape));
-      PartialTensorShape want = output_shapes_[i];
-      if (output_batch_axis_[i] >= 0) want.set_dim(output_batch_axis_[i], -1);
+      PartialTensorShape want = a_.output_shapes[i];
+      if (a_.output_batch_axis[i] >= 0) want.set_dim(a_.output_batch_axis[i], -1);
       if (!want.IsCompatibleWith(shape)) {
-        return absl::InternalError(absl::StrCat(Where(), "output '", output_names_[i],
+        return absl::InternalError(absl::StrCat(Where(), "output '", a_.output_names[i],
                                                 "' would have shape ", ShapeText(shape),
                                                 ", which its attr ",
-                                                output_shapes_[i].DebugString(), " refuses"));
+                                                a_.output_shapes[i].DebugString(), " refuses"));
       }
       TF_RETURN_IF_ERROR(ctx->allocate_output(i, shape, &(*outputs)[i]));
     }
     return absl::OkStatus();
   }
 
-  int NumTensorInputs() const { return static_cast<int>(input_dtypes_.size()); }
-
   // The paths fed to external_files (scalar strings), as a Python list.
   absl::Status ExternalFiles(OpKernelContext* ctx, PyObject** list) const {
     std::vector<std::string> paths;
-    for (int k = 0; k < n_external_; ++k) {
-      const Tensor& t = ctx->input(NumTensorInputs() + k);
+    for (int k = 0; k < a_.n_external; ++k) {
+      const Tensor& t = ctx->input(a_.NumTensorInputs() + k);
       if (t.dims() != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             Where(), "external_files[", k, "] must be a scalar path, got shape ",
@@ -604,10 +506,10 @@ class NeuronOpKernel : public OpKernel {
     const Bridge* b = GetBridge();
     if (!b) return StatusFromPython(name());
     // A view of the attr, not a copy; the bridge does not keep it past load().
-    PyObject* exe = PyMemoryView_FromMemory(const_cast<char*>(executable_->data()),
-                                            executable_->size(), PyBUF_READ);
-    PyObject* graph = PyMemoryView_FromMemory(const_cast<char*>(graph_def_->data()),
-                                              graph_def_->size(), PyBUF_READ);
+    PyObject* exe = PyMemoryView_FromMemory(const_cast<char*>(a_.executable->data()),
+                                            a_.executable->size(), PyBUF_READ);
+    PyObject* graph = PyMemoryView_FromMemory(const_cast<char*>(a_.graph_def->data()),
+                                              a_.graph_def->size(), PyBUF_READ);
     PyObject* files = nullptr;
     absl::Status files_ok = ExternalFiles(ctx, &files);
     if (!files_ok.ok()) {
@@ -617,31 +519,118 @@ class NeuronOpKernel : public OpKernel {
     }
     PyRef args(Py_BuildValue(
         "(s#NNNNNNNNNNNNs#)", name().data(), static_cast<Py_ssize_t>(name().size()), exe,
-        StringList(input_names_), DtypeList(input_dtypes_), ShapeList(input_shapes_),
-        IntList(input_batch_axis_), StringList(output_names_), DtypeList(output_dtypes_),
-        ShapeList(output_shapes_), IntList(output_batch_axis_), IntList(model_config_), graph,
-        files, dynamic_shapes_.data(), static_cast<Py_ssize_t>(dynamic_shapes_.size())));
+        StringList(a_.input_names), DtypeList(a_.input_dtypes), ShapeList(a_.input_shapes),
+        IntList(a_.input_batch_axis), StringList(a_.output_names), DtypeList(a_.output_dtypes),
+        ShapeList(a_.output_shapes), IntList(a_.output_batch_axis), IntList(a_.model_config), graph,
+        files, a_.dynamic_shapes.data(), static_cast<Py_ssize_t>(a_.dynamic_shapes.size())));
     PyRef load(args ? PyObject_GetAttr(b->module, b->load) : nullptr);
     PyRef handle(load ? PyObject_Call(load.get(), args.get(), nullptr) : nullptr);
     if (!handle) return StatusFromPython(name());
+    TF_RETURN_IF_ERROR(ReadNativeEntry(handle.get()));
     handle_.store(handle.release(), std::memory_order_release);
     return absl::OkStatus();
   }
 
-  absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
-    if (!PythonUsable()) {
-      return absl::FailedPreconditionError(
-          Where() + "the neuronish device runs in Python and this process has no running "
-          "Python interpreter; serve the model from Python, after `import neuronish`");
+  // Whether calls go to the C runtime directly: the handle's native_entry is
+  // (nr_model*, nr_execute_with) when its model is there, None when the Python runtime or
+  // TensorFlow (the fallback) runs it. Holds the GIL.
+  absl::Status ReadNativeEntry(PyObject* handle) {
+    PyRef entry(PyObject_GetAttrString(handle, "native_entry"));
+    if (!entry) return StatusFromPython(name());
+    if (entry.get() == Py_None) {
+      native_.store(nullptr, std::memory_order_release);
+      return absl::OkStatus();
     }
+    unsigned long long model = 0, execute = 0;
+    if (!PyArg_ParseTuple(entry.get(), "KK", &model, &execute) || !model || !execute) {
+      PyErr_Clear();
+      return absl::InternalError(Where() + "the bridge's native_entry is not "
+                                 "(nr_model*, nr_execute_with)");
+    }
+    execute_.store(reinterpret_cast<ExecuteFn>(execute), std::memory_order_relaxed);
+    native_.store(reinterpret_cast<nr_model*>(model), std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  absl::Status RequirePython() const {
+    if (PythonUsable()) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        Where() + "the neuronish device runs in Python and this process has no running "
+        "Python interpreter; serve the model from Python, after `import neuronish`");
+  }
+
+  // One call on the C runtime, on TensorFlow's buffers, without the GIL. True when the
+  // call is settled (`result` is what it came to); false when the runtime failed it in
+  // a way the Python runtime decides about (an engine error, a failed device).
+  bool RunNative(OpKernelContext* ctx, nr_model* model, const std::vector<Tensor*>& outputs,
+                 absl::Status* result) const {
+    const int n_in = a_.NumTensorInputs();
+    const size_t n_out = outputs.size();
+    // Views of the tensors (no copies); their dims in one array, sized first so the
+    // pointers into it stay put.
+    size_t ranks = 0;
+    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
+    for (const Tensor* t : outputs) ranks += t->dims();
+    absl::InlinedVector<int64_t, 32> dims(ranks);
+    absl::InlinedVector<nr_tensor, 8> views(n_in + n_out);
+    int64_t* next = dims.data();
+    auto view = [&next](const Tensor& t, const std::string& name, DataType dt, nr_tensor* v) {
+      v->name = name.c_str();
+      v->dtype = ToDevice(dt);
+      v->rank = t.dims();
+      v->shape = next;
+      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
+      const auto bytes = t.tensor_data();
+      v->data = const_cast<char*>(bytes.data());
+      v->bytes = bytes.size();
+    };
+    for (int i = 0; i < n_in; ++i) {
+      view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i], &views[i]);
+    }
+    for (size_t i = 0; i < n_out; ++i) {
+      view(*outputs[i], a_.output_names[i], a_.output_dtypes[i], &views[n_in + i]);
+    }
+    nr_execute_options options{0, nullptr};
+    const int64_t timeout_s = a_.model_config.size() > 3 ? a_.model_config[3] : -1;
+    if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
+    volatile uint8_t cancelled = 0;
+    CancelGuard guard(ctx, &cancelled);
+    if (!guard.started()) {
+      *result = absl::CancelledError(Where() + "the call was cancelled before it started");
+      return true;
+    }
+    options.cancel = guard.flag();
+    char error[1024];
+    error[0] = '\0';
+    const nr_status s = execute_.load(std::memory_order_relaxed)(
+        model, views.data(), n_in, views.data() + n_in, n_out, &options, error, sizeof error);
+    switch (s) {
+      case NR_OK: *result = absl::OkStatus(); return true;
+      case NR_INVALID_INPUT:
+      case NR_INVALID_ARGUMENT:
+        *result = absl::InvalidArgumentError(Where() + error);
+        return true;
+      // (as kernel_bridge.error_status words them)
+      case NR_DEADLINE_EXCEEDED:
+        *result = absl::DeadlineExceededError(Where() + "DeadlineExceeded: " + error);
+        return true;
+      case NR_CANCELLED:
+        *result = absl::CancelledError(Where() + "Cancelled: " + error);
+        return true;
+      default: return false;
+    }
+  }
+
+  absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
+    TF_RETURN_IF_ERROR(RequirePython());
     TF_RETURN_IF_ERROR(EnsureLoaded(ctx));
     Gil gil;
     const Bridge* b = GetBridge();
     if (!b) return StatusFromPython(name());
-    PyRef ins(PyTuple_New(NumTensorInputs()));
+    PyRef ins(PyTuple_New(a_.NumTensorInputs()));
     PyRef outs(PyTuple_New(outputs.size()));
     if (!ins || !outs) return StatusFromPython(name());
-    for (int i = 0; i < NumTensorInputs(); ++i) {
+    for (int i = 0; i < a_.NumTensorInputs(); ++i) {
       PyObject* view = NewTensorView(*b, ctx->input(i), /*writable=*/false);
       if (!view) return StatusFromPython(name());
       PyTuple_SET_ITEM(ins.get(), i, view);
@@ -652,39 +641,31 @@ class NeuronOpKernel : public OpKernel {
       PyTuple_SET_ITEM(outs.get(), i, view);
     }
     // A caller may give up on the call (the model server cancels a request's TF call at
-    // its deadline): TensorFlow's cancellation callback then sets this byte, which the
-    // runtime reads before every instruction, so the device stops computing for nobody.
-    // The callback only stores a byte (no GIL), and is deregistered before `cancel` goes.
+    // its deadline): the guard's callback then sets this byte, which the runtime reads
+    // before every instruction, so the device stops computing for nobody.
     PyRef cancel(PyByteArray_FromStringAndSize(nullptr, 1));
     if (!cancel) return StatusFromPython(name());
-    char* flag = PyByteArray_AS_STRING(cancel.get());
-    *flag = 0;
-    tensorflow::CancellationManager* cm = ctx->cancellation_manager();
-    const tensorflow::CancellationToken token =
-        cm ? cm->get_cancellation_token() : tensorflow::CancellationManager::kInvalidToken;
-    auto set_flag = [flag] { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); };
-    if (cm && !cm->RegisterCallback(token, set_flag)) {
+    CancelGuard guard(ctx, reinterpret_cast<uint8_t*>(PyByteArray_AS_STRING(cancel.get())));
+    if (!guard.started()) {
       return absl::CancelledError(Where() + "the call was cancelled before it started");
     }
     PyObject* handle = handle_.load(std::memory_order_acquire);
-    PyRef r(b->Call(b->run, handle, ins.get(), outs.get(), cm ? cancel.get() : Py_None));
-    if (cm) cm->DeregisterCallback(token);
-    return r ? absl::OkStatus() : StatusFromPython(name());
+    PyRef r(b->Call(b->run, handle, ins.get(), outs.get(), guard.flag() ? cancel.get() : Py_None));
+    if (!r) return StatusFromPython(name());
+    // The call may have moved the op off the C runtime (it fell back to TensorFlow).
+    if (native_.load(std::memory_order_acquire)) TF_RETURN_IF_ERROR(ReadNativeEntry(handle));
+    return absl::OkStatus();
   }
 
-  std::vector<std::string> input_names_, output_names_;
-  std::vector<PartialTensorShape> input_shapes_, output_shapes_;
-  DataTypeVector input_dtypes_, output_dtypes_;
-  std::vector<int64_t> input_batch_axis_, output_batch_axis_, model_config_;
-  int64_t n_external_ = 0;  // trailing string inputs: paths of external attrs
-  std::string dynamic_shapes_;  // JSON; empty: every shape is static but the batch
-  const std::string* executable_ = nullptr;  // in def(); see the constructor
-  const std::string* graph_def_ = nullptr;   // in def() too
-  bool splittable_ = false;    // other batch sizes are split into compiled ones
-  int64_t compiled_batch_ = -1;
+  NeuronOpAttrs a_;
 
   std::mutex load_mu_;                      // serializes the first load
   std::atomic<PyObject*> handle_{nullptr};  // kernel_bridge.Handle, owned
+  // Its model on the C runtime (owned by the handle, which keeps it loaded until the
+  // kernel goes, even after a fallback), or null: calls go through the bridge.
+  using ExecuteFn = decltype(&nr_execute_with);
+  std::atomic<nr_model*> native_{nullptr};
+  std::atomic<ExecuteFn> execute_{nullptr};
 };
 
 REGISTER_KERNEL_BUILDER(Name("NeuronOp").Device(tensorflow::DEVICE_CPU), NeuronOpKernel);

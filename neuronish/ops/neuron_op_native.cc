@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "neuronish_runtime.h"
@@ -53,6 +54,7 @@
 #include "tensorflow/core/public/session_options.h"
 
 #include "neuron_op_def.h"
+#include "neuron_op_attrs.h"
 
 namespace neuronish {
 namespace {
@@ -74,6 +76,13 @@ constexpr size_t kMaxDuplicates = 2, kTimeoutS = 3;
 // As kernel_bridge.DEFAULT_MAX_DUPLICATES: copies loaded when model_config does not
 // bound them, or fewer when the device has fewer core groups.
 constexpr int64_t kDefaultDuplicates = 4;
+
+bool ToDevice(DataType dt, nr_dtype* out);
+bool HasDtype(DataType dt) {
+  nr_dtype unused;
+  return ToDevice(dt, &unused);
+}
+std::string DtypeName(DataType dt) { return tensorflow::DataTypeString(dt); }
 
 bool ToDevice(DataType dt, nr_dtype* out) {
   switch (dt) {
@@ -119,12 +128,6 @@ absl::Status SharedDevice(const std::string& where, nr_device** out) {
   }
   *out = device;
   return absl::OkStatus();
-}
-
-std::string ShapeText(const TensorShape& s) {
-  std::string out = "[";
-  for (int d = 0; d < s.dims(); ++d) out += (d ? "," : "") + std::to_string(s.dim_size(d));
-  return out + "]";
 }
 
 int64_t NowNs() {
@@ -221,142 +224,27 @@ class Fallback {
 class NeuronOpNativeKernel : public OpKernel {
  public:
   explicit NeuronOpNativeKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("input_names", &input_names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_names", &output_names_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("input_shapes", &input_shapes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_shapes", &output_shapes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tin", &input_dtypes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_dtypes", &output_dtypes_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("input_batch_axis", &input_batch_axis_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("output_batch_axis", &output_batch_axis_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("model_config", &model_config_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("n_external", &n_external_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dynamic_shapes", &dynamic_shapes_));
-    // Borrowed from the kernel's own NodeDef (it lives as long as the kernel): an
-    // executable may be hundreds of MB.
-    auto it = def().attr().find("executable");
-    OP_REQUIRES(ctx, it != def().attr().end(),
-                absl::InvalidArgumentError(Where() + "has no executable attr"));
-    executable_ = &it->second.s();
-    auto gd = def().attr().find("graph_def");  // for the fallback; borrowed too
-    OP_REQUIRES(ctx, gd != def().attr().end(),
-                absl::InvalidArgumentError(Where() + "has no graph_def attr"));
-    graph_def_ = &gd->second.s();
-    if (dynamic_shapes_.empty()) OP_REQUIRES_OK(ctx, CheckAttrs());
+    OP_REQUIRES_OK(ctx, a_.Read(ctx, DtypeTable{HasDtype, DtypeName}));
   }
 
   ~NeuronOpNativeKernel() override { nr_model_unload(model_.load()); }
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES(ctx, dynamic_shapes_.empty(),
+    OP_REQUIRES(ctx, a_.dynamic_shapes.empty(),
                 absl::UnimplementedError(
                     Where() + "has free dimensions (dynamic_shapes), which only the Python "
                     "host runs for now: it compiles an executable for each new shape. Serve "
                     "this model from Python, or compile it with static shapes"));
     int64_t batch = -1;
-    OP_REQUIRES_OK(ctx, CheckInputs(ctx, &batch));
+    OP_REQUIRES_OK(ctx, a_.CheckInputs(ctx, &batch));
     OP_REQUIRES_OK(ctx, EnsureLoaded(ctx));
-    std::vector<Tensor*> outputs(output_shapes_.size());
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      TensorShape shape;
-      output_shapes_[i].AsTensorShape(&shape);  // fully defined: CheckAttrs
-      if (batch >= 0 && output_batch_axis_[i] >= 0) shape.set_dim(output_batch_axis_[i], batch);
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, shape, &outputs[i]));
-    }
+    std::vector<Tensor*> outputs;
+    OP_REQUIRES_OK(ctx, a_.AllocateOutputs(ctx, batch, &outputs));
     OP_REQUIRES_OK(ctx, Run(ctx, outputs));
   }
 
  private:
-  std::string Where() const { return "NeuronOp '" + name() + "': "; }
-  int NumTensorInputs() const { return static_cast<int>(input_dtypes_.size()); }
-
-  // The attrs must agree among themselves; EnsureLoaded checks them against the executable.
-  absl::Status CheckAttrs() {
-    const size_t n_in = input_dtypes_.size(), n_out = output_dtypes_.size();
-    if (input_names_.size() != n_in || input_shapes_.size() != n_in ||
-        input_batch_axis_.size() != n_in || output_names_.size() != n_out ||
-        output_shapes_.size() != n_out || output_batch_axis_.size() != n_out) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(), "attribute lists disagree in length: Tin ", n_in, ", input_names ",
-          input_names_.size(), ", input_shapes ", input_shapes_.size(), ", input_batch_axis ",
-          input_batch_axis_.size(), "; output_dtypes ", n_out, ", output_names ",
-          output_names_.size(), ", output_shapes ", output_shapes_.size(),
-          ", output_batch_axis ", output_batch_axis_.size(),
-          ". Build the node with neuronish.neuron_op.neuron_op_node_def"));
-    }
-    auto check = [&](const char* kind, const std::vector<std::string>& names,
-                     const DataTypeVector& dtypes, const std::vector<PartialTensorShape>& shapes,
-                     const std::vector<int64_t>& axes) -> absl::Status {
-      for (size_t i = 0; i < names.size(); ++i) {
-        const std::string what = absl::StrCat(Where(), kind, " '", names[i], "' ");
-        nr_dtype unused;
-        if (!ToDevice(dtypes[i], &unused)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, "has dtype ", tensorflow::DataTypeString(dtypes[i]),
-              ", which the device does not have"));
-        }
-        if (!shapes[i].IsFullyDefined()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, "has shape ", shapes[i].DebugString(), "; compiled shapes are static"));
-        }
-        if (axes[i] < -1 || axes[i] >= shapes[i].dims()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, "has batch axis ", axes[i], " outside [-1, ", shapes[i].dims(), ")"));
-        }
-      }
-      return absl::OkStatus();
-    };
-    TF_RETURN_IF_ERROR(
-        check("input", input_names_, input_dtypes_, input_shapes_, input_batch_axis_));
-    TF_RETURN_IF_ERROR(
-        check("output", output_names_, output_dtypes_, output_shapes_, output_batch_axis_));
-    // As in the runtime: other batch sizes are split only when every batched input
-    // was compiled with the same batch.
-    for (size_t i = 0; i < n_in; ++i) {
-      if (input_batch_axis_[i] < 0) continue;
-      const int64_t b = input_shapes_[i].dim_size(input_batch_axis_[i]);
-      if (compiled_batch_ == -1) {
-        compiled_batch_ = b;
-        splittable_ = true;
-      } else if (b != compiled_batch_) {
-        splittable_ = false;
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // Ranks and sizes against the compiled shapes (dtypes are enforced by Tin); sets the
-  // call's batch, or leaves -1 when the compiled shapes apply as they are. The runtime
-  // checks again; this gives TensorFlow's names and the output shapes to allocate.
-  absl::Status CheckInputs(OpKernelContext* ctx, int64_t* batch) const {
-    int first = -1;
-    for (int i = 0; i < NumTensorInputs(); ++i) {
-      const TensorShape& got = ctx->input(i).shape();
-      const PartialTensorShape& want = input_shapes_[i];
-      const int axis = splittable_ ? static_cast<int>(input_batch_axis_[i]) : -1;
-      bool ok = got.dims() == want.dims();
-      for (int d = 0; ok && d < got.dims(); ++d) {
-        ok = d == axis || got.dim_size(d) == want.dim_size(d);
-      }
-      if (!ok) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Where(), "input '", input_names_[i], "' has shape ", ShapeText(got),
-            "; expected ", want.DebugString(),
-            axis >= 0 ? absl::StrCat(" (any size on batch axis ", axis, ")") : std::string(),
-            ". Feed the shape the model was compiled for, or recompile it for this one"));
-      }
-      if (axis < 0) continue;
-      if (first < 0) {
-        first = i;
-        *batch = got.dim_size(axis);
-      } else if (got.dim_size(axis) != *batch) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            Where(), "inputs disagree on the batch size: '", input_names_[first], "' has ",
-            *batch, ", '", input_names_[i], "' has ", got.dim_size(axis)));
-      }
-    }
-    return absl::OkStatus();
-  }
+  const std::string& Where() const { return a_.where; }
 
   static bool IsExternal(const std::string& value) {
     return value.compare(0, sizeof kExternalPrefix - 1, kExternalPrefix) == 0;
@@ -382,8 +270,8 @@ class NeuronOpNativeKernel : public OpKernel {
     }
     const std::string file = digest + (std::strcmp(what, "executable") == 0 ? ".neff" : ".pb");
     std::vector<std::string> fed;
-    for (int k = 0; k < n_external_; ++k) {
-      const Tensor& t = ctx->input(NumTensorInputs() + k);
+    for (int k = 0; k < a_.n_external; ++k) {
+      const Tensor& t = ctx->input(a_.NumTensorInputs() + k);
       if (t.dims() != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             Where(), "external_files[", k, "] must be a scalar path, got shape ",
@@ -436,8 +324,8 @@ class NeuronOpNativeKernel : public OpKernel {
       }
       return absl::OkStatus();
     };
-    TF_RETURN_IF_ERROR(check(NR_INPUT, "input", input_names_, input_dtypes_));
-    return check(NR_OUTPUT, "output", output_names_, output_dtypes_);
+    TF_RETURN_IF_ERROR(check(NR_INPUT, "input", a_.input_names, a_.input_dtypes));
+    return check(NR_OUTPUT, "output", a_.output_names, a_.output_dtypes);
   }
 
   // Loads the executable on the first call (external_files are inputs, so not before);
@@ -449,9 +337,9 @@ class NeuronOpNativeKernel : public OpKernel {
     nr_device* device = nullptr;
     TF_RETURN_IF_ERROR(SharedDevice(Where(), &device));
     std::string path;
-    if (IsExternal(*executable_)) {
+    if (IsExternal(*a_.executable)) {
       // A missing or damaged asset is the device's problem, not the subgraph's.
-      const absl::Status found = ExternalPath(ctx, *executable_, "executable", &path);
+      const absl::Status found = ExternalPath(ctx, *a_.executable, "executable", &path);
       if (!found.ok()) {
         if (!FallbackEnabled()) return found;
         TF_RETURN_IF_ERROR(StartFallback(ctx, found));
@@ -459,7 +347,7 @@ class NeuronOpNativeKernel : public OpKernel {
         return absl::OkStatus();
       }
     }
-    const int64_t bound = model_config_.size() > kMaxDuplicates ? model_config_[kMaxDuplicates]
+    const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
                                                                 : -1;
     // As many copies as asked (or the default), fewer, down to one, if the device's
     // core groups cannot hold them (too few groups, or too little free memory), as the
@@ -468,7 +356,7 @@ class NeuronOpNativeKernel : public OpKernel {
     nr_status s = NR_DEVICE_ERROR;
     nr_model* model = nullptr;
     for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
-      s = path.empty() ? nr_model_load_bytes(device, executable_->data(), executable_->size(),
+      s = path.empty() ? nr_model_load_bytes(device, a_.executable->data(), a_.executable->size(),
                                              static_cast<uint32_t>(dups), &model, error,
                                              sizeof error)
                        : nr_model_load_file(device, path.c_str(), static_cast<uint32_t>(dups),
@@ -494,9 +382,9 @@ class NeuronOpNativeKernel : public OpKernel {
   }
 
   absl::Status MakeFallback(OpKernelContext* ctx, std::unique_ptr<Fallback>* out) const {
-    if (!IsExternal(*graph_def_)) return Fallback::Make(Where(), *graph_def_, out);
+    if (!IsExternal(*a_.graph_def)) return Fallback::Make(Where(), *a_.graph_def, out);
     std::string path;
-    TF_RETURN_IF_ERROR(ExternalPath(ctx, *graph_def_, "graph_def", &path));
+    TF_RETURN_IF_ERROR(ExternalPath(ctx, *a_.graph_def, "graph_def", &path));
     std::ifstream f(path, std::ios::binary);
     std::ostringstream bytes;
     bytes << f.rdbuf();
@@ -527,41 +415,41 @@ class NeuronOpNativeKernel : public OpKernel {
                            int64_t deadline_ns, const volatile uint8_t* cancel) {
     const std::string where = Where();
     int64_t batch = -1;
-    for (int i = 0; i < NumTensorInputs() && splittable_; ++i) {
-      if (input_batch_axis_[i] >= 0) batch = ctx->input(i).dim_size(input_batch_axis_[i]);
+    for (int i = 0; i < a_.NumTensorInputs() && a_.splittable; ++i) {
+      if (a_.input_batch_axis[i] >= 0) batch = ctx->input(i).dim_size(a_.input_batch_axis[i]);
     }
-    const int64_t size = batch < 0 ? -1 : compiled_batch_;
-    std::vector<std::pair<std::string, Tensor>> feeds(NumTensorInputs());
+    const int64_t size = batch < 0 ? -1 : a_.compiled_batch;
+    std::vector<std::pair<std::string, Tensor>> feeds(a_.NumTensorInputs());
     std::vector<Tensor> results;
     for (int64_t start = 0; size < 0 || start < batch; start += size) {
       const int64_t n = size < 0 ? -1 : std::min(size, batch - start);
-      for (int i = 0; i < NumTensorInputs(); ++i) {
+      for (int i = 0; i < a_.NumTensorInputs(); ++i) {
         const Tensor& x = ctx->input(i);
-        feeds[i].first = input_names_[i];
-        if (n < 0 || input_batch_axis_[i] < 0 || (n == batch && batch == size)) {
+        feeds[i].first = a_.input_names[i];
+        if (n < 0 || a_.input_batch_axis[i] < 0 || (n == batch && batch == size)) {
           feeds[i].second = x;
           continue;
         }
         TensorShape shape = x.shape();
-        shape.set_dim(input_batch_axis_[i], size);
+        shape.set_dim(a_.input_batch_axis[i], size);
         Tensor chunk(x.dtype(), shape);
-        CopyRows(x, static_cast<int>(input_batch_axis_[i]), start, n, &chunk);
+        CopyRows(x, static_cast<int>(a_.input_batch_axis[i]), start, n, &chunk);
         feeds[i].second = std::move(chunk);
       }
-      TF_RETURN_IF_ERROR(fallback_->RunChunk(where, feeds, output_names_, deadline_ns, cancel,
+      TF_RETURN_IF_ERROR(fallback_->RunChunk(where, feeds, a_.output_names, deadline_ns, cancel,
                                              &results));
       for (size_t o = 0; o < outputs.size(); ++o) {
         Tensor* out = outputs[o];
-        const int axis = static_cast<int>(output_batch_axis_[o]);
+        const int axis = static_cast<int>(a_.output_batch_axis[o]);
         if (results[o].dtype() != out->dtype()) {
           return absl::InternalError(absl::StrCat(where, "(on TensorFlow) output '",
-                                                  output_names_[o], "' came as ",
+                                                  a_.output_names[o], "' came as ",
                                                   DataTypeString(results[o].dtype())));
         }
         if (n < 0 || axis < 0) {
           if (results[o].shape() != out->shape()) {
             return absl::InternalError(absl::StrCat(
-                where, "(on TensorFlow) output '", output_names_[o], "' has shape ",
+                where, "(on TensorFlow) output '", a_.output_names[o], "' has shape ",
                 ShapeText(results[o].shape()), "; its attr says ", ShapeText(out->shape())));
           }
           std::memcpy(const_cast<char*>(out->tensor_data().data()),
@@ -573,7 +461,7 @@ class NeuronOpNativeKernel : public OpKernel {
         want.set_dim(axis, size);
         if (results[o].shape() != want) {
           return absl::InternalError(absl::StrCat(
-              where, "(on TensorFlow) output '", output_names_[o], "' has shape ",
+              where, "(on TensorFlow) output '", a_.output_names[o], "' has shape ",
               ShapeText(results[o].shape()), "; expected ", ShapeText(want)));
         }
         int64_t outer = 1, inner = DataTypeSize(out->dtype());
@@ -591,62 +479,59 @@ class NeuronOpNativeKernel : public OpKernel {
   }
 
   absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
-    // nr_tensor views of TensorFlow's buffers (no copies); dims kept alive alongside.
-    std::vector<std::vector<int64_t>> dims;
-    dims.reserve(NumTensorInputs() + outputs.size());
-    auto view = [&dims](const Tensor& t, const std::string& name, DataType dt) {
-      dims.emplace_back(t.dims());
-      for (int d = 0; d < t.dims(); ++d) dims.back()[d] = t.dim_size(d);
-      nr_tensor v;
-      v.name = name.c_str();
-      ToDevice(dt, &v.dtype);
-      v.rank = dims.back().size();
-      v.shape = dims.back().data();
+    // nr_tensor views of TensorFlow's buffers (no copies); their dims in one array,
+    // sized first so the pointers into it stay put. Inlined: no heap on the call's path.
+    const int n_in = a_.NumTensorInputs();
+    size_t ranks = 0;
+    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
+    for (const Tensor* t : outputs) ranks += t->dims();
+    absl::InlinedVector<int64_t, 32> dims(ranks);
+    absl::InlinedVector<nr_tensor, 8> views(n_in + outputs.size());
+    int64_t* next = dims.data();
+    auto view = [&next](const Tensor& t, const std::string& name, DataType dt, nr_tensor* v) {
+      v->name = name.c_str();
+      ToDevice(dt, &v->dtype);
+      v->rank = t.dims();
+      v->shape = next;
+      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
       const auto bytes = t.tensor_data();
-      v.data = const_cast<char*>(bytes.data());
-      v.bytes = bytes.size();
-      return v;
+      v->data = const_cast<char*>(bytes.data());
+      v->bytes = bytes.size();
     };
-    std::vector<nr_tensor> ins, outs;
-    for (int i = 0; i < NumTensorInputs(); ++i) {
-      ins.push_back(view(ctx->input(i), input_names_[i], input_dtypes_[i]));
+    for (int i = 0; i < n_in; ++i) {
+      view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i], &views[i]);
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
-      outs.push_back(view(*outputs[i], output_names_[i], output_dtypes_[i]));
+      view(*outputs[i], a_.output_names[i], a_.output_dtypes[i], &views[n_in + i]);
     }
     nr_execute_options options{0, nullptr};
-    const int64_t timeout_s = model_config_.size() > kTimeoutS ? model_config_[kTimeoutS] : -1;
+    const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
     if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
     // A caller may give up on the call (TF Serving cancels a request's run at its
-    // deadline): TensorFlow's cancellation callback sets this byte, which the runtime
-    // reads before each instruction, stage and chunk. Deregistered before it goes.
+    // deadline): the guard's callback sets this byte, which the runtime reads before
+    // each instruction, stage and chunk.
     volatile uint8_t cancelled = 0;
-    tensorflow::CancellationManager* cm = ctx->cancellation_manager();
-    tensorflow::CancellationToken token = tensorflow::CancellationManager::kInvalidToken;
-    if (cm) {
-      token = cm->get_cancellation_token();
-      if (!cm->RegisterCallback(token, [&cancelled] {
-            __atomic_store_n(const_cast<uint8_t*>(&cancelled), 1, __ATOMIC_RELEASE);
-          })) {
-        return absl::CancelledError(Where() + "the call was cancelled before it started");
-      }
-      options.cancel = &cancelled;
+    CancelGuard guard(ctx, &cancelled);
+    if (!guard.started()) {
+      return absl::CancelledError(Where() + "the call was cancelled before it started");
     }
-    absl::Status result = Execute(ctx, ins, outs, outputs, options);
-    if (cm) cm->DeregisterCallback(token);
-    return result;
+    options.cancel = guard.flag();
+    return Execute(ctx, views.data(), n_in, views.data() + n_in, outputs, options);
   }
 
   // On the device; or on TensorFlow, when the device refused the executable or fails
   // this call with an engine error (a later call tries the device again).
-  absl::Status Execute(OpKernelContext* ctx, const std::vector<nr_tensor>& ins,
-                       const std::vector<nr_tensor>& outs, const std::vector<Tensor*>& outputs,
+  absl::Status Execute(OpKernelContext* ctx, const nr_tensor* ins, size_t n_in,
+                       const nr_tensor* outs, const std::vector<Tensor*>& outputs,
                        const nr_execute_options& options) {
     nr_model* model = model_.load(std::memory_order_acquire);
     if (!model) return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
     char error[kErrorSize];
-    const nr_status s = nr_execute_with(model, ins.data(), ins.size(), outs.data(), outs.size(),
-                                        &options, error, sizeof error);
+    const nr_status s = nr_execute_with(model, ins, n_in, outs, outputs.size(), &options, error,
+                                        sizeof error);
+    // (Before any message is built: on success `error` was never written, and building
+    // one cost every call a few string allocations.)
+    if (s == NR_OK) return absl::OkStatus();
     const absl::Status failed = FromRuntime(s, Where(), error);
     if (s != NR_EXECUTION_ERROR || !FallbackEnabled()) return failed;
     if (!fallback_ready_.load(std::memory_order_acquire)) {
@@ -656,16 +541,7 @@ class NeuronOpNativeKernel : public OpKernel {
     return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
   }
 
-  std::vector<std::string> input_names_, output_names_;
-  std::vector<PartialTensorShape> input_shapes_, output_shapes_;
-  DataTypeVector input_dtypes_, output_dtypes_;
-  std::vector<int64_t> input_batch_axis_, output_batch_axis_, model_config_;
-  int64_t n_external_ = 0;      // trailing string inputs: paths of external attrs
-  std::string dynamic_shapes_;  // JSON; refused for now (Compute)
-  const std::string* executable_ = nullptr;  // in def(); see the constructor
-  const std::string* graph_def_ = nullptr;   // in def() too
-  bool splittable_ = false;  // other batch sizes are split into compiled ones
-  int64_t compiled_batch_ = -1;
+  NeuronOpAttrs a_;
 
   std::mutex load_mu_;                      // serializes the first load and the fallback's
   std::atomic<bool> ready_{false};          // loaded, on the device or the fallback

@@ -44,6 +44,13 @@ class ExecuteOptions(ctypes.Structure):
     _fields_ = [("deadline_ns", ctypes.c_int64), ("cancel", ctypes.c_void_p)]
 
 
+class CopyInfo(ctypes.Structure):
+    _fields_ = [("cores", ctypes.POINTER(ctypes.c_int32)),
+                ("bytes_per_core", ctypes.POINTER(ctypes.c_uint64)),
+                ("num_cores", ctypes.c_size_t), ("runs", ctypes.c_uint64),
+                ("busy_ns", ctypes.c_uint64)]
+
+
 class CoreInfo(ctypes.Structure):
     _fields_ = [("core", ctypes.c_int32), ("used", ctypes.c_uint64), ("total", ctypes.c_uint64)]
 
@@ -69,6 +76,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_model_executable": ([vp], vp),
         "nr_model_batch_size": ([vp], ctypes.c_int64),
         "nr_model_duplicates": ([vp], sz),
+        "nr_model_copy": ([vp, sz, ctypes.POINTER(CopyInfo)], ctypes.c_int),
         "nr_execute": ([vp, ctypes.POINTER(Tensor), sz, ctypes.POINTER(Tensor), sz, err, sz],
                        ctypes.c_int),
         "nr_execute_with": ([vp, ctypes.POINTER(Tensor), sz, ctypes.POINTER(Tensor), sz,
@@ -197,6 +205,17 @@ class Model:
             return None
         _check(self.lib, status, None)
         return [ints[i] for i in range(n.value)], [floats[i] for i in range(nf.value)]
+
+    def copies(self) -> list[tuple[list[int], list[int], int, int]]:
+        """Each copy's (cores, bytes per core, runs, busy ns): nr_model_copy."""
+        out = []
+        for k in range(self.lib.nr_model_duplicates(self.handle) if self.handle else 0):
+            info = CopyInfo()
+            _check(self.lib, self.lib.nr_model_copy(self.handle, k, ctypes.byref(info)), None)
+            n = info.num_cores
+            out.append(([info.cores[i] for i in range(n)],
+                        [info.bytes_per_core[i] for i in range(n)], info.runs, info.busy_ns))
+        return out
 
     def unload(self) -> None:
         if self.handle:

@@ -100,6 +100,18 @@ int64_t nr_model_batch_size(const nr_model *model) { return model ? model->model
 
 size_t nr_model_duplicates(const nr_model *model) { return model ? model->model->duplicates() : 0; }
 
+nr_status nr_model_copy(const nr_model *model, size_t index, nr_copy_info *info) {
+  static_assert(sizeof(int) == sizeof(int32_t), "core ids are handed out as int32_t");
+  if (!model || !info || index >= model->model->duplicates()) return NR_INVALID_ARGUMENT;
+  const nr::Copy &copy = model->model->copy(index);
+  info->cores = reinterpret_cast<const int32_t *>(copy.reservation.cores.data());
+  info->bytes_per_core = copy.reservation.bytes_per_core.data();
+  info->num_cores = copy.reservation.cores.size();
+  info->runs = copy.runs.load(std::memory_order_relaxed);
+  info->busy_ns = copy.busy_ns.load(std::memory_order_relaxed);
+  return NR_OK;
+}
+
 nr_status nr_execute(nr_model *model, const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
                      size_t num_outputs, char *error, size_t error_size) {
   if (!model) return report(NR_INVALID_ARGUMENT, "model is NULL", error, error_size);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <exception>
 #include <cstdlib>
 #include <cstring>
@@ -216,7 +217,13 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
   size_t k = take_copy(cutoff);
   struct GiveBack {
     Model *m; size_t k;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
     ~GiveBack() {
+      Copy &c = *m->copies_[k];  // (counted whether the run succeeded or not, as in Python)
+      c.runs.fetch_add(1, std::memory_order_relaxed);
+      c.busy_ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - start).count()),
+                          std::memory_order_relaxed);
       { std::lock_guard<std::mutex> lock(m->idle_mu_); m->idle_.push_back(k); }
       m->idle_cv_.notify_one();
     }

@@ -8,6 +8,7 @@
 // idle copy, then for each stage of it in turn (a mutex per stage: a core runs one call
 // at a time) and for its share of the host's CPUs.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -27,6 +28,9 @@ struct Copy {
   std::mutex arenas_mu;
   std::vector<void *> arenas;  // idle arenas (one per stage: calls in flight at once)
   std::vector<void *> all_arenas;
+  // Telemetry (nr_model_copy): runs of its program and their wall time.
+  std::atomic<uint64_t> runs{0};
+  std::atomic<uint64_t> busy_ns{0};
   ~Copy();
 };
 

@@ -171,6 +171,19 @@ NR_API const nr_executable *nr_model_executable(const nr_model *model);
 NR_API int64_t nr_model_batch_size(const nr_model *model);
 NR_API size_t nr_model_duplicates(const nr_model *model);
 
+/* One copy (duplicate) of a loaded model: where it is and what it has done, for device
+ * telemetry (`neuronish ls/top`). The pointers stay valid while the model is loaded; the
+ * counters only grow. */
+typedef struct nr_copy_info {
+  const int32_t *cores;            /* its core group */
+  const uint64_t *bytes_per_core;  /* the device memory it holds on each of those cores */
+  size_t num_cores;
+  uint64_t runs;     /* runs of its program: each a compiled-batch chunk of some call */
+  uint64_t busy_ns;  /* their wall time, from taking the copy to giving it back */
+} nr_copy_info;
+/* Copy `index` (< nr_model_duplicates) of the model; NR_INVALID_ARGUMENT when out of range. */
+NR_API nr_status nr_model_copy(const nr_model *model, size_t index, nr_copy_info *info);
+
 /* Run the model. `inputs` in signature order, each of its dtype and shape, except that
  * on its batch axis (nr_tensor_info.batch_axis >= 0, when nr_model_batch_size >= 0) every
  * batched input may have any size B, the same for all. `outputs` are caller-owned buffers

@@ -150,7 +150,8 @@ def test_one_core_failing_leaves_the_op_on_its_other_duplicate(compiled: tuple[s
     """Two duplicates (on cores 0 and 1): core 1 failing retires one; every call still
     runs on the device, nothing falls back."""
     src, model_dir = compiled
-    r = _run(model_dir, tmp_path, "1", NEURONISH_NUM_CORES="2")
+    # (failing a core is the Python runtime's simulation: get_device().fail_core)
+    r = _run(model_dir, tmp_path, "1", NEURONISH_NUM_CORES="2", NEURONISH_KERNEL="python")
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     for batch, want in _expected(src, tmp_path).items():
@@ -166,7 +167,7 @@ def test_core_failing_at_run_time_falls_back_to_tensorflow(compiled: tuple[str, 
     """The first call runs on the device; then the cores under both duplicates fail, and
     the next calls (a split batch, then the compiled one) are computed on TensorFlow."""
     src, model_dir = compiled
-    r = _run(model_dir, tmp_path, "1,0", NEURONISH_NUM_CORES="2")
+    r = _run(model_dir, tmp_path, "1,0", NEURONISH_NUM_CORES="2", NEURONISH_KERNEL="python")
     _check_fell_back(r, src, tmp_path, "core 0 failed (simulated hardware error)", calls=2)
     assert json.loads(r.stdout.strip().splitlines()[-1])["before_failure"] == {}
 
@@ -174,7 +175,8 @@ def test_core_failing_at_run_time_falls_back_to_tensorflow(compiled: tuple[str, 
 def test_core_failing_at_run_time_with_fallback_off_is_an_error(
         compiled: tuple[str, Path], tmp_path: Path) -> None:
     _, model_dir = compiled
-    r = _run(model_dir, tmp_path, "1,0", NEURONISH_NUM_CORES="2", NEURONISH_FALLBACK="0")
+    r = _run(model_dir, tmp_path, "1,0", NEURONISH_NUM_CORES="2", NEURONISH_FALLBACK="0",
+             NEURONISH_KERNEL="python")
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert list(got["outs"]) == ["1"] and got["counts"] == {} and not got["warnings"]

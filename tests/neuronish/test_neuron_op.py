@@ -219,6 +219,9 @@ def _buffer_address(t: tf.Tensor) -> int:
 
 
 def test_inputs_and_outputs_cross_without_copies(dense, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (the Python runtime's path, whose internals this watches; the C runtime's: see
+    # test_neuron_op_c_runtime.py)
+    monkeypatch.setenv("NEURONISH_KERNEL", "python")
     _, _, node, _ = dense
     seen = {}
     run = kernel_bridge.run
@@ -276,11 +279,15 @@ def _device_used() -> int:
     return sum(m["used"] for m in get_device().memory_report().values())
 
 
-def test_a_kernel_collected_by_a_thread_holding_a_runtime_lock_does_not_hang(dense) -> None:
+def test_a_kernel_collected_by_a_thread_holding_a_runtime_lock_does_not_hang(
+        dense, monkeypatch: pytest.MonkeyPatch) -> None:
     """TensorFlow destroys kernels wherever their function is garbage-collected. Seen:
     the telemetry thread, mid-snapshot under its lock, collected a NeuronOp function; the
     kernel's unload wanted that lock again (a hang), and every thread then waited for
     TensorFlow's function-library lock. Unloads are now queued."""
+    # (the Python runtime's telemetry lock and device memory; the C runtime's own lock is
+    # not held by Python code)
+    monkeypatch.setenv("NEURONISH_KERNEL", "python")
     from neuronish.runtime import telemetry
 
     g, _, node, _ = dense
@@ -289,6 +296,7 @@ def test_a_kernel_collected_by_a_thread_holding_a_runtime_lock_does_not_hang(den
     f = neuron_function(g, node, [tf.TensorSpec([None, 16], tf.float32)])
     f(tf.constant(rows(2)))  # loaded, so tracked by telemetry
     gc.collect()
+    assert kernel_bridge.wait_for_unloads(timeout=30)  # (earlier tests' queued unloads)
     before_drop = _device_used()
     holder: list = [f]
     f = None
@@ -306,9 +314,14 @@ def test_a_kernel_collected_by_a_thread_holding_a_runtime_lock_does_not_hang(den
     assert _device_used() < before_drop  # and the model was still unloaded
 
 
-def test_loads_once_per_op_even_when_first_called_concurrently_and_unloads(dense) -> None:
+def test_loads_once_per_op_even_when_first_called_concurrently_and_unloads(
+        dense, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (the Python runtime's path, whose internals this watches; the C runtime's: see
+    # test_neuron_op_c_runtime.py)
+    monkeypatch.setenv("NEURONISH_KERNEL", "python")
     g, exe, node, _ = dense
     gc.collect()  # earlier tests' functions (and their loaded models) go first
+    assert kernel_bridge.wait_for_unloads(timeout=30)  # (queued unloads too)
     before = _device_used()
     f = neuron_function(g, node, [tf.TensorSpec([None, 16], tf.float32)])
     barrier = threading.Barrier(8)
@@ -602,6 +615,9 @@ def test_model_config_timeout_is_each_calls_deadline(dense, monkeypatch) -> None
     """timeout_s in model_config bounds a call on the device: past it, the call ends with
     TensorFlow's DEADLINE_EXCEEDED (never a fallback to TensorFlow), and the op keeps
     working for calls that fit."""
+    # (the Python runtime's path, whose internals this watches; the C runtime's: see
+    # test_neuron_op_c_runtime.py)
+    monkeypatch.setenv("NEURONISH_KERNEL", "python")
     from neuronish.runtime.program import LoadedProgram
 
     g, exe, *_ = dense

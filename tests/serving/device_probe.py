@@ -32,6 +32,10 @@ HOLD = 4242.0
 def install(path: str) -> None:
     from neuronish import kernel_bridge
 
+    # The probe watches kernel_bridge.run, which the kernel calls only for ops on the
+    # Python runtime: a model the C runtime loads is run by the kernel itself.
+    os.environ["NEURONISH_KERNEL"] = "python"
+
     original = kernel_bridge.run
     lock = threading.Lock()
 

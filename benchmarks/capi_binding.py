@@ -1,0 +1,269 @@
+"""Issue 25's figures in one run: the NeuronOp on the C runtime (no GIL) against the same
+op through the Python runtime and against TensorFlow, in one Python process.
+
+    python benchmarks/capi_binding.py [--rounds 5] [--chain 100] [--skip-c-host]
+
+1. Latency. A 16x16 MatMul + Relu at batch 1 (weights scaled so values stay finite),
+   compiled at batch 1; a tf.function chains `--chain` calls (y feeds the next x), so
+   TensorFlow's executor, not Python, makes the calls: per-call time = chain time /
+   chain. Three setups of one graph: the compiled SavedModel with its NeuronOp on the
+   C runtime (the default), the same loaded with NEURONISH_KERNEL=python (every call
+   takes the GIL and goes through kernel_bridge.py), and TensorFlow on the original.
+   Then examples/c/latency.py (TensorFlow's C API host, native op library), unless
+   --skip-c-host.
+2. Concurrency. The same chained tiny model and a small CNN (two 3x3 convolutions,
+   pooling, a dense layer; 8 independent calls per tf.function), called by 1 and by 8
+   Python threads of this process: throughput ratio 8 callers / 1.
+3. Pipelining, at the runtime level: four chained 64x1024 @ 1024x1024 matmuls compiled
+   with pipeline_cores=2 on a 2-core device (one host thread per core, group size 2)
+   against the same graph compiled for one core on a 1-core group (groups `1,1`, one
+   copy), 8 caller threads: throughput ratio, on the C runtime (ctypes releases the GIL
+   for each call; the stages hand off in C++) and on the Python runtime.
+
+Every figure is the median over rounds, the setups alternating round by round; outputs
+are checked first. Prints the load average before and after and the CPU flags that
+matter: on a shared machine the ratios are indicative only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _median_rate(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Each fn runs one round and returns its figure; alternated, medians."""
+    got: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        for key in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            got[key].append(fns[key]())
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def _threads_rate(call: Callable[[], None], callers: int, seconds: float) -> float:
+    """Calls per second of `callers` threads calling `call` back to back for `seconds`."""
+    stop = time.perf_counter() + seconds
+    counts = [0] * callers
+
+    def work(i: int) -> None:
+        while time.perf_counter() < stop:
+            call()
+            counts[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(callers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def _save_and_compile(tf, module, tmp: Path, name: str, batch: int) -> tuple[str, str]:  # noqa: ANN001
+    import neuronish.saved_model
+
+    src, out = tmp / f"{name}-src", tmp / f"{name}-compiled"
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    neuronish.saved_model.compile(str(src), str(out), batch_size=batch, minimum_segment_size=1)
+    return str(src), str(out)
+
+
+_KEEP: list = []
+
+
+def _signature(tf, path: str, kernel: str):  # noqa: ANN001, ANN202
+    """The SavedModel's serving signature, its NeuronOps loaded (first call) with
+    NEURONISH_KERNEL=`kernel`."""
+    os.environ["NEURONISH_KERNEL"] = kernel
+    loaded = tf.saved_model.load(path)
+    _KEEP.append(loaded)  # (its variables must outlive the signature)
+    return loaded.signatures["serving_default"]
+
+
+def tiny_and_cnn(args: argparse.Namespace, tmp: Path) -> None:
+    import tensorflow as tf
+
+    import neuronish  # noqa: F401 - registers the NeuronOp
+
+    rng = np.random.default_rng(0)
+
+    class Tiny(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable((rng.standard_normal((16, 16)) * 0.35).astype(np.float32))
+            self.__call__ = tf.function(
+                lambda x: {"y": tf.nn.relu(tf.matmul(x, self.w))},
+                input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+
+    class Cnn(tf.Module):
+        def __init__(self) -> None:
+            def var(*shape: int) -> tf.Variable:
+                return tf.Variable((rng.standard_normal(shape) * 0.1).astype(np.float32))
+            self.k1, self.k2, self.w = var(3, 3, 3, 32), var(3, 3, 32, 64), var(16 * 16 * 64, 10)
+
+            def f(x):  # noqa: ANN001, ANN202
+                h = tf.nn.relu(tf.nn.conv2d(x, self.k1, 1, "SAME"))
+                h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+                h = tf.nn.relu(tf.nn.conv2d(h, self.k2, 1, "SAME"))
+                h = tf.nn.max_pool2d(h, 2, 2, "VALID")
+                return {"y": tf.matmul(tf.reshape(h, [-1, 16 * 16 * 64]), self.w)}
+            self.__call__ = tf.function(
+                f, input_signature=[tf.TensorSpec([None, 64, 64, 3], tf.float32, name="x")])
+
+    tiny_src, tiny_out = _save_and_compile(tf, Tiny(), tmp, "tiny", 1)
+    cnn_src, cnn_out = _save_and_compile(tf, Cnn(), tmp, "cnn", 1)
+    x = tf.constant(rng.standard_normal((1, 16)).astype(np.float32))
+    img = tf.constant(rng.standard_normal((1, 64, 64, 3)).astype(np.float32))
+
+    def chained(sig, n: int):  # noqa: ANN001, ANN202
+        @tf.function(autograph=False)
+        def run(v):  # noqa: ANN001, ANN202
+            for _ in range(n):
+                v = sig(x=v)["y"]
+            return v
+        return run
+
+    def fanned(sig, n: int):  # noqa: ANN001, ANN202
+        @tf.function(autograph=False)
+        def run(v):  # noqa: ANN001, ANN202
+            return tf.add_n([sig(x=v)["y"] for _ in range(n)])
+        return run
+
+    tiny = {"C runtime": _signature(tf, tiny_out, "native"),
+            "Python runtime": _signature(tf, tiny_out, "python"),
+            "TensorFlow": _signature(tf, tiny_src, "native")}
+    cnn = {"C runtime": _signature(tf, cnn_out, "native"),
+           "Python runtime": _signature(tf, cnn_out, "python"),
+           "TensorFlow": _signature(tf, cnn_src, "native")}
+    os.environ.pop("NEURONISH_KERNEL")
+    tiny_fns = {k: chained(s, args.chain) for k, s in tiny.items()}
+    cnn_fns = {k: fanned(s, 8) for k, s in cnn.items()}
+    want_t, want_c = tiny_fns["TensorFlow"](x).numpy(), cnn_fns["TensorFlow"](img).numpy()
+    for k in tiny:
+        np.testing.assert_allclose(tiny_fns[k](x).numpy(), want_t, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(cnn_fns[k](img).numpy(), want_c, rtol=1e-3, atol=1e-3)
+    import gc
+
+    from neuronish import kernel_bridge
+
+    paths = sorted({("C" if h.native_entry else "Python") for h in gc.get_objects()
+                    if isinstance(h, kernel_bridge.Handle)})
+    print(f"outputs match TensorFlow (chain of {args.chain}: max |d| within 1e-4); "
+          f"NeuronOps loaded on: {', '.join(paths)} runtime(s)")
+
+    def per_call(fn) -> Callable[[], float]:  # noqa: ANN001
+        def one() -> float:
+            fn(x)
+            t = time.perf_counter()
+            for _ in range(args.calls):
+                fn(x)
+            return (time.perf_counter() - t) / (args.calls * args.chain) * 1e6
+        return one
+
+    lat = _median_rate({k: per_call(f) for k, f in tiny_fns.items()}, args.rounds)
+    print(f"\n1. tiny model (16x16 matmul + relu, batch 1), per NeuronOp call in a chain of "
+          f"{args.chain}, {args.calls} chains x {args.rounds} rounds:")
+    for k, us in lat.items():
+        print(f"   {k:<15} {us:7.2f} us  ({us / lat['TensorFlow']:.2f}x TensorFlow)")
+
+    print(f"\n2. concurrency: throughput of 8 caller threads / 1, {args.seconds} s per round")
+    for label, fns, arg, per in (("tiny (chain)", tiny_fns, x, args.chain),
+                                 ("small CNN (8 calls)", cnn_fns, img, 8)):
+        rates = _median_rate({f"{k}|{n}": (lambda f=f, n=n, a=arg, p=per: _threads_rate(
+            lambda: f(a), n, args.seconds) * p) for k, f in fns.items() for n in (1, 8)},
+            args.rounds)
+        for k in fns:
+            one, eight = rates[f"{k}|1"], rates[f"{k}|8"]
+            print(f"   {label:<20} {k:<15} 1 caller {one:9.0f} calls/s, 8 callers {eight:9.0f}"
+                  f" calls/s: {eight / one:.2f}x")
+
+
+def pipeline(args: argparse.Namespace) -> None:
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    from neuronish.cc.compiler import compile_graph
+    from neuronish.runtime import Device, load
+    from neuronish.runtime.capi import binding
+    from neuronish.runtime.config import DeviceConfig
+
+    rng = np.random.default_rng(0)
+    ws = [tf.constant((rng.standard_normal((1024, 1024)) / 32).astype(np.float32))
+          for _ in range(4)]
+
+    @tf.function(input_signature=[tf.TensorSpec([64, 1024], tf.float32, name="x")])
+    def chain(x):  # noqa: ANN001, ANN202
+        for w in ws:
+            x = tf.matmul(x, w)
+        return tf.identity(x, name="y")
+
+    graph = convert_variables_to_constants_v2(chain.get_concrete_function()).graph
+    io = {"inputs": {"x:0": [[64, 1024], "float32"]}, "outputs": ["y:0"]}
+    x = rng.standard_normal((64, 1024)).astype(np.float32)
+    want = chain(x).numpy()
+    lib = binding.load_library()
+    setups: dict[str, Callable[[], None]] = {}
+    for label, cores, groups in (("1 core", 1, "1,1"), ("pipelined 2", 2, "2")):
+        exe = compile_graph(graph.as_graph_def().SerializeToString(), io, pipeline_cores=cores)
+        env = {"NEURONISH_NUM_CORES": "2", "NEURONISH_CORE_GROUP_SIZES": groups,
+               "NEURONISH_CORE_THREADS": "1"}
+        os.environ.update(env)  # the C device reads them when it opens
+        cmodel = binding.Model(binding.Device(lib), exe)
+        pymodel = load(exe, device=Device(DeviceConfig.from_env(env)))
+        for m in (cmodel.run([x])[0], pymodel.run({"x:0": x})["y:0"]):
+            np.testing.assert_allclose(m, want, rtol=1e-3, atol=1e-3)
+        setups[f"C runtime|{label}"] = lambda m=cmodel: m.run([x])
+        setups[f"Python runtime|{label}"] = lambda m=pymodel: m.run({"x:0": x})
+    rates = _median_rate({k: (lambda f=f: _threads_rate(f, 8, args.seconds))
+                          for k, f in setups.items()}, args.rounds)
+    print("\n3. four 64x1024 @ 1024x1024 matmuls, 2-core device, 1 host thread per core, "
+          "8 callers (outputs match TensorFlow):")
+    for rt in ("C runtime", "Python runtime"):
+        one, two = rates[f"{rt}|1 core"], rates[f"{rt}|pipelined 2"]
+        print(f"   {rt:<15} 1 core {one:8.1f} calls/s, pipelined on 2 {two:8.1f} calls/s: "
+              f"{two / one:.2f}x")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--chain", type=int, default=100)
+    p.add_argument("--calls", type=int, default=30, help="chains per latency round")
+    p.add_argument("--seconds", type=float, default=2.0, help="per throughput round")
+    p.add_argument("--skip-c-host", action="store_true")
+    args = p.parse_args()
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() \
+        else set()
+    print("cpu flags:", " ".join(sorted(f for f in flags if f.startswith(("avx512f", "amx",
+                                                                            "avx512_")))))
+    print("cpus:", os.cpu_count(), " load average before:", os.getloadavg())
+    with tempfile.TemporaryDirectory(prefix="neuronish-capi-binding-") as tmp:
+        tiny_and_cnn(args, Path(tmp))
+    pipeline(args)
+    if not args.skip_c_host:
+        print("\n4. the C host (examples/c/latency.py: TF C API, native op library):")
+        r = subprocess.run([sys.executable, str(ROOT / "examples" / "c" / "latency.py"),
+                            "--runs", "3"], capture_output=True, text=True)
+        print("   " + "\n   ".join(line for line in r.stdout.splitlines()
+                                   if "us" in line) if r.returncode == 0 else r.stderr[-2000:])
+    print("\nload average after:", os.getloadavg())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
