@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "engine_api.h"
+#include "engine_threads.h"
 #include "isa_table.h"
 
 namespace nr {
@@ -264,9 +265,14 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
     } else if (!host.acquire(width, [&] { return cutoff->stopped(); })) {
       cutoff->check("while it waited for the host's CPUs (busy with other calls)");
     }
-    int64_t rc = ne_run(stage->engine, 0, stage->count, copy.program->first_call_slot, ptrs.data(),
-                        int64_t(ptrs.size()), cutoff ? reinterpret_cast<const char *>(const_cast<const uint8_t *>(cutoff->cancel)) : nullptr,
-                        cutoff ? cutoff->deadline : 0.0, err, sizeof err);
+    auto run = [&]() -> int64_t {
+      return ne_run(stage->engine, 0, stage->count, copy.program->first_call_slot, ptrs.data(),
+                    int64_t(ptrs.size()),
+                    cutoff ? reinterpret_cast<const char *>(const_cast<const uint8_t *>(cutoff->cancel)) : nullptr,
+                    cutoff ? cutoff->deadline : 0.0, err, sizeof err);
+    };
+    // (a stage of one-thread instructions opens no parallel region: no hand-over)
+    int64_t rc = stage->width > 1 ? EngineThreads::call(run) : run();
     host.release(width);
     if (rc > 0) {
       cutoff->check("while its instructions ran");  // (throws: the engine saw it)
