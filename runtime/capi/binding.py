@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..native import library as engine_library
 from . import library
 
 # nr_dtype's order (neuronish_runtime.h)
@@ -56,6 +57,7 @@ class CoreInfo(ctypes.Structure):
 
 
 def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    engine_library.set_wait_policy()  # (the C runtime links the engine and its libgomp)
     lib = ctypes.CDLL(str(library.build(extra_flags)))
     vp, sz, err = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
     pvp = ctypes.POINTER(vp)

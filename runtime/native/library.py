@@ -113,6 +113,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ne_impl.restype = i64
 
 
+def set_wait_policy() -> None:
+    """The short spin above, unless the user chose a wait policy: call it before anything
+    that links libgomp (this engine, the C runtime) is loaded, since libgomp reads it then."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+
+
 def load() -> ctypes.CDLL | None:
     """The engine library, built and loaded once per process; None if it cannot be."""
     global _lib, _why_not, _tried
@@ -121,8 +128,7 @@ def load() -> ctypes.CDLL | None:
     with _lock:
         if not _tried:
             try:
-                if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-                    os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+                set_wait_policy()
                 path = build()
                 lib = ctypes.CDLL(str(path))
                 _declare(lib)
