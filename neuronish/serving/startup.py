@@ -67,12 +67,17 @@ def labelled_device_loads(servable: Servable, meta_graph: meta_graph_pb2.MetaGra
         yield False
         return
     from neuronish.runtime import get_device
+    from neuronish.runtime.capi import native_model
 
     device = get_device()
+
+    def loaded() -> list[object]:  # on the Python runtime or on the C runtime
+        return [*device.loaded_models(), *native_model.loaded_models()]
+
     with _LOADING:
-        before = {id(m) for m in device.loaded_models()}
+        before = {id(m) for m in loaded()}
         yield True
-        for model in device.loaded_models():
+        for model in loaded():
             if id(model) not in before:
                 node = getattr(model, "label", None) or ""
                 model.label = f"{servable.name}:{servable.version} {node.rsplit('/', 1)[-1]}"

@@ -18,6 +18,7 @@ import ctypes
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -93,6 +94,12 @@ def raise_from(error: Exception) -> None:
     raise error
 
 
+def loaded_models() -> list[NativeModel]:
+    """The models loaded on this process's C device (a server labels those its warm-up
+    loaded, as it does the Python device's)."""
+    return list(_loaded)
+
+
 class NativeModel:
     """An executable loaded on the C device; runs with the Python runtime's signature."""
 
@@ -108,6 +115,7 @@ class NativeModel:
         self._telemetry = telemetry.get_telemetry()
         if self._telemetry is not None:
             self._telemetry.track_native(self)
+        _loaded.add(self)
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
         """Each copy's (cores, bytes per core, runs, busy ns), from the C runtime."""
@@ -132,6 +140,7 @@ class NativeModel:
             raise  # (unreachable: raise_from raises)
 
     def unload(self) -> None:
+        _loaded.discard(self)
         if self._telemetry is not None:
             self._telemetry.untrack_native(self)  # (first: a snapshot reads its copies)
         self._model.unload()
@@ -159,3 +168,6 @@ def load(data: bytes | memoryview, want_duplicates: int, label: str = "") -> Nat
                        "Python runtime", label, e)
             return None
     return None
+
+
+_loaded: weakref.WeakSet[NativeModel] = weakref.WeakSet()

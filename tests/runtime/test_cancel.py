@@ -173,7 +173,9 @@ def test_a_cancel_flag_must_be_a_writable_byte() -> None:
 
 def test_tensorflow_cancelling_a_call_reaches_the_device(monkeypatch) -> None:  # noqa: ANN001
     """The NeuronOp kernel registers with the call's CancellationManager: cancelling the
-    TF call sets the flag the device reads, and the call fails CANCELLED."""
+    TF call sets the flag the device reads, and the call fails CANCELLED. (On the Python
+    runtime, whose kernel_bridge.run this holds; the C runtime's call reads the same flag.)"""
+    monkeypatch.setenv("NEURONISH_KERNEL", "python")
     g = dense_relu(batch=4)
     exe = compile_graph(g.graph_def, g.io_config)
     f = neuron_function(g, neuron_op_node_def("neuron_op_0", ["x:0"], exe, g.graph_def),
