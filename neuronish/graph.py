@@ -301,12 +301,7 @@ class Graph:
         self._unlink(self.nodes.pop(name))
         del self.graph_def.node[next(i for i, n in enumerate(self.graph_def.node)
                                      if n.name == name)]
-        node = self.graph_def.node.add(name=name, op=op)
-        node.input.extend(inputs)
-        self.nodes[name] = node
-        self._link(node)
-        self._edited()
-        return node
+        return self.add_node(name, op, inputs)  # the name is free again: just removed
 
     def adopt(self, other: Graph | graph_pb2.GraphDef) -> None:
         """Become `other` (a GraphDef, indexed anew, or a Graph, its indexes taken over):
