@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.graph import Graph, PartitionError, needed_nodes
+from neuronish.graph import Graph, PartitionError
 from neuronish.shape_inference import shapes
 from neuronish.shape_inference.shapes import infer_once
 
@@ -89,7 +89,7 @@ def test_each_edit_is_seen_by_the_next_lookup() -> None:
     assert "a" not in graph.nodes and "a" not in graph.order
     assert [n.name for n in graph.graph_def.node] == ["x", "k", "b", "c", "d"]
     _same_indexes(graph)
-    assert needed_nodes(graph.nodes, ["d"]) == {"x", "k", "b", "c", "d"}
+    assert graph.needed(["d"]) == {"x", "k", "b", "c", "d"}
 
 
 def test_a_rename_reaches_every_reader_and_keeps_the_order() -> None:
