@@ -33,7 +33,7 @@ from neuronish.graph import (
     parse_input,
     producer,
 )
-from neuronish.shape_inference.shapes import batched_inputs, infer
+from neuronish.shape_inference.shapes import batched_inputs, infer, placeholder_name
 from neuronish.shape_inference.values import static_values
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
@@ -158,7 +158,7 @@ def _trip_counts(graph: Graph, loops: list[node_def_pb2.NodeDef],
     shapes and one batch larger (the compiled program serves every batch), and at most
     MAX_STEPS."""
     batched = batched_inputs(graph.graph_def)
-    bigger = {k: [d + 1 if i == 0 and (k[:-2] if k.endswith(":0") else k) in batched else d
+    bigger = {k: [d + 1 if i == 0 and placeholder_name(k) in batched else d
                   for i, d in enumerate(v)] for k, v in input_shapes.items()}
     trips = {}
     for node in loops:

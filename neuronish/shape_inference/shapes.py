@@ -97,8 +97,9 @@ def _elements(tensor: tensor_pb2.TensorProto) -> int:
     return count
 
 
-def _node_name(key: str) -> str:
-    # input_shapes may be keyed by node ("x") or by tensor ("x:0").
+def placeholder_name(key: str) -> str:
+    """The Placeholder an `input_shapes` key names: by node ("x") or by its one tensor
+    ("x:0"); any other spelling is kept, so that it names no Placeholder and is refused."""
     return key[:-2] if key.endswith(":0") else key
 
 
@@ -119,7 +120,7 @@ def infer(
     strings.stand_in(patched)
     inputs = _input_names(graph_def)  # not the weights _light_copy made Placeholders
     for key, shape in input_shapes.items():
-        name = _node_name(key)
+        name = placeholder_name(key)
         if name not in inputs:
             raise PartitionError(
                 f"input_shapes names {key!r}, but the graph has no Placeholder of that name; "
@@ -179,7 +180,7 @@ def shapes_at_batch(
 
     Placeholders missing from `input_shapes` take their GraphDef shape.
     """
-    given = {_node_name(k): list(v) for k, v in input_shapes.items()}
+    given = {placeholder_name(k): list(v) for k, v in input_shapes.items()}
     batched = batched_inputs(graph_def)
     shapes: dict[str, list[int | None]] = {}
     for node in graph_def.node:
