@@ -36,6 +36,8 @@ from neuronish.shape_inference.stand_ins import const, replace_with_fill
 
 Shape = tuple[int | None, ...] | None
 
+STANDS_IN_FOR = frozenset({"TensorListStack"})  # `pin` changes nothing in a graph without
+
 # Ops a list may pass through in the body between the loop's argument and its result.
 _PASS = frozenset({"Identity", "IdentityN"})
 
@@ -47,7 +49,7 @@ def pin(graph: Graph, shapes: Mapping[str, Shape]) -> bool:
     functions = {f.signature.name: f for f in graph.graph_def.library.function}
     changed = False
     for node in list(graph.graph_def.node):
-        if node.op != "TensorListStack" or _known(shapes.get(f"{node.name}:0")):
+        if node.op not in STANDS_IN_FOR or _known(shapes.get(f"{node.name}:0")):
             continue
         found = _reserved_list(node, graph.nodes, functions, shapes)
         if found is None:

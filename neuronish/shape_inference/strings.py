@@ -21,6 +21,7 @@ from neuronish.graph import Graph, producer
 from neuronish.shape_inference.stand_ins import concat, const, replace_with_fill, vector
 
 SPLIT_OPS = frozenset({"StringSplitV2"})
+STANDS_IN_FOR = SPLIT_OPS | {"RaggedTensorToTensor"}  # `stand_in` changes nothing else
 
 
 def stand_in(graph: Graph) -> None:
