@@ -114,7 +114,7 @@ def constant(array: np.ndarray, name: str = "", owned: bool = False) -> Value:
     if not _immutable(array):
         array = np.array(array, copy=True)
         array.flags.writeable = False
-    return Value(TensorType(tuple(int(d) for d in array.shape), dtype_name), data=array,
+    return Value(TensorType(array.shape, dtype_name), data=array,  # (ints: numpy's shape)
                  name=name)
 
 

@@ -102,9 +102,13 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     """Remove nodes none of whose outputs reach a graph output."""
     live = {v.id for v in graph.outputs}
     kept: list[Node] = []
-    for node in reversed(graph.nodes):
-        if any(o.id in live for o in node.outputs):
-            kept.append(node)
-            live.update(v.id for v in node.inputs)
+    add = live.add
+    for node in reversed(graph.nodes):  # (loops, not generators: 200,000 nodes, twice)
+        for o in node._outputs:
+            if o.id in live:
+                kept.append(node)
+                for v in node._inputs:
+                    add(v.id)
+                break
     graph.nodes = kept[::-1]
     return graph
