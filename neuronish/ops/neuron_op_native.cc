@@ -479,31 +479,13 @@ class NeuronOpNativeKernel : public OpKernel {
   }
 
   absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
-    // nr_tensor views of TensorFlow's buffers (no copies); their dims in one array,
-    // sized first so the pointers into it stay put. Inlined: no heap on the call's path.
     const int n_in = a_.NumTensorInputs();
-    size_t ranks = 0;
-    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
-    for (const Tensor* t : outputs) ranks += t->dims();
-    absl::InlinedVector<int64_t, 32> dims(ranks);
-    absl::InlinedVector<nr_tensor, 8> views(n_in + outputs.size());
-    int64_t* next = dims.data();
-    auto view = [&next](const Tensor& t, const std::string& name, DataType dt, nr_tensor* v) {
-      v->name = name.c_str();
-      ToDevice(dt, &v->dtype);
-      v->rank = t.dims();
-      v->shape = next;
-      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
-      const auto bytes = t.tensor_data();
-      v->data = const_cast<char*>(bytes.data());
-      v->bytes = bytes.size();
-    };
-    for (int i = 0; i < n_in; ++i) {
-      view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i], &views[i]);
-    }
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      view(*outputs[i], a_.output_names[i], a_.output_dtypes[i], &views[n_in + i]);
-    }
+    const CallViews call(ctx, a_, outputs, [](DataType dt) {
+      nr_dtype d = NR_FLOAT32;
+      ToDevice(dt, &d);  // (the attrs were checked against HasDtype)
+      return d;
+    });
+    const nr_tensor* views = call.views.data();
     nr_execute_options options{0, nullptr};
     const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
     if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
@@ -516,7 +498,7 @@ class NeuronOpNativeKernel : public OpKernel {
       return absl::CancelledError(Where() + "the call was cancelled before it started");
     }
     options.cancel = guard.flag();
-    return Execute(ctx, views.data(), n_in, views.data() + n_in, outputs, options);
+    return Execute(ctx, views, n_in, views + n_in, outputs, options);
   }
 
   // On the device; or on TensorFlow, when the device refused the executable or fails
