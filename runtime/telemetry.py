@@ -103,8 +103,10 @@ class Telemetry:
         self._lock = threading.Lock()
         self._publishing = threading.Lock()  # see publish
         self._models: dict[int, _ModelCounters] = {}  # id(model) -> counters
-        # id(model) -> (its id here, the model, loaded at): models on the C runtime
-        self._native: dict[int, tuple[int, object, float]] = {}
+        # What telemetry adds to each model on the C runtime: (its id here, loaded at).
+        # Which models are loaded is native_model.loaded_models()'s to say, not ours.
+        self._native: weakref.WeakKeyDictionary[object, tuple[int, float]] = \
+            weakref.WeakKeyDictionary()
         self._ids = itertools.count()
         self._core_busy: dict[int, float] = {}
         self._device: object = None
@@ -128,15 +130,16 @@ class Telemetry:
         from .device import get_device
 
         with self._lock:
-            self._native[id(model)] = (next(self._ids), model, time.time())
+            self._native[model] = (next(self._ids), time.time())
             if self._device is None:
                 self._device = get_device()
             self._start()
 
     def untrack_native(self, model: object) -> None:
-        """Before a C-runtime model unloads: after this no snapshot reads it."""
+        """Before a C-runtime model unloads, after it left native_model.loaded_models():
+        a snapshot reading it (under the lock) finishes first, and none reads it after."""
         with self._lock:
-            self._native.pop(id(model), None)
+            self._native.pop(model, None)
 
     def _start(self) -> None:  # (under self._lock)
         if self._thread is None:
@@ -205,8 +208,11 @@ class Telemetry:
                                "inferences": m.inferences,
                                "busy_seconds": m.busy_seconds + in_flight,
                                "loaded_at": m.loaded_at})
-            for model_id, model, loaded_at in self._native.values():
-                models.append(self._native_record(model_id, model, loaded_at, core_busy))
+            from .capi.native_model import loaded_models
+
+            for model in loaded_models():
+                if (extra := self._native.get(model)) is not None:
+                    models.append(self._native_record(*extra, model, core_busy))
             device = self._device
         config = device.config  # type: ignore[attr-defined]
         memory = device.memory_report()  # type: ignore[attr-defined] (C models' memory too)
@@ -223,7 +229,7 @@ class Telemetry:
         }
 
     @staticmethod
-    def _native_record(model_id: int, model: object, loaded_at: float,
+    def _native_record(model_id: int, loaded_at: float, model: object,
                        core_busy: dict[int, float]) -> dict:
         """A C-runtime model's entry of the snapshot; adds its copies' busy time to their
         cores'. (Under the lock: it cannot be unloaded meanwhile.)"""

@@ -140,9 +140,9 @@ class NativeModel:
             raise  # (unreachable: raise_from raises)
 
     def unload(self) -> None:
-        _loaded.discard(self)
-        if self._telemetry is not None:
-            self._telemetry.untrack_native(self)  # (first: a snapshot reads its copies)
+        _loaded.discard(self)  # (first: a snapshot lists it no more, then waits for one
+        if self._telemetry is not None:  # listing it already to finish reading its copies)
+            self._telemetry.untrack_native(self)
         self._model.unload()
 
     def __repr__(self) -> str:
