@@ -92,6 +92,10 @@ class _ModelCounters:
         bridge), else its output tensor names."""
         return getattr(self.model(), "label", None) or self.default_name
 
+    def note(self) -> str:
+        """Why `runtime.load` left it on the Python runtime ("" for a NeuronOp's)."""
+        return getattr(self.model(), "runtime_note", "") or ""
+
 
 class Telemetry:
     """This process's counters; `publish` writes them, `track`/`busy` update them."""
@@ -207,7 +211,7 @@ class Telemetry:
                                "engine": m.engine, "calls": m.calls,
                                "inferences": m.inferences,
                                "busy_seconds": m.busy_seconds + in_flight,
-                               "loaded_at": m.loaded_at})
+                               "loaded_at": m.loaded_at, "note": m.note()})
             from .capi.native_model import loaded_models
 
             for model in loaded_models():
@@ -239,7 +243,9 @@ class Telemetry:
                 core_busy[core] = core_busy.get(core, 0.0) + busy_ns * 1e-9
         runs = sum(c[2] for c in copies)
         batch = max(model.batch_size, 1)  # type: ignore[attr-defined]
-        name = model.label or f"model-{model_id}"  # type: ignore[attr-defined]
+        name = (model.label  # type: ignore[attr-defined]
+                or ", ".join(s.name for s in model.outputs)[:80]  # type: ignore[attr-defined]
+                or f"model-{model_id}")
         return {"id": model_id, "name": name,
                 "core_groups": [list(c[0]) for c in copies],
                 "bytes_per_core": list(copies[0][1]) if copies else [], "batch": batch,

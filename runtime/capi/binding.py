@@ -71,6 +71,8 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_device_close": ([vp], None),
         "nr_device_num_cores": ([vp], sz),
         "nr_device_core": ([vp, sz, ctypes.POINTER(CoreInfo)], ctypes.c_int),
+        "nr_device_charge": ([vp, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64),
+                              sz, err, sz], ctypes.c_int),
         "nr_model_load": ([vp, vp, ctypes.c_uint32, pvp, err, sz], ctypes.c_int),
         "nr_model_load_bytes": ([vp, ctypes.c_char_p, sz, ctypes.c_uint32, pvp, err, sz],
                                 ctypes.c_int),
@@ -115,6 +117,15 @@ class Device:
             _check(self.lib, self.lib.nr_device_core(self.handle, k, ctypes.byref(info)), None)
             out[info.core] = (info.used, info.total)
         return out
+
+    def charge(self, deltas: dict[int, int]) -> None:
+        """Bytes held (positive) or given back (negative) per core by models this device
+        does not run (nr_device_charge): all or nothing."""
+        n = len(deltas)
+        cores = (ctypes.c_int32 * max(n, 1))(*deltas.keys())
+        sizes = (ctypes.c_int64 * max(n, 1))(*deltas.values())
+        buf = ctypes.create_string_buffer(_ERR)
+        _check(self.lib, self.lib.nr_device_charge(self.handle, cores, sizes, n, buf, _ERR), buf)
 
     def close(self) -> None:
         if self.handle:

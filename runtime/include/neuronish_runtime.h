@@ -146,6 +146,16 @@ NR_API void nr_device_close(nr_device *dev);
 NR_API size_t nr_device_num_cores(const nr_device *dev);
 NR_API nr_status nr_device_core(const nr_device *dev, size_t index, nr_core_info *info);
 
+/* Device memory held on the device's cores by something other than its models: a host
+ * that runs other models on the same (simulated) device charges what they hold here, so
+ * one budget covers both (the Python runtime does, runtime/device.py). deltas[k] bytes
+ * more (positive) or fewer (negative) on core cores[k]; all or nothing:
+ * NR_OUT_OF_DEVICE_MEMORY names a core that lacks the room, NR_INVALID_ARGUMENT a core
+ * that is not visible or a refund larger than what the core holds; nothing changes then.
+ * nr_device_core's `used` counts these bytes; model loads see them as taken. */
+NR_API nr_status nr_device_charge(nr_device *dev, const int32_t *cores, const int64_t *deltas,
+                                  size_t num, char *error, size_t error_size);
+
 /* Load `exe` onto `duplicates` (>= 1) core groups of nr_executable_num_cores(exe) cores:
  * its constants are copied to device memory, every instruction is built as a native
  * engine primitive. Errors: NR_DEVICE_ERROR (too few core groups), NR_OUT_OF_DEVICE_MEMORY,
