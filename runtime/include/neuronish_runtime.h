@@ -81,6 +81,9 @@ NR_API uint32_t nr_format_version(void);
 NR_API const char *nr_dtype_name(nr_dtype dtype);
 /* A short constant description of a status ("invalid executable", ...). */
 NR_API const char *nr_status_name(nr_status status);
+/* The SHA-256 of `size` bytes at `data` (FIPS 180-4): a host checks an executable stored
+ * apart from its model against the digest that names it (neuronish/external.py). */
+NR_API void nr_sha256(const void *data, size_t size, uint8_t digest[32]);
 
 /* Load (read and validate) an executable. `data` is copied; the caller may free it on
  * return. On failure *out is NULL and, if error != NULL and error_size > 0, a
