@@ -242,7 +242,7 @@ class Telemetry:
             for core in cores:
                 core_busy[core] = core_busy.get(core, 0.0) + busy_ns * 1e-9
         runs = sum(c[2] for c in copies)
-        batch = max(model.batch_size, 1)  # type: ignore[attr-defined]
+        batch = model.batch_size or 1  # type: ignore[attr-defined]  (None: no batch axis)
         name = (model.label  # type: ignore[attr-defined]
                 or ", ".join(s.name for s in model.outputs)[:80]  # type: ignore[attr-defined]
                 or f"model-{model_id}")

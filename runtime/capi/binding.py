@@ -185,7 +185,10 @@ class Model:
         """Run on arrays in signature order; returns the outputs (allocated here unless
         given, each with the call's batch on its batch axis). `timeout` (seconds) and
         `cancel` (a bytearray(1) another thread may set) as in runtime.Model.run."""
-        arrays = [np.ascontiguousarray(x) for x in inputs]
+        # (not np.ascontiguousarray on a scalar: it returns shape [1], which the C runtime
+        # then refuses against the signature's [])
+        arrays = [a if (a := np.asarray(x)).flags.c_contiguous else np.ascontiguousarray(a)
+                  for x in inputs]
         batch = None
         for (_, _, _, axis), x in zip(self.inputs, arrays):
             if axis >= 0 and self.batch_size >= 0 and x.ndim > axis:
