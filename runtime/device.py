@@ -77,7 +77,15 @@ class Device:
                 return False
             held = {c: b for c, b in self._used.items() if b}
             if held:
-                ledger.charge(held)
+                from .capi.binding import CRuntimeError
+
+                try:  # (the C device is new when this runs: it has the room)
+                    ledger.charge(held)
+                except CRuntimeError as e:
+                    logging.getLogger(__name__).warning(
+                        "the C runtime's device cannot take this device's models' memory "
+                        "(%s): the two keep separate memory budgets", e)
+                    return False
             self._ledger = ledger
             return True
 
