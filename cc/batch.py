@@ -34,7 +34,6 @@ import numpy as np
 
 from .errors import NodeProblem
 from .graphdef import TensorRef, TFNode
-from .signature import value_key
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,15 @@ class Fact:
     # The batch is the fastest-varying part of a folded axis (entry k * B + b belongs to
     # sample b), as SpaceToBatchND leaves it; only per-image and element-wise ops keep it.
     interleaved: bool = False
+
+    def __hash__(self) -> int:
+        # Worked out once: the batch check keys a verdict by its node's input facts, once
+        # per node (a dataclass's own hash is Python code, 1.5 us for two facts).
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.kind, self.axis, self.fold, self.interleaved))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __str__(self) -> str:
         if self.kind != "sample":
@@ -517,6 +525,9 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
     return walk.problems
 
 
+_ONLY_FREE = frozenset({"free"})
+
+
 @dataclass
 class _Walk:
     """One pass over the graph in topological order, giving each tensor its fact."""
@@ -534,18 +545,19 @@ class _Walk:
     def visit(self, node: TFNode) -> None:
         refs = _node_outputs(node, self.at_batch)
         ins = [self.facts.get(r, MIXED) for r in node.inputs]
-        if node.name in self.at_next.failed and any(f.kind != "free" for f in ins):
+        kinds = {f.kind for f in ins}  # (one set, not four generators: once per node)
+        if node.name in self.at_next.failed and not kinds <= _ONLY_FREE:
             self._report(node, f"does not accept batch size {self.batch + 1} (compiled for "
                          f"{self.batch}), so chunks of another batch would fail: "
                          f"{self.at_next.failed[node.name]}")
             _set(self.facts, refs, MIXED)
-        elif any(f.kind == "mixed" for f in ins):
+        elif "mixed" in kinds:
             _set(self.facts, refs, MIXED)  # explained where it started
-        elif refs and all(self.at_batch.values.get(r) is not None for r in refs):
+        elif refs and all([self.at_batch.values.get(r) is not None for r in refs]):
             for r in refs:  # computed at compile time
                 self.facts[r] = _static_fact(self.at_batch.values[r],
                                              self.at_next.values.get(r), self.batch)
-        elif all(f.kind == "free" for f in ins):
+        elif kinds <= _ONLY_FREE:
             _set(self.facts, refs, FREE)
         else:
             self._judge(node, refs, ins)
@@ -618,13 +630,15 @@ def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[
     if any(f.interleaved for f in ins) and rule not in _KEEPS_INTERLEAVED:
         return ("its input holds the batch interleaved with image blocks (after SpaceToBatchND), "
                 "which only per-image and element-wise ops keep apart"), None, None
-    in_shapes = tuple(at_batch.shapes.get(r, ()) for r in node.inputs)
-    in_shapes_next = tuple(at_next.shapes.get(r, ()) for r in node.inputs)
-    out_shapes = tuple(at_batch.shapes.get(r) for r in refs)
-    out_shapes_next = tuple(at_next.shapes.get(r) for r in refs)
+    # (lists made tuples, not generators: this runs once per batched node)
+    shapes, shapes_next = at_batch.shapes, at_next.shapes
+    in_shapes = tuple([shapes.get(r, ()) for r in node.inputs])
+    in_shapes_next = tuple([shapes_next.get(r, ()) for r in node.inputs])
+    out_shapes = tuple([shapes.get(r) for r in refs])
+    out_shapes_next = tuple([shapes_next.get(r) for r in refs])
     # An output nothing reads decides nothing (FusedBatchNormV3's reserve spaces).
-    outputs_used = tuple(r in used for r in refs)
-    attrs = value_key(node.attr)
+    outputs_used = tuple([r in used for r in refs])
+    attrs = node.attr_key()
     key = None if attrs is None else (node.op, attrs, tuple(ins), in_shapes, in_shapes_next,
                                       out_shapes, out_shapes_next, outputs_used)
     if key is not None and (verdict := verdicts.get(key)) is not None:
@@ -686,7 +700,13 @@ def _shape_fact(shape: tuple[int, ...] | None, bigger: tuple[int, ...] | None,
     fold, rest = divmod(shape[axis], batch)
     if rest or fold < 1 or bigger[axis] != (batch + 1) * fold:
         return MIXED
-    return Fact("sample", axis, fold)
+    fact = _SAMPLES.get((axis, fold))
+    if fact is None:  # (one object per fact: verdict keys then compare by identity)
+        fact = _SAMPLES[(axis, fold)] = Fact("sample", axis, fold)
+    return fact
+
+
+_SAMPLES: dict[tuple[int, int], Fact] = {}  # (axis, fold) -> its sample fact
 
 
 def _static_fact(value: np.ndarray, bigger: np.ndarray | None, batch: int) -> Fact:

@@ -35,7 +35,7 @@ from neuronish.runtime.executable import Executable, Instruction
 from neuronish.runtime.files import FileRefused, read_json
 
 from .errors import CompilerError
-from .signature import value_key
+from .signature import attrs_key
 
 ENV_VAR = "NEURONISH_DEVICE_MODEL"
 MAX_DEVICE_MODEL_BYTES = 1 << 20  # a dozen numbers; a file past this is not one
@@ -225,7 +225,7 @@ def _cost_key(ins: Instruction, in_types: list, out_types: list, exe: Executable
     """What `_cost` depends on besides the device and the auto-cast options (the same for
     a whole executable); None if some part cannot be keyed (a list-valued shape from a
     file, an array attribute)."""
-    attrs = value_key(ins.attrs)
+    attrs = attrs_key(ins.attrs)
     if attrs is None:
         return None
     travels = tuple(v in exe.constants or v in boundary for v in (*ins.inputs, *ins.outputs))

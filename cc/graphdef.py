@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 from .errors import InvalidGraph, NodeError
 from .nogc import paused_gc
 from .proto import tf_graph_pb2 as pb
+from .signature import value_key
 
 # TF DataType enum value -> numpy dtype name. Types numpy cannot hold natively
 # (bfloat16, strings, resources, ...) map to a descriptive name and are refused
@@ -103,21 +104,38 @@ class TFNode:
     def get(self, key: str, default: object = None) -> object:
         return self.attr.get(key, default)
 
+    def attr_key(self) -> object:
+        """`value_key(self.attr)` (cc/signature.py: None if not keyable), worked out once:
+        the batch check's lowering at batch + 1 and its verdicts each ask it per node.
+        (Nothing edits a parsed node's attributes.)"""
+        key = self.__dict__.get("_attr_key", _UNKEYED)
+        if key is _UNKEYED:
+            key = self.__dict__["_attr_key"] = value_key(self.attr)
+        return key
+
+
+_UNKEYED = object()
+
 
 class BadConstant(NodeError):
     """A TensorProto that TensorFlow itself would refuse, or larger than the limits."""
 
 
 def _constant_shape(t: pb.TensorProto) -> tuple[int, ...]:
-    shape = tuple(int(d.size) for d in t.tensor_shape.dim)
+    shape = tuple([int(d.size) for d in t.tensor_shape.dim])
     if len(shape) > MAX_RANK:
         raise BadConstant(f"constant has rank {len(shape)}; TensorFlow allows at most "
                           f"{MAX_RANK}")
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise BadConstant(f"constant has shape {list(shape)}; every dim of a constant must be "
                           ">= 0 (TensorFlow refuses this TensorProto too)",
                           "export the graph again; a constant's shape is always known")
     return shape
+
+
+# TF dtype enum -> (numpy name, numpy dtype, its little-endian form): made once each
+# (numpy's dtype constructor and byte-order calls took ~5 us per constant).
+_NUMPY_DTYPES: dict[int, tuple[str, np.dtype, np.dtype]] = {}
 
 
 def tensor_to_numpy(t: pb.TensorProto | TensorValue) -> np.ndarray:
@@ -129,11 +147,16 @@ def tensor_to_numpy(t: pb.TensorProto | TensorValue) -> np.ndarray:
         t, content = t.proto, t.content
     else:
         content = t.tensor_content  # each read of the field copies it: read once
-    dtype = dtype_name(t.dtype)
-    if t.dtype not in _DTYPES:
-        raise BadConstant(f"constant of dtype {dtype} is not supported on the device")
+    enum = t.dtype
+    known = _NUMPY_DTYPES.get(enum)
+    if known is None:
+        if enum not in _DTYPES:
+            raise BadConstant(f"constant of dtype {dtype_name(enum)} is not supported on the "
+                              "device")
+        np_dtype = np.dtype(_DTYPES[enum])
+        known = _NUMPY_DTYPES[enum] = (_DTYPES[enum], np_dtype, np_dtype.newbyteorder("<"))
+    dtype, np_dtype, little_endian = known
     shape = _constant_shape(t)
-    np_dtype = np.dtype(dtype)
     count = math.prod(shape)
     nbytes = count * np_dtype.itemsize
     if nbytes > MAX_CONSTANT_BYTES:
@@ -146,7 +169,7 @@ def tensor_to_numpy(t: pb.TensorProto | TensorValue) -> np.ndarray:
                               f"tensor_content, it has {len(content)}",
                               "the GraphDef is damaged: export it again")
         # A read-only view of the bytes; converted only on a big-endian host.
-        return np.frombuffer(content, dtype=np_dtype.newbyteorder("<")).astype(
+        return np.frombuffer(content, dtype=little_endian).astype(
             np_dtype, copy=False).reshape(shape)
     # The typed fields are wider than the dtype (int_val holds int8 ... int32,
     # half_val the float16 bits); out-of-range values wrap, as C++'s casts do in TF.

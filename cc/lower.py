@@ -21,7 +21,7 @@ from .interpret import fold_node
 from .ioconfig import IOConfig, TensorSpec
 from .ir import Graph, TensorType, Value
 from .nogc import paused_gc
-from .ops.registry import LOWERINGS, LowerCtx, value_key
+from .ops.registry import LOWERINGS, LowerCtx
 
 _NAMES_HINT = ("tensor names are '<node name>:<output index>'; check the spelling against "
                "the GraphDef's node names")
@@ -417,7 +417,7 @@ def _same_lowering_key(node: TFNode, ins: list[Value | None],
 
     `weights_by_type`: weights (`_WatchedConst`) by their type instead, which a lowering
     that did not look at their values (`_WatchedConst.looks` unchanged) depends on alone."""
-    attrs = value_key(node.attr)
+    attrs = node.attr_key()
     if attrs is None:
         return None
     parts = []

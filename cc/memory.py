@@ -127,6 +127,10 @@ def lifetimes(graph: Graph, alias: dict[int, int] | None = None) -> list[Buffer]
     return buffers
 
 
+# Ranges of positions shorter than this are read leaf by leaf, not through the tree.
+_SHORT = 4
+
+
 class _TimeIndex:
     """Placed buffers by instruction position: which are alive at one position
     (each buffer stored at the O(log n) segment-tree nodes covering its lifetime),
@@ -189,6 +193,9 @@ class _TimeIndex:
 
     def starting_count(self, lo: int, hi: int) -> int:
         """How many start in [lo, hi]."""
+        if hi - lo < _SHORT:  # (the leaves themselves: most lives are short)
+            start_count, size = self.start_count, self.size
+            return sum([start_count[size + p] for p in range(lo, hi + 1)])
         count, lo, hi = 0, lo + self.size, hi + self.size + 1
         while lo < hi:
             if lo & 1:
@@ -203,6 +210,13 @@ class _TimeIndex:
 
     def starting_in(self, lo: int, hi: int) -> list[int]:
         found: list[int] = []
+        if hi - lo < _SHORT:
+            starting = self.starting
+            for p in range(lo, hi + 1):
+                here = starting.get(p)
+                if here:
+                    found += here
+            return found
         stack = [(1, 0, self.size - 1)]
         while stack:
             node, a, b = stack.pop()

@@ -189,7 +189,11 @@ def rewrite(graph: Graph, rules: Iterable[Rule]) -> Graph:
     # Only nodes some rule could match start on the worklist: a pass whose patterns name
     # kinds and fns this graph lacks costs one cheap look per node (a 200,000-node graph
     # ran every node through the loop below in each of ~13 rewrite passes).
-    work: deque[Node] = deque([node for node in graph.nodes if lookup(node)])
+    if table.anywhere:
+        work: deque[Node] = deque([node for node in graph.nodes if lookup(node)])
+    else:  # (a set test first: most nodes are of no kind the rules name)
+        kinds = table.kinds
+        work = deque([node for node in graph.nodes if node.kind in kinds and lookup(node)])
     if not work:
         return graph
     queued = set(work)

@@ -9,7 +9,8 @@ for the rest (benchmarks/compiler_scale.py: 100,000-node graphs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Generic, Protocol, TypeVar
 
 from .ir import TensorType
@@ -41,8 +42,42 @@ def signature_key(kind: str, types: Sequence[_Typed], attrs: object) -> tuple | 
         if k is False:
             return None
         shapes.append(k)
-    attr_key = value_key(attrs)
+    attr_key = attrs_key(attrs)
     return None if attr_key is None else (kind, tuple(shapes), attr_key)
+
+
+# id(attrs) -> (attrs, its key) inside an `attrs_fixed` block, else None
+_fixed: dict[int, tuple[object, object]] | None = None
+
+
+@contextmanager
+def attrs_fixed() -> Iterator[None]:
+    """A block in which no attribute dict is edited (the final graph's, while its
+    executable is made): each dict's `value_key` is worked out once, however many of the
+    flops, the memory plan, the device model and the numpy report ask (a 100,000-node
+    graph's dicts were keyed about five times each). Each dict is held by the cache, so
+    its id is not reused by another while the block runs."""
+    global _fixed
+    outer = _fixed
+    if outer is None:
+        _fixed = {}
+    try:
+        yield
+    finally:
+        _fixed = outer
+
+
+def attrs_key(attrs: object) -> object:
+    """`value_key(attrs)`, remembered by identity inside an `attrs_fixed` block."""
+    fixed = _fixed
+    if fixed is None:
+        return value_key(attrs)
+    hit = fixed.get(id(attrs))
+    if hit is not None:
+        return hit[1]
+    key = value_key(attrs)
+    fixed[id(attrs)] = (attrs, key)
+    return key
 
 
 def _type_key(shape: object, dtype: object) -> tuple | bool:

@@ -128,6 +128,7 @@ def _body_parts(exe: Executable) -> list[bytes | memoryview]:
     # small constants); small data is copied in line, large data stays a view.
     value_key, shape_key, dtype_key, data_key = (pack(k) for k in ("value", "shape", "dtype",
                                                                    "data"))
+    packed_dtypes: dict[np.dtype, bytes] = {}  # (numpy's dtype.name is slow: once each)
     for vid, a in sorted(exe.constants.items()):
         data = _constant_data(a)
         small += b"\x84" + value_key
@@ -135,7 +136,10 @@ def _body_parts(exe: Executable) -> list[bytes | memoryview]:
         small += shape_key
         small += pack(list(a.shape))
         small += dtype_key
-        small += pack(a.dtype.name)
+        dtype = packed_dtypes.get(a.dtype)
+        if dtype is None:
+            dtype = packed_dtypes[a.dtype] = pack(a.dtype.name)
+        small += dtype
         small += data_key
         small += _bin_header(data.nbytes)
         if data.nbytes <= _INLINE_BYTES:

@@ -83,11 +83,11 @@ def _fold_one(graph: Graph, producer: Node, user: Node) -> bool:
         if not weights.is_const:
             return False
         scale = vec if fn == "mul" else (1 / vec).astype(vec.dtype)
-        weights = constant(_scale_weights(producer, scale).astype(weights.dtype))
+        weights = constant(_scale_weights(producer, scale).astype(weights.dtype), owned=True)
         bias = bias * scale
     else:
         bias = bias + vec if fn == "add" else bias - vec
-    producer.inputs = [producer.inputs[0], weights, constant(bias.astype(out.dtype))]
+    producer.inputs = [producer.inputs[0], weights, constant(bias.astype(out.dtype), owned=True)]
     producer.origin = producer.origin + tuple(o for o in user.origin if o not in producer.origin)
     graph.replace_uses(user.outputs[0], out)
     graph.remove(user)
