@@ -10,7 +10,7 @@ op through the Python runtime and against TensorFlow, in one Python process.
    C runtime (the default), the same loaded with NEURONISH_KERNEL=python (every call
    takes the GIL and goes through kernel_bridge.py), and TensorFlow on the original.
    Then examples/c/latency.py (TensorFlow's C API host, native op library), unless
-   --skip-c-host.
+   --skip-c-host (printed last, as 4).
 2. Concurrency. The same chained tiny model and a small CNN (two 3x3 convolutions,
    pooling, a dense layer; 8 independent calls per tf.function), called by 1 and by 8
    Python threads of this process: throughput ratio 8 callers / 1.
@@ -19,6 +19,10 @@ op through the Python runtime and against TensorFlow, in one Python process.
    against the same graph compiled for one core on a 1-core group (groups `1,1`, one
    copy), 8 caller threads: throughput ratio, on the C runtime (ctypes releases the GIL
    for each call; the stages hand off in C++) and on the Python runtime.
+
+5. `neuronish.runtime.load` (a binding over the C runtime): per `run` call on the C
+   runtime against the same executable loaded with runtime="python", at batch 1 and at a
+   split batch 9, and 8 caller threads / 1.
 
 Every figure is the median over rounds, the setups alternating round by round; outputs
 are checked first. Prints the load average before and after and the CPU flags that
@@ -238,6 +242,61 @@ def pipeline(args: argparse.Namespace) -> None:
               f"{two / one:.2f}x")
 
 
+def runtime_binding(args: argparse.Namespace) -> None:
+    """`neuronish.runtime.load`'s model on the C runtime (the default now) against the same
+    executable on the Python runtime: per `run` call, a tiny model at batch 1 and a split
+    call (batch 9 of a batch-1 model), and 8 caller threads / 1."""
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    from neuronish.cc.compiler import compile_graph
+    from neuronish.runtime import load
+    from neuronish.runtime.capi.native_model import NativeModel
+
+    rng = np.random.default_rng(0)
+    w = tf.constant((rng.standard_normal((16, 16)) / 4).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 16], tf.float32, name="x")])
+    def tiny(x):  # noqa: ANN001, ANN202
+        return tf.identity(tf.nn.relu(tf.matmul(x, w)), name="y")
+
+    graph = convert_variables_to_constants_v2(tiny.get_concrete_function()).graph
+    exe = compile_graph(graph.as_graph_def().SerializeToString(),
+                        {"inputs": {"x:0": [[1, 16], "float32"]}, "outputs": ["y:0"]})
+    models = {"C runtime": load(exe), "Python runtime": load(exe, runtime="python")}
+    assert isinstance(models["C runtime"], NativeModel), models["C runtime"].runtime_note
+    calls = 2000
+
+    def per_call(model, x: np.ndarray) -> Callable[[], float]:  # noqa: ANN001
+        def round_() -> float:
+            start = time.perf_counter()
+            for _ in range(calls):
+                model.run({"x:0": x})
+            return (time.perf_counter() - start) / calls * 1e6
+        return round_
+
+    print("\n5. neuronish.runtime.load's model, per run() call (us), and 8 callers / 1:")
+    for batch in (1, 9):
+        x = rng.standard_normal((batch, 16)).astype(np.float32)
+        want = tiny(x[:1]).numpy()
+        for model in models.values():
+            np.testing.assert_allclose(model.run({"x:0": x})["y:0"][:1], want, rtol=1e-4,
+                                       atol=1e-5)
+        us = _median_rate({k: per_call(m, x) for k, m in models.items()}, args.rounds)
+        print(f"   batch {batch}: " + ", ".join(f"{k} {v:.1f} us" for k, v in us.items()))
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    rates = _median_rate({f"{k}|{n}": (lambda m=m, n=n: _threads_rate(
+        lambda: m.run({"x:0": x}), n, args.seconds)) for k, m in models.items()
+        for n in (1, 8)}, args.rounds)
+    for k in models:
+        print(f"   {k:<15} 8 callers / 1: {rates[f'{k}|8'] / rates[f'{k}|1']:.2f}x "
+              f"({rates[f'{k}|1']:.0f} -> {rates[f'{k}|8']:.0f} calls/s)")
+    for model in models.values():
+        model.unload()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -255,6 +314,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="neuronish-capi-binding-") as tmp:
         tiny_and_cnn(args, Path(tmp))
     pipeline(args)
+    runtime_binding(args)
     if not args.skip_c_host:
         print("\n4. the C host (examples/c/latency.py: TF C API, native op library):")
         r = subprocess.run([sys.executable, str(ROOT / "examples" / "c" / "latency.py"),

@@ -50,9 +50,7 @@ from neuronish.freeze import VARIABLE_OPS, freeze_signature  # noqa: E402
 from neuronish.graph import (  # noqa: E402
     Graph,
     canonical,
-    data_refs,
     is_control,
-    needed_nodes,
     parse_input,
     producer,
     topological_order,
@@ -296,8 +294,9 @@ def _constant_fold(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.
     return tf_optimizer.OptimizeGraph(config, meta)
 
 
-def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef:
-    """Drop control edges, pass-through Identity nodes and dead nodes (edits in place).
+def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> Graph:
+    """Drop control edges, pass-through Identity nodes and dead nodes (edits in place);
+    returns the cleaned graph, of the nodes and `versions` only.
 
     Constant folding leaves `^x` control inputs on the constants it made from
     `Shape(x)`; the frozen graph has no stateful ops, so control edges carry
@@ -305,11 +304,15 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
     outputs are bypassed.  Both only burden the compiler.  The nodes in
     `keep` (inputs and the output Identity nodes) stay.
     """
+    for part in graph_def.DESCRIPTOR.fields:  # (the library: every call was inlined)
+        if part.name not in ("node", "versions"):
+            graph_def.ClearField(part.name)
+    graph = Graph(graph_def)
     keep_set = set(keep)
     # Identity node name -> the tensor it forwards (resolved through chains).
     forward: dict[str, str] = {}
     for node in graph_def.node:
-        data = data_refs(node)
+        data = graph.data_inputs[node.name]
         if node.op == "Identity" and node.name not in keep_set and len(data) == 1:
             forward[node.name] = data[0]
 
@@ -319,7 +322,6 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
             name, port = parse_input(forward[name])
         return f"{name}:{port}" if port else name
 
-    by_name = {n.name: n for n in graph_def.node}
     # A frozen variable is a Const named after the function's captured-input
     # placeholder ("744"): a per-process counter.  Give it the name of the
     # variable read that consumed it ("mlp_1/dense_0_1/Cast/ReadVariableOp")
@@ -332,8 +334,7 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
             ident = producer(i)
             if is_control(i) or ident not in forward:
                 continue
-            source = resolve(i)
-            const = by_name.get(source)
+            const = graph.nodes.get(resolve(i))
             if (
                 const is not None
                 and const.op == "Const"
@@ -343,23 +344,16 @@ def _clean(graph_def: graph_pb2.GraphDef, keep: list[str]) -> graph_pb2.GraphDef
             ):
                 renamed[const.name] = ident
     for node in graph_def.node:
-        data = [resolve(i) for i in data_refs(node)]
-        data = [renamed.get(i, i) for i in data]  # Const outputs are port 0: bare names
-        del node.input[:]
-        node.input.extend(data)
+        graph.set_inputs(node.name, [resolve(i) for i in graph.data_inputs[node.name]])
     # Drop the bypassed Identity nodes, then hand their names to the Consts.
-    nodes = [n for n in graph_def.node if n.name not in forward]
-    for node in nodes:
-        node.name = renamed.get(node.name, node.name)
+    graph.remove(forward)
+    graph.rename(renamed)
     # Keep only what the outputs need, plus the placeholders themselves.
-    live = needed_nodes(nodes, keep)
-    out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.node.extend(n for n in nodes if n.name in live)
-    return out
+    graph.keep_only(graph.needed(keep))
+    return graph
 
 
-def _canonical_order(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
+def _canonical_order(graph: Graph) -> graph_pb2.GraphDef:
     """Nodes in topological order, ties broken by name.
 
     The order of the frozen weights follows variable capture order, which
@@ -367,16 +361,15 @@ def _canonical_order(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     serialize to the same bytes everywhere (cache keys, golden files), and
     lets a consumer translate the graph in one forward pass.
     """
-    nodes = {n.name: n for n in graph_def.node}
     # Ties go to the first by name: the dependencies are listed in name order.
     try:
-        order = topological_order({name: {producer(i) for i in nodes[name].input} & nodes.keys()
-                                   for name in sorted(nodes)})
+        order = topological_order({name: set(graph.producers(name))
+                                   for name in sorted(graph.nodes)})
     except graphlib.CycleError as e:
         raise ValueError(f"graph has a cycle: {' -> '.join(e.args[1])}") from None
     out = graph_pb2.GraphDef()
-    out.versions.CopyFrom(graph_def.versions)
-    out.node.extend(nodes[name] for name in order)
+    out.versions.CopyFrom(graph.graph_def.versions)
+    out.node.extend(graph.nodes[name] for name in order)
     return out
 
 
@@ -431,7 +424,7 @@ def freeze_saved_model(
     keep = [producer(n) for n in in_names + out_names]
     # Cleaning before folding too halves Grappler's time on ResNet50 (the
     # ~1000 Identity nodes left by variable reads each hold up a fold).
-    gd = _constant_fold(_clean(_materialize_shapes(gd), keep), keep)
+    gd = _constant_fold(_clean(_materialize_shapes(gd), keep).graph_def, keep)
     gd = _canonical_order(_clean(gd, keep))
     assert_fully_frozen(gd)
     assert_fully_frozen(dynamic)

@@ -60,6 +60,9 @@ def format_ls(processes: list[dict]) -> str:
                          f"{str(m['core_groups'])[:16]:<16} "
                          f"{max(m['bytes_per_core']) / _MIB:9.1f} {m['calls']:>8}  "
                          f"{p['command'][:60]}")
+            if isinstance(note := m.get("note"), str) and note:  # (runtime.load's reason)
+                note = "".join(ch if ch.isprintable() else "?" for ch in note[:120])
+                lines.append(f"{'':>7}    on the Python runtime: {note}")
     return "\n".join(lines)
 
 

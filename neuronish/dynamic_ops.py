@@ -30,7 +30,7 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob
 from .errors import CompileWarning, SavedModelError
-from .graph import PartitionError
+from .graph import PartitionError, producer
 from .input_shapes import ShapePlan
 from .partition.encapsulate import Subgraph
 from .shape_inference.shapes import TensorInfo, infer
@@ -125,7 +125,7 @@ def make_dynamic(sg: Subgraph, shapes: FreeShapes, signature_inputs: Mapping[str
                       f"tensor {tensor!r} (computed from the signature's inputs)")
     graph_def = graph_pb2.GraphDef()
     graph_def.CopyFrom(sg.graph_def)
-    placeholders = {name.rsplit(":", 1)[0]: (axes, batch) for name, axes, batch in
+    placeholders = {producer(name): (axes, batch) for name, axes, batch in
                     zip(sg.input_names, input_free, sg.input_batch_axes)}
     for node in graph_def.node:
         if node.op == "Placeholder" and node.name in placeholders:

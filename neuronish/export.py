@@ -31,6 +31,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from . import external
 from .freeze import FrozenSignature, Method, drop_dangling_colocations
+from .graph import control_refs, data_refs, producer
 
 
 class _CompiledModel(tf.Module):
@@ -85,8 +86,8 @@ def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
         placeholder.attr["shape"].shape.SetInParent()  # a scalar
         graph_def.node.append(placeholder)
         # Data inputs come before control inputs ("^name") in a NodeDef.
-        data = [i for i in node.input if not i.startswith("^")]
-        control = [i for i in node.input if i.startswith("^")]
+        data = data_refs(node)
+        control = control_refs(node)
         node.ClearField("input")
         node.input.extend([*data, placeholder.name, *control])
         node.attr["n_external"].i = k + 1
@@ -120,7 +121,7 @@ def _serving_function(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
         # model keeps (module.resources), where the frozen graph has placeholders.
         present = {n.name for n in graph_def.node}
         input_map.update({r.tensor: tf.identity(r.owner.resource_handle)
-                          for r in signature.resources if r.tensor.rsplit(":", 1)[0] in present})
+                          for r in signature.resources if producer(r.tensor) in present})
         # Asset paths: TensorFlow points them at wherever the model is loaded from.
         input_map.update({name: tf.identity(asset.asset_path) for name, asset in assets.items()})
         results = tf.graph_util.import_graph_def(

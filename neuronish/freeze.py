@@ -35,8 +35,8 @@ from .errors import SavedModelError
 from .graph import (
     Graph,
     PartitionError,
+    data_refs,
     is_stateful,
-    needed_nodes,
     producer,
     rename_ref,
 )
@@ -503,7 +503,7 @@ def _drop_dead_writes(graph: Graph, outputs: list[str], writes: list[str],
         return name
 
     written = {root(graph.data_inputs[w.name][0]) for w in own if graph.data_inputs[w.name]}
-    seen = needed_nodes(nodes, outputs, control=False)  # the outputs and their data sources
+    seen = graph.needed(outputs, control=False)  # the outputs and their data sources
     gone = {w.name for w in own}
     if seen & (written | gone):
         _refuse_variable_writes(writes, what)
@@ -583,7 +583,7 @@ def _drop_ordering_edges(graph: Graph) -> None:
     for node in graph.graph_def.node:
         controls = graph.control_inputs[node.name]
         if controls:
-            refs = [i for i in node.input if not i.startswith("^")]
+            refs = data_refs(node)
             graph.set_inputs(node.name, refs + sorted({r for c in controls
                                                        for r in meaningful(c)}))
     graph.remove([name for name, node in nodes.items() if node.op == "NoOp"])
@@ -592,7 +592,7 @@ def _drop_ordering_edges(graph: Graph) -> None:
 def _keep_what_outputs_need(graph: Graph, keep: list[str]) -> None:
     """Drop, in place, the nodes no output needs, as a signature call never runs them
     (Keras leaves shape arithmetic nothing reads); the inputs in `keep` stay."""
-    graph.keep_only(needed_nodes(graph.nodes, keep))
+    graph.keep_only(graph.needed(keep))
 
 
 def _keep_called_functions(graph_def: graph_pb2.GraphDef) -> None:

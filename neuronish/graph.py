@@ -12,8 +12,9 @@ import heapq
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import op_def_registry
+from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from neuronish.contracts import INPUT_OPS
 from neuronish.errors import NeuronishError
@@ -76,38 +77,10 @@ def is_stateful(op: str) -> bool:
     return op_def is None or op_def.is_stateful
 
 
-def needed_nodes(nodes: Iterable[node_def_pb2.NodeDef] | Mapping[str, node_def_pb2.NodeDef],
-                 roots: Iterable[str], *, control: bool = True) -> set[str]:
-    """Names of the nodes `roots` need, the roots included: their ancestors through data
-    and (unless `control` is False) control edges. `nodes` is the graph's nodes, or them
-    by name; roots are node or tensor names ("n", "n:1", "^n"); names of no node are
-    ignored."""
-    by_name = nodes if isinstance(nodes, Mapping) else {n.name: n for n in nodes}
-    needed: set[str] = set()
-    todo = [producer(r) for r in roots]
-    while todo:
-        name = todo.pop()
-        if name in needed or name not in by_name:
-            continue
-        needed.add(name)
-        todo.extend(producer(i) for i in by_name[name].input if control or not is_control(i))
-    return needed
-
-
 def keep_only(graph_def: graph_pb2.GraphDef, names: Collection[str]) -> None:
     """Delete, in place, the nodes of `graph_def` not named in `names` (order kept)."""
     for i in reversed([i for i, n in enumerate(graph_def.node) if n.name not in names]):
         del graph_def.node[i]
-
-
-def drop_dead(graph_def: graph_pb2.GraphDef, fetches: Iterable[str]) -> None:
-    """Remove, in place, the nodes a rewrite left that nothing reads any more: all but
-    what `fetches` (tensor or node names) and the graph's inputs need. No fetches: the
-    graph is left as it is."""
-    keep = {producer(f) for f in fetches}
-    if keep:
-        keep_only(graph_def, needed_nodes(graph_def.node, [
-            *keep, *(n.name for n in graph_def.node if n.op in INPUT_OPS)]))
 
 
 def topological_order(dependencies: Mapping[str, Iterable[str]]) -> list[str]:
@@ -221,6 +194,22 @@ class Graph:
         """Nodes that depend on `name` directly, through data or control edges."""
         return [*self._data_readers.get(name, ()), *self._control_readers.get(name, ())]
 
+    def needed(self, roots: Iterable[str], *, control: bool = True) -> set[str]:
+        """Names of the nodes `roots` need, the roots included: their ancestors through
+        data and (unless `control` is False) control edges. Roots are node or tensor names
+        ("n", "n:1", "^n"); names of no node are ignored."""
+        needed: set[str] = set()
+        todo = [producer(r) for r in roots]
+        while todo:
+            name = todo.pop()
+            if name in needed or name not in self.nodes:
+                continue
+            needed.add(name)
+            todo.extend(producer(t) for t in self.data_inputs[name])
+            if control:
+                todo.extend(self.control_inputs[name])
+        return needed
+
     # -- editing ---------------------------------------------------------------------
 
     def add_node(self, name: str, op: str, inputs: Iterable[str] = ()) -> node_def_pb2.NodeDef:
@@ -286,11 +275,13 @@ class Graph:
         self.remove([n for n in self.nodes if n not in names])
 
     def drop_dead(self, fetches: Iterable[str]) -> None:
-        """`drop_dead` on this graph: remove what neither `fetches` nor the inputs need."""
+        """Remove the nodes a rewrite left that nothing reads any more: all but what
+        `fetches` (tensor or node names) and the graph's inputs need. No fetches: the
+        graph is left as it is."""
         keep = {producer(f) for f in fetches}
         if keep:
-            self.keep_only(needed_nodes(self.nodes, [
-                *keep, *(n for n, node in self.nodes.items() if node.op in INPUT_OPS)]))
+            self.keep_only(self.needed(
+                [*keep, *(n for n, node in self.nodes.items() if node.op in INPUT_OPS)]))
 
     def replace_node(self, name: str, op: str, inputs: Iterable[str] = ()
                      ) -> node_def_pb2.NodeDef:
@@ -301,12 +292,7 @@ class Graph:
         self._unlink(self.nodes.pop(name))
         del self.graph_def.node[next(i for i, n in enumerate(self.graph_def.node)
                                      if n.name == name)]
-        node = self.graph_def.node.add(name=name, op=op)
-        node.input.extend(inputs)
-        self.nodes[name] = node
-        self._link(node)
-        self._edited()
-        return node
+        return self.add_node(name, op, inputs)  # the name is free again: just removed
 
     def adopt(self, other: Graph | graph_pb2.GraphDef) -> None:
         """Become `other` (a GraphDef, indexed anew, or a Graph, its indexes taken over):
@@ -421,6 +407,17 @@ class Graph:
                     raise PartitionError(
                         f"node {reader.name!r} ({reader.op}) reads {ref!r}, but the graph has "
                         f"no node {source!r}; pass a complete GraphDef")
+
+
+def function_body(fdef: function_pb2.FunctionDef) -> tuple[Graph, list[str]]:
+    """A library function's body as a Graph, and the tensors it returns ("node:0"), in
+    its outputs' order. Its arguments are Placeholders named after them. A body refers to
+    a tensor by its op-def output name ("node:output:0"), which `parse_input` does not
+    take; TensorFlow's converter rewrites those references in GraphDef spelling, so the
+    rewrites and shape inference read a body with the same index and parser as the graph.
+    Raises what the converter raises (ValueError, KeyError) for a body it cannot read."""
+    graph_def, flat = function_def_to_graph_def(fdef)
+    return Graph(graph_def), [flat[fdef.ret[a.name]] for a in fdef.signature.output_arg]
 
 
 def _topological_order(

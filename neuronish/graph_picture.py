@@ -25,7 +25,7 @@ from pathlib import Path
 from tensorflow.core.framework import graph_pb2
 
 from .errors import SavedModelError
-from .graph import producer
+from .graph import control_refs, data_refs, producer
 
 TENSORFLOW = "TensorFlow"
 _VIEWER = Path(__file__).with_name("graph_picture.js")
@@ -71,8 +71,8 @@ def graph_data(graph_def: graph_pb2.GraphDef, where: Mapping[str, Where]) -> dic
     nodes = []
     for node in graph_def.node:
         w = where.get(node.name, Where(TENSORFLOW, "not placed"))
-        data_in = {producer(i) for i in node.input if not i.startswith("^")} & where.keys()
-        control = {producer(i) for i in node.input if i.startswith("^")} & where.keys()
+        data_in = {producer(i) for i in data_refs(node)} & where.keys()
+        control = {producer(i) for i in control_refs(node)} & where.keys()
         nodes.append({"name": node.name, "op": node.op, "device": w.device,
                       "reason": w.reason, "inputs": sorted(data_in),
                       "controls": sorted(control - data_in)})

@@ -20,6 +20,8 @@ import tensorflow as tf
 from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
+from neuronish.graph import control_refs, data_refs, parse_input, producer
+
 CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 # Deeper nesting than this is a function calling itself.
 _MAX_ROUNDS = 64
@@ -49,14 +51,14 @@ def inline_calls(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
     # Converting a body that calls other functions looks them up in the default graph.
     with _graph_holding(graph_def.library).as_default():
         for _ in range(_MAX_ROUNDS):
-            calls = {n.name: called_function(n, library) for n in nodes}
-            calls = {name: f for name, f in calls.items() if f is not None}
+            calls = [(n, f) for n in nodes if (f := called_function(n, library)) is not None]
             if not calls:
                 break
             nodes = _inline_round(nodes, calls, functions)
         else:
             raise InlineError(f"function calls nested deeper than {_MAX_ROUNDS} levels (a "
-                              f"function that calls itself?): {sorted(calls)[:5]}")
+                              f"function that calls itself?): "
+                              f"{sorted(n.name for n, _ in calls)[:5]}")
     position = {n.name: i for i, n in enumerate(nodes)}
     if len(position) != len(nodes):
         seen: set[str] = set()
@@ -79,28 +81,26 @@ def _graph_holding(library: function_pb2.FunctionDefLibrary) -> tf.Graph:
     return graph
 
 
-def _inline_round(nodes: list[node_def_pb2.NodeDef], calls: dict[str, str],
+def _inline_round(nodes: list[node_def_pb2.NodeDef],
+                  calls: list[tuple[node_def_pb2.NodeDef, str]],
                   functions: dict) -> list[node_def_pb2.NodeDef]:
-    """Inline one level of calls: returns the new node list."""
-    by_name = {n.name: n for n in nodes}
+    """Inline one level of calls ((call node, function name) pairs): returns the new node
+    list."""
     results: dict[str, list[str]] = {}  # call node -> the tensor behind each of its outputs
     bodies: dict[str, list[node_def_pb2.NodeDef]] = {}
-    for call, fname in calls.items():
-        node = by_name[call]
+    for node, fname in calls:
         if fname not in functions:
-            raise InlineError(f"{call} ({node.op}) calls function {fname!r}, which the graph's "
-                              "library does not hold; the SavedModel is incomplete")
-        bodies[call], results[call] = _body(node, functions[fname])
+            raise InlineError(f"{node.name} ({node.op}) calls function {fname!r}, which the "
+                              "graph's library does not hold; the SavedModel is incomplete")
+        bodies[node.name], results[node.name] = _body(node, functions[fname])
 
     def resolve(ref: str) -> list[str]:
         """A reference to a call's output -> the tensor(s) that now produce it."""
-        control = ref.startswith("^")
-        name, _, port = ref.lstrip("^").partition(":")
+        name, index = parse_input(ref)
         if name not in results:
             return [ref]
-        if control:  # wait for every result of the call
-            return sorted({"^" + t.split(":")[0] for t in results[name]})
-        index = int(port or 0)
+        if index < 0:  # a control edge: wait for every result of the call
+            return sorted({"^" + producer(t) for t in results[name]})
         if index >= len(results[name]):
             raise InlineError(f"{ref} reads output {index} of the call {name}, which returns "
                               f"{len(results[name])}")
@@ -113,7 +113,7 @@ def _inline_round(nodes: list[node_def_pb2.NodeDef], calls: dict[str, str],
             refs = [r for ref in member.input for r in resolve(ref)]
             # A tensor now produced by another call's body may itself be a call's result
             # (a call feeding a call): resolve until stable.
-            while any(r.lstrip("^").split(":")[0] in results for r in refs):
+            while any(producer(r) in results for r in refs):
                 refs = [r for ref in refs for r in resolve(ref)]
             del member.input[:]
             member.input.extend(refs)
@@ -127,8 +127,8 @@ def _body(call: node_def_pb2.NodeDef, fdef: object) -> tuple[list[node_def_pb2.N
     tensor behind each of the call's outputs."""
     name = fdef.signature.name
     body, flat = function_def_to_graph_def(fdef)
-    data_inputs = [i for i in call.input if not i.startswith("^")]
-    control_inputs = [i for i in call.input if i.startswith("^")]
+    data_inputs = data_refs(call)
+    control_inputs = control_refs(call)
     args = [a.name for a in fdef.signature.input_arg]
     if len(data_inputs) != len(args):
         raise InlineError(f"{call.name} ({call.op}) passes {len(data_inputs)} inputs to "
@@ -137,14 +137,14 @@ def _body(call: node_def_pb2.NodeDef, fdef: object) -> tuple[list[node_def_pb2.N
     prefix = call.name + "/"
 
     def rename(ref: str) -> str:
-        control = ref.startswith("^")
-        node, sep, port = ref.lstrip("^").partition(":")
+        """A body input (GraphDef spelling) -> the outer graph's."""
+        node, index = parse_input(ref)
         if node in argument:  # an argument: the caller's input tensor
             target = argument[node]
-            if port not in ("", "0"):
-                raise InlineError(f"function {name!r} reads output {port} of argument {node}")
-            return "^" + target.lstrip("^").split(":")[0] if control else target
-        return ("^" if control else "") + prefix + node + sep + port
+            if index > 0:
+                raise InlineError(f"function {name!r} reads output {index} of argument {node}")
+            return "^" + producer(target) if index < 0 else target
+        return "^" + prefix + node if index < 0 else prefix + ref
 
     nodes = []
     for node in body.node:

@@ -25,7 +25,7 @@ from dataclasses import replace
 from tensorflow.core.framework import graph_pb2
 
 from .errors import SavedModelError
-from .graph import PartitionError
+from .graph import PartitionError, canonical
 from .input_shapes import ShapePlan
 from .shape_inference.shapes import TensorInfo, infer
 
@@ -120,7 +120,7 @@ def _implied(plan: ShapePlan, graph_def: graph_pb2.GraphDef, probe: dict[str, in
         for node in graph_def.node:
             if node.op not in ("Slice", "StridedSlice") or not node.input:
                 continue
-            source = node.input[0] if ":" in node.input[0] else node.input[0] + ":0"
+            source = canonical(node.input[0])
             out = f"{node.name}:0"
             a, b = at.get(source), bigger.get(source)
             if a is None or b is None or not a.fully_known or a.shape != b.shape or \

@@ -4,10 +4,17 @@ There is one device per process (`get_device()`), configured from the
 environment (runtime/config.py). Memory is accounted per core: loading a model
 charges each core of each core group it lands on; the bytes themselves are host
 memory (numpy arrays), shared between duplicates where they are read-only.
+
+The process's device is one device with one memory limit even when models load on the
+C runtime (runtime/capi/native_model.py: `load` and the NeuronOp put models there when
+it can run them): once the C runtime's device is open, it keeps the process's ledger
+(`attach_ledger`), and this device charges its own models' memory there too, so either
+runtime sees what the other holds.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -49,16 +56,62 @@ class Device:
     def cores(self) -> tuple[int, ...]:
         return self.config.visible_cores
 
+    _ledger = None  # the C runtime's device (binding.Device) once it keeps the ledger
+
+    def attach_ledger(self, ledger) -> bool:  # ledger: binding.Device
+        """Keep this device's memory on `ledger`, the C runtime's device of the same
+        configured cores, from now on: what this device's models hold is charged there
+        (at once for those loaded already), and room is what it has free. False (and
+        separate budgets, logged) if its cores or memory differ from this device's."""
+        with self._lock:
+            if self._ledger is not None:
+                return self._ledger is ledger
+            memory = ledger.memory()
+            if set(memory) != set(self._used) or any(
+                    total != self.config.core_memory for _, total in memory.values()):
+                logging.getLogger(__name__).warning(
+                    "the C runtime's device (cores %s) is not configured as this device "
+                    "(cores %s, %d bytes each): the two keep separate memory budgets",
+                    {c: t for c, (_, t) in memory.items()}, list(self._used),
+                    self.config.core_memory)
+                return False
+            held = {c: b for c, b in self._used.items() if b}
+            if held:
+                ledger.charge(held)
+            self._ledger = ledger
+            return True
+
+    def _free(self) -> dict[int, int]:
+        """Free bytes per core, of the one budget (under self._lock)."""
+        if self._ledger is not None:
+            return {c: total - used for c, (used, total) in self._ledger.memory().items()}
+        return {c: self.config.core_memory - u for c, u in self._used.items()}
+
+    def _charge(self, deltas: dict[int, int]) -> None:
+        """Record `deltas` (bytes per core) on the ledger, if any: all or nothing (under
+        self._lock). A C model loaded meanwhile may have taken the room: OutOfDeviceMemory."""
+        if self._ledger is None or not any(deltas.values()):
+            return
+        from .capi.binding import CRuntimeError
+
+        try:
+            self._ledger.charge(deltas)
+        except CRuntimeError as e:
+            raise (OutOfDeviceMemory if e.status == 9 else DeviceError)(e.message) from None
+
     def free_bytes(self, core: int) -> int:
-        return self.config.core_memory - self._used[core]
+        with self._lock:
+            return self._free()[core]
 
     def memory_report(self) -> dict[int, dict[str, int]]:
-        """Per core: bytes in use and free. The process's device (`get_device()`) also
-        counts what models on the C runtime hold (the NeuronOp loads there when it can,
-        runtime/capi/native_model.py): its cores are the same configured cores."""
+        """Per core: bytes in use and free, of the one budget (the C runtime's models
+        included once its device keeps the ledger)."""
         with self._lock:
+            if self._ledger is not None:
+                return {c: {"used": used, "free": total - used}
+                        for c, (used, total) in self._ledger.memory().items()}
             used = dict(self._used)
-        if self is _device:
+        if self is _device:  # (a C device configured otherwise: its own budget, added)
             from .capi.native_model import device_used
 
             for core, size in device_used().items():
@@ -116,20 +169,26 @@ class Device:
                 f"{[list(g) for g in self.config.core_groups]}{failed})"
                 "; set NEURONISH_NUM_CORES / NEURONISH_CORE_GROUP_SIZES or ask for fewer")
         with self._lock:
+            free = self._free()
             fits = [g for g in groups
-                    if all(self.free_bytes(c) >= b for c, b in zip(g, bytes_per_core))]
+                    if all(free[c] >= b for c, b in zip(g, bytes_per_core))]
             if len(fits) < copies:
-                best = max(groups, key=lambda g: min(self.free_bytes(c) for c in g))
+                best = max(groups, key=lambda g: min(free[c] for c in g))
                 need = max(bytes_per_core)
                 raise OutOfDeviceMemory(
                     f"out of device memory: loading needs {need / _MIB:.1f} MiB on each core of "
                     f"{copies} core group(s); {len(fits)} group(s) have room, the freest core "
                     f"group {list(best)} has "
-                    f"{min(self.free_bytes(c) for c in best) / _MIB:.1f} MiB free of "
+                    f"{min(free[c] for c in best) / _MIB:.1f} MiB free of "
                     f"{self.config.core_memory / _MIB:.0f} MiB per core. Unload a model, load "
                     "fewer duplicates, or raise NEURONISH_CORE_MEMORY")
             # Spread load: freest groups first.
-            fits.sort(key=lambda g: -min(self.free_bytes(c) for c in g))
+            fits.sort(key=lambda g: -min(free[c] for c in g))
+            deltas: dict[int, int] = {}
+            for g in fits[:copies]:
+                for c, b in zip(g, bytes_per_core):
+                    deltas[c] = deltas.get(c, 0) + b
+            self._charge(deltas)
             out = []
             for g in fits[:copies]:
                 for c, b in zip(g, bytes_per_core):
@@ -141,14 +200,18 @@ class Device:
         """The same cores holding `bytes_per_core` instead; OutOfDeviceMemory (and the
         old reservation kept) if a core lacks the room."""
         with self._lock:
+            free = self._free()
+            deltas: dict[int, int] = {}
             for c, old, new in zip(reservation.cores, reservation.bytes_per_core,
                                    bytes_per_core):
-                if new - old > self.free_bytes(c):
+                if new - old > free[c]:
                     raise OutOfDeviceMemory(
                         f"out of device memory: the loaded model needs {new / _MIB:.1f} MiB on "
-                        f"core {c}, which has {(self.free_bytes(c) + old) / _MIB:.1f} MiB free "
+                        f"core {c}, which has {(free[c] + old) / _MIB:.1f} MiB free "
                         f"of {self.config.core_memory / _MIB:.0f} MiB. Unload a model, load "
                         "fewer duplicates, or raise NEURONISH_CORE_MEMORY")
+                deltas[c] = deltas.get(c, 0) + new - old
+            self._charge(deltas)
             for c, old, new in zip(reservation.cores, reservation.bytes_per_core,
                                    bytes_per_core):
                 self._used[c] += new - old
@@ -156,8 +219,11 @@ class Device:
 
     def release(self, reservation: Reservation) -> None:
         with self._lock:
+            deltas: dict[int, int] = {}
             for c, b in zip(reservation.cores, reservation.bytes_per_core):
                 self._used[c] -= b
+                deltas[c] = deltas.get(c, 0) - b
+            self._charge(deltas)
 
 
 _device: Device | None = None
@@ -171,6 +237,10 @@ def get_device() -> Device:
         if _device is None:
             config = DeviceConfig.from_env()
             _device = Device(config)
+            from .capi import native_model
+
+            if (ledger := native_model.opened_device()) is not None:  # (see attach_ledger)
+                _device.attach_ledger(ledger)
             # Kernel lanes are a property of the host, set by the process's device (a
             # Device built by hand, as tests do, leaves them alone).
             parallel.configure(config.kernel_threads, config.host_parallelism)

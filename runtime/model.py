@@ -8,16 +8,18 @@ model's duplicates, and the outputs are assembled and trimmed.
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import profiler, telemetry
+from .calls import Calls
 from .cutoff import Cutoff
 from .device import Device, Reservation, get_device
 from .errors import (
@@ -25,17 +27,13 @@ from .errors import (
     DeadlineExceeded,
     DeviceError,
     ExecutableError,
-    InvalidInput,
-    OutputBufferError,
 )
-from .executable import Executable, TensorSig, from_bytes, read_file
+from .executable import Executable, from_bytes, read_file
 from .native import native_library
 from .program import LoadedProgram, aligned_empty
 
-
-def _fmt(sig: TensorSig, batched: bool = True) -> str:
-    dims = [("*" if batched and i == sig.batch_axis else str(d)) for i, d in enumerate(sig.shape)]
-    return f"{sig.dtype}[{','.join(dims)}]"
+if TYPE_CHECKING:
+    from .capi.native_model import NativeModel
 
 
 def _device_copy(a: np.ndarray) -> np.ndarray:
@@ -46,46 +44,11 @@ def _device_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _as_input(sig: TensorSig, value: object) -> np.ndarray:
-    """`value` as an array of the compiled dtype, or InvalidInput naming both dtypes.
-
-    Arrays must have the compiled dtype. Other values (lists, scalars) are read with
-    numpy's own dtype first and narrowed only where no value changes: float64 → float32
-    and int64 → int32 are fine when every value fits, a float → int conversion (which
-    would truncate) never is."""
-    if isinstance(value, np.ndarray):
-        x = value
-    else:
-        try:
-            x = np.asarray(value)
-        except (TypeError, ValueError) as e:  # ragged lists, objects numpy cannot read
-            raise InvalidInput(f"input '{sig.name}' is not an array ({e}); pass a "
-                               f"{sig.dtype} array") from None
-        if x.dtype != np.dtype(sig.dtype) and _converts_exactly(x, np.dtype(sig.dtype)):
-            x = x.astype(sig.dtype)
-    if x.dtype != np.dtype(sig.dtype):
-        what = "" if isinstance(value, np.ndarray) else f" (numpy's reading of a " \
-            f"{type(value).__name__})"
-        raise InvalidInput(f"input '{sig.name}' has dtype {x.dtype}{what}; the model was "
-                           f"compiled for {sig.dtype}. Pass a {sig.dtype} array (convert it "
-                           "yourself if changing the values is intended)")
-    return x
-
-
-def _converts_exactly(x: np.ndarray, to: np.dtype) -> bool:
-    if x.dtype.kind == "b" or to.kind == "b":
-        return False
-    if x.dtype.kind in "iu" and to.kind in "iu":  # integers: every value must fit
-        info = np.iinfo(to)
-        return x.size == 0 or (int(x.min()) >= info.min and int(x.max()) <= info.max)
-    if x.dtype.kind == "f" and to.kind == "f":  # floats: rounding is fine, overflow is not
-        with np.errstate(over="ignore"):
-            return bool(np.all(np.isfinite(x.astype(to)) | ~np.isfinite(x)))
-    return x.dtype.kind in "iu" and to.kind == "f"  # ints to floats, as TensorFlow does
-
-
-class Model:
+class Model(Calls):
     """A loaded executable. `run` is safe to call from many threads at once."""
+
+    engine = "numpy"  # or "native": set when it loads
+    runtime_note = ""  # why `load` left it on the Python runtime (not the C one)
 
     def __init__(self, exe: Executable, device: Device, duplicates: int = 1):
         """`exe` as `from_bytes` returns it, which checked its consistency once (the
@@ -159,32 +122,6 @@ class Model:
         return [r.cores for r in self._reservations]
 
     # -- calls -----------------------------------------------------------------
-    def run(self, feeds: Mapping[str, object], *, timeout: float | None = None,
-            cancel: bytearray | None = None) -> dict[str, np.ndarray]:
-        """Run on a dict of input name -> array; returns output name -> array.
-
-        With `timeout` (seconds), a call that has not finished by then raises
-        DeadlineExceeded; with `cancel` (a bytearray(1) another thread may set to
-        non-zero, see runtime/cutoff.py), a call cancelled by then raises Cancelled. Either
-        way the rest of its work (instructions not started, queued chunks, later pipeline
-        stages) is abandoned; an instruction already computing finishes."""
-        if not isinstance(feeds, Mapping):
-            raise InvalidInput("inputs must be a dict of name -> array, got "
-                               f"{type(feeds).__name__}")
-        names = [s.name for s in self.inputs]
-        missing = [n for n in names if n not in feeds]
-        extra = [n for n in feeds if n not in names]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append("missing input(s) " + ", ".join(
-                    f"'{s.name}' ({_fmt(s)})" for s in self.inputs if s.name in missing))
-            if extra:
-                parts.append("unknown input(s) " + ", ".join(map(repr, extra)))
-            raise InvalidInput("; ".join(parts) + f". The model's inputs are {names}")
-        outs = self.run_list([feeds[n] for n in names], timeout=timeout, cancel=cancel)
-        return {s.name: o for s, o in zip(self.outputs, outs)}
-
     @profiler.traced_call
     def run_list(self, values: list[object], out: list[np.ndarray] | None = None, *,
                  timeout: float | None = None,
@@ -211,54 +148,6 @@ class Model:
         for dest, result in zip(out, results):
             np.copyto(dest, result, casting="no")
         return out
-
-    def _check_out(self, out: list[np.ndarray], batch: int | None) -> None:
-        if batch in (None, self.batch_size) and len(out) == len(self.outputs) and all(
-                type(o) is np.ndarray and o.dtype == dtype and o.shape == shape
-                and o.flags.c_contiguous and o.flags.writeable
-                for o, (dtype, shape) in zip(out, self._exact_outputs)):
-            return
-        if len(out) != len(self.outputs):
-            raise OutputBufferError(f"out has {len(out)} arrays; the model has {len(self.outputs)} "
-                               f"outputs {[s.name for s in self.outputs]}")
-        for sig, dest in zip(self.outputs, out):
-            shape = list(sig.shape)
-            if sig.batch_axis >= 0 and batch is not None:
-                shape[sig.batch_axis] = batch
-            if (not isinstance(dest, np.ndarray) or list(dest.shape) != shape
-                    or dest.dtype != np.dtype(sig.dtype) or not dest.flags.c_contiguous
-                    or not dest.flags.writeable):
-                got = (f"{dest.dtype}{list(dest.shape)}" if isinstance(dest, np.ndarray)
-                       else type(dest).__name__)
-                raise OutputBufferError(f"out array for output '{sig.name}' is {got}; expected a "
-                                   f"writable C-contiguous {sig.dtype}{shape}")
-
-    def _validate(self, values: list[object]) -> tuple[list[np.ndarray], int | None]:
-        if len(values) == len(self.inputs) and all(
-                type(x) is np.ndarray and x.dtype == dtype and x.shape == shape
-                for x, (dtype, shape) in zip(values, self._exact_inputs)):
-            return values, self.batch_size  # exactly the compiled signature
-        arrays = []
-        batch_of: dict[str, int] = {}
-        for sig, value in zip(self.inputs, values):
-            x = _as_input(sig, value)
-            splittable = sig.batch_axis >= 0 and self.batch_size is not None
-            ok = x.ndim == len(sig.shape) and all(
-                d == e for i, (d, e) in enumerate(zip(x.shape, sig.shape))
-                if not (splittable and i == sig.batch_axis))
-            if not ok:
-                raise InvalidInput(
-                    f"input '{sig.name}' has shape {list(x.shape)}; expected "
-                    f"{_fmt(sig, splittable)}"
-                    + (f" (any size on batch axis {sig.batch_axis})" if splittable else ""))
-            if splittable:
-                batch_of[sig.name] = x.shape[sig.batch_axis]
-            arrays.append(x)
-        sizes = set(batch_of.values())
-        if len(sizes) > 1:
-            raise InvalidInput("inputs disagree on the batch size: " + ", ".join(
-                f"'{n}' has {b}" for n, b in batch_of.items()))
-        return arrays, (sizes.pop() if sizes else None)
 
     def _run_one(self, inputs: list[np.ndarray], outputs: list[np.ndarray],
                  cutoff: Cutoff | None = None) -> None:
@@ -400,16 +289,19 @@ class Model:
                 self.device.release(r)
             telemetry.model_unloaded(self)
 
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.unload()
-
-
 def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int = 1,
-         device: Device | None = None) -> Model:
-    """Load an executable (a path or its bytes) onto the device."""
+         device: Device | None = None, runtime: str | None = None) -> Model | NativeModel:
+    """Load an executable (a path or its bytes) onto the process's device.
+
+    The process has one device with one memory budget, served by two runtimes: the C
+    runtime (runtime/capi/, no Python on a call's path) takes the model when it can run
+    it, the Python runtime (this module) otherwise: with NEURONISH_KERNEL=python or
+    NEURONISH_ENGINE=numpy or NEURONISH_NATIVE_EXCLUDE, while a profile records, when the
+    C runtime refuses it (an instruction it lacks), or on a `device` made by hand. Why a
+    model stayed on Python is its `runtime_note` (also logged at info, and shown by
+    `neuronish ls`). `runtime` = "c" or "python" insists on one (for tests and tools)."""
+    if runtime not in (None, "c", "python"):
+        raise ValueError(f"runtime must be 'c', 'python' or None, got {runtime!r}")
     if isinstance(source, (str, Path)):
         try:
             data = read_file(source)
@@ -417,5 +309,16 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
             raise DeviceError(f"cannot read executable {source}: {e.strerror}") from None
     else:
         data = bytes(source)
-    return Model(from_bytes(data), device or get_device(), duplicates)
+    note = "a device was given" if device is not None else ""
+    if device is None and runtime != "python":
+        from .capi import native_model
 
+        native, note = native_model.load_exact(data, duplicates)
+        if native is not None:
+            return native
+        if runtime == "c":
+            raise DeviceError(f"cannot load on the C runtime: {note}")
+        logging.getLogger(__name__).info("the model runs on the Python runtime: %s", note)
+    model = Model(from_bytes(data), device or get_device(), duplicates)
+    model.runtime_note = note or "runtime='python' was asked for"
+    return model

@@ -92,6 +92,10 @@ class _ModelCounters:
         bridge), else its output tensor names."""
         return getattr(self.model(), "label", None) or self.default_name
 
+    def note(self) -> str:
+        """Why `runtime.load` left it on the Python runtime ("" for a NeuronOp's)."""
+        return getattr(self.model(), "runtime_note", "") or ""
+
 
 class Telemetry:
     """This process's counters; `publish` writes them, `track`/`busy` update them."""
@@ -103,8 +107,10 @@ class Telemetry:
         self._lock = threading.Lock()
         self._publishing = threading.Lock()  # see publish
         self._models: dict[int, _ModelCounters] = {}  # id(model) -> counters
-        # id(model) -> (its id here, the model, loaded at): models on the C runtime
-        self._native: dict[int, tuple[int, object, float]] = {}
+        # What telemetry adds to each model on the C runtime: (its id here, loaded at).
+        # Which models are loaded is native_model.loaded_models()'s to say, not ours.
+        self._native: weakref.WeakKeyDictionary[object, tuple[int, float]] = \
+            weakref.WeakKeyDictionary()
         self._ids = itertools.count()
         self._core_busy: dict[int, float] = {}
         self._device: object = None
@@ -128,15 +134,16 @@ class Telemetry:
         from .device import get_device
 
         with self._lock:
-            self._native[id(model)] = (next(self._ids), model, time.time())
+            self._native[model] = (next(self._ids), time.time())
             if self._device is None:
                 self._device = get_device()
             self._start()
 
     def untrack_native(self, model: object) -> None:
-        """Before a C-runtime model unloads: after this no snapshot reads it."""
+        """Before a C-runtime model unloads, after it left native_model.loaded_models():
+        a snapshot reading it (under the lock) finishes first, and none reads it after."""
         with self._lock:
-            self._native.pop(id(model), None)
+            self._native.pop(model, None)
 
     def _start(self) -> None:  # (under self._lock)
         if self._thread is None:
@@ -204,9 +211,12 @@ class Telemetry:
                                "engine": m.engine, "calls": m.calls,
                                "inferences": m.inferences,
                                "busy_seconds": m.busy_seconds + in_flight,
-                               "loaded_at": m.loaded_at})
-            for model_id, model, loaded_at in self._native.values():
-                models.append(self._native_record(model_id, model, loaded_at, core_busy))
+                               "loaded_at": m.loaded_at, "note": m.note()})
+            from .capi.native_model import loaded_models
+
+            for model in loaded_models():
+                if (extra := self._native.get(model)) is not None:
+                    models.append(self._native_record(*extra, model, core_busy))
             device = self._device
         config = device.config  # type: ignore[attr-defined]
         memory = device.memory_report()  # type: ignore[attr-defined] (C models' memory too)
@@ -223,7 +233,7 @@ class Telemetry:
         }
 
     @staticmethod
-    def _native_record(model_id: int, model: object, loaded_at: float,
+    def _native_record(model_id: int, loaded_at: float, model: object,
                        core_busy: dict[int, float]) -> dict:
         """A C-runtime model's entry of the snapshot; adds its copies' busy time to their
         cores'. (Under the lock: it cannot be unloaded meanwhile.)"""
@@ -233,7 +243,9 @@ class Telemetry:
                 core_busy[core] = core_busy.get(core, 0.0) + busy_ns * 1e-9
         runs = sum(c[2] for c in copies)
         batch = max(model.batch_size, 1)  # type: ignore[attr-defined]
-        name = model.label or f"model-{model_id}"  # type: ignore[attr-defined]
+        name = (model.label  # type: ignore[attr-defined]
+                or ", ".join(s.name for s in model.outputs)[:80]  # type: ignore[attr-defined]
+                or f"model-{model_id}")
         return {"id": model_id, "name": name,
                 "core_groups": [list(c[0]) for c in copies],
                 "bytes_per_core": list(copies[0][1]) if copies else [], "batch": batch,

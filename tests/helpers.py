@@ -38,7 +38,7 @@ def rewritten_copy(rewrite: object, graph_def: object, *args: object) -> tuple[b
 def run_reporting_numpy(exe: bytes, feeds: dict) -> tuple[dict, list[str]]:
     """The outputs of one call, and the kinds of the instructions the native engine
     left to numpy."""
-    with load(exe) as model:
+    with load(exe, runtime="python") as model:
         got = model.run(feeds)
         program = model._idle.get()
         model._idle.put(program)

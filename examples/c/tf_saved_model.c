@@ -47,6 +47,7 @@ static const char *code_name(TF_Code code) {
     case TF_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
     case TF_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
     case TF_NOT_FOUND: return "NOT_FOUND";
+    case TF_DATA_LOSS: return "DATA_LOSS";
     case TF_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
     case TF_UNIMPLEMENTED: return "UNIMPLEMENTED";
     case TF_INTERNAL: return "INTERNAL";

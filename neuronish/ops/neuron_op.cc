@@ -566,30 +566,8 @@ class NeuronOpKernel : public OpKernel {
                  absl::Status* result) const {
     const int n_in = a_.NumTensorInputs();
     const size_t n_out = outputs.size();
-    // Views of the tensors (no copies); their dims in one array, sized first so the
-    // pointers into it stay put.
-    size_t ranks = 0;
-    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
-    for (const Tensor* t : outputs) ranks += t->dims();
-    absl::InlinedVector<int64_t, 32> dims(ranks);
-    absl::InlinedVector<nr_tensor, 8> views(n_in + n_out);
-    int64_t* next = dims.data();
-    auto view = [&next](const Tensor& t, const std::string& name, DataType dt, nr_tensor* v) {
-      v->name = name.c_str();
-      v->dtype = ToDevice(dt);
-      v->rank = t.dims();
-      v->shape = next;
-      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
-      const auto bytes = t.tensor_data();
-      v->data = const_cast<char*>(bytes.data());
-      v->bytes = bytes.size();
-    };
-    for (int i = 0; i < n_in; ++i) {
-      view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i], &views[i]);
-    }
-    for (size_t i = 0; i < n_out; ++i) {
-      view(*outputs[i], a_.output_names[i], a_.output_dtypes[i], &views[n_in + i]);
-    }
+    const CallViews call(ctx, a_, outputs, [](DataType dt) { return ToDevice(dt); });
+    const nr_tensor* views = call.views.data();
     nr_execute_options options{0, nullptr};
     const int64_t timeout_s = a_.model_config.size() > 3 ? a_.model_config[3] : -1;
     if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
@@ -603,7 +581,7 @@ class NeuronOpKernel : public OpKernel {
     char error[1024];
     error[0] = '\0';
     const nr_status s = execute_.load(std::memory_order_relaxed)(
-        model, views.data(), n_in, views.data() + n_in, n_out, &options, error, sizeof error);
+        model, views, n_in, views + n_in, n_out, &options, error, sizeof error);
     switch (s) {
       case NR_OK: *result = absl::OkStatus(); return true;
       case NR_INVALID_INPUT:

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "neuronish_runtime.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -195,6 +197,44 @@ struct NeuronOpAttrs {
       }
     }
     return absl::OkStatus();
+  }
+};
+
+// nr_tensor views of a call's TensorFlow tensors (no copies): inputs, then outputs, in
+// signature order. Their dims live in one array sized first, so the pointers into it
+// stay put; inlined: no heap on the call's path. `to_device` is the kernel's own dtype
+// conversion (DataType -> nr_dtype), as the attr checks take its dtype table.
+struct CallViews {
+  absl::InlinedVector<int64_t, 32> dims;
+  absl::InlinedVector<nr_tensor, 8> views;
+
+  template <typename ToDevice>
+  CallViews(tensorflow::OpKernelContext* ctx, const NeuronOpAttrs& a,
+            const std::vector<tensorflow::Tensor*>& outputs, ToDevice to_device) {
+    const int n_in = a.NumTensorInputs();
+    size_t ranks = 0;
+    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
+    for (const tensorflow::Tensor* t : outputs) ranks += t->dims();
+    dims.resize(ranks);
+    views.resize(n_in + outputs.size());
+    int64_t* next = dims.data();
+    auto view = [&](const tensorflow::Tensor& t, const std::string& name,
+                    tensorflow::DataType dt, nr_tensor* v) {
+      v->name = name.c_str();
+      v->dtype = to_device(dt);
+      v->rank = t.dims();
+      v->shape = next;
+      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
+      const auto bytes = t.tensor_data();
+      v->data = const_cast<char*>(bytes.data());
+      v->bytes = bytes.size();
+    };
+    for (int i = 0; i < n_in; ++i) {
+      view(ctx->input(i), a.input_names[i], a.input_dtypes[i], &views[i]);
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      view(*outputs[i], a.output_names[i], a.output_dtypes[i], &views[n_in + i]);
+    }
   }
 };
 

@@ -250,11 +250,36 @@ class NeuronOpNativeKernel : public OpKernel {
     return value.compare(0, sizeof kExternalPrefix - 1, kExternalPrefix) == 0;
   }
 
-  // The file an external attr reference names (`what`: "executable", stored as
-  // <sha256>.neff, or "graph_def", <sha256>.pb), among the paths fed to the op's
-  // external_files inputs (the SavedModel's assets, wherever it was loaded from). Its
-  // size is checked here and an executable's whole content by the runtime's validation;
-  // the SHA-256 is not (the Python host checks it).
+  // The content of the file an external attr reference names (`what`: "executable",
+  // stored as <sha256>.neff, or "graph_def", <sha256>.pb), among the paths fed to the op's
+  // external_files inputs (the SavedModel's assets, wherever it was loaded from): its
+  // size and SHA-256 must be the reference's, as the Python host checks them
+  // (neuronish/external.py): a valid executable put in the asset's place is refused too.
+  absl::Status ExternalFile(OpKernelContext* ctx, const std::string& value, const char* what,
+                            std::string* content) const {
+    std::string path;
+    TF_RETURN_IF_ERROR(ExternalPath(ctx, value, what, &path));
+    std::ifstream f(path, std::ios::binary);
+    std::ostringstream bytes;
+    bytes << f.rdbuf();
+    if (!f) return absl::DataLossError(absl::StrCat(Where(), "cannot read its ", what, " ", path));
+    *content = bytes.str();
+    uint8_t digest[32];
+    nr_sha256(content->data(), content->size(), digest);
+    static const char kHex[] = "0123456789abcdef";
+    std::string hex;
+    for (uint8_t b : digest) hex += {kHex[b >> 4], kHex[b & 15]};
+    const std::string want = value.substr(sizeof kExternalPrefix - 1, 64);
+    if (hex != want) {
+      return absl::DataLossError(absl::StrCat(
+          Where(), path, " does not hash to the ", what, " the op was compiled with (sha256 "
+          "mismatch: ", hex, ", the reference names ", want, "); the file is damaged or was "
+          "replaced. Recompile the model or restore the file"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The path of that file, its size checked (ExternalFile reads and hashes it).
   absl::Status ExternalPath(OpKernelContext* ctx, const std::string& value, const char* what,
                             std::string* path) const {
     const std::string ref = value.substr(sizeof kExternalPrefix - 1);
@@ -336,10 +361,12 @@ class NeuronOpNativeKernel : public OpKernel {
     if (ready_.load(std::memory_order_acquire)) return absl::OkStatus();
     nr_device* device = nullptr;
     TF_RETURN_IF_ERROR(SharedDevice(Where(), &device));
-    std::string path;
+    std::string external;  // the executable's asset, read and checked
+    const std::string* executable = a_.executable;
     if (IsExternal(*a_.executable)) {
+      executable = &external;
       // A missing or damaged asset is the device's problem, not the subgraph's.
-      const absl::Status found = ExternalPath(ctx, *a_.executable, "executable", &path);
+      const absl::Status found = ExternalFile(ctx, *a_.executable, "executable", &external);
       if (!found.ok()) {
         if (!FallbackEnabled()) return found;
         TF_RETURN_IF_ERROR(StartFallback(ctx, found));
@@ -356,11 +383,8 @@ class NeuronOpNativeKernel : public OpKernel {
     nr_status s = NR_DEVICE_ERROR;
     nr_model* model = nullptr;
     for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
-      s = path.empty() ? nr_model_load_bytes(device, a_.executable->data(), a_.executable->size(),
-                                             static_cast<uint32_t>(dups), &model, error,
-                                             sizeof error)
-                       : nr_model_load_file(device, path.c_str(), static_cast<uint32_t>(dups),
-                                            &model, error, sizeof error);
+      s = nr_model_load_bytes(device, executable->data(), executable->size(),
+                              static_cast<uint32_t>(dups), &model, error, sizeof error);
       if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
     }
     if (s != NR_OK) {
@@ -383,13 +407,9 @@ class NeuronOpNativeKernel : public OpKernel {
 
   absl::Status MakeFallback(OpKernelContext* ctx, std::unique_ptr<Fallback>* out) const {
     if (!IsExternal(*a_.graph_def)) return Fallback::Make(Where(), *a_.graph_def, out);
-    std::string path;
-    TF_RETURN_IF_ERROR(ExternalPath(ctx, *a_.graph_def, "graph_def", &path));
-    std::ifstream f(path, std::ios::binary);
-    std::ostringstream bytes;
-    bytes << f.rdbuf();
-    if (!f) return absl::DataLossError(Where() + "cannot read its graph_def " + path);
-    return Fallback::Make(Where(), bytes.str(), out);
+    std::string bytes;
+    TF_RETURN_IF_ERROR(ExternalFile(ctx, *a_.graph_def, "graph_def", &bytes));
+    return Fallback::Make(Where(), bytes, out);
   }
 
   // From now on every call of this op runs its subgraph on TensorFlow; said once, with
@@ -479,31 +499,13 @@ class NeuronOpNativeKernel : public OpKernel {
   }
 
   absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
-    // nr_tensor views of TensorFlow's buffers (no copies); their dims in one array,
-    // sized first so the pointers into it stay put. Inlined: no heap on the call's path.
     const int n_in = a_.NumTensorInputs();
-    size_t ranks = 0;
-    for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
-    for (const Tensor* t : outputs) ranks += t->dims();
-    absl::InlinedVector<int64_t, 32> dims(ranks);
-    absl::InlinedVector<nr_tensor, 8> views(n_in + outputs.size());
-    int64_t* next = dims.data();
-    auto view = [&next](const Tensor& t, const std::string& name, DataType dt, nr_tensor* v) {
-      v->name = name.c_str();
-      ToDevice(dt, &v->dtype);
-      v->rank = t.dims();
-      v->shape = next;
-      for (int d = 0; d < t.dims(); ++d) *next++ = t.dim_size(d);
-      const auto bytes = t.tensor_data();
-      v->data = const_cast<char*>(bytes.data());
-      v->bytes = bytes.size();
-    };
-    for (int i = 0; i < n_in; ++i) {
-      view(ctx->input(i), a_.input_names[i], a_.input_dtypes[i], &views[i]);
-    }
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      view(*outputs[i], a_.output_names[i], a_.output_dtypes[i], &views[n_in + i]);
-    }
+    const CallViews call(ctx, a_, outputs, [](DataType dt) {
+      nr_dtype d = NR_FLOAT32;
+      ToDevice(dt, &d);  // (the attrs were checked against HasDtype)
+      return d;
+    });
+    const nr_tensor* views = call.views.data();
     nr_execute_options options{0, nullptr};
     const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
     if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
@@ -516,7 +518,7 @@ class NeuronOpNativeKernel : public OpKernel {
       return absl::CancelledError(Where() + "the call was cancelled before it started");
     }
     options.cancel = guard.flag();
-    return Execute(ctx, views.data(), n_in, views.data() + n_in, outputs, options);
+    return Execute(ctx, views, n_in, views + n_in, outputs, options);
   }
 
   // On the device; or on TensorFlow, when the device refused the executable or fails

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
-from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
 from neuronish.graph import (
     Graph,
@@ -29,11 +28,12 @@ from neuronish.graph import (
     canonical,
     control_refs,
     data_refs,
-    needed_nodes,
+    function_body,
+    is_control,
     parse_input,
     producer,
 )
-from neuronish.shape_inference.shapes import batched_inputs, infer
+from neuronish.shape_inference.shapes import batched_inputs, infer, placeholder_name
 from neuronish.shape_inference.values import static_values
 
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
@@ -158,7 +158,7 @@ def _trip_counts(graph: Graph, loops: list[node_def_pb2.NodeDef],
     shapes and one batch larger (the compiled program serves every batch), and at most
     MAX_STEPS."""
     batched = batched_inputs(graph.graph_def)
-    bigger = {k: [d + 1 if i == 0 and (k[:-2] if k.endswith(":0") else k) in batched else d
+    bigger = {k: [d + 1 if i == 0 and placeholder_name(k) in batched else d
                   for i, d in enumerate(v)] for k, v in input_shapes.items()}
     trips = {}
     for node in loops:
@@ -188,12 +188,12 @@ def _simulate(graph: Graph, node: node_def_pb2.NodeDef,
               for shapes in shape_sets]
     cond = _function(graph_def, node.attr["cond"].func.name)
     body = _function(graph_def, node.attr["body"].func.name)
-    cond_graph, cond_flat = function_def_to_graph_def(cond)
-    body_graph, body_flat = function_def_to_graph_def(body)
+    cond_graph, cond_results = function_body(cond)
+    body_graph, body_results = function_body(body)
     cond_args = [a.name for a in cond.signature.input_arg]
     body_args = [a.name for a in body.signature.input_arg]
-    cond_out = cond_flat[cond.ret[cond.signature.output_arg[0].name]]
-    body_outs = [body_flat[body.ret[body.signature.output_arg[k].name]] for k in fixed]
+    cond_out = cond_results[0]
+    body_outs = [body_results[k] for k in fixed]
     sessions = []
 
     def steps(current: dict[int, np.ndarray]) -> int:
@@ -206,10 +206,10 @@ def _simulate(graph: Graph, node: node_def_pb2.NodeDef,
         raise _CannotUnroll(f"{node.name} runs more than {MAX_STEPS} times")
 
     try:
-        for graph_def_ in (cond_graph, body_graph):
+        for function_graph in (cond_graph, body_graph):
             imported = tf.Graph()
             with imported.as_default():
-                tf.graph_util.import_graph_def(graph_def_, name="")
+                tf.graph_util.import_graph_def(function_graph.graph_def, name="")
             sessions.append(tf.compat.v1.Session(graph=imported))
         cond_session, body_session = sessions
         return [steps(current) for current in starts]
@@ -236,15 +236,13 @@ def _fixed_variables(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
     computed from constants and shapes) and that the body computes from such variables
     only."""
     body = _function(graph_def, node.attr["body"].func.name)
-    body_graph, flat = function_def_to_graph_def(body)
+    body_graph, results = function_body(body)
     args = [a.name for a in body.signature.input_arg]
     values = data_refs(node)
     if len(values) != len(args):
         raise _CannotUnroll(f"{node.name}: {len(values)} inputs, body takes {len(args)}")
-    body_nodes = {n.name: n for n in body_graph.node}
     # the nodes each result is computed from, through data edges
-    reads = [needed_nodes(body_nodes, [flat[body.ret[a.name]]], control=False)
-             for a in body.signature.output_arg]
+    reads = [body_graph.needed([r], control=False) for r in results]
     fixed = {k for k, v in enumerate(values) if producer(v) in fixed_outer}
     while True:  # drop variables the body computes from a variable that is not fixed
         loose = {k for k in fixed if any(args[j] in reads[k] for j in
@@ -275,9 +273,8 @@ def _function(graph_def: graph_pb2.GraphDef, name: str) -> object:
 def _cond_args(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> list[int]:
     """Which loop variables the loop's condition reads (positions)."""
     cond = _function(graph_def, node.attr["cond"].func.name)
-    cond_graph, flat = function_def_to_graph_def(cond)
-    seen = needed_nodes(cond_graph.node, [flat[cond.ret[a.name]]
-                                          for a in cond.signature.output_arg])
+    cond_graph, results = function_body(cond)
+    seen = cond_graph.needed(results)
     return [k for k, a in enumerate(cond.signature.input_arg) if a.name in seen]
 
 
@@ -287,9 +284,8 @@ def _unroll(graph: Graph, loop: str, trips: int) -> list[str]:
     graph_def = graph.graph_def
     node = graph.nodes[loop]
     body = _function(graph_def, node.attr["body"].func.name)
-    body_graph, flat = function_def_to_graph_def(body)
+    body_graph, results = function_body(body)
     args = [a.name for a in body.signature.input_arg]
-    results = [flat[body.ret[a.name]] for a in body.signature.output_arg]
     values = data_refs(node)
     controls = control_refs(node)
     if len(values) != len(args) or len(results) != len(args):
@@ -302,7 +298,7 @@ def _unroll(graph: Graph, loop: str, trips: int) -> list[str]:
             break
         prefix = f"{loop}/unrolled_{step}/"
         bound = dict(zip(args, values))
-        for inner in body_graph.node:
+        for inner in body_graph.graph_def.node:
             if inner.name in bound:
                 continue
             copy = graph.add_node(prefix + inner.name, inner.op)
@@ -453,6 +449,6 @@ def _bypass(graph: Graph, passthroughs: set[str]) -> None:
                 rewired.append(sources[source][k])
         # Only control edges may repeat after rewiring; a data input read twice
         # (Mul(loop:1, loop:1)) is two operands and both stay.
-        controls = [r for r in rewired if r.startswith("^")]
-        graph.set_inputs(reader, [r for r in rewired if not r.startswith("^")]
+        controls = [r for r in rewired if is_control(r)]
+        graph.set_inputs(reader, [r for r in rewired if not is_control(r)]
                          + list(dict.fromkeys(controls)))

@@ -19,10 +19,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import tensorflow as tf
-from tensorflow.core.framework import function_pb2, graph_pb2, node_def_pb2
+from tensorflow.core.framework import function_pb2, node_def_pb2
 from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
 
-from neuronish.graph import data_refs, parse_input, producer
+from neuronish.graph import (
+    Graph,
+    PartitionError,
+    canonical,
+    data_refs,
+    function_body,
+    parse_input,
+    producer,
+)
 from neuronish.shape_inference.loops import LOOP_OPS
 from neuronish.shape_inference.stand_ins import const, replace_with_fill
 
@@ -32,21 +40,20 @@ Shape = tuple[int | None, ...] | None
 _PASS = frozenset({"Identity", "IdentityN"})
 
 
-def pin(graph_def: graph_pb2.GraphDef, shapes: Mapping[str, Shape]) -> bool:
+def pin(graph: Graph, shapes: Mapping[str, Shape]) -> bool:
     """Rewrite (in place) every `TensorListStack` of a loop's list whose shape can be
     proved and is not already known (`shapes`: tensor name -> static shape). True if
     any changed."""
-    nodes = {n.name: n for n in graph_def.node}
-    functions = {f.signature.name: f for f in graph_def.library.function}
+    functions = {f.signature.name: f for f in graph.graph_def.library.function}
     changed = False
-    for node in list(graph_def.node):
+    for node in list(graph.graph_def.node):
         if node.op != "TensorListStack" or _known(shapes.get(f"{node.name}:0")):
             continue
-        found = _reserved_list(node, nodes, functions, shapes)
+        found = _reserved_list(node, graph.nodes, functions, shapes)
         if found is None:
             continue
         num_elements, item_shape = found
-        _stack_stand_in(graph_def, node, num_elements, item_shape)
+        _stack_stand_in(graph, node, num_elements, item_shape)
         changed = True
     return changed
 
@@ -73,8 +80,7 @@ def _reserved_list(stack: node_def_pb2.NodeDef, nodes: Mapping[str, node_def_pb2
     body = functions.get(loop.attr["body"].func.name)
     if reserve is None or reserve.op != "TensorListReserve" or body is None:
         return None
-    item = _item_shape(body, k, [shapes.get(ref if ":" in ref else f"{ref}:0")
-                                 for ref in loop_inputs])
+    item = _item_shape(body, k, [shapes.get(canonical(ref)) for ref in loop_inputs])
     if item is None or _item_dtype(stack) != reserve.attr["element_dtype"].type:
         return None
     return reserve.input[1], item
@@ -89,19 +95,22 @@ def _item_shape(body: function_pb2.FunctionDef, k: int,
     """The static shape of the items the body sets in its list argument k, if the body
     does nothing else with it (reads of other lists are fine) and the shape is known."""
     args = [a.name for a in body.signature.input_arg]
-    outs = [a.name for a in body.signature.output_arg]
-    if k >= len(args) or k >= len(outs):
+    if k >= len(args) or k >= len(body.signature.output_arg):
         return None
-    by_name = {n.name: n for n in body.node_def}
+    try:
+        body_graph, results = function_body(body)
+    except (ValueError, TypeError, KeyError, tf.errors.OpError, PartitionError):
+        return None  # (then function_def_to_graph below could not read it either)
+    nodes = body_graph.nodes
 
     def through(ref: str) -> node_def_pb2.NodeDef | str | None:
         """The node (or argument name) `ref` comes from, past pass-through ops."""
-        name = ref.split(":")[0]
-        while name in by_name and by_name[name].op in _PASS:
-            name = by_name[name].input[0].split(":")[0]
-        return by_name.get(name, name if name in args else None)
+        name = producer(ref)
+        while name in nodes and nodes[name].op in _PASS:
+            name = producer(nodes[name].input[0])
+        return name if name in args else nodes.get(name)
 
-    setter = through(body.ret[outs[k]])
+    setter = through(results[k])
     if not isinstance(setter, node_def_pb2.NodeDef) or setter.op != "TensorListSetItem":
         return None
     if setter.attr["resize_if_index_out_of_bounds"].b:  # (a dynamic_size TensorArray)
@@ -124,13 +133,13 @@ def _item_shape(body: function_pb2.FunctionDef, k: int,
     return tuple(item.as_list())
 
 
-def _stack_stand_in(graph_def: graph_pb2.GraphDef, stack: node_def_pb2.NodeDef,
-                    num_elements: str, item_shape: tuple[int, ...]) -> None:
-    dims = graph_def.node.add(name=f"{stack.name}/neuronish_dims", op="Pack")
-    dims.input.append(num_elements)
-    dims.input.extend(const(graph_def, f"{stack.name}/neuronish_dim_{i}", d, tf.int32)
-                      for i, d in enumerate(item_shape))
+def _stack_stand_in(graph: Graph, stack: node_def_pb2.NodeDef, num_elements: str,
+                    item_shape: tuple[int, ...]) -> None:
+    dims = graph.add_node(f"{stack.name}/neuronish_dims", "Pack")
+    graph.set_inputs(dims.name, [num_elements, *(
+        const(graph, f"{stack.name}/neuronish_dim_{i}", d, tf.int32)
+        for i, d in enumerate(item_shape))])
     dims.attr["N"].i = 1 + len(item_shape)
     dims.attr["T"].type = tf.int32.as_datatype_enum
     dims.attr["axis"].i = 0
-    replace_with_fill(graph_def, stack, dims.name, tf.as_dtype(_item_dtype(stack)))
+    replace_with_fill(graph, stack, dims.name, tf.as_dtype(_item_dtype(stack)))

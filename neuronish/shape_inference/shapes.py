@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 
 from neuronish.contracts import INPUT_OPS
-from neuronish.graph import Graph, PartitionError
+from neuronish.graph import Graph, PartitionError, canonical
 from neuronish.shape_inference import lists, loops, strings, tables
 
 
@@ -97,8 +97,9 @@ def _elements(tensor: tensor_pb2.TensorProto) -> int:
     return count
 
 
-def _node_name(key: str) -> str:
-    # input_shapes may be keyed by node ("x") or by tensor ("x:0").
+def placeholder_name(key: str) -> str:
+    """The Placeholder an `input_shapes` key names: by node ("x") or by its one tensor
+    ("x:0"); any other spelling is kept, so that it names no Placeholder and is refused."""
     return key[:-2] if key.endswith(":0") else key
 
 
@@ -112,27 +113,28 @@ def infer(
     the GraphDef gives them.  Raises PartitionError for a name that is not a
     Placeholder, or a graph TensorFlow cannot import.
     """
-    patched = _light_copy(graph_def)
+    # The copy is another graph (weights as Placeholders, stand-ins added), indexed once:
+    # the stand-ins look nodes up and rewire readers through it.
+    patched = Graph(_light_copy(graph_def))
     tables.stand_in(patched)
     strings.stand_in(patched)
     inputs = _input_names(graph_def)  # not the weights _light_copy made Placeholders
-    placeholders = {n.name: n for n in patched.node if n.name in inputs}
     for key, shape in input_shapes.items():
-        name = _node_name(key)
-        if name not in placeholders:
+        name = placeholder_name(key)
+        if name not in inputs:
             raise PartitionError(
                 f"input_shapes names {key!r}, but the graph has no Placeholder of that name; "
-                f"its Placeholders are {sorted(placeholders)}")
+                f"its Placeholders are {sorted(inputs)}")
         dims = [None if d is None or d < 0 else int(d) for d in shape]
-        placeholders[name].attr["shape"].shape.CopyFrom(tf.TensorShape(dims).as_proto())
-    infos = _import_shapes(patched, input_shapes)
+        patched.nodes[name].attr["shape"].shape.CopyFrom(tf.TensorShape(dims).as_proto())
+    infos = _import_shapes(patched.graph_def, input_shapes)
     # Each round lets the shapes through one more loop of a chain of loops.
     for _ in range(_MAX_LOOP_ROUNDS):
         known = {k: v.shape for k, v in infos.items()}
-        refined = loops.refine(patched, known)
+        refined = loops.refine(patched.graph_def, known)
         if not (lists.pin(patched, known) or refined):
             break
-        infos = _import_shapes(patched, input_shapes)
+        infos = _import_shapes(patched.graph_def, input_shapes)
     return infos
 
 
@@ -178,7 +180,7 @@ def shapes_at_batch(
 
     Placeholders missing from `input_shapes` take their GraphDef shape.
     """
-    given = {_node_name(k): list(v) for k, v in input_shapes.items()}
+    given = {placeholder_name(k): list(v) for k, v in input_shapes.items()}
     batched = batched_inputs(graph_def)
     shapes: dict[str, list[int | None]] = {}
     for node in graph_def.node:
@@ -271,8 +273,7 @@ def _mixing_reshapes(graph_def: graph_pb2.GraphDef, at_b: Mapping[str, TensorInf
     for node in graph_def.node:
         if node.op != "Reshape" or not node.input:
             continue
-        src, out = node.input[0], f"{node.name}:0"
-        src = src if ":" in src else f"{src}:0"
+        src, out = canonical(node.input[0]), f"{node.name}:0"
         if src not in at_b or out not in at_b or src not in at_b1 or out not in at_b1:
             continue
         before = _batch_stride(at_b[src].shape, at_b1[src].shape, batch)

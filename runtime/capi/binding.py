@@ -7,6 +7,7 @@ logic of its own: what it checks, the C library checks again.
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections.abc import Sequence
 
@@ -71,6 +72,8 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_device_close": ([vp], None),
         "nr_device_num_cores": ([vp], sz),
         "nr_device_core": ([vp, sz, ctypes.POINTER(CoreInfo)], ctypes.c_int),
+        "nr_device_charge": ([vp, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64),
+                              sz, err, sz], ctypes.c_int),
         "nr_model_load": ([vp, vp, ctypes.c_uint32, pvp, err, sz], ctypes.c_int),
         "nr_model_load_bytes": ([vp, ctypes.c_char_p, sz, ctypes.c_uint32, pvp, err, sz],
                                 ctypes.c_int),
@@ -116,6 +119,15 @@ class Device:
             out[info.core] = (info.used, info.total)
         return out
 
+    def charge(self, deltas: dict[int, int]) -> None:
+        """Bytes held (positive) or given back (negative) per core by models this device
+        does not run (nr_device_charge): all or nothing."""
+        n = len(deltas)
+        cores = (ctypes.c_int32 * max(n, 1))(*deltas.keys())
+        sizes = (ctypes.c_int64 * max(n, 1))(*deltas.values())
+        buf = ctypes.create_string_buffer(_ERR)
+        _check(self.lib, self.lib.nr_device_charge(self.handle, cores, sizes, n, buf, _ERR), buf)
+
     def close(self) -> None:
         if self.handle:
             self.lib.nr_device_close(self.handle)
@@ -136,6 +148,13 @@ class Model:
         self.outputs = [self._info(exe, 1, k)
                         for k in range(lib.nr_executable_num_tensors(exe, 1))]
         self.batch_size = lib.nr_model_batch_size(self.handle)
+        # What every call's tensors carry, worked out once (numpy's dtype names and
+        # ctypes' string encoding cost microseconds a call).
+        self._in_tags = [(n.encode(), DTYPES.index(d), _np_dtype(d))
+                         for n, d, _, _ in self.inputs]
+        self._out_tags = [(n.encode(), DTYPES.index(d), _np_dtype(d))
+                          for n, d, _, _ in self.outputs]
+        self._errors = threading.local()  # a message buffer per calling thread
 
     def _info(self, exe: int, which: int, k: int) -> tuple[str, str, tuple[int, ...], int]:
         info = TensorInfo()
@@ -144,12 +163,21 @@ class Model:
                 tuple(info.shape[i] for i in range(info.rank)), info.batch_axis)
 
     @staticmethod
-    def _tensor(a: np.ndarray, name: str | None, dtype: str | None = None) -> Tensor:
+    def _tensor(a: np.ndarray, name: str | bytes | None, dtype: str | None = None,
+                code: int | None = None) -> Tensor:
         shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
-        t = Tensor(name.encode() if name else None, DTYPES.index(dtype or a.dtype.name), a.ndim,
-                   shape, a.ctypes.data, a.nbytes)
+        if code is None:
+            code = DTYPES.index(dtype or a.dtype.name)
+        t = Tensor(name.encode() if isinstance(name, str) else name, code, a.ndim, shape,
+                   a.ctypes.data, a.nbytes)
         t._keep = shape  # type: ignore[attr-defined]
         return t
+
+    def _error_buffer(self) -> ctypes.Array:
+        buf = getattr(self._errors, "buf", None)
+        if buf is None:
+            buf = self._errors.buf = ctypes.create_string_buffer(_ERR)
+        return buf
 
     def run(self, inputs: Sequence[np.ndarray], names: bool = True,
             outputs: Sequence[np.ndarray] | None = None, *, timeout: float | None = None,
@@ -169,11 +197,17 @@ class Model:
                 if axis >= 0 and batch is not None:
                     dims[axis] = batch
                 outputs.append(np.empty(dims, _np_dtype(dtype)))
+        # (a dtype other than the signature's is the caller's to get refused by name)
         ins = (Tensor * max(len(arrays), 1))(*[
-            self._tensor(x, sig[0] if names else None) for sig, x in zip(self.inputs, arrays)])
+            self._tensor(x, tag[0] if names else None,
+                         code=tag[1] if x.dtype == tag[2] else None)
+            for tag, x in zip(self._in_tags, arrays)])
         outs = (Tensor * max(len(outputs), 1))(*[
-            self._tensor(o, sig[0] if names else None) for sig, o in zip(self.outputs, outputs)])
-        buf = ctypes.create_string_buffer(_ERR)
+            self._tensor(o, tag[0] if names else None,
+                         code=tag[1] if o.dtype == tag[2] else None)
+            for tag, o in zip(self._out_tags, outputs)])
+        buf = self._error_buffer()
+        buf[0] = b"\0"
         if timeout is None and cancel is None:
             _check(self.lib, self.lib.nr_execute(self.handle, ins, len(arrays), outs,
                                                  len(outputs), buf, _ERR), buf)

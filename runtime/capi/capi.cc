@@ -14,6 +14,7 @@
 
 #include "executable.h"
 #include "handles.h"
+#include "sha256.h"
 #include "isa_table.h"
 
 namespace {
@@ -66,6 +67,10 @@ std::string errno_text(int e) { return std::strerror(e); }  // thread-safe in gl
 extern "C" {
 
 uint32_t nr_api_version(void) { return NR_API_VERSION; }
+
+void nr_sha256(const void *data, size_t size, uint8_t digest[32]) {
+  nr::sha256(static_cast<const uint8_t *>(data), size, digest);
+}
 uint32_t nr_format_version(void) { return 1; }
 
 const char *nr_dtype_name(nr_dtype dtype) {

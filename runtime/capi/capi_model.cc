@@ -63,6 +63,15 @@ nr_status nr_device_core(const nr_device *dev, size_t index, nr_core_info *info)
   return NR_OK;
 }
 
+nr_status nr_device_charge(nr_device *dev, const int32_t *cores, const int64_t *deltas, size_t n, char *error,
+                           size_t error_size) {
+  if (!dev || (n && (!cores || !deltas)))
+    return report(NR_INVALID_ARGUMENT, dev ? "cores or deltas is NULL" : "dev is NULL", error, error_size);
+  return guarded(error, error_size, [&] {
+    dev->device->charge(std::vector<int>(cores, cores + n), std::vector<int64_t>(deltas, deltas + n));
+  });
+}
+
 nr_status nr_model_load(nr_device *dev, const nr_executable *exe, uint32_t duplicates, nr_model **out,
                         char *error, size_t error_size) {
   if (!out) return report(NR_INVALID_ARGUMENT, "out is NULL", error, error_size);

@@ -296,4 +296,29 @@ void Device::release(const Reservation &r) {
   for (size_t k = 0; k < r.cores.size(); ++k) used_[r.cores[k]] -= r.bytes_per_core[k];
 }
 
+void Device::charge(const std::vector<int> &cores, const std::vector<int64_t> &deltas) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<int, int64_t> total;  // (a core named twice: its deltas summed)
+  for (size_t k = 0; k < cores.size(); ++k) {
+    if (!used_.count(cores[k]))
+      throw Refused{NR_INVALID_ARGUMENT, "core " + std::to_string(cores[k]) + " is not one of the visible cores " +
+                                             list(config_.visible_cores)};
+    total[cores[k]] += deltas[k];
+  }
+  for (auto &[c, d] : total) {
+    if (d < 0 && uint64_t(-d) > used_[c])
+      throw Refused{NR_INVALID_ARGUMENT, "cannot give back " + std::to_string(-d) + " bytes on core " +
+                                             std::to_string(c) + ": it holds " + std::to_string(used_[c])};
+    if (d > 0 && uint64_t(d) > free_bytes(c)) {
+      char text[400];
+      std::snprintf(text, sizeof text,
+                    "out of device memory: %.1f MiB more needed on core %d, which has %.1f MiB free of %.0f MiB. "
+                    "Unload a model, load fewer duplicates, or raise NEURONISH_CORE_MEMORY",
+                    double(d) / kMiB, c, double(free_bytes(c)) / kMiB, double(config_.core_memory) / kMiB);
+      throw Refused{NR_OUT_OF_DEVICE_MEMORY, text};
+    }
+  }
+  for (auto &[c, d] : total) used_[c] = uint64_t(int64_t(used_[c]) + d);
+}
+
 }  // namespace nr

@@ -63,6 +63,10 @@ class Device {
                                    size_t copies);
   void resize(Reservation &r, const std::vector<uint64_t> &bytes_per_core);
   void release(const Reservation &r);
+  // Memory held on this device's cores by something other than its models (the Python
+  // runtime's models, so a process has one budget): deltas[k] bytes more (or fewer) on
+  // cores[k]; all or nothing (Refused: NR_OUT_OF_DEVICE_MEMORY, NR_INVALID_ARGUMENT).
+  void charge(const std::vector<int> &cores, const std::vector<int64_t> &deltas);
   uint64_t used(int core);
 
  private:

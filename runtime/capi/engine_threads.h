@@ -9,6 +9,12 @@
 // thread had made calls). The process's main thread runs its own calls; any other
 // thread's wide stage is handed to one of a few persistent engine threads, one per stage
 // in flight, so the number of pools stays the number of calls running at once.
+//
+// Loading a model opens parallel regions too (oneDNN reorders the weights as it builds each
+// primitive), so loads from other threads go to the engine threads as well: a NeuronOp
+// loads on the TensorFlow thread that runs its first call, and that thread's pool, kept
+// for the thread's life, made the engine threads' pools one too many for libgomp to spin
+// (MobileNetV2 fp32 batch 8 through TensorFlow paid a wake-up per primitive on every call).
 #pragma once
 
 #include <pthread.h>
@@ -17,6 +23,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <new>
@@ -46,6 +53,22 @@ class EngineThreads {
     std::lock_guard<std::mutex> lock(self.mu_);
     self.idle_.push_back(worker);
     return result;
+  }
+
+  // `work` where call() would run it, its exception (if any) rethrown here: an engine
+  // thread's loop must not end in one.
+  template <class Work>
+  static void run(Work &&work) {
+    std::exception_ptr error;
+    call([&]() -> int64_t {
+      try {
+        work();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      return 0;
+    });
+    if (error) std::rethrow_exception(error);
   }
 
  private:

@@ -102,7 +102,8 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
     for (auto &r : reservations) {
       auto copy = std::make_unique<Copy>();
       copy->reservation = r;
-      copy->program = build_copy(*exe_, *constants_, device_->config().core_threads);
+      // (on the engine threads: building reorders the weights, in parallel regions)
+      EngineThreads::run([&] { copy->program = build_copy(*exe_, *constants_, device_->config().core_threads); });
       for (size_t k = 0; k < std::max<size_t>(stages, 1); ++k) {
         void *arena = std::aligned_alloc(64, std::max<uint64_t>((exe_->arena_bytes + 63) / 64 * 64, 64));
         if (!arena) throw std::bad_alloc();

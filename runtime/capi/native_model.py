@@ -1,11 +1,14 @@
 """Models on the C runtime's process-wide device, with the Python runtime's Model surface
-(`run_list`, `unload`, `duplicates`, `label`): what the Python host's NeuronOp loads when
-the C runtime can run its executable, so its kernel calls `nr_execute_with` directly,
-without the GIL (neuronish/ops/neuron_op.cc; `entry` is what it calls).
+(runtime/calls.py: `run`, `run_list`, `unload`, `duplicates`, `label`): what
+`neuronish.runtime.load` returns (`load_exact`) and what the Python host's NeuronOp loads
+(`load`) when the C runtime can run the executable; the kernel then calls
+`nr_execute_with` directly, without the GIL (neuronish/ops/neuron_op.cc; `entry`).
 
 One C device per process (`nr_device_open`, configured from NEURONISH_* as the Python
-device is), opened on first use and kept. A load that the C runtime refuses for any
-reason (an instruction it lacks, a build failure, too little device memory) returns None:
+device is), opened on first use and kept; it keeps the process's one memory ledger, the
+Python device charging its models there (runtime/device.py). A load that the C runtime
+refuses for any reason (an instruction it lacks, a build failure, too little device
+memory) returns None:
 the caller then loads on the Python runtime, which keeps its own rules (and its fallback
 to TensorFlow). `NEURONISH_KERNEL=python` turns this path off; so do the settings only the
 Python runtime honours: `NEURONISH_ENGINE=numpy`, `NEURONISH_NATIVE_EXCLUDE`, and a
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..calls import Calls
 from ..errors import (
     Cancelled,
     DeadlineExceeded,
@@ -32,6 +36,7 @@ from ..errors import (
     InvalidInput,
     OutOfDeviceMemory,
 )
+from ..executable import TensorSig
 
 ENV_KERNEL = "NEURONISH_KERNEL"
 
@@ -48,17 +53,24 @@ _unusable: str | None = None  # why the C runtime cannot be used in this process
 _log = logging.getLogger(__name__)
 
 
-def wanted() -> bool:
-    """Whether a NeuronOp should try the C runtime (the settings above allow it)."""
+def why_not() -> str | None:
+    """Why a model should not try the C runtime (a setting above), or None."""
     from .. import profiler
 
     if os.environ.get(ENV_KERNEL, "").strip().lower() == "python":
-        return False
+        return f"{ENV_KERNEL}=python"
     if os.environ.get("NEURONISH_ENGINE", "").strip().lower() == "numpy":
-        return False
+        return "NEURONISH_ENGINE=numpy (the numpy engine is the Python runtime's)"
     if os.environ.get("NEURONISH_NATIVE_EXCLUDE", "").strip():
-        return False
-    return not profiler.active()
+        return "NEURONISH_NATIVE_EXCLUDE is set (only the Python runtime honours it)"
+    if profiler.active():
+        return "a profile is being recorded (the C runtime records none yet)"
+    return None
+
+
+def wanted() -> bool:
+    """Whether a model should try the C runtime (the settings above allow it)."""
+    return why_not() is None
 
 
 def shared_device():  # -> binding.Device | None
@@ -75,7 +87,20 @@ def shared_device():  # -> binding.Device | None
                 _unusable = f"{type(e).__name__}: {e}"
                 _log.warning("the C runtime cannot be used in this process (%s); NeuronOps "
                              "run on the Python runtime", _unusable)
+            else:
+                # One memory budget for the process: the C device keeps the ledger, the
+                # Python device (if made already; else get_device attaches it) charges
+                # what its models hold there. Before any C model loads: it all fits.
+                from .. import device as python_device
+
+                if python_device._device is not None:
+                    python_device._device.attach_ledger(_device)
         return _device
+
+
+def opened_device():  # -> binding.Device | None
+    """The process's C device if it was opened already (without opening it)."""
+    return _device
 
 
 def device_used() -> dict[int, int]:
@@ -100,15 +125,26 @@ def loaded_models() -> list[NativeModel]:
     return list(_loaded)
 
 
-class NativeModel:
-    """An executable loaded on the C device; runs with the Python runtime's signature."""
+class NativeModel(Calls):
+    """An executable loaded on the C device, with the Python runtime's Model surface: the
+    same checks of a call's arguments (runtime/calls.py; the C runtime checks again), the
+    same errors. What it lacks is the Python runtime's insides (its programs, a parsed
+    `exe`); load with runtime="python" to look at those."""
+
+    engine = "native (C runtime)"
 
     def __init__(self, model, label: str = ""):  # model: binding.Model
         from .. import telemetry
+        from .binding import _np_dtype
 
         self._model = model
         self.label = label
-        self.batch_size = int(model.batch_size)
+        self.inputs = [TensorSig(n, -1, shape, d, axis) for n, d, shape, axis in model.inputs]
+        self.outputs = [TensorSig(n, -1, shape, d, axis) for n, d, shape, axis in model.outputs]
+        self._exact_inputs = [(_np_dtype(s.dtype), s.shape) for s in self.inputs]
+        self._exact_outputs = [(_np_dtype(s.dtype), s.shape) for s in self.outputs]
+        # (the C runtime's -1: calls take only the compiled shapes; the Python one's None)
+        self.batch_size = int(model.batch_size) if model.batch_size >= 0 else None
         self.duplicates = int(model.lib.nr_model_duplicates(model.handle))
         self.core_groups = [tuple(c[0]) for c in model.copies()]
         # `neuronish ls/top` show it with the C runtime's counters (nr_model_copy).
@@ -129,24 +165,51 @@ class NativeModel:
         fn = ctypes.cast(self._model.lib.nr_execute_with, ctypes.c_void_p).value
         return (int(model), int(fn)) if model and fn else None
 
+    @property
+    def exe(self):  # noqa: ANN201 - never returns
+        raise AttributeError("a model on the C runtime keeps no parsed executable; load it "
+                             "with runtime='python' to inspect one")
+
     def run_list(self, values: Sequence[object], out: list[np.ndarray] | None = None, *,
                  timeout: float | None = None, cancel: bytearray | None = None
                  ) -> list[np.ndarray]:
+        """As runtime.Model.run_list: inputs in signature order, outputs returned (written
+        into `out` if given); any batch, split and padded by the C runtime."""
+        if not self._model.handle:
+            raise DeviceError("the model was unloaded")
+        arrays, batch = self._validate(list(values))
+        if out is not None:
+            self._check_out(out, batch)
         try:
-            return self._model.run([np.asarray(v) for v in values], outputs=out,
-                                   timeout=timeout, cancel=cancel)
+            return self._model.run(arrays, outputs=out, timeout=timeout, cancel=cancel)
         except Exception as e:  # noqa: BLE001 - re-raised as the runtime's error
             raise_from(e)
             raise  # (unreachable: raise_from raises)
 
     def unload(self) -> None:
-        _loaded.discard(self)
-        if self._telemetry is not None:
-            self._telemetry.untrack_native(self)  # (first: a snapshot reads its copies)
+        _loaded.discard(self)  # (first: a snapshot lists it no more, then waits for one
+        if self._telemetry is not None:  # listing it already to finish reading its copies)
+            self._telemetry.untrack_native(self)
         self._model.unload()
 
     def __repr__(self) -> str:
         return f"<NativeModel {self.label!r}: {self.duplicates} duplicate(s) on the C device>"
+
+
+def load_exact(data: bytes | memoryview, duplicates: int) -> tuple[NativeModel | None, str]:
+    """`data` with exactly `duplicates` copies on the C device (runtime.load's rule), or
+    (None, why not): a setting above, the C runtime unusable here, or what it refused."""
+    from .binding import CRuntimeError, Model
+
+    if (why := why_not()) is not None:
+        return None, why
+    device = shared_device()
+    if device is None:
+        return None, f"the C runtime cannot be used in this process ({_unusable})"
+    try:
+        return NativeModel(Model(device, bytes(data), duplicates=duplicates)), ""
+    except CRuntimeError as e:
+        return None, f"the C runtime refused it: {e}"
 
 
 def load(data: bytes | memoryview, want_duplicates: int, label: str = "") -> NativeModel | None:

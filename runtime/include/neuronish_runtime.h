@@ -81,6 +81,9 @@ NR_API uint32_t nr_format_version(void);
 NR_API const char *nr_dtype_name(nr_dtype dtype);
 /* A short constant description of a status ("invalid executable", ...). */
 NR_API const char *nr_status_name(nr_status status);
+/* The SHA-256 of `size` bytes at `data` (FIPS 180-4): a host checks an executable stored
+ * apart from its model against the digest that names it (neuronish/external.py). */
+NR_API void nr_sha256(const void *data, size_t size, uint8_t digest[32]);
 
 /* Load (read and validate) an executable. `data` is copied; the caller may free it on
  * return. On failure *out is NULL and, if error != NULL and error_size > 0, a
@@ -145,6 +148,16 @@ NR_API void nr_device_close(nr_device *dev);
 /* Visible cores, and core `index` of them (0 .. num_cores-1). */
 NR_API size_t nr_device_num_cores(const nr_device *dev);
 NR_API nr_status nr_device_core(const nr_device *dev, size_t index, nr_core_info *info);
+
+/* Device memory held on the device's cores by something other than its models: a host
+ * that runs other models on the same (simulated) device charges what they hold here, so
+ * one budget covers both (the Python runtime does, runtime/device.py). deltas[k] bytes
+ * more (positive) or fewer (negative) on core cores[k]; all or nothing:
+ * NR_OUT_OF_DEVICE_MEMORY names a core that lacks the room, NR_INVALID_ARGUMENT a core
+ * that is not visible or a refund larger than what the core holds; nothing changes then.
+ * nr_device_core's `used` counts these bytes; model loads see them as taken. */
+NR_API nr_status nr_device_charge(nr_device *dev, const int32_t *cores, const int64_t *deltas,
+                                  size_t num, char *error, size_t error_size);
 
 /* Load `exe` onto `duplicates` (>= 1) core groups of nr_executable_num_cores(exe) cores:
  * its constants are copied to device memory, every instruction is built as a native

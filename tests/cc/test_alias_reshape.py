@@ -55,7 +55,7 @@ def test_reshapes_share_bytes_and_match_tensorflow(engine: str, batch: int,
     assert len(_aliased(exe)) == 2, [(i.kind, i.inputs, i.outputs) for p in exe.programs
                                      for i in p]
     x = RNG.standard_normal((batch, 6, 8)).astype(np.float32)
-    with load(exe_bytes) as model:
+    with load(exe_bytes, runtime="python") as model:
         got = model.run({"x:0": x})
     for key, want in g.reference({"x:0": x}).items():
         np.testing.assert_allclose(got[key], want, rtol=1e-5, atol=1e-6)

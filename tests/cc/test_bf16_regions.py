@@ -66,7 +66,7 @@ def test_both_engines_match_tf_within_bf16_error(compiled, engine: str,
     monkeypatch.setenv("NEURONISH_ENGINE", engine)
     g, exe = compiled
     x = RNG.standard_normal((2, 16, 16, 3)).astype(np.float32)
-    with load(exe) as model:
+    with load(exe, runtime="python") as model:
         got = model.run({"x:0": x})
         program = model._idle.get()
         model._idle.put(program)

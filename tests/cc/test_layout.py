@@ -57,7 +57,7 @@ def test_blocked_values_give_tensorflows_numbers(engine: str,
     g = conv_chain()
     x = RNG.standard_normal((2, 12, 12, 8)).astype(np.float32)
     want = g.reference({"x:0": x})
-    with load(compile_graph(g.graph_def, g.io_config)) as model:
+    with load(compile_graph(g.graph_def, g.io_config), runtime="python") as model:
         program = model._idle.get()
         model._idle.put(program)
         # The native engine realizes the pass's decision; numpy never blocks anything.
@@ -117,7 +117,7 @@ def test_no_blocked_value_leaves_a_kernel_on_onednns_reference_path() -> None:
 
     g = trace(fn, tf.TensorSpec([None, 16, 16, 3], tf.float32, name="x"), batch=2)
     assert library.load() is not None, library.why_not()
-    with load(compile_graph(g.graph_def, g.io_config)) as model:
+    with load(compile_graph(g.graph_def, g.io_config), runtime="python") as model:
         program = model._idle.get()
         model._idle.put(program)
         impls = program.implementations()

@@ -153,7 +153,7 @@ def test_scale_shift_folds_into_depthwise_conv_and_matmul(producer: str) -> None
     feeds = _feeds(g, seed=2)
     want = g.reference(dict(zip(g.io_config["inputs"], feeds)))["Identity:0"]
     np.testing.assert_allclose(interpret(graph, feeds)[0], want, rtol=1e-5, atol=1e-5)
-    with load(compile_graph(g.graph_def, g.io_config)) as model:
+    with load(compile_graph(g.graph_def, g.io_config), runtime="python") as model:
         assert [i.kind for i in model.exe.programs[0]] == [before.kind]  # relu fused too
         got = model.run({"x:0": feeds[0]})["Identity:0"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -273,7 +273,7 @@ def test_dense_reshapes_go_and_the_residual_add_fuses_into_the_matmul() -> None:
     x = _feeds(g, seed=3)[0]
     want = g.reference({"x:0": x})["Identity:0"]
     np.testing.assert_allclose(interpret(graph, [x])[0], want, rtol=1e-5, atol=1e-5)
-    with load(compile_graph(g.graph_def, g.io_config)) as model:
+    with load(compile_graph(g.graph_def, g.io_config), runtime="python") as model:
         assert [i.kind for i in model.exe.programs[0]] == ["matmul"]
         got = model.run({"x:0": x})["Identity:0"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -97,6 +97,77 @@ def test_compiler_rejection_is_partitioned_around(tmp_path: Path) -> None:
                                    rtol=1e-5)
 
 
+def batch_sum_model(path: Path) -> str:
+    """Two Dense layers, then a cumulative sum over the batch beside a per-sample tanh:
+    the partitioner's batch axes let the sum onto the device, and the compiler's batch
+    check (cc/batch.py) refuses it there, so the signature is partitioned again."""
+    module = tf.Module()
+    module.w = tf.Variable(np.linspace(-1, 1, 16 * 16).reshape(16, 16).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 16], tf.float32, name="x")])
+    def serve(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        h = tf.nn.relu(tf.matmul(tf.nn.relu(tf.matmul(x, module.w)), module.w))
+        return {"y": tf.cumsum(h, 0) + tf.tanh(h)}
+
+    return _save(module, serve, path)
+
+
+def test_a_recovery_round_reuses_the_graph_and_its_shapes(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signature's one Graph, built at freezing, is what the rewrites, every
+    partitioning round, the constant holding and splice are given; and shape inference
+    (each an import of the whole graph into TensorFlow, a second or more for ResNet50)
+    runs in the first round only: the second partitions the same Graph at the same
+    shapes, with the refused node excluded."""
+    import neuronish.freeze
+    from neuronish.graph import Graph
+    from neuronish.shape_inference import shapes
+
+    sm = neuronish.saved_model
+    imports: list[int] = []
+    real_import = shapes._import_shapes
+    monkeypatch.setattr(shapes, "_import_shapes",
+                        lambda *a: imports.append(1) or real_import(*a))
+    frozen: list[Graph] = []
+    real_freeze = neuronish.freeze._freeze
+
+    def freeze(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        signature = real_freeze(*a, **k)
+        frozen.append(signature.graph)
+        return signature
+
+    monkeypatch.setattr(neuronish.freeze, "_freeze", freeze)
+    given: dict[str, list] = {}  # stage -> the graph each call was given
+    per_round: list[int] = []  # shape-inference imports during each partition call
+
+    def watch(stage: str) -> None:
+        real = getattr(sm, stage)
+
+        def wrapper(graph, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            given.setdefault(stage, []).append(graph)
+            before = len(imports)
+            try:
+                return real(graph, *a, **k)
+            finally:
+                if stage == "partition":
+                    per_round.append(len(imports) - before)
+        monkeypatch.setattr(sm, stage, wrapper)
+
+    for stage in ("rewrite_for_device", "partition", "hold_constants", "splice"):
+        watch(stage)
+    src = batch_sum_model(tmp_path / "src")
+    report = sm.compile(src, str(tmp_path / "out"), batch_size=2)
+    assert report["OnTensorFlow"]["Cumsum"]["count"] == 1 and report["NeuronOps"]
+    (graph,) = frozen
+    assert isinstance(graph, Graph)
+    assert {stage: [g is graph for g in calls] for stage, calls in given.items()} == {
+        "rewrite_for_device": [True], "partition": [True, True], "hold_constants": [True],
+        "splice": [True]}
+    # At the batch and one larger (the batch axes), in the first round; none after.
+    assert per_round == [2, 0]
+    assert_matches_original(src, tmp_path / "out", tmp_path)
+
+
 def test_attribute_values_the_compiler_refuses_stay_on_tensorflow_without_recovery(
         tmp_path: Path) -> None:
     """A max pool over channels: MaxPool is a supported op type, but not with a window over

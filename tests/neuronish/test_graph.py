@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.graph import Graph, PartitionError, needed_nodes
+from neuronish.graph import Graph, PartitionError
 from neuronish.shape_inference import shapes
 from neuronish.shape_inference.shapes import infer_once
 
@@ -89,7 +89,7 @@ def test_each_edit_is_seen_by_the_next_lookup() -> None:
     assert "a" not in graph.nodes and "a" not in graph.order
     assert [n.name for n in graph.graph_def.node] == ["x", "k", "b", "c", "d"]
     _same_indexes(graph)
-    assert needed_nodes(graph.nodes, ["d"]) == {"x", "k", "b", "c", "d"}
+    assert graph.needed(["d"]) == {"x", "k", "b", "c", "d"}
 
 
 def test_a_rename_reaches_every_reader_and_keeps_the_order() -> None:
@@ -108,6 +108,22 @@ def test_a_rename_reaches_every_reader_and_keeps_the_order() -> None:
     assert set(graph.readers("relu:0")) == {"neg", "c"}
     with pytest.raises(PartitionError, match="'c' to 'k'"):
         graph.rename({"c": "k"})
+
+
+def test_a_replaced_node_moves_to_the_end_and_keeps_its_readers() -> None:
+    """Unrolling replaces a loop by an IdentityN that reads nodes added after the loop:
+    the replacement goes to the GraphDef's end under the same name, its old inputs are
+    unlinked, and the nodes that read the old node read the new one."""
+    graph = Graph(_chain())
+    new = graph.replace_node("b", "Identity", ["x", "^k"])
+    new.attr["T"].type = F32
+    assert [n.name for n in graph.graph_def.node] == ["x", "k", "a", "c", "b"]
+    assert graph.nodes["b"] is new and graph.producers("b") == ["x", "k"]
+    assert graph.readers("a:0") == ("c",) and graph.readers("b:0") == ("c",)
+    assert graph.order.index("b") < graph.order.index("c")
+    _same_indexes(graph)
+    with pytest.raises(KeyError):
+        graph.replace_node("nowhere", "NoOp")
 
 
 def test_an_edit_behind_the_graphs_back_is_caught_by_verify() -> None:

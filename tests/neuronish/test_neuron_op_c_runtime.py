@@ -153,3 +153,117 @@ def test_neuronish_ls_and_top_see_it_with_the_c_runtimes_counters(dense, monkeyp
     gc.collect()
     assert kernel_bridge.wait_for_unloads(timeout=30)
     assert not [m for m in publisher.snapshot()["models"] if m["name"] == "seen_op"]
+
+
+@pytest.fixture(scope="module")
+def deep():
+    """40 x (16x16 MatMul + Relu) compiled at batch 4: a call of many rows is thousands of
+    chunks, each dozens of instructions, on the C runtime: long enough to give up on."""
+    from tests.graphs import trace
+
+    rng = np.random.default_rng(1)
+    ws = [tf.constant((rng.standard_normal((16, 16)) / 4).astype(np.float32))
+          for _ in range(40)]
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        for w in ws:
+            x = tf.nn.relu(tf.matmul(x, w))
+        return x
+
+    g = trace(fn, tf.TensorSpec([None, 16], tf.float32, name="x"), batch=4)
+    return g, compile_graph(g.graph_def, g.io_config)
+
+
+class _Counters:
+    """Compiled-batch chunks each C-runtime model of an op ran (an eager and a session
+    kernel each load one), read from the C runtime's own counters (nr_model_copy). The
+    models stay loaded until `release`: TensorFlow may drop a session's kernel as soon as
+    its run fails, and an unloaded model has no counters left to read."""
+
+    def __init__(self, node_name: str, monkeypatch: pytest.MonkeyPatch):
+        self.node_name, self.models, self.deferred = node_name, {}, []
+        self.real_unload = native_model.NativeModel.unload
+        monkeypatch.setattr(native_model.NativeModel, "unload",
+                            lambda m: self.deferred.append(m))
+
+    def runs(self) -> dict[int, int]:
+        for h in _handles(self.node_name):
+            if isinstance(h.model, native_model.NativeModel):
+                self.models.setdefault(id(h.model), h.model)
+        return {k: sum(c[2] for c in m.copies()) for k, m in self.models.items()}
+
+    def ran_since(self, before: dict[int, int]) -> int:
+        return max([n - before.get(k, 0) for k, n in self.runs().items()] or [0])
+
+    def release(self) -> None:
+        for m in self.deferred:
+            self.real_unload(m)
+
+
+CHUNKS = 50_000  # of the compiled batch 4, in the long call
+
+
+@pytest.mark.parametrize("how", ["cancelled", "session timeout"])
+def test_tensorflow_giving_up_stops_a_call_on_the_c_runtime(deep, monkeypatch, how) -> None:
+    """TensorFlow's cancellation reaches a call the kernel runs on the C runtime itself
+    (CancelGuard sets the byte nr_execute_with reads before every chunk and instruction):
+    a cancelled call (the server's Cancellation) fails CANCELLED, a session run past its
+    RunOptions timeout DEADLINE_EXCEEDED; either stops with most of its chunks never run
+    (the C runtime's own run counters), and the op works afterwards."""
+    import threading
+
+    from neuronish.serving.cancellation import Cancellation
+
+    g, exe = deep
+    monkeypatch.delenv("NEURONISH_KERNEL", raising=False)
+    node_name = "long_" + how.replace(" ", "_")
+    node = neuron_op_node_def(node_name, ["x:0"], exe, g.graph_def,
+                              model_config=[-1, -1, 1, -1, -1])  # one copy: chunks in turn
+    f = neuron_function(g, node, [tf.TensorSpec([None, 16], tf.float32)])
+    f(tf.constant(rows(4)))  # loads it, on the C runtime
+    [handle] = _handles(node_name)
+    assert handle.native_entry is not None, handle
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the call went through kernel_bridge.run")
+
+    monkeypatch.setattr(kernel_bridge, "run", refuse)
+    counters = _Counters(node_name, monkeypatch)
+    x = rows(4 * CHUNKS)
+    started = threading.Event()
+
+    def watch(before: dict[int, int], give_up) -> None:  # noqa: ANN001 - once it computes
+        while counters.ran_since(before) == 0:
+            started.wait(0.002)
+        started.set()
+        give_up()
+
+    try:
+        if how == "cancelled":
+            before = counters.runs()
+            cancellation = Cancellation()
+            threading.Thread(target=watch, args=(before, cancellation.cancel),
+                             daemon=True).start()
+            with pytest.raises(tf.errors.CancelledError, match=f"NeuronOp '{node_name}'"):
+                cancellation.run(lambda: f(tf.constant(x)))
+        else:
+            graph = tf.Graph()
+            with graph.as_default():
+                feed = tf.compat.v1.placeholder(tf.float32, [None, 16])
+                [out] = f(feed)
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(out, {feed: rows(4)})  # (its own kernel instance: loads)
+                before = counters.runs()
+                threading.Thread(target=watch, args=(before, lambda: None),
+                                 daemon=True).start()
+                with pytest.raises(tf.errors.DeadlineExceededError):
+                    session.run(out, {feed: x},
+                                options=tf.compat.v1.RunOptions(timeout_in_ms=300))
+        ran = counters.ran_since(before)
+        assert started.is_set() and 0 < ran < CHUNKS // 2, (ran, CHUNKS)
+    finally:
+        monkeypatch.undo()
+        counters.release()
+    got = f(tf.constant(rows(5)))[0].numpy()  # the op still works afterwards
+    np.testing.assert_allclose(got, g.reference({"x:0": rows(5)})["Identity:0"],
+                               rtol=1e-4, atol=1e-5)

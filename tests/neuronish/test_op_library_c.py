@@ -156,6 +156,37 @@ def test_c_program_runs_the_compiled_model_as_tensorflow_does(
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+def test_an_asset_replaced_by_another_valid_executable_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The asset's SHA-256 is checked, as the Python host checks it: an executable that is
+    valid in itself (its own header checksum resealed) but not the one the op was compiled
+    with, of the same size, is refused naming the file, not run."""
+    from neuronish.runtime.executable import from_bytes, to_bytes
+
+    src, out = tmp_path / "src", tmp_path / "compiled"
+    module = _TwoInputs()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    monkeypatch.setenv("NEURONISH_EXTERNAL_THRESHOLD", "1")
+    neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    ins, outs = _signature(out)
+    [neff] = (out / "assets").glob("*.neff")
+    exe = from_bytes(neff.read_bytes())
+    vid = max(exe.constants, key=lambda v: exe.constants[v].size)  # a weight matrix
+    exe.constants[vid] = exe.constants[vid] + 1
+    forged = to_bytes(exe)
+    assert len(forged) == neff.stat().st_size and forged != neff.read_bytes()
+    from_bytes(forged)  # valid on its own: only the reference's digest tells it apart
+    neff.write_bytes(forged)
+    program = _build_program(tmp_path / "tf_saved_model")
+    lib = str(native_op_library.build())
+    r = _run(program, "-l", lib, str(out), f"{ins['x']}=float32:2,16",
+             f"{ins['z']}=float32:2,8", "--", outs["y"])
+    assert r.returncode == 1 and "[DATA_LOSS] NeuronOp '" in r.stderr, r.stderr
+    assert f"{neff} does not hash to the executable the op was compiled with (sha256 " \
+           "mismatch" in r.stderr, r.stderr
+    assert "the file is damaged or was replaced" in r.stderr
+
+
 class _Deep(tf.Module):
     """LAYERS x (16x16 MatMul + Relu): a call of many rows takes a while on the device."""
 

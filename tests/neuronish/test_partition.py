@@ -27,7 +27,6 @@ from neuronish import partition as P
 from neuronish.graph import (
     Graph,
     is_stateful,
-    needed_nodes,
     producer,
     topological_order,
 )
@@ -539,7 +538,7 @@ def test_one_topological_order_for_partitioner_and_model_freezer() -> None:
     gd = graph_pb2.GraphDef()
     for name, inputs in [("z", []), ("y", ["z:0"]), ("x", ["^z"]), ("w", ["y", "x:1"])]:
         gd.node.add(name=name, op="NoOp", input=inputs)
-    assert [n.name for n in _canonical_order(gd).node] == ["z", "x", "y", "w"]
+    assert [n.name for n in _canonical_order(Graph(gd)).node] == ["z", "x", "y", "w"]
     assert list(Graph.build(gd).order) == ["z", "y", "x", "w"]
 
 
@@ -547,9 +546,10 @@ def test_needed_nodes_follow_data_and_control_edges_from_any_spelling() -> None:
     gd = graph_pb2.GraphDef()
     for name, inputs in [("a", []), ("b", ["a:1"]), ("c", ["^b"]), ("d", ["c"]), ("e", ["a"])]:
         gd.node.add(name=name, op="NoOp", input=inputs)
-    assert needed_nodes(gd.node, ["d:0"]) == {"a", "b", "c", "d"}
-    assert needed_nodes(gd.node, ["^c", "missing"]) == {"a", "b", "c"}
-    assert needed_nodes(gd.node, ["e"]) == {"a", "e"}
+    graph = Graph(gd)
+    assert graph.needed(["d:0"]) == {"a", "b", "c", "d"}
+    assert graph.needed(["^c", "missing"]) == {"a", "b", "c"}
+    assert graph.needed(["e"]) == {"a", "e"}
 
 
 def test_one_answer_to_is_stateful_for_freezing_and_partitioning() -> None:
@@ -1036,7 +1036,6 @@ def test_input_strings_are_read_and_renamed_one_way() -> None:
         control_refs,
         data_refs,
         keep_only,
-        needed_nodes,
         rename_ref,
     )
 
@@ -1049,7 +1048,7 @@ def test_input_strings_are_read_and_renamed_one_way() -> None:
         g.node.add(name=name, op="Identity").input.extend(inputs)
     y = g.node[2]
     assert data_refs(y) == ["x:0"] and control_refs(y) == ["^gate"]
-    assert needed_nodes(g.node, ["z:0"]) == {"x", "gate", "y", "z"}
-    assert needed_nodes({n.name: n for n in g.node}, ["z"], control=False) == {"x", "y", "z"}
+    assert Graph(g).needed(["z:0"]) == {"x", "gate", "y", "z"}
+    assert Graph(g).needed(["z"], control=False) == {"x", "y", "z"}
     keep_only(g, {"x", "y", "z"})
     assert [n.name for n in g.node] == ["x", "y", "z"]

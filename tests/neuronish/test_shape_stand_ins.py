@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
+from neuronish.graph import Graph
 from neuronish.shape_inference import strings
 
 
@@ -16,7 +17,13 @@ def test_a_ragged_to_dense_conversion_given_its_row_count_is_sized_by_it(suffix:
     graph_def = split.get_concrete_function().graph.as_graph_def()
     (convert,) = [n for n in graph_def.node if n.op == "RaggedTensorToTensor"]
     convert.input[0] += suffix
-    strings.stand_in(graph_def)
+    graph = Graph(graph_def)
+    strings.stand_in(graph)
+    graph.verify()  # every stand-in was added and wired through the index
     ops = {n.name: n.op for n in graph_def.node}
     assert ops[convert.name] == "Fill"
     assert ops[f"{convert.name}/neuronish_rest"] == "StridedSlice"
+    # The split's dense shape (output 2) is read as the stand-in's [rows, -1] instead.
+    (split_op,) = [n.name for n in graph_def.node if n.op == "StringSplitV2"]
+    assert graph.readers(f"{split_op}:2") == ()
+    assert graph.readers(f"{split_op}/neuronish_dense_shape:0")

@@ -51,7 +51,7 @@ def test_the_depthwise_runs_on_brdgmm_and_matches_tf(compiled,
     assert library.load() is not None, library.why_not()
     monkeypatch.setenv("NEURONISH_ENGINE", "native")
     x = RNG.standard_normal((4, 14, 14, 16)).astype(np.float32)
-    with load(exe) as model:
+    with load(exe, runtime="python") as model:
         program = model._idle.get()
         model._idle.put(program)
         impl = program.implementations()[dw[0]]

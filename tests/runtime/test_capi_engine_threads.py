@@ -67,3 +67,58 @@ def test_calls_from_many_threads_share_one_openmp_pool(tmp_path: Path,
     assert grown <= cpus, grown
     for out in got:
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_load_from_another_thread_opens_no_pool_there(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a model reorders its weights in parallel regions: a load from a thread other
+    than the main one runs on the engine threads, as its calls do. A NeuronOp loads on the
+    TensorFlow thread of its first call; the pool that thread kept was one more than the
+    CPUs, so libgomp stopped spinning and every primitive of every later call waited for a
+    woken worker."""
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        pytest.skip(f"needs 2 CPUs for a multi-threaded team, this machine has {cpus}")
+    monkeypatch.setenv("NEURONISH_NUM_CORES", "1")
+    g = trace(lambda x: tf.nn.relu(tf.nn.conv2d(x, W, 1, "SAME")),
+              tf.TensorSpec([1, 32, 32, 64], tf.float32, name="x"))
+    x = RNG.standard_normal((1, 32, 32, 64)).astype(np.float32)
+    (want,) = g.reference({"x:0": x}).values()
+    data = compile_graph(tmp_path, "conv", g.graph_def, g.io_config)
+    device = binding.Device(binding.load_library())
+    release = threading.Event()
+    models: list[binding.Model] = []
+    got: list[np.ndarray] = []
+
+    def on_a_thread(work) -> threading.Thread:  # the thread stays alive, as TF's do
+        done = threading.Event()
+
+        def body() -> None:
+            work()
+            done.set()
+            release.wait()
+
+        t = threading.Thread(target=body)
+        t.start()
+        done.wait()
+        return t
+
+    try:
+        # A first load and call from threads start the engine threads and their pool.
+        threads = [on_a_thread(lambda: models.append(binding.Model(device, data)))]
+        threads.append(on_a_thread(lambda: got.append(models[0].run([x])[0])))
+        before = _tasks()
+        threads.append(on_a_thread(lambda: models.append(binding.Model(device, data))))
+        threads.append(on_a_thread(lambda: got.append(models[1].run([x])[0])))
+        grown = _tasks() - before - 2  # (less the loading and the calling thread)
+        release.set()
+        for t in threads:
+            t.join()
+    finally:
+        for m in models:
+            m.unload()
+        device.close()
+    assert grown == 0, f"{grown} thread(s) besides the caller's: the load left a pool"
+    assert len(got) == 2
+    for out in got:
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)

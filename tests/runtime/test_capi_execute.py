@@ -81,7 +81,7 @@ def test_outputs_match_python_and_tensorflow(lib: object, device: binding.Device
     graph = build()
     data = compile_graph(tmp_path, name, graph.graph_def, graph.io_config, *options)
     model = binding.Model(device, data, duplicates)
-    py = py_runtime.load(data, duplicates=duplicates)
+    py = py_runtime.load(data, duplicates=duplicates, runtime="python")
     try:
         assert model.batch_size == compiled and len(model.inputs) == 1
         input_name, dtype, shape, _ = model.inputs[0]
@@ -113,7 +113,7 @@ def test_bert_encoder_matches_python_and_tensorflow(device: binding.Device,
           "outputs": {n: 0 for n in io["outputs"]}}
     data = compile_graph(tmp_path, "bert", frozen.graph_def, io)
     model = binding.Model(device, data)
-    py = py_runtime.load(data)
+    py = py_runtime.load(data, runtime="python")
     try:
         assert model.batch_size == 2 and [i[1] for i in model.inputs] == ["int32", "int32"]
         for batch in (2, 1, 5):
@@ -221,7 +221,7 @@ def test_an_instruction_the_engine_does_not_take_is_refused_at_load(
     on its numpy kernel; the C runtime has only the native engine and says so."""
     data = _one_instruction("pad", {"paddings": [[1, 0], [0, 0]]}, [((0, 3), "float32")],
                             [((1, 3), "float32")])
-    py = py_runtime.load(data)
+    py = py_runtime.load(data, runtime="python")
     np.testing.assert_array_equal(py.run_list([np.zeros((0, 3), np.float32)])[0],
                                   np.zeros((1, 3), np.float32))
     py.unload()
@@ -260,7 +260,7 @@ def test_concurrent_calls_give_each_its_own_result(device: binding.Device,
     data = compile_graph(tmp_path, "cnn2", graph.graph_def, graph.io_config,
                          "--neuroncore-pipeline-cores", "2")
     model = binding.Model(device, data, duplicates=2)
-    py = py_runtime.load(data)
+    py = py_runtime.load(data, runtime="python")
     xs = [np.random.default_rng(k).standard_normal((1 + k % 5, 8, 8, 3)).astype(np.float32)
           for k in range(32)]
     with ThreadPoolExecutor(8) as pool:
@@ -350,7 +350,7 @@ def test_int8_model_matches_python(device: binding.Device, tmp_path: Path) -> No
     data = compile_graph(tmp_path, "int8", graph.graph_def, graph.io_config, "--quantize",
                          "int8", "--calibration", str(tmp_path / "calib.npz"))
     model = binding.Model(device, data)
-    py = py_runtime.load(data)
+    py = py_runtime.load(data, runtime="python")
     kinds = {i.kind for p in py.exe.programs for i in p}
     assert {"quantize", "conv2d_int8", "matmul_int8"} <= kinds, kinds
     for batch in (4, 1, 9):

@@ -48,7 +48,7 @@ def _python_specs(data: bytes, monkeypatch: pytest.MonkeyPatch) -> dict[int, obj
 
     with monkeypatch.context() as m:
         m.setattr(engine_program.NativeProgram, "add", add)
-        py_runtime.load(data).unload()
+        py_runtime.load(data, runtime="python").unload()
     return specs
 
 

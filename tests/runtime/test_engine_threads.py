@@ -41,7 +41,7 @@ def test_calls_from_many_threads_share_one_openmp_pool(monkeypatch: pytest.Monke
         got.append(model.run({"x:0": x}))
         release.wait()  # alive: a pool of its own would stay
 
-    with load(compile_graph(g.graph_def, g.io_config)) as model:
+    with load(compile_graph(g.graph_def, g.io_config), runtime="python") as model:
         program = model._idle.get()
         model._idle.put(program)
         assert max(st.native.widest for st in program.stages if st.native) > 1

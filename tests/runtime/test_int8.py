@@ -392,7 +392,7 @@ def test_native_and_numpy_engines_agree_on_a_quantized_model(monkeypatch) -> Non
     results = {}
     for engine in ("numpy", "native"):
         monkeypatch.setenv("NEURONISH_ENGINE", engine)
-        with load(blob) as model:
+        with load(blob, runtime="python") as model:
             results[engine] = model.run({"x:0": x})
             if engine == "native":
                 program = model._idle.get()

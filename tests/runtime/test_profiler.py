@@ -117,7 +117,7 @@ def test_off_records_nothing_and_adds_no_wrapper() -> None:
 
 
 def test_stop_switches_the_engines_instruction_timing_off(executable: Path) -> None:
-    with load(executable) as model:
+    with load(executable, runtime="python") as model:
         x = {s.name: np.ones(s.shape, s.dtype) for s in model.inputs}
         program = model._idle.get()
         model._idle.put(program)
@@ -135,7 +135,7 @@ def test_stop_switches_the_engines_instruction_timing_off(executable: Path) -> N
 def test_a_recording_keeps_no_unloaded_model_alive(executable: Path) -> None:
     """A server profiled from start-up (NEURONISH_PROFILE) reloads models: the records of
     old calls must not keep the old models' weights and engines in memory."""
-    model = load(executable)
+    model = load(executable, runtime="python")
     x = {s.name: np.ones(s.shape, s.dtype) for s in model.inputs}
     profiler.start()
     try:
