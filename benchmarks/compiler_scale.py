@@ -16,10 +16,11 @@ Graphs, built as GraphDefs with the compiler's own protobuf module (no TensorFlo
 Each compile is `neuronish-cc compile --verbose` in its own process (as the
 partitioner runs it); printed per graph: the wall seconds of the whole process, its CPU
 seconds (user + system: less sensitive than wall to what else runs), the seconds spent
-in passes, and with `--passes` the passes that took longest. `--compare OTHER` compiles
-each graph with OTHER too, right before this tree's compiler (same graph, same load),
-and prints the ratio of CPU seconds. Nothing is asserted; compare runs on a quiet
-machine and note what else was running (the load average is printed before each graph).
+in passes, its peak resident memory, and with `--passes` the passes that took longest.
+`--compare OTHER` compiles each graph with OTHER too, right before this tree's compiler
+(same graph, same load), and prints the ratio of CPU seconds. Nothing is asserted;
+compare runs on a quiet machine and note what else was running (the load average is
+printed before each graph).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,17 +125,26 @@ def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str],
     io = {"inputs": {"x:0": [[4, FEATURES], "float32"]}, "outputs": [f"{output}:0"]}
     exe = workdir / "out.neff"
     start = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    try:
-        run = subprocess.run([*compiler, "compile", str(workdir / "g.pb"), "--framework",
-                              "TENSORFLOW", "--io-config", json.dumps(io), "--output",
-                              str(exe), "--verbose"], capture_output=True, text=True,
-                             timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None  # (the compiler is killed)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # Waited for with wait4: this compile's own CPU seconds and peak RSS (the children's
+    # totals of getrusage would mix every compile run so far).
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([*compiler, "compile", str(workdir / "g.pb"), "--framework",
+                                 "TENSORFLOW", "--io-config", json.dumps(io), "--output",
+                                 str(exe), "--verbose"], stdout=out, stderr=err, text=True)
+        killer = threading.Timer(timeout, proc.kill) if timeout else None
+        if killer:
+            killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if killer:
+            killer.cancel()
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        run = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+    if timeout and wall >= timeout and run.returncode < 0:
+        return None  # (the compiler was killed)
+    cpu = usage.ru_utime + usage.ru_stime
     if run.returncode != 0:
         raise SystemExit(f"compile failed ({run.returncode}):\n{run.stderr[-3000:]}")
     passes = []
@@ -143,7 +153,7 @@ def compile_once(graph: pb.GraphDef, workdir: Path, compiler: list[str],
         if m:
             passes.append((float(m.group(2)) / 1000, m.group(1)))
     m = re.search(r"compile_seconds\D+([\d.]+)", run.stderr + run.stdout)
-    return {"wall": wall, "cpu": cpu, "passes": passes,
+    return {"wall": wall, "cpu": cpu, "passes": passes, "rss_mb": usage.ru_maxrss / 1024,
             "compile_seconds": float(m.group(1)) if m else None, "bytes": exe.stat().st_size}
 
 
@@ -180,7 +190,8 @@ def main() -> None:
                     in_passes = sum(s for s, _ in r["passes"])
                     print(f"{tag}{name:<11} {n:>7} nodes  {r['wall']:7.2f} s wall  "
                           f"{r['cpu']:7.2f} s CPU  {in_passes:7.2f} s in passes  "
-                          f"({r['bytes']} bytes, load {load:.1f})", flush=True)
+                          f"{r['rss_mb']:6.0f} MB peak  ({r['bytes']} bytes, load {load:.1f})",
+                          flush=True)
                     if args.passes:
                         for seconds, p in sorted(r["passes"], reverse=True)[:4]:
                             print(f"      {p:<24} {seconds:7.3f} s")

@@ -106,6 +106,7 @@ def _numpy_instructions(exe: Executable) -> list[dict]:
     attributes, operand types, which operands are constants: all it reads besides the
     TF nodes), then listed for every instruction like it, in program order."""
     types = ValueTypes(exe)
+    constants = exe.constants
     groups: dict[object, list[tuple[int, Instruction]]] = {}
     alone: list[tuple[int, Instruction]] = []  # (not keyable: asked on their own)
     index = 0
@@ -113,8 +114,8 @@ def _numpy_instructions(exe: Executable) -> list[dict]:
         for ins in program:
             attrs = attrs_key(ins.attrs)
             key = None if attrs is None else (
-                ins.kind, attrs, tuple((types[v], v in exe.constants) for v in ins.inputs),
-                tuple(types[v] for v in ins.outputs))
+                ins.kind, attrs, tuple([(types[v], v in constants) for v in ins.inputs]),
+                tuple([types[v] for v in ins.outputs]))
             if key is None:
                 alone.append((index, ins))
             else:

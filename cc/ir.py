@@ -103,7 +103,8 @@ def constant(array: np.ndarray, name: str = "", owned: bool = False) -> Value:
     array owning its memory is frozen where it is instead of copied (fold_scale_shift
     made 75,000 such copies of arrays it had just computed)."""
     array = np.asarray(array)
-    if owned and array.base is None and type(array) is np.ndarray:
+    frozen = owned and array.base is None and type(array) is np.ndarray
+    if frozen:
         array.flags.writeable = False
     dtype = array.dtype
     dtype_name = _DTYPE_NAMES.get(dtype)
@@ -111,7 +112,7 @@ def constant(array: np.ndarray, name: str = "", owned: bool = False) -> Value:
         if dtype.kind == "f" and dtype != np.float16 and dtype.itemsize > 8:
             raise ValueError(f"unsupported constant dtype {dtype}")
         dtype_name = _DTYPE_NAMES[dtype] = dtype.name
-    if not _immutable(array):
+    if not frozen and not _immutable(array):
         array = np.array(array, copy=True)
         array.flags.writeable = False
     return Value(TensorType(array.shape, dtype_name), data=array,  # (ints: numpy's shape)

@@ -343,18 +343,19 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
         if node.name in fed_nodes:
             continue
         refs = [TensorRef(node.name, k) for k in range(output_counts.get(node.name, 0))]
-        if not any(r.node in reached for r in node.inputs):
+        producers = [r.node for r in node.inputs]  # (set tests on it, not generators)
+        if reached.isdisjoint(producers):
             for r in refs:
                 v = values[r]
                 nxt[r] = _WatchedConst(v.type, data=v.data, name=v.name) if v.is_const else v
             continue
         reached.add(node.name)
-        if any(r.node in failed for r in node.inputs):
+        if not failed.keys().isdisjoint(producers):
             failed[node.name] = "an input could not be computed at that batch"
             continue
         ins = [nxt.get(r) for r in node.inputs]
         typed = _same_lowering_key(node, ins, weights_by_type=True) \
-            if any(type(v) is _WatchedConst for v in ins) else None
+            if _WatchedConst in map(type, ins) else None
         hit = seen_typed.get(typed) if typed is not None else None
         key = _same_lowering_key(node, ins) if hit is None else None
         if hit is None and key is not None:
@@ -439,7 +440,7 @@ def _same_lowering_key(node: TFNode, ins: list[Value | None],
 
 def _facts(values: dict[TensorRef, Value], reads: dict[str, set[int]],
            failed: dict[str, str], output_counts: dict[str, int]) -> batch.Lowered:
-    return batch.Lowered({r: v.shape for r, v in values.items()},
+    return batch.Lowered({r: v._type.shape for r, v in values.items()},  # (not the property)
                          {r: v.data for r, v in values.items()}, reads, failed, output_counts)
 
 
