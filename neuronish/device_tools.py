@@ -126,6 +126,25 @@ def _read(reported: set[str] | None = None) -> list[dict]:
     return processes
 
 
+# How long a screen waits for processes whose counters were not republished since the
+# previous reading: a publisher writes every PUBLISH_INTERVAL seconds, later on a loaded
+# host, and two readings of one snapshot give no rate at all.
+_REPUBLISH_WAIT = 10 * telemetry.PUBLISH_INTERVAL
+
+
+def _read_after(before: list[dict], reported: set[str]) -> list[dict]:
+    """A reading in which every process of `before` still alive has published anew
+    (or `_REPUBLISH_WAIT` seconds have passed)."""
+    seen = {p["pid"]: p["time"] for p in before}
+    deadline = time.monotonic() + _REPUBLISH_WAIT
+    while True:
+        after = _read(reported)
+        stale = [p for p in after if p["pid"] in seen and p["time"] <= seen[p["pid"]]]
+        if not stale or time.monotonic() >= deadline:
+            return after
+        time.sleep(telemetry.PUBLISH_INTERVAL / 5)
+
+
 def ls(args: argparse.Namespace) -> int:
     try:
         processes = _read()
@@ -154,7 +173,7 @@ def top(args: argparse.Namespace) -> int:
     try:
         while args.iterations == 0 or done < args.iterations:
             time.sleep(args.interval)
-            after = _read(reported)
+            after = _read_after(before, reported)
             r = rates(before, after)
             if args.json:
                 print(json.dumps({"time": time.time(), **r}), flush=True)

@@ -134,6 +134,24 @@ def test_ls_and_top_show_a_running_process(executable: Path, tmp_path: Path) -> 
     assert "no process is using the device" in _tool("ls", env=env).stdout
 
 
+def test_top_faster_than_the_publisher_still_gives_rates(executable: Path,
+                                                         tmp_path: Path) -> None:
+    """Readings closer together than PUBLISH_INTERVAL would read one snapshot twice (no
+    rate): each screen waits for every process to publish anew."""
+    env = _env(tmp_path)
+    worker = _start(executable, env)
+    try:
+        _published(tmp_path, worker.pid)
+        top = _tool("top", "--iterations", "3", "--interval", "0.01", "--json", env=env)
+        assert top.returncode == 0, top.stderr
+        for line in top.stdout.splitlines():
+            (rate,) = [m for m in json.loads(line)["models"] if m["pid"] == worker.pid]
+            assert rate["calls_per_second"] > 0, line
+    finally:
+        worker.stdin.close()
+        assert worker.wait(timeout=30) == 0
+
+
 def test_a_killed_process_is_not_listed(executable: Path, tmp_path: Path) -> None:
     env = _env(tmp_path)
     worker = _start(executable, env)
