@@ -123,9 +123,19 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
   }
   for (size_t k = 0; k < copies_.size(); ++k)
     for (size_t s = 0; s < std::max<size_t>(stages, 1); ++s) idle_.push_back(k);
+  if (observe::profiling()) {  // (a model loaded before recording starts is not timed)
+    about_ = observe::about(*this);
+    for (auto &copy : copies_)
+      for (auto &stage : copy->program->stages) {
+        copy->timing.emplace_back(size_t(2 * std::max<int64_t>(stage->count, 1)));
+        ne_set_timing(stage->engine, copy->timing.back().data());
+      }
+  }
+  observe::model_loaded(this);
 }
 
 Model::~Model() {
+  observe::model_unloaded(this);  // (first: a counters snapshot reads its copies no more)
   for (auto &copy : copies_) device_->release(copy->reservation);
 }
 
@@ -216,7 +226,11 @@ size_t Model::take_copy(const Cutoff *cutoff) {
 }
 
 void Model::run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff) {
+  bool timed = about_ && observe::profiling();
+  double queued = timed ? observe::now() : 0.0;
   size_t k = take_copy(cutoff);
+  double started = timed ? observe::now() : 0.0;
+  std::vector<std::vector<double>> times;  // per stage, its instructions' [start, end]
   struct GiveBack {
     Model *m; size_t k;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -275,6 +289,7 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
     // (a stage of one-thread instructions opens no parallel region: no hand-over)
     int64_t rc = stage->width > 1 ? EngineThreads::call(run) : run();
     host.release(width);
+    if (timed && rc == 0) times.push_back(copy.timing[times.size()]);
     if (rc > 0) {
       cutoff->check("while its instructions ran");  // (throws: the engine saw it)
       throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};
@@ -290,10 +305,22 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
                     (names.empty() ? "?" : names) + ")"};
     }
   }
+  if (timed) observe::record_chunk(about_, k, queued, started, observe::now(), times);
 }
 
 void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
                     const Cutoff *cutoff) {
+  if (!about_ || !observe::profiling()) return execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
+  struct CallSpan {  // (recorded whether the call succeeds or not, as profiler.py does)
+    const Model &m;
+    double start = observe::now();
+    ~CallSpan() { observe::record_call(m.about_, start, observe::now()); }
+  } span{*this};
+  execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
+}
+
+void Model::execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
+                          size_t num_outputs, const Cutoff *cutoff) {
   const Executable &exe = *exe_;
   int64_t batch = check_call(inputs, num_inputs, outputs, num_outputs);
   if (batch < 0 || batch == batch_size_) {

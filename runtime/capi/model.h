@@ -19,6 +19,7 @@
 #include "device.h"
 #include "engine_program.h"
 #include "executable.h"
+#include "observe.h"
 
 namespace nr {
 
@@ -31,6 +32,9 @@ struct Copy {
   // Telemetry (nr_model_copy): runs of its program and their wall time.
   std::atomic<uint64_t> runs{0};
   std::atomic<uint64_t> busy_ns{0};
+  // While profiling (observe.h): per stage, where its engine writes each instruction's
+  // [start, end] (written and read under the stage's lock).
+  std::vector<std::vector<double>> timing;
   ~Copy();
 };
 
@@ -46,10 +50,13 @@ class Model {
   int64_t batch_size() const { return batch_size_; }  // -1: no split (compiled shapes only)
   size_t duplicates() const { return copies_.size(); }
   const Copy &copy(size_t k) const { return *copies_[k]; }
+  std::shared_ptr<Device> device() const { return device_; }
 
  private:
   // One run at the compiled shapes: `ins`/`outs` are buffers of exactly those shapes.
   void run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff);
+  void execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
+                     const Cutoff *cutoff);
   size_t take_copy(const Cutoff *cutoff);
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;
@@ -60,6 +67,7 @@ class Model {
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
   std::deque<size_t> idle_;  // copies free to take a call (each once per stage)
+  std::shared_ptr<const observe::About> about_;  // set when the process profiles (observe.h)
 };
 
 }  // namespace nr
