@@ -39,6 +39,7 @@ struct DtypeTable {
 
 // The op's attrs (docs/contracts.md, "NeuronOp"), read once when the kernel is built.
 struct NeuronOpAttrs {
+  std::string node;   // the op's node name
   std::string where;  // "NeuronOp '<node>': ", the prefix of every message
   std::vector<std::string> input_names, output_names;
   std::vector<tensorflow::PartialTensorShape> input_shapes, output_shapes;
@@ -60,7 +61,8 @@ struct NeuronOpAttrs {
   // checked against them when it loads).
   absl::Status Read(tensorflow::OpKernelConstruction* ctx, const DtypeTable& table) {
     dtypes = table;
-    where = "NeuronOp '" + ctx->def().name() + "': ";
+    node = ctx->def().name();
+    where = "NeuronOp '" + node + "': ";
     TF_RETURN_IF_ERROR(ctx->GetAttr("input_names", &input_names));
     TF_RETURN_IF_ERROR(ctx->GetAttr("output_names", &output_names));
     TF_RETURN_IF_ERROR(ctx->GetAttr("input_shapes", &input_shapes));

@@ -400,6 +400,7 @@ class NeuronOpNativeKernel : public OpKernel {
       nr_model_unload(model);
       return ok;
     }
+    nr_model_set_label(model, a_.node.c_str());  // (its name in profiles and neuronish ls)
     model_.store(model, std::memory_order_release);
     ready_.store(true, std::memory_order_release);
     return absl::OkStatus();

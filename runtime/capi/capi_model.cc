@@ -144,6 +144,11 @@ nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_t num_i
 
 void nr_host_observes(void) { nr::observe::host_observes(); }
 
+nr_status nr_model_set_label(nr_model *model, const char *label) {
+  if (!model || !label) return NR_INVALID_ARGUMENT;
+  return guarded(nullptr, 0, [&] { model->model->set_label(label); });
+}
+
 nr_status nr_model_instruction_spec(const nr_model *model, size_t index, const int64_t **ints, size_t *num_ints,
                                     const double **floats, size_t *num_floats) {
   if (!model || !ints || !num_ints || !floats || !num_floats) return NR_INVALID_ARGUMENT;

@@ -123,6 +123,7 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
   }
   for (size_t k = 0; k < copies_.size(); ++k)
     for (size_t s = 0; s < std::max<size_t>(stages, 1); ++s) idle_.push_back(k);
+  label_ = observe::model_name(*exe_);
   if (observe::profiling()) {  // (a model loaded before recording starts is not timed)
     about_ = observe::about(*this);
     for (auto &copy : copies_)
@@ -132,6 +133,11 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
       }
   }
   observe::model_loaded(this);
+}
+
+void Model::set_label(const std::string &label) {
+  observe::relabel(this, [&] { label_ = label.substr(0, 200); });
+  if (about_) about_ = observe::about(*this);  // (before the model's first call)
 }
 
 Model::~Model() {

@@ -51,6 +51,10 @@ class Model {
   size_t duplicates() const { return copies_.size(); }
   const Copy &copy(size_t k) const { return *copies_[k]; }
   std::shared_ptr<Device> device() const { return device_; }
+  // The name profiles and `neuronish ls` show (nr_model_set_label; its outputs' names by
+  // default). Read by the telemetry publisher under its lock (observe::relabel).
+  const std::string &label() const { return label_; }
+  void set_label(const std::string &label);
 
  private:
   // One run at the compiled shapes: `ins`/`outs` are buffers of exactly those shapes.
@@ -67,6 +71,7 @@ class Model {
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
   std::deque<size_t> idle_;  // copies free to take a call (each once per stage)
+  std::string label_;
   std::shared_ptr<const observe::About> about_;  // set when the process profiles (observe.h)
 };
 

@@ -322,7 +322,7 @@ std::string snapshot(Telemetry &t) {
     }
     int64_t batch = m->batch_size() > 0 ? m->batch_size() : 1;
     models += std::string(models.empty() ? "" : ", ") + "{\"id\": " + std::to_string(tracked.id) +
-              ", \"name\": " + json_string(model_name(m->exe())) + ", \"core_groups\": [" + groups +
+              ", \"name\": " + json_string(m->label()) + ", \"core_groups\": [" + groups +
               "], \"bytes_per_core\": [" + bytes + "], \"batch\": " + std::to_string(batch) +
               ", \"engine\": \"native (C runtime)\", \"calls\": " + std::to_string(runs) +
               ", \"inferences\": " + std::to_string(runs * uint64_t(batch)) +
@@ -432,6 +432,11 @@ void model_loaded(const Model *model) {
   }
 }
 
+void relabel(const Model *, const std::function<void()> &set) {
+  std::lock_guard<std::mutex> lock(telemetry().mu);
+  set();
+}
+
 void model_unloaded(const Model *model) {
   Telemetry &t = telemetry();
   std::lock_guard<std::mutex> lock(t.mu);
@@ -446,7 +451,7 @@ void model_unloaded(const Model *model) {
 std::shared_ptr<const About> about(const Model &model) {
   auto a = std::make_shared<About>();
   const Executable &exe = model.exe();
-  a->name = model_name(exe).substr(0, 60);
+  a->name = model.label().substr(0, 60);
   a->batch = model.batch_size();
   for (size_t k = 0; k < model.duplicates(); ++k) {
     std::string cores = "[";

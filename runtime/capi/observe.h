@@ -11,6 +11,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,7 @@ void host_observes();                          // nr_host_observes
 void device_opened();                          // reads NEURONISH_PROFILE once per process
 void model_loaded(const Model *model);         // telemetry: publish it
 void model_unloaded(const Model *model);       // (before its copies go)
+void relabel(const Model *model, const std::function<void()> &set);  // set, under the publisher's lock
 // A model's name: its output tensor names (a host has no label for it).
 std::string model_name(const Executable &exe);
 std::shared_ptr<const About> about(const Model &model);

@@ -241,6 +241,10 @@ NR_API nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_
  * itself (the Python runtime does) calls nr_host_observes() before opening a device: this
  * library then does neither. */
 NR_API void nr_host_observes(void);
+/* The model's name in profiles and `neuronish ls/top` (a NeuronOp's node name, say; by
+ * default its output tensor names; at most 200 bytes kept). Call it before the model's
+ * first call. NR_INVALID_ARGUMENT for a NULL model or label. */
+NR_API nr_status nr_model_set_label(nr_model *model, const char *label);
 
 /* For tests: the native engine spec the loader built for instruction `index` (flat, over
  * all cores) of the model's first copy: its int64 list and its floats (as engine.cc reads

@@ -201,3 +201,36 @@ def test_a_python_host_publishes_once(built, tmp_path: Path) -> None:
                        env={**os.environ, "NEURONISH_RUN_DIR": str(run_dir)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["0"]
+
+
+def test_the_tensorflow_c_host_profiles_its_neuron_op_by_node_name(tmp_path: Path,
+                                                                    ) -> None:
+    """examples/c/tf_saved_model.c (TensorFlow's C API, the NeuronOp library, no Python):
+    its trace names the model by the NeuronOp's node (nr_model_set_label), and a batch of
+    5 on an op compiled at 2 runs as three chunks."""
+    import tensorflow as tf
+
+    import neuronish.saved_model
+    from neuronish import native_op_library
+    from tests.neuronish.test_op_library_c import _build_program, _run, _signature, _TwoInputs
+
+    src, out = tmp_path / "src", tmp_path / "compiled"
+    module = _TwoInputs()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    report = neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    [op] = report["NeuronOps"]
+    ins, outs = _signature(out)
+    program = _build_program(tmp_path / "tf_saved_model")
+    traces = tmp_path / "traces"
+    r = _run(program, "-l", str(native_op_library.build()), str(out),
+             f"{ins['x']}=float32:5,16", f"{ins['z']}=float32:5,8", "--", outs["y"],
+             NEURONISH_PROFILE=str(traces), NEURONISH_TELEMETRY="0")
+    assert r.returncode == 0, r.stderr
+    [path] = traces.iterdir()
+    spans = check_trace_format(json.loads(path.read_text()))
+    executes = [e for e in spans if e["cat"] == "execute"]
+    # (TensorFlow names the node inside the function it inlined: .../model/neuron_op_0)
+    assert [(e["args"]["model"].rsplit("/", 1)[-1], e["args"]["batch"]) for e in executes] \
+        == [(op["name"], 2)] * 3
+    assert sum(e["cat"] == "call" for e in spans) == 1
+    assert any(e["cat"] == "instruction" for e in spans)
