@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
               "--top >= 0", file=sys.stderr)
         return 2
     # Its NeuronOps on the Python runtime, which records each instruction; the C runtime
-    # (where they load by default) records no profile yet (docs/c-api.md).
+    # (where they load by default) records profiles only without Python (docs/c-api.md).
     os.environ["NEURONISH_KERNEL"] = "python"
     try:
         _check_saved_model_dir(args.model_dir)

@@ -12,7 +12,8 @@ memory) returns no model and the reason: the caller then loads on the Python run
 which keeps its own rules (and its fallback to TensorFlow). `NEURONISH_KERNEL=python`
 turns this path off; so do the settings only the Python runtime honours:
 `NEURONISH_ENGINE=numpy`, `NEURONISH_NATIVE_EXCLUDE`, and a profile
-(`NEURONISH_PROFILE`), which the C runtime does not record yet.
+(`NEURONISH_PROFILE`): the C runtime records profiles only in a process without Python
+(docs/c-api.md, slice 6), and the Python profiler does not collect its spans yet.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def why_not() -> str | None:
     if os.environ.get("NEURONISH_NATIVE_EXCLUDE", "").strip():
         return "NEURONISH_NATIVE_EXCLUDE is set (only the Python runtime honours it)"
     if profiler.active():
-        return "a profile is being recorded (the C runtime records none yet)"
+        return ("a profile is being recorded (the Python profiler does not collect the C "
+                "runtime's spans yet)")
     return None
 
 
