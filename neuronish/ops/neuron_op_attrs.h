@@ -37,6 +37,9 @@ struct DtypeTable {
   std::string (*name)(tensorflow::DataType);
 };
 
+// A call's output tensors: inline up to 8 (no allocation on a call's path).
+using OutputTensors = absl::InlinedVector<tensorflow::Tensor*, 8>;
+
 // The op's attrs (docs/contracts.md, "NeuronOp"), read once when the kernel is built.
 struct NeuronOpAttrs {
   std::string node;   // the op's node name
@@ -132,7 +135,7 @@ struct NeuronOpAttrs {
   // The outputs of a call of `batch` (-1: the compiled one) on static shapes: the
   // compiled shapes with the call's batch, which is exactly what the runtime returns.
   absl::Status AllocateOutputs(tensorflow::OpKernelContext* ctx, int64_t batch,
-                               std::vector<tensorflow::Tensor*>* outputs) const {
+                               OutputTensors* outputs) const {
     outputs->resize(output_shapes.size());
     for (size_t i = 0; i < outputs->size(); ++i) {
       tensorflow::TensorShape shape;
@@ -212,7 +215,7 @@ struct CallViews {
 
   template <typename ToDevice>
   CallViews(tensorflow::OpKernelContext* ctx, const NeuronOpAttrs& a,
-            const std::vector<tensorflow::Tensor*>& outputs, ToDevice to_device) {
+            const OutputTensors& outputs, ToDevice to_device) {
     const int n_in = a.NumTensorInputs();
     size_t ranks = 0;
     for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();
