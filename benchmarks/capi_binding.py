@@ -2,6 +2,7 @@
 op through the Python runtime and against TensorFlow, in one Python process.
 
     python benchmarks/capi_binding.py [--rounds 5] [--chain 100] [--skip-c-host]
+                                      [--latency-only]
 
 1. Latency. A 16x16 MatMul + Relu at batch 1 (weights scaled so values stay finite),
    compiled at batch 1; a tf.function chains `--chain` calls (y feeds the next x), so
@@ -10,7 +11,7 @@ op through the Python runtime and against TensorFlow, in one Python process.
    C runtime (the default), the same loaded with NEURONISH_KERNEL=python (every call
    takes the GIL and goes through kernel_bridge.py), and TensorFlow on the original.
    Then examples/c/latency.py (TensorFlow's C API host, native op library), unless
-   --skip-c-host (printed last, as 4).
+   --skip-c-host (printed last, as 4). `--latency-only` stops after this figure.
 2. Concurrency. The same chained tiny model and a small CNN (two 3x3 convolutions,
    pooling, a dense layer; 8 independent calls per tf.function), called by 1 and by 8
    Python threads of this process: throughput ratio 8 callers / 1.
@@ -182,6 +183,9 @@ def tiny_and_cnn(args: argparse.Namespace, tmp: Path) -> None:
     for k, us in lat.items():
         print(f"   {k:<15} {us:7.2f} us  ({us / lat['TensorFlow']:.2f}x TensorFlow)")
 
+    if args.latency_only:
+        return
+
     print(f"\n2. concurrency: throughput of 8 caller threads / 1, {args.seconds} s per round")
     for label, fns, arg, per in (("tiny (chain)", tiny_fns, x, args.chain),
                                  ("small CNN (8 calls)", cnn_fns, img, 8)):
@@ -304,6 +308,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=30, help="chains per latency round")
     p.add_argument("--seconds", type=float, default=2.0, help="per throughput round")
     p.add_argument("--skip-c-host", action="store_true")
+    p.add_argument("--latency-only", action="store_true", help="figure 1 alone")
     args = p.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() \
@@ -313,9 +318,10 @@ def main() -> int:
     print("cpus:", os.cpu_count(), " load average before:", os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="neuronish-capi-binding-") as tmp:
         tiny_and_cnn(args, Path(tmp))
-    pipeline(args)
-    runtime_binding(args)
-    if not args.skip_c_host:
+    if not args.latency_only:
+        pipeline(args)
+        runtime_binding(args)
+    if not args.skip_c_host and not args.latency_only:
         print("\n4. the C host (examples/c/latency.py: TF C API, native op library):")
         r = subprocess.run([sys.executable, str(ROOT / "examples" / "c" / "latency.py"),
                             "--runs", "3"], capture_output=True, text=True)

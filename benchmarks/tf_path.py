@@ -58,7 +58,7 @@ def main() -> int:
     (through_tf,) = native_model.loaded_models()
     exe = max(neuron_op_executables(args.dir), key=lambda o: len(o.executable)).executable
     pool = concurrent.futures.ThreadPoolExecutor(1)  # loads and calls off the main thread
-    alone = pool.submit(native_model.load, exe, 1, "alone").result()
+    alone = pool.submit(native_model.load, exe, 1, "alone").result().model
     calls = {"through TensorFlow": (through_tf, lambda: [v.numpy() for v in fn(**feed).values()]),
              "C runtime, a thread": (alone, lambda: pool.submit(alone.run_list, [x]).result())}
     for _, call in calls.values():

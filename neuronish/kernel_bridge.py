@@ -286,12 +286,15 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
                          input_batch_axis)
         _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
                          output_batch_axis)
-        if not dynamic_shapes and native_model.wanted():
+        if not dynamic_shapes:
             # On the C runtime, when it takes the executable: the kernel then runs every
             # call there without the GIL. Anything it refuses loads on the Python runtime.
-            native = native_model.load(data, _duplicates_wanted(config), node_name)
+            native, why_not = native_model.load(data, _duplicates_wanted(config), node_name,
+                                                step_down=True)
             if native is not None:
                 return Handle(node_name, native, config, source, op_id)
+            logging.getLogger(__name__).debug("NeuronOp '%s' runs on the Python runtime: %s",
+                                              node_name, why_not)
         model = load_model(exe, config)
         model.label = node_name  # how `neuronish ls` / `top` / profiles name it
         if dynamic_shapes:

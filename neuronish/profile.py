@@ -1,6 +1,8 @@
 """`neuronish profile MODEL_DIR -o trace.json`: run a SavedModel and record a
 Chrome-trace / Perfetto timeline of what its NeuronOps did on the device
-(runtime/profiler.py), then print the instructions that took the most time."""
+(runtime/profiler.py), then print the instructions that took the most time.
+`neuronish profile --read TRACE.json` prints the same table from a trace recorded
+already: by `NEURONISH_PROFILE=DIR` in any process, a C host of the C runtime's included."""
 
 from __future__ import annotations
 
@@ -27,8 +29,11 @@ from neuronish.runtime import profiler
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="record a timeline (Chrome trace / Perfetto JSON) of a "
                        "SavedModel's device calls and print the top instructions")
-    p.add_argument("model_dir")
-    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
+    p.add_argument("model_dir", nargs="?")
+    p.add_argument("-o", "--output", help="trace file to write (JSON)")
+    p.add_argument("--read", metavar="TRACE_JSON", help="print the table of a trace recorded "
+                   "already (NEURONISH_PROFILE=DIR writes DIR/neuronish-<pid>.json) instead "
+                   "of running a model")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--requests", type=int, default=10, help="calls recorded (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="calls before recording (default 2)")
@@ -41,12 +46,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.read is not None:
+        if args.model_dir is not None or args.output is not None:
+            print("neuronish: error: --read takes no MODEL_DIR and no -o", file=sys.stderr)
+            return 2
+        return read(args.read, args.top)
+    if args.model_dir is None or args.output is None:
+        print("neuronish: error: MODEL_DIR and -o TRACE_JSON are needed (or --read "
+              "TRACE_JSON)", file=sys.stderr)
+        return 2
     if args.batch_size < 1 or args.requests < 1 or args.warmup < 0 or args.top < 0:
         print("neuronish: error: --batch-size and --requests must be >= 1, --warmup and "
               "--top >= 0", file=sys.stderr)
         return 2
     # Its NeuronOps on the Python runtime, which records each instruction; the C runtime
-    # (where they load by default) records no profile yet (docs/c-api.md).
+    # (where they load by default) records profiles only without Python (docs/c-api.md).
     os.environ["NEURONISH_KERNEL"] = "python"
     try:
         _check_saved_model_dir(args.model_dir)
@@ -80,6 +94,55 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}: {n} spans over {args.requests} request(s) of batch "
           f"{args.batch_size}; open it in https://ui.perfetto.dev or chrome://tracing",
           file=sys.stderr)
+    return 0
+
+
+_MAX_TRACE_BYTES = 1 << 30  # the profiler stops at ~2M events, a few hundred MB
+
+
+def check_trace(trace: object) -> str | None:
+    """Why `trace` is not a trace the profiler writes (the fields the table reads), or
+    None."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        return "expected a JSON object with a 'traceEvents' list"
+    for i, e in enumerate(trace["traceEvents"]):
+        if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+            return f"traceEvents[{i}] is not an event with a name"
+        if e.get("ph") != "X":
+            continue
+        dur = e.get("dur")
+        if not isinstance(e.get("cat"), str) or isinstance(dur, bool) or \
+                not isinstance(dur, (int, float)) or not isinstance(e.get("args", {}), dict):
+            return f"traceEvents[{i}] ({e['name'][:40]!r}) needs a string cat, a number dur " \
+                   f"and an args object"
+        nodes = e.get("args", {}).get("tf", [])
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+            return f"traceEvents[{i}] ({e['name'][:40]!r}): args.tf must be a list of strings"
+    return None
+
+
+def read(path: str, top: int) -> int:
+    """Print the top instructions of a trace file and what it holds."""
+    from neuronish.runtime.files import FileRefused, read_json
+
+    try:
+        trace = read_json(path, _MAX_TRACE_BYTES, "trace")
+    except FileRefused as e:
+        print(f"neuronish: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"neuronish: error: cannot read {path}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    if (why := check_trace(trace)) is not None:
+        print(f"neuronish: error: {path} is not a neuronish trace: {why}", file=sys.stderr)
+        return 1
+    print(format_top(profiler.top_instructions(trace, top)))
+    spans: dict[str, int] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X":
+            spans[e["cat"]] = spans.get(e["cat"], 0) + 1
+    counts = ", ".join(f"{n} {cat}" for cat, n in sorted(spans.items())) or "no spans"
+    print(f"{path}: {counts}", file=sys.stderr)
     return 0
 
 

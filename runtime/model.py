@@ -313,7 +313,7 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     if device is None and runtime != "python":
         from .capi import native_model
 
-        native, note = native_model.load_exact(data, duplicates)
+        native, note = native_model.load(data, duplicates)
         if native is not None:
             return native
         if runtime == "c":

@@ -1,13 +1,18 @@
 /* Run a compiled neuronish executable from plain C (C99, only neuronish_runtime.h).
  *
- *   run_model MODEL.neff [BATCH [INPUTS.bin]]
+ *   run_model [-w] MODEL.neff [BATCH [INPUTS.bin]]
  *
  * Loads the executable onto a device configured from the NEURONISH_* environment, runs it
  * once at BATCH (default: the compiled batch) on zeros, or on the bytes of INPUTS.bin
  * (every input in signature order, each C-contiguous in its dtype, one after another),
  * and prints one line per output: its name, dtype, shape and a checksum (the sum of its
- * elements as doubles for float32, else of its bytes). Exit status 0 on success, 1 with
- * the runtime's message on stderr otherwise.
+ * elements as doubles for float32, else of its bytes). With -w it then keeps the model
+ * loaded until its standard input ends (meanwhile `neuronish ls` shows it). Exit status 0
+ * on success, 1 with the runtime's message on stderr otherwise.
+ *
+ * Profiles and device counters come with the library: NEURONISH_PROFILE=DIR writes
+ * DIR/neuronish-<pid>.json at exit (`neuronish profile --read` prints it), and while the
+ * model is loaded `neuronish ls/top` list this process (neuronish_runtime.h).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -47,8 +52,14 @@ static int make_tensor(const nr_tensor_info *info, int64_t batch, nr_tensor *t, 
 }
 
 int main(int argc, char **argv) {
+  int hold = argc > 1 && strcmp(argv[1], "-w") == 0;
+  if (hold) {
+    argv[1] = argv[0];
+    ++argv;
+    --argc;
+  }
   if (argc < 2 || argc > 4) {
-    fprintf(stderr, "usage: %s MODEL.neff [BATCH [INPUTS.bin]]\n", argv[0]);
+    fprintf(stderr, "usage: %s [-w] MODEL.neff [BATCH [INPUTS.bin]]\n", argv[0]);
     return 2;
   }
   char error[4096];
@@ -95,6 +106,10 @@ int main(int argc, char **argv) {
     printf("%s %s [", outs[i].name, nr_dtype_name(outs[i].dtype));
     for (size_t d = 0; d < outs[i].rank; ++d) printf(d ? ",%lld" : "%lld", (long long)outs[i].shape[d]);
     printf("] %.9g\n", sum);
+  }
+  if (hold) {
+    fflush(stdout);
+    while (getchar() != EOF) continue;
   }
   for (size_t i = 0; i < n_in; ++i) free(ins[i].data);
   for (size_t i = 0; i < n_out; ++i) free(outs[i].data);

@@ -376,7 +376,7 @@ class NeuronOpKernel : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    std::vector<Tensor*> outputs;
+    OutputTensors outputs;
     if (!a_.dynamic_shapes.empty()) {
       OP_REQUIRES_OK(ctx, PrepareDynamic(ctx, &outputs));
       OP_REQUIRES_OK(ctx, Run(ctx, outputs));
@@ -404,7 +404,7 @@ class NeuronOpKernel : public OpKernel {
 
   // Checks the inputs and allocates the outputs: the compiled shapes with the
   // call's batch, which is exactly what the runtime returns.
-  absl::Status Prepare(OpKernelContext* ctx, std::vector<Tensor*>* outputs) const {
+  absl::Status Prepare(OpKernelContext* ctx, OutputTensors* outputs) const {
     int64_t batch = -1;
     TF_RETURN_IF_ERROR(a_.CheckInputs(ctx, &batch));
     return a_.AllocateOutputs(ctx, batch, outputs);
@@ -414,7 +414,7 @@ class NeuronOpKernel : public OpKernel {
   // here, the rest (bounds, which executable, the outputs' shapes) by the bridge's
   // output_shapes(handle, inputs), which may compile one for a new shape (or compute
   // the call on TensorFlow, when it falls back).
-  absl::Status PrepareDynamic(OpKernelContext* ctx, std::vector<Tensor*>* outputs) {
+  absl::Status PrepareDynamic(OpKernelContext* ctx, OutputTensors* outputs) {
     int64_t batch = -1;
     TF_RETURN_IF_ERROR(a_.CheckInputs(ctx, &batch));
     if (!PythonUsable()) {
@@ -562,7 +562,7 @@ class NeuronOpKernel : public OpKernel {
   // One call on the C runtime, on TensorFlow's buffers, without the GIL. True when the
   // call is settled (`result` is what it came to); false when the runtime failed it in
   // a way the Python runtime decides about (an engine error, a failed device).
-  bool RunNative(OpKernelContext* ctx, nr_model* model, const std::vector<Tensor*>& outputs,
+  bool RunNative(OpKernelContext* ctx, nr_model* model, const OutputTensors& outputs,
                  absl::Status* result) const {
     const int n_in = a_.NumTensorInputs();
     const size_t n_out = outputs.size();
@@ -599,7 +599,7 @@ class NeuronOpKernel : public OpKernel {
     }
   }
 
-  absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
+  absl::Status Run(OpKernelContext* ctx, const OutputTensors& outputs) {
     TF_RETURN_IF_ERROR(RequirePython());
     TF_RETURN_IF_ERROR(EnsureLoaded(ctx));
     Gil gil;

@@ -37,8 +37,12 @@ struct DtypeTable {
   std::string (*name)(tensorflow::DataType);
 };
 
+// A call's output tensors: inline up to 8 (no allocation on a call's path).
+using OutputTensors = absl::InlinedVector<tensorflow::Tensor*, 8>;
+
 // The op's attrs (docs/contracts.md, "NeuronOp"), read once when the kernel is built.
 struct NeuronOpAttrs {
+  std::string node;   // the op's node name
   std::string where;  // "NeuronOp '<node>': ", the prefix of every message
   std::vector<std::string> input_names, output_names;
   std::vector<tensorflow::PartialTensorShape> input_shapes, output_shapes;
@@ -60,7 +64,8 @@ struct NeuronOpAttrs {
   // checked against them when it loads).
   absl::Status Read(tensorflow::OpKernelConstruction* ctx, const DtypeTable& table) {
     dtypes = table;
-    where = "NeuronOp '" + ctx->def().name() + "': ";
+    node = ctx->def().name();
+    where = "NeuronOp '" + node + "': ";
     TF_RETURN_IF_ERROR(ctx->GetAttr("input_names", &input_names));
     TF_RETURN_IF_ERROR(ctx->GetAttr("output_names", &output_names));
     TF_RETURN_IF_ERROR(ctx->GetAttr("input_shapes", &input_shapes));
@@ -130,7 +135,7 @@ struct NeuronOpAttrs {
   // The outputs of a call of `batch` (-1: the compiled one) on static shapes: the
   // compiled shapes with the call's batch, which is exactly what the runtime returns.
   absl::Status AllocateOutputs(tensorflow::OpKernelContext* ctx, int64_t batch,
-                               std::vector<tensorflow::Tensor*>* outputs) const {
+                               OutputTensors* outputs) const {
     outputs->resize(output_shapes.size());
     for (size_t i = 0; i < outputs->size(); ++i) {
       tensorflow::TensorShape shape;
@@ -210,7 +215,7 @@ struct CallViews {
 
   template <typename ToDevice>
   CallViews(tensorflow::OpKernelContext* ctx, const NeuronOpAttrs& a,
-            const std::vector<tensorflow::Tensor*>& outputs, ToDevice to_device) {
+            const OutputTensors& outputs, ToDevice to_device) {
     const int n_in = a.NumTensorInputs();
     size_t ranks = 0;
     for (int i = 0; i < n_in; ++i) ranks += ctx->input(i).dims();

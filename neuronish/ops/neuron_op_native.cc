@@ -238,7 +238,7 @@ class NeuronOpNativeKernel : public OpKernel {
     int64_t batch = -1;
     OP_REQUIRES_OK(ctx, a_.CheckInputs(ctx, &batch));
     OP_REQUIRES_OK(ctx, EnsureLoaded(ctx));
-    std::vector<Tensor*> outputs;
+    OutputTensors outputs;
     OP_REQUIRES_OK(ctx, a_.AllocateOutputs(ctx, batch, &outputs));
     OP_REQUIRES_OK(ctx, Run(ctx, outputs));
   }
@@ -400,6 +400,7 @@ class NeuronOpNativeKernel : public OpKernel {
       nr_model_unload(model);
       return ok;
     }
+    nr_model_set_label(model, a_.node.c_str());  // (its name in profiles and neuronish ls)
     model_.store(model, std::memory_order_release);
     ready_.store(true, std::memory_order_release);
     return absl::OkStatus();
@@ -431,7 +432,7 @@ class NeuronOpNativeKernel : public OpKernel {
 
   // The call on the fallback's session: at the compiled batch as it is, else cut into
   // compiled-size chunks (the last padded), each written into the outputs' rows.
-  absl::Status RunFallback(OpKernelContext* ctx, const std::vector<Tensor*>& outputs,
+  absl::Status RunFallback(OpKernelContext* ctx, const OutputTensors& outputs,
                            int64_t deadline_ns, const volatile uint8_t* cancel) {
     const std::string where = Where();
     int64_t batch = -1;
@@ -498,7 +499,7 @@ class NeuronOpNativeKernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  absl::Status Run(OpKernelContext* ctx, const std::vector<Tensor*>& outputs) {
+  absl::Status Run(OpKernelContext* ctx, const OutputTensors& outputs) {
     const int n_in = a_.NumTensorInputs();
     const CallViews call(ctx, a_, outputs, [](DataType dt) {
       nr_dtype d = NR_FLOAT32;
@@ -524,7 +525,7 @@ class NeuronOpNativeKernel : public OpKernel {
   // On the device; or on TensorFlow, when the device refused the executable or fails
   // this call with an engine error (a later call tries the device again).
   absl::Status Execute(OpKernelContext* ctx, const nr_tensor* ins, size_t n_in,
-                       const nr_tensor* outs, const std::vector<Tensor*>& outputs,
+                       const nr_tensor* outs, const OutputTensors& outputs,
                        const nr_execute_options& options) {
     nr_model* model = model_.load(std::memory_order_acquire);
     if (!model) return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);

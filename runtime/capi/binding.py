@@ -94,6 +94,11 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     for name, (args, res) in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, res
+    # Python records the profile and publishes the counters of this process, the C
+    # runtime's models included (runtime/profiler.py, runtime/telemetry.py): the library
+    # must not do it a second time into the same files.
+    lib.nr_host_observes.argtypes, lib.nr_host_observes.restype = [], None
+    lib.nr_host_observes()
     return lib
 
 

@@ -5,6 +5,7 @@
 #include "device.h"
 #include "handles.h"
 #include "model.h"
+#include "observe.h"
 
 struct nr_device {
   std::shared_ptr<nr::Device> device;
@@ -42,6 +43,7 @@ nr_status nr_device_open(nr_device **out, char *error, size_t error_size) {
   if (!out) return report(NR_INVALID_ARGUMENT, "out is NULL", error, error_size);
   *out = nullptr;
   return guarded(error, error_size, [&] {
+    nr::observe::device_opened();  // (NEURONISH_PROFILE read once per process)
     auto dev = std::make_unique<nr_device>();
     dev->device = std::make_shared<nr::Device>(nr::config_from_env());
     *out = dev.release();
@@ -138,6 +140,13 @@ nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_t num_i
   bool any = cutoff.deadline > 0 || cutoff.cancel;
   return guarded(error, error_size,
                  [&] { model->model->execute(inputs, num_inputs, outputs, num_outputs, any ? &cutoff : nullptr); });
+}
+
+void nr_host_observes(void) { nr::observe::host_observes(); }
+
+nr_status nr_model_set_label(nr_model *model, const char *label) {
+  if (!model || !label) return NR_INVALID_ARGUMENT;
+  return guarded(nullptr, 0, [&] { model->model->set_label(label); });
 }
 
 nr_status nr_model_instruction_spec(const nr_model *model, size_t index, const int64_t **ints, size_t *num_ints,

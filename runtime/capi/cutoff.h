@@ -23,11 +23,14 @@ struct Cutoff {
   bool stopped() const { return (cancel && *cancel) || (deadline > 0 && now() >= deadline); }
   // Throws Refused (NR_CANCELLED / NR_DEADLINE_EXCEEDED) if the call is to stop; `what`
   // says where it was, in cutoff.py's words.
-  void check(const std::string &what) const {
+  // (`what` is a literal: no string is built unless the call stops.)
+  void check(const char *what) const {
     if (cancel && *cancel)
-      throw Refused{NR_CANCELLED, "the call was cancelled by its caller " + what + "; the rest of it was abandoned"};
+      throw Refused{NR_CANCELLED, std::string("the call was cancelled by its caller ") + what +
+                                      "; the rest of it was abandoned"};
     if (deadline > 0 && now() >= deadline)
-      throw Refused{NR_DEADLINE_EXCEEDED, "the call's deadline passed " + what + "; the rest of it was abandoned"};
+      throw Refused{NR_DEADLINE_EXCEEDED,
+                    std::string("the call's deadline passed ") + what + "; the rest of it was abandoned"};
   }
   // How long to block before looking again.
   std::chrono::duration<double> slice() const {

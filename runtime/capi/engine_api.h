@@ -11,6 +11,7 @@ void ne_destroy(void *p);
 int64_t ne_bind(void *p, int64_t slot, void *ptr, char *err, int64_t len);
 int64_t ne_add(void *p, const int64_t *spec, int64_t n, const float *fs, int64_t nf, char *err, int64_t len);
 int64_t ne_set_threads(void *p, int64_t threads);
+int64_t ne_set_timing(void *p, double *buf);
 int64_t ne_finalize(void *p, char *err, int64_t len);
 int64_t ne_bytes(void *p);
 int64_t ne_run(void *p, int64_t first, int64_t last, int64_t first_slot, void **ptrs, int64_t n_ptrs,

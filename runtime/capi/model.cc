@@ -108,7 +108,6 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
         void *arena = std::aligned_alloc(64, std::max<uint64_t>((exe_->arena_bytes + 63) / 64 * 64, 64));
         if (!arena) throw std::bad_alloc();
         copy->all_arenas.push_back(arena);
-        copy->arenas.push_back(arena);
       }
       copies_.push_back(std::move(copy));
     }
@@ -122,10 +121,26 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
     throw;
   }
   for (size_t k = 0; k < copies_.size(); ++k)
-    for (size_t s = 0; s < std::max<size_t>(stages, 1); ++s) idle_.push_back(k);
+    for (void *arena : copies_[k]->all_arenas) idle_.push_back(Slot{k, arena});
+  label_ = observe::model_name(*exe_);
+  if (observe::profiling()) {  // (a model loaded before recording starts is not timed)
+    about_ = observe::about(*this);
+    for (auto &copy : copies_)
+      for (auto &stage : copy->program->stages) {
+        copy->timing.emplace_back(size_t(2 * std::max<int64_t>(stage->count, 1)));
+        ne_set_timing(stage->engine, copy->timing.back().data());
+      }
+  }
+  observe::model_loaded(this);
+}
+
+void Model::set_label(const std::string &label) {
+  observe::relabel(this, [&] { label_ = label.substr(0, 200); });
+  if (about_) about_ = observe::about(*this);  // (before the model's first call)
 }
 
 Model::~Model() {
+  observe::model_unloaded(this);  // (first: a counters snapshot reads its copies no more)
   for (auto &copy : copies_) device_->release(copy->reservation);
 }
 
@@ -142,53 +157,61 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
   if (num_outputs != exe.outputs.size() || (num_outputs && !outputs))
     invalid("the call has " + std::to_string(outputs ? num_outputs : 0) + " output buffer(s); the model's outputs are " +
             names(exe.outputs) + " (" + std::to_string(exe.outputs.size()) + ", in this order)");
+  // (Messages are built only for a call refused: a good call allocates nothing here.)
   int64_t batch = -1;
-  std::string first;
+  size_t first = 0;  // the first batched input
   for (size_t i = 0; i < num_inputs; ++i) {
     const Signature &sig = exe.inputs[i];
     const nr_tensor &t = inputs[i];
-    std::string who = "input " + std::to_string(i) + " '" + sig.name + "'";
+    auto who = [&] { return "input " + std::to_string(i) + " '" + sig.name + "'"; };
     if (t.name && sig.name != t.name)
-      invalid(who + " is named '" + std::string(t.name) + "' in the call; pass the inputs in the model's order: " +
+      invalid(who() + " is named '" + std::string(t.name) + "' in the call; pass the inputs in the model's order: " +
               names(exe.inputs));
     if (int(t.dtype) != sig.type.dtype) {
       const char *got = nr_dtype_name(t.dtype);
-      invalid(who + " has dtype " + (got ? got : "<not a dtype: " + std::to_string(int(t.dtype)) + ">") +
+      invalid(who() + " has dtype " + (got ? got : "<not a dtype: " + std::to_string(int(t.dtype)) + ">") +
               "; the model was compiled for " + isa::kDTypes[sig.type.dtype].name + ". Pass a " +
               isa::kDTypes[sig.type.dtype].name + " tensor (convert it yourself if changing the values is intended)");
     }
     bool splittable = sig.batch_axis >= 0 && batch_size_ >= 0;
-    std::vector<int64_t> shape(t.shape, t.shape + (t.shape ? t.rank : 0));
+    auto shape = [&] { return std::vector<int64_t>(t.shape, t.shape + (t.shape ? t.rank : 0)); };
     bool ok = t.rank == sig.type.shape.size() && (t.shape || t.rank == 0);
     for (size_t d = 0; ok && d < t.rank; ++d)
-      ok = shape[d] >= 0 && (shape[d] == sig.type.shape[d] || (splittable && int64_t(d) == sig.batch_axis));
+      ok = t.shape[d] >= 0 && (t.shape[d] == sig.type.shape[d] || (splittable && int64_t(d) == sig.batch_axis));
     if (!ok)
-      invalid(who + " has shape " + (t.shape || t.rank == 0 ? shape_text(shape) : "<NULL>") + "; expected " +
+      invalid(who() + " has shape " + (t.shape || t.rank == 0 ? shape_text(shape()) : "<NULL>") + "; expected " +
               type_text(sig, splittable) +
               (splittable ? " (any size on batch axis " + std::to_string(sig.batch_axis) + ")" : ""));
-    uint64_t need = count(shape) * itemsize(sig.type.dtype);
+    uint64_t need = itemsize(sig.type.dtype);
+    for (size_t d = 0; d < t.rank; ++d) need *= uint64_t(t.shape[d]);
     if (t.bytes < need || (need && !t.data))
-      invalid(who + " holds " + std::to_string(t.data ? t.bytes : 0) + " bytes; its shape " + shape_text(shape) +
+      invalid(who() + " holds " + std::to_string(t.data ? t.bytes : 0) + " bytes; its shape " + shape_text(shape()) +
               " needs " + std::to_string(need));
     if (splittable) {
-      int64_t b = shape[size_t(sig.batch_axis)];
+      int64_t b = t.shape[size_t(sig.batch_axis)];
       if (batch >= 0 && b != batch)
-        invalid("inputs disagree on the batch size: " + first + " has " + std::to_string(batch) + ", '" + sig.name +
-                "' has " + std::to_string(b));
-      if (batch < 0) first = "'" + sig.name + "'";
+        invalid("inputs disagree on the batch size: '" + exe.inputs[first].name + "' has " + std::to_string(batch) +
+                ", '" + sig.name + "' has " + std::to_string(b));
+      if (batch < 0) first = i;
       batch = b;
     }
   }
   for (size_t i = 0; i < num_outputs; ++i) {
     const Signature &sig = exe.outputs[i];
     const nr_tensor &t = outputs[i];
-    std::vector<int64_t> want = sig.type.shape;
-    if (sig.batch_axis >= 0 && batch >= 0) want[size_t(sig.batch_axis)] = batch;
-    std::vector<int64_t> shape(t.shape, t.shape + (t.shape ? t.rank : 0));
-    uint64_t need = count(want) * itemsize(sig.type.dtype);
-    bool ok = int(t.dtype) == sig.type.dtype && t.rank == want.size() && shape == want &&
-              t.bytes >= need && (t.data || !need) && (!t.name || sig.name == t.name);
+    auto want_dim = [&](size_t d) {
+      return sig.batch_axis >= 0 && batch >= 0 && int64_t(d) == sig.batch_axis ? batch : sig.type.shape[d];
+    };
+    uint64_t need = itemsize(sig.type.dtype);
+    for (size_t d = 0; d < sig.type.shape.size(); ++d) need *= uint64_t(want_dim(d));
+    bool same = t.rank == sig.type.shape.size() && (t.shape || t.rank == 0);
+    for (size_t d = 0; same && d < t.rank; ++d) same = t.shape[d] == want_dim(d);
+    bool ok = int(t.dtype) == sig.type.dtype && same && t.bytes >= need && (t.data || !need) &&
+              (!t.name || sig.name == t.name);
     if (!ok) {
+      std::vector<int64_t> want = sig.type.shape;
+      if (sig.batch_axis >= 0 && batch >= 0) want[size_t(sig.batch_axis)] = batch;
+      std::vector<int64_t> shape(t.shape, t.shape + (t.shape ? t.rank : 0));
       const char *got = nr_dtype_name(t.dtype);
       invalid("output buffer " + std::to_string(i) + " for output '" + sig.name + "' is " +
               (t.name && sig.name != t.name ? "named '" + std::string(t.name) + "', " : "") + (got ? got : "?") +
@@ -200,7 +223,7 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
   return batch;
 }
 
-size_t Model::take_copy(const Cutoff *cutoff) {
+Model::Slot Model::take_copy(const Cutoff *cutoff) {
   std::unique_lock<std::mutex> lock(idle_mu_);
   auto idle = [&] { return !idle_.empty(); };
   if (!cutoff) {
@@ -210,45 +233,47 @@ size_t Model::take_copy(const Cutoff *cutoff) {
     while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
       cutoff->check("while it waited for the model's cores (all busy with other calls)");
   }
-  size_t k = idle_.front();
+  Slot slot = idle_.front();
   idle_.pop_front();
-  return k;
+  return slot;
 }
 
-void Model::run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff) {
-  size_t k = take_copy(cutoff);
+void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs, size_t num_outputs,
+                    const Cutoff *cutoff) {
+  bool timed = about_ && observe::profiling();
+  double queued = timed ? observe::now() : 0.0;
+  const Slot slot = take_copy(cutoff);
+  const size_t k = slot.copy;
+  double started = timed ? observe::now() : 0.0;
+  std::vector<std::vector<double>> times;  // per stage, its instructions' [start, end]
   struct GiveBack {
-    Model *m; size_t k;
+    Model *m; Slot slot;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
     ~GiveBack() {
-      Copy &c = *m->copies_[k];  // (counted whether the run succeeded or not, as in Python)
+      Copy &c = *m->copies_[slot.copy];  // (counted whether the run succeeded or not, as in Python)
       c.runs.fetch_add(1, std::memory_order_relaxed);
       c.busy_ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                        std::chrono::steady_clock::now() - start).count()),
                           std::memory_order_relaxed);
-      { std::lock_guard<std::mutex> lock(m->idle_mu_); m->idle_.push_back(k); }
+      { std::lock_guard<std::mutex> lock(m->idle_mu_); m->idle_.push_back(slot); }
       m->idle_cv_.notify_one();
     }
-  } give_back{this, k};
+  } give_back{this, slot};
   Copy &copy = *copies_[k];
-  void *arena;
-  {
-    std::lock_guard<std::mutex> lock(copy.arenas_mu);
-    arena = copy.arenas.back();  // (there are as many arenas as entries of the copy in idle_)
-    copy.arenas.pop_back();
-  }
-  struct ArenaBack {
-    Copy &c; void *a;
-    ~ArenaBack() { std::lock_guard<std::mutex> lock(c.arenas_mu); c.arenas.push_back(a); }
-  } arena_back{copy, arena};
   const Executable &exe = *exe_;
   for (size_t i = 0; i < exe.outputs.size(); ++i) {  // outputs that are constants
     auto c = exe.constants.find(exe.outputs[i].value);
     if (c != exe.constants.end()) std::memcpy(outs[i], exe.body.data() + c->second.data_offset, c->second.data_bytes);
   }
-  std::vector<void *> ptrs{arena};
-  for (const void *p : ins) ptrs.push_back(const_cast<void *>(p));  // (the engine only reads inputs)
-  for (void *p : outs) ptrs.push_back(p);
+  // The engine's per-call slots: the arena, the inputs, the outputs (on the stack for up
+  // to 31 tensors: no allocation on a call's path).
+  void *on_stack[32];
+  std::vector<void *> on_heap;
+  size_t n_ptrs = 1 + num_inputs + num_outputs;
+  void **ptrs = n_ptrs <= 32 ? on_stack : (on_heap.resize(n_ptrs), on_heap.data());
+  ptrs[0] = slot.arena;
+  for (size_t i = 0; i < num_inputs; ++i) ptrs[1 + i] = const_cast<void *>(ins[i]);  // (the engine only reads inputs)
+  for (size_t i = 0; i < num_outputs; ++i) ptrs[1 + num_inputs + i] = outs[i];
   char err[2048];
   for (auto &stage : copy.program->stages) {
     if (cutoff) cutoff->check("before its next stage could start");
@@ -267,14 +292,14 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
       cutoff->check("while it waited for the host's CPUs (busy with other calls)");
     }
     auto run = [&]() -> int64_t {
-      return ne_run(stage->engine, 0, stage->count, copy.program->first_call_slot, ptrs.data(),
-                    int64_t(ptrs.size()),
+      return ne_run(stage->engine, 0, stage->count, copy.program->first_call_slot, ptrs, int64_t(n_ptrs),
                     cutoff ? reinterpret_cast<const char *>(const_cast<const uint8_t *>(cutoff->cancel)) : nullptr,
                     cutoff ? cutoff->deadline : 0.0, err, sizeof err);
     };
     // (a stage of one-thread instructions opens no parallel region: no hand-over)
     int64_t rc = stage->width > 1 ? EngineThreads::call(run) : run();
     host.release(width);
+    if (timed && rc == 0) times.push_back(copy.timing[times.size()]);
     if (rc > 0) {
       cutoff->check("while its instructions ran");  // (throws: the engine saw it)
       throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};
@@ -290,18 +315,34 @@ void Model::run_one(const std::vector<const void *> &ins, const std::vector<void
                     (names.empty() ? "?" : names) + ")"};
     }
   }
+  if (timed) observe::record_chunk(about_, k, queued, started, observe::now(), times);
 }
 
 void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
                     const Cutoff *cutoff) {
+  if (!about_ || !observe::profiling()) return execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
+  struct CallSpan {  // (recorded whether the call succeeds or not, as profiler.py does)
+    const Model &m;
+    double start = observe::now();
+    ~CallSpan() { observe::record_call(m.about_, start, observe::now()); }
+  } span{*this};
+  execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
+}
+
+void Model::execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
+                          size_t num_outputs, const Cutoff *cutoff) {
   const Executable &exe = *exe_;
   int64_t batch = check_call(inputs, num_inputs, outputs, num_outputs);
   if (batch < 0 || batch == batch_size_) {
-    std::vector<const void *> ins;
-    std::vector<void *> outs;
-    for (size_t i = 0; i < num_inputs; ++i) ins.push_back(inputs[i].data);
-    for (size_t i = 0; i < num_outputs; ++i) outs.push_back(outputs[i].data);
-    run_one(ins, outs, cutoff);
+    const void *ins_on_stack[16];
+    void *outs_on_stack[16];
+    std::vector<const void *> ins_on_heap;
+    std::vector<void *> outs_on_heap;
+    const void **ins = num_inputs <= 16 ? ins_on_stack : (ins_on_heap.resize(num_inputs), ins_on_heap.data());
+    void **outs = num_outputs <= 16 ? outs_on_stack : (outs_on_heap.resize(num_outputs), outs_on_heap.data());
+    for (size_t i = 0; i < num_inputs; ++i) ins[i] = inputs[i].data;
+    for (size_t i = 0; i < num_outputs; ++i) outs[i] = outputs[i].data;
+    run_one(ins, num_inputs, outs, num_outputs, cutoff);
     return;
   }
   if (batch == 0) return;  // empty outputs: nothing to compute
@@ -351,7 +392,7 @@ void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor 
     std::vector<const void *> ins;
     std::vector<void *> outs;
     job(c, keep, ins, outs);
-    run_one(ins, outs, cutoff);
+    run_one(ins.data(), ins.size(), outs.data(), outs.size(), cutoff);
     finish(c, outs);
   };
   size_t workers = std::min<size_t>(copies_.size(), size_t(chunks));

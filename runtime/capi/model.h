@@ -19,18 +19,20 @@
 #include "device.h"
 #include "engine_program.h"
 #include "executable.h"
+#include "observe.h"
 
 namespace nr {
 
 struct Copy {
   std::unique_ptr<CopyProgram> program;
   Reservation reservation;
-  std::mutex arenas_mu;
-  std::vector<void *> arenas;  // idle arenas (one per stage: calls in flight at once)
-  std::vector<void *> all_arenas;
+  std::vector<void *> all_arenas;  // one per stage: calls in flight on the copy at once
   // Telemetry (nr_model_copy): runs of its program and their wall time.
   std::atomic<uint64_t> runs{0};
   std::atomic<uint64_t> busy_ns{0};
+  // While profiling (observe.h): per stage, where its engine writes each instruction's
+  // [start, end] (written and read under the stage's lock).
+  std::vector<std::vector<double>> timing;
   ~Copy();
 };
 
@@ -46,11 +48,23 @@ class Model {
   int64_t batch_size() const { return batch_size_; }  // -1: no split (compiled shapes only)
   size_t duplicates() const { return copies_.size(); }
   const Copy &copy(size_t k) const { return *copies_[k]; }
+  std::shared_ptr<Device> device() const { return device_; }
+  // The name profiles and `neuronish ls` show (nr_model_set_label; its outputs' names by
+  // default). Read by the telemetry publisher under its lock (observe::relabel).
+  const std::string &label() const { return label_; }
+  void set_label(const std::string &label);
 
  private:
   // One run at the compiled shapes: `ins`/`outs` are buffers of exactly those shapes.
-  void run_one(const std::vector<const void *> &ins, const std::vector<void *> &outs, const Cutoff *cutoff);
-  size_t take_copy(const Cutoff *cutoff);
+  void run_one(const void *const *ins, size_t num_inputs, void *const *outs, size_t num_outputs,
+               const Cutoff *cutoff);
+  void execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
+                     const Cutoff *cutoff);
+  struct Slot {  // a copy free to take a call, with an arena of its own for the call
+    size_t copy;
+    void *arena;
+  };
+  Slot take_copy(const Cutoff *cutoff);
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;
   std::shared_ptr<const Executable> exe_;
@@ -59,7 +73,9 @@ class Model {
   int64_t batch_size_ = -1;
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
-  std::deque<size_t> idle_;  // copies free to take a call (each once per stage)
+  std::deque<Slot> idle_;  // each copy once per stage, with one of its arenas
+  std::string label_;
+  std::shared_ptr<const observe::About> about_;  // set when the process profiles (observe.h)
 };
 
 }  // namespace nr

@@ -1,18 +1,19 @@
 """Models on the C runtime's process-wide device, with the Python runtime's Model surface
 (runtime/calls.py: `run`, `run_list`, `unload`, `duplicates`, `label`): what
-`neuronish.runtime.load` returns (`load_exact`) and what the Python host's NeuronOp loads
-(`load`) when the C runtime can run the executable; the kernel then calls
+`neuronish.runtime.load` returns and what the Python host's NeuronOp loads, both through
+`load`, when the C runtime can run the executable; the kernel then calls
 `nr_execute_with` directly, without the GIL (neuronish/ops/neuron_op.cc; `entry`).
 
 One C device per process (`nr_device_open`, configured from NEURONISH_* as the Python
 device is), opened on first use and kept; it keeps the process's one memory ledger, the
 Python device charging its models there (runtime/device.py). A load that the C runtime
 refuses for any reason (an instruction it lacks, a build failure, too little device
-memory) returns None:
-the caller then loads on the Python runtime, which keeps its own rules (and its fallback
-to TensorFlow). `NEURONISH_KERNEL=python` turns this path off; so do the settings only the
-Python runtime honours: `NEURONISH_ENGINE=numpy`, `NEURONISH_NATIVE_EXCLUDE`, and a
-profile (`NEURONISH_PROFILE`), which the C runtime does not record yet.
+memory) returns no model and the reason: the caller then loads on the Python runtime,
+which keeps its own rules (and its fallback to TensorFlow). `NEURONISH_KERNEL=python`
+turns this path off; so do the settings only the Python runtime honours:
+`NEURONISH_ENGINE=numpy`, `NEURONISH_NATIVE_EXCLUDE`, and a profile
+(`NEURONISH_PROFILE`): the C runtime records profiles only in a process without Python
+(docs/c-api.md, slice 6), and the Python profiler does not collect its spans yet.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,6 +49,9 @@ _ERRORS: dict[int, type[DeviceError]] = {
     13: DeadlineExceeded,
 }
 
+# NR_DEVICE_ERROR (too few core groups), NR_OUT_OF_DEVICE_MEMORY: fewer copies may fit
+_TOO_FEW_CORES_OR_MEMORY = (8, 9)
+
 _lock = threading.Lock()
 _device = None  # binding.Device, opened on first use; None until then
 _unusable: str | None = None  # why the C runtime cannot be used in this process
@@ -64,13 +69,9 @@ def why_not() -> str | None:
     if os.environ.get("NEURONISH_NATIVE_EXCLUDE", "").strip():
         return "NEURONISH_NATIVE_EXCLUDE is set (only the Python runtime honours it)"
     if profiler.active():
-        return "a profile is being recorded (the C runtime records none yet)"
+        return ("a profile is being recorded (the Python profiler does not collect the C "
+                "runtime's spans yet)")
     return None
-
-
-def wanted() -> bool:
-    """Whether a model should try the C runtime (the settings above allow it)."""
-    return why_not() is None
 
 
 def shared_device():  # -> binding.Device | None
@@ -196,41 +197,38 @@ class NativeModel(Calls):
         return f"<NativeModel {self.label!r}: {self.duplicates} duplicate(s) on the C device>"
 
 
-def load_exact(data: bytes | memoryview, duplicates: int) -> tuple[NativeModel | None, str]:
-    """`data` with exactly `duplicates` copies on the C device (runtime.load's rule), or
-    (None, why not): a setting above, the C runtime unusable here, or what it refused."""
+class Loaded(NamedTuple):
+    """What `load` gives: the model, or None and why it is not on the C runtime."""
+
+    model: NativeModel | None
+    why_not: str
+
+
+def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
+         step_down: bool = False) -> Loaded:
+    """`data` on the C device with `duplicates` copies, or (None, why not): a setting
+    above, the C runtime unusable here, or what it refused.
+
+    runtime.load asks for exactly `duplicates` (its rule); the NeuronOp passes
+    `step_down=True` to take as many as fit, down to one, when the C runtime says there
+    are too few core groups or too little memory for more."""
     from .binding import CRuntimeError, Model
 
     if (why := why_not()) is not None:
-        return None, why
+        return Loaded(None, why)
     device = shared_device()
     if device is None:
-        return None, f"the C runtime cannot be used in this process ({_unusable})"
-    try:
-        return NativeModel(Model(device, bytes(data), duplicates=duplicates)), ""
-    except CRuntimeError as e:
-        return None, f"the C runtime refused it: {e}"
-
-
-def load(data: bytes | memoryview, want_duplicates: int, label: str = "") -> NativeModel | None:
-    """`data` loaded on the C device with `want_duplicates` copies, or as many as fit
-    (down to one); None when the C runtime cannot load it (why: logged at debug)."""
-    from .binding import CRuntimeError, Model
-
-    device = shared_device()
-    if device is None:
-        return None
+        return Loaded(None, f"the C runtime cannot be used in this process ({_unusable})")
     blob = bytes(data)
-    for n in range(want_duplicates, 0, -1):
+    fewest = 1 if step_down else duplicates
+    for n in range(duplicates, fewest - 1, -1):
         try:
-            return NativeModel(Model(device, blob, duplicates=n), label)
+            return Loaded(NativeModel(Model(device, blob, duplicates=n), label), "")
         except CRuntimeError as e:
-            if e.status in (8, 9) and n > 1:  # too few core groups, or too little memory
+            if e.status in _TOO_FEW_CORES_OR_MEMORY and n > fewest:
                 continue
-            _log.debug("NeuronOp '%s': the C runtime does not load it (%s); it runs on the "
-                       "Python runtime", label, e)
-            return None
-    return None
+            return Loaded(None, f"the C runtime refused it: {e}")
+    return Loaded(None, f"duplicates must be at least 1, got {duplicates}")
 
 
 _loaded: weakref.WeakSet[NativeModel] = weakref.WeakSet()

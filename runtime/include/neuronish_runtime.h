@@ -10,7 +10,8 @@
  * runtime reads it (cores, core groups, core memory, host CPUs); loading a model onto
  * core groups (duplicates) as native engine programs (runtime/native/engine.cc, linked);
  * execute at any batch (split, padded, assembled), with a deadline and a cancel flag.
- * Not yet: profiles and telemetry, failing cores (docs/c-api.md).
+ * Profiles and telemetry as the Python runtime's (nr_host_observes). Not yet: failing
+ * cores (docs/c-api.md).
  *
  * Thread safety: an nr_executable is immutable once loaded (any threads may query it);
  * nr_execute may be called from any number of threads on one model (a call takes an idle
@@ -227,6 +228,23 @@ NR_API nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_
                                  const nr_tensor *outputs, size_t num_outputs,
                                  const nr_execute_options *options, char *error,
                                  size_t error_size);
+
+/* Profiles and device telemetry, as the Python runtime's (docs/see-inside.md). With
+ * NEURONISH_PROFILE=DIR set when the process opens its first device, every call of a model
+ * loaded afterwards is recorded (call, queue, execute and each engine instruction, host
+ * time measured) and written at exit to DIR/neuronish-<pid>.json, the trace format that
+ * `neuronish profile --read` prints and Perfetto opens. Once a model is loaded, the
+ * device's counters (`neuronish ls/top`) are published to <run dir>/<pid>.json every
+ * 0.5 s (NEURONISH_RUN_DIR, else $XDG_RUNTIME_DIR/neuronish, else /tmp/neuronish-<uid>:
+ * a directory of the user's own, 0700; refused with one warning otherwise) and removed at
+ * exit; NEURONISH_TELEMETRY=0 turns that off. A host that records and publishes these
+ * itself (the Python runtime does) calls nr_host_observes() before opening a device: this
+ * library then does neither. */
+NR_API void nr_host_observes(void);
+/* The model's name in profiles and `neuronish ls/top` (a NeuronOp's node name, say; by
+ * default its output tensor names; at most 200 bytes kept). Call it before the model's
+ * first call. NR_INVALID_ARGUMENT for a NULL model or label. */
+NR_API nr_status nr_model_set_label(nr_model *model, const char *label);
 
 /* For tests: the native engine spec the loader built for instruction `index` (flat, over
  * all cores) of the model's first copy: its int64 list and its floats (as engine.cc reads
