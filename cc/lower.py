@@ -161,20 +161,39 @@ def _check_feed(node: TFNode, spec_shape: tuple[int, ...], spec_dtype: str) -> s
 
 
 def _check_ops(order: list[TFNode], fed_nodes: set[str], problems: _Problems) -> None:
-    """Op types and attribute values, for every needed node (even below a failure)."""
+    """Op types and attribute values, for every needed node (even below a failure).
+
+    A lowering's `check` reads the node's attributes alone, so its verdict is kept by op
+    type and attributes (100,000 alike Relus are checked once); a Const's tensor-valued
+    attribute is not keyed, so Consts are checked one by one (a cheap dtype test)."""
+    verdicts: dict[tuple, object] = {}
     for node in order:
         if node.name in fed_nodes:
             continue
-        lowering = LOWERINGS.get(node.op)
-        if node.op == "Placeholder":
+        op = node.op
+        lowering = LOWERINGS.get(op)
+        if op == "Placeholder":
             problems.add(node, "this input is not fed",
                          f"add '{node.name}:0' to the io-config inputs")
-        elif lowering is None:
-            problems.add(node, f"op type {node.op} is not supported by the device",
+            continue
+        if lowering is None:
+            problems.add(node, f"op type {op} is not supported by the device",
                          "keep this node on TensorFlow (the partitioner does), or rewrite the "
                          "model with supported ops")
-        elif (reason := lowering.check(node)) is not None:
-            problems.add(node, reason)
+            continue
+        attrs = node.attr_key() if op != "Const" else None
+        if attrs is None:
+            reason = lowering.check(node)
+        else:
+            key = (op, attrs)
+            known = verdicts.get(key, _UNCHECKED)
+            reason = lowering.check(node) if known is _UNCHECKED else known
+            verdicts[key] = reason
+        if reason is not None:
+            problems.add(node, str(reason))
+
+
+_UNCHECKED = object()
 
 
 def _check_outputs(by_name: dict[str, TFNode], io: IOConfig, values: dict[TensorRef, Value],
@@ -316,8 +335,9 @@ class _ConstReads(LowerCtx):
         """The base's outputs, checked and folded alike, but a computed result is a bare
         typed Value: the batch check reads only types and constant values at this batch,
         and no lowering reads a producer, so no IR node (with its use lists) is made just
-        to be dropped. (The AddN of 100,000 inputs emits 99,999 adds here.) The same
-        `is_const` looks in the same order as the base: `_WatchedConst` counts them."""
+        to be dropped. (The AddN of 100,000 inputs emits 99,999 adds here.) The fold test
+        stops at the first computed input, so a weight after it is not counted as looked at
+        (`_WatchedConst`); the base is asked only when every input is a constant."""
         if inputs and all(v.is_const for v in inputs):
             return super().emit(kind, inputs, attrs)
         return [Value(t) for t in _output_types(kind, [v._type for v in inputs], attrs or {})]
