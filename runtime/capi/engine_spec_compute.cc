@@ -35,9 +35,8 @@ const std::map<std::string, std::string> kSwapped = {
     {"greater_equal", "less_equal"}, {"less_equal", "greater_equal"}};
 const std::map<std::string, int64_t> kReduce = {{"sum", 1}, {"mean", 2}, {"max", 3},
                                                 {"min", 4}, {"prod", 5}};
-const std::map<std::string, int64_t> kReduceInt = {{"sum", 1}, {"mean", 2}, {"max", 3},
-                                                   {"min", 4}, {"prod", 5}, {"any", 6},
-                                                   {"all", 7}};
+// spec.py's REDUCE_LOGICAL: OP_G_REDUCE's functions of bool.
+const std::map<std::string, int64_t> kReduceLogical = {{"any", 6}, {"all", 7}};
 const std::set<std::string> kGUnaryInt = {"abs", "neg", "sign", "square", "relu", "relu6"};
 
 Out generic_conv(const Attrs &a, const std::vector<Ref> &ins, const Ref &y, bool depthwise, int dims = 2) {
@@ -172,13 +171,14 @@ Out generic_unary(const std::string &fn, const Attrs &a, const Ref &x, const Ref
 
 Out generic_reduce(const Attrs &a, const Ref &x, const Ref &y, const std::set<int64_t> &axes) {
   std::string fn = a.s("fn");
-  if (!kReduce.count(fn) || x.dtype == BOOL) return std::nullopt;
+  const auto &fns = x.dtype == BOOL ? kReduceLogical : kReduce;
+  if (!fns.count(fn) || y.dtype != x.dtype) return std::nullopt;
   Ints kept, mask;
   for (size_t i = 0; i < x.shape.size(); ++i) {
     kept.push_back(axes.count(int64_t(i)) ? 1 : x.shape[i]);
     mask.push_back(axes.count(int64_t(i)) ? 1 : 0);
   }
-  Ints ints{OP_G_REDUCE, kReduce.at(fn)};
+  Ints ints{OP_G_REDUCE, fns.at(fn)};
   put(ints, x); put(ints, y, kept); append(ints, mask);
   return made(ints);
 }
@@ -288,23 +288,12 @@ Out softmax(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> 
     put(ints, x); put(ints, y);
     return made(ints);
   }
-  if (x.dtype != F32 || x.shape.empty() || x.shape.size() > 6) {
-    if (x.shape.empty()) return std::nullopt;
+  if (x.shape.empty()) return std::nullopt;
+  // Log-softmax is never oneDNN's (off by up to 3e-6 absolute: its log), but our one loop.
+  if (x.dtype != F32 || x.shape.size() > 6 || log) {
     Ints flat{elements(x.shape)};
     Ints ints{OP_G_SOFTMAX, log};
     append(ints, around(x.shape, axis));
-    put(ints, x, flat); put(ints, y, flat);
-    return made(ints);
-  }
-  if (log) {
-    if (axis != int64_t(x.shape.size()) - 1) {
-      Ints ints{OP_LOG_SOFTMAX_AXIS};
-      append(ints, around(x.shape, axis));
-      put(ints, x, Ints{elements(x.shape)}); put(ints, y, Ints{elements(x.shape)});
-      return made(ints);
-    }
-    Ints flat{elements(x.shape, 0, x.shape.size() - 1), x.shape.back()};
-    Ints ints{OP_LOG_SOFTMAX};
     put(ints, x, flat); put(ints, y, flat);
     return made(ints);
   }
@@ -329,17 +318,8 @@ Out reduce(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &
   Ints list = a.ints("axes");
   std::set<int64_t> axes(list.begin(), list.end());
   std::string fn = a.s("fn");
-  Ints kept, mask;
-  for (size_t i = 0; i < x.shape.size(); ++i) {
-    kept.push_back(axes.count(int64_t(i)) ? 1 : x.shape[i]);
-    mask.push_back(axes.count(int64_t(i)) ? 1 : 0);
-  }
-  if (x.dtype == ((fn == "any" || fn == "all") ? BOOL : I32) && !axes.empty() && y.dtype == x.dtype &&
-      !x.shape.empty()) {
-    Ints ints{OP_REDUCE_INT, kReduceInt.at(fn)};
-    put(ints, x); put(ints, y, kept); append(ints, mask);
-    return made(ints);
-  }
+  Ints kept;
+  for (size_t i = 0; i < x.shape.size(); ++i) kept.push_back(axes.count(int64_t(i)) ? 1 : x.shape[i]);
   if (axes.empty() || x.shape.empty()) return flat_copy(a, ins, outs, c);
   if (!kReduce.count(fn) || !(x.dtype == F32 || x.dtype == BF16) || x.shape.size() > 6)
     return generic_reduce(a, x, y, axes);
