@@ -51,10 +51,11 @@ enum Op : int64_t {
   OP_CONV = 1, OP_MATMUL = 2, OP_POOL = 3, OP_ELTWISE = 4, OP_BINARY = 5, OP_SOFTMAX = 6,
   OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10, OP_LAYER_NORM = 11,
   // Loops of our own (below) for what oneDNN 3.2 has no primitive for, or none as accurate
-  // as TF's. (12, 13 and 19 were element-wise loops, now the OP_G_* ones.)
-  OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16, OP_PAD = 17, OP_LOG_SOFTMAX = 18,
+  // as TF's. (12, 13 and 19 were element-wise loops, 18 and 27 float32 log-softmax and 26
+  // int32/bool reductions: now the OP_G_* ones.)
+  OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16, OP_PAD = 17,
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
-  OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
+  OP_RESIZE = 25, OP_CONV3D = 28, OP_POOL3D = 29,
   OP_MASKED_SOFTMAX = 30,
   // A reshape whose output the memory plan put on its input's bytes: nothing to do.
   OP_ALIAS = 60,
@@ -78,9 +79,8 @@ enum Bin : int64_t {
   B_ADD = 1, B_SUB = 2, B_MUL = 3, B_DIV = 4, B_MAX = 5, B_MIN = 6, B_GT = 7, B_GE = 8,
   B_LT = 9, B_LE = 10, B_EQ = 11, B_NE = 12,
 };
-enum Red : int64_t { R_SUM = 1, R_MEAN = 2, R_MAX = 3, R_MIN = 4, R_MUL = 5 };
-// OP_REDUCE_INT functions: int32, then bool.
-enum RedInt : int64_t { RI_SUM = 1, RI_MEAN = 2, RI_MAX = 3, RI_MIN = 4, RI_PROD = 5, RI_ANY = 6, RI_ALL = 7 };
+// OP_REDUCE and OP_G_REDUCE functions; any and all are OP_G_REDUCE's, on bool only.
+enum Red : int64_t { R_SUM = 1, R_MEAN = 2, R_MAX = 3, R_MIN = 4, R_MUL = 5, R_ANY = 6, R_ALL = 7 };
 // Why a run stopped early (ne_run's result; keep in step with runtime/native/engine_program.py).
 enum Stop : int64_t { STOP_CANCELLED = 1, STOP_DEADLINE = 2 };
 
@@ -897,15 +897,12 @@ struct Program {
       case OP_GATHER: add_gather(rd, ins); break;
       case OP_STRIDED_COPY: add_strided_copy(rd, ins); break;
       case OP_PAD: add_pad(rd, ins); break;
-      case OP_LOG_SOFTMAX: add_log_softmax(rd, ins); break;
       case OP_ARGMINMAX: add_argminmax(rd, ins); break;
       case OP_CUMULATIVE: add_cumulative(rd, ins); break;
       case OP_ONE_HOT: add_one_hot(rd, ins); break;
       case OP_TOP_K: add_top_k(rd, ins); break;
       case OP_MIRROR_PAD: add_mirror_pad(rd, ins); break;
       case OP_RESIZE: add_resize(rd, ins); break;
-      case OP_REDUCE_INT: add_reduce_int(rd, ins); break;
-      case OP_LOG_SOFTMAX_AXIS: add_log_softmax_axis(rd, ins); break;
       case OP_MASKED_SOFTMAX: add_masked_softmax(rd, ins); break;
       case OP_CONV3D: add_conv3d(rd, ins); break;
       case OP_POOL3D: add_pool3d(rd, ins); break;
@@ -1455,36 +1452,6 @@ struct Program {
     });
   }
 
-  // log-softmax over the last axis of x [rows, n], float32: (x - max) - log(sum(exp(x -
-  // max))) in the reference engine's order, with libm's exp and log.
-  void add_log_softmax(Reader& rd, Instr& ins) {
-    Ref x = rd.ref(), y = rd.ref();
-    if (x.dims.size() != 2 || y.dims != x.dims || x.type != dt::f32)
-      throw Error("log_softmax: expected float32 x [rows, n]");
-    int64_t rows = x.dims[0], n = x.dims[1];
-    Step s;
-    byte_arg(s, x);
-    byte_arg(s, y);
-    push_loop(ins, s, "neuronish:log_softmax", [rows, n](const Step& st, int threads) {
-      const float* px = data<const float>(st, 0);
-      float* py = data<float>(st, 1);
-#pragma omp parallel for num_threads(threads) if (threads > 1)
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* a = px + r * n;
-        float* o = py + r * n;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) m = a[j] > m || a[j] != a[j] ? a[j] : m;
-        float sum = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          o[j] = a[j] - m;
-          sum += std::exp(o[j]);
-        }
-        float ls = std::log(sum);
-        for (int64_t j = 0; j < n; ++j) o[j] -= ls;
-      }
-    });
-  }
-
   // Attention's masked softmax over the last axis of x (float32 or bfloat16, computed in
   // float32 and rounded once), the mask (bool, x's rank) broadcasting to it: one pass over
   // the scores where select, softmax and select took three (exp_poly, masked_softmax_row).
@@ -1942,106 +1909,6 @@ struct Program {
             }
           }
         }
-    });
-  }
-
-  // int32 (sum, mean, max, min, prod; wrapping, mean truncating toward zero as TF's
-  // integer division) and bool (any, all) reductions: x, y (x's shape with the reduced
-  // dims 1), then per x dim whether it is reduced. The order of an integer sum does not
-  // change it, so this walks x once and accumulates into y.
-  void add_reduce_int(Reader& rd, Instr& ins) {
-    int64_t fn = rd.next();
-    Ref x = rd.ref(), y = rd.ref();
-    size_t r = x.dims.size();
-    std::vector<int64_t> reduced = rd.ints((int64_t)r);
-    bool boolean = fn == RI_ANY || fn == RI_ALL;
-    if (y.dims.size() != r || x.type != y.type || x.type != (boolean ? dt::u8 : dt::s32) ||
-        fn < RI_SUM || fn > RI_ALL)
-      throw Error("reduce (int32/bool): bad spec");
-    std::vector<int64_t> yst = dense_strides(y.dims), step(r);
-    int64_t group = 1;
-    for (size_t k = 0; k < r; ++k) {
-      if (reduced[k]) group *= x.dims[k];
-      if ((reduced[k] ? 1 : x.dims[k]) != y.dims[k]) throw Error("reduce: y's shape");
-      step[k] = reduced[k] ? 0 : yst[k];
-    }
-    int64_t total = count(x), outs = count(y);
-    memory::dims xd = x.dims;
-    Step s;
-    byte_arg(s, x);
-    byte_arg(s, y);
-    push_loop(ins, s, "neuronish:reduce_int", [=](const Step& st, int) {
-      std::vector<int64_t> at(r, 0);
-      int64_t yo = 0;
-      auto walk = [&](auto tag, auto init, auto op) {
-        using T = decltype(tag);
-        const T* px = data<const T>(st, 0);
-        T* py = data<T>(st, 1);
-        for (int64_t j = 0; j < outs; ++j) py[j] = init;
-        for (int64_t i = 0; i < total; ++i) {
-          py[yo] = op(py[yo], px[i]);
-          for (size_t k = r; k-- > 0;) {  // the next x index, and its y offset
-            yo += step[k];
-            if (++at[k] < xd[k]) break;
-            yo -= step[k] * xd[k];
-            at[k] = 0;
-          }
-        }
-      };
-      switch (fn) {
-        case RI_SUM: case RI_MEAN:
-          walk(uint32_t(), 0u, [](uint32_t a, uint32_t b) { return a + b; });
-          break;
-        case RI_PROD: walk(uint32_t(), 1u, [](uint32_t a, uint32_t b) { return a * b; }); break;
-        case RI_MAX:
-          walk(int32_t(), INT32_MIN, [](int32_t a, int32_t b) { return std::max(a, b); });
-          break;
-        case RI_MIN:
-          walk(int32_t(), INT32_MAX, [](int32_t a, int32_t b) { return std::min(a, b); });
-          break;
-        case RI_ANY: walk(uint8_t(), (uint8_t)0, [](uint8_t a, uint8_t b) { return (uint8_t)(a | (b != 0)); }); break;
-        default: walk(uint8_t(), (uint8_t)1, [](uint8_t a, uint8_t b) { return (uint8_t)(a & (b != 0)); });
-      }
-      if (fn == RI_MEAN) {
-        int32_t* py = data<int32_t>(st, 1);
-        for (int64_t j = 0; j < outs; ++j) py[j] = (int32_t)((int64_t)py[j] / group);
-      }
-    });
-  }
-
-  // log-softmax of float32 x [outer, n, inner] along n (an axis not the last), as the
-  // last-axis loop computes it: (x - max) - log(sum(exp(x - max))).
-  void add_log_softmax_axis(Reader& rd, Instr& ins) {
-    int64_t outer = rd.next(), n = rd.next(), inner = rd.next();
-    Ref x = rd.ref(), y = rd.ref();
-    if (x.type != dt::f32 || y.type != dt::f32 || outer * n * inner != count(x) ||
-        count(y) != count(x))
-      throw Error("log_softmax: bad spec");
-    Step s;
-    byte_arg(s, x);
-    byte_arg(s, y);
-    push_loop(ins, s, "neuronish:log_softmax", [=](const Step& st, int threads) {
-      const float* px = data<const float>(st, 0);
-      float* py = data<float>(st, 1);
-#pragma omp parallel for num_threads(threads) if (threads > 1)
-      for (int64_t o = 0; o < outer; ++o) {
-        std::vector<float> m(inner, -INFINITY), sum(inner, 0.f);
-        const float* a = px + o * n * inner;
-        float* b = py + o * n * inner;
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t i = 0; i < inner; ++i) {
-            float v = a[j * inner + i];
-            m[i] = v > m[i] || v != v ? v : m[i];
-          }
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t i = 0; i < inner; ++i) {
-            b[j * inner + i] = a[j * inner + i] - m[i];
-            sum[i] += std::exp(b[j * inner + i]);
-          }
-        for (int64_t i = 0; i < inner; ++i) sum[i] = std::log(sum[i]);
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t i = 0; i < inner; ++i) b[j * inner + i] -= sum[i];
-      }
     });
   }
 
@@ -2570,14 +2437,17 @@ void add_g_binary(Program& p, Reader& rd, Instr& ins) {
 }
 
 // x -> y over the axes flagged in `reduced` (y keeps them as 1s): sum/mean/max/min/prod
-// (spec.py's REDUCE codes). 16-bit floats accumulate in float32 and round once; float64 in
-// double; integers wrap in their own width and a mean truncates toward zero, as TF.
+// (spec.py's REDUCE codes), and any/all of bool (REDUCE_LOGICAL). 16-bit floats accumulate
+// in float32 and round once; float64 in double; integers wrap in their own width and a mean
+// truncates toward zero, as TF. Walks x once in order, accumulating into y's slot.
 void add_g_reduce(Program& p, Reader& rd, Instr& ins) {
   int64_t fn = rd.next();
   Ref x = rd.ref(), y = rd.ref();
   size_t r = x.dims.size();
   std::vector<int64_t> reduced = rd.ints((int64_t)r);
-  if (y.dims.size() != r || x.code != y.code || x.code == D_BOOL || fn < R_SUM || fn > R_MUL)
+  bool logical = x.code == D_BOOL;
+  if (y.dims.size() != r || x.code != y.code ||
+      (logical ? fn != R_ANY && fn != R_ALL : fn < R_SUM || fn > R_MUL))
     throw Error("reduce (any dtype): bad spec");
   std::vector<int64_t> yst(r), step(r);
   int64_t group = 1, acc_stride = 1;
@@ -2602,7 +2472,7 @@ void add_g_reduce(Program& p, Reader& rd, Instr& ins) {
       const T* px = data<const T>(st, 0);
       T* py = data<T>(st, 1);
       std::vector<C> acc(outs);
-      C init = fn == R_MUL ? C(1) : fn == R_MAX ? std::numeric_limits<C>::lowest()
+      C init = fn == R_MUL || fn == R_ALL ? C(1) : fn == R_MAX ? std::numeric_limits<C>::lowest()
                : fn == R_MIN ? std::numeric_limits<C>::max() : C(0);
       if constexpr (is_real<T>()) {
         if (fn == R_MAX) init = -std::numeric_limits<C>::infinity();
@@ -2622,6 +2492,8 @@ void add_g_reduce(Program& p, Reader& rd, Instr& ins) {
           }
         } else {
           switch (fn) {
+            case R_ANY: a = (C)(a | (v != 0)); break;
+            case R_ALL: a = (C)(a & (v != 0)); break;
             case R_MAX: a = std::max(a, v); break;
             case R_MIN: a = std::min(a, v); break;
             case R_MUL: a = wrap_mul<T>(a, v); break;

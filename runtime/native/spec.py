@@ -23,10 +23,11 @@ OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
 OP_SOFTMAX, OP_REDUCE, OP_CONCAT, OP_TRANSPOSE, OP_REORDER = 6, 7, 8, 9, 10
 OP_LAYER_NORM = 11
 # Loops of engine.cc's own, for what oneDNN has no (accurate enough) primitive for.
-# (12, 13 and 19 were float32/int32-only element-wise loops, now the OP_G_* ones below.)
-OP_SELECT, OP_GATHER, OP_STRIDED_COPY, OP_PAD, OP_LOG_SOFTMAX = 14, 15, 16, 17, 18
+# (12, 13 and 19 were float32/int32-only element-wise loops, 18 and 27 float32 log-softmax
+# and 26 int32/bool reductions: each now the one OP_G_* loop of its kind, below.)
+OP_SELECT, OP_GATHER, OP_STRIDED_COPY, OP_PAD = 14, 15, 16, 17
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
-OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
+OP_CONV3D, OP_POOL3D = 28, 29
 OP_MASKED_SOFTMAX = 30  # select, softmax over the last axis, select: one loop
 OP_ALIAS = 60  # a reshape onto its input's own bytes (cc/memory.py): no work
 
@@ -93,8 +94,8 @@ G_UNARY_INT = frozenset({"abs", "neg", "sign", "square", "relu", "relu6"})
 _INTS = ("int8", "uint8", "int16", "int32", "int64")
 _G_FLOATS = ("float32", "float64", "float16", "bfloat16")
 _ONEDNN_FLOATS = ("float32", "bfloat16", "float16")  # what oneDNN's matmul and conv read
-# reduce fn -> engine.cc's RedInt (int32 wrapping; any/all on bool)
-REDUCE_INT = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5, "any": 6, "all": 7}
+# bool's reductions: OP_G_REDUCE's other functions (engine.cc's Red, after REDUCE's)
+REDUCE_LOGICAL = {"any": 6, "all": 7}
 _MOVABLE = ("float32", "int32", "uint8", "bool", "int8", "bfloat16", "float16")
 
 
@@ -402,21 +403,13 @@ def _softmax(attrs: dict, ins: list[Ref], outs: list[Ref],
     if x.dtype == "bfloat16" and outs[0].dtype == x.dtype and not attrs.get("log") \
             and x.shape and len(x.shape) <= 6:  # (oneDNN computes in f32, rounds once)
         return [OP_SOFTMAX, attrs["axis"], 0, *x.encode(), *outs[0].encode()], []
-    if x.dtype != "float32" or not x.shape or len(x.shape) > 6:
-        if not x.shape:
-            return None
+    if not x.shape:
+        return None
+    # Log-softmax is never oneDNN's (off by up to 3e-6 absolute: its log), but our one loop.
+    if x.dtype != "float32" or len(x.shape) > 6 or attrs.get("log"):
         flat = [elements(x.shape)]
         return [OP_G_SOFTMAX, int(bool(attrs.get("log"))), *_around(x.shape, attrs["axis"]),
                 *x.encode(flat), *outs[0].encode(flat)], []
-    if attrs.get("log"):
-        # Not oneDNN's log-softmax (off by up to 3e-6 absolute: its log): a loop of ours,
-        # over the last axis only.
-        if attrs["axis"] != len(x.shape) - 1:
-            outer, n, inner = _around(x.shape, attrs["axis"])
-            return [OP_LOG_SOFTMAX_AXIS, outer, n, inner, *x.encode([elements(x.shape)]),
-                    *outs[0].encode([elements(x.shape)])], []
-        flat = [elements(x.shape[:-1]), x.shape[-1]]
-        return [OP_LOG_SOFTMAX, *x.encode(flat), *outs[0].encode(flat)], []
     return [OP_SOFTMAX, attrs["axis"], 0, *ins[0].encode(),
             *outs[0].encode()], []
 
@@ -437,11 +430,6 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
     x = ins[0]
     axes = set(attrs["axes"])
-    if x.dtype == ("bool" if attrs["fn"] in ("any", "all") else "int32") and axes \
-            and outs[0].dtype == x.dtype and x.shape:
-        kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
-        return [OP_REDUCE_INT, REDUCE_INT[attrs["fn"]], *x.encode(), *outs[0].encode(kept),
-                *[int(i in axes) for i in range(len(x.shape))]], []
     if not axes or not x.shape:
         return _flat_copy(attrs, ins, outs, const)
     if attrs["fn"] not in REDUCE or x.dtype not in ("float32", "bfloat16") or len(x.shape) > 6:
@@ -460,10 +448,11 @@ def _reduce(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _generic_reduce(attrs: dict, x: Ref, y: Ref) -> tuple[list[int], list[float]] | None:
     axes = set(attrs["axes"])
-    if attrs["fn"] not in REDUCE or x.dtype == "bool":
+    fns = REDUCE_LOGICAL if x.dtype == "bool" else REDUCE
+    if attrs["fn"] not in fns or y.dtype != x.dtype:
         return None
     kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
-    return [OP_G_REDUCE, REDUCE[attrs["fn"]], *x.encode(), *y.encode(kept),
+    return [OP_G_REDUCE, fns[attrs["fn"]], *x.encode(), *y.encode(kept),
             *[int(i in axes) for i in range(len(x.shape))]], []
 
 
