@@ -1,5 +1,5 @@
 """The native engine of a git ref (engine.cc + spec.py) against this tree's, on the
-element-wise instructions whose loops engine.cc owns: one process, alternating, medians.
+instructions whose loops engine.cc owns: one process, alternating, medians.
 
     python benchmarks/ab_engines.py [--base main] [--threads 1] [--rounds 41] [substring ...]
 
@@ -7,7 +7,8 @@ The base's engine.cc, engine_int8.cc and spec.py are taken with `git show REF:pa
 engine is built (g++, the same command as runtime/native/library.py) into a temporary
 directory and its spec.py loaded beside this tree's, so each side encodes and runs the
 instruction the way its own code does. Each case (1M elements; unary, broadcasting
-binary and cast over float32, int32, int64, float16 and bool) becomes one one-instruction
+binary and cast over float32, int32, int64, float16 and bool; float32 log-softmax and
+int32/bool reductions of a 1024x1024 matrix along either axis) becomes one one-instruction
 program per side; every round times one call of each, the order alternating; printed:
 both medians, new/old, and the geometric mean. Outputs must agree bit for bit (else it
 stops): a speed comparison of two encodings of the same results.
@@ -63,6 +64,12 @@ def cases() -> list[tuple[str, dict, list[np.ndarray], list[tuple[tuple[int, ...
     out += [("cast", {"to": d}, [x], [((N,), d)]) for x, d in
             [(f32, "int32"), (f32, "uint8"), (f32, "bool"), (i64, "float32"), (b, "int32"),
              (i32, "int64"), (f32, "int64")]]
+    m32, mb = f32.reshape(R, C), b.reshape(R, C)  # softmax and reductions: either axis
+    out += [("softmax", {"axis": a, "log": True}, [m32], [((R, C), "float32")]) for a in (1, 0)]
+    out += [("reduce", {"fn": f, "axes": [a]}, [x], [((R, C)[1 - a:][:1], x.dtype.name)])
+            for f, x in [("sum", i32.reshape(R, C)), ("mean", i32.reshape(R, C)),
+                         ("max", i32.reshape(R, C)), ("any", mb), ("all", mb)]
+            for a in (1, 0)]
     return out
 
 
@@ -110,8 +117,9 @@ def main() -> int:
 
     ratios = []
     for kind, attrs, ins, outs in cases():
-        label = f"{kind}:{attrs.get('fn') or attrs.get('to')} " + \
-            ",".join(x.dtype.name for x in ins)
+        axis = attrs.get("axes", [attrs.get("axis")])[0]
+        label = f"{kind}:{attrs.get('fn') or attrs.get('to') or 'log'}" + \
+            ("" if axis is None else f"@{axis}") + " " + ",".join(x.dtype.name for x in ins)
         if args.only and not any(s in label for s in args.only):
             continue
         sides = [build(old_spec.encode, old_lib, kind, attrs, ins, outs),
