@@ -577,6 +577,32 @@ def test_reduce_integers_bool_float16_and_empty_axes() -> None:
     close(run("reduce", [x], {"fn": "sum", "axes": [], "keepdims": False}), x)
 
 
+def test_reduce_integers_and_bool_over_outer_and_inner_axes() -> None:
+    # The native loop reduces x's last axis a run at a time, folded into one slot of y or
+    # added onto a row of y: both, with a kept axis between reduced ones.
+    i = RNG.integers(-1000, 1000, (3, 4, 300)).astype(np.int32)
+    b = RNG.random((3, 4, 300)) < 0.02
+    for axes in ([0, 2], [0, 1], [2]):
+        for fn in ("sum", "mean", "max", "min"):
+            close(run("reduce", [i], {"fn": fn, "axes": axes, "keepdims": False}),
+                  REDUCE_TF[fn](i, axis=axes))
+        close(run("reduce", [b], {"fn": "any", "axes": axes, "keepdims": True}),
+              tf.reduce_any(b, axis=axes, keepdims=True))
+        close(run("reduce", [~b], {"fn": "all", "axes": axes, "keepdims": False}),
+              tf.reduce_all(~b, axis=axes))
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (np.float16, 2e-3)])
+def test_softmax_along_an_outer_axis_of_wide_rows(dtype: type, tol: float) -> None:
+    # 300 positions beside the axis: the native loop takes them in blocks of 256 (one
+    # whole, one part).
+    x = randn(5, 2, 300, dtype=dtype) * 8
+    for log in (False, True):
+        ref = tf.nn.log_softmax if log else tf.nn.softmax
+        close(run("softmax", [x], {"axis": 0, "log": log}), ref(x, axis=0), rtol=tol,
+              atol=tol)
+
+
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_softmax_matches_tf(log: bool, axis: int) -> None:
