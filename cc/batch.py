@@ -515,14 +515,21 @@ def check(order: list[TFNode], fed: dict[TensorRef, int], used: set[TensorRef],
     needed node or output reads; `outputs` pairs each output with its declared batch
     axis; `at_batch`/`at_next` are lowerings at `batch` and `batch + 1`; `rules` maps op
     types to their declared batch rule (None: undeclared)."""
-    walk = _Walk(used, batch, at_batch, at_next, rules,
-                 {ref: (Fact("sample", a) if a >= 0 else FREE) for ref, a in fed.items()})
+    walk = start(fed, used, batch, at_batch, at_next, rules)
     fed_nodes = {r.node for r in fed}
     for node in order:
         if node.name not in fed_nodes:
             walk.visit(node)
-    walk.check_outputs(outputs, {n.name: n.op for n in order})
-    return walk.problems
+    return walk.finish(outputs, order)
+
+
+def start(fed: dict[TensorRef, int], used: set[TensorRef], batch: int, at_batch: Lowered,
+          at_next: Lowered, rules: dict[str, BatchRule | None]) -> _Walk:
+    """`check`'s walk, for a caller that visits the nodes itself (in topological order,
+    fed nodes left out) while it fills `at_next` in: a node's visit reads `at_next` only
+    for its own inputs and outputs. `finish` then gives the problems."""
+    return _Walk(used, batch, at_batch, at_next, rules,
+                 {ref: (Fact("sample", a) if a >= 0 else FREE) for ref, a in fed.items()})
 
 
 _ONLY_FREE = frozenset({"free"})
@@ -541,11 +548,23 @@ class _Walk:
     problems: list[NodeProblem] = field(default_factory=list)
     reported: set[str] = field(default_factory=set)
     verdicts: dict[tuple, tuple] = field(default_factory=dict)  # `_apply_rule`'s reuse
+    # Whether the last visit's outcome followed from the node's op, attributes, input
+    # facts, shapes at both batches and used outputs alone (no value read, nothing
+    # reported): the caller may then give a node alike in all of those the same facts.
+    pure: bool = False
 
-    def visit(self, node: TFNode) -> None:
-        refs = _node_outputs(node, self.at_batch)
+    def finish(self, outputs: list[tuple[TensorRef, int]], order: list[TFNode]
+               ) -> list[NodeProblem]:
+        self.check_outputs(outputs, {n.name: n.op for n in order})
+        return self.problems
+
+    def visit(self, node: TFNode, refs: list[TensorRef] | None = None) -> None:
+        """Give the node's outputs (`refs`, worked out here if not given) their facts."""
+        if refs is None:
+            refs = _node_outputs(node, self.at_batch)
         ins = [self.facts.get(r, MIXED) for r in node.inputs]
         kinds = {f.kind for f in ins}  # (one set, not four generators: once per node)
+        self.pure = True
         if node.name in self.at_next.failed and not kinds <= _ONLY_FREE:
             self._report(node, f"does not accept batch size {self.batch + 1} (compiled for "
                          f"{self.batch}), so chunks of another batch would fail: "
@@ -554,6 +573,7 @@ class _Walk:
         elif "mixed" in kinds:
             _set(self.facts, refs, MIXED)  # explained where it started
         elif refs and all([self.at_batch.values.get(r) is not None for r in refs]):
+            self.pure = False  # (facts from values)
             for r in refs:  # computed at compile time
                 self.facts[r] = _static_fact(self.at_batch.values[r],
                                              self.at_next.values.get(r), self.batch)
@@ -573,9 +593,9 @@ class _Walk:
         elif not any(f.kind == "sample" for f in ins):
             reason = _free_but_resized(node, refs, self.at_batch, self.at_next, self.batch)
         else:
-            reason, known, by_shape = _apply_rule(node, refs, ins, self.used, self.at_batch,
-                                                  self.at_next, self.batch, self.rules,
-                                                  self.verdicts)
+            reason, known, by_shape, self.pure = _apply_rule(
+                node, refs, ins, self.used, self.at_batch, self.at_next, self.batch,
+                self.rules, self.verdicts)
             if reason is None and by_shape is not None:
                 for k, r in enumerate(refs):  # what the loop below would find, found already
                     f = known[k] if known and k < len(known) else None
@@ -605,6 +625,7 @@ class _Walk:
                     f"output {ref} is {f}, but the io-config gives it batch axis {axis}", _HINT))
 
     def _report(self, node: TFNode, reason: str) -> None:
+        self.pure = False
         self.problems.append(NodeProblem(node.name, node.op, reason, _HINT))
         self.reported.add(node.name)
 
@@ -616,9 +637,10 @@ _HINT = ("keep this node on TensorFlow (the partitioner does this when it compil
 def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[TensorRef],
                 at_batch: Lowered, at_next: Lowered, batch: int,
                 rules: dict[str, BatchRule | None], verdicts: dict[tuple, tuple]
-                ) -> tuple[str | None, list[Fact] | None, list[Fact] | None]:
+                ) -> tuple[str | None, list[Fact] | None, list[Fact] | None, bool]:
     """Why the node mixes samples (or None), its outputs' facts if the rule knows them
-    better than shapes, and (when the rule ran) their facts from shapes.
+    better than shapes, (when the rule ran) their facts from shapes, and whether the
+    verdict was given without looking at input values.
 
     A rule sees the node's op, attributes, input facts and shapes, output shapes and
     (maybe) input values: for a verdict given without looking at values, `verdicts`
@@ -626,10 +648,11 @@ def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[
     without the rule running again (a chain of 100,000 Relus asks the rule once)."""
     rule = rules.get(node.op)
     if rule is None:
-        return f"op type {node.op} declares no batch rule, so it is taken as mixing", None, None
+        return (f"op type {node.op} declares no batch rule, so it is taken as mixing", None,
+                None, True)
     if any(f.interleaved for f in ins) and rule not in _KEEPS_INTERLEAVED:
         return ("its input holds the batch interleaved with image blocks (after SpaceToBatchND), "
-                "which only per-image and element-wise ops keep apart"), None, None
+                "which only per-image and element-wise ops keep apart"), None, None, True
     # (lists made tuples, not generators: this runs once per batched node)
     shapes, shapes_next = at_batch.shapes, at_next.shapes
     in_shapes = tuple([shapes.get(r, ()) for r in node.inputs])
@@ -649,7 +672,7 @@ def _apply_rule(node: TFNode, refs: list[TensorRef], ins: list[Fact], used: set[
                   [s if s is not None else () for s in out_shapes],
                   [at_batch.values.get(r) for r in node.inputs],
                   [at_next.values.get(r) for r in node.inputs])
-    verdict = (rule(view), view.outputs, outs)
+    verdict = (rule(view), view.outputs, outs, not view.read_values)
     if key is not None and not view.read_values:
         verdicts[key] = verdict
     return verdict

@@ -21,7 +21,7 @@ from .interpret import fold_node
 from .ioconfig import IOConfig, TensorSpec
 from .ir import Graph, TensorType, Value
 from .nogc import paused_gc
-from .ops.registry import LOWERINGS, LowerCtx
+from .ops.registry import LOWERINGS, LowerCtx, _output_types
 
 _NAMES_HINT = ("tensor names are '<node name>:<output index>'; check the spelling against "
                "the GraphDef's node names")
@@ -161,20 +161,39 @@ def _check_feed(node: TFNode, spec_shape: tuple[int, ...], spec_dtype: str) -> s
 
 
 def _check_ops(order: list[TFNode], fed_nodes: set[str], problems: _Problems) -> None:
-    """Op types and attribute values, for every needed node (even below a failure)."""
+    """Op types and attribute values, for every needed node (even below a failure).
+
+    A lowering's `check` reads the node's attributes alone, so its verdict is kept by op
+    type and attributes (100,000 alike Relus are checked once); a Const's tensor-valued
+    attribute is not keyed, so Consts are checked one by one (a cheap dtype test)."""
+    verdicts: dict[tuple, object] = {}
     for node in order:
         if node.name in fed_nodes:
             continue
-        lowering = LOWERINGS.get(node.op)
-        if node.op == "Placeholder":
+        op = node.op
+        lowering = LOWERINGS.get(op)
+        if op == "Placeholder":
             problems.add(node, "this input is not fed",
                          f"add '{node.name}:0' to the io-config inputs")
-        elif lowering is None:
-            problems.add(node, f"op type {node.op} is not supported by the device",
+            continue
+        if lowering is None:
+            problems.add(node, f"op type {op} is not supported by the device",
                          "keep this node on TensorFlow (the partitioner does), or rewrite the "
                          "model with supported ops")
-        elif (reason := lowering.check(node)) is not None:
-            problems.add(node, reason)
+            continue
+        attrs = node.attr_key() if op != "Const" else None
+        if attrs is None:
+            reason = lowering.check(node)
+        else:
+            key = (op, attrs)
+            known = verdicts.get(key, _UNCHECKED)
+            reason = lowering.check(node) if known is _UNCHECKED else known
+            verdicts[key] = reason
+        if reason is not None:
+            problems.add(node, str(reason))
+
+
+_UNCHECKED = object()
 
 
 def _check_outputs(by_name: dict[str, TFNode], io: IOConfig, values: dict[TensorRef, Value],
@@ -257,14 +276,14 @@ def _lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None) -> Graph:
     _check_outputs(by_name, io, values, output_counts, problems)
     _check_output_batch_axes(io, values, problems)
     fixed_batch = []
-    if not problems.all(order):
+    if not (problems.io or problems.nodes):  # (`all` sorts: only when there are some)
         mixing = _batch_problems(order, fed, fed_nodes, values, output_counts, io)
         if any(spec.batch_axis_given for spec in fed.values()):
             problems.nodes += mixing
         else:
             fixed_batch = mixing
-    if found := problems.all(order):
-        raise UnsupportedNodes(found)
+    if problems.io or problems.nodes:
+        raise UnsupportedNodes(problems.all(order))
 
     outputs = [values[TensorRef.parse(name)] for name in io.outputs]
     graph = Graph(inputs, outputs, ctx.nodes, [s.batch_axis for s in io.inputs])
@@ -312,12 +331,28 @@ class _ConstReads(LowerCtx):
         self.reads.setdefault(node.name, set()).add(i)
         return super().const_input(node, i, what)
 
+    def emit(self, kind: str, inputs: list[Value], attrs: dict | None = None) -> list[Value]:
+        """The base's outputs, checked and folded alike, but a computed result is a bare
+        typed Value: the batch check reads only types and constant values at this batch,
+        and no lowering reads a producer, so no IR node (with its use lists) is made just
+        to be dropped. (The AddN of 100,000 inputs emits 99,999 adds here.) The fold test
+        stops at the first computed input, so a weight after it is not counted as looked at
+        (`_WatchedConst`); the base is asked only when every input is a constant."""
+        if inputs and all(v.is_const for v in inputs):
+            return super().emit(kind, inputs, attrs)
+        return [Value(t) for t in _output_types(kind, [v._type for v in inputs], attrs or {})]
+
 
 def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
                     fed_nodes: set[str], values: dict[TensorRef, Value],
                     output_counts: dict[str, int], io: IOConfig) -> list[NodeProblem]:
     """The nodes that would make a batch split into chunks give other numbers
-    (`batch.check`), found by lowering the graph again at the compiled batch + 1."""
+    (`batch.check`), found by lowering the graph again at the compiled batch + 1.
+
+    One walk: each node is lowered at batch + 1 and then judged (`batch.start`'s walk),
+    so a node alike in everything the lowering and the judgement read to one already
+    done (`_alike_key`: a chain of 100,000 Relus, 100,000 Muls each by its own weight)
+    takes that node's outcome from one lookup instead of being lowered and judged."""
     batches = {spec.shape[spec.batch_axis] for spec in fed.values() if spec.batch_axis >= 0}
     if len(batches) != 1:
         return []  # nothing is batched (or the io-config already disagrees with itself)
@@ -339,6 +374,16 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
     # ...and, for lowerings that never looked at a weight's values (`_WatchedConst`), by
     # the weights' types instead: 100k Muls, each by its own constant, are lowered once.
     seen_typed: dict[tuple, tuple[list[tuple[TensorType, object]], frozenset[int]]] = {}
+    # Whole outcomes (types at batch + 1, inputs read as constants, facts) of nodes whose
+    # lowering and judgement read nothing `_alike_key` leaves out.
+    alike: dict[tuple, tuple[list[TensorType], frozenset[int], list[batch.Fact]]] = {}
+    used = {r for node in order for r in node.inputs} | {TensorRef.parse(n) for n in io.outputs}
+    at_next = _facts(nxt, ctx.reads, failed, output_counts)  # filled in as the walk goes
+    shapes_next, values_next = at_next.shapes, at_next.values
+    walk = batch.start({ref: spec.batch_axis for ref, spec in fed.items()}, used, b,
+                       _facts(values, {}, {}, output_counts), at_next,
+                       {op: lowering.batch for op, lowering in LOWERINGS.items()})
+    facts = walk.facts
     for node in order:
         if node.name in fed_nodes:
             continue
@@ -348,47 +393,110 @@ def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
             for r in refs:
                 v = values[r]
                 nxt[r] = _WatchedConst(v.type, data=v.data, name=v.name) if v.is_const else v
+                shapes_next[r], values_next[r] = v._type.shape, v.data
+            walk.visit(node, refs)
             continue
         reached.add(node.name)
-        if not failed.keys().isdisjoint(producers):
-            failed[node.name] = "an input could not be computed at that batch"
-            continue
-        ins = [nxt.get(r) for r in node.inputs]
-        typed = _same_lowering_key(node, ins, weights_by_type=True) \
-            if _WatchedConst in map(type, ins) else None
-        hit = seen_typed.get(typed) if typed is not None else None
-        key = _same_lowering_key(node, ins) if hit is None else None
-        if hit is None and key is not None:
-            hit = seen.get(key)
-        if hit is not None:
-            outs, reads = hit
-            for r, (t, data) in zip(refs, outs):
-                nxt[r] = Value(t, data=data)
+        whole = _alike_key(node, refs, values, nxt, facts, used)
+        hit_whole = alike.get(whole) if whole is not None else None
+        if hit_whole is not None:
+            types, reads, out_facts = hit_whole
+            for r, t, f in zip(refs, types, out_facts):
+                nxt[r] = Value(t)
+                shapes_next[r], values_next[r] = t.shape, None
+                facts[r] = f
             if reads:
                 ctx.reads[node.name] = set(reads)
             continue
-        looks = _WatchedConst.looks
-        try:
-            lowered = _lower_node(ctx, node)
-        except NodeError as e:
-            failed[node.name] = e.reason
-            continue
-        for r, v in zip(refs, lowered):
-            nxt[r] = v
-        result = ([(v.type, v.data) for v in lowered], frozenset(ctx.reads.get(node.name, ())))
-        if key is not None:
-            seen[key] = result
-        if typed is not None and _WatchedConst.looks == looks:
-            seen_typed[typed] = result
-    used = {r for node in order for r in node.inputs} | {TensorRef.parse(n) for n in io.outputs}
+        looked = _lower_next(node, refs, ctx, nxt, failed, seen, seen_typed)
+        for r in refs:
+            v = nxt.get(r)
+            if v is not None:
+                shapes_next[r], values_next[r] = v._type.shape, v.data
+        walk.visit(node, refs)
+        if whole is not None and walk.pure and not looked and node.name not in failed and \
+                all([nxt[r].data is None for r in refs]):
+            alike[whole] = ([nxt[r]._type for r in refs],
+                            frozenset(ctx.reads.get(node.name, ())), [facts[r] for r in refs])
     outputs = [(TensorRef.parse(n), a) for n, a in zip(io.outputs, _declared_axes(io, values))]
-    problems = batch.check(order, {ref: spec.batch_axis for ref, spec in fed.items()}, used,
-                           outputs, b, _facts(values, {}, {}, output_counts),
-                           _facts(nxt, ctx.reads, failed, output_counts),
-                           {op: lowering.batch for op, lowering in LOWERINGS.items()})
+    problems = walk.finish(outputs, order)
     for node in ctx.nodes:  # node <-> output cycles: freed now, not by a later collection
         node._outputs = []
     return problems
+
+
+def _lower_next(node: TFNode, refs: list[TensorRef], ctx: _ConstReads,
+                nxt: dict[TensorRef, Value], failed: dict[str, str], seen: dict,
+                seen_typed: dict) -> bool:
+    """Lower `node` at the compiled batch + 1 into `nxt` (or record in `failed` why it
+    cannot be), from `seen`/`seen_typed` when a lowering alike was made already; whether
+    the lowering looked at a weight's values."""
+    if not failed.keys().isdisjoint([r.node for r in node.inputs]):
+        failed[node.name] = "an input could not be computed at that batch"
+        return False
+    ins = [nxt.get(r) for r in node.inputs]
+    typed = _same_lowering_key(node, ins, weights_by_type=True) \
+        if _WatchedConst in map(type, ins) else None
+    hit = seen_typed.get(typed) if typed is not None else None
+    key = _same_lowering_key(node, ins) if hit is None else None
+    if hit is None and key is not None:
+        hit = seen.get(key)
+    if hit is not None:
+        outs, reads = hit
+        for r, (t, data) in zip(refs, outs):
+            nxt[r] = Value(t, data=data)
+        if reads:
+            ctx.reads[node.name] = set(reads)
+        return False
+    looks = _WatchedConst.looks
+    try:
+        lowered = _lower_node(ctx, node)
+    except NodeError as e:
+        failed[node.name] = e.reason
+        return _WatchedConst.looks != looks
+    for r, v in zip(refs, lowered):
+        nxt[r] = v
+    result = ([(v.type, v.data) for v in lowered], frozenset(ctx.reads.get(node.name, ())))
+    if key is not None:
+        seen[key] = result
+    looked = _WatchedConst.looks != looks
+    if typed is not None and not looked:
+        seen_typed[typed] = result
+    return looked
+
+
+def _alike_key(node: TFNode, refs: list[TensorRef], values: dict[TensorRef, Value],
+               nxt: dict[TensorRef, Value], facts: dict[TensorRef, batch.Fact],
+               used: set[TensorRef]) -> tuple | None:
+    """What a node's lowering at batch + 1 and its batch verdict read, when that is all
+    types, facts and whether outputs are used: the op, the attributes, each input's fact
+    and types at both batches (a weight's by type: an outcome is kept only if its
+    lowering did not look at weights' values, nor its rule at any value), the output
+    types at the compiled batch and which outputs something reads. None when an input is
+    a compile-time value other than a weight, or is missing, or an output is a
+    compile-time value."""
+    attrs = node.attr_key()
+    if attrs is None:
+        return None
+    parts = []
+    for r in node.inputs:
+        v, w = values.get(r), nxt.get(r)
+        if v is None or w is None:
+            return None
+        # (shapes and dtypes, not TensorTypes: a dataclass's hash is Python code)
+        t = w._type
+        if type(w) is _WatchedConst:
+            parts.append((facts.get(r), "weight", t.shape, t.dtype))
+        elif v.data is not None or w.data is not None:
+            return None
+        else:
+            parts.append((facts.get(r), v._type.shape, v._type.dtype, t.shape, t.dtype))
+    for r in refs:
+        v = values.get(r)
+        if v is None or v.data is not None:  # (a compile-time output is judged by value)
+            return None
+        parts.append((v._type.shape, v._type.dtype, r in used))
+    return (node.op, attrs, tuple(parts))
 
 
 class _WatchedConst(Value):

@@ -127,12 +127,13 @@ class LowerCtx:
     def emit(self, kind: str, inputs: list[Value], attrs: dict | None = None) -> list[Value]:
         """Append one instruction; returns its outputs (constant-folded when every
         input is a constant and the result is within `interpret.fold_fits`)."""
-        attrs = dict(attrs or {})
-        out_types = _output_types(kind, [v.type for v in inputs], attrs)
+        attrs = dict(attrs) if attrs else {}
+        out_types = _output_types(kind, [v._type for v in inputs], attrs)
         origin = (self.node.name,) if self.node else ()
-        node = Node(kind, list(inputs), [], attrs, origin)
-        node.outputs = [Value(t, producer=node) for t in out_types]
-        if inputs and all(v.is_const for v in inputs) and fold_fits(node):
+        node = Node(kind, inputs, [], attrs, origin)
+        # (a new node is in no graph: its outputs are set directly, not by the property)
+        node._outputs = [Value(t, node) for t in out_types]
+        if inputs and all([v.data is not None for v in inputs]) and fold_fits(node):
             folded = self._fold(node)
             node._outputs = []  # (no node <-> output cycle left for the collector)
             return folded

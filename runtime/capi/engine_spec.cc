@@ -27,7 +27,7 @@ const char *const kGUnaryNames[] = {
     "relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus", "gelu",
     "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
     "reciprocal", "floor", "sign", "round_bf16", "round_fp16", "sin", "cos", "tan", "atan",
-    "log1p", "expm1", "round", "swish"};
+    "log1p", "expm1", "round", "swish", "logical_not"};
 
 uint16_t bf16_of(float f) {
   uint32_t u;

@@ -10,31 +10,18 @@
 namespace nr::spec::detail {
 namespace {
 
-const std::map<std::string, int64_t> kMap = {
-    {"erf", 1}, {"erfc", 2}, {"log", 3}, {"softplus", 4}, {"log1p", 5}, {"expm1", 6},
-    {"floor", 7}, {"sign", 8}, {"round", 9}, {"sin", 10}, {"cos", 11}, {"tan", 12},
-    {"atan", 13}, {"logical_not", 14}, {"round_bf16", 15}};
 const std::map<std::string, int64_t> kLoop = {
     {"add", 1}, {"sub", 2}, {"mul", 3}, {"div", 4}, {"maximum", 5}, {"minimum", 6},
     {"greater", 7}, {"greater_equal", 8}, {"less", 9}, {"less_equal", 10}, {"equal", 11},
     {"not_equal", 12}, {"pow", 13}, {"floor_div", 14}, {"floor_mod", 15},
     {"logical_and", 16}, {"logical_or", 17}, {"squared_difference", 18}};
-const std::map<std::string, int64_t> kMapI32 = {{"abs", 20}, {"neg", 21}, {"relu", 22},
-                                                {"relu6", 23}, {"sign", 24}, {"square", 25}};
-const std::set<std::string> kCompare = {"add", "sub", "mul", "maximum", "minimum", "greater",
-                                        "greater_equal", "less", "less_equal", "equal",
-                                        "not_equal"};
 
-// spec.py's _LOOP_DTYPES: which binary functions the loop takes per operand dtype.
+// spec.py's _BOOL_LOOP / _LOGICAL: bool operands take the logical functions and (in)equality,
+// the others every function but the logical ones.
 bool loop_takes(int dtype, const std::string &fn) {
   bool logical = fn == "logical_and" || fn == "logical_or";
-  switch (dtype) {
-    case F32: case I32: return kLoop.count(fn) && !logical;
-    case I64: return kCompare.count(fn) > 0;
-    case F16: return kCompare.count(fn) || fn == "div";
-    case BOOL: return logical || fn == "equal" || fn == "not_equal";
-    default: return false;
-  }
+  if (dtype == BOOL) return logical || fn == "equal" || fn == "not_equal";
+  return !logical;
 }
 
 const std::map<std::string, int64_t> kBinary = {
@@ -174,7 +161,9 @@ Ints tail(const Ints &v, size_t n) { return Ints(v.end() - long(std::min(n, v.si
 
 Out generic_unary(const std::string &fn, const Attrs &a, const Ref &x, const Ref &y) {
   auto code = g_unary(fn);
-  if (!code || !(g_float(x.dtype) || (is_int_dtype(x.dtype) && kGUnaryInt.count(fn)))) return std::nullopt;
+  bool takes = fn == "logical_not" ? x.dtype == BOOL
+                                   : g_float(x.dtype) || (is_int_dtype(x.dtype) && kGUnaryInt.count(fn));
+  if (!code || !takes) return std::nullopt;
   Ints size{elements(x.shape)};
   Ints ints{OP_G_UNARY, *code, bits(a.f("alpha", 0.2))};
   put(ints, x, size); put(ints, y, size);
@@ -254,18 +243,6 @@ Out pool(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &ou
 Out unary(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &) {
   std::string fn = a.s("fn");
   const Ref &x = ins[0];
-  auto m = kMap.find(fn);
-  if (m != kMap.end() && x.dtype == (fn == "logical_not" ? BOOL : F32)) {
-    Ints ints{OP_MAP, m->second};
-    put(ints, x); put(ints, outs[0]);
-    return made(ints);
-  }
-  auto mi = kMapI32.find(fn);
-  if (mi != kMapI32.end() && x.dtype == I32) {
-    Ints ints{OP_MAP, mi->second};
-    put(ints, x); put(ints, outs[0]);
-    return made(ints);
-  }
   auto chain = chain_of(fn, a.f("alpha", 0.2));
   if (!chain || !onednn_float(x.dtype) || x.shape.size() > 6) return generic_unary(fn, a, x, outs[0]);
   Ints ints{OP_ELTWISE};
@@ -289,13 +266,8 @@ Out binary(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &
     fn = a.s("fn");
     if (rank > 8) return std::nullopt;
     auto loop = kLoop.find(fn);
-    Ints ints;
-    if (!loop_takes(A.dtype, fn)) {
-      if (A.dtype == BOOL || loop == kLoop.end()) return std::nullopt;
-      ints = {OP_G_BINARY, loop->second};
-    } else {
-      ints = {OP_BINARY_LOOP, loop->second};
-    }
+    if (loop == kLoop.end() || !loop_takes(A.dtype, fn)) return std::nullopt;
+    Ints ints{OP_G_BINARY, loop->second};
     put(ints, A, sa); put(ints, B, sb); put(ints, y, shape_y);
     return made(ints);
   }

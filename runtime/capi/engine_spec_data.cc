@@ -112,16 +112,10 @@ Out cast(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &ou
     put(ints, ins[0]); put(ints, outs[0]);
     return made(ints);
   }
-  auto loop = [](int d) { return d == F32 || d == I32 || d == I8 || d == U8 || d == BOOL || d == I64; };
   if (src == dst) return flat_copy(a, ins, outs, c);
-  if (!loop(src) || !loop(dst)) {
-    Ints size{elements(ins[0].shape)};
-    Ints ints{OP_G_CAST};
-    put(ints, ins[0], size); put(ints, outs[0], size);
-    return made(ints);
-  }
-  Ints ints{OP_CAST_LOOP, dst == BOOL};
-  put(ints, ins[0], Ints{elements(ins[0].shape)}); put(ints, outs[0], Ints{elements(outs[0].shape)});
+  Ints size{elements(ins[0].shape)};
+  Ints ints{OP_G_CAST};
+  put(ints, ins[0], size); put(ints, outs[0], size);
   return made(ints);
 }
 

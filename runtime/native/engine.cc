@@ -1,9 +1,11 @@
 // neuronish native engine: runs a device program's instructions as oneDNN primitives.
 //
-// The Python side (runtime/native/spec.py, called by runtime/native/engine_program.py) translates each validated instruction into
-// a flat spec of int64s (tensor references and attributes) plus a few floats, and calls
-// `ne_add` once per instruction at load time. Here each spec becomes one oneDNN primitive
-// (plus, for bf16 compute, a reorder of its input), created once: weights are reordered
+// A loader translates each validated instruction into a flat spec of int64s (tensor
+// references and attributes) plus a few floats and calls `ne_add` once per instruction at
+// load time: runtime/native/spec.py's `encode` (called by runtime/native/engine_program.py)
+// for the Python runtime, its C++ twin runtime/capi/engine_spec*.cc for the C runtime.
+// Here each spec becomes one oneDNN primitive or one loop of ours (plus, for bf16
+// compute, a reorder of its input), created once: weights are reordered
 // into the layout the primitive prefers at load, scratchpads are user-managed and shared
 // by the program's primitives (they run one after another), so a call allocates nothing.
 //
@@ -49,24 +51,15 @@ enum Op : int64_t {
   OP_CONV = 1, OP_MATMUL = 2, OP_POOL = 3, OP_ELTWISE = 4, OP_BINARY = 5, OP_SOFTMAX = 6,
   OP_REDUCE = 7, OP_CONCAT = 8, OP_TRANSPOSE = 9, OP_REORDER = 10, OP_LAYER_NORM = 11,
   // Loops of our own (below) for what oneDNN 3.2 has no primitive for, or none as accurate
-  // as TF's: keep in step with spec.py.
-  OP_MAP = 12, OP_BINARY_LOOP = 13, OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16,
-  OP_PAD = 17, OP_LOG_SOFTMAX = 18, OP_CAST_LOOP = 19,
+  // as TF's. (12, 13 and 19 were element-wise loops, now the OP_G_* ones.)
+  OP_SELECT = 14, OP_GATHER = 15, OP_STRIDED_COPY = 16, OP_PAD = 17, OP_LOG_SOFTMAX = 18,
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21, OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24,
   OP_RESIZE = 25, OP_REDUCE_INT = 26, OP_LOG_SOFTMAX_AXIS = 27, OP_CONV3D = 28, OP_POOL3D = 29,
   OP_MASKED_SOFTMAX = 30,
   // A reshape whose output the memory plan put on its input's bytes: nothing to do.
   OP_ALIAS = 60,
 };
-// OP_MAP functions (float32 unless said).
-enum MapFn : int64_t {
-  M_ERF = 1, M_ERFC = 2, M_LOG = 3, M_SOFTPLUS = 4, M_LOG1P = 5, M_EXPM1 = 6, M_FLOOR = 7,
-  M_SIGN = 8, M_ROUND = 9, M_SIN = 10, M_COS = 11, M_TAN = 12, M_ATAN = 13,
-  M_LOGICAL_NOT = 14 /* bool */, M_ROUND_BF16 = 15, M_CEIL = 16,
-  // int32, wrapping as numpy does (abs and neg of INT_MIN are INT_MIN)
-  M_I_ABS = 20, M_I_NEG = 21, M_I_RELU = 22, M_I_RELU6 = 23, M_I_SIGN = 24, M_I_SQUARE = 25,
-};
-// OP_BINARY_LOOP functions; L_* element types.
+// OP_G_BINARY functions (spec.py's LOOP).
 enum LoopFn : int64_t {
   F_ADD = 1, F_SUB = 2, F_MUL = 3, F_DIV = 4, F_MAX = 5, F_MIN = 6, F_GT = 7, F_GE = 8,
   F_LT = 9, F_LE = 10, F_EQ = 11, F_NE = 12, F_POW = 13, F_FLOOR_DIV = 14, F_FLOOR_MOD = 15,
@@ -262,22 +255,13 @@ struct Step {
 
 // --- Loops: kernels of our own, where oneDNN 3.2 has none (or a less accurate one) ----------
 //
-// Element-wise functions as glibc's single-precision libm computes them (within 1 ulp, as
-// accurate as TF's Eigen kernels or more), broadcasting element-wise loops, and data
-// movement. Each parallelizes over rows with the instruction's OpenMP team.
+// Data movement, indexing, attention's masked softmax and the helpers the loops share (the
+// element-wise loops are the "Loops over every dtype" at the end of this file). Each
+// parallelizes over rows with the instruction's OpenMP team.
 
 template <class T>
 T* data(const Step& s, size_t k) {
   return static_cast<T*>(s.args[k].mem.get_data_handle());
-}
-
-// TF's Softplus for float32: x above -threshold, exp(x) below threshold, log1p(exp(x))
-// between (threshold = log(float32 eps) + 2).
-inline float softplus(float x) {
-  const float threshold = -13.942385152878742f;
-  if (x > -threshold) return x;
-  float e = std::exp(x);
-  return x < threshold ? e : std::log1p(e);
 }
 
 // float32 -> nearest bfloat16 (ties to even) -> float32, NaN kept a NaN (as TF's cast).
@@ -321,27 +305,6 @@ inline uint16_t f32_to_f16(float f) {
   }
   uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u) - 0x38000000u;  // round, rebias 127 -> 15
   return (uint16_t)(sign | (r >> 13));
-}
-
-inline float map_f32(int64_t fn, float x) {
-  switch (fn) {
-    case M_ERF: return std::erf(x);
-    case M_ERFC: return std::erfc(x);
-    case M_LOG: return std::log(x);
-    case M_SOFTPLUS: return softplus(x);
-    case M_LOG1P: return std::log1p(x);
-    case M_EXPM1: return std::expm1(x);
-    case M_FLOOR: return std::floor(x);
-    case M_CEIL: return std::ceil(x);
-    case M_SIGN: return x > 0.f ? 1.f : x < 0.f ? -1.f : x;  // 0, -0 and NaN pass through
-    case M_ROUND: return std::nearbyint(x);                  // half to even (default mode)
-    case M_SIN: return std::sin(x);
-    case M_COS: return std::cos(x);
-    case M_TAN: return std::tan(x);
-    case M_ATAN: return std::atan(x);
-    case M_ROUND_BF16: return round_bf16(x);
-  }
-  return x;
 }
 
 // argminmax's float32 inner loops, built for each vector width (the loader picks the
@@ -701,37 +664,6 @@ void binary_rows(const Step& s, int threads, const Broadcast& b, F f) {
   }
 }
 
-// numpy's float remainder (the result takes the divisor's sign), as the reference engine.
-inline float floor_mod_f32(float a, float b) {
-  float m = std::fmod(a, b);
-  if (b == 0.f) return m;
-  if (m != 0.f) {
-    if ((b < 0.f) != (m < 0.f)) m += b;
-  } else {
-    m = std::copysign(0.f, b);
-  }
-  return m;
-}
-
-// Integer division rounding toward -inf / its remainder; a zero divisor gives 0, as numpy.
-inline int32_t floor_div_i32(int32_t a, int32_t b) {
-  if (b == 0) return 0;
-  if (b == -1) return (int32_t)(0u - (uint32_t)a);  // INT_MIN / -1 wraps, as numpy
-  int32_t q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-inline int32_t floor_mod_i32(int32_t a, int32_t b) {
-  if (b == 0 || b == -1) return 0;
-  int32_t m = a % b;
-  return (m != 0 && ((m < 0) != (b < 0))) ? m + b : m;
-}
-inline int32_t trunc_div_i32(int32_t a, int32_t b) {
-  if (b == 0) return 0;
-  if (b == -1) return (int32_t)(0u - (uint32_t)a);
-  return a / b;
-}
-inline int32_t wrap_i32(int64_t v) { return (int32_t)(uint32_t)(uint64_t)v; }
-
 // One reduction of `n` contiguous floats (a mean is the sum / n, as in TF). Built for
 // each vector width; the loader picks the widest this CPU has.
 __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -961,14 +893,11 @@ struct Program {
       case OP_TRANSPOSE: add_transpose(rd, ins); break;
       case OP_REORDER: add_reorder(rd, ins); break;
       case OP_LAYER_NORM: add_layer_norm(rd, ins); break;
-      case OP_MAP: add_map(rd, ins); break;
-      case OP_BINARY_LOOP: add_binary_loop(rd, ins); break;
       case OP_SELECT: add_select(rd, ins); break;
       case OP_GATHER: add_gather(rd, ins); break;
       case OP_STRIDED_COPY: add_strided_copy(rd, ins); break;
       case OP_PAD: add_pad(rd, ins); break;
       case OP_LOG_SOFTMAX: add_log_softmax(rd, ins); break;
-      case OP_CAST_LOOP: add_cast_loop(rd, ins); break;
       case OP_ARGMINMAX: add_argminmax(rd, ins); break;
       case OP_CUMULATIVE: add_cumulative(rd, ins); break;
       case OP_ONE_HOT: add_one_hot(rd, ins); break;
@@ -1332,177 +1261,6 @@ struct Program {
     return n;
   }
 
-  // x -> y, one function per element: float32 (or bool for logical_not), same shape.
-  void add_map(Reader& rd, Instr& ins) {
-    int64_t fn = rd.next();
-    Ref x = rd.ref(), y = rd.ref();
-    int64_t n = count(x);
-    if (n != count(y) || x.type != y.type) throw Error("map: x and y differ");
-    bool boolean = fn == M_LOGICAL_NOT, integer = fn >= M_I_ABS && fn <= M_I_SQUARE;
-    if (x.type != (boolean ? dt::u8 : integer ? dt::s32 : dt::f32) || fn < M_ERF ||
-        (fn > M_CEIL && !integer))
-      throw Error("map: bad function or dtype");
-    Step s;
-    byte_arg(s, x);
-    byte_arg(s, y);
-    if (integer) {
-      push_loop(ins, s, "neuronish:map_i32", [n, fn](const Step& st, int threads) {
-        const int32_t* a = data<const int32_t>(st, 0);
-        int32_t* o = data<int32_t>(st, 1);
-#pragma omp parallel for num_threads(threads) if (threads > 1)
-        for (int64_t i = 0; i < n; ++i) {
-          int32_t v = a[i];
-          uint32_t u = (uint32_t)v;
-          switch (fn) {
-            case M_I_ABS: o[i] = v < 0 ? (int32_t)(0u - u) : v; break;
-            case M_I_NEG: o[i] = (int32_t)(0u - u); break;
-            case M_I_RELU: o[i] = v > 0 ? v : 0; break;
-            case M_I_RELU6: o[i] = v > 6 ? 6 : v > 0 ? v : 0; break;
-            case M_I_SIGN: o[i] = (v > 0) - (v < 0); break;
-            default: o[i] = (int32_t)(u * u); break;  // M_I_SQUARE
-          }
-        }
-      });
-      return;
-    }
-    if (boolean) {
-      push_loop(ins, s, "neuronish:map_bool", [n](const Step& st, int threads) {
-        const uint8_t* a = data<const uint8_t>(st, 0);
-        uint8_t* o = data<uint8_t>(st, 1);
-#pragma omp parallel for num_threads(threads) if (threads > 1)
-        for (int64_t i = 0; i < n; ++i) o[i] = a[i] == 0;
-      });
-      return;
-    }
-    push_loop(ins, s, "neuronish:map_f32", [n, fn](const Step& st, int threads) {
-      const float* a = data<const float>(st, 0);
-      float* o = data<float>(st, 1);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
-      for (int64_t i = 0; i < n; ++i) o[i] = map_f32(fn, a[i]);
-    });
-  }
-
-  // a, b (padded to y's rank, either may broadcast) -> y.
-  void add_binary_loop(Reader& rd, Instr& ins) {
-    int64_t fn = rd.next();
-    Ref A = rd.ref(), B = rd.ref(), y = rd.ref();
-    if (A.type != B.type) throw Error("binary loop: operand dtypes differ");
-    Broadcast b(y.dims, {A.dims, B.dims});
-    Step s;
-    byte_arg(s, A);
-    byte_arg(s, B);
-    byte_arg(s, y);
-    bool cmp = fn >= F_GT && fn <= F_NE;
-    if (cmp != (y.type == dt::u8 && A.type != dt::u8) && !(A.type == dt::u8))
-      throw Error("binary loop: comparisons give bool");
-    auto run = [&](auto loop) { push_loop(ins, s, "neuronish:binary_loop", loop); };
-#define NE_BIN(T, R, EXPR)                                                              \
-  run([b](const Step& st, int threads) {                                                \
-    binary_rows<T, R>(st, threads, b, [](T p, T q) -> R { return EXPR; });              \
-  });                                                                                   \
-  return
-    if (A.type == dt::f32) {
-      switch (fn) {
-        case F_ADD: NE_BIN(float, float, p + q);
-        case F_SUB: NE_BIN(float, float, p - q);
-        case F_MUL: NE_BIN(float, float, p * q);
-        case F_DIV: NE_BIN(float, float, p / q);
-        case F_MAX: NE_BIN(float, float, (p != p || q != q) ? NAN : std::max(p, q));
-        case F_MIN: NE_BIN(float, float, (p != p || q != q) ? NAN : std::min(p, q));
-        case F_GT: NE_BIN(float, uint8_t, p > q);
-        case F_GE: NE_BIN(float, uint8_t, p >= q);
-        case F_LT: NE_BIN(float, uint8_t, p < q);
-        case F_LE: NE_BIN(float, uint8_t, p <= q);
-        case F_EQ: NE_BIN(float, uint8_t, p == q);
-        case F_NE: NE_BIN(float, uint8_t, p != q);
-        case F_POW: NE_BIN(float, float, std::pow(p, q));
-        case F_FLOOR_DIV: NE_BIN(float, float, std::floor(p / q));
-        case F_FLOOR_MOD: NE_BIN(float, float, floor_mod_f32(p, q));
-        case F_SQUARED_DIFFERENCE: NE_BIN(float, float, (p - q) * (p - q));
-      }
-    } else if (A.type == dt::s32) {
-      switch (fn) {
-        case F_ADD: NE_BIN(int32_t, int32_t, wrap_i32((int64_t)p + q));
-        case F_SUB: NE_BIN(int32_t, int32_t, wrap_i32((int64_t)p - q));
-        case F_MUL: NE_BIN(int32_t, int32_t, wrap_i32((int64_t)p * q));
-        case F_DIV: NE_BIN(int32_t, int32_t, trunc_div_i32(p, q));
-        case F_MAX: NE_BIN(int32_t, int32_t, std::max(p, q));
-        case F_MIN: NE_BIN(int32_t, int32_t, std::min(p, q));
-        case F_GT: NE_BIN(int32_t, uint8_t, p > q);
-        case F_GE: NE_BIN(int32_t, uint8_t, p >= q);
-        case F_LT: NE_BIN(int32_t, uint8_t, p < q);
-        case F_LE: NE_BIN(int32_t, uint8_t, p <= q);
-        case F_EQ: NE_BIN(int32_t, uint8_t, p == q);
-        case F_NE: NE_BIN(int32_t, uint8_t, p != q);
-        case F_FLOOR_DIV: NE_BIN(int32_t, int32_t, floor_div_i32(p, q));
-        case F_FLOOR_MOD: NE_BIN(int32_t, int32_t, floor_mod_i32(p, q));
-        case F_SQUARED_DIFFERENCE:
-          NE_BIN(int32_t, int32_t, wrap_i32(((int64_t)p - q) * ((int64_t)p - q)));
-        case F_POW: {
-          // Exponentiation by squaring, wrapping (TF's and numpy's integer pow); a negative
-          // exponent is an error in both, found before the parallel loop starts.
-          int64_t nb = count(B);
-          run([b, nb](const Step& st, int threads) {
-            const int32_t* e = data<const int32_t>(st, 1);
-            for (int64_t i = 0; i < nb; ++i)
-              if (e[i] < 0)
-                throw Error("integers to negative integer powers are not allowed (exponent " +
-                            std::to_string(e[i]) + ")");
-            binary_rows<int32_t, int32_t>(st, threads, b, [](int32_t p, int32_t q) {
-              uint32_t base = (uint32_t)p, acc = 1u;
-              for (uint32_t k = (uint32_t)q; k; k >>= 1, base *= base)
-                if (k & 1u) acc *= base;
-              return (int32_t)acc;
-            });
-          });
-          return;
-        }
-      }
-    } else if (A.type == dt::f16) {
-#define NE_H(E) f32_to_f16([](float a, float b) { return E; }(f16_to_f32(p), f16_to_f32(q)))
-#define NE_HC(OP) NE_BIN(uint16_t, uint8_t, f16_to_f32(p) OP f16_to_f32(q))
-      switch (fn) {
-        case F_ADD: NE_BIN(uint16_t, uint16_t, NE_H(a + b));
-        case F_SUB: NE_BIN(uint16_t, uint16_t, NE_H(a - b));
-        case F_MUL: NE_BIN(uint16_t, uint16_t, NE_H(a * b));
-        case F_DIV: NE_BIN(uint16_t, uint16_t, NE_H(a / b));
-        case F_MAX: NE_BIN(uint16_t, uint16_t, NE_H((a != a || b != b) ? NAN : std::max(a, b)));
-        case F_MIN: NE_BIN(uint16_t, uint16_t, NE_H((a != a || b != b) ? NAN : std::min(a, b)));
-        case F_GT: NE_HC(>);
-        case F_GE: NE_HC(>=);
-        case F_LT: NE_HC(<);
-        case F_LE: NE_HC(<=);
-        case F_EQ: NE_HC(==);
-        case F_NE: NE_HC(!=);
-      }
-#undef NE_HC
-#undef NE_H
-    } else if (A.type == dt::f64) {  // int64 (see to_dt): wrapping, as TF and numpy
-      switch (fn) {
-        case F_ADD: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p + (uint64_t)q));
-        case F_SUB: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p - (uint64_t)q));
-        case F_MUL: NE_BIN(int64_t, int64_t, (int64_t)((uint64_t)p * (uint64_t)q));
-        case F_MAX: NE_BIN(int64_t, int64_t, std::max(p, q));
-        case F_MIN: NE_BIN(int64_t, int64_t, std::min(p, q));
-        case F_GT: NE_BIN(int64_t, uint8_t, p > q);
-        case F_GE: NE_BIN(int64_t, uint8_t, p >= q);
-        case F_LT: NE_BIN(int64_t, uint8_t, p < q);
-        case F_LE: NE_BIN(int64_t, uint8_t, p <= q);
-        case F_EQ: NE_BIN(int64_t, uint8_t, p == q);
-        case F_NE: NE_BIN(int64_t, uint8_t, p != q);
-      }
-    } else if (A.type == dt::u8) {  // bool
-      switch (fn) {
-        case F_AND: NE_BIN(uint8_t, uint8_t, p && q);
-        case F_OR: NE_BIN(uint8_t, uint8_t, p || q);
-        case F_EQ: NE_BIN(uint8_t, uint8_t, (p != 0) == (q != 0));
-        case F_NE: NE_BIN(uint8_t, uint8_t, (p != 0) != (q != 0));
-      }
-    }
-#undef NE_BIN
-    throw Error("binary loop: no loop for this function and dtype");
-  }
-
   // cond (bool), a, b (padded to y's rank, any may broadcast) -> y: cond ? a : b.
   void add_select(Reader& rd, Instr& ins) {
     Ref c = rd.ref(), A = rd.ref(), B = rd.ref(), y = rd.ref();
@@ -1766,62 +1524,6 @@ struct Program {
             k.row(xf.data(), m, yf.data(), n, fill, masked);
             k.narrow(yf.data(), reinterpret_cast<uint16_t*>(py) + row * n, n);
           }
-        }
-      }
-    });
-  }
-
-  // Casts oneDNN's reorder does not round as TF does: float32 -> int32 / int8 / uint8
-  // truncate, anything -> bool is "not zero", bool <-> integers. `to_bool` tells a bool
-  // destination from a uint8 one.
-  void add_cast_loop(Reader& rd, Instr& ins) {
-    int64_t to_bool = rd.next();
-    Ref x = rd.ref(), y = rd.ref();
-    int64_t n = count(x);
-    if (n != count(y)) throw Error("cast loop: sizes differ");
-    Step s;
-    byte_arg(s, x);
-    byte_arg(s, y);
-    dt from = x.type, to = y.type;  // (dt::f64 stands for int64: see to_dt)
-    auto ok = [](dt t) {
-      return t == dt::f32 || t == dt::s32 || t == dt::s8 || t == dt::u8 || t == dt::f64;
-    };
-    if (!ok(from) || !ok(to)) throw Error("cast loop: unsupported dtypes");
-    push_loop(ins, s, "neuronish:cast", [=](const Step& st, int threads) {
-      const void* px = data<const void>(st, 0);
-      void* py = data<void>(st, 1);
-      auto get = [from, px](int64_t i) -> int64_t {  // an integer source's value
-        switch (from) {
-          case dt::f64: return static_cast<const int64_t*>(px)[i];
-          case dt::s32: return static_cast<const int32_t*>(px)[i];
-          case dt::s8: return static_cast<const int8_t*>(px)[i];
-          default: return static_cast<const uint8_t*>(px)[i];
-        }
-      };
-      const bool real = from == dt::f32;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
-      for (int64_t i = 0; i < n; ++i) {
-        float f = real ? static_cast<const float*>(px)[i] : 0.f;
-        int64_t v = real ? 0 : get(i);
-        if (to_bool) {
-          static_cast<uint8_t*>(py)[i] = real ? f != 0.f : v != 0;  // NaN is true, as TF
-        } else if (to == dt::f32) {
-          static_cast<float*>(py)[i] = real ? f : (float)v;  // int64: rounded to nearest
-        } else if (to == dt::f64) {
-          // float32 -> int64 truncates; NaN and out-of-range give INT64_MIN (x86, numpy).
-          static_cast<int64_t*>(py)[i] =
-              !real ? v : f != f || f >= 9223372036854775808.f || f < -9223372036854775808.f
-                              ? INT64_MIN : (int64_t)f;
-        } else {
-          // Truncation toward zero; NaN and out-of-range values wrap as numpy's C cast
-          // does on x86 (the integer indefinite 0x80000000, then narrowed). Integers keep
-          // their low bits.
-          int32_t w = !real ? (int32_t)(uint32_t)(uint64_t)v
-                      : f != f || f >= 2147483648.f || f < -2147483648.f ? INT32_MIN
-                                                                         : (int32_t)f;
-          if (to == dt::s32) static_cast<int32_t*>(py)[i] = w;
-          else if (to == dt::s8) static_cast<int8_t*>(py)[i] = (int8_t)w;
-          else static_cast<uint8_t*>(py)[i] = (uint8_t)w;
         }
       }
     });
@@ -2582,15 +2284,19 @@ NE_API int64_t ne_impl(void* p, int64_t k, char* out, int64_t len) {
 // int8 instructions (docs/int8.md): runtime/native/engine_int8.cc, part of this unit.
 #include "engine_int8.cc"
 
-// --- Loops over every dtype (float64, float16, bfloat16, 8/16/64-bit integers) ------------
+// --- Loops over every dtype (float32 and float64, 16-bit floats, integers, bool) ----------
 //
-// What the float32/int32 paths above leave out, so that no instruction needs the numpy
-// engine. Semantics are the reference kernels' (runtime/kernels/): 16-bit floats compute in
-// float32 and round once per result (numpy's float16 loops and the bfloat16 path do the
-// same), float64 in double with libm, integers wrap in their own width (as numpy and TF).
-// Integer division by zero gives 0 (and its remainder 0), as numpy; INT_MIN / -1 wraps to
-// INT_MIN. These are not hot paths of the models we know: plain loops, parallel over rows
-// where that is free. The spec codes are runtime/native/spec.py's G_* tables.
+// What oneDNN's primitives above leave out, so that no instruction needs the numpy engine:
+// the one element-wise loop per instruction kind (unary, binary, cast) for every dtype,
+// float32's libm functions (erf, log, ...) included, and reductions, pools, softmax, layer
+// norm, concat, matmul and convolution on dtypes oneDNN lacks. Semantics are the reference
+// kernels' (runtime/kernels/): float32 with glibc's single-precision libm (within 1 ulp,
+// as accurate as TF's Eigen kernels or more), 16-bit floats compute in float32 and round
+// once per result (numpy's float16 loops and the bfloat16 path do the same), float64 in
+// double, integers wrap in their own width (as numpy and TF). Integer division by zero
+// gives 0 (and its remainder 0), as numpy; INT_MIN / -1 wraps to INT_MIN. Plain loops,
+// parallel over elements or rows where that is free. The spec codes are
+// runtime/native/spec.py's G_* tables.
 namespace {
 
 // OP_G_UNARY functions (spec.py's G_UNARY).
@@ -2600,6 +2306,7 @@ enum GUnary : int64_t {
   G_SQRT = 15, G_RSQRT = 16, G_SQUARE = 17, G_ABS = 18, G_NEG = 19, G_RECIPROCAL = 20,
   G_FLOOR = 21, G_SIGN = 22, G_ROUND_BF16 = 23, G_ROUND_FP16 = 24, G_SIN = 25, G_COS = 26,
   G_TAN = 27, G_ATAN = 28, G_LOG1P = 29, G_EXPM1 = 30, G_ROUND = 31, G_SWISH = 32,
+  G_LOGICAL_NOT = 33 /* bool only */,
 };
 
 template <class T> T int_div(T a, T b) {  // toward zero; x/0 = 0; MIN/-1 wraps
@@ -2638,61 +2345,76 @@ template <class C> C softplus_any(C x) {  // TF's thresholds for the type's epsi
   return x < threshold ? e : std::log1p(e);
 }
 
-template <class C> C real_unary(int64_t fn, C x, C alpha) {
+// Calls g(f) with f the element function `fn` of a real type C (float for 16-bit floats):
+// the switch runs once, at load, and each loop is built around one function.
+template <class C, class G> void with_real_unary(int64_t fn, C alpha, G&& g) {
   const C sqrt1_2 = C(0.70710678118654752440);
   switch (fn) {
-    case G_RELU: return x > 0 || x != x ? x : C(0);
-    case G_RELU6: return x != x ? x : std::min(std::max(x, C(0)), C(6));
-    case G_LEAKY_RELU: return x >= 0 || x != x ? x : alpha * x;
-    case G_ELU: return x > 0 || x != x ? x : std::expm1(x);
-    case G_SELU: {
+    case G_RELU: return g([](C x) { return x > 0 || x != x ? x : C(0); });
+    case G_RELU6: return g([](C x) { return x != x ? x : std::min(std::max(x, C(0)), C(6)); });
+    case G_LEAKY_RELU: return g([alpha](C x) { return x >= 0 || x != x ? x : alpha * x; });
+    case G_ELU: return g([](C x) { return x > 0 || x != x ? x : std::expm1(x); });
+    case G_SELU: return g([](C x) {
       const C a = C(1.6732632423543772), s = C(1.0507009873554805);
       return x > 0 || x != x ? s * x : s * (a * std::expm1(x));
-    }
-    case G_SIGMOID: return C(1) / (C(1) + std::exp(-x));
-    case G_TANH: return std::tanh(x);
-    case G_SOFTPLUS: return softplus_any(x);
-    case G_GELU: return C(0.5) * x * std::erfc(-x * sqrt1_2);
-    case G_GELU_TANH: {
+    });
+    case G_SIGMOID: return g([](C x) { return C(1) / (C(1) + std::exp(-x)); });
+    case G_TANH: return g([](C x) { return std::tanh(x); });
+    case G_SOFTPLUS: return g([](C x) { return softplus_any(x); });
+    case G_GELU: return g([sqrt1_2](C x) { return C(0.5) * x * std::erfc(-x * sqrt1_2); });
+    case G_GELU_TANH: return g([](C x) {
       C t = std::tanh(C(0.7978845608028654) * (x + C(0.044715) * x * x * x));
       return C(0.5) * x * (C(1) + t);
-    }
-    case G_SWISH: return x / (C(1) + std::exp(-x));
-    case G_ERF: return std::erf(x);
-    case G_ERFC: return std::erfc(x);
-    case G_EXP: return std::exp(x);
-    case G_LOG: return std::log(x);
-    case G_SQRT: return std::sqrt(x);
-    case G_RSQRT: return C(1) / std::sqrt(x);
-    case G_SQUARE: return x * x;
-    case G_ABS: return std::fabs(x);
-    case G_NEG: return -x;
-    case G_RECIPROCAL: return C(1) / x;
-    case G_FLOOR: return std::floor(x);
-    case G_SIGN: return x > 0 ? C(1) : x < 0 ? C(-1) : x;
-    case G_ROUND_BF16: return (C)round_bf16((float)x);
-    case G_ROUND_FP16: return (C)f16_to_f32(f32_to_f16((float)x));
-    case G_SIN: return std::sin(x);
-    case G_COS: return std::cos(x);
-    case G_TAN: return std::tan(x);
-    case G_ATAN: return std::atan(x);
-    case G_LOG1P: return std::log1p(x);
-    case G_EXPM1: return std::expm1(x);
-    case G_ROUND: return std::nearbyint(x);
+    });
+    case G_SWISH: return g([](C x) { return x / (C(1) + std::exp(-x)); });
+    case G_ERF: return g([](C x) { return std::erf(x); });
+    case G_ERFC: return g([](C x) { return std::erfc(x); });
+    case G_EXP: return g([](C x) { return std::exp(x); });
+    case G_LOG: return g([](C x) { return std::log(x); });
+    case G_SQRT: return g([](C x) { return std::sqrt(x); });
+    case G_RSQRT: return g([](C x) { return C(1) / std::sqrt(x); });
+    case G_SQUARE: return g([](C x) { return x * x; });
+    case G_ABS: return g([](C x) { return std::fabs(x); });
+    case G_NEG: return g([](C x) { return -x; });
+    case G_RECIPROCAL: return g([](C x) { return C(1) / x; });
+    case G_FLOOR: return g([](C x) { return std::floor(x); });
+    case G_SIGN: return g([](C x) { return x > 0 ? C(1) : x < 0 ? C(-1) : x; });  // 0, NaN kept
+    case G_ROUND_BF16: return g([](C x) { return (C)round_bf16((float)x); });
+    case G_ROUND_FP16: return g([](C x) { return (C)f16_to_f32(f32_to_f16((float)x)); });
+    case G_SIN: return g([](C x) { return std::sin(x); });
+    case G_COS: return g([](C x) { return std::cos(x); });
+    case G_TAN: return g([](C x) { return std::tan(x); });
+    case G_ATAN: return g([](C x) { return std::atan(x); });
+    case G_LOG1P: return g([](C x) { return std::log1p(x); });
+    case G_EXPM1: return g([](C x) { return std::expm1(x); });
+    case G_ROUND: return g([](C x) { return std::nearbyint(x); });  // half to even
   }
   throw Error("unary: unknown function " + std::to_string(fn));
 }
 
-template <class T> T int_unary(int64_t fn, T v) {
+// The same for an integer type T: wrapping, as numpy.
+template <class T, class G> void with_int_unary(int64_t fn, G&& g) {
   switch (fn) {
-    case G_ABS: return v < 0 ? wrap_sub<T>(0, v) : v;
-    case G_NEG: return wrap_sub<T>(0, v);
-    case G_SIGN: return (T)((v > 0) - (v < 0));
-    case G_SQUARE: return wrap_mul<T>(v, v);
-    case G_RELU: return v > 0 ? v : T(0);
-    case G_RELU6: return v > 6 ? T(6) : v > 0 ? v : T(0);
+    case G_ABS: return g([](T v) { return v < 0 ? wrap_sub<T>(0, v) : v; });
+    case G_NEG: return g([](T v) { return wrap_sub<T>(0, v); });
+    case G_SIGN: return g([](T v) { return (T)((v > 0) - (v < 0)); });
+    case G_SQUARE: return g([](T v) { return wrap_mul<T>(v, v); });
+    case G_RELU: return g([](T v) { return v > 0 ? v : T(0); });
+    case G_RELU6: return g([](T v) { return v > 6 ? T(6) : v > 0 ? v : T(0); });
   }
   throw Error("unary: function " + std::to_string(fn) + " takes no integers");
+}
+
+// One element's function, for the activations fused into the matmul and convolution loops.
+template <class C> C real_unary(int64_t fn, C x, C alpha) {
+  C out{};
+  with_real_unary<C>(fn, alpha, [&](auto f) { out = f(x); });
+  return out;
+}
+template <class T> T int_unary(int64_t fn, T v) {
+  T out{};
+  with_int_unary<T>(fn, [&](auto f) { out = f(v); });
+  return out;
 }
 
 int64_t elems(const Ref& r) {
@@ -2710,40 +2432,46 @@ void add_g_unary(Program& p, Reader& rd, Instr& ins) {
   Ref x = rd.ref(), y = rd.ref();
   int64_t n = elems(x);
   if (n != elems(y) || x.code != y.code) throw Error("unary: x and y differ");
+  if ((fn == G_LOGICAL_NOT) != (x.code == D_BOOL)) throw Error("unary: logical_not is bool's");
   Step s;
   p.byte_arg(s, x);
   p.byte_arg(s, y);
+  if (fn == G_LOGICAL_NOT) {
+    p.push_loop(ins, s, "neuronish:unary_any", [n](const Step& st, int threads) {
+      const uint8_t* a = data<const uint8_t>(st, 0);
+      uint8_t* o = data<uint8_t>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+      for (int64_t i = 0; i < n; ++i) o[i] = a[i] == 0;
+    });
+    return;
+  }
   with_type(x.code, [&](auto tag) {
     using T = decltype(tag);
+    auto run = [&](auto f) {
+      p.push_loop(ins, s, "neuronish:unary_any", [n, f](const Step& st, int threads) {
+        const T* a = data<const T>(st, 0);
+        T* o = data<T>(st, 1);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
+        for (int64_t i = 0; i < n; ++i) o[i] = Num<T>::put(f(Num<T>::get(a[i])));
+      });
+    };
     using C = typename Num<T>::C;
     if constexpr (is_real<T>()) {
-      real_unary<C>(fn, C(1), C(alpha));  // an unknown function fails here, at load
+      with_real_unary<C>(fn, C(alpha), run);
     } else {
-      if (x.code == D_BOOL) throw Error("unary: bool");
-      int_unary<T>(fn, T(1));
+      with_int_unary<T>(fn, run);
     }
-    p.push_loop(ins, s, "neuronish:unary_any", [n, fn, alpha](const Step& st, int threads) {
-      const T* a = data<const T>(st, 0);
-      T* o = data<T>(st, 1);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static, 4096)
-      for (int64_t i = 0; i < n; ++i) {
-        if constexpr (is_real<T>())
-          o[i] = Num<T>::put(real_unary<C>(fn, Num<T>::get(a[i]), C(alpha)));
-        else
-          o[i] = int_unary<T>(fn, a[i]);
-      }
-    });
   });
 }
 
-// a, b (padded to y's rank, either may broadcast) -> y, for any numeric dtype
-// (spec.py's LOOP codes; comparisons write bool).
+// a, b (padded to y's rank, either may broadcast) -> y, for any dtype (spec.py's LOOP
+// codes; comparisons write bool; bool operands take and, or, equal and not_equal).
 void add_g_binary(Program& p, Reader& rd, Instr& ins) {
   int64_t fn = rd.next();
   Ref A = rd.ref(), B = rd.ref(), y = rd.ref();
-  if (A.code != B.code || A.code == D_BOOL) throw Error("binary: operand dtypes");
+  if (A.code != B.code) throw Error("binary: operand dtypes differ");
   bool cmp = fn >= F_GT && fn <= F_NE;
-  if (cmp != (y.code == D_BOOL) || (!cmp && y.code != A.code))
+  if (A.code == D_BOOL ? y.code != D_BOOL : cmp != (y.code == D_BOOL) || (!cmp && y.code != A.code))
     throw Error("binary: the output's dtype");
   Broadcast b(y.dims, {A.dims, B.dims});
   int64_t nb = elems(B);
@@ -2751,6 +2479,20 @@ void add_g_binary(Program& p, Reader& rd, Instr& ins) {
   p.byte_arg(s, A);
   p.byte_arg(s, B);
   p.byte_arg(s, y);
+  if (A.code == D_BOOL) {
+    auto run = [&](auto f) {
+      p.push_loop(ins, s, "neuronish:binary_any", [b, f](const Step& st, int threads) {
+        binary_rows<uint8_t, uint8_t>(st, threads, b, f);
+      });
+    };
+    switch (fn) {
+      case F_AND: run([](uint8_t p, uint8_t q) -> uint8_t { return p && q; }); return;
+      case F_OR: run([](uint8_t p, uint8_t q) -> uint8_t { return p || q; }); return;
+      case F_EQ: run([](uint8_t p, uint8_t q) -> uint8_t { return (p != 0) == (q != 0); }); return;
+      case F_NE: run([](uint8_t p, uint8_t q) -> uint8_t { return (p != 0) != (q != 0); }); return;
+    }
+    throw Error("binary: no bool loop for function " + std::to_string(fn));
+  }
   with_type(A.code, [&](auto tag) {
     using T = decltype(tag);
     using C = typename Num<T>::C;

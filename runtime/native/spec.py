@@ -23,8 +23,8 @@ OP_CONV, OP_MATMUL, OP_POOL, OP_ELTWISE, OP_BINARY = 1, 2, 3, 4, 5
 OP_SOFTMAX, OP_REDUCE, OP_CONCAT, OP_TRANSPOSE, OP_REORDER = 6, 7, 8, 9, 10
 OP_LAYER_NORM = 11
 # Loops of engine.cc's own, for what oneDNN has no (accurate enough) primitive for.
-OP_MAP, OP_BINARY_LOOP, OP_SELECT, OP_GATHER, OP_STRIDED_COPY = 12, 13, 14, 15, 16
-OP_PAD, OP_LOG_SOFTMAX, OP_CAST_LOOP = 17, 18, 19
+# (12, 13 and 19 were float32/int32-only element-wise loops, now the OP_G_* ones below.)
+OP_SELECT, OP_GATHER, OP_STRIDED_COPY, OP_PAD, OP_LOG_SOFTMAX = 14, 15, 16, 17, 18
 OP_ARGMINMAX, OP_CUMULATIVE, OP_ONE_HOT, OP_TOP_K, OP_MIRROR_PAD, OP_RESIZE = 20, 21, 22, 23, 24, 25
 OP_REDUCE_INT, OP_LOG_SOFTMAX_AXIS, OP_CONV3D, OP_POOL3D = 26, 27, 28, 29
 OP_MASKED_SOFTMAX = 30  # select, softmax over the last axis, select: one loop
@@ -42,7 +42,8 @@ E_SWISH = 17
 # attributes replaces the first alpha where the function takes one (leaky_relu).
 # Not oneDNN's: log (its log is off by up to 3e-6 absolute near 1) and softplus (its
 # soft_relu loses TF's relative accuracy for large |x|); erf, erfc, floor, sign and the
-# rounding functions have no oneDNN counterpart. Those run as MAP loops (libm) below.
+# rounding functions have no oneDNN counterpart. Those run on engine.cc's OP_G_UNARY loop
+# (libm), as every function does on dtypes oneDNN lacks.
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772, 1.0507009873554805
 ELTWISE: dict[str, list[tuple[int, float, float]]] = {
     "relu": [(E_RELU, 0.0, 0.0)],
@@ -64,41 +65,30 @@ ELTWISE: dict[str, list[tuple[int, float, float]]] = {
     "reciprocal": [(E_POW, 1.0, -1.0)],
 }
 
-# unary fn -> engine.cc's MapFn: one libm call per element (float32; logical_not on bool).
-MAP = {"erf": 1, "erfc": 2, "log": 3, "softplus": 4, "log1p": 5, "expm1": 6, "floor": 7,
-       "sign": 8, "round": 9, "sin": 10, "cos": 11, "tan": 12, "atan": 13, "logical_not": 14,
-       "round_bf16": 15}
-# binary fn -> engine.cc's LoopFn, for what oneDNN's binary lacks: pow, the floor
-# divisions, integer and bool operands, and broadcasting of both operands.
+# binary fn -> engine.cc's LoopFn: OP_G_BINARY's codes, for what oneDNN's binary lacks
+# (pow, the floor divisions, integer and bool operands, both operands broadcasting).
 LOOP = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "greater": 7,
         "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12,
         "pow": 13, "floor_div": 14, "floor_mod": 15, "logical_and": 16, "logical_or": 17,
         "squared_difference": 18}
-# unary fn on int32 -> MapFn (wrapping integer arithmetic, as numpy)
-MAP_I32 = {"abs": 20, "neg": 21, "relu": 22, "relu6": 23, "sign": 24, "square": 25}
-_LOOP_DTYPES = {"float32": set(LOOP) - {"logical_and", "logical_or"},
-                "int32": set(LOOP) - {"logical_and", "logical_or"},
-                "int64": {"add", "sub", "mul", "maximum", "minimum", "greater", "greater_equal",
-                          "less", "less_equal", "equal", "not_equal"},
-                "float16": {"add", "sub", "mul", "div", "maximum", "minimum", "greater",
-                            "greater_equal", "less", "less_equal", "equal", "not_equal"},
-                "bool": {"logical_and", "logical_or", "equal", "not_equal"}}
+_LOGICAL = frozenset({"logical_and", "logical_or"})
+_BOOL_LOOP = _LOGICAL | {"equal", "not_equal"}  # what the loop computes on bool operands
 _ITEMSIZE = ITEMSIZE
 
 BINARY = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "greater": 7,
           "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
 REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
 
-# engine.cc's "Loops over every dtype" (float64, float16, bfloat16, 8/16/64-bit integers):
-# what the paths above leave out. Binary functions and reductions by LOOP's and REDUCE's
-# codes; unary functions by G_UNARY (engine.cc's GUnary).
+# engine.cc's "Loops over every dtype": what oneDNN's primitives above leave out. Binary
+# functions and reductions by LOOP's and REDUCE's codes; unary functions by G_UNARY
+# (engine.cc's GUnary).
 OP_G_UNARY, OP_G_BINARY, OP_G_REDUCE, OP_G_CAST, OP_G_POOL = 50, 51, 52, 53, 54
 OP_G_SOFTMAX, OP_G_LAYER_NORM, OP_G_CONCAT, OP_G_MATMUL, OP_G_CONV = 55, 56, 57, 58, 59
 G_UNARY = {fn: i + 1 for i, fn in enumerate(
     ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus", "gelu",
      "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
      "reciprocal", "floor", "sign", "round_bf16", "round_fp16", "sin", "cos", "tan", "atan",
-     "log1p", "expm1", "round", "swish"))}
+     "log1p", "expm1", "round", "swish", "logical_not"))}
 G_UNARY_INT = frozenset({"abs", "neg", "sign", "square", "relu", "relu6"})
 _INTS = ("int8", "uint8", "int16", "int32", "int64")
 _G_FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -360,10 +350,6 @@ def _pool(attrs: dict, ins: list[Ref], outs: list[Ref],
 def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
            const: list[bool]) -> tuple[list[int], list[float]] | None:
     fn, x = attrs["fn"], ins[0]
-    if fn in MAP and x.dtype == ("bool" if fn == "logical_not" else "float32"):
-        return [OP_MAP, MAP[fn], *x.encode(), *outs[0].encode()], []
-    if fn in MAP_I32 and x.dtype == "int32":
-        return [OP_MAP, MAP_I32[fn], *x.encode(), *outs[0].encode()], []
     chain = _chain(fn, attrs.get("alpha", 0.2))
     if chain is None or x.dtype not in _ONEDNN_FLOATS or len(x.shape) > 6:
         return _generic_unary(fn, attrs, x, outs[0])
@@ -374,8 +360,11 @@ def _unary(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 
 def _generic_unary(fn: str, attrs: dict, x: Ref, y: Ref) -> tuple[list[int], list[float]] | None:
-    if fn not in G_UNARY or not (x.dtype in _G_FLOATS or (x.dtype in _INTS and
-                                                          fn in G_UNARY_INT)):
+    if fn == "logical_not":
+        takes = x.dtype == "bool"
+    else:
+        takes = x.dtype in _G_FLOATS or (x.dtype in _INTS and fn in G_UNARY_INT)
+    if fn not in G_UNARY or not takes:
         return None
     size = [elements(x.shape)]
     return [OP_G_UNARY, G_UNARY[fn], _bits(attrs.get("alpha", 0.2)), *x.encode(size),
@@ -395,14 +384,10 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
         sa == shape_y or (sb == shape_y and fn in SWAPPED))
     if not onednn:  # (oneDNN's binary: float32, only the second operand broadcasting)
         fn = attrs["fn"]
-        if rank > 8:
+        takes = fn in _BOOL_LOOP if a.dtype == "bool" else fn not in _LOGICAL
+        if rank > 8 or fn not in LOOP or not takes:
             return None
-        if fn not in _LOOP_DTYPES.get(a.dtype, ()):
-            if a.dtype == "bool" or fn not in LOOP:
-                return None
-            return [OP_G_BINARY, LOOP[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)], []
-        return [OP_BINARY_LOOP, LOOP[fn], *a.encode(sa), *b.encode(sb),
-                *y.encode(shape_y)], []
+        return [OP_G_BINARY, LOOP[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)], []
     if sa != shape_y:
         a, b, sa, sb, fn = b, a, sb, sa, SWAPPED[fn]
     ints = [OP_BINARY, BINARY[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)]
@@ -552,14 +537,10 @@ def _cast(attrs: dict, ins: list[Ref], outs: list[Ref],
         {src, dst} in ({"float32", "bfloat16"}, {"float32", "float16"})
     if ok and ins[0].shape and len(ins[0].shape) <= 6:
         return [OP_REORDER, *ins[0].encode(), *outs[0].encode()], []
-    loop = ("float32", "int32", "int8", "uint8", "bool", "int64")
     if src == dst:
         return _flat_copy(attrs, ins, outs, const)
-    if src not in loop or dst not in loop:
-        size = [elements(ins[0].shape)]
-        return [OP_G_CAST, *ins[0].encode(size), *outs[0].encode(size)], []
-    return [OP_CAST_LOOP, int(dst == "bool"), *ins[0].encode([elements(ins[0].shape)]),
-            *outs[0].encode([elements(outs[0].shape)])], []
+    size = [elements(ins[0].shape)]
+    return [OP_G_CAST, *ins[0].encode(size), *outs[0].encode(size)], []
 
 
 def _dense_strides(shape: Sequence[int]) -> list[int]:

@@ -57,8 +57,6 @@ def test_dtype_codes_match() -> None:
 
 
 def test_function_codes_match() -> None:
-    _check(spec.MAP, lambda f: "M_" + f.upper())
-    _check(spec.MAP_I32, lambda f: "M_I_" + f.upper())
     _check(spec.LOOP, lambda f: "F_" + _SHORT.get(f, f.upper()))
     _check(spec.BINARY, lambda f: "B_" + _SHORT.get(f, f.upper()))
     _check(spec.REDUCE, lambda f: "R_" + {"prod": "MUL"}.get(f, f.upper()))
@@ -73,10 +71,35 @@ def test_function_tables_name_declared_functions() -> None:
     engine defines every declared function."""
     assert set(elementwise.UNARY) == set(isa.UNARY_FNS)
     assert set(elementwise.BINARY) == set(isa.BINARY_FNS)
-    assert set(spec.G_UNARY) == set(isa.UNARY_FNS) - {"logical_not"}
-    for table in (spec.ELTWISE, spec.MAP, spec.MAP_I32):
-        assert set(table) <= set(isa.UNARY_FNS)
+    assert set(spec.G_UNARY) == set(isa.UNARY_FNS)
+    assert set(spec.ELTWISE) <= set(isa.UNARY_FNS)
     for table in (spec.LOOP, spec.BINARY, isa.SWAPPED):
         assert set(table) <= set(isa.BINARY_FNS)
     assert set(isa.UNARY_DOMAIN) == set(isa.UNARY_FNS)
     assert set(isa.BINARY_DOMAIN) == set(isa.BINARY_FNS)
+
+
+def test_each_element_wise_kind_has_one_loop() -> None:
+    """unary, binary and cast run on a oneDNN primitive or on the one loop of their kind
+    (OP_G_UNARY / OP_G_BINARY / OP_G_CAST), for every admitted function and dtype: the
+    float32/int32-only loops that once duplicated those (MAP, BINARY_LOOP, CAST_LOOP) are
+    gone, and no second loop comes back unnoticed."""
+    from neuronish.runtime.native import coverage
+
+    allowed = {"unary": {spec.OP_ELTWISE, spec.OP_G_UNARY},
+               "binary": {spec.OP_BINARY, spec.OP_G_BINARY},
+               "cast": {spec.OP_REORDER, spec.OP_G_CAST}}
+    seen: dict[str, set[int]] = {kind: set() for kind in allowed}
+    for sample in coverage.sample_instructions():
+        if sample.kind not in allowed:
+            continue
+        types = [isa.Type(shape, dtype) for shape, dtype in sample.types]
+        ins = [spec.Ref(i + 1, 0, t.dtype, t.shape) for i, t in enumerate(types)]
+        outs = [spec.Ref(0, 0, t.dtype, t.shape)
+                for t in isa.check(sample.kind, types, sample.attrs)]
+        encoded = spec.encode(sample.kind, sample.attrs, ins, outs, [False] * len(ins))
+        assert encoded is not None, f"{sample.label()} is left to numpy"
+        op = encoded[0][0]
+        assert op in allowed[sample.kind], f"{sample.label()} runs on op {op}"
+        seen[sample.kind].add(op)
+    assert seen == allowed, "each kind's primitive and loop are both exercised"

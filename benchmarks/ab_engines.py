@@ -1,0 +1,143 @@
+"""The native engine of a git ref (engine.cc + spec.py) against this tree's, on the
+element-wise instructions whose loops engine.cc owns: one process, alternating, medians.
+
+    python benchmarks/ab_engines.py [--base main] [--threads 1] [--rounds 41] [substring ...]
+
+The base's engine.cc, engine_int8.cc and spec.py are taken with `git show REF:path`; its
+engine is built (g++, the same command as runtime/native/library.py) into a temporary
+directory and its spec.py loaded beside this tree's, so each side encodes and runs the
+instruction the way its own code does. Each case (1M elements; unary, broadcasting
+binary and cast over float32, int32, int64, float16 and bool) becomes one one-instruction
+program per side; every round times one call of each, the order alternating; printed:
+both medians, new/old, and the geometric mean. Outputs must agree bit for bit (else it
+stops): a speed comparison of two encodings of the same results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from neuronish.runtime.native import engine_program, library  # noqa: E402
+from neuronish.runtime.program import one_instruction_program  # noqa: E402
+
+N, R, C = 1 << 20, 1024, 1024
+
+
+def cases() -> list[tuple[str, dict, list[np.ndarray], list[tuple[tuple[int, ...], str]]]]:
+    rng = np.random.default_rng(0)
+    f32 = (rng.standard_normal(N) * 3).astype(np.float32)
+    pos = np.abs(f32) + np.float32(0.1)
+    i32 = rng.integers(-1000, 1000, N).astype(np.int32)
+    i64, f16, b = i32.astype(np.int64), f32.astype(np.float16), rng.random(N) < 0.5
+
+    def col(x: np.ndarray) -> np.ndarray:
+        return x[:R].reshape(R, 1)
+
+    def row(x: np.ndarray) -> np.ndarray:
+        return x[:C].reshape(1, C)
+
+    out = [("unary", {"fn": f}, [x], [((N,), x.dtype.name)]) for f, x in
+           [("erf", f32), ("log", pos), ("softplus", f32), ("floor", f32), ("sign", f32),
+            ("round", f32), ("sin", f32), ("round_bf16", f32), ("abs", i32), ("relu", i32),
+            ("square", i32), ("logical_not", b)]]
+    out += [("binary", {"fn": f}, [col(x), row(y)], [((R, C), od)]) for f, x, y, od in
+            [("add", f32, f32, "float32"), ("maximum", f32, f32, "float32"),
+             ("pow", pos, f32, "float32"), ("floor_mod", f32, pos, "float32"),
+             ("add", i32, i32, "int32"), ("floor_div", i32, i32 | 1, "int32"),
+             ("greater", i32, i32, "bool"), ("add", i64, i64, "int64"),
+             ("mul", f16, f16, "float16"), ("less", f16, f16, "bool"),
+             ("logical_and", b, b, "bool")]]
+    out += [("cast", {"to": d}, [x], [((N,), d)]) for x, d in
+            [(f32, "int32"), (f32, "uint8"), (f32, "bool"), (i64, "float32"), (b, "int32"),
+             (i32, "int64"), (f32, "int64")]]
+    return out
+
+
+def base_engine(ref: str, workdir: Path) -> tuple[ctypes.CDLL, object]:
+    """The base's engine library and spec module."""
+    native = workdir / "native"
+    native.mkdir()
+    for name in ("engine.cc", "engine_int8.cc", "spec.py"):
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:runtime/native/{name}"],
+                              capture_output=True, text=True, check=True).stdout
+        (native / name).write_text(text)
+    so = workdir / "engine.so"
+    cmd = [str(native / "engine.cc") if a == str(library.SOURCE) else a
+           for a in library.build_command(str(so), library.onednn_root())]
+    subprocess.run(cmd, check=True)
+    lib = ctypes.CDLL(str(so))
+    library._declare(lib)
+    spec = importlib.util.spec_from_file_location("neuronish.runtime.native._spec_base",
+                                                  native / "spec.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return lib, module
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("only", nargs="*", help="run the cases whose label contains one of these")
+    p.add_argument("--base", default="main")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=41)
+    args = p.parse_args()
+    new_lib, new_encode = library.load(), engine_program.encode
+    with tempfile.TemporaryDirectory(prefix="ab-engines-") as tmp:
+        old_lib, old_spec = base_engine(args.base, Path(tmp))
+
+    def build(encode: object, lib: ctypes.CDLL, kind: str, attrs: dict, ins: list,
+              outs: list) -> tuple[object, list]:
+        engine_program.encode = encode  # (what NativeProgram.add encodes with)
+        try:
+            return one_instruction_program(kind, ins, attrs, outs, native=lib,
+                                           threads=args.threads)
+        finally:
+            engine_program.encode = new_encode
+
+    ratios = []
+    for kind, attrs, ins, outs in cases():
+        label = f"{kind}:{attrs.get('fn') or attrs.get('to')} " + \
+            ",".join(x.dtype.name for x in ins)
+        if args.only and not any(s in label for s in args.only):
+            continue
+        sides = [build(old_spec.encode, old_lib, kind, attrs, ins, outs),
+                 build(new_encode, new_lib, kind, attrs, ins, outs)]
+        ys = [[np.empty(s, d) for s, d in outs] for _ in sides]
+        for (program, call), y in zip(sides, ys):
+            if any(st.native is None or st.native.rejected for st in program.stages):
+                raise SystemExit(f"{label}: not run natively on one side")
+            program.execute(call, y)
+        np.testing.assert_array_equal(ys[0][0], ys[1][0], err_msg=label)
+        times: list[list[float]] = [[], []]
+        for r in range(args.rounds):
+            for k in ((0, 1) if r % 2 == 0 else (1, 0)):
+                (program, call), y = sides[k], ys[k]
+                start = time.perf_counter()
+                program.execute(call, y)
+                times[k].append(time.perf_counter() - start)
+        old, new = (statistics.median(t) * 1e3 for t in times)
+        ratios.append(new / old)
+        print(f"{label:34s} {args.base} {old:8.3f} ms  this tree {new:8.3f} ms  "
+              f"new/old {new / old:5.2f}", flush=True)
+    if ratios:
+        print(f"geometric mean new/old {float(np.exp(np.mean(np.log(ratios)))):.3f} "
+              f"over {len(ratios)} cases (threads {args.threads}, {args.rounds} rounds)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
