@@ -364,7 +364,12 @@ void publish_loop() {
   }
 }
 
+pid_t g_owner = 0;  // the process that registered at_exit (a forked child is not it)
+
 void at_exit() {
+  // A forked child has neither the publisher thread nor the right to the parent's files:
+  // it writes and removes nothing (as profiler.py and telemetry.py forget in a child).
+  if (getpid() != g_owner) return;
   write_profile();
   Telemetry &t = telemetry();
   if (t.thread.joinable()) {
@@ -380,7 +385,10 @@ void at_exit() {
 
 std::once_flag g_exit_registered;
 void register_exit() {
-  std::call_once(g_exit_registered, [] { std::atexit(at_exit); });
+  std::call_once(g_exit_registered, [] {
+    g_owner = getpid();
+    std::atexit(at_exit);
+  });
 }
 
 }  // namespace

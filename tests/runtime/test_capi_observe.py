@@ -234,3 +234,55 @@ def test_the_tensorflow_c_host_profiles_its_neuron_op_by_node_name(tmp_path: Pat
         == [(op["name"], 2)] * 3
     assert sum(e["cat"] == "call" for e in spans) == 1
     assert any(e["cat"] == "instruction" for e in spans)
+
+
+_FORKS = r"""
+#include <stdio.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "neuronish_runtime.h"
+/* Load a model, wait until this process's counters file is there, fork a child that
+ * exits at once (running the library's exit handler), then say whether the file is
+ * still there: the child must leave the parent's publisher and files alone. */
+int main(int argc, char **argv) {
+  char err[1024], path[4096];
+  nr_device *dev; nr_model *m;
+  if (nr_device_open(&dev, err, sizeof err) ||
+      nr_model_load_file(dev, argv[1], 1, &m, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  snprintf(path, sizeof path, "%s/%ld.json", argv[2], (long)getpid());
+  struct stat st;
+  while (stat(path, &st) != 0) usleep(20000);  /* (the test's deadline bounds this) */
+  pid_t child = fork();
+  if (child == 0) return 0;  /* exit(): atexit handlers run in the child */
+  int status;
+  waitpid(child, &status, 0);
+  printf("child %d, file %s\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+         stat(path, &st) == 0 ? "kept" : "gone");
+  nr_model_unload(m);
+  nr_device_close(dev);
+  return 0;
+}
+"""
+
+
+def test_a_forked_child_leaves_the_parents_counters_alone(built, tmp_path: Path) -> None:
+    from neuronish.runtime.capi import library
+
+    _, model = built
+    (tmp_path / "forks.c").write_text(_FORKS)
+    lib = library.build()
+    subprocess.run(["gcc", "-std=c99", "-D_DEFAULT_SOURCE", "-Wall", "-Werror",
+                    f"-I{library.INCLUDE}", str(tmp_path / "forks.c"), "-o",
+                    str(tmp_path / "forks"), str(lib), f"-Wl,-rpath,{lib.parent}"],
+                   check=True, capture_output=True, text=True)
+    run_dir = tmp_path / "run"
+    r = subprocess.run([str(tmp_path / "forks"), str(model), str(run_dir)],
+                       capture_output=True, text=True, timeout=DEADLINE,
+                       env=_env(NEURONISH_RUN_DIR=str(run_dir)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["child", "0,", "file", "kept"]
+    assert list(run_dir.iterdir()) == []  # and the parent's own exit removed it
