@@ -34,8 +34,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-ANY_SIZE = -1
-"""A dimension of any size in `TensorSignature.shape`."""
 NO_BATCH_AXIS = -1
 
 
@@ -56,8 +54,9 @@ class TensorSignature:
         """Whether `shape` has this rank and every size that is not free."""
         if self.shape is None:
             return True
+        # (any negative size is open, as TensorFlow's TensorShapeProto reads one)
         return len(shape) == len(self.shape) and all(
-            want == ANY_SIZE or got == want for got, want in zip(shape, self.shape))
+            want < 0 or got == want for got, want in zip(shape, self.shape))
 
     def out_of_bounds(self, shape: Sequence[int]) -> tuple[int, int, int] | None:
         """(dimension, low, high) of the first dimension of `shape` outside its bounds."""
