@@ -40,7 +40,7 @@ from .isa import MATMUL_LIKE
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
 from .native.engine_program import NativeProgram
-from .native.spec import WINDOWED, Ref
+from .native.spec import SMALL_WORK, WINDOWED, Ref, work
 from .validate import value_nbytes
 
 _MID_CALL = "while its instructions ran"  # where a Cutoff stopped a call
@@ -259,6 +259,11 @@ class LoadedProgram:
             return Ref(slot, offset, dtype, tuple(shape), vid in blocked)
 
         steps: list[_Bound | _NativeRun] = []
+        # A program with one instruction above SMALL_WORK holds every CPU while it
+        # computes, so its smaller instructions may use them too (spec.team_size).
+        prog.wide = any(work(ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
+                             [ref(v) for v in ins.outputs]) >= SMALL_WORK
+                        for ins in (self.instructions[i] for i in stage.span))
         for index in stage.span:
             ins = self.instructions[index]
             k = prog.add(index, ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
