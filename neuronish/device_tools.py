@@ -11,7 +11,14 @@ import time
 from neuronish.runtime import telemetry
 from neuronish.runtime.config import ConfigError, DeviceConfig
 
-_MIB = 1 << 20
+
+def size(n: int) -> str:
+    """Bytes in the largest unit that keeps the figure at 1 or more: a tiny model's
+    12 KiB must not read as "0.0 MiB"."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _device_line(processes: list[dict]) -> list[str]:
@@ -27,7 +34,7 @@ def _device_line(processes: list[dict]) -> list[str]:
                                         [list(g) for g in c.core_groups], c.core_memory)
         engine = "-"
     return [f"device: {num} core(s), visible {visible}, core groups {groups}, "
-            f"{memory / _MIB:.0f} MiB per core, engine {engine}"]
+            f"{size(memory)} per core, engine {engine}"]
 
 
 def _memory_by_core(processes: list[dict]) -> dict[int, int]:
@@ -45,20 +52,20 @@ def format_ls(processes: list[dict]) -> str:
     used = _memory_by_core(processes)
     lines.append("core  memory used")
     for core in sorted(used) or []:
-        lines.append(f"{core:>4}  {used[core] / _MIB:9.1f} MiB of {memory / _MIB:.0f} MiB")
+        lines.append(f"{core:>4}  {size(used[core]):>10} of {size(memory)}")
     if not processes:
         lines.append(f"no process is using the device (counters in {telemetry.run_dir()})")
         return "\n".join(lines)
-    lines += ["", f"{'pid':>7}  {'model':<40} {'core groups':<16} {'MiB/core':>9} "
+    lines += ["", f"{'pid':>7}  {'model':<40} {'core groups':<16} {'per core':>10} "
                   f"{'calls':>8}  command"]
     for p in processes:
         if not p["models"]:
-            lines.append(f"{p['pid']:>7}  {'(no model loaded)':<40} {'':<16} {'':>9} "
+            lines.append(f"{p['pid']:>7}  {'(no model loaded)':<40} {'':<16} {'':>10} "
                          f"{'':>8}  {p['command']}")
         for m in p["models"]:
             lines.append(f"{p['pid']:>7}  {m['name'][:40]:<40} "
                          f"{str(m['core_groups'])[:16]:<16} "
-                         f"{max(m['bytes_per_core']) / _MIB:9.1f} {m['calls']:>8}  "
+                         f"{size(max(m['bytes_per_core'])):>10} {m['calls']:>8}  "
                          f"{p['command'][:60]}")
             if isinstance(note := m.get("note"), str) and note:  # (runtime.load's reason)
                 note = "".join(ch if ch.isprintable() else "?" for ch in note[:120])
@@ -101,8 +108,8 @@ def format_top(processes: list[dict], r: dict) -> str:
     for core in sorted(set(used) | set(r["cores"])):
         util = r["cores"].get(core, 0.0)
         bar = "#" * round(util * 20)
-        lines.append(f"{core:>4}  {util:4.0%}  {used.get(core, 0) / _MIB:9.1f} MiB of "
-                     f"{memory / _MIB:.0f} MiB  {bar}")
+        lines.append(f"{core:>4}  {util:4.0%}  {size(used.get(core, 0)):>10} of "
+                     f"{size(memory)}  {bar}")
     lines += ["", f"{'pid':>7}  {'model':<40} {'core groups':<16} {'inf/s':>9} {'calls/s':>8}"]
     for m in r["models"]:
         lines.append(f"{m['pid']:>7}  {m['name'][:40]:<40} {str(m['core_groups'])[:16]:<16} "

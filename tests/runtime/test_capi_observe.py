@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from neuronish.device_tools import size
 from neuronish.runtime import load, profiler, telemetry
 from tests.runtime.test_capi_example import _build
 from tests.runtime.test_capi_execute import compile_graph
@@ -158,8 +159,8 @@ def test_neuronish_ls_shows_the_c_example_while_it_runs(built, tmp_path: Path) -
                            env={**os.environ, "NEURONISH_RUN_DIR": str(run_dir)})
         assert r.returncode == 0, r.stderr
         [line] = [ln for ln in r.stdout.splitlines() if ln.strip().startswith(str(proc.pid))]
-        assert line.split()[1:4] == ["Identity:0", "[[0]]", f"{m['bytes_per_core'][0] / 2**20:.1f}"]
-        assert line.split()[4] == "3" and "run_model -w" in line
+        assert line.split()[1:5] == ["Identity:0", "[[0]]", *size(m["bytes_per_core"][0]).split()]
+        assert line.split()[5] == "3" and "run_model -w" in line
     finally:
         out, err = proc.communicate(timeout=DEADLINE)  # (stdin closed: the example exits)
     assert proc.returncode == 0, err

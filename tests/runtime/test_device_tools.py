@@ -183,3 +183,20 @@ def test_a_forked_child_leaves_its_parents_counters_alone(executable: Path,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "True"
+
+
+def test_sizes_keep_a_unit_that_shows_them() -> None:
+    """A tiny model's 12 KiB read "0.0 MiB" when every size was printed in MiB."""
+    from neuronish.device_tools import format_ls, size
+    assert [size(n) for n in (0, 1023, 1024, 12 << 10, 97 << 20, 3 << 30)] == [
+        "0 B", "1023 B", "1.0 KiB", "12.0 KiB", "97.0 MiB", "3.0 GiB"]
+    device = {"num_cores": 1, "visible_cores": [0], "core_groups": [[0]],
+              "core_memory": 256 << 20, "engine": "native"}
+    process = {"pid": 7, "command": "serve", "device": device,
+               "cores": {"0": {"used_bytes": 12 << 10, "busy_seconds": 0.0}},
+               "models": [{"id": 1, "name": "tiny", "core_groups": [[0]],
+                           "bytes_per_core": [12 << 10], "calls": 3}]}
+    lines = format_ls([process]).splitlines()
+    assert lines[0].endswith("256.0 MiB per core, engine native"), lines[0]
+    assert lines[2].split() == ["0", "12.0", "KiB", "of", "256.0", "MiB"], lines
+    assert lines[-1].split()[:6] == ["7", "tiny", "[[0]]", "12.0", "KiB", "3"], lines
