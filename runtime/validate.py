@@ -209,6 +209,20 @@ def _aliasing_reshape(ins: Instruction, exe: Executable) -> bool:
         and value_nbytes(*exe.values[x]) == value_nbytes(*exe.values[y])
 
 
+def _in_place_residual(ins: Instruction, exe: Executable) -> bool:
+    """A convolution whose output the memory plan put exactly on its residual's bytes
+    (cc/memory.py `in_place_residual`). Legal only where the residual is read by nothing
+    after it: `_check_overlaps` ends the residual's life before the instruction, so any
+    later reader makes it overlap the output."""
+    if ins.kind not in ("conv2d", "conv2d_int8") or not ins.attrs.get("residual") \
+            or len(ins.inputs) < 3 or len(ins.outputs) != 1:
+        return False
+    r, y = ins.inputs[-1], ins.outputs[0]
+    return r in exe.offsets and y in exe.offsets and exe.offsets[r] == exe.offsets[y] \
+        and value_nbytes(*exe.values[r]) == value_nbytes(*exe.values[y]) \
+        and r not in ins.inputs[:-1]
+
+
 def _check_overlaps(exe: Executable) -> None:
     """No two arena buffers alive at the same instruction share bytes: an intermediate
     from its producer to its last reader, a scratch range during its instruction (the
@@ -220,7 +234,8 @@ def _check_overlaps(exe: Executable) -> None:
     t = 0
     for program in exe.programs:
         for ins in program:
-            for vid in ins.inputs:
+            in_place = _in_place_residual(ins, exe)
+            for vid in ins.inputs[:-1] if in_place else ins.inputs:
                 vid = shares.get(vid, vid)
                 if vid in spans:
                     spans[vid][1] = t
