@@ -22,7 +22,8 @@ from . import isa
 from .errors import ExecutableError
 
 if TYPE_CHECKING:
-    from .executable import Executable, Instruction, TensorSig
+    from .executable import Executable, Instruction
+    from .signature import TensorSignature
 
 
 def _fail(what: str) -> ExecutableError:
@@ -111,20 +112,21 @@ def _check_types(exe: Executable) -> None:
         raise _fail(f"value id %{big} is out of range (the file holds {limit} values)")
 
 
-def _check_sig(sig: TensorSig, exe: Executable, what: str, allow_const: bool) -> None:
+def _check_sig(sig: TensorSignature, value: object, exe: Executable, what: str,
+               allow_const: bool) -> None:
     where = f"{what} {sig.name!r}"
     if not isinstance(sig.name, str):
         raise _fail(f"{what} name {sig.name!r} is not a string")
-    if type(sig.value) is not int:
-        raise _fail(f"{where} names value {sig.value!r}, which is not a value id")
-    if sig.value in exe.values:
-        shape, dtype = exe.values[sig.value]
-    elif allow_const and sig.value in exe.constants:
-        shape, dtype = constant_type(exe, sig.value)
+    if type(value) is not int:
+        raise _fail(f"{where} names value {value!r}, which is not a value id")
+    if value in exe.values:
+        shape, dtype = exe.values[value]
+    elif allow_const and value in exe.constants:
+        shape, dtype = constant_type(exe, value)
     else:
-        raise _fail(f"{where} names value %{sig.value}, which the file does not define")
+        raise _fail(f"{where} names value %{value}, which the file does not define")
     if tuple(sig.shape) != tuple(shape) or sig.dtype != dtype:
-        raise _fail(f"{where} is {sig.dtype}{list(sig.shape)} but its value %{sig.value} is "
+        raise _fail(f"{where} is {sig.dtype}{list(sig.shape)} but its value %{value} is "
                     f"{dtype}{list(shape)}")
     if type(sig.batch_axis) is not int or not -1 <= sig.batch_axis < max(len(shape), 1):
         raise _fail(f"{where} has batch axis {sig.batch_axis!r} for shape {list(shape)}")
@@ -156,7 +158,7 @@ def _check_instruction(ins: Instruction, exe: Executable, where: str) -> None:
 def _check_programs(exe: Executable, external: set[int]) -> set[int]:
     """Instruction kinds, operands defined before use, scratch inside the arena, and each
     instruction against its declaration; returns the ids the instructions produce."""
-    defined = {s.value for s in exe.inputs} | set(exe.constants)
+    defined = set(exe.input_values) | set(exe.constants)
     produced: set[int] = set()
     index = 0
     for core, program in enumerate(exe.programs):
@@ -269,14 +271,17 @@ def check_executable(exe: Executable) -> None:
     """Raise `ExecutableError` naming the first inconsistency in `exe`."""
     _check_metadata(exe)
     _check_types(exe)
-    for sig in exe.inputs:
-        _check_sig(sig, exe, "input", allow_const=False)
-    for sig in exe.outputs:
-        _check_sig(sig, exe, "output", allow_const=True)
-    inputs = {s.value for s in exe.inputs}
+    if len(exe.input_values) != len(exe.inputs) or len(exe.output_values) != len(exe.outputs):
+        raise _fail(f"{len(exe.inputs)} input(s) and {len(exe.outputs)} output(s) but "
+                    f"{len(exe.input_values)} and {len(exe.output_values)} value ids")
+    for sig, value in zip(exe.inputs, exe.input_values):
+        _check_sig(sig, value, exe, "input", allow_const=False)
+    for sig, value in zip(exe.outputs, exe.output_values):
+        _check_sig(sig, value, exe, "output", allow_const=True)
+    inputs = set(exe.input_values)
     if len(inputs) != len(exe.inputs):
         raise _fail("two inputs share one value")
-    outputs = {s.value for s in exe.outputs}
+    outputs = set(exe.output_values)
     if len(outputs) != len(exe.outputs):
         raise _fail("two outputs share one value (the compiler copies one of them)")
     external = inputs | outputs
@@ -292,7 +297,7 @@ def check_executable(exe: Executable) -> None:
                         f"{offset!r}, outside the {exe.arena_bytes}-byte arena")
     produced = _check_programs(exe, external)
     _check_overlaps(exe)
-    for sig in exe.outputs:
-        if sig.value not in exe.constants and sig.value not in produced:
-            raise _fail(f"output {sig.name!r} (value %{sig.value}) is never written by any "
+    for sig, value in zip(exe.outputs, exe.output_values):
+        if value not in exe.constants and value not in produced:
+            raise _fail(f"output {sig.name!r} (value %{value}) is never written by any "
                         "instruction")

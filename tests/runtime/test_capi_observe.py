@@ -26,7 +26,7 @@ from neuronish.device_tools import size
 from neuronish.runtime import load, profiler, telemetry
 from tests.runtime.test_capi_example import _build
 from tests.runtime.test_capi_execute import compile_graph
-from tests.runtime.test_profiler import check_trace_format
+from tests.runtime.test_profiler import spans_by_category
 
 NEURONISH = str(Path(sys.executable).parent / "neuronish")
 DEADLINE = 300  # seconds: a loaded machine may be slow, never this slow
@@ -63,10 +63,7 @@ def test_the_c_example_writes_a_profile_neuronish_profile_reads(built, tmp_path:
     [path] = traces.iterdir()
     assert path.name.startswith("neuronish-") and path.suffix == ".json"
     trace = json.loads(path.read_text())
-    spans = check_trace_format(trace)
-    by_cat: dict[str, list[dict]] = {}
-    for e in spans:
-        by_cat.setdefault(e["cat"], []).append(e)
+    by_cat = spans_by_category(trace)
     # Batch 5 on a batch-2 executable: one call, three chunks, each timed per instruction.
     assert len(by_cat["call"]) == 1
     assert len(by_cat["queue"]) == len(by_cat["execute"]) == 3
@@ -228,13 +225,12 @@ def test_the_tensorflow_c_host_profiles_its_neuron_op_by_node_name(tmp_path: Pat
              NEURONISH_PROFILE=str(traces), NEURONISH_TELEMETRY="0")
     assert r.returncode == 0, r.stderr
     [path] = traces.iterdir()
-    spans = check_trace_format(json.loads(path.read_text()))
-    executes = [e for e in spans if e["cat"] == "execute"]
+    by_cat = spans_by_category(json.loads(path.read_text()))
+    executes = by_cat["execute"]
     # (TensorFlow names the node inside the function it inlined: .../model/neuron_op_0)
     assert [(e["args"]["model"].rsplit("/", 1)[-1], e["args"]["batch"]) for e in executes] \
         == [(op["name"], 2)] * 3
-    assert sum(e["cat"] == "call" for e in spans) == 1
-    assert any(e["cat"] == "instruction" for e in spans)
+    assert len(by_cat["call"]) == 1 and by_cat.get("instruction")
 
 
 _FORKS = r"""

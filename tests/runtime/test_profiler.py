@@ -59,6 +59,14 @@ def check_trace_format(trace: dict) -> list[dict]:
     return spans
 
 
+def spans_by_category(trace: dict) -> dict[str, list[dict]]:
+    """The trace's spans (checked by check_trace_format) grouped by category, in trace order."""
+    by_cat: dict[str, list[dict]] = {}
+    for e in check_trace_format(trace):
+        by_cat.setdefault(e["cat"], []).append(e)
+    return by_cat
+
+
 @pytest.fixture(scope="module")
 def executable(tmp_path_factory: pytest.TempPathFactory) -> Path:
     g = conv_bn_relu(batch=8)
@@ -81,10 +89,7 @@ def test_a_split_call_records_chunks_instructions_and_modelled_time(
             trace = profiler.stop(tmp_path / "t.json")
         steps = len(model._idle.get().instructions)  # profiling times each instruction
     assert json.loads((tmp_path / "t.json").read_text()) == trace
-    spans = check_trace_format(trace)
-    by_cat: dict[str, list[dict]] = {}
-    for e in spans:
-        by_cat.setdefault(e["cat"], []).append(e)
+    by_cat = spans_by_category(trace)
     assert len(by_cat["call"]) == 1
     assert len(by_cat["execute"]) == len(by_cat["queue"]) == 3
     assert len(by_cat["instruction"]) == 3 * steps
@@ -163,7 +168,7 @@ def test_env_var_profiles_any_process(executable: Path, tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     trace = json.loads((tmp_path / f"neuronish-{r.stdout.strip()}.json").read_text())
-    assert [e["cat"] for e in check_trace_format(trace)].count("execute") == 1
+    assert len(spans_by_category(trace)["execute"]) == 1
     idle = subprocess.run([sys.executable, "-c", "import neuronish.runtime.profiler"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert idle.returncode == 0 and len(list(tmp_path.iterdir())) == 1  # nothing recorded
