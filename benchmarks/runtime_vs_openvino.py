@@ -52,7 +52,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     first = models[args.dirs[0]]
     feeds = {s.name: rng.uniform(0, 255, (args.batch, *s.shape[1:])).astype(s.dtype)
-             for s in first.exe.inputs}
+             for s in first.inputs}  # (either runtime)
     by_name = {k.removesuffix(":0"): v for k, v in feeds.items()}
     ov_model = ov.convert_model(cached_saved_model(args.model))
     ov_model.reshape({i.get_any_name(): list(by_name[i.get_any_name()].shape)
