@@ -53,7 +53,7 @@ def main() -> int:
     runners: dict[str, Callable[[], dict]] = {}
     models = {d: load(max(neuron_op_executables(d), key=lambda o: len(o.executable)).executable)
               for d in args.dirs}
-    feeds = _feeds(args.model, models[args.dirs[0]].exe.inputs, args.batch)
+    feeds = _feeds(args.model, models[args.dirs[0]].inputs, args.batch)  # (either runtime)
     if args.tensorflow:
         import tensorflow as tf
 

@@ -1,14 +1,18 @@
-"""Layer by layer: where neuronish's fp32 time differs from OpenVINO's on one model.
+"""Layer by layer: where neuronish's time differs from OpenVINO's on one model.
 
-    python benchmarks/peer_layers.py ResNet50 --batch 8 [--calls 5] [--top 15]
+    python benchmarks/peer_layers.py ResNet50 --batch 8 [--precision fp32|bf16|int8] \
+        [--calls 5] [--top 15] [--calibration 32]
 
-neuronish side: the model compiled in fp32 (`neuronish.saved_model.compile`), run by
+neuronish side: the model compiled as benchmarks/peers.py compiles it for the precision
+(fp32; bf16 `--auto-cast matmult`; int8 `quantize="int8"` from peers.py's calibration
+samples) by `neuronish.saved_model.compile`, run by
 `neuronish profile` in a subprocess with ONEDNN_VERBOSE=1, so every oneDNN primitive
 execution is listed with its implementation, shapes, post-ops and time, and the
 instructions oneDNN does not run (the engine's own kernels, numpy) appear in the
 profile's per-instruction times. OpenVINO side: the same SavedModel converted, compiled
 for f32 with PERFORMANCE_HINT LATENCY and PERF_COUNT, its runtime model's per-node
-counters (layer type, implementation, output layout, time) averaged over the calls.
+counters (layer type, implementation, output layout, time) averaged over the calls; for
+bf16 `INFERENCE_PRECISION_HINT` bf16, for int8 NNCF's quantization of the same samples.
 
 Printed: time per call by kind of work on both sides (convolutions 1x1 / spatial /
 depthwise, matmuls, pooling, element-wise, reorders, the rest), then convolutions
@@ -33,16 +37,26 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import peers  # noqa: E402  (benchmarks/peers.py: the same flags and calibration samples)
+
 # mb8_ic16oc96_ih112oh112kh1sh1dh0ph0_iw112ow112kw1sw1dw0pw0 (g<groups> in front if grouped)
 _CONV = re.compile(r"(?:g(\d+))?mb(\d+)_ic(\d+)oc(\d+)_ih\d+oh(\d+)kh(\d+)\w*?_iw\d+ow(\d+)")
 
 
-def neuronish_side(saved_model: str, batch: int, calls: int, workdir: str) -> dict:
-    """Per-primitive oneDNN executions and per-instruction profile of one fp32 call."""
+def neuronish_side(saved_model: str, batch: int, calls: int, workdir: str,
+                   precision: str = "fp32", calibration: list | None = None,
+                   compiled: str | None = None) -> dict:
+    """Per-primitive oneDNN executions and per-instruction profile of one call (of the
+    model compiled here, or of `compiled`, a compiled SavedModel)."""
     import neuronish
 
-    dst = os.path.join(workdir, "fp32")
-    neuronish.saved_model.compile(saved_model, dst, batch_size=batch)
+    dst = compiled or os.path.join(workdir, precision)
+    if not compiled:
+        extra = ({"quantize": "int8",
+                  "calibration_data": peers.batched(calibration or [], batch)}
+                 if precision == "int8" else {})
+        neuronish.saved_model.compile(saved_model, dst, batch_size=batch,
+                                      compiler_args=peers.NEURONISH_FLAGS[precision], **extra)
     trace = os.path.join(workdir, "trace.json")
     env = dict(os.environ, ONEDNN_VERBOSE="1")
     out = subprocess.run([str(Path(sys.executable).parent / "neuronish"), "profile", dst,
@@ -86,14 +100,19 @@ def _post_ops(fields: list[str]) -> str:
         if attrs else ""
 
 
-def openvino_side(saved_model: str, batch: int, calls: int) -> dict:
+def openvino_side(saved_model: str, batch: int, calls: int, precision: str = "fp32",
+                  model_name: str = "", calibration: list | None = None) -> dict:
     import openvino as ov
 
     model = ov.convert_model(saved_model)
+    if precision == "int8":
+        model = peers._nncf_int8(model, model_name, calibration or [])
     model.reshape({i.get_any_name(): [batch, *(d.get_length() for d in i.get_partial_shape()[1:])]
                    for i in model.inputs})
-    compiled = ov.Core().compile_model(model, "CPU", {
-        "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True})
+    config = {"PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True}
+    if peers.OV_HINT[precision]:
+        config["INFERENCE_PRECISION_HINT"] = peers.OV_HINT[precision]
+    compiled = ov.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
     rng = np.random.default_rng(0)
     feeds = {i.get_any_name(): rng.standard_normal(list(i.get_shape())).astype("float32")
@@ -222,15 +241,26 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32")
+    p.add_argument("--calibration", type=int, default=32, help="int8 calibration samples")
+    p.add_argument("--compiled", help="profile this compiled SavedModel (compiled for the "
+                   "same precision and batch) instead of compiling the model")
     p.add_argument("--json", help="also write both sides' raw figures here")
     args = p.parse_args()
+    import tensorflow as tf
+
     from models.cache import cached_saved_model
 
     src = cached_saved_model(args.model)
+    calibration = None
+    if args.precision == "int8":
+        signature = tf.saved_model.load(src).signatures["serving_default"]
+        calibration = peers.calibration_samples(args.model, signature, args.calibration)
     with tempfile.TemporaryDirectory(prefix="peer-layers-") as work:
-        ours = neuronish_side(src, args.batch, args.calls, work)
-    theirs = openvino_side(src, args.batch, args.calls)
-    print(f"{args.model} batch {args.batch}, fp32, medians of {args.calls} calls")
+        ours = neuronish_side(src, args.batch, args.calls, work, args.precision, calibration,
+                              args.compiled)
+    theirs = openvino_side(src, args.batch, args.calls, args.precision, args.model, calibration)
+    print(f"{args.model} batch {args.batch}, {args.precision}, medians of {args.calls} calls")
     print(report(ours, theirs, args.top))
     if args.json:
         Path(args.json).write_text(json.dumps({"neuronish": ours, "openvino": theirs}))

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from neuronish.runtime import isa
-from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
+from neuronish.runtime.executable import Executable, Instruction, to_bytes
 from neuronish.runtime.native.spec import numpy_instructions
+from neuronish.runtime.signature import TensorSignature
 
 from . import __version__
 from .device_model import DeviceDescription, ValueTypes, estimate, load_device
@@ -141,7 +142,8 @@ def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int],
     def vid(v: Value) -> int:
         return ids.setdefault(v.id, len(ids))
 
-    inputs = [TensorSig(v.name, vid(v), v.shape, v.dtype, axis)
+    input_values = [vid(v) for v in graph.inputs]
+    inputs = [TensorSignature(v.name, v.dtype, v.shape, axis)
               for v, axis in zip(graph.inputs, graph.input_batch_axes)]
     constants = {vid(v): v.data for v in graph.constants()}
     values: dict[int, tuple[tuple[int, ...], str]] = {}
@@ -168,13 +170,15 @@ def build_executable(graph: Graph, options: dict, tf_op_counts: dict[str, int],
                 node.kind, tuple([vid(v) for v in node._inputs]), tuple(outs),
                 node._attrs, scratch.get(i), node.origin))
         programs.append(program)
-    outputs = [TensorSig(name, vid(v), v.shape, v.dtype, axis)
+    output_values = [vid(v) for v in graph.outputs]
+    outputs = [TensorSignature(name, v.dtype, v.shape, axis)
                for v, name, axis in zip(graph.outputs, options["output_names"],
                                         graph.output_batch_axes)]
     return Executable(
         compiler={"name": "neuronish-cc", "version": __version__,
                   "options": {k: v for k, v in options.items() if k != "output_names"}},
-        inputs=inputs, outputs=outputs, constants=constants, values=values,
+        inputs=inputs, outputs=outputs, input_values=input_values,
+        output_values=output_values, constants=constants, values=values,
         arena_bytes=plan.arena_bytes,
         offsets={ids[k]: off for k, off in plan.value_offsets.items()},
         programs=programs,

@@ -179,7 +179,7 @@ def estimate(exe: Executable, device: DeviceDescription) -> Estimate:
     options = exe.compiler.get("options", {})
     cast = _CAST_DTYPES.get(options.get("auto_cast_type", "bf16"), "bfloat16")
     mode = options.get("auto_cast", "none")
-    boundary = {s.value for s in (*exe.inputs, *exe.outputs)}
+    boundary = {*exe.input_values, *exe.output_values}
     types = ValueTypes(exe)
     # An instruction's cost follows from its kind, attributes, operand types and which
     # operands travel anyway (constants, inputs, outputs): a large graph repeats a few.

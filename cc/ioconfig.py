@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from neuronish import contracts
+from neuronish.runtime.signature import TensorSignature
 
 from .errors import BadIOConfig
 
@@ -36,17 +37,6 @@ _TENSOR_NAME = re.compile(r"[^:]+:\d+")
 MAX_IO_CONFIG_BYTES = 16 << 20
 MAX_TENSOR_ELEMENTS = 2**31 - 1
 MAX_RANK = 8
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    batch_axis: int = 0
-    # False when the io-config left the axis to its default (0): a graph that mixes
-    # samples is then compiled for a fixed batch instead of refused.
-    batch_axis_given: bool = True
 
 
 @dataclass(frozen=True)
@@ -60,16 +50,25 @@ class IOProblem:
 
 @dataclass(frozen=True)
 class IOConfig:
-    inputs: tuple[TensorSpec, ...]  # only the entries without problems
+    inputs: tuple[TensorSignature, ...]  # only the entries without problems
     outputs: tuple[str, ...]
     output_batch_axes: tuple[int | None, ...]  # None: decide from shapes
     problems: tuple[IOProblem, ...] = ()
+    # The inputs whose entry states its batch axis. When none does (every axis is the
+    # default 0), a graph that mixes samples is compiled for a fixed batch instead of
+    # refused (cc/lower.py).
+    given_batch_axes: frozenset[str] = frozenset()
 
     def to_json(self) -> dict:
-        return {
-            "inputs": {s.name: [list(s.shape), s.dtype, s.batch_axis] for s in self.inputs},
-            "outputs": list(self.outputs),
-        }
+        """The io-config as `parse_io_config` read it (inputs without problems): a batch
+        axis only where one was given, `outputs` a map only when it was one."""
+        inputs = {s.name: [list(s.shape), s.dtype, s.batch_axis]
+                  if s.name in self.given_batch_axes else [list(s.shape), s.dtype]
+                  for s in self.inputs}
+        outputs: list | dict = list(self.outputs)
+        if any(axis is not None for axis in self.output_batch_axes):
+            outputs = dict(zip(self.outputs, self.output_batch_axes))
+        return {"inputs": inputs, "outputs": outputs}
 
 
 _EXAMPLE = ('expected e.g. {"inputs": {"x:0": [[1, 224, 224, 3], "float32"]}, '
@@ -115,7 +114,7 @@ def _read(text_or_path: str | dict) -> object:
         raise BadIOConfig(f"io-config is not valid JSON ({e}); {_EXAMPLE}") from None
 
 
-def _input(name: object, entry: object, problems: list[IOProblem]) -> TensorSpec | None:
+def _input(name: object, entry: object, problems: list[IOProblem]) -> TensorSignature | None:
     where = f'inputs["{name}"]'
     if not isinstance(name, str) or not _TENSOR_NAME.fullmatch(name):
         raise _bad(where, "a tensor name like 'x:0'", name)
@@ -156,7 +155,7 @@ def _input(name: object, entry: object, problems: list[IOProblem]) -> TensorSpec
         problems.append(IOProblem(name, f"io-config input {name!r} has batch axis {batch_axis}, "
                                   f"outside its shape {shape}", f"use -1 (none) or an axis in "
                                   f"[0, {len(shape)})"))
-    return TensorSpec(name, tuple(shape), dtype, batch_axis, len(entry) == 3) \
+    return TensorSignature(name, dtype, tuple(shape), batch_axis) \
         if len(problems) == before else None
 
 
@@ -175,6 +174,7 @@ def parse_io_config(text_or_path: str | dict | IOConfig) -> IOConfig:
         raise _bad('"inputs"', "an object mapping tensor names to [shape, dtype]", ins)
     problems: list[IOProblem] = []
     specs = [s for name, entry in ins.items() if (s := _input(name, entry, problems))]
+    given = frozenset(s.name for s in specs if len(ins[s.name]) == 3)
     outs = raw.get("outputs")
     if isinstance(outs, dict):
         names, axes = list(outs), list(outs.values())
@@ -189,4 +189,4 @@ def parse_io_config(text_or_path: str | dict | IOConfig) -> IOConfig:
             raise _bad('"outputs"', "tensor names like 'y:0'", name)
         if axis is not None and type(axis) is not int:
             raise _bad(f'"outputs"["{name}"] batch axis', "an int (-1 for none)", axis)
-    return IOConfig(tuple(specs), tuple(names), tuple(axes), tuple(problems))
+    return IOConfig(tuple(specs), tuple(names), tuple(axes), tuple(problems), given)

@@ -14,11 +14,13 @@ import traceback
 
 import numpy as np
 
+from neuronish.runtime.signature import TensorSignature
+
 from . import batch, ops  # noqa: F401  (ops registers every lowering)
 from .errors import CompilerError, InvalidGraph, NodeError, NodeProblem, UnsupportedNodes
 from .graphdef import TensorRef, TFNode
 from .interpret import fold_node
-from .ioconfig import IOConfig, TensorSpec
+from .ioconfig import IOConfig
 from .ir import Graph, TensorType, Value
 from .nogc import paused_gc
 from .ops.registry import LOWERINGS, LowerCtx, _output_types
@@ -68,10 +70,10 @@ class _Problems:
 
 
 def _check_inputs(by_name: dict[str, TFNode], io: IOConfig,
-                  problems: _Problems) -> tuple[dict[TensorRef, TensorSpec], set[str]]:
+                  problems: _Problems) -> tuple[dict[TensorRef, TensorSignature], set[str]]:
     """The io-config's inputs that fit the graph, and every node the io-config feeds
     (the walk stops there, well fed or not)."""
-    fed: dict[TensorRef, TensorSpec] = {}
+    fed: dict[TensorRef, TensorSignature] = {}
     fed_nodes: set[str] = set()
     for p in io.problems:
         ref = TensorRef.parse(p.tensor)
@@ -278,7 +280,7 @@ def _lower(nodes: list[TFNode], io: IOConfig, notes: list[str] | None) -> Graph:
     fixed_batch = []
     if not (problems.io or problems.nodes):  # (`all` sorts: only when there are some)
         mixing = _batch_problems(order, fed, fed_nodes, values, output_counts, io)
-        if any(spec.batch_axis_given for spec in fed.values()):
+        if any(spec.name in io.given_batch_axes for spec in fed.values()):
             problems.nodes += mixing
         else:
             fixed_batch = mixing
@@ -343,7 +345,7 @@ class _ConstReads(LowerCtx):
         return [Value(t) for t in _output_types(kind, [v._type for v in inputs], attrs or {})]
 
 
-def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSpec],
+def _batch_problems(order: list[TFNode], fed: dict[TensorRef, TensorSignature],
                     fed_nodes: set[str], values: dict[TensorRef, Value],
                     output_counts: dict[str, int], io: IOConfig) -> list[NodeProblem]:
     """The nodes that would make a batch split into chunks give other numbers

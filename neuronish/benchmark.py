@@ -464,16 +464,17 @@ def inputs_from_request(path: str, specs: dict) -> dict[str, np.ndarray]:
     """The examples in a TF Serving REST predict request body at `path`, decoded for the
     signature's `{name: tf.TensorSpec}` by the model server's own rules; every input
     needs a batch (dimension 0) of at least one row."""
+    from neuronish.runtime.signature import TensorSignature
     from neuronish.serving.json_codec import decode_predict, parse_body
-    from neuronish.serving.signatures import TensorSpec
     from neuronish.serving.status import ServingError
 
     try:
         body = Path(path).read_bytes()
     except OSError as e:
         raise BenchmarkError(f"--inputs {path}: {e.strerror or e}") from None
-    wanted = {name: TensorSpec(name, spec.dtype, None if spec.shape.rank is None else
-                               tuple(-1 if d is None else d for d in spec.shape.as_list()))
+    wanted = {name: TensorSignature(name, spec.dtype.name, None if spec.shape.rank is None
+                                    else tuple(-1 if d is None else d
+                                               for d in spec.shape.as_list()))
               for name, spec in specs.items()}
     try:
         examples, _ = decode_predict(parse_body(body), wanted)

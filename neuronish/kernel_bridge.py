@@ -56,7 +56,8 @@ from neuronish.runtime import (
 )
 from neuronish.runtime.capi import native_model
 from neuronish.runtime.cutoff import Cutoff
-from neuronish.runtime.executable import Executable, TensorSig, from_bytes, header_digest
+from neuronish.runtime.executable import Executable, from_bytes, header_digest
+from neuronish.runtime.signature import TensorSignature
 
 # When model_config does not bound the duplicates (max_num_duplicates = -1), load
 # this many copies, or as many as the device's core groups hold if fewer: enough
@@ -195,11 +196,12 @@ class _LazyBytes:
 FallbackSource = tuple
 
 
-def _check_signature(kind: str, sigs: list[TensorSig], names: Sequence[str],
+def _check_signature(kind: str, sigs: list[TensorSignature], names: Sequence[str],
                      dtypes: Sequence[str], shapes: Sequence[Sequence[int]],
                      axes: Sequence[int]) -> None:
-    """The attrs must describe the executable's signature exactly: the kernel sizes
-    its outputs and checks its inputs from them without asking the device."""
+    """The attrs (the kernel hands them over column by column) must describe the
+    executable's signature exactly: the kernel sizes its outputs and checks its inputs
+    from them without asking the device."""
     if len(names) != len(sigs):
         raise AttrMismatch(f"the op has {len(names)} {kind}s {list(names)} but the executable "
                            f"has {len(sigs)}: {[s.name for s in sigs]}")
@@ -211,14 +213,12 @@ def _check_signature(kind: str, sigs: list[TensorSig], names: Sequence[str],
         # -1 (a free dimension, `dynamic_shapes`) matches the size compiled at
         shape = [s if d < 0 else d for d, s in zip(shape, sig.shape)] \
             if len(shape) == len(sig.shape) else shape
-        got = (name, dtype, tuple(shape), axis)
-        want = (sig.name, sig.dtype, tuple(sig.shape), sig.batch_axis)
-        if got != want:
+        stated = TensorSignature(name, dtype, tuple(shape), axis)
+        if stated != sig:
             raise AttrMismatch(
-                f"{kind} {i} is {got[0]!r} {got[1]}{list(got[2])} batch axis {got[3]} in the "
-                f"op's attributes but {want[0]!r} {want[1]}{list(want[2])} batch axis {want[3]} "
-                "in its executable; rebuild the node with neuronish.neuron_op.neuron_op_node_def "
-                "from the same executable")
+                f"{kind} {i} is {stated.describe()} in the op's attributes but "
+                f"{sig.describe()} in its executable; rebuild the node with "
+                "neuronish.neuron_op.neuron_op_node_def from the same executable")
 
 
 def _duplicates_wanted(config: ModelConfig) -> int:

@@ -3,25 +3,25 @@
     node = neuron_op_node_def("neuron_op_0", ["dense/input"], executable, subgraph_def)
     graph_def.node.append(node)        # its outputs are neuron_op_0:0, neuron_op_0:1, ...
 
-Every signature attribute (names, dtypes, shapes, batch axes) may be given, and
-is then checked against the executable, or left out, and is then read from it;
-either way the node agrees with its executable, which the kernel checks again
-when it loads. The attribute contract is docs/contracts.md's `NeuronOp` table.
+The signature attributes (names, dtypes, shapes, batch axes) are written from
+`TensorSignature` records (`neuronish/runtime/signature.py`, the one record of a
+tensor's signature) and read back into them by `read_signature`. A caller may state
+the signature it expects, which is then checked against the executable's, or leave
+it out, and it is read from the executable; either way the node agrees with its
+executable, which the kernel checks again when it loads. The attribute contract is
+docs/contracts.md's `NeuronOp` table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, tensor_shape_pb2
 
-from neuronish.runtime.executable import Executable, TensorSig, from_bytes
-
-DTypeLike = tf.dtypes.DType | str | type
-"""Anything `tf.as_dtype` takes: tf.float32, "float32", np.float32."""
+from neuronish.runtime.executable import Executable, from_bytes
+from neuronish.runtime.signature import TensorSignature, first_difference
 
 UNBOUND_MODEL_CONFIG = (-1, -1, -1, -1, -1)
 """`[global_opt_num_cores, this_opt_num_cores, max_num_duplicates, timeout_s,
@@ -40,55 +40,28 @@ def _shape_proto(shape: Sequence[int]) -> tensor_shape_pb2.TensorShapeProto:
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in shape])
 
 
-@dataclass(frozen=True, kw_only=True)
-class StatedSignature:
-    """The compiled signature a caller states for a `NeuronOp` (tensor names inside the
-    subgraph, dtypes, static shapes, batch axes with -1 for none). Each field left None
-    is read from the executable; each one given must match it."""
-
-    input_names: Sequence[str] | None = None
-    input_dtypes: Sequence[DTypeLike] | None = None
-    input_shapes: Sequence[Sequence[int]] | None = None
-    input_batch_axis: Sequence[int] | None = None
-    output_names: Sequence[str] | None = None
-    output_dtypes: Sequence[DTypeLike] | None = None
-    output_shapes: Sequence[Sequence[int]] | None = None
-    output_batch_axis: Sequence[int] | None = None
-
-    def resolve(self, node: str, exe: Executable) -> dict[str, list]:
-        """Each field's values, checked against `exe` (ValueError naming the field)."""
-        def dtype(d: DTypeLike) -> str:
-            return tf.as_dtype(d).name
-
-        def shape(s: Sequence[int]) -> tuple[int, ...]:
-            return tuple(int(d) for d in s)
-
-        # field suffix -> (the TensorSig attribute it states, how values compare)
-        how: dict[str, tuple[str, Callable[[Any], Any]]] = {
-            "names": ("name", str), "dtypes": ("dtype", dtype), "shapes": ("shape", shape),
-            "batch_axis": ("batch_axis", int)}
-        resolved = {}
-        for f in fields(self):
-            side, _, what = f.name.partition("_")
-            attribute, normalize = how[what]
-            sigs = exe.inputs if side == "input" else exe.outputs
-            resolved[f.name] = _resolve(node, f.name, getattr(self, f.name), sigs, attribute,
-                                        normalize)
-        return resolved
-
-
-def _resolve(node: str, what: str, given: Sequence | None, sigs: list[TensorSig],
-             field: str, normalize: Callable[[Any], Any]) -> list:
-    """`given` if it matches the executable's signature, the signature's values if None."""
-    want = [getattr(s, field) for s in sigs]
-    if given is None:
-        return want
-    got = [normalize(v) for v in given]
-    if [normalize(w) for w in want] != got:
-        raise ValueError(f"NeuronOp '{node}': {what} {got} do not match the executable's "
-                         f"{[normalize(w) for w in want]}; pass the values the subgraph was "
-                         "compiled with, or leave the argument out to take them from it")
-    return want
+def _checked(node: str, side: str, stated: Sequence[TensorSignature] | None,
+             actual: list[TensorSignature]) -> list[TensorSignature]:
+    """`actual` (the executable's), after checking `stated` says the same; a stated dtype
+    may be anything `tf.as_dtype` takes (tf.float32, np.float32, "float32")."""
+    if stated is None:
+        return actual
+    stated = [replace(s, dtype=tf.as_dtype(s.dtype).name,
+                      shape=None if s.shape is None else tuple(int(d) for d in s.shape))
+              for s in stated]
+    found = first_difference(stated, actual)
+    if found is None:
+        return actual
+    index, field = found
+    hint = ("; pass the signature the subgraph was compiled with, or leave it out to take it "
+            "from the executable")
+    if index < 0:
+        raise ValueError(f"NeuronOp '{node}': {len(stated)} {side}s stated "
+                         f"{[s.name for s in stated]} for an executable with {len(actual)}: "
+                         f"{[s.name for s in actual]}{hint}")
+    raise ValueError(f"NeuronOp '{node}': {side} {index} is stated as "
+                     f"{stated[index].describe()} but the executable's is "
+                     f"{actual[index].describe()} (its {field} differs){hint}")
 
 
 def neuron_op_node_def(
@@ -97,34 +70,33 @@ def neuron_op_node_def(
     executable: bytes,
     graph_def: bytes | graph_pb2.GraphDef,
     *,
+    input_signature: Sequence[TensorSignature] | None = None,
+    output_signature: Sequence[TensorSignature] | None = None,
     model_config: Sequence[int] = UNBOUND_MODEL_CONFIG,
     device: str = "",
-    **stated: Sequence | None,
 ) -> node_def_pb2.NodeDef:
     """A `NeuronOp` NodeDef running `executable` on the tensors `inputs`.
 
     name: the node's name; its outputs are `name:0`, `name:1`, ... in the order of
-        `output_names` (the executable's output order).
-    inputs: the outer graph's tensors feeding the op, in the order of `input_names`
-        (e.g. `"dense/BiasAdd:0"`; written `"dense/BiasAdd"` as NodeDefs do).
+        the executable's outputs.
+    inputs: the outer graph's tensors feeding the op, in the order of the executable's
+        inputs (e.g. `"dense/BiasAdd:0"`; written `"dense/BiasAdd"` as NodeDefs do).
     executable: the compiler's output for the subgraph.
     graph_def: the subgraph the executable was compiled from (kept for debugging
         and fallback), serialized or as a GraphDef.
+    input_signature, output_signature: the compiled signature as the caller knows it
+        (tensor names inside the subgraph, dtypes, static shapes, batch axes), checked
+        against the executable's; left out, it is read from the executable.
     model_config: `[global_opt_num_cores, this_opt_num_cores, max_num_duplicates,
         timeout_s, core_group_index]`, -1 = unbound (see kernel_bridge.ModelConfig);
         shorter lists are padded with -1.
     device: the node's device string; empty lets TensorFlow place it (CPU).
-    stated: `input_names` ... `output_batch_axis`, the fields of `StatedSignature`:
-        the compiled signature, each one left out read from the executable.
 
-    Raises ValueError when a given argument disagrees with the executable, and
+    Raises ValueError when a stated signature disagrees with the executable, and
     neuronish.runtime.ExecutableError when the executable is corrupt.
     """
-    unknown = sorted(set(stated) - {f.name for f in fields(StatedSignature)})
-    if unknown:
-        raise TypeError(f"neuron_op_node_def: unknown argument(s) {unknown}; the signature's "
-                        f"are {[f.name for f in fields(StatedSignature)]}")
-    node = neuron_op_shell(name, inputs, from_bytes(executable), StatedSignature(**stated),
+    node = neuron_op_shell(name, inputs, from_bytes(executable),
+                           input_signature=input_signature, output_signature=output_signature,
                            model_config=model_config, device=device)
     if isinstance(graph_def, graph_pb2.GraphDef):
         graph_def = graph_def.SerializeToString()
@@ -137,8 +109,9 @@ def neuron_op_shell(
     name: str,
     inputs: Sequence[str],
     exe: Executable,
-    stated: StatedSignature = StatedSignature(),
     *,
+    input_signature: Sequence[TensorSignature] | None = None,
+    output_signature: Sequence[TensorSignature] | None = None,
     model_config: Sequence[int] = UNBOUND_MODEL_CONFIG,
     device: str = "",
 ) -> node_def_pb2.NodeDef:
@@ -154,34 +127,62 @@ def neuron_op_shell(
     if len(model_config) > 5:
         raise ValueError(f"NeuronOp '{name}': model_config has {len(model_config)} entries; "
                          "expected at most 5")
-    sig = stated.resolve(name, exe)
+    ins = _checked(name, "input", input_signature, exe.inputs)
+    outs = _checked(name, "output", output_signature, exe.outputs)
 
-    def types(dtypes: list[str]) -> attr_value_pb2.AttrValue:
+    def types(sigs: list[TensorSignature]) -> attr_value_pb2.AttrValue:
         return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
-            type=[tf.as_dtype(d).as_datatype_enum for d in dtypes]))
+            type=[tf.as_dtype(s.dtype).as_datatype_enum for s in sigs]))
 
-    def strings(items: list[str]) -> attr_value_pb2.AttrValue:
+    def names(sigs: list[TensorSignature]) -> attr_value_pb2.AttrValue:
         return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
-            s=[s.encode() for s in items]))
+            s=[s.name.encode() for s in sigs]))
 
     def ints(items: Sequence[int]) -> attr_value_pb2.AttrValue:
         return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
             i=[int(i) for i in items]))
 
-    def shapes(items: list[tuple[int, ...]]) -> attr_value_pb2.AttrValue:
+    def shapes(sigs: list[TensorSignature]) -> attr_value_pb2.AttrValue:
         return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
-            shape=[_shape_proto(s) for s in items]))
+            shape=[_shape_proto(s.shape) for s in sigs]))
 
     node = node_def_pb2.NodeDef(name=name, op="NeuronOp", device=device,
                                 input=[_tensor_ref(t) for t in inputs])
     attr = node.attr
-    attr["Tin"].CopyFrom(types(sig["input_dtypes"]))
-    attr["input_names"].CopyFrom(strings(sig["input_names"]))
-    attr["input_shapes"].CopyFrom(shapes(sig["input_shapes"]))
-    attr["input_batch_axis"].CopyFrom(ints(sig["input_batch_axis"]))
-    attr["output_names"].CopyFrom(strings(sig["output_names"]))
-    attr["output_dtypes"].CopyFrom(types(sig["output_dtypes"]))
-    attr["output_shapes"].CopyFrom(shapes(sig["output_shapes"]))
-    attr["output_batch_axis"].CopyFrom(ints(sig["output_batch_axis"]))
+    # (in the order these were always written, so a NodeDef's bytes do not change)
+    attr["Tin"].CopyFrom(types(ins))
+    attr["input_names"].CopyFrom(names(ins))
+    attr["input_shapes"].CopyFrom(shapes(ins))
+    attr["input_batch_axis"].CopyFrom(ints([s.batch_axis for s in ins]))
+    attr["output_names"].CopyFrom(names(outs))
+    attr["output_dtypes"].CopyFrom(types(outs))
+    attr["output_shapes"].CopyFrom(shapes(outs))
+    attr["output_batch_axis"].CopyFrom(ints([s.batch_axis for s in outs]))
     attr["model_config"].CopyFrom(ints([*model_config, *[-1] * (5 - len(model_config))]))
     return node
+
+
+def read_signature(node: node_def_pb2.NodeDef
+                   ) -> tuple[list[TensorSignature], list[TensorSignature]]:
+    """A `NeuronOp` node's inputs and outputs as its attributes state them: -1 at a free
+    dimension, whose bounds come from the `dynamic_shapes` attribute."""
+    from neuronish.shape_specialize import DynamicSpec
+
+    attr = node.attr
+
+    def side(prefix: str, dtypes: list[int]) -> list[TensorSignature]:
+        return [TensorSignature(n.decode(), tf.as_dtype(d).name,
+                                tuple(dim.size for dim in shape.dim), axis)
+                for n, d, shape, axis in zip(attr[f"{prefix}_names"].list.s, dtypes,
+                                             attr[f"{prefix}_shapes"].list.shape,
+                                             attr[f"{prefix}_batch_axis"].list.i, strict=True)]
+
+    ins = side("input", list(attr["Tin"].list.type))
+    outs = side("output", list(attr["output_dtypes"].list.type))
+    text = attr["dynamic_shapes"].s.decode() if "dynamic_shapes" in attr else ""
+    if text:
+        spec = DynamicSpec.parse(text, node.name, len(ins))
+        ins = [replace(s, bounds=tuple(free[a][:2] if a in free else None
+                                       for a in range(len(s.shape))))
+               if free else s for s, free in zip(ins, spec.bounds)]
+    return ins, outs

@@ -44,7 +44,7 @@ from .export import ExportedSignature, signature_method_names, write_saved_model
 from .external import BlobFile
 from .freeze import FrozenSignature, FrozenSignatures, freeze_signatures
 from .input_shapes import batch_of, compile_shapes, plan_shapes
-from .neuron_op import StatedSignature, neuron_op_shell
+from .neuron_op import neuron_op_shell
 from .partition import compiler_support, partition, splice
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .rewrites.rewrite import rewrite_for_device
@@ -563,12 +563,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     replacements, blobs = [], {}
     for (sg, result), exe in zip(compiled, executables, strict=True):
         assert result.executable is not None
-        stated = StatedSignature(
-            input_names=sg.input_names, input_dtypes=sg.input_dtypes,
-            input_shapes=sg.input_shapes, input_batch_axis=sg.input_batch_axes,
-            output_names=sg.output_names, output_dtypes=sg.output_dtypes,
-            output_shapes=sg.output_shapes, output_batch_axis=sg.output_batch_axes)
-        node = neuron_op_shell(sg.name, sg.inputs, exe, stated,
+        node = neuron_op_shell(sg.name, sg.inputs, exe, input_signature=sg.input_signature,
+                               output_signature=sg.output_signature,
                                # duplicates and placement are left to the runtime
                                model_config=model_config(sum(cores), exe.num_cores))
         if sg.name in dynamic:

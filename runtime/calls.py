@@ -13,15 +13,15 @@ from typing import Self
 import numpy as np
 
 from .errors import InvalidInput, OutputBufferError
-from .executable import TensorSig
+from .signature import TensorSignature
 
 
-def _fmt(sig: TensorSig, batched: bool = True) -> str:
+def _fmt(sig: TensorSignature, batched: bool = True) -> str:
     dims = [("*" if batched and i == sig.batch_axis else str(d)) for i, d in enumerate(sig.shape)]
     return f"{sig.dtype}[{','.join(dims)}]"
 
 
-def _as_input(sig: TensorSig, value: object) -> np.ndarray:
+def _as_input(sig: TensorSignature, value: object) -> np.ndarray:
     """`value` as an array of the compiled dtype, or InvalidInput naming both dtypes.
 
     Arrays must have the compiled dtype. Other values (lists, scalars) are read with
@@ -61,12 +61,12 @@ def _converts_exactly(x: np.ndarray, to: np.dtype) -> bool:
 
 class Calls:
     """`run`, the checks of `run_list`'s arguments and `with` for a model with `inputs`,
-    `outputs` (TensorSig lists), `batch_size` (None: calls take only the compiled
+    `outputs` (TensorSignature lists), `batch_size` (None: calls take only the compiled
     shapes), `_exact_inputs`/`_exact_outputs` ((dtype, shape) per tensor) and
     `run_list` / `unload`."""
 
-    inputs: list[TensorSig]
-    outputs: list[TensorSig]
+    inputs: list[TensorSignature]
+    outputs: list[TensorSignature]
     batch_size: int | None
     _exact_inputs: list[tuple[np.dtype, tuple[int, ...]]]
     _exact_outputs: list[tuple[np.dtype, tuple[int, ...]]]

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import files
 from .errors import ExecutableError
+from .signature import TensorSignature
 from .validate import check_executable
 
 MAGIC = b"NRNISHEX"
@@ -35,15 +36,6 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQ32s")
 HEADER_SIZE = _HEADER.size  # 56
 MAX_FILE_BYTES = 1 << 40  # a sanity bound; the header's declared length is the real one
-
-
-@dataclass(frozen=True)
-class TensorSig:
-    name: str
-    value: int  # value id inside the program
-    shape: tuple[int, ...]
-    dtype: str
-    batch_axis: int  # -1: no batch axis
 
 
 @dataclass(frozen=True)
@@ -59,8 +51,13 @@ class Instruction:
 @dataclass
 class Executable:
     compiler: dict  # name, version, options, command line
-    inputs: list[TensorSig]
-    outputs: list[TensorSig]
+    inputs: list[TensorSignature]
+    outputs: list[TensorSignature]
+    # The value id each input is read from and each output written to, in the order of
+    # `inputs` and `outputs`: the program's wiring, which no caller of the model sees,
+    # so it stays out of the signature records every other part shares.
+    input_values: list[int]
+    output_values: list[int]
     constants: dict[int, np.ndarray]
     values: dict[int, tuple[tuple[int, ...], str]]  # every non-constant value's type
     arena_bytes: int
@@ -77,14 +74,14 @@ class Executable:
         return sum(a.nbytes for a in self.constants.values())
 
 
-def _sig_to_raw(s: TensorSig) -> dict:
-    return {"name": s.name, "value": s.value, "shape": list(s.shape), "dtype": s.dtype,
+def _sig_to_raw(s: TensorSignature, value: int) -> dict:
+    # The key order is the file format's (docs/executable-format.md): msgpack keeps it.
+    return {"name": s.name, "value": value, "shape": list(s.shape), "dtype": s.dtype,
             "batch_axis": s.batch_axis}
 
 
-def _sig_from_raw(raw: dict) -> TensorSig:
-    return TensorSig(raw["name"], raw["value"], tuple(raw["shape"]), raw["dtype"],
-                     raw["batch_axis"])
+def _sig_from_raw(raw: dict) -> TensorSignature:
+    return TensorSignature(raw["name"], raw["dtype"], tuple(raw["shape"]), raw["batch_axis"])
 
 
 def _constant_data(a: np.ndarray) -> memoryview:
@@ -120,8 +117,10 @@ def _body_parts(exe: Executable) -> list[bytes | memoryview]:
 
     small.extend(b"\x88")  # a map of the 8 keys below, in this order
     item("compiler", exe.compiler)
-    item("inputs", [_sig_to_raw(s) for s in exe.inputs])
-    item("outputs", [_sig_to_raw(s) for s in exe.outputs])
+    item("inputs", [_sig_to_raw(s, v) for s, v in zip(exe.inputs, exe.input_values,
+                                                       strict=True)])
+    item("outputs", [_sig_to_raw(s, v) for s, v in zip(exe.outputs, exe.output_values,
+                                                        strict=True)])
     small.extend(pack("constants"))
     small.extend(msgpack.Packer().pack_array_header(len(exe.constants)))
     # {value, shape, dtype, data}: the fixed keys packed once (a graph may hold 100,000
@@ -383,6 +382,8 @@ def from_bytes(data: bytes | bytearray | memoryview | mmap.mmap) -> Executable:
             compiler=body["compiler"],
             inputs=[_sig_from_raw(s) for s in body["inputs"]],
             outputs=[_sig_from_raw(s) for s in body["outputs"]],
+            input_values=[s["value"] for s in body["inputs"]],
+            output_values=[s["value"] for s in body["outputs"]],
             constants={c["value"]: _array(c) for c in body["constants"]},
             values={vid: (tuple(shape), dtype) for vid, shape, dtype in body["values"]},
             arena_bytes=body["memory"]["arena_bytes"],
@@ -405,7 +406,7 @@ def from_bytes(data: bytes | bytearray | memoryview | mmap.mmap) -> Executable:
 
 def describe(exe: Executable) -> dict:
     """A JSON-able summary for `neuronish-cc inspect --json`."""
-    def sig(s: TensorSig) -> dict:
+    def sig(s: TensorSignature) -> dict:
         return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype,
                 "batch_axis": s.batch_axis}
     kinds: dict[str, int] = {}

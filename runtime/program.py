@@ -40,7 +40,7 @@ from .isa import MATMUL_LIKE
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
 from .native.engine_program import NativeProgram
-from .native.spec import WINDOWED, Ref
+from .native.spec import SMALL_WORK, WINDOWED, Ref, work
 from .validate import value_nbytes
 
 _MID_CALL = "while its instructions ran"  # where a Cutoff stopped a call
@@ -151,8 +151,8 @@ class LoadedProgram:
         if host is not None:
             for stage in self.stages:
                 stage.host = host.take(self._width(stage, threads))
-        self._constant_outputs = [(k, sig.value) for k, sig in enumerate(exe.outputs)
-                                  if sig.value in exe.constants]
+        self._constant_outputs = [(k, vid) for k, vid in enumerate(exe.output_values)
+                                  if vid in exe.constants]
         self._numpy_steps = any(isinstance(step, _Bound) for step in self.steps)
 
     @staticmethod
@@ -226,7 +226,7 @@ class LoadedProgram:
             for v in ins.inputs:
                 if v in marked:
                     readers.setdefault(v, []).append(ins)
-        external = {s.value for s in (*self.exe.inputs, *self.exe.outputs)}
+        external = {*self.exe.input_values, *self.exe.output_values}
         return {v for v, producer in marked.items()
                 if v not in external and readers.get(v)
                 and all(r.kind in WINDOWED for r in readers[v])
@@ -239,7 +239,7 @@ class LoadedProgram:
         call's inputs and its outputs."""
         exe = self.exe
         const_ids = sorted(constants)
-        call_ids = [s.value for s in exe.inputs] + [s.value for s in exe.outputs]
+        call_ids = [*exe.input_values, *exe.output_values]
         prog = NativeProgram(lib, self._first_call_slot + 1 + len(call_ids), threads)
         arena_slot = self._first_call_slot
         place: dict[int, tuple[int, int]] = {vid: (arena_slot, off)
@@ -259,6 +259,11 @@ class LoadedProgram:
             return Ref(slot, offset, dtype, tuple(shape), vid in blocked)
 
         steps: list[_Bound | _NativeRun] = []
+        # A program with one instruction above SMALL_WORK holds every CPU while it
+        # computes, so its smaller instructions may use them too (spec.team_size).
+        prog.wide = any(work(ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
+                             [ref(v) for v in ins.outputs]) >= SMALL_WORK
+                        for ins in (self.instructions[i] for i in stage.span))
         for index in stage.span:
             ins = self.instructions[index]
             k = prog.add(index, ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
@@ -311,11 +316,11 @@ class LoadedProgram:
             slots = None  # values by id, for the numpy steps (a native-only call has none)
             if self._numpy_steps:
                 slots = list(arena.slots)
-                for sig, x in zip(self.exe.inputs, inputs):
-                    slots[sig.value] = x
-                for sig, out in zip(self.exe.outputs, outputs):
-                    if sig.value not in self.exe.constants:
-                        slots[sig.value] = out
+                for vid, x in zip(self.exe.input_values, inputs):
+                    slots[vid] = x
+                for vid, out in zip(self.exe.output_values, outputs):
+                    if vid not in self.exe.constants:
+                        slots[vid] = out
             call_buffers = [arena.address, *(a.ctypes.data for a in inputs),
                             *(a.ctypes.data for a in outputs)] if self._native else ()
             for stage in self.stages:
@@ -409,25 +414,27 @@ def one_instruction_program(kind: str, inputs: list[np.ndarray], attrs: dict,
 
     Inputs whose positions are in `constant` are program constants (as weights are),
     the others call inputs (the second value returned, in order)."""
-    from .executable import Instruction, TensorSig
+    from .executable import Instruction
+    from .signature import TensorSignature
 
     ins = [np.asarray(x, order="C") for x in inputs]
     scratch = KERNELS[kind].scratch_bytes([x.shape for x in ins], [x.dtype.name for x in ins],
                                           attrs)
-    sig_in, consts, values = [], {}, {}
+    sig_in, in_ids, consts, values = [], [], {}, {}
     for v, x in enumerate(ins):
         if v in constant:
             consts[v] = x
         else:
-            sig_in.append(TensorSig(f"in{v}", v, x.shape, x.dtype.name, -1))
+            sig_in.append(TensorSignature(f"in{v}", x.dtype.name, x.shape))
+            in_ids.append(v)
             values[v] = (x.shape, x.dtype.name)
     out_ids = list(range(len(ins), len(ins) + len(out_types)))
     for v, (shape, dtype) in zip(out_ids, out_types):
         values[v] = (tuple(shape), dtype)
     exe = Executable(
-        compiler={}, inputs=sig_in,
-        outputs=[TensorSig(f"out{k}", v, tuple(s), d, -1)
-                 for k, (v, (s, d)) in enumerate(zip(out_ids, out_types))],
+        compiler={}, inputs=sig_in, input_values=in_ids,
+        outputs=[TensorSignature(f"out{k}", d, tuple(s)) for k, (s, d) in enumerate(out_types)],
+        output_values=out_ids,
         constants=consts, values=values, arena_bytes=scratch, offsets={},
         programs=[[Instruction(kind, tuple(range(len(ins))), tuple(out_ids), attrs,
                                (0, scratch) if scratch else None, ())]])

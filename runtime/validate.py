@@ -22,7 +22,8 @@ from . import isa
 from .errors import ExecutableError
 
 if TYPE_CHECKING:
-    from .executable import Executable, Instruction, TensorSig
+    from .executable import Executable, Instruction
+    from .signature import TensorSignature
 
 
 def _fail(what: str) -> ExecutableError:
@@ -111,20 +112,21 @@ def _check_types(exe: Executable) -> None:
         raise _fail(f"value id %{big} is out of range (the file holds {limit} values)")
 
 
-def _check_sig(sig: TensorSig, exe: Executable, what: str, allow_const: bool) -> None:
+def _check_sig(sig: TensorSignature, value: object, exe: Executable, what: str,
+               allow_const: bool) -> None:
     where = f"{what} {sig.name!r}"
     if not isinstance(sig.name, str):
         raise _fail(f"{what} name {sig.name!r} is not a string")
-    if type(sig.value) is not int:
-        raise _fail(f"{where} names value {sig.value!r}, which is not a value id")
-    if sig.value in exe.values:
-        shape, dtype = exe.values[sig.value]
-    elif allow_const and sig.value in exe.constants:
-        shape, dtype = constant_type(exe, sig.value)
+    if type(value) is not int:
+        raise _fail(f"{where} names value {value!r}, which is not a value id")
+    if value in exe.values:
+        shape, dtype = exe.values[value]
+    elif allow_const and value in exe.constants:
+        shape, dtype = constant_type(exe, value)
     else:
-        raise _fail(f"{where} names value %{sig.value}, which the file does not define")
+        raise _fail(f"{where} names value %{value}, which the file does not define")
     if tuple(sig.shape) != tuple(shape) or sig.dtype != dtype:
-        raise _fail(f"{where} is {sig.dtype}{list(sig.shape)} but its value %{sig.value} is "
+        raise _fail(f"{where} is {sig.dtype}{list(sig.shape)} but its value %{value} is "
                     f"{dtype}{list(shape)}")
     if type(sig.batch_axis) is not int or not -1 <= sig.batch_axis < max(len(shape), 1):
         raise _fail(f"{where} has batch axis {sig.batch_axis!r} for shape {list(shape)}")
@@ -156,7 +158,7 @@ def _check_instruction(ins: Instruction, exe: Executable, where: str) -> None:
 def _check_programs(exe: Executable, external: set[int]) -> set[int]:
     """Instruction kinds, operands defined before use, scratch inside the arena, and each
     instruction against its declaration; returns the ids the instructions produce."""
-    defined = {s.value for s in exe.inputs} | set(exe.constants)
+    defined = set(exe.input_values) | set(exe.constants)
     produced: set[int] = set()
     index = 0
     for core, program in enumerate(exe.programs):
@@ -207,6 +209,20 @@ def _aliasing_reshape(ins: Instruction, exe: Executable) -> bool:
         and value_nbytes(*exe.values[x]) == value_nbytes(*exe.values[y])
 
 
+def _in_place_residual(ins: Instruction, exe: Executable) -> bool:
+    """A convolution whose output the memory plan put exactly on its residual's bytes
+    (cc/memory.py `in_place_residual`). Legal only where the residual is read by nothing
+    after it: `_check_overlaps` ends the residual's life before the instruction, so any
+    later reader makes it overlap the output."""
+    if ins.kind not in ("conv2d", "conv2d_int8") or not ins.attrs.get("residual") \
+            or len(ins.inputs) < 3 or len(ins.outputs) != 1:
+        return False
+    r, y = ins.inputs[-1], ins.outputs[0]
+    return r in exe.offsets and y in exe.offsets and exe.offsets[r] == exe.offsets[y] \
+        and value_nbytes(*exe.values[r]) == value_nbytes(*exe.values[y]) \
+        and r not in ins.inputs[:-1]
+
+
 def _check_overlaps(exe: Executable) -> None:
     """No two arena buffers alive at the same instruction share bytes: an intermediate
     from its producer to its last reader, a scratch range during its instruction (the
@@ -218,7 +234,8 @@ def _check_overlaps(exe: Executable) -> None:
     t = 0
     for program in exe.programs:
         for ins in program:
-            for vid in ins.inputs:
+            in_place = _in_place_residual(ins, exe)
+            for vid in ins.inputs[:-1] if in_place else ins.inputs:
                 vid = shares.get(vid, vid)
                 if vid in spans:
                     spans[vid][1] = t
@@ -254,14 +271,17 @@ def check_executable(exe: Executable) -> None:
     """Raise `ExecutableError` naming the first inconsistency in `exe`."""
     _check_metadata(exe)
     _check_types(exe)
-    for sig in exe.inputs:
-        _check_sig(sig, exe, "input", allow_const=False)
-    for sig in exe.outputs:
-        _check_sig(sig, exe, "output", allow_const=True)
-    inputs = {s.value for s in exe.inputs}
+    if len(exe.input_values) != len(exe.inputs) or len(exe.output_values) != len(exe.outputs):
+        raise _fail(f"{len(exe.inputs)} input(s) and {len(exe.outputs)} output(s) but "
+                    f"{len(exe.input_values)} and {len(exe.output_values)} value ids")
+    for sig, value in zip(exe.inputs, exe.input_values):
+        _check_sig(sig, value, exe, "input", allow_const=False)
+    for sig, value in zip(exe.outputs, exe.output_values):
+        _check_sig(sig, value, exe, "output", allow_const=True)
+    inputs = set(exe.input_values)
     if len(inputs) != len(exe.inputs):
         raise _fail("two inputs share one value")
-    outputs = {s.value for s in exe.outputs}
+    outputs = set(exe.output_values)
     if len(outputs) != len(exe.outputs):
         raise _fail("two outputs share one value (the compiler copies one of them)")
     external = inputs | outputs
@@ -277,7 +297,7 @@ def check_executable(exe: Executable) -> None:
                         f"{offset!r}, outside the {exe.arena_bytes}-byte arena")
     produced = _check_programs(exe, external)
     _check_overlaps(exe)
-    for sig in exe.outputs:
-        if sig.value not in exe.constants and sig.value not in produced:
-            raise _fail(f"output {sig.name!r} (value %{sig.value}) is never written by any "
+    for sig, value in zip(exe.outputs, exe.output_values):
+        if value not in exe.constants and value not in produced:
+            raise _fail(f"output {sig.name!r} (value %{value}) is never written by any "
                         "instruction")

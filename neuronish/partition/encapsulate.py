@@ -39,6 +39,7 @@ from tensorflow.core.framework import graph_pb2
 from neuronish.cc.graphdef import encode_varint
 from neuronish.graph import Graph, PartitionError, canonical, parse_input, producer
 from neuronish.partition.cluster import Cluster
+from neuronish.runtime.signature import TensorSignature
 from neuronish.shape_inference.shapes import TensorInfo
 
 # Attributes that refer to the outer graph or cache its shapes.
@@ -82,6 +83,19 @@ class Subgraph:
     @property
     def dynamic_batch(self) -> bool:
         return self.dynamic_batch_reason is None
+
+    @property
+    def input_signature(self) -> list[TensorSignature]:
+        """The io-config's inputs as records: what the executable must say it takes."""
+        return [TensorSignature(*t) for t in zip(self.input_names, self.input_dtypes,
+                                                 self.input_shapes, self.input_batch_axes,
+                                                 strict=True)]
+
+    @property
+    def output_signature(self) -> list[TensorSignature]:
+        return [TensorSignature(*t) for t in zip(self.output_names, self.output_dtypes,
+                                                 self.output_shapes, self.output_batch_axes,
+                                                 strict=True)]
 
     def serialize(self) -> bytes:
         """`graph_def` as bytes, the same bytes for the same subgraph in any process.

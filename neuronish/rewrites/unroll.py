@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
+from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, node_def_pb2
 
 from neuronish.graph import (
     Graph,
@@ -64,6 +64,7 @@ def unroll_loops(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
         copy = graph_pb2.GraphDef()
         copy.CopyFrom(graph.graph_def)
         work = Graph.build(copy)
+        library = _Library(work.graph_def)
         for _ in range(8):  # loops inside loop bodies surface one level per round
             loops = [n for n in work.graph_def.node if n.op in LOOP_OPS]
             if not loops:
@@ -75,14 +76,14 @@ def unroll_loops(graph: Graph, input_shapes: Mapping[str, Sequence[int]],
             fixed_outer = static.constant | static.shape
             # Proven before anything runs: running a loop whose count follows the data on
             # made-up inputs could take forever.
-            _check_count_is_fixed(work.graph_def, loops, fixed_outer)
-            trips = _trip_counts(work, loops, input_shapes, fixed_outer)
+            _check_count_is_fixed(library, loops, fixed_outer)
+            trips = _trip_counts(work, library, loops, input_shapes, fixed_outer)
             if not trips:
                 raise _CannotUnroll("no loop's trip count follows from constants and shapes")
             loops = [n.name for n in loops if n.name in trips]
             cond_reads = []
             for loop in loops:
-                cond_reads += _unroll(work, loop, trips[loop])
+                cond_reads += _unroll(work, library, loop, trips[loop])
             _check_fixed(work, cond_reads)
             _lists_to_tensors(work, input_shapes)
             _bypass(work, set(loops) - {producer(f) for f in fetches})
@@ -150,7 +151,7 @@ def _constant_graph(graph: Graph, input_shapes: Mapping[str, Sequence[int]]) -> 
     return imported
 
 
-def _trip_counts(graph: Graph, loops: list[node_def_pb2.NodeDef],
+def _trip_counts(graph: Graph, library: _Library, loops: list[node_def_pb2.NodeDef],
                  input_shapes: Mapping[str, Sequence[int]],
                  fixed_outer: frozenset[str]) -> dict[str, int]:
     """Iterations of each loop, found by running its condition and the body's fixed
@@ -163,7 +164,7 @@ def _trip_counts(graph: Graph, loops: list[node_def_pb2.NodeDef],
     trips = {}
     for node in loops:
         try:
-            counts = set(_simulate(graph, node, (input_shapes, bigger), fixed_outer))
+            counts = set(_simulate(graph, library, node, (input_shapes, bigger), fixed_outer))
         except _CannotUnroll:
             # Its count may follow from shapes that loops before it leave unknown until
             # they are unrolled (Keras 2's Bidirectional GRU, then an LSTM over its output):
@@ -175,21 +176,18 @@ def _trip_counts(graph: Graph, loops: list[node_def_pb2.NodeDef],
     return trips
 
 
-def _simulate(graph: Graph, node: node_def_pb2.NodeDef,
+def _simulate(graph: Graph, library: _Library, node: node_def_pb2.NodeDef,
               shape_sets: Sequence[Mapping[str, Sequence[int]]],
               fixed_outer: frozenset[str]) -> list[int]:
     """How many times loop `node` runs at each of `shape_sets`: its condition and its
     fixed variables, stepped in TensorFlow sessions from their starting values (the
     condition and the body imported once for all the sets)."""
-    graph_def = graph.graph_def
     values = data_refs(node)
-    fixed = sorted(_fixed_variables(graph_def, node, fixed_outer))
+    fixed = sorted(_fixed_variables(library, node, fixed_outer))
     starts = [dict(zip(fixed, _evaluate(graph, shapes, [canonical(values[k]) for k in fixed])))
               for shapes in shape_sets]
-    cond = _function(graph_def, node.attr["cond"].func.name)
-    body = _function(graph_def, node.attr["body"].func.name)
-    cond_graph, cond_results = function_body(cond)
-    body_graph, body_results = function_body(body)
+    cond, cond_graph, cond_results = library.body(node.attr["cond"].func.name)
+    body, body_graph, body_results = library.body(node.attr["body"].func.name)
     cond_args = [a.name for a in cond.signature.input_arg]
     body_args = [a.name for a in body.signature.input_arg]
     cond_out = cond_results[0]
@@ -220,23 +218,21 @@ def _simulate(graph: Graph, node: node_def_pb2.NodeDef,
             session.close()
 
 
-def _check_count_is_fixed(graph_def: graph_pb2.GraphDef, loops: list[node_def_pb2.NodeDef],
+def _check_count_is_fixed(library: _Library, loops: list[node_def_pb2.NodeDef],
                           fixed_outer: frozenset[str]) -> None:
     """Each loop's condition reads only loop variables that start fixed (constants and
     shapes: `fixed_outer`) and that the body computes from such variables only."""
     for node in loops:
-        if not set(_cond_args(graph_def, node)) <= _fixed_variables(graph_def, node,
-                                                                     fixed_outer):
+        if not set(_cond_args(library, node)) <= _fixed_variables(library, node, fixed_outer):
             raise _CannotUnroll(f"{node.name}: its condition reads values computed from data")
 
 
-def _fixed_variables(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef,
+def _fixed_variables(library: _Library, node: node_def_pb2.NodeDef,
                      fixed_outer: frozenset[str]) -> set[int]:
     """Positions of the loop variables that start fixed (`fixed_outer`: the graph's nodes
     computed from constants and shapes) and that the body computes from such variables
     only."""
-    body = _function(graph_def, node.attr["body"].func.name)
-    body_graph, results = function_body(body)
+    body, body_graph, results = library.body(node.attr["body"].func.name)
     args = [a.name for a in body.signature.input_arg]
     values = data_refs(node)
     if len(values) != len(args):
@@ -263,34 +259,46 @@ def _check_fixed(index: Graph, tensors: list[str]) -> None:
 
 # --- copying the body ------------------------------------------------------------------------
 
-def _function(graph_def: graph_pb2.GraphDef, name: str) -> object:
-    for f in graph_def.library.function:
-        if f.signature.name == name:
-            return f
-    raise _CannotUnroll(f"function {name} is not in the graph's library")
+class _Library:
+    """The graph's library functions by name, each body read (`function_body`: TensorFlow's
+    converter, then an index) once per `unroll_loops`: checking, counting and copying a
+    loop each read its condition and body, and rounds read the same ones again (a loop
+    that could not be counted yet, or an inner loop that unrolling its outer one brought
+    out). Unrolling edits the graph's nodes, never its library, and the bodies read here
+    are only read, so one copy of each serves them all."""
+
+    def __init__(self, graph_def: graph_pb2.GraphDef):
+        self._functions = {f.signature.name: f for f in graph_def.library.function}
+        self._bodies: dict[str, tuple[function_pb2.FunctionDef, Graph, list[str]]] = {}
+
+    def body(self, name: str) -> tuple[function_pb2.FunctionDef, Graph, list[str]]:
+        """Function `name`, its body as a Graph, and the tensors it returns."""
+        if name not in self._bodies:
+            fdef = self._functions.get(name)
+            if fdef is None:
+                raise _CannotUnroll(f"function {name} is not in the graph's library")
+            self._bodies[name] = (fdef, *function_body(fdef))
+        return self._bodies[name]
 
 
-def _cond_args(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef) -> list[int]:
+def _cond_args(library: _Library, node: node_def_pb2.NodeDef) -> list[int]:
     """Which loop variables the loop's condition reads (positions)."""
-    cond = _function(graph_def, node.attr["cond"].func.name)
-    cond_graph, results = function_body(cond)
+    cond, cond_graph, results = library.body(node.attr["cond"].func.name)
     seen = cond_graph.needed(results)
     return [k for k, a in enumerate(cond.signature.input_arg) if a.name in seen]
 
 
-def _unroll(graph: Graph, loop: str, trips: int) -> list[str]:
+def _unroll(graph: Graph, library: _Library, loop: str, trips: int) -> list[str]:
     """Replace node `loop` by `trips` copies of its body and an IdentityN of its name;
     returns the tensors the condition read at each step (they must be fixed)."""
-    graph_def = graph.graph_def
     node = graph.nodes[loop]
-    body = _function(graph_def, node.attr["body"].func.name)
-    body_graph, results = function_body(body)
+    body, body_graph, results = library.body(node.attr["body"].func.name)
     args = [a.name for a in body.signature.input_arg]
     values = data_refs(node)
     controls = control_refs(node)
     if len(values) != len(args) or len(results) != len(args):
         raise _CannotUnroll(f"{loop}: {len(values)} loop variables, body takes {len(args)}")
-    cond_args = _cond_args(graph_def, node)
+    cond_args = _cond_args(library, node)
     cond_reads = []
     for step in range(trips + 1):
         cond_reads.extend(values[k] for k in cond_args)

@@ -34,8 +34,10 @@ import tensorflow as tf
 from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow_serving.apis import classification_pb2, input_pb2, regression_pb2
 
+from neuronish.runtime.signature import TensorSignature, shape_text
+
 from .codec import MAX_RANK
-from .signatures import TensorSpec, dtype_name, shape_text
+from .signatures import dtype_name
 from .status import UNIMPLEMENTED, ServingError, invalid_argument
 
 ROW = "row"
@@ -186,10 +188,12 @@ def _too_deep() -> ServingError:
                             f"has at most {MAX_RANK} dimensions")
 
 
-def value_to_array(value: object, dtype: tf.dtypes.DType) -> np.ndarray:
-    """A JSON value (scalar or rectangular nested lists) as an array of `dtype`.
+def value_to_array(value: object, dtype: tf.dtypes.DType | str) -> np.ndarray:
+    """A JSON value (scalar or rectangular nested lists) as an array of `dtype` (a
+    TensorFlow dtype or its name, as a `TensorSignature` holds it).
     The shape is read off the first element at every level, then every list
     must match it and every leaf must sit at the innermost level."""
+    dtype = tf.dtypes.as_dtype(dtype)
     shape: list[int] = []
     probe = value
     while isinstance(probe, list):
@@ -237,8 +241,8 @@ def _fill(value: object, level: int, shape: list[int], convert: Callable[[object
 # ------------------------------------------------------------------ predict requests
 
 
-def decode_predict(doc: dict, inputs: Mapping[str, TensorSpec]) -> tuple[dict[str, np.ndarray],
-                                                                          str]:
+def decode_predict(doc: dict, inputs: Mapping[str, TensorSignature]
+                   ) -> tuple[dict[str, np.ndarray], str]:
     """Arrays for the signature's `inputs` from a predict document, and its format."""
     if not inputs:
         raise invalid_argument("Failed to get input map for signature")
@@ -256,7 +260,7 @@ def _is_named(value: object) -> bool:
     return isinstance(value, dict) and not is_b64(value)
 
 
-def _decode_instances(instances: object, inputs: Mapping[str, TensorSpec]
+def _decode_instances(instances: object, inputs: Mapping[str, TensorSignature]
                       ) -> dict[str, np.ndarray]:
     if not isinstance(instances, list):
         raise invalid_argument("Excepting 'instances' to be an list/array")
@@ -305,7 +309,8 @@ def _decode_instances(instances: object, inputs: Mapping[str, TensorSpec]
     return out
 
 
-def _instance_value(value: object, spec: TensorSpec, index: int, key: str | None) -> np.ndarray:
+def _instance_value(value: object, spec: TensorSignature, index: int,
+                    key: str | None) -> np.ndarray:
     try:
         return value_to_array(value, spec.dtype)
     except ServingError as e:
@@ -314,7 +319,7 @@ def _instance_value(value: object, spec: TensorSpec, index: int, key: str | None
                                    f"Error: {e.message}") from None
 
 
-def _decode_columns(value: object, inputs: Mapping[str, TensorSpec]) -> dict[str, np.ndarray]:
+def _decode_columns(value: object, inputs: Mapping[str, TensorSignature]) -> dict[str, np.ndarray]:
     if not _is_named(value):
         if len(inputs) > 1:
             raise invalid_argument(

@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from neuronish.runtime.signature import TensorSignature, shape_text
 from neuronish.shape_specialize import SHAPES_FILE
 
 from .status import INTERNAL, ServingError, failed_precondition, invalid_argument
@@ -43,54 +44,16 @@ REGRESS_INPUTS = "inputs"
 REGRESS_OUTPUTS = "outputs"
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """One signature input or output: its key, dtype and shape (-1 = any size).
-
-    The server's view of an exported SignatureDef's TensorInfo proto, in that proto's
-    spellings, which the transports answer with as they are (TF Serving's metadata and
-    KServe v2 print -1 for any size; requests are decoded to `tf.DType`s), plus the
-    bounds compile wrote for a free dimension. It is not the compile side's
-    `shape_inference.TensorInfo` (None for unknown, dtype by name): the server never
-    sees a frozen graph, and converting at every request check would only move the
-    spellings about. (`neuron_op.StatedSignature` stays apart too: it is the NeuronOp's
-    attribute lists, column by column, each one optional.)
-    """
-
-    key: str
-    dtype: tf.dtypes.DType
-    shape: tuple[int, ...] | None  # None: unknown rank
-    bounds: tuple[tuple[int, int] | None, ...] = ()  # per dim: (low, high) of a free one
-
-    @staticmethod
-    def from_tensor_info(key: str, info: meta_graph_pb2.TensorInfo) -> TensorSpec:
-        shape = None if info.tensor_shape.unknown_rank else tuple(
-            d.size for d in info.tensor_shape.dim)
-        bounds = tuple(_bounds_of(d.name) if d.size < 0 else None
-                       for d in info.tensor_shape.dim)
-        return TensorSpec(key, tf.dtypes.as_dtype(info.dtype), shape,
-                          bounds if any(bounds) else ())
-
-    @property
-    def dtype_name(self) -> str:
-        return dtype_name(self.dtype)
-
-    @property
-    def shape_text(self) -> str:
-        return shape_text(self.shape)
-
-    def accepts_shape(self, shape: tuple[int, ...]) -> bool:
-        if self.shape is None:
-            return True
-        return len(shape) == len(self.shape) and all(
-            want < 0 or got == want for got, want in zip(shape, self.shape))
-
-    def out_of_bounds(self, shape: tuple[int, ...]) -> tuple[int, int, int] | None:
-        """(dimension, low, high) of the first dimension of `shape` outside its bounds."""
-        for axis, (size, bound) in enumerate(zip(shape, self.bounds)):
-            if bound is not None and not bound[0] <= size <= bound[1]:
-                return axis, *bound
-        return None
+def tensor_signature(key: str, info: meta_graph_pb2.TensorInfo) -> TensorSignature:
+    """One signature input or output, from an exported SignatureDef's TensorInfo proto:
+    -1 for a size the SignatureDef leaves open (as TF Serving's metadata and KServe v2
+    print it), None for an unknown rank, the bounds compile wrote for a free dimension
+    (`with_accepted_shapes`), and no batch axis (a SignatureDef does not say one)."""
+    shape = None if info.tensor_shape.unknown_rank else tuple(
+        d.size for d in info.tensor_shape.dim)
+    bounds = tuple(_bounds_of(d.name) if d.size < 0 else None for d in info.tensor_shape.dim)
+    return TensorSignature(key, tf.dtypes.as_dtype(info.dtype).name, shape,
+                           bounds=bounds if any(bounds) else ())
 
 
 _BOUNDS_NAME = re.compile(r"(\d+)\.\.(\d+)")
@@ -130,7 +93,7 @@ def with_accepted_shapes(signature_defs: Mapping[str, meta_graph_pb2.SignatureDe
         out[key] = copy
     return out
 
-def dtype_name(dtype: tf.dtypes.DType) -> str:
+def dtype_name(dtype: tf.dtypes.DType | str) -> str:
     """TensorFlow's enum name, `DT_FLOAT`: what SignatureDefs and TF Serving print."""
     enum = tf.dtypes.as_dtype(dtype).as_datatype_enum
     return _DT_NAMES.get(enum, str(dtype))
@@ -144,23 +107,19 @@ def _datatype_names() -> dict[int, str]:
 _DT_NAMES = _datatype_names()
 
 
-def shape_text(shape: Iterable[int] | None) -> str:
-    return "[?]" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
-
-
 @dataclass(frozen=True)
 class Signature:
     name: str
     method_name: str
-    inputs: Mapping[str, TensorSpec]
-    outputs: Mapping[str, TensorSpec]
+    inputs: Mapping[str, TensorSignature]  # by key, which is each record's name
+    outputs: Mapping[str, TensorSignature]
 
     @staticmethod
     def from_signature_def(name: str, sd: meta_graph_pb2.SignatureDef) -> Signature:
         return Signature(
             name, sd.method_name,
-            {k: TensorSpec.from_tensor_info(k, v) for k, v in sorted(sd.inputs.items())},
-            {k: TensorSpec.from_tensor_info(k, v) for k, v in sorted(sd.outputs.items())})
+            {k: tensor_signature(k, v) for k, v in sorted(sd.inputs.items())},
+            {k: tensor_signature(k, v) for k, v in sorted(sd.outputs.items())})
 
     # -- predict ---------------------------------------------------------------
     def check_inputs(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -263,22 +222,22 @@ def accepted_shape_changes(old: Mapping[str, meta_graph_pb2.SignatureDef],
     return changes
 
 
-def check_array(spec: TensorSpec, array: np.ndarray, signature_name: str) -> None:
+def check_array(spec: TensorSignature, array: np.ndarray, signature_name: str) -> None:
     got_dtype = array_dtype(array)
-    if got_dtype != spec.dtype:
+    if got_dtype.name != spec.dtype:
         raise invalid_argument(
-            f"input '{spec.key}' of signature '{signature_name}' expects dtype "
-            f"{spec.dtype_name}, but the request sent {dtype_name(got_dtype)}")
+            f"input '{spec.name}' of signature '{signature_name}' expects dtype "
+            f"{dtype_name(spec.dtype)}, but the request sent {dtype_name(got_dtype)}")
     if not spec.accepts_shape(array.shape):
         raise invalid_argument(
-            f"input '{spec.key}' of signature '{signature_name}' expects shape "
+            f"input '{spec.name}' of signature '{signature_name}' expects shape "
             f"{spec.shape_text} (-1 = any size), but the request sent "
             f"{shape_text(array.shape)}")
     outside = spec.out_of_bounds(array.shape)
     if outside is not None:
         axis, low, high = outside
         raise invalid_argument(
-            f"input '{spec.key}' of signature '{signature_name}' takes sizes {low} to {high} "
+            f"input '{spec.name}' of signature '{signature_name}' takes sizes {low} to {high} "
             f"in dimension {axis} (the compiled model's bounds, in its metadata), but the "
             f"request sent {shape_text(array.shape)}")
 

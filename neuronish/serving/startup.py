@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from .servable import Servable
@@ -51,10 +52,10 @@ def synthetic_inputs(signature: Signature) -> dict[str, np.ndarray] | None:
         if spec.shape is None or any(d < 0 for d in spec.shape[1:]):
             return None
         shape = [1 if i == 0 and d < 0 else d for i, d in enumerate(spec.shape)]
-        if spec.dtype.name == "string":
+        if spec.dtype == "string":
             arrays[key] = np.full(shape, b"", dtype=object)
         else:
-            arrays[key] = np.zeros(shape, dtype=spec.dtype.as_numpy_dtype)
+            arrays[key] = np.zeros(shape, dtype=tf.as_dtype(spec.dtype).as_numpy_dtype)
     return arrays
 
 

@@ -28,9 +28,11 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
+from neuronish.runtime.signature import TensorSignature
+
 from .codec import MAX_RANK
 from .core import ServingCore, Target
-from .signatures import DEFAULT_SIGNATURE, Signature, TensorSpec
+from .signatures import DEFAULT_SIGNATURE, Signature
 from .status import INTERNAL, ServingError, invalid_argument
 
 PLATFORM = "tensorflow_savedmodel"
@@ -173,9 +175,9 @@ def version_number(version: str) -> int | None:
     return int(version)
 
 
-def tensor_metadata(spec: TensorSpec) -> dict:
+def tensor_metadata(spec: TensorSignature) -> dict:
     shape = [-1] if spec.shape is None else [int(d) for d in spec.shape]
-    return {"name": spec.key, "datatype": datatype_of(spec.dtype), "shape": shape}
+    return {"name": spec.name, "datatype": datatype_of(spec.dtype), "shape": shape}
 
 
 @dataclass

@@ -33,15 +33,16 @@ class TensorInfo:
     also numpy's. Shape inference gives one per tensor, keyed by tensor name; a
     signature's input (`freeze.SignatureInput`) is one with its key and placeholder.
 
-    The other records of a tensor stay apart because they sit across a boundary or
-    say something else: `cc/ir.TensorType` and `runtime/isa.Type` are the compiler's
-    and the device's (static shapes, the ISA's dtypes; neither process imports
-    TensorFlow), `cc/ioconfig.TensorSpec` is a field of the io-config file the
-    compiler reads, `runtime/executable.TensorSig` of the executable file (with the
-    value id and batch axis); `neuron_op.StatedSignature` is the NeuronOp's attribute
-    lists, column by column as the op declares them; `serving/signatures.TensorSpec`
-    is what the server reads from an exported SignatureDef (tf.DType, -1 for any
-    size, the bounds of free dimensions) to check requests against.
+    A tensor's *signature* (what a caller feeds or gets back: the io-config, the
+    executable's inputs and outputs, the NeuronOp's attributes, the server's
+    SignatureDefs) is one other record, `runtime/signature.TensorSignature`, shared by
+    every part. This one stays apart because it says something else: what shape
+    inference knows of any tensor mid-graph, where a dimension or the rank may be
+    unknown (None) and the dtype may be one no signature can carry ("resource",
+    "variant"); it has no batch axis (`batch_axes` finds those) and no bounds. The
+    partitioner turns a cluster's boundary `TensorInfo`s into an io-config, and so
+    into signatures, once they are fully known. `cc/ir.TensorType` and
+    `runtime/isa.Type` are the compiler's and the device's value types.
     """
 
     shape: tuple[int | None, ...] | None

@@ -99,6 +99,18 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
       if (ne_bind(stage->engine, int64_t(k), constants.data[k], err, kErr) < 0)
         throw Refused{NR_INTERNAL, std::string("native engine: ") + err};
     int widest = 0;
+    // spec.py's team_size: a program with an instruction above kSmallWork holds every CPU
+    // while it computes, so its instructions down to kTinyWork use them too.
+    bool wide = false;
+    for (const Instruction &ins : program) {
+      std::vector<spec::Ref> in, out;
+      for (uint64_t v : ins.inputs) in.push_back(ref(v));
+      for (uint64_t v : ins.outputs) out.push_back(ref(v));
+      try {
+        wide = wide || spec::work(ins.kind, *ins.attrs, in, out) >= spec::kSmallWork;
+      } catch (...) {  // (a malformed instruction: encode, below, says why)
+      }
+    }
     for (size_t local = 0; local < program.size(); ++local, ++index) {
       const Instruction &ins = program[local];
       std::vector<spec::Ref> in, out;
@@ -129,7 +141,8 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
         copy.specs.push_back(std::move(record));
         continue;
       }
-      int team = spec::work(ins.kind, *ins.attrs, in, out) < spec::kSmallWork ? 1 : threads;
+      int team = spec::work(ins.kind, *ins.attrs, in, out) < (wide ? spec::kTinyWork : spec::kSmallWork)
+                     ? 1 : threads;
       ne_set_threads(stage->engine, team);
       std::vector<float> floats(record.spec.floats.begin(), record.spec.floats.end());
       if (floats.empty()) floats.push_back(0);

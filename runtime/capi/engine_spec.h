@@ -39,6 +39,7 @@ bool encode(const std::string &kind, const mp::Node &attrs, const std::vector<Re
 int64_t work(const std::string &kind, const mp::Node &attrs, const std::vector<Ref> &ins,
              const std::vector<Ref> &outs);
 constexpr int64_t kSmallWork = int64_t(12) << 20;  // spec.py's SMALL_WORK
+constexpr int64_t kTinyWork = int64_t(1) << 20;    // spec.py's TINY_WORK (`wide` programs)
 
 // isa.WINDOWED: the kinds that may share channel-blocked values.
 bool windowed(const std::string &kind);

@@ -577,10 +577,26 @@ void check_overlaps(const Executable &exe) {
     return ox != exe.offsets.end() && oy != exe.offsets.end() && ox->second == oy->second &&
            bytes(x) == bytes(y);
   };
+  // validate.py's _in_place_residual: a convolution writing over its residual's bytes,
+  // whose life then ends before the instruction (a later reader overlaps the output).
+  auto in_place = [&](const Instruction &ins) {
+    if ((ins.kind != "conv2d" && ins.kind != "conv2d_int8") || ins.inputs.size() < 3 ||
+        ins.outputs.size() != 1 || !ins.attrs)
+      return false;
+    const Node *residual = ins.attrs->get("residual");
+    if (!residual || !truthy(*residual)) return false;
+    uint64_t r = ins.inputs.back(), y = ins.outputs[0];
+    auto orr = exe.offsets.find(r), oy = exe.offsets.find(y);
+    return orr != exe.offsets.end() && oy != exe.offsets.end() && orr->second == oy->second &&
+           bytes(r) == bytes(y) &&
+           std::find(ins.inputs.begin(), ins.inputs.end() - 1, r) == ins.inputs.end() - 1;
+  };
   size_t t = 0;
   for (auto &program : exe.programs)
     for (auto &ins : program) {
-      for (uint64_t v : ins.inputs) {
+      size_t reads = in_place(ins) ? ins.inputs.size() - 1 : ins.inputs.size();
+      for (size_t k = 0; k < reads; ++k) {
+        uint64_t v = ins.inputs[k];
         if (auto s = shares.find(v); s != shares.end()) v = s->second;
         if (auto it = spans.find(v); it != spans.end()) it->second.second = t;
       }

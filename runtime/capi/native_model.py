@@ -38,7 +38,7 @@ from ..errors import (
     InvalidInput,
     OutOfDeviceMemory,
 )
-from ..executable import TensorSig
+from ..signature import TensorSignature
 
 ENV_KERNEL = "NEURONISH_KERNEL"
 
@@ -140,8 +140,8 @@ class NativeModel(Calls):
 
         self._model = model
         self.label = label
-        self.inputs = [TensorSig(n, -1, shape, d, axis) for n, d, shape, axis in model.inputs]
-        self.outputs = [TensorSig(n, -1, shape, d, axis) for n, d, shape, axis in model.outputs]
+        self.inputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.inputs]
+        self.outputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.outputs]
         self._exact_inputs = [(_np_dtype(s.dtype), s.shape) for s in self.inputs]
         self._exact_outputs = [(_np_dtype(s.dtype), s.shape) for s in self.outputs]
         # (the C runtime's -1: calls take only the compiled shapes; the Python one's None)

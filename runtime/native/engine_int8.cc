@@ -101,13 +101,20 @@ void add_quantize(Program& p, Reader& rd, Instr& ins) {
 }
 
 // The scales and post-ops of an int8 primitive; `wmask` selects the weights' output axis.
+// `sum_dt`, when not undef: the residual is the output's own bytes (Program::in_place),
+// added as a sum post-op that reads it in that dtype, times its step (1 when float).
 primitive_attr int8_attr(Program& p, int wmask, bool out_int, const memory::desc* residual,
-                         const Epilogue& act, float res_step = 0.f) {
+                         const Epilogue& act, float res_step = 0.f, dt sum_dt = dt::undef) {
   primitive_attr a = p.attr();
   a.set_scales_mask(DNNL_ARG_SRC, 0);
   a.set_scales_mask(DNNL_ARG_WEIGHTS, wmask);
   if (out_int) a.set_scales_mask(DNNL_ARG_DST, 0);
   dnnl::post_ops po;
+  if (sum_dt != dt::undef) {
+    po.append_sum(res_step > 0 ? res_step : 1.f, 0, sum_dt);
+    residual = nullptr;
+    res_step = 0.f;
+  }
   if (res_step > 0) po.append_eltwise(algorithm::eltwise_linear, 1.f / res_step, 0.f);
   if (residual) po.append_binary(algorithm::binary_add, *residual);
   if (res_step > 0) po.append_eltwise(algorithm::eltwise_linear, res_step, 0.f);
@@ -149,13 +156,14 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   // own (3.2), so the sum is taken at the residual's scale: (v / res_scale + r) * res_scale
   // (then the binary is post-op 1, after that division).
   float res_step = has_res && res.type != dt::f32 ? res_scale : 0.f;
-  if (has_res)
+  bool sum = has_res && Program::in_place(res, y);
+  if (has_res && !sum)
     p.bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(res_step > 0 ? 1 : 0) | DNNL_ARG_SRC_1,
                  res, res.type, false, temp_at, &res_use);
   memory::desc b_md = has_bias ? plain(b) : memory::desc();
   // per output channel: dim 0 (O), or dims 0 and 1 (group, M) of a grouped filter
   primitive_attr a = int8_attr(p, depthwise ? 3 : 1, out_int, has_res ? &res_use : nullptr, act,
-                               res_step);
+                               res_step, sum ? res.type : dt::undef);
   auto pd = dnnl::convolution_forward::primitive_desc(
       p.eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
       memory::desc(w_given.get_dims(), dt::s8, tag::any), b_md, nhwc(y), strides, dil,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..cutoff import Cutoff
 from ..errors import ExecutionError
-from .spec import SMALL_WORK, Ref, encode, work
+from .spec import Ref, encode, team_size, work
 
 _ERR = 2048
 T = TypeVar("T")
@@ -101,10 +101,13 @@ class NativeProgram:
         self.rejected: dict[int, str] = {}  # instruction index -> why numpy runs it
         self.weight_bytes: dict[int, int] = {}  # instruction index -> reordered weights held
         self.engine_index: dict[int, int] = {}  # instruction index -> its engine index
+        self.teams: dict[int, int] = {}  # instruction index -> the threads it runs on
         self._call_ptrs: ctypes.Array | None = None
         self._n_call = 0
         self._timing: np.ndarray | None = None  # see timings()
         self.threads = threads
+        # whether the program takes every CPU anyway (spec.team_size): set before adding
+        self.wide = False
         self.widest = 0  # the widest team any instruction taken runs on (host CPUs it needs)
         self._timing_ptr: object = None
 
@@ -124,7 +127,7 @@ class NativeProgram:
             self.rejected[index] = "no native kernel for these dtypes/attributes"
             return None
         ints, floats = spec
-        team = 1 if work(kind, attrs, ins, outs) < SMALL_WORK else self.threads
+        team = team_size(work(kind, attrs, ins, outs), self.wide, self.threads)
         self._lib.ne_set_threads(self._handle, team)
         int_arr = (ctypes.c_int64 * len(ints))(*ints)
         float_arr = (ctypes.c_float * max(len(floats), 1))(*floats)
@@ -137,6 +140,7 @@ class NativeProgram:
             return None
         self.weight_bytes[index] = self.held_bytes - held
         self.widest = max(self.widest, team)
+        self.teams[index] = team
         self.engine_index[index] = int(k)
         return int(k)
 

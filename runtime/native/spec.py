@@ -791,6 +791,21 @@ _add_int8()
 # matmul below this) 2.64 -> 1.71 ms per call through its NeuronOp; MobileNetV2, whose
 # small late layers then go single-threaded, ~33 -> ~36 ms per call (noisy).
 SMALL_WORK = 12 << 20
+# ...unless the program holds every CPU anyway (one of its instructions is above
+# SMALL_WORK, so its team's width is all of them, runtime/host.py): then only an
+# instruction below TINY_WORK runs alone. Its team spins between primitives
+# (GOMP_SPINCOUNT, runtime/native/library.py), so the next primitive finds it awake: on
+# 2 CPUs at real-time priority MobileNetV2 bf16 batch 8 ran 1.16x faster with this
+# (its nine depthwise convolutions of 14x14 and 7x7 images had run on one thread),
+# EfficientNetB0 bf16 1.06x. A program of small instructions only (the BERT-style
+# encoder) keeps one thread and one CPU, so two of its calls still compute side by side.
+TINY_WORK = 1 << 20
+
+
+def team_size(work_size: int, wide: bool, threads: int) -> int:
+    """The threads an instruction of `work_size` runs on, in a program whose `threads`
+    are all taken (`wide`: some instruction reaches SMALL_WORK) or not."""
+    return threads if work_size >= (TINY_WORK if wide else SMALL_WORK) else 1
 
 
 def work(kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref]) -> int:

@@ -138,13 +138,11 @@ def _json_value(rng: random.Random, depth: int = 0) -> str:
 
 
 def json_bodies(rng: random.Random, n: int, tmp: Path) -> Iterator[Case]:
-    import tensorflow as tf
-
+    from neuronish.runtime.signature import TensorSignature
     from neuronish.serving import json_codec
-    from neuronish.serving.signatures import TensorSpec
     from neuronish.serving.status import ServingError
 
-    inputs = {"x": TensorSpec("x", tf.float32, (-1, 4))}
+    inputs = {"x": TensorSignature("x", "float32", (-1, 4))}
 
     def run(body: bytes) -> str | None:
         try:

@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +28,12 @@ from tensorflow.python.framework import op_def_registry
 import neuronish
 from neuronish import kernel_bridge, op_library
 from neuronish.cc.compiler import compile_graph
-from neuronish.neuron_op import neuron_op_node_def
+from neuronish.neuron_op import neuron_op_node_def, read_signature
 from neuronish.runtime import Device, OutOfDeviceMemory, get_device, load
 from neuronish.runtime.config import DeviceConfig
 from neuronish.runtime.executable import HEADER_SIZE, from_bytes
 from neuronish.runtime.program import LoadedProgram
+from neuronish.runtime.signature import TensorSignature
 from tests.graphs import TracedGraph, dense_relu, trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,20 +132,32 @@ def test_node_def_reads_the_signature_from_the_executable(dense) -> None:
     assert list(a["model_config"].list.i) == [-1] * 5
     assert a["executable"].s == exe and a["graph_def"].s == g.graph_def
     # Explicit arguments are checked, short model_configs padded, other outputs written k.
-    n2 = neuron_op_node_def("n", ["pre/out:1"], exe, g.graph_def, input_names=["x:0"],
-                            input_dtypes=[np.float32], input_shapes=[(4, 16)],
-                            output_dtypes=["float32"], output_batch_axis=[0],
+    x = TensorSignature("x:0", "float32", (4, 16), 0)
+    y = TensorSignature("Identity:0", "float32", (4, 8), 0)
+    # A stated dtype may be anything tf.as_dtype takes; shapes any sequence of ints.
+    n2 = neuron_op_node_def("n", ["pre/out:1"], exe, g.graph_def,
+                            input_signature=[replace(x, dtype=np.float32, shape=[4, 16])],
+                            output_signature=[replace(y, dtype=tf.float32)],
                             model_config=[-1, -1, 2])
     assert list(n2.input) == ["pre/out:1"]
     assert list(n2.attr["model_config"].list.i) == [-1, -1, 2, -1, -1]
-    with pytest.raises(ValueError, match=r"input_shapes \[\(8, 16\)\] do not match .*\(4, 16\)"):
-        neuron_op_node_def("n", ["x"], exe, g.graph_def, input_shapes=[[8, 16]])
-    with pytest.raises(ValueError, match="input_dtypes"):
-        neuron_op_node_def("n", ["x"], exe, g.graph_def, input_dtypes=[tf.int32])
+    assert read_signature(n2) == ([x], [y])  # the attribute reader gives the records back
+    with pytest.raises(ValueError, match=r"input 0 is stated as 'x:0' float32\[8,16\] batch "
+                                         r"axis 0 but the executable's is 'x:0' float32\[4,16\]"
+                                         r" batch axis 0 \(its shape differs\)"):
+        neuron_op_node_def("n", ["x"], exe, g.graph_def,
+                           input_signature=[replace(x, shape=(8, 16))])
+    with pytest.raises(ValueError, match=r"output 0 .* \(its dtype differs\)"):
+        neuron_op_node_def("n", ["x"], exe, g.graph_def,
+                           output_signature=[replace(y, dtype=tf.int32)])
+    with pytest.raises(ValueError, match=r"\(its batch_axis differs\)"):
+        neuron_op_node_def("n", ["x"], exe, g.graph_def,
+                           input_signature=[replace(x, batch_axis=-1)])
+    with pytest.raises(ValueError, match=r"2 inputs stated \['x:0', 'x:0'\] for an executable "
+                                         r"with 1"):
+        neuron_op_node_def("n", ["x"], exe, g.graph_def, input_signature=[x, x])
     with pytest.raises(ValueError, match="2 input tensor"):
         neuron_op_node_def("n", ["x", "y"], exe, g.graph_def)
-    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['input_shape'\]"):
-        neuron_op_node_def("n", ["x"], exe, g.graph_def, input_shape=[[4, 16]])  # a typo
 
 
 def test_shape_function_leaves_the_batch_unknown(dense) -> None:
@@ -415,8 +429,8 @@ def test_attrs_that_disagree_with_the_executable_are_refused(dense) -> None:
     bad.CopyFrom(node)
     bad.attr["output_shapes"].list.shape[0].dim[1].size = 9
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"output 0 is 'Identity:0' float32\[4, 9\] .* but 'Identity:0' "
-                             r"float32\[4, 8\] .* in its executable"):
+                       match=r"output 0 is 'Identity:0' float32\[4,9\] .* but 'Identity:0' "
+                             r"float32\[4,8\] .* in its executable"):
         neuron_function(g, bad, [tf.TensorSpec([None, 16], tf.float32)])(tf.zeros((4, 16)))
 
 

@@ -137,6 +137,33 @@ def test_loops_of_one_round_are_counted_from_one_shape_inference_per_batch_size(
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def test_each_library_function_is_converted_once(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checking, counting and copying a loop all read its condition and body; each is
+    converted from its FunctionDef once per unrolling, across rounds too: the second
+    loop here is counted only in the round after the first is unrolled (the two loops'
+    four functions were converted 14 times)."""
+    frozen = _frozen(tmp_path, _two_loops, [None, 4])
+    fetches = list(frozen.outputs.values())
+    loops = [n for n in frozen.graph_def.node if n.op in ("While", "StatelessWhile")]
+    functions = {n.attr[k].func.name for n in loops for k in ("cond", "body")}
+    assert len(loops) == 2 and len(functions) == 4
+    converted: list[str] = []
+    real = unroll.function_body
+
+    def counted(fdef: object) -> object:
+        converted.append(fdef.signature.name)
+        return real(fdef)
+
+    monkeypatch.setattr(unroll, "function_body", counted)
+    _, unrolled = rewritten_copy(unroll_loops, frozen.graph_def, {"x:0": [2, 4]}, fetches)
+    assert not {"While", "StatelessWhile"} & {n.op for n in unrolled.node}
+    assert sorted(converted) == sorted(functions), converted
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype("float32")
+    (want,), (got,) = _run(frozen.graph_def, fetches, x), _run(unrolled, fetches, x)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_loops_whose_count_the_shapes_do_not_fix_are_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     evaluated = []

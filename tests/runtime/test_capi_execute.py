@@ -19,7 +19,8 @@ import pytest
 
 from neuronish import runtime as py_runtime
 from neuronish.runtime.capi import binding
-from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
+from neuronish.runtime.executable import Executable, Instruction, to_bytes
+from neuronish.runtime.signature import TensorSignature
 
 BIN = Path(sys.executable).parent
 NR_UNSUPPORTED, NR_INVALID_INPUT = 4, 10
@@ -206,8 +207,9 @@ def _one_instruction(kind: str, attrs: dict, ins: list[tuple], outs: list[tuple]
     n = len(ins)
     return to_bytes(Executable(
         compiler={"name": "test"},
-        inputs=[TensorSig(f"in{k}:0", k, s, d, -1) for k, (s, d) in enumerate(ins)],
-        outputs=[TensorSig(f"out{k}:0", n + k, s, d, -1) for k, (s, d) in enumerate(outs)],
+        inputs=[TensorSignature(f"in{k}:0", d, s) for k, (s, d) in enumerate(ins)],
+        outputs=[TensorSignature(f"out{k}:0", d, s) for k, (s, d) in enumerate(outs)],
+        input_values=list(range(n)), output_values=list(range(n, n + len(outs))),
         constants={}, values={**{k: (s, d) for k, (s, d) in enumerate(ins)},
                               **{n + k: (s, d) for k, (s, d) in enumerate(outs)}},
         arena_bytes=0, offsets={},

@@ -56,7 +56,7 @@ def test_golden_pins_memory_plan_scratch_and_cores(golden: bytes) -> None:
     regions = sorted([conv.scratch, (exe.offsets[handoff], 2 * 8 * 8 * 8 * 4)])
     assert regions[0][0] + regions[0][1] <= regions[1][0]  # both live at once: no overlap
     assert regions[1][0] + regions[1][1] <= exe.arena_bytes
-    assert {s.value for s in exe.inputs + exe.outputs}.isdisjoint(exe.offsets)
+    assert {*exe.input_values, *exe.output_values}.isdisjoint(exe.offsets)
     assert len(golden) < 4096
 
 

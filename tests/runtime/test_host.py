@@ -156,3 +156,33 @@ def test_an_explicit_host_parallelism_fixes_the_number_of_programs() -> None:
     assert narrow.width == config.core_threads  # counted at full width: one at a time
     with narrow:
         assert not host.take(1).acquire(blocking=False)
+
+
+@pytest.mark.skipif(native_library() is None, reason="the native engine is not available")
+def test_a_wide_programs_small_instructions_use_its_team_too() -> None:
+    """A program that holds every CPU for one large instruction runs its instructions down
+    to TINY_WORK on the whole team (spec.team_size); alone, the same small instruction
+    runs on one thread and the program takes one CPU."""
+    from neuronish.runtime.native.spec import SMALL_WORK, TINY_WORK
+
+    config = DeviceConfig(num_cores=1, core_memory=1 << 30, visible_cores=(0,),
+                          core_groups=((0,),), host_parallelism=1, kernel_threads=2,
+                          core_threads=2)
+    w = tf.constant(np.random.default_rng(0).standard_normal((3, 3, 64, 64), np.float32))
+    pool = lambda x: tf.nn.avg_pool2d(x, 3, 1, "SAME")  # noqa: E731 - 2.4 MFLOP
+    spec = tf.TensorSpec([4, 32, 32, 64], tf.float32, name="x")
+    wide = trace(lambda x: pool(tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME"))), spec)  # 0.3 GFLOP
+    narrow = trace(pool, spec)
+    for graph, teams in ((wide, [2, 2]), (narrow, [1])):
+        exe = from_bytes(compile_graph(graph.graph_def, graph.io_config))
+        assert [i.kind for i in exe.programs[0]] == ["conv2d", "pool"][-len(teams):]
+        model = Model(exe, Device(config))
+        program = model._idle.get()
+        model._idle.put(program)
+        native = program.stages[0].native
+        assert [native.teams[i] for i in sorted(native.teams)] == teams
+        assert program.stages[0].host.width == max(teams)
+        feeds = {s.name: np.ones(s.shape, s.dtype) for s in exe.inputs}
+        for name, value in graph.reference(feeds).items():
+            np.testing.assert_allclose(model.run(feeds)[name], value, rtol=1e-5, atol=1e-5)
+    assert TINY_WORK < 4 * 32 * 32 * 64 * 9 < SMALL_WORK

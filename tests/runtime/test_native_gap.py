@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from neuronish.runtime import isa, load
-from neuronish.runtime.executable import Executable, Instruction, TensorSig, to_bytes
+from neuronish.runtime.executable import Executable, Instruction, to_bytes
 from neuronish.runtime.native import library
 from neuronish.runtime.native.coverage import Sample, gaps, native, sample_instructions
+from neuronish.runtime.signature import TensorSignature
 from tests.helpers import run_reporting_numpy
 
 # What the native engine still leaves to numpy (python -m neuronish.runtime.native.coverage).
@@ -49,19 +50,21 @@ def _executable(s: Sample, inputs: list[np.ndarray]) -> tuple[bytes, dict]:
     """One instruction as an executable, and its feeds: the weights (input 1) of the
     matrix-unit kinds are constants, as the compiler makes them; the rest inputs in0..."""
     constants = {1: inputs[1]} if s.kind in _WEIGHTED else {}
-    ins = [TensorSig(f"in{i}", i, tuple(shape), dtype, -1)
-           for i, (shape, dtype) in enumerate(s.types) if i not in constants]
+    in_ids = [i for i in range(len(s.types)) if i not in constants]
+    ins = [TensorSignature(f"in{i}", s.types[i][1], tuple(s.types[i][0])) for i in in_ids]
     out_types = isa.check(s.kind, [isa.Type(shape, d) for shape, d in s.types], s.attrs)
-    outs = [TensorSig(f"out{j}", len(s.types) + j, t.shape, t.dtype, -1)
-            for j, t in enumerate(out_types)]
+    out_ids = [len(s.types) + j for j in range(len(out_types))]
+    outs = [TensorSignature(f"out{j}", t.dtype, t.shape) for j, t in enumerate(out_types)]
     scratch = isa.scratch_bytes(s.kind, [shape for shape, _ in s.types],
                                 [d for _, d in s.types], s.attrs)
-    instr = Instruction(s.kind, tuple(range(len(s.types))), tuple(o.value for o in outs),
+    instr = Instruction(s.kind, tuple(range(len(s.types))), tuple(out_ids),
                         dict(s.attrs), (0, scratch) if scratch else None, ("sample",))
     exe = to_bytes(Executable(
-        {"name": "test", "version": "0", "options": {}, "command": ""}, ins, outs, constants,
-        {sig.value: (sig.shape, sig.dtype) for sig in ins + outs}, scratch, {}, [[instr]]))
-    return exe, {sig.name: inputs[sig.value] for sig in ins}
+        {"name": "test", "version": "0", "options": {}, "command": ""}, ins, outs, in_ids,
+        out_ids, constants,
+        {v: (sig.shape, sig.dtype) for v, sig in zip(in_ids + out_ids, ins + outs)}, scratch,
+        {}, [[instr]]))
+    return exe, {sig.name: inputs[v] for v, sig in zip(in_ids, ins)}
 
 
 _POSITIVE = {"log", "sqrt", "rsqrt", "log1p"}

@@ -19,6 +19,7 @@ from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow_serving.apis import input_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from neuronish.runtime.signature import TensorSignature
 from neuronish.serving import codec, config, json_codec, server, signatures
 from neuronish.serving.batching import BatchScheduler
 from neuronish.serving.cancellation import Cancellation
@@ -26,7 +27,6 @@ from neuronish.serving.core import ServingCore, Target
 from neuronish.serving.manager import ModelManager, aspired_versions
 from neuronish.serving.metrics import Metrics
 from neuronish.serving.servable import Servable
-from neuronish.serving.signatures import TensorSpec
 from neuronish.serving.status import (
     DEADLINE_EXCEEDED,
     INTERNAL,
@@ -37,8 +37,8 @@ from neuronish.serving.status import (
 )
 from tests.serving.harness import wait_for
 
-F32 = {"x": TensorSpec("x", tf.float32, (-1, 2))}
-TWO = {"a": TensorSpec("a", tf.float32, (-1, 2)), "b": TensorSpec("b", tf.int64, (-1,))}
+F32 = {"x": TensorSignature("x", "float32", (-1, 2))}
+TWO = {"a": TensorSignature("a", "float32", (-1, 2)), "b": TensorSignature("b", "int64", (-1,))}
 
 
 # ---------------------------------------------------------------- REST JSON
