@@ -39,8 +39,8 @@ from .host import HostCPUs, Slot
 from .isa import MATMUL_LIKE
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
-from .native.engine_program import NativeProgram
-from .native.spec import SMALL_WORK, WINDOWED, Ref, work
+from .native.engine_program import NativeProgram, Offer
+from .native.spec import WINDOWED, Ref
 from .validate import value_nbytes
 
 _MID_CALL = "while its instructions ran"  # where a Cutoff stopped a call
@@ -240,12 +240,10 @@ class LoadedProgram:
         exe = self.exe
         const_ids = sorted(constants)
         call_ids = [*exe.input_values, *exe.output_values]
-        prog = NativeProgram(lib, self._first_call_slot + 1 + len(call_ids), threads)
         arena_slot = self._first_call_slot
         place: dict[int, tuple[int, int]] = {vid: (arena_slot, off)
                                              for vid, off in exe.offsets.items()}
         for k, vid in enumerate(const_ids):
-            prog.bind(k, np.asarray(constants[vid], order="C"))
             place[vid] = (k, 0)
         for k, vid in enumerate(call_ids):
             place.setdefault(vid, (arena_slot + 1 + k, 0))
@@ -258,16 +256,17 @@ class LoadedProgram:
             shape, dtype = exe.values[vid]
             return Ref(slot, offset, dtype, tuple(shape), vid in blocked)
 
+        offers = [Offer(index, ins.kind, ins.attrs, tuple(ref(v) for v in ins.inputs),
+                        tuple(ref(v) for v in ins.outputs),
+                        tuple(v in constants for v in ins.inputs))
+                  for index, ins in ((i, self.instructions[i]) for i in stage.span)]
+        prog = NativeProgram(lib, self._first_call_slot + 1 + len(call_ids), threads, offers)
+        for k, vid in enumerate(const_ids):
+            prog.bind(k, np.asarray(constants[vid], order="C"))
         steps: list[_Bound | _NativeRun] = []
-        # A program with one instruction above SMALL_WORK holds every CPU while it
-        # computes, so its smaller instructions may use them too (spec.team_size).
-        prog.wide = any(work(ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
-                             [ref(v) for v in ins.outputs]) >= SMALL_WORK
-                        for ins in (self.instructions[i] for i in stage.span))
-        for index in stage.span:
-            ins = self.instructions[index]
-            k = prog.add(index, ins.kind, ins.attrs, [ref(v) for v in ins.inputs],
-                         [ref(v) for v in ins.outputs], [v in constants for v in ins.inputs])
+        for offer in offers:
+            index, ins = offer.index, self.instructions[offer.index]
+            k = prog.add(offer)
             if k is None:
                 steps.append(ins)
             elif steps and isinstance(steps[-1], _NativeRun):

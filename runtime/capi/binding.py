@@ -90,6 +90,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
                                        ctypes.POINTER(sz),
                                        ctypes.POINTER(ctypes.POINTER(ctypes.c_double)),
                                        ctypes.POINTER(sz)], ctypes.c_int),
+        "nr_model_instruction_team": ([vp, sz], ctypes.c_int32),
     }
     for name, (args, res) in signatures.items():
         fn = getattr(lib, name)
@@ -249,6 +250,10 @@ class Model:
             return None
         _check(self.lib, status, None)
         return [ints[i] for i in range(n.value)], [floats[i] for i in range(nf.value)]
+
+    def team(self, index: int) -> int:
+        """The threads the C loader runs instruction `index` on (0: not given)."""
+        return int(self.lib.nr_model_instruction_team(self.handle, index))
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
         """Each copy's (cores, bytes per core, runs, busy ns): nr_model_copy."""

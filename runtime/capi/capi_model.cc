@@ -162,4 +162,10 @@ nr_status nr_model_instruction_spec(const nr_model *model, size_t index, const i
   return NR_OK;
 }
 
+int32_t nr_model_instruction_team(const nr_model *model, size_t index) {
+  if (!model) return -1;
+  auto &specs = model->model->copy(0).program->specs;
+  return index < specs.size() ? int32_t(specs[index].team) : -1;
+}
+
 }  // extern "C"

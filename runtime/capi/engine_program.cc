@@ -99,30 +99,36 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
       if (ne_bind(stage->engine, int64_t(k), constants.data[k], err, kErr) < 0)
         throw Refused{NR_INTERNAL, std::string("native engine: ") + err};
     int widest = 0;
-    // spec.py's team_size: a program with an instruction above kSmallWork holds every CPU
-    // while it computes, so its instructions down to kTinyWork use them too.
-    bool wide = false;
-    for (const Instruction &ins : program) {
-      std::vector<spec::Ref> in, out;
-      for (uint64_t v : ins.inputs) in.push_back(ref(v));
-      for (uint64_t v : ins.outputs) out.push_back(ref(v));
-      try {
-        wide = wide || spec::work(ins.kind, *ins.attrs, in, out) >= spec::kSmallWork;
-      } catch (...) {  // (a malformed instruction: encode, below, says why)
-      }
-    }
-    for (size_t local = 0; local < program.size(); ++local, ++index) {
-      const Instruction &ins = program[local];
+    // Each instruction's operands placed once; then whether the program is wide, which
+    // decides every instruction's team (spec::team_size), before any is added.
+    struct Placed {
       std::vector<spec::Ref> in, out;
       std::vector<bool> constant;
+      int64_t work = 0;
+    };
+    std::vector<Placed> placed(program.size());
+    std::vector<int64_t> works;
+    for (size_t local = 0; local < program.size(); ++local) {
+      const Instruction &ins = program[local];
+      Placed &p = placed[local];
       for (uint64_t v : ins.inputs) {
-        in.push_back(ref(v));
-        constant.push_back(exe.constants.count(v) > 0);
+        p.in.push_back(ref(v));
+        p.constant.push_back(exe.constants.count(v) > 0);
       }
-      for (uint64_t v : ins.outputs) out.push_back(ref(v));
+      for (uint64_t v : ins.outputs) p.out.push_back(ref(v));
+      try {
+        p.work = spec::work(ins.kind, *ins.attrs, p.in, p.out);
+      } catch (...) {  // (a malformed instruction: encode, below, says why)
+      }
+      works.push_back(p.work);
+    }
+    const bool wide = spec::is_wide(works);
+    for (size_t local = 0; local < program.size(); ++local, ++index) {
+      const Instruction &ins = program[local];
+      const std::vector<spec::Ref> &in = placed[local].in, &out = placed[local].out;
       SpecRecord record;
       try {
-        record.taken = spec::encode(ins.kind, *ins.attrs, in, out, constant, record.spec);
+        record.taken = spec::encode(ins.kind, *ins.attrs, in, out, placed[local].constant, record.spec);
       } catch (const spec::MissingAttr &m) {
         throw Refused{NR_INVALID_EXECUTABLE, where(exe, index, ins) + " lacks attribute '" + m.name +
                       "', which the native engine needs (field 'attrs." + m.name + "')"};
@@ -141,8 +147,7 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
         copy.specs.push_back(std::move(record));
         continue;
       }
-      int team = spec::work(ins.kind, *ins.attrs, in, out) < (wide ? spec::kTinyWork : spec::kSmallWork)
-                     ? 1 : threads;
+      int team = spec::team_size(placed[local].work, wide, threads);
       ne_set_threads(stage->engine, team);
       std::vector<float> floats(record.spec.floats.begin(), record.spec.floats.end());
       if (floats.empty()) floats.push_back(0);
@@ -159,6 +164,7 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
       if (weights) stage->weight_instructions.insert(local);
       widest = std::max(widest, team);
       stage->engine_index.back() = k;
+      record.team = team;
       stage->count = k + 1;
       char impl[256];
       if (ne_impl(stage->engine, k, impl, sizeof impl) >= 0 && std::string(impl).rfind("ref", 0) == 0)

@@ -40,6 +40,7 @@ struct Stage {
 struct SpecRecord {
   bool taken = false;
   spec::Spec spec;
+  int team = 0;  // the threads the engine runs it on (spec::team_size), once taken
 };
 
 struct CopyProgram {

@@ -41,6 +41,20 @@ int64_t work(const std::string &kind, const mp::Node &attrs, const std::vector<R
 constexpr int64_t kSmallWork = int64_t(12) << 20;  // spec.py's SMALL_WORK
 constexpr int64_t kTinyWork = int64_t(1) << 20;    // spec.py's TINY_WORK (`wide` programs)
 
+// spec.py's is_wide: a program with an instruction of kSmallWork or more holds all its
+// threads while it computes.
+inline bool is_wide(const std::vector<int64_t> &work_sizes) {
+  for (int64_t w : work_sizes)
+    if (w >= kSmallWork) return true;
+  return false;
+}
+
+// spec.py's team_size: the threads an instruction of `work_size` runs on, in a program
+// that is `wide` (is_wide) or not.
+constexpr int team_size(int64_t work_size, bool wide, int threads) {
+  return work_size >= (wide ? kTinyWork : kSmallWork) ? threads : 1;
+}
+
 // isa.WINDOWED: the kinds that may share channel-blocked values.
 bool windowed(const std::string &kind);
 

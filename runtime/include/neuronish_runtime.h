@@ -252,6 +252,10 @@ NR_API nr_status nr_model_set_label(nr_model *model, const char *label);
 NR_API nr_status nr_model_instruction_spec(const nr_model *model, size_t index,
                                            const int64_t **ints, size_t *num_ints,
                                            const double **floats, size_t *num_floats);
+/* For tests: the OpenMP team instruction `index` runs on (as nr_model_instruction_spec
+ * counts it): 0 when the engine was not given it, -1 for a NULL model or an index out of
+ * range. */
+NR_API int32_t nr_model_instruction_team(const nr_model *model, size_t index);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,10 @@
 """A native program: one executable's instructions as oneDNN primitives in engine.cc.
 
-Built once per loaded copy. Value placement is the executable's: slot 0 is the copy's
-arena, then one slot per constant, then (bound on every call) the call's inputs and
-outputs. `add` offers each instruction to the engine and says whether it took it; the
-caller (runtime/program.py) runs the rest on numpy, on the same buffers.
+Built once per loaded copy, for one stage's instructions (`Offer`s: each with its
+operands placed). Value placement is the executable's: slot 0 is the copy's arena, then
+one slot per constant, then (bound on every call) the call's inputs and outputs. `add`
+offers each instruction to the engine and says whether it took it; the caller
+(runtime/program.py) runs the rest on numpy, on the same buffers.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
 from ..cutoff import Cutoff
 from ..errors import ExecutionError
-from .spec import Ref, encode, team_size, work
+from .spec import Ref, encode, is_wide, team_size, work
 
 _ERR = 2048
 T = TypeVar("T")
@@ -90,8 +92,25 @@ class _EngineThreads:
 _threads = _EngineThreads()
 
 
+@dataclass(frozen=True)
+class Offer:
+    """One instruction of a stage, its operands placed for the engine."""
+
+    index: int  # in the executable's flat instruction list
+    kind: str
+    attrs: dict
+    ins: tuple[Ref, ...]
+    outs: tuple[Ref, ...]
+    constant: tuple[bool, ...]  # per input: a program constant
+
+    @property
+    def work(self) -> int:
+        return work(self.kind, self.attrs, self.ins, self.outs)
+
+
 class NativeProgram:
-    def __init__(self, lib: ctypes.CDLL, n_slots: int, threads: int):
+    def __init__(self, lib: ctypes.CDLL, n_slots: int, threads: int, stage: Sequence[Offer]):
+        """A program for `stage`'s instructions (offered one by one with `add`)."""
         self._lib = lib
         self._err = ctypes.create_string_buffer(_ERR)
         self._handle = lib.ne_create(n_slots, threads, self._err, _ERR)
@@ -106,8 +125,9 @@ class NativeProgram:
         self._n_call = 0
         self._timing: np.ndarray | None = None  # see timings()
         self.threads = threads
-        # whether the program takes every CPU anyway (spec.team_size): set before adding
-        self.wide = False
+        # Whether the program takes every CPU anyway, which decides every instruction's
+        # team (spec.team_size): so it is known from the whole stage before any is added.
+        self.wide = is_wide(offer.work for offer in stage)
         self.widest = 0  # the widest team any instruction taken runs on (host CPUs it needs)
         self._timing_ptr: object = None
 
@@ -119,15 +139,16 @@ class NativeProgram:
         if self._lib.ne_bind(self._handle, slot, array.ctypes.data, self._err, _ERR) < 0:
             raise ExecutionError(f"native engine: {self._err.value.decode()}")
 
-    def add(self, index: int, kind: str, attrs: dict, ins: Sequence[Ref], outs: Sequence[Ref],
-            constant: Sequence[bool]) -> int | None:
-        """Offer instruction `index`; returns its engine index, or None (runs on numpy)."""
-        spec = encode(kind, attrs, ins, outs, constant)
+    def add(self, offer: Offer) -> int | None:
+        """Offer an instruction of the stage; returns its engine index, or None (it runs
+        on numpy)."""
+        index = offer.index
+        spec = encode(offer.kind, offer.attrs, offer.ins, offer.outs, offer.constant)
         if spec is None:
             self.rejected[index] = "no native kernel for these dtypes/attributes"
             return None
         ints, floats = spec
-        team = team_size(work(kind, attrs, ins, outs), self.wide, self.threads)
+        team = team_size(offer.work, self.wide, self.threads)
         self._lib.ne_set_threads(self._handle, team)
         int_arr = (ctypes.c_int64 * len(ints))(*ints)
         float_arr = (ctypes.c_float * max(len(floats), 1))(*floats)

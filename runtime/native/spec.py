@@ -14,7 +14,7 @@ import itertools
 import math
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..isa import ITEMSIZE, MATMUL_LIKE, SWAPPED, WINDOWED, elements, flops
@@ -802,9 +802,15 @@ SMALL_WORK = 12 << 20
 TINY_WORK = 1 << 20
 
 
+def is_wide(work_sizes: Iterable[int]) -> bool:
+    """Whether a program of instructions of these `work_sizes` holds all its threads
+    while it computes: one of them reaches SMALL_WORK."""
+    return any(w >= SMALL_WORK for w in work_sizes)
+
+
 def team_size(work_size: int, wide: bool, threads: int) -> int:
     """The threads an instruction of `work_size` runs on, in a program whose `threads`
-    are all taken (`wide`: some instruction reaches SMALL_WORK) or not."""
+    are all taken (`wide`: is_wide of its instructions) or not."""
     return threads if work_size >= (TINY_WORK if wide else SMALL_WORK) else 1
 
 

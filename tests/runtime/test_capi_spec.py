@@ -11,6 +11,7 @@ channel-blocked values); the C ones come from nr_model_instruction_spec.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -36,20 +37,26 @@ def device() -> binding.Device:
     dev.close()
 
 
-def _python_specs(data: bytes, monkeypatch: pytest.MonkeyPatch) -> dict[int, object]:
-    """Instruction index -> the spec Python's loader builds (None: left to numpy)."""
+def _python_specs(data: bytes, monkeypatch: pytest.MonkeyPatch,
+                  device: py_runtime.Device | None = None
+                  ) -> tuple[dict[int, object], dict[int, int]]:
+    """Instruction index -> the spec Python's loader builds (None: left to numpy), and
+    the team it runs on (0: left to numpy)."""
     specs: dict[int, object] = {}
+    teams: dict[int, int] = {}
     real = engine_program.NativeProgram.add
 
-    def add(self: object, index: int, kind: str, attrs: dict, ins: list, outs: list,
-            constant: list) -> int | None:
-        specs[index] = encode(kind, attrs, ins, outs, constant)  # (the last build wins)
-        return real(self, index, kind, attrs, ins, outs, constant)
+    def add(self: engine_program.NativeProgram, offer: engine_program.Offer) -> int | None:
+        specs[offer.index] = encode(offer.kind, offer.attrs, offer.ins, offer.outs,
+                                    offer.constant)  # (the last build wins)
+        k = real(self, offer)
+        teams[offer.index] = self.teams.get(offer.index, 0)
+        return k
 
     with monkeypatch.context() as m:
         m.setattr(engine_program.NativeProgram, "add", add)
-        py_runtime.load(data, runtime="python").unload()
-    return specs
+        py_runtime.load(data, runtime="python", device=device).unload()
+    return specs, teams
 
 
 def _same(label: str, py: object, c: object) -> None:
@@ -63,11 +70,12 @@ def _same(label: str, py: object, c: object) -> None:
 
 def _compare(device: binding.Device, data: bytes, label: str,
              monkeypatch: pytest.MonkeyPatch) -> int:
-    py = _python_specs(data, monkeypatch)
+    py, teams = _python_specs(data, monkeypatch)
     model = binding.Model(device, data)
     try:
         for index, spec in py.items():
             _same(f"{label} #{index}", spec, model.spec(index))
+            assert model.team(index) == teams[index], (label, index)
     finally:
         model.unload()
     return len(py)
@@ -112,3 +120,67 @@ def test_real_models_encode_alike(device: binding.Device, tmp_path: Path,
     counts = {name: _compare(device, data, name, monkeypatch) for name, data in files.items()}
     print("instructions compared:", counts)
     assert counts["bert_encoder"] > 30
+
+
+def test_team_size_twins_agree(tmp_path: Path) -> None:
+    """engine_spec.h's is_wide and team_size give spec.py's answers on every side of
+    both thresholds (a C++ program built from the header prints them)."""
+    from neuronish.runtime.native.spec import SMALL_WORK, TINY_WORK, is_wide, team_size
+
+    sizes = [0, 1, TINY_WORK - 1, TINY_WORK, TINY_WORK + 1, SMALL_WORK - 1, SMALL_WORK,
+             SMALL_WORK + 1, 1 << 40]
+    programs = [[], [SMALL_WORK - 1], [SMALL_WORK], [0, TINY_WORK, SMALL_WORK + 7],
+                [TINY_WORK] * 3]
+    cases = [(w, wide, t) for w in sizes for wide in (False, True) for t in (1, 2, 5)]
+    source = tmp_path / "teams.cc"
+    source.write_text(
+        '#include <cstdio>\n#include "engine_spec.h"\nusing namespace nr::spec;\n'
+        "int main() {\n"
+        + "".join(f'  std::printf("%d\\n", team_size({w}LL, {str(wide).lower()}, {t}));\n'
+                  for w, wide, t in cases)
+        + "".join("  std::printf(\"%d\\n\", int(is_wide({"
+                  + ", ".join(f"{w}LL" for w in p) + "})));\n" for p in programs)
+        + "}\n")
+    exe = tmp_path / "teams"
+    root = Path(binding.__file__).parent
+    subprocess.run(["g++", "-std=c++17", f"-I{root}", str(source), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=300)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    want = [team_size(w, wide, t) for w, wide, t in cases] + [int(is_wide(p)) for p in programs]
+    assert [int(x) for x in got] == want
+    assert set(want[:len(cases)]) == {1, 2, 5}  # (both answers reached)
+
+
+def test_a_wide_programs_teams_match_pythons(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """On two threads per core, the C loader gives each instruction the team the Python
+    loader gives it: a wide program's small pool runs on both threads (the pre-pass over
+    the whole stage), the same pool alone on one."""
+    import tensorflow as tf
+
+    from neuronish.runtime.config import DeviceConfig
+    from tests.graphs import trace
+
+    env = {"NEURONISH_NUM_CORES": "1", "NEURONISH_CORE_THREADS": "2",
+           "NEURONISH_HOST_PARALLELISM": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    w = tf.constant(np.random.default_rng(0).standard_normal((3, 3, 64, 64), np.float32))
+    pool = lambda x: tf.nn.avg_pool2d(x, 3, 1, "SAME")  # noqa: E731 - 2.4 MFLOP
+    spec = tf.TensorSpec([4, 32, 32, 64], tf.float32, name="x")
+    wide = trace(lambda x: pool(tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME"))), spec)
+    narrow = trace(pool, spec)
+    c_device = binding.Device(binding.load_library())
+    try:
+        for name, graph, want in (("wide", wide, [2, 2]), ("narrow", narrow, [1])):
+            data = compile_graph(tmp_path, name, graph.graph_def, graph.io_config)
+            _, teams = _python_specs(data, monkeypatch,
+                                     py_runtime.Device(DeviceConfig.from_env(env)))
+            assert [teams[i] for i in sorted(teams)] == want, name
+            model = binding.Model(c_device, data)
+            try:
+                assert [model.team(i) for i in sorted(teams)] == want, name
+            finally:
+                model.unload()
+    finally:
+        c_device.close()
