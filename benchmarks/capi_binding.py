@@ -322,6 +322,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="per throughput round")
     p.add_argument("--skip-c-host", action="store_true")
     p.add_argument("--latency-only", action="store_true", help="figure 1 alone")
+    p.add_argument("--pipeline-only", action="store_true",
+                   help="figure 3 alone (after figures 1-2 in the same process it measured "
+                        "1.52x where alone it measures 1.85x: see docs/c-api.md)")
     args = p.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() \
@@ -329,6 +332,10 @@ def main() -> int:
     print("cpu flags:", " ".join(sorted(f for f in flags if f.startswith(("avx512f", "amx",
                                                                             "avx512_")))))
     print("cpus:", os.cpu_count(), " load average before:", os.getloadavg())
+    if args.pipeline_only:
+        pipeline(args)
+        print("\nload average after:", os.getloadavg())
+        return 0
     with tempfile.TemporaryDirectory(prefix="neuronish-capi-binding-") as tmp:
         tiny_and_cnn(args, Path(tmp))
     if not args.latency_only:
