@@ -235,8 +235,11 @@ Model::Slot Model::take_copy(const Cutoff *cutoff) {
     while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
       cutoff->check("while it waited for the model's cores (all busy with other calls)");
   }
-  Slot slot = idle_.front();
-  idle_.pop_front();
+  // The copy given back last: its arena and weights are the likeliest still in the CPU's
+  // caches. Taken first in, first out, back-to-back calls went round every copy, each
+  // finding its bytes evicted (MobileNetV2 bf16 batch 8 through a NeuronOp's 4 copies).
+  Slot slot = idle_.back();
+  idle_.pop_back();
   return slot;
 }
 
