@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.cc.graphdef import encode_varint
+from neuronish.common.protowire import encode_varint
 from neuronish.graph import Graph, PartitionError, canonical, parse_input, producer
 from neuronish.partition.cluster import Cluster
 from neuronish.runtime.signature import TensorSignature
