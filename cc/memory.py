@@ -6,13 +6,15 @@ place; outputs are written straight into the arrays handed back), constants
 live in the constant table. Every other value, and every instruction's scratch
 memory, gets an offset. Placement is greedy in order of first use (ties: larger
 first), each at the lowest offset that does not collide with an already-placed buffer
-alive at the same time. So a value lands on the lowest bytes free when it is made,
-which are bytes the instructions just before it used: likely still in the CPU's caches
+alive at the same time. So a value lands on the lowest bytes free when it is made, and
+the low bytes are the ones the call keeps reusing: likelier still in the CPU's caches
 when it is written. Largest first (TFLite's arena planner; what this did before) packs
 tighter but put MobileNetV2 bf16's largest activation (18.4 MB, the 16->96 1x1 at
 112x112) at 41.7 MB of its 64.6 MB arena, on bytes nothing had touched since the
 previous call; in order of first use it lands at 9.2 MB (arena 69.2 MB) and the model
-runs 6% faster (docs/performance.md, "Memory in order of first use").
+runs 6-7% faster, EfficientNetB0 5%; MobileNetV2 int8, whose 11.5 MB arena stays in
+the caches either way, loses ~2% (docs/performance.md, "MobileNetV2 through
+TensorFlow").
 
 Each instruction's scratch is what runtime/isa.py's rule grants its kind
 (`isa.scratch_bytes`); the reference kernels block their work by the same layouts, so

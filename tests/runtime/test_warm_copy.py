@@ -5,8 +5,8 @@ once still hold different copies.
 A NeuronOp loads up to four copies of its model (kernel_bridge.DEFAULT_MAX_DUPLICATES).
 Handed out first in, first out, back-to-back calls went round all four, so every call
 found its arena (MobileNetV2 bf16 batch 8: 64.6 MB) and reordered weights last touched
-three calls, a few hundred MB of traffic, ago (docs/performance.md, "The TensorFlow
-path's copies").
+three calls, a few hundred MB of traffic, ago (docs/performance.md, "MobileNetV2
+through TensorFlow").
 """
 
 from __future__ import annotations
