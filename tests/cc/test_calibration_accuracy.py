@@ -87,6 +87,8 @@ def test_bias_correction_puts_the_int8_mean_on_the_float_mean(monkeypatch) -> No
              for _ in range(4)]
     assert _channel_mean_error(monkeypatch, g, fresh, corrected) < \
         _channel_mean_error(monkeypatch, g, fresh, plain) / 5
+    stats = corrected.stats["quantization"]["bias_correction"]
+    assert stats["kept"] and stats["corrected"] == 1 and stats["error"] < stats["error_without"]
     # The correction is in the bias only: weights and steps are those of the uncorrected.
     [q_plain] = [i for i in plain.programs[0] if i.kind == "conv2d_int8"]
     [q_corr] = [i for i in corrected.programs[0] if i.kind == "conv2d_int8"]
@@ -117,3 +119,26 @@ def test_activation_range_is_the_mean_of_each_images_range(monkeypatch) -> None:
     exe = _compile(monkeypatch, g, calib, mean_ranges=True)
     [q] = [i for i in exe.programs[0] if i.kind == "quantize"]
     assert q.attrs["to"] == "int8"
+
+
+def test_a_correction_that_raises_the_calibration_error_is_dropped(monkeypatch) -> None:  # noqa: ANN001
+    """The pass keeps corrected biases only where they lower the all-int8 error on the
+    calibration set; a correction that would raise it (here a wrong one, +1 on every
+    bias) leaves the program as it is without correction."""
+    g = _lumpy_conv()
+    rng = np.random.default_rng(4)
+    calib = [[(2.0 + rng.standard_normal((4, 6, 6, 32))).astype(np.float32)]
+             for _ in range(2)]
+    plain = _compile(monkeypatch, g, calib, bias_correction=False)
+    right = quantize._BiasShift.biases
+    monkeypatch.setattr(quantize._BiasShift, "biases",
+                        lambda self, graph: {i: b + 1 for i, b in right(self, graph).items()})
+    wrong = _compile(monkeypatch, g, calib, bias_correction=True)
+    stats = wrong.stats["quantization"]["bias_correction"]
+    assert not stats["kept"] and stats["error"] > stats["error_without"], stats
+    assert wrong.stats["quantization"]["all_int8_error"] == stats["error_without"]
+    x = calib[0][0]
+    monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
+    with load(to_bytes(plain), runtime="python") as a, load(to_bytes(wrong), runtime="python") as b:
+        np.testing.assert_array_equal(a.run({"x:0": x})[g.io_config["outputs"][0]],
+                                      b.run({"x:0": x})[g.io_config["outputs"][0]])
