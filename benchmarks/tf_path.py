@@ -1,15 +1,30 @@
 """Where a call through TensorFlow's NeuronOp spends its time, against the same executable
 on the C runtime called from a Python thread, alternating in one process, medians.
 
-    python benchmarks/tf_path.py COMPILED_DIR [--rounds 41] [--crowd DIR ...]
+    python benchmarks/tf_path.py COMPILED_DIR [--rounds 41] [--turn 1] [--crowd DIR ...]
 
 COMPILED_DIR is a `neuronish.saved_model.compile` output (its serving signature takes one
-input, batch on axis 0). For each way of calling: wall time per call, the time inside the
-C runtime (the model's own `busy_ns` counter, nr_model_copy), the rest ("outside": the
-caller's side, TensorFlow's function call and thread hand-overs), and context switches
-per call over the process's threads (a libgomp pool too many shows as ~one per
-primitive: workers sleeping instead of spinning). Run it at real-time priority
-(`chrt -f 1`) on a shared host; plain runs there measure the other processes.
+input, batch on axis 0). Ways of calling, alternating:
+
+- through TensorFlow: the serving signature, whose NeuronOp loaded its model with as
+  many copies as the kernel takes (kernel_bridge.DEFAULT_MAX_DUPLICATES, the device's
+  core groups permitting);
+- the same executable on the C runtime, loaded with that many copies, called from a
+  Python thread (the engine-thread hand-over a TensorFlow thread's call takes too);
+- and, when the NeuronOp's model has more than one copy, the same from a one-copy model
+  (`--no-one-copy` leaves it out). (No call from the main thread: it would open a second
+  libgomp pool, and with more pool threads than CPUs libgomp throttles its spinning for
+  every call in the process: ~100 context switches per call instead of ~10.)
+
+For each: wall time per call, the time inside the C runtime (the model's own `busy_ns`
+counter, nr_model_copy), the rest ("outside": the caller's side, TensorFlow's function
+call and thread hand-overs), context switches per call over the process's threads (a
+libgomp pool too many shows as ~one per primitive: workers sleeping instead of
+spinning), and how many of the model's copies the measured calls ran on (first in,
+first out they went round all of them, each call finding its arena out of the caches).
+`--turn N` makes each turn N calls back to back (benchmarks/peers.py's turns are ~0.5 s);
+the figures are per call. Run it at real-time priority (`chrt -f 1`) on a shared host;
+plain runs there measure the other processes.
 
 --crowd loads more compiled SavedModels through TensorFlow into the process after the
 first table and measures again, each round calling every one of them once before the
@@ -48,6 +63,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dir")
     p.add_argument("--rounds", type=int, default=41)
+    p.add_argument("--turn", type=int, default=1, help="calls back to back per turn")
+    p.add_argument("--no-one-copy", action="store_true",
+                   help="leave out the one-copy model on the main thread")
     p.add_argument("--crowd", nargs="+", default=[], metavar="DIR",
                    help="compiled SavedModels to load and call too, for a second table")
     args = p.parse_args()
@@ -63,11 +81,18 @@ def main() -> int:
     feed = {name: tf.constant(x)}
     fn(**feed)  # loads the op's model on the C runtime
     (through_tf,) = native_model.loaded_models()
+    copies = through_tf.duplicates
     exe = max(neuron_op_executables(args.dir), key=lambda o: len(o.executable)).executable
     pool = concurrent.futures.ThreadPoolExecutor(1)  # loads and calls off the main thread
-    alone = pool.submit(native_model.load, exe, 1, "alone").result().model
+
+    def on_a_thread(n: int) -> tuple:
+        model = pool.submit(native_model.load, exe, n, f"{n} copies").result().model
+        return model, lambda: pool.submit(model.run_list, [x]).result()
+
     calls = {"through TensorFlow": (through_tf, lambda: [v.numpy() for v in fn(**feed).values()]),
-             "C runtime, a thread": (alone, lambda: pool.submit(alone.run_list, [x]).result())}
+             "C runtime, a thread": on_a_thread(copies)}
+    if copies > 1 and not args.no_one_copy:
+        calls["a thread, one copy"] = on_a_thread(1)
     for _, call in calls.values():
         for _ in range(3):
             call()
@@ -75,28 +100,37 @@ def main() -> int:
     def busy(model) -> int:
         return sum(c[3] for c in model.copies())
 
+    def runs(model) -> list[int]:
+        return [c[2] for c in model.copies()]
+
     def measure(between: list) -> None:
         wall: dict[str, list[float]] = {k: [] for k in calls}
         inside: dict[str, list[float]] = {k: [] for k in calls}
-        switches: dict[str, list[int]] = {k: [] for k in calls}
+        switches: dict[str, list[float]] = {k: [] for k in calls}
+        before = {k: runs(m) for k, (m, _) in calls.items()}
+        keys = list(calls)
         for r in range(args.rounds):
             for other in between:
                 other()
-            for k in (list(calls) if r % 2 else list(calls)[::-1]):
+            for k in keys[r % len(keys):] + keys[:r % len(keys)]:
                 model, call = calls[k]
                 b, c, t = busy(model), context_switches(), time.perf_counter()
-                call()
-                wall[k].append((time.perf_counter() - t) * 1e3)
-                switches[k].append(context_switches() - c)
-                inside[k].append((busy(model) - b) / 1e6)
+                for _ in range(args.turn):
+                    call()
+                wall[k].append((time.perf_counter() - t) * 1e3 / args.turn)
+                switches[k].append((context_switches() - c) / args.turn)
+                inside[k].append((busy(model) - b) / 1e6 / args.turn)
         threads = len(os.listdir("/proc/self/task"))
-        print(f"{'':22s} {'wall ms':>8s} {'inside':>8s} {'outside':>8s} {'ctx sw':>7s}"
-              f"   ({threads} threads, {len(between)} other models called per round)")
-        for k in calls:
+        print(f"{'':22s} {'wall ms':>8s} {'inside':>8s} {'outside':>8s} {'ctx sw':>7s} "
+              f"{'copies':>6s}   ({threads} threads, {len(between)} other models called per "
+              f"round, {args.turn} calls per turn)")
+        for k, (model, _) in calls.items():
             outside = [w - i for w, i in zip(wall[k], inside[k])]
+            used = sum(a > b for a, b in zip(runs(model), before[k]))
             print(f"{k:22s} {statistics.median(wall[k]):8.2f} "
                   f"{statistics.median(inside[k]):8.2f} {statistics.median(outside):8.2f} "
-                  f"{statistics.median(switches[k]):7.0f}", flush=True)
+                  f"{statistics.median(switches[k]):7.1f} {used:3d}/{model.duplicates}",
+                  flush=True)
 
     measure([])
     if args.crowd:

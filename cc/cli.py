@@ -71,9 +71,8 @@ def _write_output(output: Path, exe: Executable) -> int:
     the header's length and checksum make the loader refuse that one. The sync cost
     ~0.3 s per GB, for every subgraph the SavedModel compile writes to a temporary
     directory it deletes afterwards."""
+    from neuronish.common.nogc import paused_gc
     from neuronish.runtime.executable import write
-
-    from .nogc import paused_gc
 
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
@@ -109,11 +108,12 @@ def _trace_hint(workdir: Path | None) -> str:
 
 
 def _compile(args: argparse.Namespace, argv: list[str]) -> int:
+    from neuronish.common.nogc import frozen_gc
+
     from .compiler import compile_executable
     from .device_model import DeviceModelError, load_device
     from .graphdef import load_graph_def
     from .ioconfig import parse_io_config
-    from .nogc import frozen_gc
     from .pipeline import Timer, dump_dir_from_env, pass_names
 
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from neuronish.common.nogc import frozen_gc, paused_gc
 from neuronish.runtime import isa
 from neuronish.runtime.executable import Executable, Instruction, to_bytes
 from neuronish.runtime.native.spec import numpy_instructions
@@ -22,7 +23,6 @@ from .ioconfig import IOConfig, parse_io_config
 from .ir import Graph, Node, TensorType, Value
 from .lower import lower
 from .memory import plan_memory
-from .nogc import frozen_gc, paused_gc
 from .passes.quantize import QuantizeReport, check_calibration, quantize_int8
 from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
 from .signature import Memo, attrs_fixed, attrs_key, signature_key

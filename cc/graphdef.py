@@ -35,8 +35,10 @@ import numpy as np
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
+from neuronish.common.nogc import paused_gc
+from neuronish.common.protowire import MalformedWire, UnusualWire, length_delimited, wire_fields
+
 from .errors import InvalidGraph, NodeError
-from .nogc import paused_gc
 from .proto import tf_graph_pb2 as pb
 from .signature import value_key
 
@@ -295,68 +297,6 @@ _CUT_NODES_FROM = 64 << 10
 _NODE, _ATTR, _ENTRY_KEY, _ENTRY_VALUE, _ATTR_TENSOR, _TENSOR_CONTENT = 1, 5, 1, 2, 8, 4
 
 
-class _Malformed(ValueError):
-    """Not well-formed protobuf wire format (reported like protobuf's DecodeError)."""
-
-
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        if pos >= end or shift > 63:
-            raise _Malformed("truncated or overlong varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-
-
-def wire_fields(buf: memoryview, start: int, end: int
-                ) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field number, wire type, start of the tag, start of the value, end) of each field
-    of the message in buf[start:end]; a length-delimited value starts after its length."""
-    pos = start
-    while pos < end:
-        tag_start = pos
-        key, pos = _varint(buf, pos, end)
-        number, wire = key >> 3, key & 7
-        if number == 0:
-            raise _Malformed("field number 0")
-        if wire == 0:
-            _, value_end = _varint(buf, pos, end)
-        elif wire == 1:
-            value_end = pos + 8
-        elif wire == 5:
-            value_end = pos + 4
-        elif wire == 2:
-            length, pos = _varint(buf, pos, end)
-            value_end = pos + length
-        else:  # groups: not in a GraphDef's schema; protobuf itself decides
-            raise _Unusual
-        if value_end > end:
-            raise _Malformed("a field runs past the end of its message")
-        yield number, wire, tag_start, pos, value_end
-        pos = value_end
-
-
-class _Unusual(Exception):
-    """Wire features this reader leaves to protobuf (groups)."""
-
-
-def encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _submessage(field: int, body: bytes) -> bytes:
-    return encode_varint(field << 3 | 2) + encode_varint(len(body)) + body
-
-
 def _parse_binary(buf: memoryview) -> list[tuple[pb.NodeDef, dict[str, memoryview]]]:
     """Each node with the `tensor_content` views cut out of it (by attribute key).
 
@@ -390,9 +330,9 @@ def _parse_binary(buf: memoryview) -> list[tuple[pb.NodeDef, dict[str, memoryvie
         flush()
         pb.GraphDef.FromString(bytes(rest))  # the other fields, checked as protobuf would
         return nodes
-    except _Malformed as e:
+    except MalformedWire as e:
         raise DecodeError(f"Error parsing message: {e}") from None
-    except _Unusual:
+    except UnusualWire:
         graph = pb.GraphDef.FromString(buf)
         return [(n, {}) for n in graph.node]
 
@@ -446,16 +386,16 @@ def _cut_node(buf: memoryview, start: int, end: int, contents: dict[str, memoryv
                                 content = buf[s3:e3]
                             else:
                                 tensor += buf[t3:e3]
-                        value += _submessage(_ATTR_TENSOR, bytes(tensor))
+                        value += length_delimited(_ATTR_TENSOR, bytes(tensor))
                     else:
                         value += buf[t2:e2]
-                entry += _submessage(_ENTRY_VALUE, bytes(value))
+                entry += length_delimited(_ENTRY_VALUE, bytes(value))
             else:
                 entry += buf[t:e]
         contents.pop(key, None)
         if content is not None:
             contents[key] = content
-        out += _submessage(_ATTR, bytes(entry))
+        out += length_delimited(_ATTR, bytes(entry))
     return bytes(out)
 
 

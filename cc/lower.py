@@ -14,6 +14,7 @@ import traceback
 
 import numpy as np
 
+from neuronish.common.nogc import paused_gc
 from neuronish.runtime.signature import TensorSignature
 
 from . import batch, ops  # noqa: F401  (ops registers every lowering)
@@ -22,7 +23,6 @@ from .graphdef import TensorRef, TFNode
 from .interpret import fold_node
 from .ioconfig import IOConfig
 from .ir import Graph, TensorType, Value
-from .nogc import paused_gc
 from .ops.registry import LOWERINGS, LowerCtx, _output_types
 
 _NAMES_HINT = ("tensor names are '<node name>:<output index>'; check the spelling against "

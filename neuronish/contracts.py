@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 # -- dtypes the device holds (io-config inputs and outputs, and every value inside) --
@@ -40,6 +41,18 @@ def default_compiler() -> list[str]:
     if script.exists():
         return [str(script)]
     return [sys.executable, "-m", "neuronish.cc.cli"]
+
+
+# -- the io-config the TensorFlow side hands the compiler (cc/ioconfig.py reads it) -------
+
+
+def io_config(inputs: Iterable[tuple[str, Sequence[int], str, int]],
+              outputs: Mapping[str, int | None]) -> dict:
+    """The io-config (JSON-ready) for `inputs`, each (name, shape, dtype, batch axis), and
+    `outputs`, name -> batch axis. A batch axis of -1 is none; an output's None leaves it
+    to the compiler, which decides from the shapes."""
+    return {"inputs": {name: [list(shape), dtype, axis] for name, shape, dtype, axis in inputs},
+            "outputs": dict(outputs)}
 
 
 # -- NeuronOp's `model_config` attribute ----------------------------------------------------

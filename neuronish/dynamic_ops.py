@@ -27,6 +27,7 @@ from pathlib import Path
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2
 
+from . import contracts
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob
 from .errors import CompileWarning, SavedModelError
@@ -179,9 +180,10 @@ def compile_ahead(plan: ShapePlan, buckets: Mapping[str, Mapping[int, Sequence[i
         label = ", ".join(f"{f.label()}={combo[f.symbol]}" for f in plan.free
                           if f.symbol in combo)
         for sg in subgraphs:
-            inputs = {name: [list(infos[t].shape), infos[t].dtype, axis] for name, t, axis in
-                      zip(sg.input_names, sg.inputs, sg.input_batch_axes)}
-            io_config = {"inputs": inputs, "outputs": dict(sg.io_config["outputs"])}
+            io_config = contracts.io_config(
+                ((name, infos[t].shape, infos[t].dtype, axis) for name, t, axis in
+                 zip(sg.input_names, sg.inputs, sg.input_batch_axes)),
+                sg.io_config["outputs"])
             if io_config == sg.io_config:
                 continue  # the probe's: compiled already
             jobs.append(CompileJob(f"{sg.name}.ahead{i}", Path(files[sg.name]), io_config,

@@ -30,7 +30,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, tensor_pb2
 from tensorflow.python.framework import convert_to_constants, tensor_util
 
-from .cc.nogc import paused_gc
+from .common.nogc import paused_gc
 from .errors import SavedModelError
 from .graph import (
     Graph,

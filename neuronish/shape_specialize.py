@@ -46,6 +46,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from neuronish import contracts
 from neuronish.runtime import Cancelled, DeadlineExceeded, DeviceError, InvalidInput, Model
 from neuronish.runtime.cutoff import Cutoff
 from neuronish.runtime.executable import Executable, from_bytes
@@ -392,10 +393,11 @@ class ShapeTable:
         if self._graph is None:
             self._graph = bytes(self._graph_def())
         batch, shapes = key
-        io_config = {"inputs": {s.name: [[(batch if batch > 0 else s.shape[d]) if n < 0 else n
-                                          for d, n in enumerate(k)], s.dtype, s.batch_axis]
-                                for s, k in zip(self.first.inputs, shapes)},
-                     "outputs": {s.name: s.batch_axis for s in self.first.outputs}}
+        io_config = contracts.io_config(
+            ((s.name, [(batch if batch > 0 else s.shape[d]) if n < 0 else n
+                       for d, n in enumerate(k)], s.dtype, s.batch_axis)
+             for s, k in zip(self.first.inputs, shapes)),
+            {s.name: s.batch_axis for s in self.first.outputs})
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_name)
         (result,) = compile_with_cache([CompileJob(name, self._graph, io_config,
                                                    tuple(self.spec.compiler_args))],

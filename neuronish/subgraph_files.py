@@ -21,8 +21,7 @@ import os
 import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2, tensor_pb2
 
-from neuronish.cc.graphdef import encode_varint, wire_fields
-
+from .common.protowire import LENGTH_DELIMITED, encode_varint, wire_fields
 from .external import BlobFile
 from .graph import Graph
 from .partition.encapsulate import Subgraph, graph_def_parts
@@ -129,15 +128,16 @@ def _splice(message: memoryview, path: tuple[int, ...], content: bytes) -> tuple
     if not rest:  # the bytes field itself, before the first field numbered above it
         at = next((tag for f, _, tag, _, _ in wire_fields(message, 0, len(message))
                    if f > number), len(message))
-        head = encode_varint(number << 3 | 2) + encode_varint(len(content))
+        head = encode_varint(number << 3 | LENGTH_DELIMITED) + encode_varint(len(content))
         return bytes(message[:at]) + head, bytes(message[at:])
     for f, wire, tag, start, end in wire_fields(message, 0, len(message)):
-        if f != number or wire != 2 or (number == _ATTR and not _is_value_entry(message,
-                                                                                start, end)):
+        if f != number or wire != LENGTH_DELIMITED:
+            continue
+        if number == _ATTR and not _is_value_entry(message, start, end):
             continue
         inner_prefix, inner_suffix = _splice(message[start:end], rest, content)
         grown = len(inner_prefix) + len(content) + len(inner_suffix)
-        head = encode_varint(number << 3 | 2) + encode_varint(grown)
+        head = encode_varint(number << 3 | LENGTH_DELIMITED) + encode_varint(grown)
         return (bytes(message[:tag]) + head + inner_prefix,
                 inner_suffix + bytes(message[end:]))
     raise ValueError(f"field {number} not found where a held constant's content goes")

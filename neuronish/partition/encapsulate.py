@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.cc.graphdef import encode_varint
+from neuronish import contracts
+from neuronish.common.protowire import encode_varint
 from neuronish.graph import Graph, PartitionError, canonical, parse_input, producer
 from neuronish.partition.cluster import Cluster
 from neuronish.runtime.signature import TensorSignature
@@ -189,11 +190,10 @@ def encapsulate(
         duplicated_nodes=tuple(n for n in cluster.nodes if n in kept),
         static_nodes=tuple(n for n in cluster.nodes if n in cluster.static_nodes),
         graph_def=subgraph,
-        io_config={
-            "inputs": {name: [list(infos[t].shape), infos[t].dtype, axis]
-                       for name, t, axis in zip(input_names, inputs, in_axes)},
-            "outputs": dict(zip(outputs, out_axes)),
-        },
+        io_config=contracts.io_config(
+            ((name, infos[t].shape, infos[t].dtype, axis)
+             for name, t, axis in zip(input_names, inputs, in_axes)),
+            dict(zip(outputs, out_axes))),
         inputs=tuple(inputs),
         outputs=tuple(outputs),
         input_names=input_names,

@@ -10,6 +10,8 @@
 #include <set>
 #include <thread>
 
+#include <sys/mman.h>
+
 #include "engine_api.h"
 #include "engine_threads.h"
 #include "isa_table.h"
@@ -18,6 +20,19 @@ namespace nr {
 namespace {
 
 uint64_t itemsize(int dtype) { return uint64_t(isa::kDTypes[dtype].itemsize); }
+
+// A copy's arena, on 2 MB pages where the kernel has them: a call streams through every
+// byte of it (MobileNetV2 bf16 batch 8: 69 MB, 17,000 4 KB pages), and transparent huge
+// pages in the usual "madvise" mode back only memory that asks. A hint: refused or out
+// of huge pages, the arena is on 4 KB pages as before.
+void *new_arena(uint64_t bytes) {
+  constexpr uint64_t kHuge = uint64_t(2) << 20;
+  if (bytes < kHuge) return std::aligned_alloc(64, std::max<uint64_t>((bytes + 63) / 64 * 64, 64));
+  const uint64_t size = (bytes + kHuge - 1) / kHuge * kHuge;
+  void *arena = std::aligned_alloc(kHuge, size);
+  if (arena) madvise(arena, size, MADV_HUGEPAGE);
+  return arena;
+}
 
 uint64_t count(const std::vector<int64_t> &shape) {
   uint64_t n = 1;
@@ -105,7 +120,7 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
       // (on the engine threads: building reorders the weights, in parallel regions)
       EngineThreads::run([&] { copy->program = build_copy(*exe_, *constants_, device_->config().core_threads); });
       for (size_t k = 0; k < std::max<size_t>(stages, 1); ++k) {
-        void *arena = std::aligned_alloc(64, std::max<uint64_t>((exe_->arena_bytes + 63) / 64 * 64, 64));
+        void *arena = new_arena(exe_->arena_bytes);
         if (!arena) throw std::bad_alloc();
         copy->all_arenas.push_back(arena);
       }
@@ -235,8 +250,11 @@ Model::Slot Model::take_copy(const Cutoff *cutoff) {
     while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
       cutoff->check("while it waited for the model's cores (all busy with other calls)");
   }
-  Slot slot = idle_.front();
-  idle_.pop_front();
+  // The copy given back last: its arena and weights are the likeliest still in the CPU's
+  // caches. Taken first in, first out, back-to-back calls went round every copy, each
+  // finding its bytes evicted (MobileNetV2 bf16 batch 8 through a NeuronOp's 4 copies).
+  Slot slot = idle_.back();
+  idle_.pop_back();
   return slot;
 }
 

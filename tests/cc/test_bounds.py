@@ -25,10 +25,11 @@ from tests.cc.test_cc_hostile import CC, _node, _tensor
 
 
 def _reference_plan(buffers: list[Buffer]) -> dict[tuple[str, int], int]:
-    """The planner's rule written the obvious (quadratic) way: largest first, each at
-    the lowest offset clear of every placed buffer alive at the same time."""
+    """The planner's rule written the obvious (quadratic) way: in order of first use
+    (ties: larger first), each at the lowest offset clear of every placed buffer alive at
+    the same time."""
     placed: list[tuple[int, Buffer]] = []
-    for buf in sorted(buffers, key=lambda b: (-b.nbytes, b.first)):
+    for buf in sorted(buffers, key=lambda b: (b.first, -b.nbytes)):
         live = sorted((item for item in placed if item[1].first <= buf.last
                        and buf.first <= item[1].last), key=lambda item: item[0])
         offset = 0
