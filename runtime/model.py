@@ -8,7 +8,6 @@ model's duplicates, and the outputs are assembled and trimmed.
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import queue
@@ -35,29 +34,6 @@ from .program import LoadedProgram, aligned_empty
 
 if TYPE_CHECKING:
     from .capi.native_model import NativeModel
-
-
-class _IdleCopies:
-    """A model's idle program copies, handed out last in, first out: the copy given back
-    last has its arena and weights likeliest still in the CPU's caches (first in, first
-    out, back-to-back calls went round every copy and each found its bytes evicted).
-    The blocking and the timeouts are a SimpleQueue's, of one token per idle copy; a
-    copy is appended before its token, so a taken token always finds a copy."""
-
-    def __init__(self) -> None:
-        self._tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._copies: collections.deque[LoadedProgram] = collections.deque()
-
-    def put(self, program: LoadedProgram) -> None:
-        self._copies.append(program)
-        self._tokens.put(None)
-
-    def get(self, block: bool = True, timeout: float | None = None) -> LoadedProgram:
-        self._tokens.get(block, timeout)  # (queue.Empty when none came in time)
-        return self._copies.pop()
-
-    def get_nowait(self) -> LoadedProgram:
-        return self.get(False)
 
 
 def _device_copy(a: np.ndarray) -> np.ndarray:
@@ -93,7 +69,10 @@ class Model(Calls):
             # The device's copies replace the parsed ones (copies of the file's bytes), so
             # a loaded model holds its weights once, not twice.
             exe.constants.update(constants)
-            self._idle = _IdleCopies()
+            # Idle copies last in, first out: the copy given back last has its arena and
+            # weights likeliest still in the CPU's caches (first in, first out, back-to-back
+            # calls went round every copy and each found its bytes evicted).
+            self._idle: queue.LifoQueue[LoadedProgram] = queue.LifoQueue()
             lib = native_library()
             self.engine = "native" if lib is not None else "numpy"
             programs = [LoadedProgram(exe, constants, lib, device.config.core_threads,
