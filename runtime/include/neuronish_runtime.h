@@ -257,6 +257,12 @@ NR_API nr_status nr_model_instruction_spec(const nr_model *model, size_t index,
  * range. */
 NR_API int32_t nr_model_instruction_team(const nr_model *model, size_t index);
 
+/* For tests: the Linux thread id of the thread that last ran stage `stage` (the program
+ * of core `stage` of the group) of copy `copy`: its core's host thread, or a caller that
+ * found a single-stage model's core idle. 0 before the stage first ran, -1 for a NULL
+ * model or an index out of range. */
+NR_API int64_t nr_model_stage_thread(const nr_model *model, size_t copy, size_t stage);
+
 #ifdef __cplusplus
 }
 #endif
