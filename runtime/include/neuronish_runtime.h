@@ -15,9 +15,10 @@
  *
  * Thread safety: an nr_executable is immutable once loaded (any threads may query it);
  * nr_execute may be called from any number of threads on one model (a call takes an idle
- * copy, then each of its cores in turn under a mutex per core, and its share of the
- * host's CPUs). Devices and models may be opened and loaded from several threads. A
- * handle must not be unloaded or closed while another thread uses it.
+ * copy; each of its stages runs on that core's host thread, one stage at a time per core,
+ * with its share of the host's CPUs, while the caller waits; a single-stage call on an
+ * idle core runs on the caller's thread). Devices and models may be opened and loaded from
+ * several threads. A handle must not be unloaded or closed while another thread uses it.
  */
 #ifndef NEURONISH_RUNTIME_H
 #define NEURONISH_RUNTIME_H
