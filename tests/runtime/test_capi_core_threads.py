@@ -162,3 +162,41 @@ def test_cancelled_on_a_cores_thread_or_in_its_queue(tmp_path: Path,
         np.testing.assert_allclose(first[0], want, rtol=1e-3, atol=1e-3)
     finally:
         model.unload()
+
+
+def test_many_callers_cancelled_at_any_point_get_a_result_or_cancelled(
+        tmp_path: Path, two_cores: binding.Device) -> None:
+    """Eight callers of a pipelined model, a third of their calls cancelled by another thread
+    at whatever point they have reached (waiting for the copy, queued for a core, computing,
+    between stages): each call returns TensorFlow's result or NR_CANCELLED, none hangs."""
+    graph = graphs.conv_bn_relu(batch=2)
+    model = binding.Model(two_cores, _pipelined(tmp_path, graph, "cnn2"))
+    x = RNG.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    (want,) = graph.reference({"x:0": x}).values()
+    flags = [bytearray(1) for _ in range(8 * 40)]
+    outcomes: list[str] = []
+
+    def caller(c: int) -> None:
+        for k in range(c * 40, (c + 1) * 40):
+            try:
+                np.testing.assert_allclose(model.run([x], cancel=flags[k])[0], want,
+                                           rtol=1e-4, atol=1e-4)
+                outcomes.append("ok")
+            except binding.CRuntimeError as e:
+                assert e.status == NR_CANCELLED, e
+                outcomes.append("cancelled")
+
+    for c in range(8):  # (each caller's last call at least: cancelled before it starts)
+        flags[c * 40 + 39][0] = 1
+    try:
+        threads = [threading.Thread(target=caller, args=(c,)) for c in range(8)]
+        for t in threads:
+            t.start()
+        for k in np.random.default_rng(3).permutation(len(flags))[:len(flags) // 3]:
+            flags[k][0] = 1
+            threading.Event().wait(0.0005)
+        for t in threads:
+            t.join()
+        assert len(outcomes) == len(flags) and "ok" in outcomes and "cancelled" in outcomes
+    finally:
+        model.unload()
