@@ -905,8 +905,8 @@ struct Program {
   // The op reads its float16 operands through float32 copies (the compute-dtype
   // conversions it has anyway), writes its result to a float32 stand-in among the
   // temporaries, and one reorder after it rounds that into the float16 output: one
-  // rounding, the way TensorFlow's CPU kernels compute float16. The spec is the same on
-  // every CPU, so an executable runs the same instructions everywhere.
+  // rounding, as docs/isa.md defines these instructions. The spec is the same on every
+  // CPU, so an executable runs the same instructions everywhere.
   static bool in_f32(dt t) { return t == dt::f16 && !cpu_has_f16_kernels(); }
   static dt compute_dt(dt t) { return in_f32(t) ? dt::f32 : t; }
 
