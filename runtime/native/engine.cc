@@ -855,9 +855,18 @@ struct Program {
   }
 
   // A weight as the primitive wants it: reordered once, now, into engine memory.
-  memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want) {
+  // With `via` (float16 for a float32 weight read in float16 but computed in float32),
+  // the weight is rounded to that dtype on the way.
+  memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want,
+                         dt via = dt::undef) {
     if (!slots[w.slot]) throw Error("weights must be bound before the instruction is added");
     memory src(given, eng, slots[w.slot] + w.offset);
+    if (via != dt::undef && via != given.get_data_type()) {
+      memory rounded(memory::desc(given.get_dims(), via, given.get_strides()), eng);
+      dnnl::reorder(src, rounded).execute(strm, src, rounded);
+      strm.wait();
+      src = rounded;
+    }
     size_t n = want.get_size();
     void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
     if (!p) throw Error("out of host memory for reordered weights");
@@ -910,30 +919,38 @@ struct Program {
   static bool in_f32(dt t) { return t == dt::f16 && !cpu_has_f16_kernels(); }
   static dt compute_dt(dt t) { return in_f32(t) ? dt::f32 : t; }
 
-  // A float32 stand-in for `r` (same dims and layout) at temporaries offset `temp_at`,
+  // A `type` stand-in for `r` (same dims and layout) at temporaries offset `temp_at`,
   // which advances past it.
-  Ref f32_stand_in(const Ref& r, size_t& temp_at) {
+  Ref stand_in(const Ref& r, dt type, int64_t code, size_t& temp_at) {
     Ref t = r;
     t.slot = TEMP_SLOT;
     t.offset = (int64_t)temp_at;
-    t.type = dt::f32;
-    t.code = D_F32;
-    size_t n = plain(r.dims, dt::f32).get_size();
+    t.type = type;
+    t.code = code;
+    size_t n = plain(r.dims, type).get_size();
     temp_at += (n + 63) / 64 * 64;
     temp_bytes = std::max(temp_bytes, temp_at);
     return t;
   }
+  Ref f32_stand_in(const Ref& r, size_t& temp_at) { return stand_in(r, dt::f32, D_F32, temp_at); }
 
-  // `r` (described as `md`) converted by a step before the op into a float32 stand-in.
-  Ref widen(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at) {
-    Ref t = f32_stand_in(r, temp_at);
-    memory::desc t_md(md.get_dims(), dt::f32, md.get_strides());
-    if (r.blocked) t_md = nhwc(t);
+  // `r` (described as `md`) converted by a step before the op into a stand-in of `type`
+  // (float32 unless said).
+  Ref widen(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at,
+            dt type = dt::f32, int64_t code = D_F32) {
+    Ref t = stand_in(r, type, code, temp_at);
+    memory::desc t_md = r.blocked ? nhwc(t) : memory::desc(md.get_dims(), type, md.get_strides());
     Step s;
     arg(s, DNNL_ARG_FROM, r, md);
     arg(s, DNNL_ARG_TO, t, t_md);
     push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, md, eng, t_md));
     return t;
+  }
+
+  // A float32 operand of an instruction that reads its operands in float16 but computes in
+  // float32 here: rounded to float16 by a step before the op (the op then widens it back).
+  Ref rounded_to_f16(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at) {
+    return r.type == dt::f32 ? widen(ins, r, md, temp_at, dt::f16, D_F16) : r;
   }
 
   // The step after the op: its float32 stand-in `t` rounded into `y`, both described
@@ -1050,9 +1067,11 @@ struct Program {
       w_given = memory::desc({co, ci, kh, kw}, w.type, tag::hwio);
     }
     dt cdt = compute_dt(to_dt(compute));  // the dtype the operands are read in
+    dt via = to_dt(compute) != cdt ? to_dt(compute) : dt::undef;  // read in, computed wider
     Step s;
     size_t temp_at = 0;
     memory::desc x_use, res_use;
+    if (via != dt::undef) x = rounded_to_f16(ins, x, nhwc(x), temp_at);
     bind_image(ins, s, DNNL_ARG_SRC, x, cdt, y.blocked, temp_at, &x_use);
     bool narrow = in_f32(y.type);
     bool sum = has_res && in_place(res, y) && !narrow;
@@ -1083,7 +1102,7 @@ struct Program {
         w_const ? w_any : memory::desc(w_given.get_dims(), cdt, w_given.get_strides()), b_md,
         y_md, strides, dil, {pads[0], pads[2]}, {pads[1], pads[3]}, a);
     if (w_const) {
-      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc()));
+      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc(), via));
     } else if (w.type == cdt) {
       arg(s, DNNL_ARG_WEIGHTS, w, w_given);
     } else if (in_f32(w.type)) {
@@ -1148,8 +1167,15 @@ struct Program {
     auto [bd, bs] = logical(B, b_steps, tb);
     bool narrow = in_f32(y.type);
     memory::desc y_md(y.dims, narrow ? dt::f32 : y.type, y_steps);
-    memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
     dt cdt = compute_dt(to_dt(compute));
+    dt via = to_dt(compute) != cdt ? to_dt(compute) : dt::undef;  // read in, computed wider
+    Step s;
+    size_t temp_at = 0;
+    if (via != dt::undef) {
+      A = rounded_to_f16(ins, A, memory::desc(ad, A.type, as), temp_at);
+      if (!b_const) B = rounded_to_f16(ins, B, memory::desc(bd, B.type, bs), temp_at);
+    }
+    memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
     memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
     memory::desc b_use = b_const          ? memory::desc(bd, cdt, tag::any)
                          : B.type != cdt ? memory::desc(bd, cdt, plain_tag(r))
@@ -1167,8 +1193,6 @@ struct Program {
     append_eltwise(po, act);
     a.set_post_ops(po);
     auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, y_md, a);
-    Step s;
-    size_t temp_at = 0;
     if (a_use.get_data_type() != A.type) {
       // Convert a (possibly a transposed view) into a dense temporary of the compute type.
       to_compute(ins, A, a_md, a_use, temp_at);
@@ -1178,7 +1202,7 @@ struct Program {
       arg(s, DNNL_ARG_SRC, A, a_md);
     }
     if (b_const) {
-      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(B, b_md, pd.weights_desc()));
+      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(B, b_md, pd.weights_desc(), via));
     } else if (B.type != cdt) {
       // A computed operand (attention's keys, values) read in reduced precision: converted
       // into the temporaries after a's.

@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # The float16 cases of every kind the float32 path rewrites: convolutions (plain,
-# depthwise, computed in float16), matmuls, pools and element-wise functions.
+# depthwise), matmuls (also float32 operands read in float16: rounded, then widened),
+# pools and element-wise functions.
 _CASES = ("float16 and (conv2d or matmul or pool or unary:relu or unary:tanh "
           "or unary:gelu or unary:swish or unary:sqrt)")
 
@@ -27,7 +28,7 @@ def test_float16_computed_in_float32_matches_the_reference() -> None:
     env = dict(os.environ, NEURONISH_NATIVE_F16="float32")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/runtime/test_native_gap.py", "-k", _CASES],
+         "tests/runtime/test_native_gap.py", "tests/runtime/test_kernels.py", "-k", _CASES],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     # The selection must really have run cases (a renamed sample would pass vacuously).
