@@ -16,6 +16,13 @@ input, batch on axis 0). Ways of calling, alternating:
   libgomp pool, and with more pool threads than CPUs libgomp throttles its spinning for
   every call in the process: ~100 context switches per call instead of ~10.)
 
+- and TensorFlow's own cost of such a call: an empty signature (the same input, zeros
+  of the outputs' shapes, no NeuronOp) saved, loaded and called the same way
+  (`--no-empty` leaves it out). Its wall time is what any SavedModel called so pays
+  (the eager function call, the inter-op thread's hand-over, `.numpy()`); the last line
+  splits "outside" through TensorFlow into that and the NeuronOp's own share (its
+  checks, output allocation and the engine thread's hand-over).
+
 For each: wall time per call, the time inside the C runtime (the model's own `busy_ns`
 counter, nr_model_copy), the rest ("outside": the caller's side, TensorFlow's function
 call and thread hand-overs), context switches per call over the process's threads (a
@@ -39,12 +46,15 @@ import concurrent.futures
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+EMPTY = "TF, empty signature"
 
 
 def context_switches() -> int:
@@ -66,6 +76,8 @@ def main() -> int:
     p.add_argument("--turn", type=int, default=1, help="calls back to back per turn")
     p.add_argument("--no-one-copy", action="store_true",
                    help="leave out the one-copy model on the main thread")
+    p.add_argument("--no-empty", action="store_true",
+                   help="leave out the empty signature (TensorFlow's own cost of a call)")
     p.add_argument("--crowd", nargs="+", default=[], metavar="DIR",
                    help="compiled SavedModels to load and call too, for a second table")
     args = p.parse_args()
@@ -93,15 +105,20 @@ def main() -> int:
              "C runtime, a thread": on_a_thread(copies)}
     if copies > 1 and not args.no_one_copy:
         calls["a thread, one copy"] = on_a_thread(1)
+    if not args.no_empty:
+        # (loaded whole into memory: it has no variables or assets to read later)
+        with tempfile.TemporaryDirectory(prefix="tf_path-empty-") as where:
+            empty = empty_signature(tf, fn, where, len(x))
+        calls[EMPTY] = (None, lambda: [v.numpy() for v in empty(**feed).values()])
     for _, call in calls.values():
         for _ in range(3):
             call()
 
     def busy(model) -> int:
-        return sum(c[3] for c in model.copies())
+        return 0 if model is None else sum(c[3] for c in model.copies())
 
     def runs(model) -> list[int]:
-        return [c[2] for c in model.copies()]
+        return [] if model is None else [c[2] for c in model.copies()]
 
     def measure(between: list) -> None:
         wall: dict[str, list[float]] = {k: [] for k in calls}
@@ -124,12 +141,18 @@ def main() -> int:
         print(f"{'':22s} {'wall ms':>8s} {'inside':>8s} {'outside':>8s} {'ctx sw':>7s} "
               f"{'copies':>6s}   ({threads} threads, {len(between)} other models called per "
               f"round, {args.turn} calls per turn)")
+        outside: dict[str, float] = {}
         for k, (model, _) in calls.items():
-            outside = [w - i for w, i in zip(wall[k], inside[k])]
+            outside[k] = statistics.median([w - i for w, i in zip(wall[k], inside[k])])
             used = sum(a > b for a, b in zip(runs(model), before[k]))
+            copies = "" if model is None else f"{used:3d}/{model.duplicates}"
             print(f"{k:22s} {statistics.median(wall[k]):8.2f} "
-                  f"{statistics.median(inside[k]):8.2f} {statistics.median(outside):8.2f} "
-                  f"{statistics.median(switches[k]):7.1f} {used:3d}/{model.duplicates}",
+                  f"{statistics.median(inside[k]):8.2f} {outside[k]:8.2f} "
+                  f"{statistics.median(switches[k]):7.1f} {copies}", flush=True)
+        if EMPTY in outside:
+            own = outside[EMPTY]
+            print(f"outside through TensorFlow: {own:.2f} ms TensorFlow's own call (the empty "
+                  f"signature), {outside['through TensorFlow'] - own:.2f} ms the NeuronOp's",
                   flush=True)
 
     measure([])
@@ -141,6 +164,27 @@ def main() -> int:
         measure(crowd)
     print(f"load average {os.getloadavg()[0]:.2f}")
     return 0
+
+
+def empty_signature(tf: object, fn: object, directory: str, batch: int) -> object:
+    """A loaded SavedModel signature that takes `fn`'s input and returns zeros of its
+    outputs' shapes (batch `batch`) and dtypes, saved to `directory`: TensorFlow's own
+    cost of a signature call, without a NeuronOp. Each output adds one element of the
+    input, so nothing is folded into a constant."""
+    (name, spec), = fn.structured_input_signature[1].items()
+    outputs = {k: ([batch if d is None else d for d in t.shape], t.dtype)
+               for k, t in fn.structured_outputs.items()}
+
+    class Empty(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec(spec.shape, spec.dtype, name=name)])
+        def serve(self, x: object) -> dict:
+            first = tf.reshape(x, [-1])[0]
+            return {k: tf.zeros(shape, dtype) + tf.cast(first, dtype)
+                    for k, (shape, dtype) in outputs.items()}
+
+    module = Empty()
+    tf.saved_model.save(module, directory, signatures={"serving_default": module.serve})
+    return tf.saved_model.load(directory).signatures["serving_default"]
 
 
 def _caller(tf: object, directory: str, rng: np.random.Generator) -> object:

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -230,10 +231,13 @@ memory::desc nhwc(const Ref& r) {
                       r.blocked ? tag::nChw16c : tag::nhwc);
 }
 
+// Arg::slot of an argument in the engine's temporaries (bound by Program::finalize).
+constexpr int64_t TEMP_SLOT = -2;
+
 struct Arg {
   int id;
   memory mem;
-  int64_t slot;     // -1: engine-owned memory (reordered weights, temporaries)
+  int64_t slot;     // -1: engine-owned memory (reordered weights); TEMP_SLOT: temporaries
   int64_t offset;
 };
 
@@ -715,6 +719,7 @@ void inner_reduce(const Step& s, int threads) {
 struct Instr {
   std::vector<Step> steps;
   int threads = 1;  // the OpenMP team it was created for, and runs with
+  int64_t main_step = -1;  // the op's own step, when steps follow it (-1: the last)
 };
 
 struct Epilogue {
@@ -746,6 +751,31 @@ enum OpGeneric : int64_t {
   OP_G_UNARY = 50, OP_G_BINARY = 51, OP_G_REDUCE = 52, OP_G_CAST = 53, OP_G_POOL = 54,
   OP_G_SOFTMAX = 55, OP_G_LAYER_NORM = 56, OP_G_CONCAT = 57, OP_G_MATMUL = 58, OP_G_CONV = 59,
 };
+
+// Whether this CPU's oneDNN builds float16 primitives. oneDNN 3.2 has float16
+// convolutions, matmuls, pools and element-wise ops only with AVX512-FP16 (or
+// AVX2-VNNI-2); tried once, on a tiny matmul and pool. NEURONISH_NATIVE_F16=float32 makes
+// a CPU that has them take the float32 path too (so tests can hold both paths to the
+// reference on any CPU).
+bool cpu_has_f16_kernels() {
+  static const bool has = [] {
+    const char* force = std::getenv("NEURONISH_NATIVE_F16");
+    if (force && std::string(force) == "float32") return false;
+    try {
+      dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+      memory::desc m({16, 16}, dt::f16, tag::ab);
+      dnnl::matmul::primitive_desc(eng, m, m, m);
+      memory::desc x({1, 16, 4, 4}, dt::f16, tag::nhwc), y({1, 16, 2, 2}, dt::f16, tag::nhwc);
+      dnnl::pooling_forward::primitive_desc(eng, prop_kind::forward_inference,
+                                            algorithm::pooling_max, x, y, {2, 2}, {2, 2},
+                                            {0, 0}, {0, 0}, {0, 0});
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
 }  // namespace
 
 struct Program;
@@ -782,6 +812,7 @@ struct Program {
 
   // Memory bound to a spec tensor, described by `md`.
   memory bind(const Ref& r, const memory::desc& md) {
+    if (r.slot == TEMP_SLOT) return memory(md, eng, DNNL_MEMORY_NONE);  // bound by finalize()
     if (r.slot < 0 || r.slot >= (int64_t)slots.size()) throw Error("slot out of range");
     return memory(md, eng, slots[r.slot] ? slots[r.slot] + r.offset : DNNL_MEMORY_NONE);
   }
@@ -800,7 +831,7 @@ struct Program {
   // An argument in the engine's temporaries (bound to them by finalize()).
   void temp_arg(Step& s, int id, const memory::desc& md, size_t offset) {
     own_arg(s, id, memory(md, eng, DNNL_MEMORY_NONE));
-    s.args.back().slot = -2;
+    s.args.back().slot = TEMP_SLOT;
     s.args.back().offset = (int64_t)offset;
   }
 
@@ -824,9 +855,18 @@ struct Program {
   }
 
   // A weight as the primitive wants it: reordered once, now, into engine memory.
-  memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want) {
+  // With `via` (float16 for a float32 weight read in float16 but computed in float32),
+  // the weight is rounded to that dtype on the way.
+  memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want,
+                         dt via = dt::undef) {
     if (!slots[w.slot]) throw Error("weights must be bound before the instruction is added");
     memory src(given, eng, slots[w.slot] + w.offset);
+    if (via != dt::undef && via != given.get_data_type()) {
+      memory rounded(memory::desc(given.get_dims(), via, given.get_strides()), eng);
+      dnnl::reorder(src, rounded).execute(strm, src, rounded);
+      strm.wait();
+      src = rounded;
+    }
     size_t n = want.get_size();
     void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
     if (!p) throw Error("out of host memory for reordered weights");
@@ -868,6 +908,73 @@ struct Program {
     temp_arg(s, id, want, temp_at);
     temp_at += (want.get_size() + 63) / 64 * 64;
     if (used) *used = want;
+  }
+
+  // --- float16 computed in float32, where cpu_has_f16_kernels() is false ---------------
+  // The op reads its float16 operands through float32 copies (the compute-dtype
+  // conversions it has anyway), writes its result to a float32 stand-in among the
+  // temporaries, and one reorder after it rounds that into the float16 output: one
+  // rounding, as docs/isa.md defines these instructions. The spec is the same on every
+  // CPU, so an executable runs the same instructions everywhere.
+  static bool in_f32(dt t) { return t == dt::f16 && !cpu_has_f16_kernels(); }
+  static dt compute_dt(dt t) { return in_f32(t) ? dt::f32 : t; }
+
+  // A `type` stand-in for `r` (same dims and layout) at temporaries offset `temp_at`,
+  // which advances past it.
+  Ref stand_in(const Ref& r, dt type, int64_t code, size_t& temp_at) {
+    Ref t = r;
+    t.slot = TEMP_SLOT;
+    t.offset = (int64_t)temp_at;
+    t.type = type;
+    t.code = code;
+    size_t n = plain(r.dims, type).get_size();
+    temp_at += (n + 63) / 64 * 64;
+    temp_bytes = std::max(temp_bytes, temp_at);
+    return t;
+  }
+  Ref f32_stand_in(const Ref& r, size_t& temp_at) { return stand_in(r, dt::f32, D_F32, temp_at); }
+
+  // `r` (described as `md`) converted by a step before the op into a stand-in of `type`
+  // (float32 unless said).
+  Ref widen(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at,
+            dt type = dt::f32, int64_t code = D_F32) {
+    Ref t = stand_in(r, type, code, temp_at);
+    memory::desc t_md = r.blocked ? nhwc(t) : memory::desc(md.get_dims(), type, md.get_strides());
+    Step s;
+    arg(s, DNNL_ARG_FROM, r, md);
+    arg(s, DNNL_ARG_TO, t, t_md);
+    push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, md, eng, t_md));
+    return t;
+  }
+
+  // A float32 operand of an instruction that reads its operands in float16 but computes in
+  // float32 here: rounded to float16 by a step before the op (the op then widens it back).
+  Ref rounded_to_f16(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at) {
+    return r.type == dt::f32 ? widen(ins, r, md, temp_at, dt::f16, D_F16) : r;
+  }
+
+  // The step after the op: its float32 stand-in `t` rounded into `y`, both described
+  // by `md`'s dims and strides.
+  void narrow_into(Instr& ins, const Ref& t, const Ref& y, const memory::desc& y_md) {
+    ins.main_step = (int64_t)ins.steps.size() - 1;
+    memory::desc t_md = y.blocked ? nhwc(t)
+                                  : memory::desc(y_md.get_dims(), dt::f32, y_md.get_strides());
+    Step s;
+    arg(s, DNNL_ARG_FROM, t, t_md);
+    arg(s, DNNL_ARG_TO, y, y_md);
+    push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, t_md, eng, y_md));
+  }
+
+  // A bias or other small operand in float32 when it is float16 and the op computes in
+  // float32: a constant is converted once, now; a computed one by a step before the op.
+  void small_arg(Instr& ins, Step& s, int id, const Ref& r, const memory::desc& md,
+                 size_t& temp_at) {
+    if (!in_f32(r.type)) return arg(s, id, r, md);
+    memory::desc want(md.get_dims(), dt::f32, md.get_strides());
+    bool bound = r.slot >= 0 && r.slot < (int64_t)slots.size() && slots[r.slot] != nullptr;
+    if (bound) return own_arg(s, id, reorder_weights(r, md, want));
+    Ref t = widen(ins, r, md, temp_at);
+    arg(s, id, t, want);
   }
 
   primitive_attr attr() {
@@ -959,16 +1066,20 @@ struct Program {
     } else {
       w_given = memory::desc({co, ci, kh, kw}, w.type, tag::hwio);
     }
-    memory::desc y_md = nhwc(y);
-    dt cdt = to_dt(compute);  // the dtype the operands are read in (f32, bf16, f16)
+    dt cdt = compute_dt(to_dt(compute));  // the dtype the operands are read in
+    dt via = to_dt(compute) != cdt ? to_dt(compute) : dt::undef;  // read in, computed wider
     Step s;
     size_t temp_at = 0;
     memory::desc x_use, res_use;
+    if (via != dt::undef) x = rounded_to_f16(ins, x, nhwc(x), temp_at);
     bind_image(ins, s, DNNL_ARG_SRC, x, cdt, y.blocked, temp_at, &x_use);
-    bool sum = has_res && in_place(res, y);
+    bool narrow = in_f32(y.type);
+    bool sum = has_res && in_place(res, y) && !narrow;
     if (has_res && !sum)
-      bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, res.type,
-                 y.blocked, temp_at, &res_use);
+      bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res,
+                 compute_dt(res.type), y.blocked, temp_at, &res_use);
+    Ref out = narrow ? f32_stand_in(y, temp_at) : y;
+    memory::desc y_md = nhwc(out);
     memory::desc w_any(w_given.get_dims(), cdt, tag::any);
     // oneDNN 3.2 takes its brdgmm kernel for a bf16 depthwise convolution writing bf16 only
     // with a bf16 bias; an f32 one selects jit_dw, 1.45x slower (8x144x56x56 3x3, one
@@ -977,7 +1088,9 @@ struct Program {
     bool bias_bf16 = has_bias && depthwise && cdt == dt::bf16 && y.type == dt::bf16 &&
                      b.type == dt::f32 && b.slot >= 0 && b.slot < (int64_t)slots.size() &&
                      slots[b.slot] != nullptr;  // bound at load: a constant
-    memory::desc b_md = !has_bias ? memory::desc() : bias_bf16 ? plain(b.dims, dt::bf16) : plain(b);
+    memory::desc b_md = !has_bias   ? memory::desc()
+                        : bias_bf16 ? plain(b.dims, dt::bf16)
+                                    : plain(b.dims, compute_dt(b.type));
     primitive_attr a = attr();
     dnnl::post_ops po;
     if (sum) po.append_sum(1.f);
@@ -989,15 +1102,20 @@ struct Program {
         w_const ? w_any : memory::desc(w_given.get_dims(), cdt, w_given.get_strides()), b_md,
         y_md, strides, dil, {pads[0], pads[2]}, {pads[1], pads[3]}, a);
     if (w_const) {
-      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc()));
-    } else {
-      if (w.type != cdt) throw Error("computed conv weights must already have the compute dtype");
+      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(w, w_given, pd.weights_desc(), via));
+    } else if (w.type == cdt) {
       arg(s, DNNL_ARG_WEIGHTS, w, w_given);
+    } else if (in_f32(w.type)) {
+      Ref w32 = widen(ins, w, w_given, temp_at);
+      arg(s, DNNL_ARG_WEIGHTS, w32, memory::desc(w_given.get_dims(), cdt, w_given.get_strides()));
+    } else {
+      throw Error("computed conv weights must already have the compute dtype");
     }
     if (bias_bf16) own_arg(s, DNNL_ARG_BIAS, reorder_weights(b, plain(b), b_md));
-    else if (has_bias) arg(s, DNNL_ARG_BIAS, b, b_md);
-    arg(s, DNNL_ARG_DST, y, y_md);
+    else if (has_bias) small_arg(ins, s, DNNL_ARG_BIAS, b, plain(b), temp_at);
+    arg(s, DNNL_ARG_DST, out, y_md);
     push<dnnl::convolution_forward>(ins, s, pd);
+    if (narrow) narrow_into(ins, out, y, nhwc(y));
   }
 
   // A tensor's element strides, as many as its dims, each within the buffer the caller
@@ -1047,9 +1165,17 @@ struct Program {
     };
     auto [ad, as] = logical(A, a_steps, ta);
     auto [bd, bs] = logical(B, b_steps, tb);
-    memory::desc y_md(y.dims, y.type, y_steps);
+    bool narrow = in_f32(y.type);
+    memory::desc y_md(y.dims, narrow ? dt::f32 : y.type, y_steps);
+    dt cdt = compute_dt(to_dt(compute));
+    dt via = to_dt(compute) != cdt ? to_dt(compute) : dt::undef;  // read in, computed wider
+    Step s;
+    size_t temp_at = 0;
+    if (via != dt::undef) {
+      A = rounded_to_f16(ins, A, memory::desc(ad, A.type, as), temp_at);
+      if (!b_const) B = rounded_to_f16(ins, B, memory::desc(bd, B.type, bs), temp_at);
+    }
     memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
-    dt cdt = to_dt(compute);
     memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
     memory::desc b_use = b_const          ? memory::desc(bd, cdt, tag::any)
                          : B.type != cdt ? memory::desc(bd, cdt, plain_tag(r))
@@ -1058,38 +1184,43 @@ struct Program {
     if (has_bias) {
       memory::dims bd2(r, 1);
       bd2[r - 1] = y.dims[r - 1];
-      bias_md = plain(bd2, bias.type);
+      bias_md = plain(bd2, compute_dt(bias.type));
     }
+    memory::desc res_md = has_res ? plain(res.dims, compute_dt(res.type)) : memory::desc();
     primitive_attr a = attr();
     dnnl::post_ops po;
-    if (has_res) po.append_binary(algorithm::binary_add, plain(res));
+    if (has_res) po.append_binary(algorithm::binary_add, res_md);
     append_eltwise(po, act);
     a.set_post_ops(po);
     auto pd = dnnl::matmul::primitive_desc(eng, a_use, b_use, bias_md, y_md, a);
-    Step s;
     if (a_use.get_data_type() != A.type) {
       // Convert a (possibly a transposed view) into a dense temporary of the compute type.
-      to_compute(ins, A, a_md, a_use, 0);
-      temp_arg(s, DNNL_ARG_SRC, a_use, 0);
+      to_compute(ins, A, a_md, a_use, temp_at);
+      temp_arg(s, DNNL_ARG_SRC, a_use, temp_at);
+      temp_at += (a_use.get_size() + 63) / 64 * 64;
     } else {
       arg(s, DNNL_ARG_SRC, A, a_md);
     }
     if (b_const) {
-      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(B, b_md, pd.weights_desc()));
+      own_arg(s, DNNL_ARG_WEIGHTS, reorder_weights(B, b_md, pd.weights_desc(), via));
     } else if (B.type != cdt) {
       // A computed operand (attention's keys, values) read in reduced precision: converted
       // into the temporaries after a's.
-      size_t after = (a_use.get_data_type() != A.type ? a_use.get_size() + 63 : 0) / 64 * 64;
       memory::desc b_cvt(bd, cdt, plain_tag(r));
-      to_compute(ins, B, b_md, b_cvt, after);
-      temp_arg(s, DNNL_ARG_WEIGHTS, b_cvt, after);
+      to_compute(ins, B, b_md, b_cvt, temp_at);
+      temp_arg(s, DNNL_ARG_WEIGHTS, b_cvt, temp_at);
+      temp_at += (b_cvt.get_size() + 63) / 64 * 64;
     } else {
       arg(s, DNNL_ARG_WEIGHTS, B, b_md);
     }
-    if (has_bias) arg(s, DNNL_ARG_BIAS, bias, bias_md);
-    if (has_res) arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, plain(res));
-    arg(s, DNNL_ARG_DST, y, y_md);
+    if (has_bias) small_arg(ins, s, DNNL_ARG_BIAS, bias, plain(bias_md.get_dims(), bias.type), temp_at);
+    if (has_res)
+      small_arg(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, plain(res),
+                temp_at);
+    Ref out = narrow ? f32_stand_in(y, temp_at) : y;
+    arg(s, DNNL_ARG_DST, out, y_md);
     push<dnnl::matmul>(ins, s, pd);
+    if (narrow) narrow_into(ins, out, y, memory::desc(y.dims, y.type, y_steps));
   }
 
   void add_pool(Reader& rd, Instr& ins) {
@@ -1099,27 +1230,35 @@ struct Program {
     Step s;
     size_t temp_at = 0;
     memory::desc x_use;
-    bind_image(ins, s, DNNL_ARG_SRC, x, x.type, y.blocked, temp_at, &x_use);
+    bind_image(ins, s, DNNL_ARG_SRC, x, compute_dt(x.type), y.blocked, temp_at, &x_use);
+    bool narrow = in_f32(y.type);
+    Ref out = narrow ? f32_stand_in(y, temp_at) : y;
     auto pd = dnnl::pooling_forward::primitive_desc(
         eng, prop_kind::forward_inference,
         is_max ? algorithm::pooling_max : algorithm::pooling_avg_exclude_padding, x_use,
-        nhwc(y), st, k, {0, 0}, {pads[0], pads[2]}, {pads[1], pads[3]}, attr());
-    arg(s, DNNL_ARG_DST, y, nhwc(y));
+        nhwc(out), st, k, {0, 0}, {pads[0], pads[2]}, {pads[1], pads[3]}, attr());
+    arg(s, DNNL_ARG_DST, out, nhwc(out));
     push<dnnl::pooling_forward>(ins, s, pd);
+    if (narrow) narrow_into(ins, out, y, nhwc(y));
   }
 
   void add_eltwise(Reader& rd, Instr& ins) {
     Ref x = rd.ref(), y = rd.ref();
     Epilogue e = read_epilogue(rd);
     if (e.codes.empty()) throw Error("element-wise op without a function");
+    size_t temp_at = 0;
+    Ref in = in_f32(x.type) ? widen(ins, x, plain(x), temp_at) : x;
+    bool narrow = in_f32(y.type);
+    Ref out = narrow ? f32_stand_in(y, temp_at) : y;
     primitive_attr a = attr();
     dnnl::post_ops po;
     append_eltwise(po, e, 1);
     a.set_post_ops(po);
     auto pd = dnnl::eltwise_forward::primitive_desc(eng, prop_kind::forward_inference,
-                                                    elt_alg(e.codes[0]), plain(x), plain(y),
+                                                    elt_alg(e.codes[0]), plain(in), plain(out),
                                                     e.alpha[0], e.beta[0], a);
-    push_plain<dnnl::eltwise_forward>(ins, pd, x, y);
+    push_plain<dnnl::eltwise_forward>(ins, pd, in, out);
+    if (narrow) narrow_into(ins, out, y, plain(y));
   }
 
   // a has y's dims; b's dims are y's or 1 (numpy broadcasting, made explicit by the caller).
@@ -1985,7 +2124,7 @@ struct Program {
     for (auto& ins : instrs)
       for (auto& s : ins.steps) {
         for (auto& a : s.args)
-          if (a.slot == -2) a.mem.set_data_handle(static_cast<char*>(temp) + a.offset);
+          if (a.slot == TEMP_SLOT) a.mem.set_data_handle(static_cast<char*>(temp) + a.offset);
         if (s.scratchpad) {
           memory m(s.scratch_md, eng, scratch);
           s.map[DNNL_ARG_SCRATCHPAD] = m;
@@ -2142,7 +2281,8 @@ NE_API int64_t ne_impl(void* p, int64_t k, char* out, int64_t len) {
   return guarded(out, len, [&]() -> int64_t {
     Program* prog = static_cast<Program*>(p);
     if (k < 0 || k >= (int64_t)prog->instrs.size()) throw Error("no such instruction");
-    auto& s = prog->instrs[k].steps.back();
+    auto& ins = prog->instrs[k];
+    auto& s = ins.main_step >= 0 ? ins.steps[ins.main_step] : ins.steps.back();
     if (s.loop_name) {
       set_error(out, len, s.loop_name);
       return 0;
