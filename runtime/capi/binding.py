@@ -91,6 +91,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
                                        ctypes.POINTER(ctypes.POINTER(ctypes.c_double)),
                                        ctypes.POINTER(sz)], ctypes.c_int),
         "nr_model_instruction_team": ([vp, sz], ctypes.c_int32),
+        "nr_model_stage_thread": ([vp, sz, sz], ctypes.c_int64),
     }
     for name, (args, res) in signatures.items():
         fn = getattr(lib, name)
@@ -254,6 +255,11 @@ class Model:
     def team(self, index: int) -> int:
         """The threads the C loader runs instruction `index` on (0: not given)."""
         return int(self.lib.nr_model_instruction_team(self.handle, index))
+
+    def stage_thread(self, copy: int, stage: int) -> int:
+        """For tests: the native id of the thread that last ran `stage` of copy `copy` (0:
+        it has not run; -1: no such copy or stage)."""
+        return int(self.lib.nr_model_stage_thread(self.handle, copy, stage))
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
         """Each copy's (cores, bytes per core, runs, busy ns): nr_model_copy."""

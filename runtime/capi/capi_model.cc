@@ -168,4 +168,10 @@ int32_t nr_model_instruction_team(const nr_model *model, size_t index) {
   return index < specs.size() ? int32_t(specs[index].team) : -1;
 }
 
+int64_t nr_model_stage_thread(const nr_model *model, size_t copy, size_t stage) {
+  if (!model || copy >= model->model->duplicates()) return -1;
+  const nr::Copy &c = model->model->copy(copy);
+  return stage < c.cores.size() ? c.ran_on[stage].load(std::memory_order_relaxed) : -1;
+}
+
 }  // extern "C"

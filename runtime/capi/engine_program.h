@@ -5,7 +5,6 @@
 // where the engine took their producer and every reader with a real kernel.
 #pragma once
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,7 +31,6 @@ struct Stage {
   uint64_t weight_bytes = 0, buffer_bytes = 0;
   std::vector<int64_t> engine_index;  // per instruction of the stage: its engine index, -1 none
   std::set<size_t> weight_instructions;  // (stage-local) whose weights the engine reordered
-  std::timed_mutex lock;    // a core runs one call at a time
   ~Stage();
 };
 

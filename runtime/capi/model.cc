@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <cstdlib>
 #include <cstring>
@@ -88,7 +89,8 @@ struct Buffer {  // a 64-byte aligned temporary
 }  // namespace
 
 Copy::~Copy() {
-  program.reset();  // the engine programs first: they point into the arenas
+  cores.clear();    // the host threads end first (idle: a model unloads with no call in flight)
+  program.reset();  // then the engine programs: they point into the arenas
   for (void *a : all_arenas) std::free(a);
 }
 
@@ -124,6 +126,9 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
         if (!arena) throw std::bad_alloc();
         copy->all_arenas.push_back(arena);
       }
+      for (size_t k = 0; k < stages; ++k) copy->cores.push_back(std::make_unique<CoreThread>());
+      copy->ran_on = std::make_unique<std::atomic<int64_t>[]>(stages);
+      for (size_t k = 0; k < stages; ++k) copy->ran_on[k] = 0;
       copies_.push_back(std::move(copy));
     }
     for (auto &copy : copies_) {
@@ -258,6 +263,108 @@ Model::Slot Model::take_copy(const Cutoff *cutoff) {
   return slot;
 }
 
+// One call on copy `k`, stage after stage. Handed to a core (CoreThread), `run` computes
+// the stage there and hands the call to the next stage's core, or wakes the caller after
+// the last stage or an error.
+struct Model::Call final : CoreJob {
+  Model &model;
+  Copy &copy;
+  void *const *ptrs;  // the engine's per-call slots: the arena, the inputs, the outputs
+  int64_t n_ptrs;
+  const Cutoff *cutoff;
+  bool timed;
+  std::vector<std::vector<double>> times;  // per stage, its instructions' [start, end]
+  std::atomic<size_t> stage{0};           // the stage queued or running
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  Call(Model &m, Copy &c, void *const *p, int64_t n, const Cutoff *cut, bool t)
+      : model(m), copy(c), ptrs(p), n_ptrs(n), cutoff(cut), timed(t) {}
+
+  void run() noexcept override {
+    size_t s = stage.load(std::memory_order_relaxed);
+    try {
+      model.run_stage(*this, s);
+      if (s + 1 < copy.cores.size()) {
+        stage.store(s + 1, std::memory_order_relaxed);
+        copy.cores[s + 1]->submit(this);  // (the next core's now: not touched here after)
+        return;
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_one();  // (under the lock: `cv` lives in the caller's frame, which may return after)
+  }
+};
+
+void Model::run_stage(Call &call, size_t s) {
+  Stage &stage = *call.copy.program->stages[s];
+  const Cutoff *cutoff = call.cutoff;
+  if (cutoff) cutoff->check("before its next stage could start");
+  HostCPUs &host = device_->host();
+  int width = host.width(stage.width);
+  if (!cutoff) {
+    host.acquire(width);
+  } else if (!host.acquire(width, [&] { return cutoff->stopped(); })) {
+    cutoff->check("while it waited for the host's CPUs (busy with other calls)");
+  }
+  call.copy.ran_on[s].store(this_thread_tid(), std::memory_order_relaxed);
+  char err[2048];
+  auto run = [&]() -> int64_t {
+    return ne_run(stage.engine, 0, stage.count, call.copy.program->first_call_slot, const_cast<void **>(call.ptrs),
+                  call.n_ptrs,
+                  cutoff ? reinterpret_cast<const char *>(const_cast<const uint8_t *>(cutoff->cancel)) : nullptr,
+                  cutoff ? cutoff->deadline : 0.0, err, sizeof err);
+  };
+  // (a stage of one-thread instructions opens no parallel region: no hand-over)
+  int64_t rc = stage.width > 1 ? EngineThreads::call(run) : run();
+  host.release(width);
+  if (call.timed && rc == 0) call.times.push_back(call.copy.timing[s]);
+  if (rc > 0) {
+    cutoff->check("while its instructions ran");  // (throws: the engine saw it)
+    throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};
+  }
+  if (rc < 0) {
+    std::string names;
+    size_t shown = 0;
+    for (auto &program : exe_->programs)
+      for (auto &ins : program)
+        for (auto &src : ins.source)
+          if (shown++ < 8) names += (names.empty() ? "" : ", ") + src;
+    throw Refused{NR_EXECUTION_ERROR, std::string("native engine: ") + err + " (in the instructions from TF node(s) " +
+                  (names.empty() ? "?" : names) + ")"};
+  }
+}
+
+// The caller's side of a call handed to the cores: until its last stage is done. Past its
+// cutoff, a call still queued for a core is taken out of the queue and abandoned; one
+// computing stops at the engine's next instruction (or before its next stage).
+void Model::wait(Call &call) {
+  std::unique_lock<std::mutex> lock(call.mu);
+  auto done = [&] { return call.done; };
+  if (!call.cutoff) {
+    call.cv.wait(lock, done);
+  } else {
+    bool stopped = false;
+    while (!call.cv.wait_for(lock, stopped ? Cutoff::kPoll : call.cutoff->slice(), done)) {
+      if (!(stopped = call.cutoff->stopped())) continue;
+      lock.unlock();
+      bool withdrawn = call.copy.cores[call.stage.load(std::memory_order_relaxed)]->withdraw(&call);
+      lock.lock();
+      if (withdrawn) {
+        call.cutoff->check("while it waited for a core (busy with other calls)");
+        throw Refused{NR_CANCELLED, "the call was cancelled by its caller while it waited for a core (busy with "
+                                    "other calls); the rest of it was abandoned"};  // (cancel byte reset since)
+      }
+    }
+  }
+  if (call.error) std::rethrow_exception(call.error);
+}
+
 void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs, size_t num_outputs,
                     const Cutoff *cutoff) {
   bool timed = about_ && observe::profiling();
@@ -265,7 +372,6 @@ void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs
   const Slot slot = take_copy(cutoff);
   const size_t k = slot.copy;
   double started = timed ? observe::now() : 0.0;
-  std::vector<std::vector<double>> times;  // per stage, its instructions' [start, end]
   struct GiveBack {
     Model *m; Slot slot;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -294,48 +400,18 @@ void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs
   ptrs[0] = slot.arena;
   for (size_t i = 0; i < num_inputs; ++i) ptrs[1 + i] = const_cast<void *>(ins[i]);  // (the engine only reads inputs)
   for (size_t i = 0; i < num_outputs; ++i) ptrs[1 + num_inputs + i] = outs[i];
-  char err[2048];
-  for (auto &stage : copy.program->stages) {
-    if (cutoff) cutoff->check("before its next stage could start");
-    std::unique_lock<std::timed_mutex> core(stage->lock, std::defer_lock);
-    if (!cutoff) {
-      core.lock();
-    } else if (!core.try_lock()) {  // (a free core without a clock read, as above)
-      while (!core.try_lock_for(cutoff->slice()))
-        cutoff->check("while it waited for a core (busy with other calls)");
-    }
-    HostCPUs &host = device_->host();
-    int width = host.width(stage->width);
-    if (!cutoff) {
-      host.acquire(width);
-    } else if (!host.acquire(width, [&] { return cutoff->stopped(); })) {
-      cutoff->check("while it waited for the host's CPUs (busy with other calls)");
-    }
-    auto run = [&]() -> int64_t {
-      return ne_run(stage->engine, 0, stage->count, copy.program->first_call_slot, ptrs, int64_t(n_ptrs),
-                    cutoff ? reinterpret_cast<const char *>(const_cast<const uint8_t *>(cutoff->cancel)) : nullptr,
-                    cutoff ? cutoff->deadline : 0.0, err, sizeof err);
-    };
-    // (a stage of one-thread instructions opens no parallel region: no hand-over)
-    int64_t rc = stage->width > 1 ? EngineThreads::call(run) : run();
-    host.release(width);
-    if (timed && rc == 0) times.push_back(copy.timing[times.size()]);
-    if (rc > 0) {
-      cutoff->check("while its instructions ran");  // (throws: the engine saw it)
-      throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};
-    }
-    if (rc < 0) {
-      std::string names;
-      size_t shown = 0;
-      for (auto &program : exe.programs)
-        for (auto &ins : program)
-          for (auto &s : ins.source)
-            if (shown++ < 8) names += (names.empty() ? "" : ", ") + s;
-      throw Refused{NR_EXECUTION_ERROR, std::string("native engine: ") + err + " (in the instructions from TF node(s) " +
-                    (names.empty() ? "?" : names) + ")"};
-    }
+  Call call(*this, copy, ptrs, int64_t(n_ptrs), cutoff, timed);
+  if (copy.cores.size() == 1 && copy.cores[0]->try_enter()) {  // an idle core: no hand-off
+    struct Leave {
+      CoreThread &core;
+      ~Leave() { core.leave(); }
+    } leave{*copy.cores[0]};
+    run_stage(call, 0);
+  } else if (!copy.cores.empty()) {
+    copy.cores[0]->submit(&call);
+    wait(call);
   }
-  if (timed) observe::record_chunk(about_, k, queued, started, observe::now(), times);
+  if (timed) observe::record_chunk(about_, k, queued, started, observe::now(), call.times);
 }
 
 void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,

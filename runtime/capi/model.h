@@ -5,8 +5,10 @@
 // repeating its last row), runs them on the copies, and assembles the outputs.
 //
 // Thread safety: `execute` may be called from any number of threads. A call waits for an
-// idle copy, then for each stage of it in turn (a mutex per stage: a core runs one call
-// at a time) and for its share of the host's CPUs.
+// idle copy; its stages then run on their cores' host threads (core_thread.h: a core runs
+// one stage at a time, in arrival order), each holding its share of the host's CPUs while
+// it computes, the call handed from core to core and its caller waiting for the last. A
+// single-stage call runs on its caller's thread when its core is idle and nobody waits.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -15,6 +17,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core_thread.h"
 #include "cutoff.h"
 #include "device.h"
 #include "engine_program.h"
@@ -27,11 +30,14 @@ struct Copy {
   std::unique_ptr<CopyProgram> program;
   Reservation reservation;
   std::vector<void *> all_arenas;  // one per stage: calls in flight on the copy at once
+  std::vector<std::unique_ptr<CoreThread>> cores;  // per stage: its core's host thread
+  // Per stage, the thread that last ran it (nr_model_stage_thread, for tests).
+  std::unique_ptr<std::atomic<int64_t>[]> ran_on;
   // Telemetry (nr_model_copy): runs of its program and their wall time.
   std::atomic<uint64_t> runs{0};
   std::atomic<uint64_t> busy_ns{0};
   // While profiling (observe.h): per stage, where its engine writes each instruction's
-  // [start, end] (written and read under the stage's lock).
+  // [start, end] (written and read by whichever thread holds the stage's core).
   std::vector<std::vector<double>> timing;
   ~Copy();
 };
@@ -56,6 +62,9 @@ class Model {
 
  private:
   // One run at the compiled shapes: `ins`/`outs` are buffers of exactly those shapes.
+  struct Call;  // one call on one copy, stage after stage (model.cc)
+  void run_stage(Call &call, size_t stage);
+  void wait(Call &call);
   void run_one(const void *const *ins, size_t num_inputs, void *const *outs, size_t num_outputs,
                const Cutoff *cutoff);
   void execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,

@@ -15,9 +15,10 @@
  *
  * Thread safety: an nr_executable is immutable once loaded (any threads may query it);
  * nr_execute may be called from any number of threads on one model (a call takes an idle
- * copy, then each of its cores in turn under a mutex per core, and its share of the
- * host's CPUs). Devices and models may be opened and loaded from several threads. A
- * handle must not be unloaded or closed while another thread uses it.
+ * copy; each of its stages runs on that core's host thread, one stage at a time per core,
+ * with its share of the host's CPUs, while the caller waits; a single-stage call on an
+ * idle core runs on the caller's thread). Devices and models may be opened and loaded from
+ * several threads. A handle must not be unloaded or closed while another thread uses it.
  */
 #ifndef NEURONISH_RUNTIME_H
 #define NEURONISH_RUNTIME_H
@@ -256,6 +257,12 @@ NR_API nr_status nr_model_instruction_spec(const nr_model *model, size_t index,
  * counts it): 0 when the engine was not given it, -1 for a NULL model or an index out of
  * range. */
 NR_API int32_t nr_model_instruction_team(const nr_model *model, size_t index);
+
+/* For tests: the Linux thread id of the thread that last ran stage `stage` (the program
+ * of core `stage` of the group) of copy `copy`: its core's host thread, or a caller that
+ * found a single-stage model's core idle. 0 before the stage first ran, -1 for a NULL
+ * model or an index out of range. */
+NR_API int64_t nr_model_stage_thread(const nr_model *model, size_t copy, size_t stage);
 
 #ifdef __cplusplus
 }
