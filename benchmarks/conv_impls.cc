@@ -7,14 +7,14 @@
 // per-tensor src/dst and per-channel weight scales), and times each: median of REPS runs
 // on the same buffers (so weights are hot: in a model the late layers' weights come from
 // memory, see docs/performance.md). Reference and gemm implementations are skipped (and,
-// bf16/int8, the ones without AMX: 5-10x slower), as are slow ones' remaining runs.
+// with AMX_ONLY=1 in the environment, bf16/int8 ones without AMX: 5-10x slower on AMX).
 //
 //   R=.venv   # the oneDNN wheels' prefix
 //   g++ -std=c++17 -O2 -fopenmp benchmarks/conv_impls.cc -o /tmp/conv_impls -I$R/include
 //       -L$R/lib -ldnnl -Wl,-rpath,$R/lib   (one line)
 //   OMP_NUM_THREADS=2 chrt -f 1 /tmp/conv_impls PRECISION [NAME_PART] [REPS] [any]
 //
-// PRECISION: f32 (NHWC), f32b (nChw16c), bf16, int8. NAME_PART picks cases by name
+// PRECISION: f32 (NHWC), f32b (nChw16c), bf16 (NHWC), bf16b (nChw16c), int8. NAME_PART picks cases by name
 // ("rtus": instead, the copy that takes a stride-2 1x1's input pixels, a strided view
 // reordered dense, per stage). `any`: src/dst in format_tag::any (oneDNN picks the
 // layout). ALG=wino or ALG=auto in the environment asks for Winograd / automatic.
@@ -50,7 +50,12 @@ double time_prim(primitive& prim, std::unordered_map<int, memory>& args, stream&
 }
 
 int main(int argc, char** argv) {
-  std::string prec = argc > 1 ? argv[1] : "f32";  // f32 | f32b | bf16 | int8
+  std::string prec = argc > 1 ? argv[1] : "f32";  // f32 | f32b | bf16 | bf16b | int8
+  bool blocked = prec == "f32b" || prec == "bf16b";
+  bool bf16 = prec == "bf16" || prec == "bf16b";
+  // AMX_ONLY=1 skips bf16/int8 kernels without AMX (5-10x slower on an AMX CPU); on a CPU
+  // without it the avx512_core_bf16 / _vnni kernels are the ones to time.
+  bool amx_only = std::getenv("AMX_ONLY") != nullptr;
   std::string only = argc > 2 ? argv[2] : "";
   int reps = argc > 3 ? atoi(argv[3]) : 15;
   std::string srcfmt = argc > 4 ? argv[4] : "";  // "any" to let oneDNN choose src/dst
@@ -89,7 +94,7 @@ int main(int argc, char** argv) {
   if (only == "rtus") {  // subsample copies: a strided NHWC view -> dense
     for (int k = 0; k < 3; ++k) {
       int C = 256 << k, H = 56 >> k, N = 8;
-      dt d = prec == "bf16" ? dt::bf16 : prec == "int8" ? dt::u8 : dt::f32;
+      dt d = bf16 ? dt::bf16 : prec == "int8" ? dt::u8 : dt::f32;
       memory::desc view({N, C, H / 2, H / 2}, d,
                         memory::dims{(memory::dim)H * H * C, 1, (memory::dim)2 * H * C, 2 * C});
       memory::desc dense({N, C, H / 2, H / 2}, d, tag::nhwc);
@@ -110,10 +115,10 @@ int main(int argc, char** argv) {
     if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
     int oh = (c.h + 2 * c.p - c.k) / c.s + 1, ow = (c.w + 2 * c.p - c.k) / c.s + 1;
     dt sdt = dt::f32, ddt = dt::f32, wdt = dt::f32;
-    if (prec == "bf16") sdt = ddt = wdt = dt::bf16;
+    if (bf16) sdt = ddt = wdt = dt::bf16;
     if (prec == "int8") { sdt = c.ic == STEM_IC ? dt::s8 : dt::u8; ddt = dt::u8; wdt = dt::s8; }
-    tag t = prec == "f32b" && c.ic % 16 == 0 ? tag::nChw16c : tag::nhwc;
-    tag td = prec == "f32b" ? tag::nChw16c : tag::nhwc;
+    tag t = blocked && c.ic % 16 == 0 ? tag::nChw16c : tag::nhwc;
+    tag td = blocked ? tag::nChw16c : tag::nhwc;
     memory::desc src({c.n, c.ic, c.h, c.w}, sdt, srcfmt == "any" ? tag::any : t);
     memory::desc dst({c.n, c.oc, oh, ow}, ddt, srcfmt == "any" ? tag::any : td);
     memory::desc wts({c.oc, c.ic, c.k, c.k}, wdt, tag::any);
@@ -142,7 +147,7 @@ int main(int argc, char** argv) {
     do {
       std::string impl = pd.impl_info_str();
       if (impl.find("ref") != std::string::npos || impl.find("gemm") != std::string::npos ||
-          (prec != "f32" && prec != "f32b" && impl.find("amx") == std::string::npos)) {
+          (amx_only && prec.rfind("f32", 0) != 0 && impl.find("amx") == std::string::npos)) {
         ++idx;
         continue;
       }

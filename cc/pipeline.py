@@ -38,6 +38,7 @@ from .passes.movement import sink_reshapes
 from .passes.powers import expand_constant_powers
 from .passes.quantize import assign_dtypes_with_int8
 from .passes.simplify import eliminate_dead_code, eliminate_identities, fold_constants
+from .passes.strides import propagate_strides
 from .passes.window import fold_pad_into_window
 from .verify import IncrementalVerifier
 
@@ -79,6 +80,9 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("fuse_activation", fuse_activation),
         # Zero padding in front of a conv (or a max pool of relu output) becomes its pads.
         Pass("fold_pad_into_window", fold_pad_into_window),
+        # A value only stride-s 1x1 convolutions read is computed at stride s (ResNet's
+        # stage ends): its producer skips the pixels nobody reads.
+        Pass("propagate_strides", propagate_strides),
         # int8 after every fusion, so each range belongs to a value the device holds;
         # what it keeps in float32 is then auto-cast like the rest.
         Pass("quantize_int8", quantize or (lambda graph: graph)),

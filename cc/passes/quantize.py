@@ -306,7 +306,10 @@ def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges,
     outputs = {v.id for v in graph.outputs}
 
     def eight_bit_use(u: Node, v: Value) -> bool:
-        """u reads v only as its input, or (a conv) as its residual."""
+        """u reads v only as its input, or (a conv) as its residual; or u is a max pool
+        that can pass v on in 8 bits."""
+        if passes_8_bit(u):
+            return True
         residual = u.kind == "conv2d" and bool(u.attrs.get("residual"))
         uses = [k for k, w in enumerate(u.inputs) if w is v]
         return id(u) in chosen_nodes and all(
@@ -317,8 +320,16 @@ def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges,
         users = readers.get(v.id, [])
         return v.id not in outputs and bool(users) and all(eight_bit_use(u, v) for u in users)
 
+    def passes_8_bit(u: Node) -> bool:
+        """A max pool whose output only 8-bit readers take: it pools the 8-bit values as
+        they are, at their producer's step (the max of quantized values is the quantized
+        max, the quantization being monotone), so ResNet's stem writes uint8 and its pool
+        reads half the bytes, with no `quantize` after it."""
+        return u.kind == "pool" and u.attrs["mode"] == "max" and eight_bit_out(u)
+
     mapped: dict[int, Value] = {}
     quantized: dict[int, Value] = {}  # float value id -> its quantize node's output
+    steps: dict[int, QParams] = {}  # 8-bit value id (in the new graph) -> its step
     nodes: list[Node] = []
     copies: dict[int, Node] = {}
 
@@ -328,8 +339,8 @@ def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges,
     for i, n in enumerate(graph.nodes):
         if id(n) in chosen_nodes:
             x = n.inputs[0]
-            xp = ranges.params(x)
             mx = m(x)
+            xp = steps.get(mx.id) or ranges.params(x)
             if mx.dtype == "float32":
                 if x.id not in quantized:
                     q = Node("quantize", [mx], [], {"scale": xp.scale, "to": xp.dtype},
@@ -344,10 +355,19 @@ def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges,
                           *(m(v) for v in new.inputs[3:])]
             if new.attrs.get("residual") and new.inputs[-1].dtype != "float32":
                 # a quantized shortcut: read as it is, at its step
-                new.attrs["residual_scale"] = ranges.params(n.inputs[-1]).scale
+                res = new.inputs[-1]
+                new.attrs["residual_scale"] = (steps.get(res.id)
+                                               or ranges.params(n.inputs[-1])).scale
+            if out is not None:
+                steps[new.outputs[0].id] = out
         else:
             new = Node(n.kind, [m(v) for v in n.inputs], [], dict(n.attrs), n.origin)
             new.outputs = [Value(o.type, producer=new, name=o.name) for o in n.outputs]
+            x8 = new.inputs[0] if n.kind == "pool" else None
+            if x8 is not None and x8.id in steps:  # a max pool passing 8 bits on
+                y = new.outputs[0]
+                y.type = TensorType(y.shape, x8.dtype)
+                steps[y.id] = steps[x8.id]
             copies[i] = new
         for old, o in zip(n.outputs, new.outputs):
             mapped[old.id] = o
