@@ -810,6 +810,11 @@ struct Program {
     return slots[slot];
   }
 
+  // Whether `r` was bound before its instruction was added: a constant of the program.
+  bool bound_at_load(const Ref& r) const {
+    return r.slot >= 0 && r.slot < (int64_t)slots.size() && slots[r.slot] != nullptr;
+  }
+
   // Memory bound to a spec tensor, described by `md`.
   memory bind(const Ref& r, const memory::desc& md) {
     if (r.slot == TEMP_SLOT) return memory(md, eng, DNNL_MEMORY_NONE);  // bound by finalize()
@@ -940,10 +945,7 @@ struct Program {
             dt type = dt::f32, int64_t code = D_F32) {
     Ref t = stand_in(r, type, code, temp_at);
     memory::desc t_md = r.blocked ? nhwc(t) : memory::desc(md.get_dims(), type, md.get_strides());
-    Step s;
-    arg(s, DNNL_ARG_FROM, r, md);
-    arg(s, DNNL_ARG_TO, t, t_md);
-    push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, md, eng, t_md));
+    to_compute(ins, r, md, t_md, (size_t)t.offset);
     return t;
   }
 
@@ -971,8 +973,7 @@ struct Program {
                  size_t& temp_at) {
     if (!in_f32(r.type)) return arg(s, id, r, md);
     memory::desc want(md.get_dims(), dt::f32, md.get_strides());
-    bool bound = r.slot >= 0 && r.slot < (int64_t)slots.size() && slots[r.slot] != nullptr;
-    if (bound) return own_arg(s, id, reorder_weights(r, md, want));
+    if (bound_at_load(r)) return own_arg(s, id, reorder_weights(r, md, want));
     Ref t = widen(ins, r, md, temp_at);
     arg(s, id, t, want);
   }
@@ -1086,8 +1087,7 @@ struct Program {
     // thread: 2.2 vs 1.5 ms; slower than the f32 convolution). So a constant f32 bias is
     // rounded to bf16 once, here: an error of the size of the bf16 output's own rounding.
     bool bias_bf16 = has_bias && depthwise && cdt == dt::bf16 && y.type == dt::bf16 &&
-                     b.type == dt::f32 && b.slot >= 0 && b.slot < (int64_t)slots.size() &&
-                     slots[b.slot] != nullptr;  // bound at load: a constant
+                     b.type == dt::f32 && bound_at_load(b);
     memory::desc b_md = !has_bias   ? memory::desc()
                         : bias_bf16 ? plain(b.dims, dt::bf16)
                                     : plain(b.dims, compute_dt(b.type));
