@@ -74,6 +74,9 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_device_core": ([vp, sz, ctypes.POINTER(CoreInfo)], ctypes.c_int),
         "nr_device_charge": ([vp, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int64),
                               sz, err, sz], ctypes.c_int),
+        "nr_device_fail_core": ([vp, ctypes.c_int32, ctypes.c_char_p, err, sz], ctypes.c_int),
+        "nr_device_core_state": ([vp, ctypes.c_int32, ctypes.POINTER(ctypes.c_int), err, sz],
+                                 ctypes.c_int),
         "nr_model_load": ([vp, vp, ctypes.c_uint32, pvp, err, sz], ctypes.c_int),
         "nr_model_load_bytes": ([vp, ctypes.c_char_p, sz, ctypes.c_uint32, pvp, err, sz],
                                 ctypes.c_int),
@@ -135,6 +138,24 @@ class Device:
         buf = ctypes.create_string_buffer(_ERR)
         _check(self.lib, self.lib.nr_device_charge(self.handle, cores, sizes, n, buf, _ERR), buf)
 
+    def fail_core(self, core: int, why: str = "hardware error") -> None:
+        """Core `core` fails, for good (nr_device_fail_core): copies on it retire, loads
+        avoid it."""
+        buf = ctypes.create_string_buffer(_ERR)
+        _check(self.lib, self.lib.nr_device_fail_core(self.handle, core, why.encode(), buf,
+                                                      _ERR), buf)
+
+    def failed_cores(self) -> dict[int, str]:
+        """core -> "core <core> failed (<why>)", for each failed core (nr_device_core_state)."""
+        out = {}
+        for core in self.memory():
+            state, buf = ctypes.c_int(), ctypes.create_string_buffer(_ERR)
+            _check(self.lib, self.lib.nr_device_core_state(self.handle, core, ctypes.byref(state),
+                                                           buf, _ERR), buf)
+            if state.value:
+                out[core] = buf.value.decode("utf-8", "replace")
+        return out
+
     def close(self) -> None:
         if self.handle:
             self.lib.nr_device_close(self.handle)
@@ -145,6 +166,7 @@ class Model:
     """An executable (its bytes) loaded onto a C device."""
 
     def __init__(self, device: Device, data: bytes, duplicates: int = 1):
+        self.device = device
         lib = self.lib = device.lib
         buf = ctypes.create_string_buffer(_ERR)
         self.handle = ctypes.c_void_p()
@@ -262,7 +284,8 @@ class Model:
         return int(self.lib.nr_model_stage_thread(self.handle, copy, stage))
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
-        """Each copy's (cores, bytes per core, runs, busy ns): nr_model_copy."""
+        """Each copy's (cores, bytes per core, runs, busy ns): nr_model_copy (copies retired
+        by a failed core included)."""
         out = []
         for k in range(self.lib.nr_model_duplicates(self.handle) if self.handle else 0):
             info = CopyInfo()

@@ -74,6 +74,23 @@ nr_status nr_device_charge(nr_device *dev, const int32_t *cores, const int64_t *
   });
 }
 
+nr_status nr_device_fail_core(nr_device *dev, int32_t core, const char *why, char *error, size_t error_size) {
+  if (!dev) return report(NR_INVALID_ARGUMENT, "dev is NULL", error, error_size);
+  return guarded(error, error_size,
+                 [&] { dev->device->fail_core(core, why && *why ? std::string(why) : "hardware error"); });
+}
+
+nr_status nr_device_core_state(const nr_device *dev, int32_t core, nr_core_state *state, char *why,
+                               size_t why_size) {
+  if (!dev || !state)
+    return report(NR_INVALID_ARGUMENT, dev ? "state is NULL" : "dev is NULL", why, why_size);
+  return guarded(why, why_size, [&] {
+    const std::string message = dev->device->failure(core);
+    *state = message.empty() ? NR_CORE_WORKING : NR_CORE_FAILED;
+    report(NR_OK, message, why, why_size);
+  });
+}
+
 nr_status nr_model_load(nr_device *dev, const nr_executable *exe, uint32_t duplicates, nr_model **out,
                         char *error, size_t error_size) {
   if (!out) return report(NR_INVALID_ARGUMENT, "out is NULL", error, error_size);

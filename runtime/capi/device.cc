@@ -10,6 +10,7 @@
 #include <set>
 
 #include "executable.h"
+#include "model.h"
 
 namespace nr {
 namespace {
@@ -30,6 +31,16 @@ bool digits(const std::string &s) {
 const char *env(const char *name) { return std::getenv(name); }  // read once, at open
 
 std::string quoted(const std::string &s) { return "'" + s + "'"; }
+
+}  // namespace
+
+std::string list(const std::vector<int> &v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+namespace {
 
 // config.parse_bytes: 4096, 512KiB, 64MiB, 4GiB (case-insensitive, i and B optional).
 uint64_t parse_bytes(const std::string &text, const char *var) {
@@ -102,6 +113,34 @@ std::vector<std::vector<int>> parse_groups(const std::string &text, const std::v
   return groups;
 }
 
+// NEURONISH_FAILED_CORES (runtime/device.py's failed_cores_from_env, word for word):
+// "1", "0,1", "1:ECC error,0": visible cores, each with an optional reason after ':'.
+std::vector<std::pair<int, std::string>> parse_failed(const std::string &text, const std::vector<int> &visible) {
+  std::vector<std::pair<int, std::string>> failed;
+  if (trim(text).empty()) return failed;
+  const std::string var = "NEURONISH_FAILED_CORES=" + quoted(text) + ": ";
+  size_t start = 0;
+  while (true) {
+    size_t comma = text.find(',', start);
+    std::string entry = trim(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    size_t colon = entry.find(':');
+    std::string core = trim(entry.substr(0, colon));
+    std::string why = colon == std::string::npos ? "" : trim(entry.substr(colon + 1));
+    if (!digits(core))
+      bad(var + "expected visible cores separated by commas, each with an optional reason after ':' "
+                "(e.g. '1' or '0:ECC error,1'); got " + quoted(entry));
+    int c = std::stoi(core);
+    if (std::find(visible.begin(), visible.end(), c) == visible.end())
+      bad(var + "core " + std::to_string(c) + " is not one of the visible cores " + list(visible));
+    for (auto &f : failed)
+      if (f.first == c) bad(var + "core " + std::to_string(c) + " is named twice");
+    failed.emplace_back(c, why.empty() ? "named in NEURONISH_FAILED_CORES" : why);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return failed;
+}
+
 int host_cpus() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -157,6 +196,7 @@ DeviceConfig config_from_env() {
   }
   c.core_threads = threads ? positive("NEURONISH_CORE_THREADS", threads) : std::max(1, cpus / c.host_parallelism);
   c.share_by_width = parallelism == nullptr;
+  if (const char *v = env("NEURONISH_FAILED_CORES")) c.failed_cores = parse_failed(v, c.visible_cores);
   return c;
 }
 
@@ -201,6 +241,8 @@ Device::Device(DeviceConfig config)
     : config_(std::move(config)),
       host_(config_.host_parallelism * config_.core_threads, config_.share_by_width ? 0 : config_.core_threads) {
   for (int c : config_.visible_cores) used_[c] = 0;
+  for (auto &[core, why] : config_.failed_cores)
+    failed_.emplace_back(core, "core " + std::to_string(core) + " failed (" + why + ")");
 }
 
 uint64_t Device::used(int core) {
@@ -219,27 +261,70 @@ std::vector<std::vector<int>> Device::candidate_groups(size_t size) const {
     for (size_t i = 0; i + size <= cores.size(); i += size)
       groups.emplace_back(cores.begin() + long(i), cores.begin() + long(i + size));
   }
+  groups.erase(std::remove_if(groups.begin(), groups.end(),
+                              [&](auto &g) { return std::any_of(g.begin(), g.end(), [&](int c) { return failed(c); }); }),
+               groups.end());
   return groups;
 }
 
-std::string list(const std::vector<int> &v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
+bool Device::failed(int core) const {
+  return std::any_of(failed_.begin(), failed_.end(), [&](auto &f) { return f.first == core; });
+}
+
+void Device::fail_core(int core, const std::string &why) {
+  const std::string message = "core " + std::to_string(core) + " failed (" + why + ")";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!used_.count(core))
+      throw Refused{NR_INVALID_ARGUMENT, "core " + std::to_string(core) + " is not one of the visible cores " +
+                                             list(config_.visible_cores)};
+    if (failed(core)) return;  // (its models lost it then)
+    failed_.emplace_back(core, message);
+  }
+  // (A model loading now is not in models_ yet: it looks at failed_ when it tracks itself.)
+  std::lock_guard<std::mutex> lock(models_mu_);
+  for (Model *model : models_) model->lose_core(core, message);
+}
+
+std::string Device::failure(int core) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!used_.count(core))
+    throw Refused{NR_INVALID_ARGUMENT, "core " + std::to_string(core) + " is not one of the visible cores " +
+                                           list(config_.visible_cores)};
+  for (auto &[c, message] : failed_)
+    if (c == core) return message;
+  return "";
+}
+
+void Device::track(Model *model) {
+  std::lock_guard<std::mutex> lock(models_mu_);
+  models_.insert(model);
+  std::vector<std::pair<int, std::string>> failed;
+  {
+    std::lock_guard<std::mutex> lock_failed(mu_);
+    failed = failed_;
+  }
+  for (auto &[core, message] : failed) model->lose_core(core, message);
+}
+
+void Device::untrack(Model *model) {
+  std::lock_guard<std::mutex> lock(models_mu_);
+  models_.erase(model);
 }
 
 std::vector<Reservation> Device::reserve(size_t group_size, const std::vector<uint64_t> &bytes,
                                          size_t copies) {
-  auto groups = candidate_groups(group_size);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto groups = candidate_groups(group_size);  // (none with a failed core)
   if (copies > groups.size()) {
-    std::string all;
+    std::string all, failed;
     for (auto &g : config_.core_groups) all += (all.empty() ? "" : ", ") + list(g);
+    for (auto &f : failed_) failed += (failed.empty() ? "; failed: " : ", ") + f.second;
     throw Refused{NR_DEVICE_ERROR, "cannot load " + std::to_string(copies) + " duplicate(s) of a model that needs " +
                   std::to_string(group_size) + " core(s) per copy: the device has " + std::to_string(groups.size()) +
                   " such core group(s) (visible cores " + list(config_.visible_cores) + ", groups [" + all +
-                  "]); set NEURONISH_NUM_CORES / NEURONISH_CORE_GROUP_SIZES or ask for fewer"};
+                  "]" + failed + "); set NEURONISH_NUM_CORES / NEURONISH_CORE_GROUP_SIZES or ask for fewer"};
   }
-  std::lock_guard<std::mutex> lock(mu_);
   auto min_free = [&](const std::vector<int> &g) {
     uint64_t m = UINT64_MAX;
     for (int c : g) m = std::min(m, free_bytes(c));

@@ -1,7 +1,8 @@
 // The simulated device in C++: its configuration from the NEURONISH_* environment (as
 // runtime/config.py reads it), its cores' memory (runtime/device.py's accounting: a
-// model charges each core of each core group it lands on), and the host's CPUs shared
-// by the programs computing at once (runtime/host.py).
+// model charges each core of each core group it lands on), its failed cores
+// (runtime/device.py's fail_core), and the host's CPUs shared by the programs computing
+// at once (runtime/host.py).
 #pragma once
 #include <condition_variable>
 #include <functional>
@@ -9,10 +10,14 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nr {
+
+class Model;  // model.h
 
 struct DeviceConfig {
   int num_cores = 4;
@@ -22,6 +27,8 @@ struct DeviceConfig {
   int host_parallelism = 1;
   int core_threads = 1;       // OpenMP threads one program's instructions may use
   bool share_by_width = true; // false when NEURONISH_HOST_PARALLELISM fixes programs at once
+  // NEURONISH_FAILED_CORES: cores failed from the start, each with why, in the order named.
+  std::vector<std::pair<int, std::string>> failed_cores;
 };
 
 // From the environment; throws Refused{NR_INVALID_CONFIG} naming the variable.
@@ -69,12 +76,29 @@ class Device {
   void charge(const std::vector<int> &cores, const std::vector<int64_t> &deltas);
   uint64_t used(int core);
 
+  // Core `core` fails (simulated, as runtime/device.py's fail_core): loads avoid it from
+  // now on, and every model with a copy on it retires that copy (Model::lose_core). Its
+  // message is "core <core> failed (<why>)"; failing it again keeps the first. Refused
+  // (NR_INVALID_ARGUMENT) for a core that is not visible.
+  void fail_core(int core, const std::string &why);
+  // "core <core> failed (<why>)", or "" for a working core; Refused for one not visible.
+  std::string failure(int core);
+  // Models loaded on this device, so that a core failing reaches them: a model tracks
+  // itself once loaded (losing at once any of its cores that failed while it loaded) and
+  // untracks itself before it is destroyed.
+  void track(Model *model);
+  void untrack(Model *model);
+
  private:
-  std::vector<std::vector<int>> candidate_groups(size_t size) const;
+  std::vector<std::vector<int>> candidate_groups(size_t size) const;  // (under mu_)
   uint64_t free_bytes(int core) const { return config_.core_memory - used_.at(core); }
+  bool failed(int core) const;  // (under mu_)
   DeviceConfig config_;
   std::map<int, uint64_t> used_;
-  std::mutex mu_;
+  std::vector<std::pair<int, std::string>> failed_;  // core, message; in failure order
+  std::mutex mu_;  // used_ and failed_ (taken last: never held while taking another)
+  std::set<Model *> models_;
+  std::mutex models_mu_;  // models_; held while a failure reaches them (then idle_mu_, mu_)
   HostCPUs host_;
 };
 

@@ -142,6 +142,7 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
   }
   for (size_t k = 0; k < copies_.size(); ++k)
     for (void *arena : copies_[k]->all_arenas) idle_.push_back(Slot{k, arena});
+  working_ = copies_.size();
   label_ = observe::model_name(*exe_);
   if (observe::profiling()) {  // (a model loaded before recording starts is not timed)
     about_ = observe::about(*this);
@@ -152,6 +153,7 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
       }
   }
   observe::model_loaded(this);
+  device_->track(this);  // (last: from here on a core failing reaches the model)
 }
 
 void Model::set_label(const std::string &label) {
@@ -160,8 +162,30 @@ void Model::set_label(const std::string &label) {
 }
 
 Model::~Model() {
-  observe::model_unloaded(this);  // (first: a counters snapshot reads its copies no more)
-  for (auto &copy : copies_) device_->release(copy->reservation);
+  device_->untrack(this);         // (first: a core failing reaches it no more)
+  observe::model_unloaded(this);  // (a counters snapshot reads its copies no more)
+  for (auto &copy : copies_)
+    if (!copy->retired) device_->release(copy->reservation);  // (a retired copy gave it back)
+}
+
+void Model::lose_core(int core, const std::string &message) {
+  std::vector<const Reservation *> freed;
+  {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    for (auto &copy : copies_) {
+      const std::vector<int> &cores = copy->reservation.cores;
+      if (copy->retired || std::find(cores.begin(), cores.end(), core) == cores.end()) continue;
+      copy->retired = true;
+      --working_;
+      lost_ += (lost_.empty() ? "" : "; ") + message;
+      freed.push_back(&copy->reservation);
+    }
+    if (freed.empty()) return;
+    idle_.erase(std::remove_if(idle_.begin(), idle_.end(), [&](const Slot &s) { return copies_[s.copy]->retired; }),
+                idle_.end());
+  }
+  idle_cv_.notify_all();  // (calls waiting for a copy may have none left to wait for)
+  for (const Reservation *r : freed) device_->release(*r);
 }
 
 int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs) {
@@ -246,7 +270,13 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
 Model::Slot Model::take_copy(const Cutoff *cutoff) {
   if (cutoff) cutoff->check("before it started");
   std::unique_lock<std::mutex> lock(idle_mu_);
-  auto idle = [&] { return !idle_.empty(); };
+  // A copy whose core failed is not taken again: its slots, given back by calls that were
+  // computing on it when it retired (lose_core), are dropped here. With no copy left the
+  // call is refused.
+  auto idle = [&] {
+    while (!idle_.empty() && copies_[idle_.back().copy]->retired) idle_.pop_back();
+    return !idle_.empty() || working_ == 0;
+  };
   // (An idle copy is taken without a timed wait: wait_for reads the clock before it
   // looks, and a clock read costs ~80 ns on a VM, a tenth of a tiny model's call.)
   if (!cutoff) {
@@ -255,6 +285,7 @@ Model::Slot Model::take_copy(const Cutoff *cutoff) {
     while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
       cutoff->check("while it waited for the model's cores (all busy with other calls)");
   }
+  if (working_ == 0) throw Refused{NR_DEVICE_ERROR, "the model has no copy left on a working core: " + lost_};
   // The copy given back last: its arena and weights are the likeliest still in the CPU's
   // caches. Taken first in, first out, back-to-back calls went round every copy, each
   // finding its bytes evicted (MobileNetV2 bf16 batch 8 through a NeuronOp's 4 copies).

@@ -39,6 +39,9 @@ struct Copy {
   // While profiling (observe.h): per stage, where its engine writes each instruction's
   // [start, end] (written and read by whichever thread holds the stage's core).
   std::vector<std::vector<double>> timing;
+  // One of its cores failed (Model::lose_core): no call takes it again, its device memory
+  // was given back. (Under Model::idle_mu_.)
+  bool retired = false;
   ~Copy();
 };
 
@@ -59,6 +62,10 @@ class Model {
   // default). Read by the telemetry publisher under its lock (observe::relabel).
   const std::string &label() const { return label_; }
   void set_label(const std::string &label);
+  // Core `core` failed (Device::fail_core; `message` says so): the copies on it retire
+  // (a call computing on one finishes; none starts there again; their memory is given
+  // back). With no copy left, calls fail with NR_DEVICE_ERROR naming the failed cores.
+  void lose_core(int core, const std::string &message);
 
  private:
   // One run at the compiled shapes: `ins`/`outs` are buffers of exactly those shapes.
@@ -83,6 +90,8 @@ class Model {
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
   std::deque<Slot> idle_;  // each copy once per stage, with one of its arenas
+  size_t working_ = 0;     // copies not retired (under idle_mu_)
+  std::string lost_;       // the failures that retired copies, for a call left with none
   std::string label_;
   std::shared_ptr<const observe::About> about_;  // set when the process profiles (observe.h)
 };

@@ -10,8 +10,8 @@
  * runtime reads it (cores, core groups, core memory, host CPUs); loading a model onto
  * core groups (duplicates) as native engine programs (runtime/native/engine.cc, linked);
  * execute at any batch (split, padded, assembled), with a deadline and a cancel flag.
- * Profiles and telemetry as the Python runtime's (nr_host_observes). Not yet: failing
- * cores (docs/c-api.md).
+ * Profiles and telemetry as the Python runtime's (nr_host_observes). Cores that fail in
+ * service, simulated (nr_device_fail_core, NEURONISH_FAILED_CORES).
  *
  * Thread safety: an nr_executable is immutable once loaded (any threads may query it);
  * nr_execute may be called from any number of threads on one model (a call takes an idle
@@ -142,8 +142,9 @@ typedef struct nr_core_info {
 
 /* Open a simulated device configured from the environment as the Python runtime reads it
  * (NEURONISH_NUM_CORES, NEURONISH_VISIBLE_CORES, NEURONISH_CORE_GROUP_SIZES,
- * NEURONISH_CORE_MEMORY, NEURONISH_CORE_THREADS, NEURONISH_HOST_PARALLELISM; README).
- * NR_INVALID_CONFIG names the variable. Each call opens a new, independent device. */
+ * NEURONISH_CORE_MEMORY, NEURONISH_CORE_THREADS, NEURONISH_HOST_PARALLELISM,
+ * NEURONISH_FAILED_CORES; README). NR_INVALID_CONFIG names the variable. Each call opens a
+ * new, independent device. */
 NR_API nr_status nr_device_open(nr_device **out, char *error, size_t error_size);
 /* Close the handle. Models still loaded keep the device alive until they are unloaded. */
 NR_API void nr_device_close(nr_device *dev);
@@ -160,6 +161,30 @@ NR_API nr_status nr_device_core(const nr_device *dev, size_t index, nr_core_info
  * nr_device_core's `used` counts these bytes; model loads see them as taken. */
 NR_API nr_status nr_device_charge(nr_device *dev, const int32_t *cores, const int64_t *deltas,
                                   size_t num, char *error, size_t error_size);
+
+/* Cores failing in service, simulated (as runtime/device.py's Device.fail_core, so a host
+ * can exercise what it does then; docs/c-api.md "Failed cores"). From the moment
+ * nr_device_fail_core returns, core `core` (a visible core's id, as nr_core_info.core) is
+ * out of service for good: loads avoid it (NR_DEVICE_ERROR when too few core groups are
+ * left, naming the failed cores), and each model with a copy on it retires that copy: no
+ * call starts there again and its device memory is given back (a call computing on it
+ * then finishes, with correct outputs); calls run on the model's other copies. A model
+ * left with no copy fails every call with NR_DEVICE_ERROR, the message naming each failed
+ * core and why (a NeuronOp then runs on TensorFlow, unless NEURONISH_FALLBACK=0). The
+ * core's message is "core <core> failed (<why>)" (`why` NULL or empty: "hardware error");
+ * failing a failed core again changes nothing. NR_INVALID_ARGUMENT for a core that is not
+ * visible. Thread-safe with calls and loads in flight. NEURONISH_FAILED_CORES (README)
+ * fails cores as the device opens. */
+NR_API nr_status nr_device_fail_core(nr_device *dev, int32_t core, const char *why, char *error,
+                                     size_t error_size);
+
+typedef enum nr_core_state { NR_CORE_WORKING = 0, NR_CORE_FAILED = 1 } nr_core_state;
+/* Whether core `core` (an id, as nr_core_info.core) has failed; if so and `why` is given,
+ * its message ("core 1 failed (ECC error)") is written there (NUL-terminated, truncated to
+ * why_size; "" for a working core). NR_INVALID_ARGUMENT (and `why` says what is wrong) for
+ * a NULL device or state, or a core that is not visible. */
+NR_API nr_status nr_device_core_state(const nr_device *dev, int32_t core, nr_core_state *state,
+                                      char *why, size_t why_size);
 
 /* Load `exe` onto `duplicates` (>= 1) core groups of nr_executable_num_cores(exe) cores:
  * its constants are copied to device memory, every instruction is built as a native
@@ -196,7 +221,10 @@ typedef struct nr_copy_info {
   uint64_t runs;     /* runs of its program: each a compiled-batch chunk of some call */
   uint64_t busy_ns;  /* their wall time, from taking the copy to giving it back */
 } nr_copy_info;
-/* Copy `index` (< nr_model_duplicates) of the model; NR_INVALID_ARGUMENT when out of range. */
+/* Copy `index` (< nr_model_duplicates) of the model; NR_INVALID_ARGUMENT when out of range.
+ * A copy retired by a failed core (nr_device_core_state) is still listed, with what it held
+ * when it was loaded and the runs it made, as the Python runtime's telemetry lists it;
+ * nr_model_duplicates counts the copies loaded, retired ones included. */
 NR_API nr_status nr_model_copy(const nr_model *model, size_t index, nr_copy_info *info);
 
 /* Run the model. `inputs` in signature order, each of its dtype and shape, except that
