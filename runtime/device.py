@@ -9,23 +9,55 @@ The process's device is one device with one memory limit even when models load o
 C runtime (runtime/capi/native_model.py: `load` and the NeuronOp put models there when
 it can run them): once the C runtime's device is open, it keeps the process's ledger
 (`attach_ledger`), and this device charges its own models' memory there too, so either
-runtime sees what the other holds.
+runtime sees what the other holds. Failing a core of the process's device (`fail_core`,
+or NEURONISH_FAILED_CORES when it is made) fails it on the C runtime's device too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .config import DeviceConfig
+from .config import ConfigError, DeviceConfig
 from .errors import DeviceError, OutOfDeviceMemory
 from .host import HostCPUs
 from .kernels import parallel
 
 _MIB = 1 << 20
+
+ENV_FAILED_CORES = "NEURONISH_FAILED_CORES"
+_WHITESPACE = " \t\n\r\f\v"  # (what the C runtime trims: the two read it alike)
+
+
+def failed_cores_from_env(visible_cores: Sequence[int],
+                          env: Mapping[str, str] | None = None) -> dict[int, str]:
+    """NEURONISH_FAILED_CORES: cores that have failed from the start, each with why, as
+    `fail_core` takes them: '1', '0,1', '1:ECC error,0' (a reason after ':', no commas in
+    it). The C runtime's device reads it in the same words (runtime/capi/device.cc);
+    ConfigError names the variable, what it expects and what came."""
+    text = (os.environ if env is None else env).get(ENV_FAILED_CORES)
+    if text is None or not text.strip(_WHITESPACE):
+        return {}
+    where = f"{ENV_FAILED_CORES}='{text}': "
+    failed: dict[int, str] = {}
+    for entry in (e.strip(_WHITESPACE) for e in text.split(",")):
+        core, _, why = (part.strip(_WHITESPACE) for part in entry.partition(":"))
+        if not (core.isascii() and core.isdigit() and len(core) < 10):
+            raise ConfigError(f"{where}expected visible cores separated by commas, each with an "
+                              f"optional reason after ':' (e.g. '1' or '0:ECC error,1'); got "
+                              f"'{entry}'")
+        if int(core) not in visible_cores:
+            raise ConfigError(f"{where}core {int(core)} is not one of the visible cores "
+                              f"{list(visible_cores)}")
+        if int(core) in failed:
+            raise ConfigError(f"{where}core {int(core)} is named twice")
+        failed[int(core)] = why or f"named in {ENV_FAILED_CORES}"
+    return failed
 
 
 @dataclass(frozen=True)
@@ -49,7 +81,8 @@ class Device:
         # taking as many as its widest team (runtime/host.py); the others queue.
         self.host_cpus = HostCPUs(config.host_parallelism * config.core_threads,
                                   None if config.share_by_width else config.core_threads)
-        self._failed: dict[int, str] = {}  # core -> why it failed (fail_core)
+        self._failed: dict[int, str] = {}  # core -> its message (fail_core)
+        self._why: dict[int, str] = {}  # core -> the reason fail_core was given
         self._models: weakref.WeakSet = weakref.WeakSet()  # loaded models, for fail_core
 
     @property
@@ -138,20 +171,36 @@ class Device:
         """Simulate core `core` failing, as a real device's core can in service: a model
         with a copy on it retires that copy and runs on its others; a model with no other
         copy fails its next calls with a DeviceError naming the core (a NeuronOp then
-        runs on TensorFlow, neuronish/fallback.py). Loads avoid the core from now on."""
+        runs on TensorFlow, neuronish/fallback.py). Loads avoid the core from now on.
+        Failing it again changes nothing (its first reason stays, as in the C runtime).
+        On the process's device (`get_device()`), the C runtime's device loses the core
+        too, with its models there (runtime/capi/native_model.py)."""
         if core not in self._used:
             raise DeviceError(f"core {core} is not one of the visible cores "
                               f"{list(self.config.visible_cores)}")
         message = f"core {core} failed ({why})"
         with self._lock:
+            if core in self._failed:
+                return
             self._failed[core] = message
+            self._why[core] = why
             hit = [m for m in self._models if any(core in g for g in m.core_groups)]
         for model in hit:
             model.lose_core(core, message)
+        if self is _device:
+            from .capi import native_model
+
+            native_model.fail_core(core, why)
 
     def failed_cores(self) -> dict[int, str]:
+        """core -> "core <core> failed (<why>)", for each failed core."""
         with self._lock:
             return dict(self._failed)
+
+    def failure_reasons(self) -> dict[int, str]:
+        """core -> the reason `fail_core` was given, for each failed core."""
+        with self._lock:
+            return dict(self._why)
 
     def loaded_models(self) -> list[object]:
         """The models loaded onto this device now (a server labels its own with the
@@ -244,11 +293,14 @@ def get_device() -> Device:
     with _device_lock:
         if _device is None:
             config = DeviceConfig.from_env()
+            failed = failed_cores_from_env(config.visible_cores)
             _device = Device(config)
             from .capi import native_model
 
             if (ledger := native_model.opened_device()) is not None:  # (see attach_ledger)
                 _device.attach_ledger(ledger)
+            for core, why in failed.items():
+                _device.fail_core(core, why)
             # Kernel lanes are a property of the host, set by the process's device (a
             # Device built by hand, as tests do, leaves them alone).
             parallel.configure(config.kernel_threads, config.host_parallelism)

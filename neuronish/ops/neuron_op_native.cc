@@ -536,7 +536,7 @@ class NeuronOpNativeKernel : public OpKernel {
     // one cost every call a few string allocations.)
     if (s == NR_OK) return absl::OkStatus();
     const absl::Status failed = FromRuntime(s, Where(), error);
-    if (s != NR_EXECUTION_ERROR || !FallbackEnabled()) return failed;
+    if ((s != NR_EXECUTION_ERROR && s != NR_DEVICE_ERROR) || !FallbackEnabled()) return failed;
     if (!fallback_ready_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(load_mu_);
       TF_RETURN_IF_ERROR(StartFallback(ctx, failed));

@@ -14,6 +14,11 @@ turns this path off; so do the settings only the Python runtime honours:
 `NEURONISH_ENGINE=numpy`, `NEURONISH_NATIVE_EXCLUDE`, and a profile
 (`NEURONISH_PROFILE`): the C runtime records profiles only in a process without Python
 (docs/c-api.md, slice 6), and the Python profiler does not collect its spans yet.
+`NEURONISH_NATIVE_EXCLUDE` stays the Python runtime's by design: it hands instructions to
+the numpy engine, which the C runtime does not have.
+
+A core failing (`get_device().fail_core`, NEURONISH_FAILED_CORES) fails on the C device
+too (`fail_core`): its models there retire the copies on it, as the Python runtime's do.
 """
 
 from __future__ import annotations
@@ -96,7 +101,26 @@ def shared_device():  # -> binding.Device | None
 
                 if python_device._device is not None:
                     python_device._device.attach_ledger(_device)
+                    # Cores the process's device lost before this one opened (it read
+                    # NEURONISH_FAILED_CORES itself).
+                    for core, why in python_device._device.failure_reasons().items():
+                        fail_core(core, why)
         return _device
+
+
+def fail_core(core: int, why: str) -> None:
+    """Core `core` of the process's device failed (runtime/device.py's fail_core): fail it
+    on the C device too, if it is open (one opened later learns it then: shared_device)."""
+    from .binding import CRuntimeError
+
+    device = _device
+    if device is None:
+        return
+    try:
+        device.fail_core(core, why)
+    except CRuntimeError as e:  # (configured otherwise: the core is not one of its own)
+        _log.warning("the C runtime's device cannot fail core %d as the process's device "
+                     "did: %s", core, e.message)
 
 
 def opened_device():  # -> binding.Device | None
@@ -146,8 +170,7 @@ class NativeModel(Calls):
         self._exact_outputs = [(_np_dtype(s.dtype), s.shape) for s in self.outputs]
         # (the C runtime's -1: calls take only the compiled shapes; the Python one's None)
         self.batch_size = int(model.batch_size) if model.batch_size >= 0 else None
-        self.duplicates = int(model.lib.nr_model_duplicates(model.handle))
-        self.core_groups = [tuple(c[0]) for c in model.copies()]
+        self._groups = [tuple(c[0]) for c in model.copies()]  # every copy's, as loaded
         # `neuronish ls/top` show it with the C runtime's counters (nr_model_copy).
         self._telemetry = telemetry.get_telemetry()
         if self._telemetry is not None:
@@ -155,8 +178,21 @@ class NativeModel(Calls):
         _loaded.add(self)
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
-        """Each copy's (cores, bytes per core, runs, busy ns), from the C runtime."""
+        """Each copy's (cores, bytes per core, runs, busy ns), from the C runtime (copies
+        retired by a failed core included, as the Python runtime's telemetry lists them)."""
         return self._model.copies()
+
+    @property
+    def core_groups(self) -> list[tuple[int, ...]]:
+        """The core groups of the copies that serve calls: a copy on a failed core retired
+        (as runtime.Model's do)."""
+        failed = self._model.device.failed_cores()
+        return [g for g in self._groups if not failed.keys() & set(g)]
+
+    @property
+    def duplicates(self) -> int:
+        """Copies that serve calls (retired ones not counted, as in runtime.Model)."""
+        return len(self.core_groups)
 
     @property
     def entry(self) -> tuple[int, int] | None:
