@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from neuronish import runtime as rt
-from neuronish.runtime.capi import binding
+from neuronish.runtime.capi import binding, library
 from neuronish.runtime.config import ConfigError, DeviceConfig
 from neuronish.runtime.device import Device, failed_cores_from_env
 from tests.runtime.test_capi_execute import compile_graph
@@ -305,3 +305,33 @@ def test_python_fail_core_reaches_the_c_device(dense: tuple, tmp_path: Path,
     assert kind == "DeviceError"
     assert message == ("the model has no copy left on a working core: core 0 failed "
                        "(in service)")
+
+
+def test_cores_failing_under_calls_and_loads_in_flight_under_thread_sanitizer(
+        tmp_path: Path) -> None:
+    """tests/c_api/nr_fail_core_threads.c, built with -fsanitize=thread against the TSan
+    build of the C runtime: six threads calling a pipelined model of two duplicates (core
+    groups [0, 1] and [2, 3]) and one loading and unloading another copy, while core 1 and
+    then core 2 fail. Every call gives its result alone or, once both have failed, the
+    refusal naming both; TSan reports nothing on the runtime's locking (a core failing
+    reaches models, their idle copies, the device's memory)."""
+    from tests import graphs
+
+    flags = ("-fsanitize=thread", "-fno-omit-frame-pointer")
+    lib = library.build(flags)
+    program = tmp_path / "nr_fail_core_threads"
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", *flags, f"-I{library.INCLUDE}",
+                    str(ROOT / "tests" / "c_api" / "nr_fail_core_threads.c"), "-o",
+                    str(program), str(lib), f"-Wl,-rpath,{lib.parent}", "-lpthread"],
+                   check=True, capture_output=True, text=True)
+    graph = graphs.conv_bn_relu(batch=2)
+    model = tmp_path / "cnn2.neff"
+    model.write_bytes(compile_graph(tmp_path, "cnn2", graph.graph_def, graph.io_config,
+                                    "--neuroncore-pipeline-cores", "2"))
+    r = subprocess.run([str(program), str(model), "1", "2"], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1",
+                                         "OMP_WAIT_POLICY": "passive",
+                                         "NEURONISH_NUM_CORES": "4",
+                                         "NEURONISH_CORE_GROUP_SIZES": "2,2"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    assert "ThreadSanitizer" not in r.stderr
