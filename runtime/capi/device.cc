@@ -1,14 +1,13 @@
 // runtime/config.py, runtime/device.py and runtime/host.py in C++ (device.h).
 #include "device.h"
 
-#include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <set>
 
+#include "cpu_quota.h"
 #include "executable.h"
 
 namespace nr {
@@ -102,13 +101,6 @@ std::vector<std::vector<int>> parse_groups(const std::string &text, const std::v
   return groups;
 }
 
-int host_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? int(n) : 1;
-}
-
 int positive(const char *var, const char *text) {
   std::string t = trim(text);
   if (!digits(t) || std::stoi(t) <= 0)
@@ -142,7 +134,7 @@ DeviceConfig config_from_env() {
   const char *threads = env("NEURONISH_CORE_THREADS");
   if (threads) positive("NEURONISH_CORE_THREADS", threads);
   const char *parallelism = env("NEURONISH_HOST_PARALLELISM");
-  int cpus = host_cpus();
+  int cpus = usable_cpus();  // the affinity mask, capped by a container's CPU quota
   if (!parallelism && threads) {
     c.host_parallelism = std::max(1, cpus / positive("NEURONISH_CORE_THREADS", threads));
   } else if (!parallelism) {
