@@ -181,6 +181,16 @@ bool HostCPUs::acquire(int n, const std::function<bool()> &give_up, std::chrono:
   return got;
 }
 
+int HostCPUs::acquire_either(int n, const std::function<bool()> &give_up) {
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle = free_ == cpus_ && waiting_.empty();
+  }
+  int want = idle ? n : 1;
+  return acquire(want, give_up) ? want : 0;
+}
+
 void HostCPUs::release(int n) {
   {
     std::lock_guard<std::mutex> lock(mu_);

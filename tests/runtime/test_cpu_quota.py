@@ -90,7 +90,8 @@ def _cases(tmp: Path) -> list[tuple[str, Path, float | None]]:
          [(Path("fs/unified"), "a", {"cpu.max": "max 100000"})])
     # Hybrid: both hierarchies mounted, the tighter one wins.
     case("hybrid", "2:cpu:/a\n0::/b\n", [_v1_mount(v1), _v2_mount(v2)], 0.75,
-         [(Path("fs/cpu"), "a", _v1(200000)), (Path("fs/unified"), "b", {"cpu.max": "75000 100000"})])
+         [(Path("fs/cpu"), "a", _v1(200000)),
+          (Path("fs/unified"), "b", {"cpu.max": "75000 100000"})])
     # mountinfo escapes a space in a mount point as \040.
     case("escaped_mount_point", "2:cpu:/g\n",
          ["30 25 0:27 / @/fs/my\\040cpu rw - cgroup cgroup rw,cpu"], 1.0,
