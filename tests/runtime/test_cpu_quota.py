@@ -145,12 +145,13 @@ import json, sys
 from neuronish.runtime.config import DeviceConfig
 from neuronish.runtime.host_cpus import usable_cpus
 from neuronish.runtime.capi import binding
+from neuronish.device_tools import format_ls
 dev = binding.Device(binding.load_library())
 model = binding.Model(dev, open(sys.argv[1], "rb").read())
 team = model.team(0)  # the convolution
 model.unload(); dev.close()
 print(json.dumps({"usable": usable_cpus(), "core_threads": DeviceConfig.from_env().core_threads,
-                  "c_team": team}))
+                  "c_team": team, "ls": format_ls([]).splitlines()[1]}))
 """
 
 
@@ -212,6 +213,9 @@ def test_a_one_cpu_quota_gives_one_thread_teams(tmp_path: Path) -> None:
     finally:
         group.rmdir()
     outside = _probe(executable, None)
+    assert inside["ls"] == "host: 1 CPU(s) for the engine's threads (cgroup CPU quota 1 of " \
+        f"{len(os.sched_getaffinity(0))} in the affinity mask)", inside
+    del inside["ls"]
     assert inside == {"usable": 1, "core_threads": 1, "c_team": 1}, inside
     assert outside["usable"] >= 2 and outside["core_threads"] >= 2, outside
     assert outside["c_team"] >= 2, outside
