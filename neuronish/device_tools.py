@@ -10,8 +10,8 @@ import sys
 import time
 
 from neuronish.runtime import telemetry
+from neuronish.runtime.cgroup import cgroup_cpu_limit, usable_cpus
 from neuronish.runtime.config import ConfigError, DeviceConfig
-from neuronish.runtime.host_cpus import cgroup_cpu_limit, usable_cpus
 
 
 def size(n: int) -> str:

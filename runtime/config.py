@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .host_cpus import usable_cpus
+from .cgroup import usable_cpus
 
 DEFAULT_NUM_CORES = 4
 DEFAULT_CORE_MEMORY = 4 << 30  # 4 GiB per core

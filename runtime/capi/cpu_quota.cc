@@ -1,4 +1,4 @@
-// runtime/host_cpus.py in C++: the same files, the same walk, the same rounding.
+// runtime/cgroup.py in C++: the same files, the same walk, the same rounding.
 #include "cpu_quota.h"
 
 #include <sched.h>
@@ -65,7 +65,7 @@ std::string unescape(const std::string &field) {
   return out;
 }
 
-// Where the group `path` is under a hierarchy mounted from `root` (host_cpus._group_dir).
+// Where the group `path` is under a hierarchy mounted from `root` (cgroup._group_dir).
 std::string group_dir(const std::string &mount_point, std::string root, const std::string &path) {
   while (!root.empty() && root.back() == '/') root.pop_back();
   if (path == root || path.compare(0, root.size() + 1, root + "/") == 0) {

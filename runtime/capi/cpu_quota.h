@@ -1,4 +1,4 @@
-// The CPUs this process can really use: runtime/host_cpus.py in C++ (its docstring says
+// The CPUs this process can really use: runtime/cgroup.py in C++ (its docstring says
 // why a cgroup CPU quota caps the affinity mask, rounded down, and what it measured).
 #pragma once
 

@@ -1,5 +1,5 @@
-"""How many CPUs this process can really use: its affinity mask, capped by its cgroup's
-CPU quota.
+"""What this process's cgroups let it use: CPUs (the affinity mask capped by the CPU quota)
+and memory (the tightest memory limit less what the group already uses).
 
 A container limited to one CPU (Kubernetes `resources.limits.cpu: 1`, `docker run
 --cpus 1`) on a bigger host still has every host CPU in its affinity mask. A team of
@@ -8,18 +8,22 @@ every thread of the group until the next period, and one primitive's barrier wai
 the stop. Measured on 2 vCPUs (AMD EPYC), MobileNetV2 fp32 batch 8 on the runtime under a
 quota of 1.5 CPUs: 119-121 ms per call with two threads, 62 ms with one; no quota: 41 ms
 with two. So the quota is rounded down, as Go's automaxprocs does: a thread the quota
-cannot keep busy costs more than the part of a CPU it leaves unused.
+cannot keep busy costs more than the part of a CPU it leaves unused. Likewise
+/proc/meminfo's MemAvailable is the host's: parallel compilers sized by it in a pod
+limited to 4 GiB on a 64 GiB node are killed by the group's OOM killer.
 
-Both cgroup versions count: v2's `cpu.max` ("max 100000" or "QUOTA PERIOD") and v1's
-`cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1: none), on the process's own group and on
-every ancestor up to the hierarchy's mount (a parent's quota binds its children too).
-runtime/capi/cpu_quota.cc reads them the same way for the C runtime.
+Both cgroup versions count: v2's `cpu.max` ("max 100000" or "QUOTA PERIOD") and
+`memory.max`/`memory.current`, v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1: none)
+and `memory.limit_in_bytes`/`memory.usage_in_bytes`, on the process's own group and on
+every ancestor up to the hierarchy's mount (a parent's limit binds its children too).
+runtime/capi/cpu_quota.cc reads the CPU quota the same way for the C runtime.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -39,20 +43,44 @@ def cgroup_cpu_limit(proc: Path = Path("/proc/self")) -> float | None:
     """The tightest CPU quota over this process's cgroups, in CPUs (quota / period); None
     when no cgroup limits CPU time or the cgroup files cannot be read. `proc` is the
     process's /proc directory (`/proc/<pid>` reads another process's)."""
+    limits = _limits(proc, "cpu", _cpu_limit)
+    return min(limits) if limits else None
+
+
+def cgroup_memory_available(proc: Path = Path("/proc/self")) -> int | None:
+    """Bytes this process's cgroups let it allocate before their OOM killer acts: the
+    least, over its groups and their parents, of limit less usage; None when no group
+    limits memory or the cgroup files cannot be read."""
+    room = _limits(proc, "memory", _memory_room)
+    return max(0, int(min(room))) if room else None
+
+
+def _limits(proc: Path, controller: str,
+            read: Callable[[Path, int], float | None]) -> list[float]:
+    """`read(directory, version)` of each of the process's groups in a hierarchy that may
+    hold `controller`'s files and of each parent up to the hierarchy's mount, where set.
+    A group without the files (v2 enables a controller per subtree) sets nothing."""
     try:
         memberships = (proc / "cgroup").read_text().splitlines()
         mounts = (proc / "mountinfo").read_text().splitlines()
     except OSError:
-        return None
-    limits = [limit for directory, mount_point, version in _cpu_group_dirs(memberships, mounts)
-              for limit in _quotas_up_to(mount_point, directory, version)]
-    return min(limits) if limits else None
+        return []
+    limits = []
+    for directory, mount_point, version in _group_dirs(controller, memberships, mounts):
+        for d in (directory, *directory.parents):
+            limit = read(d, version)
+            if limit is not None:
+                limits.append(limit)
+            if d == mount_point or mount_point not in d.parents:
+                break
+    return limits
 
 
-def _cpu_group_dirs(memberships: list[str], mounts: list[str]) -> list[tuple[Path, Path, int]]:
-    """Each (directory of the process's group in a mounted hierarchy that controls CPU,
-    the hierarchy's mount point, cgroup version), from /proc/self/cgroup
-    ("ID:CONTROLLERS:PATH") and mountinfo."""
+def _group_dirs(controller: str, memberships: list[str],
+                mounts: list[str]) -> list[tuple[Path, Path, int]]:
+    """Each (directory of the process's group in a mounted hierarchy that may hold
+    `controller`'s files, the hierarchy's mount point, cgroup version), from
+    /proc/self/cgroup ("ID:CONTROLLERS:PATH") and mountinfo."""
     v1_path = v2_path = None
     for line in memberships:
         parts = line.split(":", 2)
@@ -60,7 +88,7 @@ def _cpu_group_dirs(memberships: list[str], mounts: list[str]) -> list[tuple[Pat
             continue
         if parts[0] == "0" and parts[1] == "":
             v2_path = parts[2]
-        elif "cpu" in parts[1].split(","):
+        elif controller in parts[1].split(","):
             v1_path = parts[2]
     found = []
     for line in mounts:
@@ -72,7 +100,7 @@ def _cpu_group_dirs(memberships: list[str], mounts: list[str]) -> list[tuple[Pat
         root, mount_point, fstype = fields[3], Path(_unescape(fields[4])), tail[0]
         if fstype == "cgroup2" and v2_path is not None:
             found.append((_group_dir(mount_point, root, v2_path), mount_point, 2))
-        elif fstype == "cgroup" and v1_path is not None and "cpu" in tail[2].split(","):
+        elif fstype == "cgroup" and v1_path is not None and controller in tail[2].split(","):
             found.append((_group_dir(mount_point, root, v1_path), mount_point, 1))
     return found
 
@@ -88,20 +116,7 @@ def _group_dir(mount_point: Path, mount_root: str, path: str) -> Path:
     return mount_point
 
 
-def _quotas_up_to(mount_point: Path, directory: Path, version: int) -> list[float]:
-    """The CPU limits set on `directory` and each parent of it up to `mount_point`.
-    A group without the files (v2 enables the controller per subtree) sets none."""
-    limits = []
-    for d in (directory, *directory.parents):
-        limit = _read_limit(d, version)
-        if limit is not None:
-            limits.append(limit)
-        if d == mount_point or mount_point not in d.parents:
-            break
-    return limits
-
-
-def _read_limit(directory: Path, version: int) -> float | None:
+def _cpu_limit(directory: Path, version: int) -> float | None:
     """A group's CPU limit in CPUs; None when it sets none or its files are unreadable."""
     try:
         if version == 2:
@@ -113,6 +128,21 @@ def _read_limit(directory: Path, version: int) -> float | None:
     except (OSError, ValueError):  # ValueError: "max", no limit
         return None
     return q / p if q > 0 and p > 0 else None
+
+
+# v1 writes "no limit" as the largest page-aligned int64 (9223372036854771712).
+_V1_NO_MEMORY_LIMIT = 1 << 62
+
+
+def _memory_room(directory: Path, version: int) -> float | None:
+    """A group's memory limit less its usage, in bytes; None when it sets no limit."""
+    names = ("memory.max", "memory.current") if version == 2 else \
+        ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    try:
+        limit, used = (int((directory / n).read_text().strip()) for n in names)
+    except (OSError, ValueError):  # ValueError: "max", no limit
+        return None
+    return None if limit >= _V1_NO_MEMORY_LIMIT else limit - used
 
 
 def _unescape(field: str) -> str:

@@ -1,6 +1,7 @@
 """A cgroup CPU quota caps the CPUs both runtimes size their thread teams by
-(runtime/host_cpus.py, runtime/capi/cpu_quota.cc): a container limited to one CPU runs
-one-thread programs instead of a team the kernel throttles.
+(runtime/cgroup.py, runtime/capi/cpu_quota.cc): a container limited to one CPU runs
+one-thread programs instead of a team the kernel throttles; and a cgroup memory limit caps
+the memory the compile driver sizes its parallel compilers by.
 
 The readers are checked on made-up /proc and cgroup trees (Python directly, C++ through a
 small program built from cpu_quota.cc), and, where this process may create a cgroup with
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronish.runtime.host_cpus import cgroup_cpu_limit
+from neuronish.runtime.cgroup import cgroup_cpu_limit, cgroup_memory_available
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,12 +139,39 @@ def test_unreadable_proc_means_no_limit(tmp_path: Path, cpp_reader: Path) -> Non
     assert out == "none"
 
 
+def test_memory_room_is_the_tightest_limit_less_usage(tmp_path: Path) -> None:
+    gib = 1 << 30
+    v1 = "30 25 0:27 / @ rw - cgroup cgroup rw,memory"
+    v2 = "31 25 0:28 / @ rw - cgroup2 cgroup2 rw"
+    none_v1 = str(9223372036854771712)
+    for name, cgroup, mount, groups, want in (
+        ("v1", "4:memory:/pod/ctr\n", v1,
+         {"": {"memory.limit_in_bytes": none_v1, "memory.usage_in_bytes": str(5 * gib)},
+          "pod": {"memory.limit_in_bytes": str(4 * gib), "memory.usage_in_bytes": str(gib)},
+          "pod/ctr": {"memory.limit_in_bytes": str(8 * gib),
+                      "memory.usage_in_bytes": str(gib // 2)}}, 3 * gib),
+        ("v1_unlimited", "4:memory:/a\n", v1,
+         {"a": {"memory.limit_in_bytes": none_v1, "memory.usage_in_bytes": "1"}}, None),
+        ("v2", "0::/a/b\n", v2,
+         {"a": {"memory.max": "max", "memory.current": str(gib)},
+          "a/b": {"memory.max": str(2 * gib), "memory.current": str(gib // 4)}},
+         2 * gib - gib // 4),
+        ("v2_over", "0::/a\n", v2, {"a": {"memory.max": str(gib),
+                                          "memory.current": str(2 * gib)}}, 0),
+    ):
+        d = tmp_path / name
+        for rel, files in groups.items():
+            _group(d / "fs", rel, files)
+        proc = _proc(d, cgroup, [mount.replace("@", str(d / "fs"))])
+        assert cgroup_memory_available(proc) == want, name
+
+
 # --- for real: a process in a cgroup limited to one CPU ---------------------------------
 
 _PROBE = """
 import json, sys
 from neuronish.runtime.config import DeviceConfig
-from neuronish.runtime.host_cpus import usable_cpus
+from neuronish.runtime.cgroup import usable_cpus
 from neuronish.runtime.capi import binding
 from neuronish.device_tools import format_ls
 dev = binding.Device(binding.load_library())
@@ -219,3 +247,46 @@ def test_a_one_cpu_quota_gives_one_thread_teams(tmp_path: Path) -> None:
     assert inside == {"usable": 1, "core_threads": 1, "c_team": 1}, inside
     assert outside["usable"] >= 2 and outside["core_threads"] >= 2, outside
     assert outside["c_team"] >= 2, outside
+
+
+def _memory_group(limit: int) -> Path:
+    """A new cgroup whose memory limit is `limit` bytes; skips, saying why, where this
+    process may not make one."""
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup with a memory limit needs root")
+    name = f"neuronish-test-{uuid.uuid4().hex[:8]}"
+    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+    try:
+        if (v1 / "memory.limit_in_bytes").exists():
+            group = v1 / name
+            group.mkdir()
+            (group / "memory.limit_in_bytes").write_text(str(limit))
+            return group
+        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
+            group = v2 / name
+            group.mkdir()
+            (group / "memory.max").write_text(str(limit))
+            return group
+    except OSError as e:
+        pytest.skip(f"cannot make a cgroup with a memory limit here: {e}")
+    pytest.skip("no cgroup filesystem with the memory controller is mounted")
+
+
+def test_a_memory_limit_bounds_the_parallel_compilers() -> None:
+    """In a group limited to 1 GiB the driver sees at most 1 GiB (not the host's
+    MemAvailable) and runs one 600 MiB compiler at a time, not one per CPU."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 or more CPUs to tell a memory-bound count from a CPU-bound one")
+    probe = ("from neuronish import compile_driver as d; "
+             "print(d._available_memory(), d.default_max_num_compilers(600 << 20))")
+    group = _memory_group(1 << 30)
+    try:
+        cmd = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh",
+               sys.executable, "-c", probe]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    finally:
+        group.rmdir()
+    assert r.returncode == 0, r.stderr[-2000:]
+    available, compilers = (int(v) for v in r.stdout.split())
+    assert 0 < available <= 1 << 30, available
+    assert compilers == 1, r.stdout
