@@ -54,6 +54,7 @@ from typing import BinaryIO
 
 from .cc_flags import ENV_CC_FLAGS, TFN_ENV_CC_FLAGS, env_compiler_flags
 from .contracts import ENV_COMPILER, default_compiler
+from .runtime.cgroup import cgroup_memory_available, usable_cpus
 
 # Measured peak RSS of `neuronish-cc compile`: ~60 MiB for a tiny graph, 264 MiB for
 # ResNet50 (a 98 MiB GraphDef), 2.1 GB for ConvNeXtXLarge (1.4 GB): about 60 MiB + 2x
@@ -126,35 +127,35 @@ def graph_size(job: CompileJob) -> int:
     return os.path.getsize(job.graph_def)
 
 
-def _usable_cpus() -> int:
-    # sched_getaffinity honours taskset/cgroup cpusets; os.cpu_count() does not.
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
 def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes, None where there is no such file."""
+    """MemAvailable from /proc/meminfo in bytes, at most what the process's cgroups still
+    allow (a container's limit; the host's MemAvailable does not see it); None where
+    neither is known."""
+    host = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    host = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    group = cgroup_memory_available()
+    known = [m for m in (host, group) if m is not None]
+    return min(known) if known else None
 
 
 def default_max_num_compilers(memory_per_compiler: int = DEFAULT_MEMORY_PER_COMPILER) -> int:
     """How many compilers to run at once: one per usable CPU, as many as fit in memory.
 
     The rule: `max(1, min(usable CPUs, MemAvailable // memory_per_compiler))`.
-    Usable CPUs come from the CPU affinity mask (else `os.cpu_count()`);
-    MemAvailable from /proc/meminfo (where missing, memory is not limiting).
+    Usable CPUs: the CPU affinity mask capped by a cgroup CPU quota (runtime/cgroup.py);
+    MemAvailable from /proc/meminfo, at most a cgroup memory limit less its usage
+    (where neither is known, memory is not limiting).
     `compile_all` passes the estimate for its largest graph
     (`estimate_compiler_memory`); the default assumes a ResNet50-sized graph.
     """
-    limit = _usable_cpus()
+    limit = usable_cpus()
     available = _available_memory()
     if available is not None and memory_per_compiler > 0:
         limit = min(limit, available // memory_per_compiler)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from neuronish.runtime import telemetry
+from neuronish.runtime.cgroup import cgroup_cpu_limit, usable_cpus
 from neuronish.runtime.config import ConfigError, DeviceConfig
 
 
@@ -34,7 +36,19 @@ def _device_line(processes: list[dict]) -> list[str]:
                                         [list(g) for g in c.core_groups], c.core_memory)
         engine = "-"
     return [f"device: {num} core(s), visible {visible}, core groups {groups}, "
-            f"{size(memory)} per core, engine {engine}"]
+            f"{size(memory)} per core, engine {engine}"] + ([] if processes else [_host_line()])
+
+
+def _host_line() -> str:
+    """The CPUs this environment's teams are sized by, and why when a quota caps them."""
+    cpus, limit = usable_cpus(), cgroup_cpu_limit()
+    try:
+        mask = len(os.sched_getaffinity(0))
+    except AttributeError:
+        mask = os.cpu_count() or 1
+    why = f" (cgroup CPU quota {limit:g} of {mask} in the affinity mask)" \
+        if limit is not None and limit < mask else ""
+    return f"host: {cpus} CPU(s) for the engine's threads{why}"
 
 
 def _memory_by_core(processes: list[dict]) -> dict[int, int]:

@@ -6,6 +6,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from .cgroup import usable_cpus
+
 DEFAULT_NUM_CORES = 4
 DEFAULT_CORE_MEMORY = 4 << 30  # 4 GiB per core
 
@@ -61,10 +63,7 @@ def _parse_groups(text: str, visible: list[int]) -> list[list[int]]:
 
 
 def _host_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # what this process may run on
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return usable_cpus()  # the affinity mask, capped by a container's CPU quota
 
 
 def default_host_parallelism(env: dict[str, str], cpus: int) -> int:

@@ -95,6 +95,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
                                        ctypes.POINTER(sz)], ctypes.c_int),
         "nr_model_instruction_team": ([vp, sz], ctypes.c_int32),
         "nr_model_stage_thread": ([vp, sz, sz], ctypes.c_int64),
+        "nr_model_narrow_runs": ([vp, sz], ctypes.c_int64),
     }
     for name, (args, res) in signatures.items():
         fn = getattr(lib, name)
@@ -282,6 +283,10 @@ class Model:
         """For tests: the native id of the thread that last ran `stage` of copy `copy` (0:
         it has not run; -1: no such copy or stage)."""
         return int(self.lib.nr_model_stage_thread(self.handle, copy, stage))
+
+    def narrow_runs(self, copy: int = 0) -> int:
+        """For tests: runs of copy `copy` on its one-thread twin (-1: no such copy)."""
+        return int(self.lib.nr_model_narrow_runs(self.handle, copy))
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
         """Each copy's (cores, bytes per core, runs, busy ns): nr_model_copy (copies retired

@@ -191,4 +191,9 @@ int64_t nr_model_stage_thread(const nr_model *model, size_t copy, size_t stage) 
   return stage < c.cores.size() ? c.ran_on[stage].load(std::memory_order_relaxed) : -1;
 }
 
+int64_t nr_model_narrow_runs(const nr_model *model, size_t copy) {
+  if (!model || copy >= model->model->duplicates()) return -1;
+  return int64_t(model->model->copy(copy).narrow_runs.load(std::memory_order_relaxed));
+}
+
 }  // extern "C"

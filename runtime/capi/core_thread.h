@@ -3,12 +3,12 @@
 //
 // Why not run a stage on the calling thread under the core's lock, as the C runtime did
 // until session 6: eight callers of a pipelined model then handed the two cores to each
-// other through futex wake-ups, a different caller computing each time, and under the
-// default (CFS/EEVDF) scheduler woken callers were often placed on the CPU that woke them
-// while the other CPU idled (docs/c-api.md, "Per-core host threads in C"). A core's own
-// thread computes stage after stage; two such threads, each nearly always runnable, are
-// kept apart by the scheduler, and a pipelined call moves from core to core thread to
-// thread, its caller sleeping until the last stage is done.
+// other through futex wake-ups, a different caller computing each time, and reached 1.53x
+// one core where core threads reach 1.89x (docs/c-api.md, "Per-core host threads in C").
+// The suspected cause, not verified (the host was saturated under `perf sched`): the
+// default (CFS/EEVDF) scheduler placing a woken caller on the CPU that woke it while the
+// other idled. A core's own thread computes stage after stage, and a pipelined call moves
+// from core thread to core thread, its caller sleeping until the last stage is done.
 //
 // A caller may still run a stage itself when the core is idle and nobody is queued for it
 // (`try_enter`): a single-stage model's lone call then pays no hand-off (a tiny model's

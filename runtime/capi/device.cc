@@ -1,14 +1,13 @@
 // runtime/config.py, runtime/device.py and runtime/host.py in C++ (device.h).
 #include "device.h"
 
-#include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <set>
 
+#include "cpu_quota.h"
 #include "executable.h"
 #include "model.h"
 
@@ -141,13 +140,6 @@ std::vector<std::pair<int, std::string>> parse_failed(const std::string &text, c
   return failed;
 }
 
-int host_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? int(n) : 1;
-}
-
 int positive(const char *var, const char *text) {
   std::string t = trim(text);
   if (!digits(t) || std::stoi(t) <= 0)
@@ -181,7 +173,7 @@ DeviceConfig config_from_env() {
   const char *threads = env("NEURONISH_CORE_THREADS");
   if (threads) positive("NEURONISH_CORE_THREADS", threads);
   const char *parallelism = env("NEURONISH_HOST_PARALLELISM");
-  int cpus = host_cpus();
+  int cpus = usable_cpus();  // the affinity mask, capped by a container's CPU quota
   if (!parallelism && threads) {
     c.host_parallelism = std::max(1, cpus / positive("NEURONISH_CORE_THREADS", threads));
   } else if (!parallelism) {
@@ -227,6 +219,16 @@ bool HostCPUs::acquire(int n, const std::function<bool()> &give_up, std::chrono:
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), ticket));
   cv_.notify_all();  // the next in line may now be first
   return got;
+}
+
+int HostCPUs::acquire_either(int n, const std::function<bool()> &give_up) {
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle = free_ == cpus_ && waiting_.empty();
+  }
+  int want = idle ? n : 1;
+  return acquire(want, give_up) ? want : 0;
 }
 
 void HostCPUs::release(int n) {

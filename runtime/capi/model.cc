@@ -91,6 +91,7 @@ struct Buffer {  // a 64-byte aligned temporary
 Copy::~Copy() {
   cores.clear();    // the host threads end first (idle: a model unloads with no call in flight)
   program.reset();  // then the engine programs: they point into the arenas
+  narrow.reset();
   for (void *a : all_arenas) std::free(a);
 }
 
@@ -120,7 +121,13 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
       auto copy = std::make_unique<Copy>();
       copy->reservation = r;
       // (on the engine threads: building reorders the weights, in parallel regions)
-      EngineThreads::run([&] { copy->program = build_copy(*exe_, *constants_, device_->config().core_threads); });
+      EngineThreads::run([&] {
+        copy->program = build_copy(*exe_, *constants_, device_->config().core_threads);
+        if (wants_narrow_twin(*copy->program)) copy->narrow = build_copy(*exe_, *constants_, 1);
+      });
+      // (both read a call's tensors from the same slots; a twin that placed them elsewhere
+      // could not take the same calls)
+      if (copy->narrow && copy->narrow->first_call_slot != copy->program->first_call_slot) copy->narrow.reset();
       for (size_t k = 0; k < std::max<size_t>(stages, 1); ++k) {
         void *arena = new_arena(exe_->arena_bytes);
         if (!arena) throw std::bad_alloc();
@@ -332,17 +339,28 @@ struct Model::Call final : CoreJob {
   }
 };
 
+bool Model::wants_narrow_twin(const CopyProgram &program) const {
+  const DeviceConfig &config = device_->config();
+  if (program.stages.size() != 1 || config.core_threads < 2 || !config.share_by_width ||
+      observe::profiling())
+    return false;
+  const Stage &stage = *program.stages[0];
+  return stage.width > 1 && stage.weight_bytes <= kNarrowTwinWeightBytes;
+}
+
 void Model::run_stage(Call &call, size_t s) {
-  Stage &stage = *call.copy.program->stages[s];
   const Cutoff *cutoff = call.cutoff;
   if (cutoff) cutoff->check("before its next stage could start");
   HostCPUs &host = device_->host();
-  int width = host.width(stage.width);
-  if (!cutoff) {
-    host.acquire(width);
-  } else if (!host.acquire(width, [&] { return cutoff->stopped(); })) {
-    cutoff->check("while it waited for the host's CPUs (busy with other calls)");
-  }
+  const Stage &wide = *call.copy.program->stages[s];
+  const Stage *narrow = call.copy.narrow ? call.copy.narrow->stages[s].get() : nullptr;
+  int width = host.width(wide.width);
+  std::function<bool()> give_up;
+  if (cutoff) give_up = [&] { return cutoff->stopped(); };
+  int taken = narrow && width > 1 ? host.acquire_either(width, give_up) : host.acquire(width, give_up) ? width : 0;
+  if (taken == 0) cutoff->check("while it waited for the host's CPUs (busy with other calls)");
+  const Stage &stage = taken < width ? *narrow : wide;
+  if (&stage == narrow) call.copy.narrow_runs.fetch_add(1, std::memory_order_relaxed);
   call.copy.ran_on[s].store(this_thread_tid(), std::memory_order_relaxed);
   char err[2048];
   auto run = [&]() -> int64_t {
@@ -353,7 +371,7 @@ void Model::run_stage(Call &call, size_t s) {
   };
   // (a stage of one-thread instructions opens no parallel region: no hand-over)
   int64_t rc = stage.width > 1 ? EngineThreads::call(run) : run();
-  host.release(width);
+  host.release(taken);
   if (call.timed && rc == 0) call.times.push_back(call.copy.timing[s]);
   if (rc > 0) {
     cutoff->check("while its instructions ran");  // (throws: the engine saw it)

@@ -292,6 +292,12 @@ NR_API int32_t nr_model_instruction_team(const nr_model *model, size_t index);
  * model or an index out of range. */
 NR_API int64_t nr_model_stage_thread(const nr_model *model, size_t copy, size_t stage);
 
+/* For tests: how many runs of copy `copy` computed on its one-thread twin (a copy of a
+ * single-stage program whose team is wide runs the same program built for one thread,
+ * on one CPU, when other calls hold or wait for the host's CPUs; docs/c-api.md). -1 for
+ * a NULL model or a copy out of range. */
+NR_API int64_t nr_model_narrow_runs(const nr_model *model, size_t copy);
+
 #ifdef __cplusplus
 }
 #endif

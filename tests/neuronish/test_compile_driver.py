@@ -319,7 +319,7 @@ def test_argument_errors() -> None:
 
 def test_default_max_num_compilers_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     gib = 2**30
-    monkeypatch.setattr(compile_driver, "_usable_cpus", lambda: 8)
+    monkeypatch.setattr(compile_driver, "usable_cpus", lambda: 8)
     monkeypatch.setattr(compile_driver, "_available_memory", lambda: 3 * gib + 5)
     assert compile_driver.default_max_num_compilers(gib) == 3  # memory-bound
     assert compile_driver.default_max_num_compilers(gib // 4) == 8  # CPU-bound

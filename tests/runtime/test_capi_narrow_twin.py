@@ -1,0 +1,115 @@
+"""A copy of a program whose team is wide keeps a one-thread twin and runs it while the
+host is busy (runtime/capi/model.h, kNarrowTwinWeightBytes): two calls on two CPUs
+instead of one call on both. A lone call still runs wide; every call, twin or not,
+matches TensorFlow.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.runtime.capi import binding
+from tests.graphs import trace
+from tests.runtime.test_capi_execute import compile_graph
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
+                                reason="g++ is needed to build the C runtime library")
+
+# Two threads per core, the host's CPUs shared by team width: a two-thread program takes
+# both CPUs of this (simulated) host when it is idle.
+ENV = {"NEURONISH_NUM_CORES": "2", "NEURONISH_CORE_THREADS": "2"}
+
+
+def _small_cnn() -> object:
+    """Two 3x3 convolutions (the second 38 MFLOP: a two-thread team), pools, a dense."""
+    rng = np.random.default_rng(0)
+    k1 = tf.constant(rng.standard_normal((3, 3, 3, 32)).astype(np.float32) * 0.1)
+    k2 = tf.constant(rng.standard_normal((3, 3, 32, 64)).astype(np.float32) * 0.1)
+    w = tf.constant(rng.standard_normal((16 * 16 * 64, 10)).astype(np.float32) * 0.1)
+
+    def f(x: tf.Tensor) -> tf.Tensor:
+        h = tf.nn.max_pool2d(tf.nn.relu(tf.nn.conv2d(x, k1, 1, "SAME")), 2, 2, "VALID")
+        h = tf.nn.max_pool2d(tf.nn.relu(tf.nn.conv2d(h, k2, 1, "SAME")), 2, 2, "VALID")
+        return tf.matmul(tf.reshape(h, [-1, 16 * 16 * 64]), w)
+    return trace(f, tf.TensorSpec([1, 64, 64, 3], tf.float32, name="x"))
+
+
+def _calls(model: binding.Model, inputs: list[np.ndarray], callers: int) -> list[np.ndarray]:
+    """Each input run once, by `callers` threads taking them in turn."""
+    outs: list[np.ndarray | None] = [None] * len(inputs)
+    errors: list[BaseException] = []
+
+    def work(first: int) -> None:
+        try:
+            for i in range(first, len(inputs), callers):
+                outs[i] = model.run([inputs[i]])[0]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    return outs  # type: ignore[return-value]
+
+
+def test_busy_host_runs_the_twin_and_matches_tensorflow(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    graph = _small_cnn()
+    data = compile_graph(tmp_path, "cnn", graph.graph_def, graph.io_config)
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((1, 64, 64, 3)).astype(np.float32) for _ in range(160)]
+    device = binding.Device(binding.load_library())
+    model = binding.Model(device, data, duplicates=2)
+    try:
+        teams = []
+        while (team := model.team(len(teams))) >= 0:
+            teams.append(team)
+        assert max(teams) == 2, f"the second convolution should run on two threads: {teams}"
+        alone = _calls(model, inputs, callers=1)
+        assert model.narrow_runs(0) + model.narrow_runs(1) == 0, "a lone caller ran the twin"
+        busy = _calls(model, inputs, callers=8)
+        narrow = model.narrow_runs(0) + model.narrow_runs(1)
+        assert 0 < narrow <= len(inputs), narrow
+    finally:
+        model.unload()
+        device.close()
+    for i, x in enumerate(inputs):
+        tf_out = graph.fn(tf.constant(x)).numpy()
+        np.testing.assert_allclose(busy[i], tf_out, rtol=1e-4, atol=1e-4, err_msg=f"call {i}")
+        np.testing.assert_allclose(busy[i], alone[i], rtol=1e-5, atol=1e-6, err_msg=f"call {i}")
+
+
+def test_no_twin_for_a_one_thread_program(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program whose instructions all run on one thread already leaves the other CPU to
+    a second call: it gets no twin (nothing built twice), however busy the host."""
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    w = tf.constant(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32))
+    graph = trace(lambda x: tf.nn.relu(tf.matmul(x, w)),
+                  tf.TensorSpec([1, 16], tf.float32, name="x"))
+    data = compile_graph(tmp_path, "tiny", graph.graph_def, graph.io_config)
+    device = binding.Device(binding.load_library())
+    model = binding.Model(device, data, duplicates=2)
+    try:
+        x = np.ones((1, 16), np.float32)
+        outs = _calls(model, [x] * 64, callers=8)
+        assert model.narrow_runs(0) == 0 and model.narrow_runs(1) == 0
+        assert model.narrow_runs(2) == -1  # no such copy
+    finally:
+        model.unload()
+        device.close()
+    want = tf.nn.relu(tf.matmul(x, w)).numpy()
+    for got in outs:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
