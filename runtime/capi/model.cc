@@ -149,7 +149,6 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
   }
   for (size_t k = 0; k < copies_.size(); ++k)
     for (void *arena : copies_[k]->all_arenas) idle_.push_back(Slot{k, arena});
-  working_ = copies_.size();
   label_ = observe::model_name(*exe_);
   if (observe::profiling()) {  // (a model loaded before recording starts is not timed)
     about_ = observe::about(*this);
@@ -183,7 +182,7 @@ void Model::lose_core(int core, const std::string &message) {
       const std::vector<int> &cores = copy->reservation.cores;
       if (copy->retired || std::find(cores.begin(), cores.end(), core) == cores.end()) continue;
       copy->retired = true;
-      --working_;
+      ++retired_;
       lost_ += (lost_.empty() ? "" : "; ") + message;
       freed.push_back(&copy->reservation);
     }
@@ -280,9 +279,11 @@ Model::Slot Model::take_copy(const Cutoff *cutoff) {
   // A copy whose core failed is not taken again: its slots, given back by calls that were
   // computing on it when it retired (lose_core), are dropped here. With no copy left the
   // call is refused.
+  // (Looked at only once a copy has retired: a call's path reads no more than before.)
   auto idle = [&] {
-    while (!idle_.empty() && copies_[idle_.back().copy]->retired) idle_.pop_back();
-    return !idle_.empty() || working_ == 0;
+    if (retired_)
+      while (!idle_.empty() && copies_[idle_.back().copy]->retired) idle_.pop_back();
+    return !idle_.empty() || retired_ == copies_.size();
   };
   // (An idle copy is taken without a timed wait: wait_for reads the clock before it
   // looks, and a clock read costs ~80 ns on a VM, a tenth of a tiny model's call.)
@@ -292,7 +293,7 @@ Model::Slot Model::take_copy(const Cutoff *cutoff) {
     while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
       cutoff->check("while it waited for the model's cores (all busy with other calls)");
   }
-  if (working_ == 0) throw Refused{NR_DEVICE_ERROR, "the model has no copy left on a working core: " + lost_};
+  if (idle_.empty()) throw Refused{NR_DEVICE_ERROR, "the model has no copy left on a working core: " + lost_};
   // The copy given back last: its arena and weights are the likeliest still in the CPU's
   // caches. Taken first in, first out, back-to-back calls went round every copy, each
   // finding its bytes evicted (MobileNetV2 bf16 batch 8 through a NeuronOp's 4 copies).

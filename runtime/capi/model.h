@@ -105,7 +105,7 @@ class Model {
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
   std::deque<Slot> idle_;  // each copy once per stage, with one of its arenas
-  size_t working_ = 0;     // copies not retired (under idle_mu_)
+  size_t retired_ = 0;     // copies retired by a failed core (under idle_mu_)
   std::string lost_;       // the failures that retired copies, for a call left with none
   std::string label_;
   std::shared_ptr<const observe::About> about_;  // set when the process profiles (observe.h)
