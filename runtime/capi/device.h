@@ -22,6 +22,8 @@ struct DeviceConfig {
   int host_parallelism = 1;
   int core_threads = 1;       // OpenMP threads one program's instructions may use
   bool share_by_width = true; // false when NEURONISH_HOST_PARALLELISM fixes programs at once
+  // NEURONISH_NARROW_TWIN: when a wide program runs its one-thread twin (model.h).
+  enum class Twin { off, queued, automatic } narrow_twin = Twin::automatic;
 };
 
 // From the environment; throws Refused{NR_INVALID_CONFIG} naming the variable.
@@ -38,8 +40,9 @@ class HostCPUs {
   bool acquire(int n, const std::function<bool()> &give_up = nullptr,
                std::chrono::milliseconds poll = std::chrono::milliseconds(20));
   // For a program that can also run on one thread: acquire(n) when the host is idle (no
-  // program computes or waits), else acquire(1). The CPUs taken; 0 when given up.
-  int acquire_either(int n, const std::function<bool()> &give_up = nullptr);
+  // program computes or waits and, if `other_processes`, no more tasks want a CPU than
+  // the machine has), else acquire(1). The CPUs taken; 0 when given up.
+  int acquire_either(int n, bool other_processes, const std::function<bool()> &give_up = nullptr);
   void release(int n);
 
  private:

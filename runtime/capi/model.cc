@@ -311,7 +311,7 @@ struct Model::Call final : CoreJob {
 bool Model::wants_narrow_twin(const CopyProgram &program) const {
   const DeviceConfig &config = device_->config();
   if (program.stages.size() != 1 || config.core_threads < 2 || !config.share_by_width ||
-      observe::profiling())
+      config.narrow_twin == DeviceConfig::Twin::off || observe::profiling())
     return false;
   const Stage &stage = *program.stages[0];
   return stage.width > 1 && stage.weight_bytes <= kNarrowTwinWeightBytes;
@@ -326,7 +326,9 @@ void Model::run_stage(Call &call, size_t s) {
   int width = host.width(wide.width);
   std::function<bool()> give_up;
   if (cutoff) give_up = [&] { return cutoff->stopped(); };
-  int taken = narrow && width > 1 ? host.acquire_either(width, give_up) : host.acquire(width, give_up) ? width : 0;
+  bool other_processes = device_->config().narrow_twin == DeviceConfig::Twin::automatic;
+  int taken = narrow && width > 1 ? host.acquire_either(width, other_processes, give_up)
+              : host.acquire(width, give_up) ? width : 0;
   if (taken == 0) cutoff->check("while it waited for the host's CPUs (busy with other calls)");
   const Stage &stage = taken < width ? *narrow : wide;
   if (&stage == narrow) call.copy.narrow_runs.fetch_add(1, std::memory_order_relaxed);
