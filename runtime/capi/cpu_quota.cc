@@ -5,9 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cstdlib>
 #include <cctype>
 #include <cmath>
 #include <exception>
@@ -141,27 +138,6 @@ std::optional<double> cgroup_cpu_limit(const std::string &proc) {
     }
   }
   return tightest;
-}
-
-bool host_oversubscribed() {
-  using Clock = std::chrono::steady_clock;
-  static std::atomic<int64_t> read_at{0};  // (steady_clock starts near boot: 0 reads at once)
-  static std::atomic<bool> last{false};
-  int64_t now = Clock::now().time_since_epoch().count();
-  int64_t at = read_at.load(std::memory_order_relaxed);
-  if (now - at < std::chrono::nanoseconds(std::chrono::milliseconds(20)).count() ||
-      !read_at.compare_exchange_strong(at, now, std::memory_order_relaxed))
-    return last.load(std::memory_order_relaxed);  // (fresh, or another thread reads it)
-  // "0.50 0.40 0.30 RUNNABLE/TOTAL LASTPID"
-  std::string text;
-  long runnable = 0, online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (read_file("/proc/loadavg", &text)) {
-    std::vector<std::string> w = words(text);
-    if (w.size() >= 4) runnable = std::atol(w[3].c_str());
-  }
-  bool over = online > 0 && runnable > online;
-  last.store(over, std::memory_order_relaxed);
-  return over;
 }
 
 int usable_cpus() {

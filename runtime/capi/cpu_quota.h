@@ -10,11 +10,6 @@ namespace nr {
 // CPUs in the affinity mask, at most the cgroup CPU quota rounded down, at least 1.
 int usable_cpus();
 
-// Whether more tasks want a CPU right now than the machine has online (/proc/loadavg's
-// runnable count, the caller included; read at most every 20 ms): a team's threads would
-// then wait for each other at every barrier while one of them is preempted.
-bool host_oversubscribed();
-
 // The tightest CPU quota (quota / period, in CPUs) over the cgroups of the process whose
 // /proc directory is `proc`, v1 and v2, each group up to its hierarchy's mount; nullopt
 // when none limits CPU time or the files cannot be read.

@@ -188,14 +188,13 @@ bool HostCPUs::acquire(int n, const std::function<bool()> &give_up, std::chrono:
   return got;
 }
 
-int HostCPUs::acquire_either(int n, bool other_processes, const std::function<bool()> &give_up) {
+int HostCPUs::acquire_either(int n, bool wide_if_idle, const std::function<bool()> &give_up) {
   bool idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     idle = free_ == cpus_ && waiting_.empty();
   }
-  if (idle && other_processes) idle = !host_oversubscribed();
-  int want = idle ? n : 1;
+  int want = idle && wide_if_idle ? n : 1;
   return acquire(want, give_up) ? want : 0;
 }
 

@@ -39,10 +39,10 @@ class HostCPUs {
   // line) once it says so.
   bool acquire(int n, const std::function<bool()> &give_up = nullptr,
                std::chrono::milliseconds poll = std::chrono::milliseconds(20));
-  // For a program that can also run on one thread: acquire(n) when the host is idle (no
-  // program computes or waits and, if `other_processes`, no more tasks want a CPU than
-  // the machine has), else acquire(1). The CPUs taken; 0 when given up.
-  int acquire_either(int n, bool other_processes, const std::function<bool()> &give_up = nullptr);
+  // For a program that can also run on one thread: acquire(n) when `wide_if_idle` and the
+  // host is idle (no program computes or waits), else acquire(1). The CPUs taken; 0 when
+  // given up.
+  int acquire_either(int n, bool wide_if_idle, const std::function<bool()> &give_up = nullptr);
   void release(int n);
 
  private:
