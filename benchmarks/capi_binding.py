@@ -1,20 +1,26 @@
 """Issue 25's figures in one run: the NeuronOp on the C runtime (no GIL) against the same
 op through the Python runtime and against TensorFlow, in one Python process.
 
-    python benchmarks/capi_binding.py [--rounds 5] [--chain 100] [--skip-c-host]
-                                      [--latency-only]
+    python benchmarks/capi_binding.py [--rounds 5] [--chain 100] [--short-chain 10]
+                                      [--skip-c-host] [--latency-only]
 
 1. Latency. A 16x16 MatMul + Relu at batch 1 (weights scaled so values stay finite),
    compiled at batch 1; a tf.function chains `--chain` calls (y feeds the next x), so
    TensorFlow's executor, not Python, makes the calls: per-call time = chain time /
-   chain. Three setups of one graph: the compiled SavedModel with its NeuronOp on the
+   chain. That figure carries each chain's fixed cost (the tf.function call from Python
+   and the executor's step: about 200 us on 2 vCPUs, so 2 us of every "call" in a chain
+   of 100), so the marginal cost of one call is printed as well: the slope between
+   chains of `--short-chain` and `--chain` calls, (T(chain) - T(short)) / (chain - short).
+   Three setups of one graph: the compiled SavedModel with its NeuronOp on the
    C runtime (the default), the same loaded with NEURONISH_KERNEL=python (every call
    takes the GIL and goes through kernel_bridge.py), and TensorFlow on the original.
    Then examples/c/latency.py (TensorFlow's C API host, native op library), unless
    --skip-c-host (printed last, as 4). `--latency-only` stops after this figure.
 2. Concurrency. The same chained tiny model and a small CNN (two 3x3 convolutions,
-   pooling, a dense layer; 8 independent calls per tf.function), called by 1 and by 8
-   Python threads of this process: throughput ratio 8 callers / 1.
+   pooling, a dense layer) called by 1 and by 8 Python threads of this process:
+   throughput ratio 8 callers / 1. The CNN twice: one call per tf.function (a caller
+   waits for each result) and 8 independent calls per tf.function (TensorFlow's executor
+   may run them side by side, so "1 caller" is already 8 calls in flight).
 3. Pipelining, at the runtime level: four chained 64x1024 @ 1024x1024 matmuls compiled
    with pipeline_cores=2 on a 2-core device (one host thread per core, group size 2)
    against the same graph compiled for one core on a 1-core group (groups `1,1`, one
@@ -164,7 +170,9 @@ def tiny_and_cnn(args: argparse.Namespace, tmp: Path) -> None:
     cnn = {"C runtime": _signature(tf, cnn_out), "Python runtime": _signature(tf, cnn_out),
            "TensorFlow": _signature(tf, cnn_src)}
     tiny_fns = {k: chained(s, args.chain) for k, s in tiny.items()}
+    short_fns = {k: chained(s, args.short_chain) for k, s in tiny.items()}
     cnn_fns = {k: fanned(s, 8) for k, s in cnn.items()}
+    cnn_one = {k: fanned(s, 1) for k, s in cnn.items()}
     want_t, want_c = tiny_fns["TensorFlow"](x).numpy(), cnn_fns["TensorFlow"](img).numpy()
     import gc
 
@@ -174,6 +182,7 @@ def tiny_and_cnn(args: argparse.Namespace, tmp: Path) -> None:
         before = {id(h) for h in gc.get_objects() if isinstance(h, kernel_bridge.Handle)}
         np.testing.assert_allclose(_first_call(k, tiny_fns[k], x).numpy(), want_t, rtol=1e-4,
                                    atol=1e-5)
+        _first_call(k, short_fns[k], x)  # (its own NeuronOps, loaded on the same runtime)
         np.testing.assert_allclose(_first_call(k, cnn_fns[k], img).numpy(), want_c, rtol=1e-3,
                                    atol=1e-3)
         ran = sorted({("C" if h.native_entry else "Python") for h in gc.get_objects()
@@ -181,26 +190,35 @@ def tiny_and_cnn(args: argparse.Namespace, tmp: Path) -> None:
         print(f"{k}: outputs match TensorFlow (chain of {args.chain}: within 1e-4); its "
               f"NeuronOps loaded on: {', '.join(ran) or 'none (TensorFlow)'} runtime")
 
-    def per_call(fn) -> Callable[[], float]:  # noqa: ANN001
+    def per_chain(fn) -> Callable[[], float]:  # noqa: ANN001
         def one() -> float:
             fn(x)
             t = time.perf_counter()
             for _ in range(args.calls):
                 fn(x)
-            return (time.perf_counter() - t) / (args.calls * args.chain) * 1e6
+            return (time.perf_counter() - t) / args.calls * 1e6
         return one
 
-    lat = _median_rate({k: per_call(f) for k, f in tiny_fns.items()}, args.rounds)
+    chains = _median_rate({f"{k}|{n}": per_chain(f) for n, fns in ((args.chain, tiny_fns),
+                                                                   (args.short_chain, short_fns))
+                           for k, f in fns.items()}, args.rounds)
+    lat = {k: chains[f"{k}|{args.chain}"] / args.chain for k in tiny_fns}
+    slope = {k: (chains[f"{k}|{args.chain}"] - chains[f"{k}|{args.short_chain}"])
+             / (args.chain - args.short_chain) for k in tiny_fns}
     print(f"\n1. tiny model (16x16 matmul + relu, batch 1), per NeuronOp call in a chain of "
-          f"{args.chain}, {args.calls} chains x {args.rounds} rounds:")
+          f"{args.chain}, {args.calls} chains x {args.rounds} rounds; and the marginal call "
+          f"(chains of {args.short_chain} and {args.chain}):")
     for k, us in lat.items():
-        print(f"   {k:<15} {us:7.2f} us  ({us / lat['TensorFlow']:.2f}x TensorFlow)")
+        print(f"   {k:<15} {us:7.2f} us  ({us / lat['TensorFlow']:.2f}x TensorFlow); marginal "
+              f"{slope[k]:6.2f} us ({slope[k] / slope['TensorFlow']:.2f}x); a chain's fixed "
+              f"cost {chains[f'{k}|{args.chain}'] - args.chain * slope[k]:6.1f} us")
 
     if args.latency_only:
         return
 
     print(f"\n2. concurrency: throughput of 8 caller threads / 1, {args.seconds} s per round")
     for label, fns, arg, per in (("tiny (chain)", tiny_fns, x, args.chain),
+                                 ("small CNN (1 call)", cnn_one, img, 1),
                                  ("small CNN (8 calls)", cnn_fns, img, 8)):
         rates = _median_rate({f"{k}|{n}": (lambda f=f, n=n, a=arg, p=per: _threads_rate(
             lambda: f(a), n, args.seconds) * p) for k, f in fns.items() for n in (1, 8)},
@@ -318,6 +336,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--chain", type=int, default=100)
+    p.add_argument("--short-chain", type=int, default=10,
+                   help="the shorter chain of figure 1's marginal per-call cost")
     p.add_argument("--calls", type=int, default=30, help="chains per latency round")
     p.add_argument("--seconds", type=float, default=2.0, help="per throughput round")
     p.add_argument("--skip-c-host", action="store_true")
@@ -326,6 +346,9 @@ def main() -> int:
                    help="figure 3 alone (after figures 1-2 in the same process it measured "
                         "1.52x where alone it measures 1.85x: see docs/c-api.md)")
     args = p.parse_args()
+    if not 0 < args.short_chain < args.chain:
+        p.error(f"--short-chain must be in [1, --chain), got {args.short_chain} with --chain "
+                f"{args.chain}")
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() \
         else set()

@@ -100,6 +100,10 @@ class DeviceConfig:
     # Programs share the host's CPUs by the width of their teams (runtime/host.py);
     # False when NEURONISH_HOST_PARALLELISM fixes the number of programs at once.
     share_by_width: bool = True
+    # NEURONISH_NARROW_TWIN (auto, queued, off): when the C runtime runs a wide program's
+    # one-thread twin (runtime/capi/model.h). The Python runtime has no twins; it reads
+    # the variable only so that both runtimes accept and refuse the same values.
+    narrow_twin: str = "auto"
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> DeviceConfig:
@@ -144,6 +148,11 @@ class DeviceConfig:
                               f"{threads!r}")
         core_threads = int(core_threads_text) if core_threads_text is not None else \
             max(1, _host_cpus() // host_parallelism)
+        twin = env.get("NEURONISH_NARROW_TWIN", "").strip() or "auto"
+        if twin not in ("auto", "queued", "off"):
+            raise ConfigError("NEURONISH_NARROW_TWIN must be auto, queued or off, got "
+                              f"{env['NEURONISH_NARROW_TWIN']!r}")
         return DeviceConfig(num_cores, core_memory, tuple(cores),
                             tuple(tuple(g) for g in groups), host_parallelism, kernel_threads,
-                            core_threads, share_by_width=parallelism is None)
+                            core_threads, share_by_width=parallelism is None,
+                            narrow_twin=twin)

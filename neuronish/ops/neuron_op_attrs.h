@@ -56,6 +56,10 @@ struct NeuronOpAttrs {
   const std::string* graph_def = nullptr;  // the subgraph, for the fallback to TensorFlow
   bool splittable = false;  // other batch sizes are split into compiled ones
   int64_t compiled_batch = -1;
+  // The outputs' compiled shapes as TensorShapes, made once here rather than from the
+  // PartialTensorShape attrs on every call (empty with dynamic_shapes: then the bridge
+  // gives each call's shapes).
+  std::vector<tensorflow::TensorShape> static_output_shapes;
   DtypeTable dtypes{nullptr, nullptr};
 
   int NumTensorInputs() const { return static_cast<int>(input_dtypes.size()); }
@@ -136,13 +140,13 @@ struct NeuronOpAttrs {
   // compiled shapes with the call's batch, which is exactly what the runtime returns.
   absl::Status AllocateOutputs(tensorflow::OpKernelContext* ctx, int64_t batch,
                                OutputTensors* outputs) const {
+    if (static_output_shapes.size() != output_shapes.size()) {
+      return absl::InternalError(absl::StrCat(where, "an output has a free dim; it needs "
+                                              "dynamic_shapes"));
+    }
     outputs->resize(output_shapes.size());
     for (size_t i = 0; i < outputs->size(); ++i) {
-      tensorflow::TensorShape shape;
-      if (!output_shapes[i].AsTensorShape(&shape)) {
-        return absl::InternalError(absl::StrCat(where, "output '", output_names[i],
-                                                "' has a free dim; it needs dynamic_shapes"));
-      }
+      tensorflow::TensorShape shape = static_output_shapes[i];
       if (batch >= 0 && output_batch_axis[i] >= 0) shape.set_dim(output_batch_axis[i], batch);
       TF_RETURN_IF_ERROR(ctx->allocate_output(i, shape, &(*outputs)[i]));
     }
@@ -167,6 +171,17 @@ struct NeuronOpAttrs {
         CheckEach("input", input_names, input_dtypes, input_shapes, input_batch_axis));
     TF_RETURN_IF_ERROR(
         CheckEach("output", output_names, output_dtypes, output_shapes, output_batch_axis));
+    if (dynamic_shapes.empty()) {  // (then every shape is fully defined: checked above)
+      static_output_shapes.resize(n_out);
+      for (size_t i = 0; i < n_out; ++i) {
+        // (GetAttr has already refused a shape whose size overflows)
+        if (!output_shapes[i].AsTensorShape(&static_output_shapes[i])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, "output '", output_names[i], "' has shape ",
+              output_shapes[i].DebugString(), "; compiled shapes are static"));
+        }
+      }
+    }
     // As in the runtime: other batch sizes are split only when every batched input
     // was compiled with the same batch.
     for (size_t i = 0; i < n_in; ++i) {

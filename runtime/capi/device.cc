@@ -188,6 +188,13 @@ DeviceConfig config_from_env() {
   }
   c.core_threads = threads ? positive("NEURONISH_CORE_THREADS", threads) : std::max(1, cpus / c.host_parallelism);
   c.share_by_width = parallelism == nullptr;
+  if (const char *v = env("NEURONISH_NARROW_TWIN"); v && *v) {
+    std::string t = trim(v);
+    if (t == "off") c.narrow_twin = DeviceConfig::Twin::off;
+    else if (t == "queued") c.narrow_twin = DeviceConfig::Twin::queued;
+    else if (t == "auto") c.narrow_twin = DeviceConfig::Twin::automatic;
+    else bad("NEURONISH_NARROW_TWIN must be auto, queued or off, got " + quoted(v));
+  }
   if (const char *v = env("NEURONISH_FAILED_CORES")) c.failed_cores = parse_failed(v, c.visible_cores);
   return c;
 }
@@ -221,13 +228,13 @@ bool HostCPUs::acquire(int n, const std::function<bool()> &give_up, std::chrono:
   return got;
 }
 
-int HostCPUs::acquire_either(int n, const std::function<bool()> &give_up) {
+int HostCPUs::acquire_either(int n, bool wide_if_idle, const std::function<bool()> &give_up) {
   bool idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     idle = free_ == cpus_ && waiting_.empty();
   }
-  int want = idle ? n : 1;
+  int want = idle && wide_if_idle ? n : 1;
   return acquire(want, give_up) ? want : 0;
 }
 

@@ -27,6 +27,8 @@ struct DeviceConfig {
   int host_parallelism = 1;
   int core_threads = 1;       // OpenMP threads one program's instructions may use
   bool share_by_width = true; // false when NEURONISH_HOST_PARALLELISM fixes programs at once
+  // NEURONISH_NARROW_TWIN: when a wide program runs its one-thread twin (model.h).
+  enum class Twin { off, queued, automatic } narrow_twin = Twin::automatic;
   // NEURONISH_FAILED_CORES: cores failed from the start, each with why, in the order named.
   std::vector<std::pair<int, std::string>> failed_cores;
 };
@@ -44,9 +46,10 @@ class HostCPUs {
   // line) once it says so.
   bool acquire(int n, const std::function<bool()> &give_up = nullptr,
                std::chrono::milliseconds poll = std::chrono::milliseconds(20));
-  // For a program that can also run on one thread: acquire(n) when the host is idle (no
-  // program computes or waits), else acquire(1). The CPUs taken; 0 when given up.
-  int acquire_either(int n, const std::function<bool()> &give_up = nullptr);
+  // For a program that can also run on one thread: acquire(n) when `wide_if_idle` and the
+  // host is idle (no program computes or waits), else acquire(1). The CPUs taken; 0 when
+  // given up.
+  int acquire_either(int n, bool wide_if_idle, const std::function<bool()> &give_up = nullptr);
   void release(int n);
 
  private:

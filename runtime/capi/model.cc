@@ -340,10 +340,35 @@ struct Model::Call final : CoreJob {
   }
 };
 
+namespace {
+// A team whose recent runs take this many times its best is being held up: beside two busy
+// loops a small CNN's two-thread call went from 0.34 ms to 8-12 ms (its barriers waiting for
+// a preempted thread) while one thread took 0.45 ms, MobileNetV2's from 41 to 234-395 ms.
+// Same-process noise (TensorFlow's or a neighbour library's spinning threads) slows a run
+// by tens of percent; a lone outlier must be 9x the best to move the average past 3x.
+constexpr int64_t kHeldUp = 3;
+constexpr uint32_t kProbeEvery = 8;
+}  // namespace
+
+bool TeamHealth::wide_if_idle() {
+  int64_t best = best_ns.load(std::memory_order_relaxed), recent = recent_ns.load(std::memory_order_relaxed);
+  if (best == INT64_MAX || recent <= kHeldUp * best) return true;
+  return twin_streak.load(std::memory_order_relaxed) >= kProbeEvery;  // (a probe)
+}
+
+void TeamHealth::wide_ran(int64_t ns) {
+  twin_streak.store(0, std::memory_order_relaxed);
+  int64_t best = best_ns.load(std::memory_order_relaxed);
+  if (ns < best) best_ns.store(best = ns, std::memory_order_relaxed);
+  int64_t recent = recent_ns.load(std::memory_order_relaxed);
+  // A fast run ends a slow spell at once; slow runs raise the average a quarter at a time.
+  recent_ns.store(recent == 0 || ns <= kHeldUp * best ? ns : recent + (ns - recent) / 4, std::memory_order_relaxed);
+}
+
 bool Model::wants_narrow_twin(const CopyProgram &program) const {
   const DeviceConfig &config = device_->config();
   if (program.stages.size() != 1 || config.core_threads < 2 || !config.share_by_width ||
-      observe::profiling())
+      config.narrow_twin == DeviceConfig::Twin::off || observe::profiling())
     return false;
   const Stage &stage = *program.stages[0];
   return stage.width > 1 && stage.weight_bytes <= kNarrowTwinWeightBytes;
@@ -358,10 +383,13 @@ void Model::run_stage(Call &call, size_t s) {
   int width = host.width(wide.width);
   std::function<bool()> give_up;
   if (cutoff) give_up = [&] { return cutoff->stopped(); };
-  int taken = narrow && width > 1 ? host.acquire_either(width, give_up) : host.acquire(width, give_up) ? width : 0;
+  bool watch = narrow && device_->config().narrow_twin == DeviceConfig::Twin::automatic;
+  int taken = narrow && width > 1 ? host.acquire_either(width, !watch || call.copy.team.wide_if_idle(), give_up)
+              : host.acquire(width, give_up) ? width : 0;
   if (taken == 0) cutoff->check("while it waited for the host's CPUs (busy with other calls)");
   const Stage &stage = taken < width ? *narrow : wide;
   if (&stage == narrow) call.copy.narrow_runs.fetch_add(1, std::memory_order_relaxed);
+  auto started = std::chrono::steady_clock::now();
   call.copy.ran_on[s].store(this_thread_tid(), std::memory_order_relaxed);
   char err[2048];
   auto run = [&]() -> int64_t {
@@ -373,6 +401,9 @@ void Model::run_stage(Call &call, size_t s) {
   // (a stage of one-thread instructions opens no parallel region: no hand-over)
   int64_t rc = stage.width > 1 ? EngineThreads::call(run) : run();
   host.release(taken);
+  if (watch && rc == 0 && &stage == narrow) call.copy.team.twin_ran();
+  else if (watch && rc == 0 && taken == width)  // (a wide run that shared the host says nothing)
+    call.copy.team.wide_ran((std::chrono::steady_clock::now() - started).count());
   if (call.timed && rc == 0) call.times.push_back(call.copy.timing[s]);
   if (rc > 0) {
     cutoff->check("while its instructions ran");  // (throws: the engine saw it)

@@ -11,6 +11,7 @@
 // single-stage call runs on its caller's thread when its core is idle and nobody waits.
 #pragma once
 #include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -33,12 +34,27 @@ namespace nr {
 // hence this bound.
 constexpr uint64_t kNarrowTwinWeightBytes = uint64_t(32) << 20;
 
+// Whether a copy's team is being held up by processes the host cannot see in its own
+// accounting: its wide runs' wall time against the best it has shown. Relaxed atomics:
+// callers race on it, and a stale reading only costs one run on the other program.
+struct TeamHealth {
+  std::atomic<int64_t> best_ns{INT64_MAX};  // fastest wide run so far
+  std::atomic<int64_t> recent_ns{0};        // recent wide runs (moving average)
+  std::atomic<uint32_t> twin_streak{0};     // twin runs since the last wide one
+  // A lone call on an idle host takes the team unless its recent runs were slow; then the
+  // twin, with one run in kProbeEvery back on the team to see whether the load has gone.
+  bool wide_if_idle();
+  void wide_ran(int64_t ns);
+  void twin_ran() { twin_streak.fetch_add(1, std::memory_order_relaxed); }
+};
+
 struct Copy {
   std::unique_ptr<CopyProgram> program;
   // The same program built for one thread, run when the host is not idle (model.cc,
   // narrow_twin); null when the copy has none.
   std::unique_ptr<CopyProgram> narrow;
   std::atomic<uint64_t> narrow_runs{0};  // (nr_model_narrow_runs, for tests)
+  TeamHealth team;  // how the wide program's recent runs compare with its best (model.cc)
   Reservation reservation;
   std::vector<void *> all_arenas;  // one per stage: calls in flight on the copy at once
   std::vector<std::unique_ptr<CoreThread>> cores;  // per stage: its core's host thread

@@ -143,8 +143,8 @@ typedef struct nr_core_info {
 /* Open a simulated device configured from the environment as the Python runtime reads it
  * (NEURONISH_NUM_CORES, NEURONISH_VISIBLE_CORES, NEURONISH_CORE_GROUP_SIZES,
  * NEURONISH_CORE_MEMORY, NEURONISH_CORE_THREADS, NEURONISH_HOST_PARALLELISM,
- * NEURONISH_FAILED_CORES; README). NR_INVALID_CONFIG names the variable. Each call opens a
- * new, independent device. */
+ * NEURONISH_NARROW_TWIN, NEURONISH_FAILED_CORES; README). NR_INVALID_CONFIG names the
+ * variable. Each call opens a new, independent device. */
 NR_API nr_status nr_device_open(nr_device **out, char *error, size_t error_size);
 /* Close the handle. Models still loaded keep the device alive until they are unloaded. */
 NR_API void nr_device_close(nr_device *dev);
