@@ -59,14 +59,21 @@ def _memory_by_core(processes: list[dict]) -> dict[int, int]:
     return used
 
 
+def _failed_cores(processes: list[dict]) -> dict[int, str]:
+    """core -> why it failed, as any process using the device reports it."""
+    return {int(core): c["failed"] for p in processes for core, c in p["cores"].items()
+            if c.get("failed")}
+
+
 def format_ls(processes: list[dict]) -> str:
     lines = _device_line(processes)
     memory = processes[0]["device"]["core_memory"] if processes else DeviceConfig.from_env(
     ).core_memory
-    used = _memory_by_core(processes)
+    used, failed = _memory_by_core(processes), _failed_cores(processes)
     lines.append("core  memory used")
     for core in sorted(used) or []:
-        lines.append(f"{core:>4}  {size(used[core]):>10} of {size(memory)}")
+        lines.append(f"{core:>4}  {size(used[core]):>10} of {size(memory)}"
+                     + (f"  FAILED: {failed[core]}" if core in failed else ""))
     if not processes:
         lines.append(f"no process is using the device (counters in {telemetry.run_dir()})")
         return "\n".join(lines)
@@ -117,11 +124,11 @@ def rates(before: list[dict], after: list[dict]) -> dict:
 def format_top(processes: list[dict], r: dict) -> str:
     lines = _device_line(processes)
     memory = processes[0]["device"]["core_memory"] if processes else 0
-    used = _memory_by_core(processes)
+    used, failed = _memory_by_core(processes), _failed_cores(processes)
     lines.append("core  util  memory used")
     for core in sorted(set(used) | set(r["cores"])):
         util = r["cores"].get(core, 0.0)
-        bar = "#" * round(util * 20)
+        bar = f"FAILED: {failed[core]}" if core in failed else "#" * round(util * 20)
         lines.append(f"{core:>4}  {util:4.0%}  {size(used.get(core, 0)):>10} of "
                      f"{size(memory)}  {bar}")
     lines += ["", f"{'pid':>7}  {'model':<40} {'core groups':<16} {'inf/s':>9} {'calls/s':>8}"]

@@ -220,6 +220,7 @@ class Telemetry:
             device = self._device
         config = device.config  # type: ignore[attr-defined]
         memory = device.memory_report()  # type: ignore[attr-defined] (C models' memory too)
+        failed = device.failed_cores()  # type: ignore[attr-defined]
         return {
             "format": FORMAT, "pid": os.getpid(), "command": " ".join(sys.argv)[:200],
             "started": self.started, "time": time.time(),
@@ -228,7 +229,9 @@ class Telemetry:
                        "core_memory": config.core_memory,
                        "engine": next((m["engine"] for m in models), "-")},
             "cores": {str(c): {"used_bytes": memory[c]["used"],
-                               "busy_seconds": core_busy.get(c, 0.0)} for c in memory},
+                               "busy_seconds": core_busy.get(c, 0.0),
+                               **({"failed": failed[c]} if c in failed else {})}
+                      for c in memory},
             "models": models,
         }
 
@@ -392,6 +395,8 @@ def check_record(d: object) -> str | None:
         if not (core.isdigit() and len(core) < 10 and isinstance(c, dict)
                 and _number(c.get("used_bytes")) and _number(c.get("busy_seconds"))):
             return f"core {core[:20]!r} needs a numeric used_bytes and busy_seconds"
+        if not isinstance(c.get("failed", ""), str):
+            return f"core {core[:20]!r}: 'failed' must be a message string"
     for m in d["models"]:
         if not (isinstance(m, dict) and _number(m.get("id"), True)
                 and isinstance(m.get("name"), str) and isinstance(m.get("core_groups"), list)

@@ -61,6 +61,12 @@ std::string number(double x) {
   return text;
 }
 
+// A core's telemetry field saying it failed (runtime/telemetry.py writes the same), or "".
+std::string failed_field(Device &device, int core) {
+  std::string why = device.failure(core);
+  return why.empty() ? "" : ", \"failed\": " + json_string(why);
+}
+
 double wall_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -334,7 +340,7 @@ std::string snapshot(Telemetry &t) {
   for (int core : config.visible_cores)
     cores += (cores.empty() ? "" : ", ") + json_string(std::to_string(core)) +
              ": {\"used_bytes\": " + std::to_string(t.device->used(core)) +
-             ", \"busy_seconds\": " + number(busy[core]) + "}";
+             ", \"busy_seconds\": " + number(busy[core]) + failed_field(*t.device, core) + "}";
   return "{\"format\": 1, \"pid\": " + std::to_string(long(getpid())) + ", \"command\": " +
          json_string(command_line()) + ", \"started\": " + number(t.started) + ", \"time\": " +
          number(wall_time()) + ", \"device\": {\"num_cores\": " + std::to_string(config.num_cores) +
