@@ -130,6 +130,9 @@ def cnn_executable(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, obj
     return compile_graph(tmp, "cnn", graph.graph_def, graph.io_config), graph
 
 
+_BUSY_LOOP = "print('spinning', flush=True)\nwhile True: pass"
+
+
 def _lone_caller_under_load(data: bytes, twin: str, monkeypatch: pytest.MonkeyPatch) -> int:
     """Twin runs of 60 calls made while three busy-looping processes per CPU run, by a
     lone caller whose model first ran 40 calls without them (as a server's model does
@@ -144,15 +147,19 @@ def _lone_caller_under_load(data: bytes, twin: str, monkeypatch: pytest.MonkeyPa
         for _ in range(40):
             model.run([x])
         before = model.narrow_runs(0)
-        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        # (60 calls take ~30 ms, less than an interpreter's start: wait until each loop
+        # spins, or the calls may all run before the load arrives)
+        burners = [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP], stdout=subprocess.PIPE)
                    for _ in range(3 * (os.cpu_count() or 1))]
+        for b in burners:
+            assert b.stdout is not None and b.stdout.readline() == b"spinning\n"
         for _ in range(60):
             model.run([x])
         return model.narrow_runs(0) - before
     finally:
         for b in burners:
             b.kill()
-            b.wait()
+            b.communicate()  # (reaps it and closes its pipe)
         model.unload()
         device.close()
 
