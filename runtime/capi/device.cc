@@ -149,11 +149,11 @@ DeviceConfig config_from_env() {
   }
   c.core_threads = threads ? positive("NEURONISH_CORE_THREADS", threads) : std::max(1, cpus / c.host_parallelism);
   c.share_by_width = parallelism == nullptr;
-  if (const char *v = env("NEURONISH_NARROW_TWIN"); v && *v) {
-    std::string t = trim(v);
+  if (const char *v = env("NEURONISH_NARROW_TWIN")) {
+    std::string t = trim(v);  // (blank: the default, as config.py reads it)
     if (t == "off") c.narrow_twin = DeviceConfig::Twin::off;
     else if (t == "queued") c.narrow_twin = DeviceConfig::Twin::queued;
-    else if (t == "auto") c.narrow_twin = DeviceConfig::Twin::automatic;
+    else if (t == "auto" || t.empty()) c.narrow_twin = DeviceConfig::Twin::automatic;
     else bad("NEURONISH_NARROW_TWIN must be auto, queued or off, got " + quoted(v));
   }
   return c;

@@ -202,3 +202,15 @@ def test_twin_off_and_bad_values(cnn_executable: tuple[bytes, object],
     with pytest.raises(ConfigError, match="NEURONISH_NARROW_TWIN must be auto, queued or "
                                           "off, got 'sometimes'"):
         DeviceConfig.from_env()
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\t"])
+def test_a_blank_narrow_twin_is_the_default_in_both_runtimes(
+        blank: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, empty and blank mean `auto` alike (the C runtime refused a blank value the
+    Python one took)."""
+    from neuronish.runtime.config import DeviceConfig
+
+    monkeypatch.setenv("NEURONISH_NARROW_TWIN", blank)
+    assert DeviceConfig.from_env().narrow_twin == "auto"
+    binding.Device(binding.load_library()).close()
