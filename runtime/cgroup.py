@@ -121,7 +121,7 @@ def _cpu_limit(directory: Path, version: int) -> float | None:
     """A group's CPU limit in CPUs; None when it sets none or its files are unreadable."""
     try:
         if version == 2:
-            fields = _read(directory / "cpu.max").split()
+            fields = _fields(_read(directory / "cpu.max"))
             quota, period = fields if len(fields) == 2 else ("", "")
         else:
             quota = _read(directory / "cpu.cfs_quota_us")
@@ -156,14 +156,20 @@ def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="surrogateescape")
 
 
+# C's isspace, which cpu_quota.cc splits on (str.split also splits on "\x1c", "\xa0", ...).
+_FIELD = re.compile(r"[^ \t\n\v\f\r]+")
 _NUMBER = re.compile(r"[+-]?[0-9]{1,18}")
+
+
+def _fields(text: str) -> list[str]:
+    return _FIELD.findall(text)
 
 
 def _number(text: str) -> int | None:
     """A file's text as a decimal integer ("-1", "150000\\n"); None for anything else
     ("max", "15x", "1_5", more than 18 digits), as cpu_quota.cc's whole_number."""
-    text = text.strip()
-    return int(text) if _NUMBER.fullmatch(text) else None
+    fields = _fields(text)
+    return int(fields[0]) if len(fields) == 1 and _NUMBER.fullmatch(fields[0]) else None
 
 
 _ESCAPE = re.compile(r"\\([01][0-7]{2})")

@@ -48,6 +48,8 @@ def _both_find(reader: Path, proc: Path, want: float | None, what: str) -> None:
     ("an underscore (Python's int takes it)", {"cpu.max": "1_50000 100000"}, None),
     ("more digits than an int64", {"cpu.max": "99999999999999999999999 100000"}, None),
     ("a plus sign", {"cpu.max": "+150000 100000"}, 1.5),
+    ("a separator Python's str.split takes for a space", {"cpu.max": "150000\x1c100000"}, None),
+    ("a no-break space", {"cpu.max": "150000\xa0 100000"}, None),
     ("binary", {"cpu.max": "\x00\x01 \x02"}, None),
 ])
 def test_v2_cpu_max_garbage(tmp_path: Path, cpp_reader: Path,  # noqa: F811
