@@ -85,7 +85,9 @@ def _group_dirs(controller: str, memberships: list[str],
     v1_path = v2_path = None
     for line in memberships:
         parts = line.split(":", 2)
-        if len(parts) != 3:
+        # (a group outside this process's cgroup namespace reads "/../x": no mount shows
+        # it, and the namespace's root, which the mount shows, is not its ancestor)
+        if len(parts) != 3 or ".." in parts[2].split("/"):
             continue
         if parts[0] == "0" and parts[1] == "":
             v2_path = parts[2]

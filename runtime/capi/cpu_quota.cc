@@ -43,8 +43,8 @@ std::vector<std::string> words(const std::string &s) {
   return out;
 }
 
-bool lists(const std::string &comma_list, const std::string &item) {
-  for (const std::string &p : split(comma_list, ','))
+bool lists(const std::string &list, const std::string &item, char sep = ',') {
+  for (const std::string &p : split(list, sep))
     if (p == item) return true;
   return false;
 }
@@ -84,6 +84,7 @@ std::vector<GroupDir> cpu_group_dirs(const std::string &cgroup, const std::strin
     size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
     if (b == std::string::npos) continue;
     std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (lists(path, "..", '/')) continue;  // outside this process's cgroup namespace (cgroup.py)
     if (id == "0" && controllers.empty()) v2 = path;
     else if (lists(controllers, "cpu")) v1 = path;
   }

@@ -114,3 +114,14 @@ def test_memory_garbage_is_no_limit(tmp_path: Path) -> None:
         proc = _proc(d, f"0::/{group}\n",
                      [f"31 25 0:28 / {tmp_path / 'fs'} rw - cgroup2 cgroup2 rw"])
         assert cgroup_memory_available(proc) is None, group
+
+
+@pytest.mark.parametrize("cgroup", ["0::/../other\n", "0::/a/../../b\n"])
+def test_a_group_outside_the_namespace_is_not_the_mounts(
+        tmp_path: Path, cpp_reader: Path, cgroup: str) -> None:  # noqa: F811
+    """A process in a group outside its cgroup namespace (/proc/self/cgroup "/../other")
+    is not under the namespace's root, the mount: that root's quota is a sibling's."""
+    _group(tmp_path / "fs", "", {"cpu.max": "50000 100000"})
+    _group(tmp_path, "other", {"cpu.max": "25000 100000"})  # (where "fs/.." leads)
+    proc = _proc(tmp_path, cgroup, [_v2_mount(tmp_path / "fs")])
+    _both_find(cpp_reader, proc, None, cgroup.strip())
