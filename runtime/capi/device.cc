@@ -189,13 +189,16 @@ bool HostCPUs::acquire(int n, const std::function<bool()> &give_up, std::chrono:
 }
 
 int HostCPUs::acquire_either(int n, bool wide_if_idle, const std::function<bool()> &give_up) {
-  bool idle;
   {
+    // (seen and taken under one lock: a call that saw the CPUs free, then waited behind
+    // another for them, would lose what the twin is for)
     std::lock_guard<std::mutex> lock(mu_);
-    idle = free_ == cpus_ && waiting_.empty();
+    if (wide_if_idle && waiting_.empty() && free_ >= n) {
+      free_ -= n;
+      return n;
+    }
   }
-  int want = idle && wide_if_idle ? n : 1;
-  return acquire(want, give_up) ? want : 0;
+  return acquire(1, give_up) ? 1 : 0;
 }
 
 void HostCPUs::release(int n) {
