@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,8 +62,8 @@ def _limits(proc: Path, controller: str,
     hold `controller`'s files and of each parent up to the hierarchy's mount, where set.
     A group without the files (v2 enables a controller per subtree) sets nothing."""
     try:
-        memberships = (proc / "cgroup").read_text().splitlines()
-        mounts = (proc / "mountinfo").read_text().splitlines()
+        memberships = _read(proc / "cgroup").splitlines()
+        mounts = _read(proc / "mountinfo").splitlines()
     except OSError:
         return []
     limits = []
@@ -84,7 +85,9 @@ def _group_dirs(controller: str, memberships: list[str],
     v1_path = v2_path = None
     for line in memberships:
         parts = line.split(":", 2)
-        if len(parts) != 3:
+        # (a group outside this process's cgroup namespace reads "/../x": no mount shows
+        # it, and the namespace's root, which the mount shows, is not its ancestor)
+        if len(parts) != 3 or ".." in parts[2].split("/"):
             continue
         if parts[0] == "0" and parts[1] == "":
             v2_path = parts[2]
@@ -120,14 +123,15 @@ def _cpu_limit(directory: Path, version: int) -> float | None:
     """A group's CPU limit in CPUs; None when it sets none or its files are unreadable."""
     try:
         if version == 2:
-            quota, _, period = (directory / "cpu.max").read_text().strip().partition(" ")
+            fields = _fields(_read(directory / "cpu.max"))
+            quota, period = fields if len(fields) == 2 else ("", "")
         else:
-            quota = (directory / "cpu.cfs_quota_us").read_text().strip()
-            period = (directory / "cpu.cfs_period_us").read_text().strip()
-        q, p = int(quota), int(period)
-    except (OSError, ValueError):  # ValueError: "max", no limit
+            quota = _read(directory / "cpu.cfs_quota_us")
+            period = _read(directory / "cpu.cfs_period_us")
+    except OSError:
         return None
-    return q / p if q > 0 and p > 0 else None
+    q, p = _number(quota), _number(period)  # None: "max", no limit
+    return q / p if q is not None and p is not None and q > 0 and p > 0 else None
 
 
 # v1 writes "no limit" as the largest page-aligned int64 (9223372036854771712).
@@ -139,14 +143,41 @@ def _memory_room(directory: Path, version: int) -> float | None:
     names = ("memory.max", "memory.current") if version == 2 else \
         ("memory.limit_in_bytes", "memory.usage_in_bytes")
     try:
-        limit, used = (int((directory / n).read_text().strip()) for n in names)
-    except (OSError, ValueError):  # ValueError: "max", no limit
+        limit, used = (_number(_read(directory / n)) for n in names)
+    except OSError:
+        return None
+    if limit is None or used is None:  # "max": no limit
         return None
     return None if limit >= _V1_NO_MEMORY_LIMIT else limit - used
 
 
+def _read(path: Path) -> str:
+    """A /proc or cgroup file's text. Paths in mountinfo are bytes in no set encoding (a
+    mount point named in Latin-1 is not UTF-8): undecodable bytes are kept as the
+    surrogates os.fsencode turns back into them, never raised."""
+    return path.read_text(encoding="utf-8", errors="surrogateescape")
+
+
+# C's isspace, which cpu_quota.cc splits on (str.split also splits on "\x1c", "\xa0", ...).
+_FIELD = re.compile(r"[^ \t\n\v\f\r]+")
+_NUMBER = re.compile(r"[+-]?[0-9]{1,18}")
+
+
+def _fields(text: str) -> list[str]:
+    return _FIELD.findall(text)
+
+
+def _number(text: str) -> int | None:
+    """A file's text as a decimal integer ("-1", "150000\\n"); None for anything else
+    ("max", "15x", "1_5", more than 18 digits), as cpu_quota.cc's whole_number."""
+    fields = _fields(text)
+    return int(fields[0]) if len(fields) == 1 and _NUMBER.fullmatch(fields[0]) else None
+
+
+_ESCAPE = re.compile(r"\\([01][0-7]{2})")
+
+
 def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\ooo,
+    ASCII: at most \\177); a backslash followed by anything else is kept as it is."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)

@@ -5,9 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
-#include <exception>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -45,18 +43,22 @@ std::vector<std::string> words(const std::string &s) {
   return out;
 }
 
-bool lists(const std::string &comma_list, const std::string &item) {
-  for (const std::string &p : split(comma_list, ','))
+bool lists(const std::string &list, const std::string &item, char sep = ',') {
+  for (const std::string &p : split(list, sep))
     if (p == item) return true;
   return false;
 }
 
-// mountinfo writes space, tab, newline and backslash in paths as octal escapes.
+bool octal(char c) { return c >= '0' && c <= '7'; }
+
+// mountinfo writes space, tab, newline and backslash in paths as octal escapes (\ooo, at
+// most \177, ASCII); a backslash followed by anything else is kept as it is (cgroup._unescape).
 std::string unescape(const std::string &field) {
   std::string out;
   for (size_t i = 0; i < field.size(); ++i) {
-    if (field[i] == '\\' && i + 3 < field.size() && std::isdigit(uint8_t(field[i + 1]))) {
-      out += char(std::stoi(field.substr(i + 1, 3), nullptr, 8));
+    if (field[i] == '\\' && i + 3 < field.size() && field[i + 1] >= '0' && field[i + 1] <= '1' && octal(field[i + 2]) &&
+        octal(field[i + 3])) {
+      out += char((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 + (field[i + 3] - '0'));
       i += 3;
     } else {
       out += field[i];
@@ -82,6 +84,7 @@ std::vector<GroupDir> cpu_group_dirs(const std::string &cgroup, const std::strin
     size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
     if (b == std::string::npos) continue;
     std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (lists(path, "..", '/')) continue;  // outside this process's cgroup namespace (cgroup.py)
     if (id == "0" && controllers.empty()) v2 = path;
     else if (lists(controllers, "cpu")) v1 = path;
   }
@@ -100,6 +103,22 @@ std::vector<GroupDir> cpu_group_dirs(const std::string &cgroup, const std::strin
   return found;
 }
 
+// A file's text as a decimal integer ("-1", "150000\n"); nullopt for anything else ("max",
+// "15x", "", more than 18 digits), where std::stoll would take "15x" as 15 (cgroup._number).
+std::optional<long long> whole_number(const std::string &text) {
+  std::vector<std::string> w = words(text);
+  if (w.size() != 1) return std::nullopt;
+  const std::string &t = w[0];
+  size_t start = t[0] == '-' || t[0] == '+' ? 1 : 0;
+  if (t.size() == start || t.size() - start > 18) return std::nullopt;
+  long long v = 0;
+  for (size_t i = start; i < t.size(); ++i) {
+    if (t[i] < '0' || t[i] > '9') return std::nullopt;
+    v = v * 10 + (t[i] - '0');
+  }
+  return t[0] == '-' ? -v : v;
+}
+
 // A group's CPU limit in CPUs; nullopt when it sets none or its files are unreadable.
 std::optional<double> read_limit(const std::string &dir, int version) {
   std::string quota, period;
@@ -113,11 +132,8 @@ std::optional<double> read_limit(const std::string &dir, int version) {
     if (!read_file(dir + "/cpu.cfs_quota_us", &quota) || !read_file(dir + "/cpu.cfs_period_us", &period))
       return std::nullopt;
   }
-  try {
-    long long q = std::stoll(quota), p = std::stoll(period);  // "max": no limit
-    if (q > 0 && p > 0) return double(q) / double(p);
-  } catch (const std::exception &) {
-  }
+  std::optional<long long> q = whole_number(quota), p = whole_number(period);  // "max": no limit
+  if (q && p && *q > 0 && *p > 0) return double(*q) / double(*p);
   return std::nullopt;
 }
 

@@ -188,11 +188,11 @@ DeviceConfig config_from_env() {
   }
   c.core_threads = threads ? positive("NEURONISH_CORE_THREADS", threads) : std::max(1, cpus / c.host_parallelism);
   c.share_by_width = parallelism == nullptr;
-  if (const char *v = env("NEURONISH_NARROW_TWIN"); v && *v) {
-    std::string t = trim(v);
+  if (const char *v = env("NEURONISH_NARROW_TWIN")) {
+    std::string t = trim(v);  // (blank: the default, as config.py reads it)
     if (t == "off") c.narrow_twin = DeviceConfig::Twin::off;
     else if (t == "queued") c.narrow_twin = DeviceConfig::Twin::queued;
-    else if (t == "auto") c.narrow_twin = DeviceConfig::Twin::automatic;
+    else if (t == "auto" || t.empty()) c.narrow_twin = DeviceConfig::Twin::automatic;
     else bad("NEURONISH_NARROW_TWIN must be auto, queued or off, got " + quoted(v));
   }
   if (const char *v = env("NEURONISH_FAILED_CORES")) c.failed_cores = parse_failed(v, c.visible_cores);
@@ -229,13 +229,16 @@ bool HostCPUs::acquire(int n, const std::function<bool()> &give_up, std::chrono:
 }
 
 int HostCPUs::acquire_either(int n, bool wide_if_idle, const std::function<bool()> &give_up) {
-  bool idle;
   {
+    // (seen and taken under one lock: a call that saw the CPUs free, then waited behind
+    // another for them, would lose what the twin is for)
     std::lock_guard<std::mutex> lock(mu_);
-    idle = free_ == cpus_ && waiting_.empty();
+    if (wide_if_idle && waiting_.empty() && free_ >= n) {
+      free_ -= n;
+      return n;
+    }
   }
-  int want = idle && wide_if_idle ? n : 1;
-  return acquire(want, give_up) ? want : 0;
+  return acquire(1, give_up) ? 1 : 0;
 }
 
 void HostCPUs::release(int n) {

@@ -46,9 +46,9 @@ class HostCPUs {
   // line) once it says so.
   bool acquire(int n, const std::function<bool()> &give_up = nullptr,
                std::chrono::milliseconds poll = std::chrono::milliseconds(20));
-  // For a program that can also run on one thread: acquire(n) when `wide_if_idle` and the
-  // host is idle (no program computes or waits), else acquire(1). The CPUs taken; 0 when
-  // given up.
+  // For a program that can also run on one thread: n CPUs when `wide_if_idle`, n are free
+  // and nobody waits (the team makes no one wait and leaves no CPU idle), else acquire(1).
+  // The CPUs taken; 0 when given up.
   int acquire_either(int n, bool wide_if_idle, const std::function<bool()> &give_up = nullptr);
   void release(int n);
 

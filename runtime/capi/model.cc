@@ -386,7 +386,11 @@ void Model::run_stage(Call &call, size_t s) {
   bool watch = narrow && device_->config().narrow_twin == DeviceConfig::Twin::automatic;
   int taken = narrow && width > 1 ? host.acquire_either(width, !watch || call.copy.team.wide_if_idle(), give_up)
               : host.acquire(width, give_up) ? width : 0;
-  if (taken == 0) cutoff->check("while it waited for the host's CPUs (busy with other calls)");
+  if (taken == 0) {  // (given up: it holds no CPUs, so it must not run)
+    cutoff->check("while it waited for the host's CPUs (busy with other calls)");
+    throw Refused{NR_CANCELLED, "the call was cancelled by its caller while it waited for the host's CPUs (busy "
+                                "with other calls); the rest of it was abandoned"};  // (cancel byte reset since)
+  }
   const Stage &stage = taken < width ? *narrow : wide;
   if (&stage == narrow) call.copy.narrow_runs.fetch_add(1, std::memory_order_relaxed);
   auto started = std::chrono::steady_clock::now();

@@ -130,6 +130,9 @@ def cnn_executable(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, obj
     return compile_graph(tmp, "cnn", graph.graph_def, graph.io_config), graph
 
 
+_BUSY_LOOP = "print('spinning', flush=True)\nwhile True: pass"
+
+
 def _lone_caller_under_load(data: bytes, twin: str, monkeypatch: pytest.MonkeyPatch) -> int:
     """Twin runs of 60 calls made while three busy-looping processes per CPU run, by a
     lone caller whose model first ran 40 calls without them (as a server's model does
@@ -144,15 +147,19 @@ def _lone_caller_under_load(data: bytes, twin: str, monkeypatch: pytest.MonkeyPa
         for _ in range(40):
             model.run([x])
         before = model.narrow_runs(0)
-        burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        # (60 calls take ~30 ms, less than an interpreter's start: wait until each loop
+        # spins, or the calls may all run before the load arrives)
+        burners = [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP], stdout=subprocess.PIPE)
                    for _ in range(3 * (os.cpu_count() or 1))]
+        for b in burners:
+            assert b.stdout is not None and b.stdout.readline() == b"spinning\n"
         for _ in range(60):
             model.run([x])
         return model.narrow_runs(0) - before
     finally:
         for b in burners:
             b.kill()
-            b.wait()
+            b.communicate()  # (reaps it and closes its pipe)
         model.unload()
         device.close()
 
@@ -195,3 +202,15 @@ def test_twin_off_and_bad_values(cnn_executable: tuple[bytes, object],
     with pytest.raises(ConfigError, match="NEURONISH_NARROW_TWIN must be auto, queued or "
                                           "off, got 'sometimes'"):
         DeviceConfig.from_env()
+
+
+@pytest.mark.parametrize("blank", ["", "  ", "\t"])
+def test_a_blank_narrow_twin_is_the_default_in_both_runtimes(
+        blank: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, empty and blank mean `auto` alike (the C runtime refused a blank value the
+    Python one took)."""
+    from neuronish.runtime.config import DeviceConfig
+
+    monkeypatch.setenv("NEURONISH_NARROW_TWIN", blank)
+    assert DeviceConfig.from_env().narrow_twin == "auto"
+    binding.Device(binding.load_library()).close()
