@@ -139,6 +139,10 @@ class _Device:
     def memory_report() -> dict:
         return {0: {"used": 0, "free": 1 << 20}}
 
+    @staticmethod
+    def failed_cores() -> dict:
+        return {}
+
 
 def test_the_publisher_refuses_a_world_writable_run_dir(tmp_path: Path) -> None:
     """Telemetry was published into a run directory of mode 0777."""
