@@ -183,36 +183,46 @@ print(json.dumps({"usable": usable_cpus(), "core_threads": DeviceConfig.from_env
 """
 
 
-def _quota_group() -> Path:
-    """A new cgroup limited to one CPU per period (v1 cpu controller, else v2 with the cpu
-    controller enabled); skips, saying why, where this process may not make one."""
+def _new_group(controller: str, v1_files: dict[str, str], v2_files: dict[str, str]) -> Path:
+    """A new cgroup with `controller`'s files written (v1's hierarchy of that controller,
+    else v2 with the controller enabled); skips, saying why, where this process may not
+    make one."""
     if os.geteuid() != 0:
-        pytest.skip("making a cgroup with a CPU quota needs root")
+        pytest.skip(f"making a cgroup with a {controller} limit needs root")
     name = f"neuronish-test-{uuid.uuid4().hex[:8]}"
-    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    v1, v2 = Path("/sys/fs/cgroup") / controller, Path("/sys/fs/cgroup")
     try:
-        if (v1 / "cpu.cfs_quota_us").exists():
-            group = v1 / name
-            group.mkdir()
-            (group / "cpu.cfs_period_us").write_text("100000")
-            (group / "cpu.cfs_quota_us").write_text("100000")
-            return group
-        if "cpu" in (v2 / "cgroup.subtree_control").read_text().split():
-            group = v2 / name
-            group.mkdir()
-            (group / "cpu.max").write_text("100000 100000")
-            return group
+        if (v1 / next(iter(v1_files))).exists():
+            files, group = v1_files, v1 / name
+        elif controller in (v2 / "cgroup.subtree_control").read_text().split():
+            files, group = v2_files, v2 / name
+        else:
+            pytest.skip(f"no cgroup filesystem with the {controller} controller is mounted")
+        group.mkdir()
+        for file, text in files.items():
+            (group / file).write_text(text)
+        return group
     except OSError as e:
-        pytest.skip(f"cannot make a cgroup with a CPU quota here: {e}")
-    pytest.skip("no cgroup filesystem with the cpu controller is mounted")
+        pytest.skip(f"cannot make a cgroup with a {controller} limit here: {e}")
+
+
+def _quota_group() -> Path:
+    """A new cgroup limited to one CPU per period."""
+    return _new_group("cpu", {"cpu.cfs_quota_us": "100000", "cpu.cfs_period_us": "100000"},
+                      {"cpu.max": "100000 100000"})
+
+
+def _in_group(group: Path, cmd: list[str]) -> list[str]:
+    """`cmd` run by a shell that first joins `group`."""
+    return ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *cmd]
 
 
 def _probe(executable: Path, group: Path | None) -> dict:
     import json
 
     cmd = [sys.executable, "-c", _PROBE, str(executable)]
-    if group is not None:  # the shell joins the group, then becomes the probe
-        cmd = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *cmd]
+    if group is not None:
+        cmd = _in_group(group, cmd)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NEURONISH_CORE",
                                                                     "NEURONISH_HOST", "OMP_"))}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
@@ -251,26 +261,9 @@ def test_a_one_cpu_quota_gives_one_thread_teams(tmp_path: Path) -> None:
 
 
 def _memory_group(limit: int) -> Path:
-    """A new cgroup whose memory limit is `limit` bytes; skips, saying why, where this
-    process may not make one."""
-    if os.geteuid() != 0:
-        pytest.skip("making a cgroup with a memory limit needs root")
-    name = f"neuronish-test-{uuid.uuid4().hex[:8]}"
-    v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
-    try:
-        if (v1 / "memory.limit_in_bytes").exists():
-            group = v1 / name
-            group.mkdir()
-            (group / "memory.limit_in_bytes").write_text(str(limit))
-            return group
-        if "memory" in (v2 / "cgroup.subtree_control").read_text().split():
-            group = v2 / name
-            group.mkdir()
-            (group / "memory.max").write_text(str(limit))
-            return group
-    except OSError as e:
-        pytest.skip(f"cannot make a cgroup with a memory limit here: {e}")
-    pytest.skip("no cgroup filesystem with the memory controller is mounted")
+    """A new cgroup whose memory limit is `limit` bytes."""
+    return _new_group("memory", {"memory.limit_in_bytes": str(limit)},
+                      {"memory.max": str(limit)})
 
 
 def test_a_memory_limit_bounds_the_parallel_compilers() -> None:
@@ -282,9 +275,8 @@ def test_a_memory_limit_bounds_the_parallel_compilers() -> None:
              "print(d._available_memory(), d.default_max_num_compilers(600 << 20))")
     group = _memory_group(1 << 30)
     try:
-        cmd = ["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh",
-               sys.executable, "-c", probe]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        r = subprocess.run(_in_group(group, [sys.executable, "-c", probe]),
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     finally:
         group.rmdir()
     assert r.returncode == 0, r.stderr[-2000:]
