@@ -406,8 +406,7 @@ void Model::run_stage(Call &call, size_t s) {
   int64_t rc = stage.width > 1 ? EngineThreads::call(run) : run();
   host.release(taken);
   if (watch && rc == 0 && &stage == narrow) call.copy.team.twin_ran();
-  else if (watch && rc == 0 && taken == width)  // (a wide run that shared the host says nothing)
-    call.copy.team.wide_ran((std::chrono::steady_clock::now() - started).count());
+  else if (watch && rc == 0) call.copy.team.wide_ran((std::chrono::steady_clock::now() - started).count());
   if (call.timed && rc == 0) call.times.push_back(call.copy.timing[s]);
   if (rc > 0) {
     cutoff->check("while its instructions ran");  // (throws: the engine saw it)
