@@ -239,6 +239,9 @@ struct Arg {
   memory mem;
   int64_t slot;     // -1: engine-owned memory (reordered weights); TEMP_SLOT: temporaries
   int64_t offset;
+  // Where the data is this run: what our loops read. Only a primitive's args are handed to
+  // oneDNN (set_data_handle costs ~15 ns an argument, a fifth of a tiny matmul's loop).
+  char* ptr = nullptr;
 };
 
 struct Step {
@@ -265,7 +268,7 @@ struct Step {
 
 template <class T>
 T* data(const Step& s, size_t k) {
-  return static_cast<T*>(s.args[k].mem.get_data_handle());
+  return reinterpret_cast<T*>(s.args[k].ptr);
 }
 
 // float32 -> nearest bfloat16 (ties to even) -> float32, NaN kept a NaN (as TF's cast).
@@ -708,8 +711,8 @@ float reduce_run(const float* x, int64_t n, int64_t code) {
 }
 
 void inner_reduce(const Step& s, int threads) {
-  const float* x = static_cast<const float*>(s.args[0].mem.get_data_handle());
-  float* y = static_cast<float*>(s.args[1].mem.get_data_handle());
+  const float* x = data<const float>(s, 0);
+  float* y = data<float>(s, 1);
 #pragma omp parallel for num_threads(threads) if (threads > 1)
   for (int64_t r = 0; r < s.rows; ++r) y[r] = reduce_run(x + r * s.inner_len, s.inner_len,
                                                          s.reduce);
@@ -743,6 +746,9 @@ void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
   for (size_t k = from; k < e.codes.size(); ++k)
     po.append_eltwise(elt_alg(e.codes[k]), e.alpha[k], e.beta[k]);
 }
+
+// Small float32 matmuls on our own loop (y = act(a @ b + bias + res)).
+#include "engine_small_matmul.cc"
 
 // int8 instructions (docs/int8.md), defined in engine_int8.cc (included below).
 enum OpInt8 : int64_t { OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42 };
@@ -824,12 +830,12 @@ struct Program {
 
   void arg(Step& s, int id, const Ref& r, const memory::desc& md) {
     memory m = bind(r, md);
-    s.args.push_back({id, m, r.slot, r.offset});
+    s.args.push_back({id, m, r.slot, r.offset, static_cast<char*>(m.get_data_handle())});
     s.map[id] = m;
   }
 
   void own_arg(Step& s, int id, memory m) {
-    s.args.push_back({id, m, -1, 0});
+    s.args.push_back({id, m, -1, 0, static_cast<char*>(m.get_data_handle())});
     s.map[id] = m;
   }
 
@@ -1165,6 +1171,9 @@ struct Program {
     };
     auto [ad, as] = logical(A, a_steps, ta);
     auto [bd, bs] = logical(B, b_steps, tb);
+    if (add_small_matmul(ins, A, ad, as, B, bs, has_bias ? &bias : nullptr, has_res ? &res : nullptr, y,
+                         y_steps, act, compute))
+      return;
     bool narrow = in_f32(y.type);
     memory::desc y_md(y.dims, narrow ? dt::f32 : y.type, y_steps);
     dt cdt = compute_dt(to_dt(compute));
@@ -1221,6 +1230,46 @@ struct Program {
     arg(s, DNNL_ARG_DST, out, y_md);
     push<dnnl::matmul>(ins, s, pd);
     if (narrow) narrow_into(ins, out, y, memory::desc(y.dims, y.type, y_steps));
+  }
+
+  // A float32 matmul small enough that oneDNN's per-call cost would dominate it, on
+  // small_matmul (engine_small_matmul.cc); false, adding nothing, when it is not one.
+  bool add_small_matmul(Instr& ins, const Ref& A, const memory::dims& ad, const memory::dims& as,
+                        const Ref& B, const memory::dims& bs, const Ref* bias, const Ref* res,
+                        const Ref& y, const memory::dims& y_steps, const Epilogue& act,
+                        int64_t compute) {
+    const size_t r = y.dims.size();
+    auto f32 = [](const Ref* t) { return !t || t->type == dt::f32; };
+    if (r < 2 || compute != D_F32 || !f32(&A) || !f32(&B) || !f32(&y) || !f32(bias) || !f32(res) ||
+        bs[r - 1] != 1 || y_steps[r - 1] != 1 || !small_matmul_takes(act))
+      return false;
+    for (size_t d = 0; d + 2 < r; ++d)
+      if (y.dims[d] != 1) return false;  // (a batch of matmuls: oneDNN's)
+    SmallMatmul g;
+    g.M = y.dims[r - 2];
+    g.N = y.dims[r - 1];
+    g.K = ad[r - 1];
+    if (g.M * g.N * g.K > kSmallMatmulMacs) return false;
+    g.a_row = as[r - 2];
+    g.a_col = as[r - 1];
+    g.b_row = bs[r - 2];
+    g.y_row = y_steps[r - 2];
+    g.bias = bias != nullptr;
+    g.res = res != nullptr;
+    g.act = act;
+    Step s;
+    byte_arg(s, A);
+    byte_arg(s, B);
+    if (bias) byte_arg(s, *bias);
+    if (res) byte_arg(s, *res);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:small_matmul", [g](const Step& st, int) {
+      size_t k = 2;
+      const float* pbias = g.bias ? data<const float>(st, k++) : nullptr;
+      const float* pres = g.res ? data<const float>(st, k++) : nullptr;
+      small_matmul(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres, data<float>(st, k));
+    });
+    return true;
   }
 
   void add_pool(Reader& rd, Instr& ins) {
@@ -2124,7 +2173,10 @@ struct Program {
     for (auto& ins : instrs)
       for (auto& s : ins.steps) {
         for (auto& a : s.args)
-          if (a.slot == TEMP_SLOT) a.mem.set_data_handle(static_cast<char*>(temp) + a.offset);
+          if (a.slot == TEMP_SLOT) {
+            a.ptr = static_cast<char*>(temp) + a.offset;
+            a.mem.set_data_handle(a.ptr);
+          }
         if (s.scratchpad) {
           memory m(s.scratch_md, eng, scratch);
           s.map[DNNL_ARG_SCRATCHPAD] = m;
@@ -2149,26 +2201,33 @@ struct Program {
     // primitives on the OpenMP runtime return when done, so no wait is needed to time).
     double* const times = timing;
     double end = times ? now() : 0.0;
+    bool primitives = false;  // (only oneDNN's work needs the stream waited for)
     for (int64_t k = first; k < last; ++k) {
       if (cancel && *cancel) return STOP_CANCELLED;
       if (deadline > 0 && now() >= deadline) return STOP_DEADLINE;
       if (instrs[k].threads != current) omp_set_num_threads(current = instrs[k].threads);
       for (auto& a : instrs[k].steps) {
+        const bool ours = a.loop || a.inner_len;
         for (auto& arg : a.args)
-          if (arg.slot >= 0) arg.mem.set_data_handle(slots[arg.slot] + arg.offset);
-        if (a.loop)
+          if (arg.slot >= 0) {
+            arg.ptr = slots[arg.slot] + arg.offset;
+            if (!ours) arg.mem.set_data_handle(arg.ptr);
+          }
+        if (a.loop) {
           a.loop(a, instrs[k].threads);
-        else if (a.inner_len)
+        } else if (a.inner_len) {
           inner_reduce(a, instrs[k].threads);
-        else
+        } else {
           a.prim.execute(strm, a.map);
+          primitives = true;
+        }
       }
       if (times) {
         times[2 * k] = end;
         times[2 * k + 1] = end = now();
       }
     }
-    strm.wait();
+    if (primitives) strm.wait();
     return 0;
   }
 };

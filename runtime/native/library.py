@@ -34,7 +34,7 @@ from pathlib import Path
 from ..buildcache import BuildError, Cache
 
 SOURCE = Path(__file__).resolve().parent / "engine.cc"
-SOURCES = (SOURCE, SOURCE.parent / "engine_int8.cc")
+SOURCES = (SOURCE, SOURCE.parent / "engine_int8.cc", SOURCE.parent / "engine_small_matmul.cc")
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _why_not: str | None = None
