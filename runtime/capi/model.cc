@@ -139,8 +139,21 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
       copies_.push_back(std::move(copy));
     }
     for (auto &copy : copies_) {
-      // The engine's reordered weights and buffers are known only now.
-      device_->resize(copy->reservation, bytes_per_core(*exe_, *copy->program, copy->all_arenas.size()));
+      // The engine's reordered weights and buffers are known only now. A twin holds its
+      // own; where they do not fit the copy does without it (the model loaded before it).
+      std::vector<uint64_t> bytes = bytes_per_core(*exe_, *copy->program, copy->all_arenas.size());
+      if (copy->narrow) {
+        std::vector<uint64_t> with_twin = bytes;
+        with_twin[0] += copy->narrow->stages[0]->weight_bytes + copy->narrow->stages[0]->buffer_bytes;
+        try {
+          device_->resize(copy->reservation, with_twin);
+          continue;
+        } catch (const Refused &e) {
+          if (e.status != NR_OUT_OF_DEVICE_MEMORY) throw;
+          copy->narrow.reset();
+        }
+      }
+      device_->resize(copy->reservation, bytes);
     }
   } catch (...) {
     for (size_t k = 0; k < reservations.size(); ++k)  // a failed load keeps no device memory

@@ -1,0 +1,65 @@
+"""A copy's one-thread twin reorders the weights again and keeps its own buffers
+(runtime/capi/model.cc): the device charges them to the copy's core, and a copy whose twin
+would not fit in the core's memory loads without one instead of failing to load.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.runtime.capi import binding
+from tests.runtime.test_capi_execute import compile_graph
+from tests.runtime.test_capi_narrow_twin import ENV, _calls, _small_cnn
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
+                                reason="g++ is needed to build the C runtime library")
+
+
+def _load(data: bytes, monkeypatch: pytest.MonkeyPatch,
+          **env: str) -> tuple[binding.Device, binding.Model]:
+    for k, v in {**ENV, **env}.items():
+        monkeypatch.setenv(k, v)
+    device = binding.Device(binding.load_library())
+    return device, binding.Model(device, data, duplicates=2)
+
+
+def test_the_twin_is_charged_and_dropped_where_it_does_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = _small_cnn()
+    data = compile_graph(tmp_path, "cnn", graph.graph_def, graph.io_config)
+
+    device, model = _load(data, monkeypatch, NEURONISH_NARROW_TWIN="off")
+    alone = model.copies()[0][1][0]
+    model.unload()
+    device.close()
+
+    device, model = _load(data, monkeypatch)
+    try:
+        with_twin = model.copies()[0][1][0]
+        core = model.copies()[0][0][0]
+        assert device.memory()[core][0] == with_twin
+    finally:
+        model.unload()
+        device.close()
+    # The twin holds the convolutions' and the dense layer's reordered weights (~0.3 MiB).
+    assert with_twin > alone + 64 * 1024, (alone, with_twin)
+
+    # Room for each copy but not for its twin: the model loads, twinless.
+    budget = alone + (with_twin - alone) // 2
+    device, model = _load(data, monkeypatch, NEURONISH_CORE_MEMORY=str(budget))
+    try:
+        assert [c[1][0] for c in model.copies()] == [alone, alone]
+        x = np.random.default_rng(3).standard_normal((1, 64, 64, 3)).astype(np.float32)
+        outs = _calls(model, [x] * 64, callers=8)
+        assert model.narrow_runs(0) == 0 and model.narrow_runs(1) == 0
+    finally:
+        model.unload()
+        device.close()
+    want = graph.fn(tf.constant(x)).numpy()
+    for got in outs:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
