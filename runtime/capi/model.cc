@@ -360,6 +360,7 @@ namespace {
 // Same-process noise (TensorFlow's or a neighbour library's spinning threads) slows a run
 // by tens of percent; a lone outlier must be 9x the best to move the average past 3x.
 constexpr int64_t kHeldUp = 3;
+constexpr int64_t kEngineCancelled = 1;  // ne_run's STOP_CANCELLED (runtime/native/engine.cc)
 constexpr uint32_t kProbeEvery = 8;
 }  // namespace
 
@@ -423,6 +424,11 @@ void Model::run_stage(Call &call, size_t s) {
   if (call.timed && rc == 0) call.times.push_back(call.copy.timing[s]);
   if (rc > 0) {
     cutoff->check("while its instructions ran");  // (throws: the engine saw it)
+    // The engine saw the cancel byte, which its caller has cleared since (a deadline
+    // cannot un-pass): the call stopped all the same, so it reports being cancelled.
+    if (rc == kEngineCancelled)
+      throw Refused{NR_CANCELLED, "the call was cancelled by its caller while its instructions ran; the rest of it "
+                                  "was abandoned"};
     throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};
   }
   if (rc < 0) {
