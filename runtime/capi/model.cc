@@ -360,23 +360,46 @@ namespace {
 // Same-process noise (TensorFlow's or a neighbour library's spinning threads) slows a run
 // by tens of percent; a lone outlier must be 9x the best to move the average past 3x.
 constexpr int64_t kHeldUp = 3;
+// The team's first runs set its best (the very first pays for cold caches and pages); then
+// the twin runs twice, so that its best is known too: the price, on an idle host, of two
+// calls on one thread.
+constexpr uint32_t kWarmRuns = 3, kTwinProbes = 2;
+// Later probes of the twin while the team is preferred: after 8 wide runs, then twice as
+// many each time, at most 1024 (on an idle host a call in ~1000 runs on one thread).
+constexpr uint32_t kFirstTwinGap = 8, kLastTwinGap = 1024;
 constexpr int64_t kEngineCancelled = 1;  // ne_run's STOP_CANCELLED (runtime/native/engine.cc)
 constexpr uint32_t kProbeEvery = 8;
 }  // namespace
 
 bool TeamHealth::wide_if_idle() {
+  if (wide_runs.load(std::memory_order_relaxed) < kWarmRuns) return true;
+  if (twin_runs.load(std::memory_order_relaxed) < kTwinProbes) return false;
   int64_t best = best_ns.load(std::memory_order_relaxed), recent = recent_ns.load(std::memory_order_relaxed);
-  if (best == INT64_MAX || recent <= kHeldUp * best) return true;
-  return twin_streak.load(std::memory_order_relaxed) >= kProbeEvery;  // (a probe)
+  if (recent <= kHeldUp * best && best <= twin_best_ns.load(std::memory_order_relaxed)) {
+    uint32_t gap = twin_gap.load(std::memory_order_relaxed);
+    if (wide_streak.load(std::memory_order_relaxed) < std::max(gap, kFirstTwinGap)) return true;
+    twin_gap.store(std::min(std::max(gap, kFirstTwinGap) * 2, kLastTwinGap), std::memory_order_relaxed);
+    return false;  // (the twin's probe)
+  }
+  return twin_streak.load(std::memory_order_relaxed) >= kProbeEvery;  // (the team's probe)
 }
 
 void TeamHealth::wide_ran(int64_t ns) {
+  wide_runs.fetch_add(1, std::memory_order_relaxed);
+  wide_streak.fetch_add(1, std::memory_order_relaxed);
   twin_streak.store(0, std::memory_order_relaxed);
   int64_t best = best_ns.load(std::memory_order_relaxed);
   if (ns < best) best_ns.store(best = ns, std::memory_order_relaxed);
   int64_t recent = recent_ns.load(std::memory_order_relaxed);
   // A fast run ends a slow spell at once; slow runs raise the average a quarter at a time.
   recent_ns.store(recent == 0 || ns <= kHeldUp * best ? ns : recent + (ns - recent) / 4, std::memory_order_relaxed);
+}
+
+void TeamHealth::twin_ran(int64_t ns) {
+  twin_runs.fetch_add(1, std::memory_order_relaxed);
+  twin_streak.fetch_add(1, std::memory_order_relaxed);
+  wide_streak.store(0, std::memory_order_relaxed);
+  if (ns < twin_best_ns.load(std::memory_order_relaxed)) twin_best_ns.store(ns, std::memory_order_relaxed);
 }
 
 bool Model::wants_narrow_twin(const CopyProgram &program) const {
@@ -420,8 +443,11 @@ void Model::run_stage(Call &call, size_t s) {
   // (a stage of one-thread instructions opens no parallel region: no hand-over)
   int64_t rc = stage.width > 1 ? EngineThreads::call(run) : run();
   host.release(taken);
-  if (watch && rc == 0 && &stage == narrow) call.copy.team.twin_ran();
-  else if (watch && rc == 0) call.copy.team.wide_ran((std::chrono::steady_clock::now() - started).count());
+  if (watch && rc == 0) {
+    int64_t ns = (std::chrono::steady_clock::now() - started).count();
+    if (&stage == narrow) call.copy.team.twin_ran(ns);
+    else call.copy.team.wide_ran(ns);
+  }
   if (call.timed && rc == 0) call.times.push_back(call.copy.timing[s]);
   if (rc > 0) {
     cutoff->check("while its instructions ran");  // (throws: the engine saw it)

@@ -35,17 +35,26 @@ namespace nr {
 constexpr uint64_t kNarrowTwinWeightBytes = uint64_t(32) << 20;
 
 // Whether a copy's team is being held up by processes the host cannot see in its own
-// accounting: its wide runs' wall time against the best it has shown. Relaxed atomics:
-// callers race on it, and a stale reading only costs one run on the other program.
+// accounting: its wide runs' wall time against the best it has shown, and its best against
+// the twin's. Relaxed atomics: callers race on it, and a stale reading only costs one run
+// on the other program.
 struct TeamHealth {
-  std::atomic<int64_t> best_ns{INT64_MAX};  // fastest wide run so far
-  std::atomic<int64_t> recent_ns{0};        // recent wide runs (moving average)
-  std::atomic<uint32_t> twin_streak{0};     // twin runs since the last wide one
-  // A lone call on an idle host takes the team unless its recent runs were slow; then the
-  // twin, with one run in kProbeEvery back on the team to see whether the load has gone.
+  std::atomic<int64_t> best_ns{INT64_MAX};       // fastest wide run so far
+  std::atomic<int64_t> recent_ns{0};             // recent wide runs (moving average)
+  std::atomic<int64_t> twin_best_ns{INT64_MAX};  // fastest twin run so far
+  std::atomic<uint32_t> wide_runs{0}, twin_runs{0};
+  std::atomic<uint32_t> twin_streak{0};  // twin runs since the last wide one
+  std::atomic<uint32_t> wide_streak{0};  // wide runs since the last twin one
+  std::atomic<uint32_t> twin_gap{0};     // wide runs before the twin's next probe
+  // A lone call on an idle host takes the team, once the twin's best is known too (its
+  // runs 4 and 5 are the twin's, then one after 8, 16, 32 ... 1024 wide runs: a probe
+  // that found the twin's CPU shared must not decide for good), unless the team is held
+  // up: its recent runs slow against its best, or even its best slower than the twin's
+  // (other processes on the CPUs from the first call). Then the twin, with one run in
+  // kProbeEvery back on the team to see whether the load has gone.
   bool wide_if_idle();
   void wide_ran(int64_t ns);
-  void twin_ran() { twin_streak.fetch_add(1, std::memory_order_relaxed); }
+  void twin_ran(int64_t ns);
 };
 
 struct Copy {

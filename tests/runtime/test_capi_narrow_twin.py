@@ -34,8 +34,9 @@ ENV = {"NEURONISH_NUM_CORES": "2", "NEURONISH_CORE_THREADS": "2",
        "NEURONISH_NARROW_TWIN": "queued"}
 
 
-def _small_cnn() -> object:
-    """Two 3x3 convolutions (the second 38 MFLOP: a two-thread team), pools, a dense."""
+def _small_cnn(batch: int = 1) -> object:
+    """Two 3x3 convolutions (the second 38 MFLOP a sample: a two-thread team), pools, a
+    dense."""
     rng = np.random.default_rng(0)
     k1 = tf.constant(rng.standard_normal((3, 3, 3, 32)).astype(np.float32) * 0.1)
     k2 = tf.constant(rng.standard_normal((3, 3, 32, 64)).astype(np.float32) * 0.1)
@@ -45,7 +46,7 @@ def _small_cnn() -> object:
         h = tf.nn.max_pool2d(tf.nn.relu(tf.nn.conv2d(x, k1, 1, "SAME")), 2, 2, "VALID")
         h = tf.nn.max_pool2d(tf.nn.relu(tf.nn.conv2d(h, k2, 1, "SAME")), 2, 2, "VALID")
         return tf.matmul(tf.reshape(h, [-1, 16 * 16 * 64]), w)
-    return trace(f, tf.TensorSpec([1, 64, 64, 3], tf.float32, name="x"))
+    return trace(f, tf.TensorSpec([batch, 64, 64, 3], tf.float32, name="x"))
 
 
 def _calls(model: binding.Model, inputs: list[np.ndarray], callers: int) -> list[np.ndarray]:
@@ -133,10 +134,12 @@ def cnn_executable(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, obj
 _BUSY_LOOP = "print('spinning', flush=True)\nwhile True: pass"
 
 
-def _lone_caller_under_load(data: bytes, twin: str, monkeypatch: pytest.MonkeyPatch) -> int:
+def _lone_caller_under_load(data: bytes, twin: str, monkeypatch: pytest.MonkeyPatch,
+                            quiet_calls: int = 40) -> int:
     """Twin runs of 60 calls made while three busy-looping processes per CPU run, by a
-    lone caller whose model first ran 40 calls without them (as a server's model does
-    before load arrives: its team's best time is known)."""
+    lone caller whose model first ran `quiet_calls` calls without them (as a server's
+    model does before load arrives: its team's best time is known; 0: the load is there
+    from the model's first call)."""
     for k, v in {**ENV, "NEURONISH_NARROW_TWIN": twin}.items():
         monkeypatch.setenv(k, v)
     device = binding.Device(binding.load_library())
@@ -144,7 +147,7 @@ def _lone_caller_under_load(data: bytes, twin: str, monkeypatch: pytest.MonkeyPa
     burners = []
     try:
         x = np.ones((1, 64, 64, 3), np.float32)
-        for _ in range(40):
+        for _ in range(quiet_calls):
             model.run([x])
         before = model.narrow_runs(0)
         # (60 calls take ~30 ms, less than an interpreter's start: wait until each loop
@@ -175,6 +178,71 @@ def test_held_up_team_sends_a_lone_caller_to_the_twin(
     queued = _lone_caller_under_load(data, "queued", monkeypatch)
     assert auto >= 20, f"only {auto} of 60 calls ran the twin beside busy loops"
     assert queued == 0
+
+
+def _conv_chain() -> object:
+    """Sixty 3x3 convolutions of 19 MFLOP each: two-thread teams with a barrier every
+    ~0.15 ms, which a thread sharing its CPU with a busy loop holds up at each one."""
+    rng = np.random.default_rng(0)
+    kernels = [tf.constant(rng.standard_normal((3, 3, 32, 32)).astype(np.float32) * 0.06)
+               for _ in range(60)]
+
+    def f(x: tf.Tensor) -> tf.Tensor:
+        for k in kernels:
+            x = tf.nn.relu(tf.nn.conv2d(x, k, 1, "SAME"))
+        return x
+    return trace(f, tf.TensorSpec([1, 32, 32, 32], tf.float32, name="x"))
+
+
+def _twin_runs_beside_one_busy_loop(data: bytes, twin: str, monkeypatch: pytest.MonkeyPatch
+                                    ) -> tuple[list[bool], np.ndarray]:
+    """Which of 12 calls by a lone caller of a fresh model ran the twin, one busy loop
+    running on one of the two CPUs from before its first call; and the last call's output."""
+    for k, v in {**ENV, "NEURONISH_NARROW_TWIN": twin}.items():
+        monkeypatch.setenv(k, v)
+    # (on one CPU: the team's thread there always shares it, the twin finds the other free)
+    first_cpu = min(os.sched_getaffinity(0))
+    burner = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP], stdout=subprocess.PIPE,
+                              preexec_fn=lambda: os.sched_setaffinity(0, {first_cpu}))
+    device = binding.Device(binding.load_library())
+    model = binding.Model(device, data)
+    try:
+        assert burner.stdout is not None and burner.stdout.readline() == b"spinning\n"
+        x = np.ones((1, 32, 32, 32), np.float32)
+        twin = []
+        for _ in range(12):
+            before = model.narrow_runs(0)
+            out = model.run([x])[0]
+            twin.append(model.narrow_runs(0) > before)
+        return twin, out
+    finally:
+        burner.kill()
+        burner.communicate()
+        model.unload()
+        device.close()
+
+
+def test_load_from_the_first_call_sends_a_lone_caller_to_the_twin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One busy loop on one of two CPUs from the model's first call: the team's every run
+    waits at each barrier for its thread sharing that CPU (here 26-120 ms against 10-18 ms
+    on one thread), so even its best is slower than the twin's, which has the other CPU to
+    itself. The team runs calls 1-3, the twin 4 and 5 (to know its best), and from then on
+    the twin (auto). Before, the team ran until one of its runs happened to find the busy
+    loop descheduled (after 7 to 12 calls here); queued never leaves it."""
+    if len(os.sched_getaffinity(0)) != 2:
+        pytest.skip(f"needs two CPUs to put one busy loop beside the team (this process may "
+                    f"use {len(os.sched_getaffinity(0))})")
+    graph = _conv_chain()
+    data = compile_graph(tmp_path, "chain", graph.graph_def, graph.io_config)
+    auto, got = _twin_runs_beside_one_busy_loop(data, "auto", monkeypatch)
+    queued, _ = _twin_runs_beside_one_busy_loop(data, "queued", monkeypatch)
+    shown = "".join("T" if t else "W" for t in auto)
+    print(f"12 calls (W team, T twin): auto {shown}, queued twin runs {sum(queued)}")
+    assert auto[:3] == [False] * 3 and sum(auto[3:10]) >= 6, shown
+    assert not any(queued)
+    want = graph.fn(tf.constant(np.ones((1, 32, 32, 32), np.float32))).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_twin_off_and_bad_values(cnn_executable: tuple[bytes, object],
