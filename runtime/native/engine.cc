@@ -1271,7 +1271,8 @@ struct Program {
     g.M = y.dims[r - 2];
     g.N = y.dims[r - 1];
     g.K = ad[r - 1];
-    if (g.M * g.N * g.K > kSmallMatmulMacs) return false;
+    const SmallMatmulVariant variant = small_matmul_variant();
+    if (!small_matmul_fits(g.M, g.N, g.K, variant.lanes)) return false;
     g.a_row = as[r - 2];
     g.a_col = as[r - 1];
     g.b_row = bs[r - 2];
@@ -1285,11 +1286,11 @@ struct Program {
     if (bias) byte_arg(s, *bias);
     if (res) byte_arg(s, *res);
     byte_arg(s, y);
-    push_loop(ins, s, "neuronish:small_matmul", [g](const Step& st, int) {
+    push_loop(ins, s, "neuronish:small_matmul", [g, run = variant.run](const Step& st, int) {
       size_t k = 2;
       const float* pbias = g.bias ? data<const float>(st, k++) : nullptr;
       const float* pres = g.res ? data<const float>(st, k++) : nullptr;
-      small_matmul(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres, data<float>(st, k));
+      run(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres, data<float>(st, k));
     });
     return true;
   }

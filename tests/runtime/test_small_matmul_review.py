@@ -1,10 +1,15 @@
 """Review of the native engine's small float32 matmul loop (engine_small_matmul.cc):
 specs whose operands disagree on M, K or N are refused (oneDNN refused them; the loop
-would read past its operands), and the loop's register blocks and column tails compute
-what TensorFlow does."""
+would read past its operands); the loop's register tiles (every row count of a block of
+four, 16-, 8- and 4-wide vectors, the last one to three columns side by side) and its
+vector epilogue compute what TensorFlow does, NaN and infinities included; and the
+narrow long-k products it is slower on stay on oneDNN. Each vector width's variant
+(AVX-512, AVX2 + FMA, SSE: NEURONISH_NATIVE_SMALL_MATMUL picks a narrower one than the
+CPU's) is held to TensorFlow on this CPU."""
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -60,20 +65,28 @@ def test_disagreeing_operands_are_refused_naming_the_operand(
     assert f"matmul: {field}" in err, err
 
 
-def run_small(native: ctypes.CDLL, inputs: list[np.ndarray], attrs: dict,
-              y_shape: tuple) -> np.ndarray:
+def run_matmul(native: ctypes.CDLL, inputs: list[np.ndarray], attrs: dict,
+               y_shape: tuple) -> tuple[np.ndarray, str]:
+    """The product on the native engine (b a constant) and the implementation that ran it."""
     program, call = one_instruction_program("matmul", inputs, attrs, [(y_shape, "float32")],
                                             constant=frozenset({1}), native=native)
-    assert program.implementations()[0] == SMALL
-    out = np.full(y_shape, np.nan, np.float32)  # (every element must be written)
+    out = np.full(y_shape, 7.0, np.float32)  # (every element must be written)
     program.execute(call, [out])
+    return out, program.implementations()[0]
+
+
+def run_small(native: ctypes.CDLL, inputs: list[np.ndarray], attrs: dict,
+              y_shape: tuple) -> np.ndarray:
+    out, impl = run_matmul(native, inputs, attrs, y_shape)
+    assert impl == SMALL
     return out
 
 
-# Every row count of a 4-row block and every column tail (16-, 8-, 4-wide vectors and
-# single columns), with bias, residual and relu.
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7])
-@pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 12, 15, 16, 29, 32, 45, 64])
+# Every row count of a 4-row block (1 to 4, and 4 + each) and every column tail (two or
+# four 16-wide vectors at once, one, an 8- and a 4-wide one, the last 1, 2 or 3 columns),
+# with bias, residual and relu.
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7, 8, 12, 14, 15, 16, 29, 32, 45, 50, 64, 70])
 def test_every_block_and_tail_matches_tf(native: ctypes.CDLL, m: int, n: int) -> None:
     k = 9
     a, b = RNG.standard_normal((m, k), np.float32), RNG.standard_normal((k, n), np.float32)
@@ -82,3 +95,67 @@ def test_every_block_and_tail_matches_tf(native: ctypes.CDLL, m: int, n: int) ->
                     (m, n))
     want = tf.nn.relu(tf.linalg.matmul(a, b) + bias + res)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation,tf_fn", [
+    ("relu", tf.nn.relu), ("relu6", tf.nn.relu6),
+    ("leaky_relu", lambda x: tf.nn.leaky_relu(x, alpha=0.3)), ("neg", tf.negative),
+])
+def test_nan_and_infinities_in_every_tile_width_as_tensorflow(
+        native: ctypes.CDLL, activation: str, tf_fn: object) -> None:
+    # 23 columns: a 16-, a 4-wide vector and three single columns; rows of NaN, +inf and
+    # -inf products (a's row times b's positive column 0 and the rest), and finite ones.
+    a = RNG.standard_normal((4, 6), np.float32) * 4
+    b = RNG.standard_normal((6, 23), np.float32)
+    a[0, 2], a[1, :], a[2, :] = np.nan, 0, 0
+    a[1, 0], a[2, 0], b[0, :] = np.inf, -np.inf, np.abs(b[0, :]) + 1
+    attrs = {"activation": activation, "alpha": 0.3}
+    got = run_small(native, [a, b], attrs, (4, 23))
+    np.testing.assert_allclose(got, tf_fn(tf.linalg.matmul(a, b)), rtol=1e-5, atol=1e-5)
+
+
+# Narrow products with a long k take several k-long multiply-add chains one after another
+# on the loop (~1 ns a step) where oneDNN takes ~0.6 us plus ~1.3 ns per k (AMD EPYC Zen 4:
+# [1, 3000] @ [3000, 10] 16.4 us on the loop, 4.3 us on oneDNN); wide ones the loop wins.
+# (The same on every vector width: these products have as many tiles on each.)
+@pytest.mark.parametrize("m,n,k,small", [
+    (1, 10, 3000, False), (1, 7, 2048, False), (3, 7, 1024, False),
+    (1, 4, 4096, True), (4, 4, 2048, True), (32, 32, 32, True), (16, 16, 16, True),
+])
+def test_narrow_long_products_stay_on_oneDNN(native: ctypes.CDLL, m: int, n: int, k: int,
+                                             small: bool) -> None:
+    a, b = RNG.standard_normal((m, k), np.float32), RNG.standard_normal((k, n), np.float32)
+    got, impl = run_matmul(native, [a, b], {"activation": "none"}, (m, n))
+    assert (impl == SMALL) == small, impl
+    np.testing.assert_allclose(got, tf.linalg.matmul(a, b), rtol=1e-4, atol=1e-4)
+
+
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.parametrize("variant", ["avx2", "sse"])
+def test_each_vector_width_matches_tf(native: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch,
+                                      variant: str) -> None:
+    if variant == "avx2" and not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("this CPU has no AVX2 + FMA: its AVX2 variant cannot run here")
+    # Two blocks of four rows and a last one; 38 columns: on each width tiles of several
+    # vectors, then narrower ones down to 4 wide, then the last two columns side by side.
+    a, b = RNG.standard_normal((9, 20), np.float32), RNG.standard_normal((20, 38), np.float32)
+    bias, res = RNG.standard_normal(38, np.float32), RNG.standard_normal((9, 38), np.float32)
+    inputs, attrs = [a, b, bias, res], {"activation": "leaky_relu", "alpha": 0.1,
+                                        "residual": True}
+    forced = "NEURONISH_NATIVE_SMALL_MATMUL" in os.environ
+    widest = run_small(native, inputs, attrs, (9, 38))
+    monkeypatch.setenv("NEURONISH_NATIVE_SMALL_MATMUL", variant)
+    got = run_small(native, inputs, attrs, (9, 38))
+    want = tf.nn.leaky_relu(tf.linalg.matmul(a, b) + bias + res, alpha=0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if variant == "sse" and "fma" in cpu_flags() and not forced:
+        # (SSE has no fused multiply-add: its sums round each product, so some bits differ
+        # from the widest variant's: the narrower variant did run.)
+        assert not np.array_equal(got, widest)
