@@ -174,7 +174,8 @@ struct SmallMatmulVariant {
 SmallMatmulVariant small_matmul_variant() {
   const char* env = std::getenv("NEURONISH_NATIVE_SMALL_MATMUL");
   const std::string ask = env ? env : "";
-  __builtin_cpu_init();
+  // (no __builtin_cpu_init: libgcc's constructor ran it at load; calling it again from
+  // copies loading on several threads at once would race on what it writes)
   if (ask != "avx2" && ask != "sse" && __builtin_cpu_supports("avx512f"))
     return {small_matmul_avx512, 16};
   if (ask != "sse" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
