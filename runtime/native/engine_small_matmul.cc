@@ -169,11 +169,13 @@ struct SmallMatmulVariant {
 };
 
 // The widest variant this CPU runs, or a narrower one NEURONISH_NATIVE_SMALL_MATMUL
-// (avx2, sse) asks for, read when an instruction is added: so that tests hold each
-// variant to TensorFlow on any CPU.
+// (avx2, sse; avx512 is the widest) asks for, read when an instruction is added: so that
+// tests hold each variant to TensorFlow on any CPU.
 SmallMatmulVariant small_matmul_variant() {
   const char* env = std::getenv("NEURONISH_NATIVE_SMALL_MATMUL");
   const std::string ask = env ? env : "";
+  if (!ask.empty() && ask != "avx512" && ask != "avx2" && ask != "sse")
+    throw Error("NEURONISH_NATIVE_SMALL_MATMUL must be avx512, avx2 or sse, got '" + ask + "'");
   // (no __builtin_cpu_init: libgcc's constructor ran it at load; calling it again from
   // copies loading on several threads at once would race on what it writes)
   if (ask != "avx2" && ask != "sse" && __builtin_cpu_supports("avx512f"))

@@ -159,3 +159,14 @@ def test_each_vector_width_matches_tf(native: ctypes.CDLL, monkeypatch: pytest.M
         # (SSE has no fused multiply-add: its sums round each product, so some bits differ
         # from the widest variant's: the narrower variant did run.)
         assert not np.array_equal(got, widest)
+
+
+def test_an_unknown_vector_width_is_refused_naming_the_variable(
+        native: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURONISH_NATIVE_SMALL_MATMUL", "avx-512")
+    a, b = RNG.standard_normal((2, 3), np.float32), RNG.standard_normal((3, 4), np.float32)
+    program, _ = one_instruction_program("matmul", [a, b], {"activation": "none"},
+                                         [((2, 4), "float32")], constant=frozenset({1}),
+                                         native=native)
+    (why,) = [w for st in program.stages for w in st.native.rejected.values()]
+    assert "NEURONISH_NATIVE_SMALL_MATMUL must be avx512, avx2 or sse, got 'avx-512'" in why
