@@ -5,7 +5,9 @@ four, 16-, 8- and 4-wide vectors, the last one to three columns side by side) an
 vector epilogue compute what TensorFlow does, NaN and infinities included; and the
 narrow long-k products it is slower on stay on oneDNN. Each vector width's variant
 (AVX-512, AVX2 + FMA, SSE: NEURONISH_NATIVE_SMALL_MATMUL picks a narrower one than the
-CPU's) is held to TensorFlow on this CPU."""
+CPU's) is held to TensorFlow on this CPU. Loop steps read their data pointers directly
+(Arg::ptr, set by each run): slots bound after an instruction was added, or rebound between
+runs, are read where they are now, by loops and primitives alike."""
 from __future__ import annotations
 
 import ctypes
@@ -170,3 +172,44 @@ def test_an_unknown_vector_width_is_refused_naming_the_variable(
                                          native=native)
     (why,) = [w for st in program.stages for w in st.native.rejected.values()]
     assert "NEURONISH_NATIVE_SMALL_MATMUL must be avx512, avx2 or sse, got 'avx-512'" in why
+
+
+def engine_run(native: ctypes.CDLL, handle: int, y: np.ndarray) -> None:
+    err = ctypes.create_string_buffer(512)
+    ptrs = (ctypes.c_void_p * 1)(y.ctypes.data)
+    assert native.ne_run(handle, 0, 1, 2, ptrs, 1, None, 0.0, err, 512) == 0, err.value
+
+
+# The small-matmul loop, oneDNN's matmul primitive, and pow (a loop over every dtype).
+@pytest.mark.parametrize("kind,shapes,runs_on", [
+    ("matmul", [(16, 8), (8, 16), (16, 16)], SMALL),
+    ("matmul", [(64, 64), (64, 64), (64, 64)], "brg"),
+    ("binary", [(5, 7), (5, 7), (5, 7)], "neuronish:binary_any"),
+])
+def test_slots_bound_after_adding_and_rebound_between_runs_are_read_there(
+        native: ctypes.CDLL, kind: str, shapes: list[tuple], runs_on: str) -> None:
+    # Slots 0 and 1 (a and b: neither constant) are bound only after the instruction was
+    # added, and b is rebound between runs; slot 2 (y) is the call's own.
+    attrs = {"activation": "none"} if kind == "matmul" else {"fn": "pow"}
+    refs = [spec.Ref(slot, 0, "float32", shape) for slot, shape in enumerate(shapes)]
+    ints, floats = spec.encode(kind, attrs, refs[:2], refs[2:], [False, False])
+    err = ctypes.create_string_buffer(512)
+    handle = native.ne_create(3, 1, err, 512)
+    try:
+        k = native.ne_add(handle, (ctypes.c_int64 * len(ints))(*ints), len(ints),
+                          (ctypes.c_float * max(len(floats), 1))(*floats), len(floats), err, 512)
+        assert k == 0, err.value
+        impl = ctypes.create_string_buffer(256)
+        assert native.ne_impl(handle, 0, impl, 256) == 0
+        assert impl.value.decode().startswith(runs_on), impl.value
+        a = np.abs(RNG.standard_normal(shapes[0], np.float32)) + 0.5
+        bs = [RNG.standard_normal(shapes[1], np.float32) for _ in range(2)]
+        native.ne_bind(handle, 0, a.ctypes.data, err, 512)
+        y = np.empty(shapes[2], np.float32)
+        for b in bs:
+            native.ne_bind(handle, 1, b.ctypes.data, err, 512)
+            engine_run(native, handle, y)
+            want = a @ b if kind == "matmul" else np.power(a, b)
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    finally:
+        native.ne_destroy(handle)
