@@ -1171,8 +1171,8 @@ struct Program {
     };
     auto [ad, as] = logical(A, a_steps, ta);
     auto [bd, bs] = logical(B, b_steps, tb);
-    if (add_small_matmul(ins, A, ad, as, B, bs, has_bias ? &bias : nullptr, has_res ? &res : nullptr, y,
-                         y_steps, act, compute))
+    if (add_small_matmul(ins, A, ad, as, B, bd, bs, has_bias ? &bias : nullptr,
+                         has_res ? &res : nullptr, y, y_steps, act, compute))
       return;
     bool narrow = in_f32(y.type);
     memory::desc y_md(y.dims, narrow ? dt::f32 : y.type, y_steps);
@@ -1232,13 +1232,35 @@ struct Program {
     if (narrow) narrow_into(ins, out, y, memory::desc(y.dims, y.type, y_steps));
   }
 
+  // Throws, naming the operand, unless a [.., M, K] @ b [.., K, N] (+ bias [N]) gives y
+  // [.., M, N], each leading dim of a and b 1 or y's (the logical dims, transposes applied).
+  static void check_matmul_dims(const memory::dims& ad, const memory::dims& bd, const Ref* bias,
+                                const memory::dims& y) {
+    const size_t r = y.size();
+    auto fail = [](const std::string& what, int64_t want, int64_t got) {
+      throw Error("matmul: " + what + " is " + std::to_string(got) + ", expected " +
+                  std::to_string(want));
+    };
+    for (size_t d = 0; d + 2 < r; ++d) {
+      if (ad[d] != 1 && ad[d] != y[d]) fail("a's dim " + std::to_string(d), y[d], ad[d]);
+      if (bd[d] != 1 && bd[d] != y[d]) fail("b's dim " + std::to_string(d), y[d], bd[d]);
+    }
+    if (ad[r - 2] != y[r - 2]) fail("a's row count (y's M)", y[r - 2], ad[r - 2]);
+    if (bd[r - 2] != ad[r - 1]) fail("b's row count (a's K)", ad[r - 1], bd[r - 2]);
+    if (bd[r - 1] != y[r - 1]) fail("b's column count (y's N)", y[r - 1], bd[r - 1]);
+    if (bias && count(*bias) != y[r - 1]) fail("bias's size (y's N)", y[r - 1], count(*bias));
+  }
+
   // A float32 matmul small enough that oneDNN's per-call cost would dominate it, on
   // small_matmul (engine_small_matmul.cc); false, adding nothing, when it is not one.
+  // Every matmul passes here first, so its operands' agreement is checked here: the loop
+  // reads as far as y's dims say (oneDNN refused a disagreement, without naming it).
   bool add_small_matmul(Instr& ins, const Ref& A, const memory::dims& ad, const memory::dims& as,
-                        const Ref& B, const memory::dims& bs, const Ref* bias, const Ref* res,
-                        const Ref& y, const memory::dims& y_steps, const Epilogue& act,
-                        int64_t compute) {
+                        const Ref& B, const memory::dims& bd, const memory::dims& bs,
+                        const Ref* bias, const Ref* res, const Ref& y,
+                        const memory::dims& y_steps, const Epilogue& act, int64_t compute) {
     const size_t r = y.dims.size();
+    check_matmul_dims(ad, bd, bias, y.dims);
     auto f32 = [](const Ref* t) { return !t || t->type == dt::f32; };
     if (r < 2 || compute != D_F32 || !f32(&A) || !f32(&B) || !f32(&y) || !f32(bias) || !f32(res) ||
         bs[r - 1] != 1 || y_steps[r - 1] != 1 || !small_matmul_takes(act))
@@ -1249,7 +1271,8 @@ struct Program {
     g.M = y.dims[r - 2];
     g.N = y.dims[r - 1];
     g.K = ad[r - 1];
-    if (g.M * g.N * g.K > kSmallMatmulMacs) return false;
+    const SmallMatmulVariant variant = small_matmul_variant();
+    if (!small_matmul_fits(g.M, g.N, g.K, variant.lanes)) return false;
     g.a_row = as[r - 2];
     g.a_col = as[r - 1];
     g.b_row = bs[r - 2];
@@ -1263,11 +1286,11 @@ struct Program {
     if (bias) byte_arg(s, *bias);
     if (res) byte_arg(s, *res);
     byte_arg(s, y);
-    push_loop(ins, s, "neuronish:small_matmul", [g](const Step& st, int) {
+    push_loop(ins, s, "neuronish:small_matmul", [g, run = variant.run](const Step& st, int) {
       size_t k = 2;
       const float* pbias = g.bias ? data<const float>(st, k++) : nullptr;
       const float* pres = g.res ? data<const float>(st, k++) : nullptr;
-      small_matmul(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres, data<float>(st, k));
+      run(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres, data<float>(st, k));
     });
     return true;
   }
