@@ -1,4 +1,4 @@
-"""Review of the native engine's small float32 matmul loop (engine_small_matmul.cc):
+"""The native engine's small float32 matmul loop (engine_small_matmul.cc):
 specs whose operands disagree on M, K or N are refused (oneDNN refused them; the loop
 would read past its operands); the loop's register tiles (every row count of a block of
 four, 16-, 8- and 4-wide vectors, the last one to three columns side by side) and its
