@@ -155,22 +155,28 @@ def test_neuronish_ls_and_top_see_it_with_the_c_runtimes_counters(dense, monkeyp
     assert not [m for m in publisher.snapshot()["models"] if m["name"] == "seen_op"]
 
 
+# Features of the long model: each [4, 96] @ [96, 96] product is past the engine's
+# small-matmul bound, so it stays a oneDNN primitive of ~2 us (with 16 features the
+# engine's own loop made the whole call of 50,000 chunks shorter than the test's timeout).
+DEEP_FEATURES = 96
+
+
 @pytest.fixture(scope="module")
 def deep():
-    """40 x (16x16 MatMul + Relu) compiled at batch 4: a call of many rows is thousands of
+    """40 x (96x96 MatMul + Relu) compiled at batch 4: a call of many rows is thousands of
     chunks, each dozens of instructions, on the C runtime: long enough to give up on."""
     from tests.graphs import trace
 
     rng = np.random.default_rng(1)
-    ws = [tf.constant((rng.standard_normal((16, 16)) / 4).astype(np.float32))
-          for _ in range(40)]
+    ws = [tf.constant((rng.standard_normal((DEEP_FEATURES, DEEP_FEATURES)) / 10)
+                      .astype(np.float32)) for _ in range(40)]
 
     def fn(x: tf.Tensor) -> tf.Tensor:
         for w in ws:
             x = tf.nn.relu(tf.matmul(x, w))
         return x
 
-    g = trace(fn, tf.TensorSpec([None, 16], tf.float32, name="x"), batch=4)
+    g = trace(fn, tf.TensorSpec([None, DEEP_FEATURES], tf.float32, name="x"), batch=4)
     return g, compile_graph(g.graph_def, g.io_config)
 
 
@@ -200,7 +206,7 @@ class _Counters:
             self.real_unload(m)
 
 
-CHUNKS = 50_000  # of the compiled batch 4, in the long call
+CHUNKS = 20_000  # of the compiled batch 4, in the long call (~1.6 s)
 
 
 @pytest.mark.parametrize("how", ["cancelled", "session timeout"])
@@ -219,8 +225,8 @@ def test_tensorflow_giving_up_stops_a_call_on_the_c_runtime(deep, monkeypatch, h
     node_name = "long_" + how.replace(" ", "_")
     node = neuron_op_node_def(node_name, ["x:0"], exe, g.graph_def,
                               model_config=[-1, -1, 1, -1, -1])  # one copy: chunks in turn
-    f = neuron_function(g, node, [tf.TensorSpec([None, 16], tf.float32)])
-    f(tf.constant(rows(4)))  # loads it, on the C runtime
+    f = neuron_function(g, node, [tf.TensorSpec([None, DEEP_FEATURES], tf.float32)])
+    f(tf.constant(rows(4, DEEP_FEATURES)))  # loads it, on the C runtime
     [handle] = _handles(node_name)
     assert handle.native_entry is not None, handle
 
@@ -229,7 +235,7 @@ def test_tensorflow_giving_up_stops_a_call_on_the_c_runtime(deep, monkeypatch, h
 
     monkeypatch.setattr(kernel_bridge, "run", refuse)
     counters = _Counters(node_name, monkeypatch)
-    x = rows(4 * CHUNKS)
+    x = rows(4 * CHUNKS, DEEP_FEATURES)
     started = threading.Event()
 
     def watch(before: dict[int, int], give_up) -> None:  # noqa: ANN001 - once it computes
@@ -249,10 +255,10 @@ def test_tensorflow_giving_up_stops_a_call_on_the_c_runtime(deep, monkeypatch, h
         else:
             graph = tf.Graph()
             with graph.as_default():
-                feed = tf.compat.v1.placeholder(tf.float32, [None, 16])
+                feed = tf.compat.v1.placeholder(tf.float32, [None, DEEP_FEATURES])
                 [out] = f(feed)
             with tf.compat.v1.Session(graph=graph) as session:
-                session.run(out, {feed: rows(4)})  # (its own kernel instance: loads)
+                session.run(out, {feed: rows(4, DEEP_FEATURES)})  # (its own kernel instance: loads)
                 before = counters.runs()
                 threading.Thread(target=watch, args=(before, lambda: None),
                                  daemon=True).start()
@@ -264,6 +270,6 @@ def test_tensorflow_giving_up_stops_a_call_on_the_c_runtime(deep, monkeypatch, h
     finally:
         monkeypatch.undo()
         counters.release()
-    got = f(tf.constant(rows(5)))[0].numpy()  # the op still works afterwards
-    np.testing.assert_allclose(got, g.reference({"x:0": rows(5)})["Identity:0"],
+    got = f(tf.constant(rows(5, DEEP_FEATURES)))[0].numpy()  # the op still works afterwards
+    np.testing.assert_allclose(got, g.reference({"x:0": rows(5, DEEP_FEATURES)})["Identity:0"],
                                rtol=1e-4, atol=1e-5)
