@@ -4,6 +4,9 @@
 #pragma once
 #include <cstdint>
 
+// ne_run's result when it stopped for the cancel byte (engine.cc's STOP_CANCELLED).
+constexpr int64_t kNeStopCancelled = 1;
+
 extern "C" {
 int64_t ne_version();
 void *ne_create(int64_t n_slots, int64_t threads, char *err, int64_t len);

@@ -367,7 +367,6 @@ constexpr uint32_t kWarmRuns = 3, kTwinProbes = 2;
 // Later probes of the twin while the team is preferred: after 8 wide runs, then twice as
 // many each time, at most 1024 (on an idle host a call in ~1000 runs on one thread).
 constexpr uint32_t kFirstTwinGap = 8, kLastTwinGap = 1024;
-constexpr int64_t kEngineCancelled = 1;  // ne_run's STOP_CANCELLED (runtime/native/engine.cc)
 constexpr uint32_t kProbeEvery = 8;
 }  // namespace
 
@@ -453,7 +452,7 @@ void Model::run_stage(Call &call, size_t s) {
     cutoff->check("while its instructions ran");  // (throws: the engine saw it)
     // The engine saw the cancel byte, which its caller has cleared since (a deadline
     // cannot un-pass): the call stopped all the same, so it reports being cancelled.
-    if (rc == kEngineCancelled)
+    if (rc == kNeStopCancelled)
       throw Refused{NR_CANCELLED, "the call was cancelled by its caller while its instructions ran; the rest of it "
                                   "was abandoned"};
     throw Refused{NR_INTERNAL, "native engine stopped (" + std::to_string(rc) + ") with no reason to"};

@@ -1157,6 +1157,7 @@ struct Program {
     if (has_res && res.dims != y.dims) throw Error("matmul: the residual must have y's dims");
     Epilogue act = read_epilogue(rd);
     size_t r = y.dims.size();
+    if (r < 2) throw Error("matmul: y has rank " + std::to_string(r) + ", expected 2 or more");
     if (A.dims.size() != r || B.dims.size() != r) throw Error("matmul ranks differ");
     // Each operand as the product reads it: its dims with the strides the caller gave (a
     // transposed view of where it is stored: attention's heads read in place), then the
@@ -1171,7 +1172,10 @@ struct Program {
     };
     auto [ad, as] = logical(A, a_steps, ta);
     auto [bd, bs] = logical(B, b_steps, tb);
-    if (add_small_matmul(ins, A, ad, as, B, bd, bs, has_bias ? &bias : nullptr,
+    // (the small loop reads as far as y's dims say; oneDNN refused a disagreement without
+    // naming the operand)
+    check_matmul_dims(ad, bd, has_bias ? &bias : nullptr, y.dims);
+    if (add_small_matmul(ins, A, ad, as, B, bs, has_bias ? &bias : nullptr,
                          has_res ? &res : nullptr, y, y_steps, act, compute))
       return;
     bool narrow = in_f32(y.type);
@@ -1252,17 +1256,15 @@ struct Program {
   }
 
   // A float32 matmul small enough that oneDNN's per-call cost would dominate it, on
-  // small_matmul (engine_small_matmul.cc); false, adding nothing, when it is not one.
-  // Every matmul passes here first, so its operands' agreement is checked here: the loop
-  // reads as far as y's dims say (oneDNN refused a disagreement, without naming it).
+  // small_matmul (engine_small_matmul.cc); false, adding nothing, when it is not one. Its
+  // operands agree (check_matmul_dims).
   bool add_small_matmul(Instr& ins, const Ref& A, const memory::dims& ad, const memory::dims& as,
-                        const Ref& B, const memory::dims& bd, const memory::dims& bs,
-                        const Ref* bias, const Ref* res, const Ref& y,
-                        const memory::dims& y_steps, const Epilogue& act, int64_t compute) {
+                        const Ref& B, const memory::dims& bs, const Ref* bias, const Ref* res,
+                        const Ref& y, const memory::dims& y_steps, const Epilogue& act,
+                        int64_t compute) {
     const size_t r = y.dims.size();
-    check_matmul_dims(ad, bd, bias, y.dims);
     auto f32 = [](const Ref* t) { return !t || t->type == dt::f32; };
-    if (r < 2 || compute != D_F32 || !f32(&A) || !f32(&B) || !f32(&y) || !f32(bias) || !f32(res) ||
+    if (compute != D_F32 || !f32(&A) || !f32(&B) || !f32(&y) || !f32(bias) || !f32(res) ||
         bs[r - 1] != 1 || y_steps[r - 1] != 1 || !small_matmul_takes(act))
       return false;
     for (size_t d = 0; d + 2 < r; ++d)
