@@ -70,6 +70,14 @@ def _calls(model: binding.Model, inputs: list[np.ndarray], callers: int) -> list
     return outs  # type: ignore[return-value]
 
 
+def _busy_calls_on_the_team(model: binding.Model, x: np.ndarray) -> list[np.ndarray]:
+    """64 calls of `x` by 8 callers on a two-copy model that runs no twin: each copy's
+    twin-run counter stays at 0."""
+    outs = _calls(model, [x] * 64, callers=8)
+    assert model.narrow_runs(0) == 0 and model.narrow_runs(1) == 0
+    return outs
+
+
 def test_busy_host_runs_the_twin_and_matches_tensorflow(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in ENV.items():
@@ -113,8 +121,7 @@ def test_no_twin_for_a_one_thread_program(tmp_path: Path,
     model = binding.Model(device, data, duplicates=2)
     try:
         x = np.ones((1, 16), np.float32)
-        outs = _calls(model, [x] * 64, callers=8)
-        assert model.narrow_runs(0) == 0 and model.narrow_runs(1) == 0
+        outs = _busy_calls_on_the_team(model, x)
         assert model.narrow_runs(2) == -1  # no such copy
     finally:
         model.unload()
@@ -254,8 +261,7 @@ def test_twin_off_and_bad_values(cnn_executable: tuple[bytes, object],
     model = binding.Model(device, data, duplicates=2)
     try:
         x = np.random.default_rng(2).standard_normal((1, 64, 64, 3)).astype(np.float32)
-        outs = _calls(model, [x] * 64, callers=8)
-        assert model.narrow_runs(0) == 0 and model.narrow_runs(1) == 0
+        outs = _busy_calls_on_the_team(model, x)
     finally:
         model.unload()
         device.close()

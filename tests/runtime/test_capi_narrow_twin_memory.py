@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from neuronish.runtime.capi import binding
 from tests.runtime.test_capi_execute import compile_graph
-from tests.runtime.test_capi_narrow_twin import ENV, _calls, _small_cnn
+from tests.runtime.test_capi_narrow_twin import ENV, _busy_calls_on_the_team, _small_cnn
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
                                 reason="g++ is needed to build the C runtime library")
@@ -55,8 +55,7 @@ def test_the_twin_is_charged_and_dropped_where_it_does_not_fit(
     try:
         assert [c[1][0] for c in model.copies()] == [alone, alone]
         x = np.random.default_rng(3).standard_normal((1, 64, 64, 3)).astype(np.float32)
-        outs = _calls(model, [x] * 64, callers=8)
-        assert model.narrow_runs(0) == 0 and model.narrow_runs(1) == 0
+        outs = _busy_calls_on_the_team(model, x)
     finally:
         model.unload()
         device.close()

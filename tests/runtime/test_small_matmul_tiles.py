@@ -17,18 +17,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from neuronish.runtime.native import library, spec
+from neuronish.runtime.native import spec
 from neuronish.runtime.program import one_instruction_program
+from tests.runtime.test_small_matmul import SMALL, matmul, native
 
-SMALL = "neuronish:small_matmul"
+__all__ = ["native"]  # (the engine fixture, shared with test_small_matmul)
+
 RNG = np.random.default_rng(11)
-
-
-@pytest.fixture(scope="module")
-def native() -> ctypes.CDLL:
-    lib = library.load()
-    assert lib is not None, f"native engine unavailable: {library.why_not()}"
-    return lib
 
 
 def add_matmul(native: ctypes.CDLL, a: tuple, b: tuple, y: tuple,
@@ -67,19 +62,9 @@ def test_disagreeing_operands_are_refused_naming_the_operand(
     assert f"matmul: {field}" in err, err
 
 
-def run_matmul(native: ctypes.CDLL, inputs: list[np.ndarray], attrs: dict,
-               y_shape: tuple) -> tuple[np.ndarray, str]:
-    """The product on the native engine (b a constant) and the implementation that ran it."""
-    program, call = one_instruction_program("matmul", inputs, attrs, [(y_shape, "float32")],
-                                            constant=frozenset({1}), native=native)
-    out = np.full(y_shape, 7.0, np.float32)  # (every element must be written)
-    program.execute(call, [out])
-    return out, program.implementations()[0]
-
-
 def run_small(native: ctypes.CDLL, inputs: list[np.ndarray], attrs: dict,
               y_shape: tuple) -> np.ndarray:
-    out, impl = run_matmul(native, inputs, attrs, y_shape)
+    out, impl = matmul(native, inputs, attrs, y_shape)
     assert impl == SMALL
     return out
 
@@ -127,7 +112,7 @@ def test_nan_and_infinities_in_every_tile_width_as_tensorflow(
 def test_narrow_long_products_stay_on_oneDNN(native: ctypes.CDLL, m: int, n: int, k: int,
                                              small: bool) -> None:
     a, b = RNG.standard_normal((m, k), np.float32), RNG.standard_normal((k, n), np.float32)
-    got, impl = run_matmul(native, [a, b], {"activation": "none"}, (m, n))
+    got, impl = matmul(native, [a, b], {"activation": "none"}, (m, n))
     assert (impl == SMALL) == small, impl
     np.testing.assert_allclose(got, tf.linalg.matmul(a, b), rtol=1e-4, atol=1e-4)
 
