@@ -14,9 +14,10 @@
 // NEURONISH_FALLBACK=0: in a session of its own, made through TensorFlow's session
 // factory (so nothing more is linked: the host's TensorFlow registered the factory).
 //
-// Not here yet (docs/c-api.md, "From TensorFlow's C API"): ops with free dimensions
-// (dynamic_shapes; they compile executables at run time, which needs the Python host),
-// profiles and telemetry, the fallback's counters.
+// An op with free dimensions (`dynamic_shapes`) compiles an executable per new shape at run
+// time, running the compiler as a subprocess (neuron_op_shapes.h).
+//
+// Not here yet (docs/c-api.md, "From TensorFlow's C API"): the fallback's counters.
 //
 // Built by neuronish/native_op_library.py (`neuronish op-library`) against the installed
 // TensorFlow.
@@ -55,6 +56,7 @@
 
 #include "neuron_op_def.h"
 #include "neuron_op_attrs.h"
+#include "neuron_op_shapes.h"
 
 namespace neuronish {
 namespace {
@@ -225,16 +227,23 @@ class NeuronOpNativeKernel : public OpKernel {
  public:
   explicit NeuronOpNativeKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, a_.Read(ctx, DtypeTable{HasDtype, DtypeName}));
+    if (!a_.dynamic_shapes.empty()) {
+      std::vector<int> ranks;
+      for (const PartialTensorShape& s : a_.input_shapes) ranks.push_back(s.dims());
+      OP_REQUIRES_OK(ctx, DynamicSpec::Parse(a_.dynamic_shapes, Where(), ranks, &spec_));
+    }
   }
 
-  ~NeuronOpNativeKernel() override { nr_model_unload(model_.load()); }
+  ~NeuronOpNativeKernel() override {
+    shapes_.reset();  // (its compile thread stops; its executables go)
+    nr_model_unload(model_.load());
+  }
 
   void Compute(OpKernelContext* ctx) override {
-    OP_REQUIRES(ctx, a_.dynamic_shapes.empty(),
-                absl::UnimplementedError(
-                    Where() + "has free dimensions (dynamic_shapes), which only the Python "
-                    "host runs for now: it compiles an executable for each new shape. Serve "
-                    "this model from Python, or compile it with static shapes"));
+    if (!a_.dynamic_shapes.empty()) {
+      OP_REQUIRES_OK(ctx, ComputeDynamic(ctx));
+      return;
+    }
     int64_t batch = -1;
     OP_REQUIRES_OK(ctx, a_.CheckInputs(ctx, &batch));
     OP_REQUIRES_OK(ctx, EnsureLoaded(ctx));
@@ -374,19 +383,9 @@ class NeuronOpNativeKernel : public OpKernel {
         return absl::OkStatus();
       }
     }
-    const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
-                                                                : -1;
-    // As many copies as asked (or the default), fewer, down to one, if the device's
-    // core groups cannot hold them (too few groups, or too little free memory), as the
-    // Python host loads (kernel_bridge.load_model).
     char error[kErrorSize];
-    nr_status s = NR_DEVICE_ERROR;
     nr_model* model = nullptr;
-    for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
-      s = nr_model_load_bytes(device, executable->data(), executable->size(),
-                              static_cast<uint32_t>(dups), &model, error, sizeof error);
-      if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
-    }
+    const nr_status s = LoadOnDevice(*executable, &model, error);
     if (s != NR_OK) {
       const absl::Status refused =
           FromRuntime(s, Where() + "cannot load its executable: ", error);
@@ -400,10 +399,54 @@ class NeuronOpNativeKernel : public OpKernel {
       nr_model_unload(model);
       return ok;
     }
+    if (!a_.dynamic_shapes.empty()) {
+      // Its other shapes are compiled from its subgraph, read now (an asset is checked).
+      std::string graph;
+      if (!IsExternal(*a_.graph_def)) {
+        graph = *a_.graph_def;
+      } else if (absl::Status read = ExternalFile(ctx, *a_.graph_def, "graph_def", &graph);
+                 !read.ok()) {
+        nr_model_unload(model);
+        return read;
+      }
+      auto load = [this](const std::string& bytes, const std::string& label, nr_model** out) {
+        char why[kErrorSize];
+        const nr_status loaded = LoadOnDevice(bytes, out, why);
+        if (loaded != NR_OK) return FromRuntime(loaded, "", why);
+        absl::Status same = CheckSignature(nr_model_executable(*out));
+        if (!same.ok()) {
+          nr_model_unload(*out);
+          return same;
+        }
+        nr_model_set_label(*out, label.c_str());
+        return absl::OkStatus();
+      };
+      shapes_ = std::make_unique<ShapeTable>(Where(), a_.node, spec_, model, std::move(graph),
+                                             load);
+      ready_.store(true, std::memory_order_release);
+      return absl::OkStatus();
+    }
     nr_model_set_label(model, a_.node.c_str());  // (its name in profiles and neuronish ls)
     model_.store(model, std::memory_order_release);
     ready_.store(true, std::memory_order_release);
     return absl::OkStatus();
+  }
+
+  // Loads `executable` with as many copies as model_config asks (or the default), fewer,
+  // down to one, if the device's core groups cannot hold them (too few groups, or too
+  // little free memory), as the Python host loads (kernel_bridge.load_model).
+  nr_status LoadOnDevice(const std::string& executable, nr_model** model, char* error) const {
+    nr_device* device = nullptr;
+    if (!SharedDevice(Where(), &device).ok()) return NR_DEVICE_ERROR;
+    const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
+                                                                : -1;
+    nr_status s = NR_DEVICE_ERROR;
+    for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
+      s = nr_model_load_bytes(device, executable.data(), executable.size(),
+                              static_cast<uint32_t>(dups), model, error, kErrorSize);
+      if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
+    }
+    return s;
   }
 
   absl::Status MakeFallback(OpKernelContext* ctx, std::unique_ptr<Fallback>* out) const {
@@ -544,6 +587,119 @@ class NeuronOpNativeKernel : public OpKernel {
     return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
   }
 
+  // A call of an op with free dimensions: on the executable for its shape (compiled at
+  // run time when new: neuron_op_shapes.h), or on TensorFlow, with the runtime fallback
+  // on, while that compiles, for a shape outside the bounds or one that failed to compile,
+  // and when the device refused the op.
+  absl::Status ComputeDynamic(OpKernelContext* ctx) {
+    int64_t batch = -1;
+    TF_RETURN_IF_ERROR(a_.CheckInputs(ctx, &batch));  // (ranks and fixed sizes)
+    TF_RETURN_IF_ERROR(EnsureLoaded(ctx));
+    nr_execute_options options{0, nullptr};
+    const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
+    if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
+    volatile uint8_t cancelled = 0;
+    CancelGuard guard(ctx, &cancelled);  // (a call may wait here for its shape to compile)
+    if (!guard.started()) {
+      return absl::CancelledError(Where() + "the call was cancelled before it started");
+    }
+    options.cancel = guard.flag();
+    ShapeTable* table = shapes_.get();
+    if (!table) return RunOnTensorFlow(ctx, "", options);  // (refused at load: said then)
+    const bool fallback = FallbackEnabled();
+    Shapes shapes(a_.NumTensorInputs());
+    for (int i = 0; i < a_.NumTensorInputs(); ++i) {
+      for (int d = 0; d < ctx->input(i).dims(); ++d) shapes[i].push_back(ctx->input(i).dim_size(d));
+    }
+    const std::string outside = table->OutOfBounds(shapes);
+    if (!outside.empty()) {
+      if (!fallback) return absl::InvalidArgumentError(outside);
+      return RunOnTensorFlow(ctx, outside, options);
+    }
+    ShapeTable::Entry* entry = nullptr;
+    const absl::Status taken =
+        table->Take(shapes, /*wait=*/!fallback, options.cancel, options.deadline_ns, &entry);
+    if (!taken.ok()) {
+      if (!fallback || absl::IsCancelled(taken) || absl::IsDeadlineExceeded(taken)) return taken;
+      return RunOnTensorFlow(ctx, std::string(taken.message()), options);
+    }
+    if (!entry) {
+      return RunOnTensorFlow(ctx, absl::StrCat("the call's shape ", table->LabelFor(shapes),
+                                               " is new; it runs on TensorFlow until its "
+                                               "executable is compiled"), options);
+    }
+    struct Release {
+      ShapeTable* table;
+      ShapeTable::Entry* entry;
+      ~Release() { table->Done(entry); }
+    } release{table, entry};
+    OutputTensors outputs(entry->outputs.size());
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      const nr_tensor_info& info = entry->outputs[o];
+      std::vector<int64_t> dims(info.shape, info.shape + info.rank);
+      if (batch >= 0 && info.batch_axis >= 0) dims[info.batch_axis] = batch;
+      TensorShape shape;
+      TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(dims, &shape));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(o), shape, &outputs[o]));
+    }
+    const CallViews call(ctx, a_, outputs, [](DataType dt) {
+      nr_dtype d = NR_FLOAT32;
+      ToDevice(dt, &d);
+      return d;
+    });
+    const int n_in = a_.NumTensorInputs();
+    char error[kErrorSize];
+    const nr_status s = nr_execute_with(entry->model, call.views.data(), n_in,
+                                        call.views.data() + n_in, outputs.size(), &options,
+                                        error, sizeof error);
+    if (s == NR_OK) return absl::OkStatus();
+    const absl::Status failed = FromRuntime(s, Where(), error);
+    if ((s != NR_EXECUTION_ERROR && s != NR_DEVICE_ERROR) || !fallback) return failed;
+    return RunOnTensorFlow(ctx, std::string(failed.message()), options);
+  }
+
+  // The whole call on the op's subgraph in TensorFlow (its placeholders take any shape),
+  // its outputs TensorFlow's. `why` (empty: said already) is warned once per op.
+  absl::Status RunOnTensorFlow(OpKernelContext* ctx, const std::string& why,
+                               const nr_execute_options& options) {
+    Fallback* session = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(load_mu_);
+      if (!fallback_) {
+        std::unique_ptr<Fallback> made;
+        absl::Status ok = MakeFallback(ctx, &made);
+        if (!ok.ok()) {
+          return absl::Status(ok.code(), absl::StrCat(why, why.empty() ? "" : "; and ",
+                                                      "the fallback to TensorFlow failed: ",
+                                                      ok.message()));
+        }
+        fallback_ = std::move(made);
+      }
+      if (!why.empty() && !warned_tensorflow_) {
+        const bool named = why.compare(0, Where().size(), Where()) == 0;  // (said once)
+        LOG(WARNING) << Where() << "calls it cannot run on the device run on TensorFlow "
+                     << "(NEURONISH_FALLBACK=0 turns this off); the first: "
+                     << (named ? why.substr(Where().size()) : why);
+        warned_tensorflow_ = true;
+      }
+      session = fallback_.get();
+    }
+    std::vector<std::pair<std::string, Tensor>> feeds;
+    for (int i = 0; i < a_.NumTensorInputs(); ++i) feeds.emplace_back(a_.input_names[i], ctx->input(i));
+    std::vector<Tensor> results;
+    TF_RETURN_IF_ERROR(session->RunChunk(Where(), feeds, a_.output_names, options.deadline_ns,
+                                         options.cancel, &results));
+    for (size_t o = 0; o < results.size(); ++o) {
+      if (results[o].dtype() != a_.output_dtypes[o]) {
+        return absl::InternalError(absl::StrCat(Where(), "(on TensorFlow) output '",
+                                                a_.output_names[o], "' came as ",
+                                                DataTypeString(results[o].dtype())));
+      }
+      ctx->set_output(static_cast<int>(o), results[o]);
+    }
+    return absl::OkStatus();
+  }
+
   NeuronOpAttrs a_;
 
   std::mutex load_mu_;                      // serializes the first load and the fallback's
@@ -551,6 +707,10 @@ class NeuronOpNativeKernel : public OpKernel {
   std::atomic<nr_model*> model_{nullptr};  // owned; null: the fallback runs every call
   std::unique_ptr<Fallback> fallback_;      // set once, under load_mu_
   std::atomic<bool> fallback_ready_{false};
+  bool warned_tensorflow_ = false;          // (under load_mu_)
+  // With free dimensions: the attr read, and the executables by shape (set once loaded).
+  DynamicSpec spec_;
+  std::unique_ptr<ShapeTable> shapes_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("NeuronOp").Device(tensorflow::DEVICE_CPU), NeuronOpNativeKernel);
