@@ -28,7 +28,9 @@ from neuronish.op_library import OpLibraryError
 from neuronish.runtime.buildcache import BuildError
 
 SOURCE = Path(__file__).resolve().parent / "ops" / "neuron_op_native.cc"
-SHAPES = SOURCE.parent / "neuron_op_shapes.h"  # (included by SOURCE: free dimensions)
+# Included by SOURCE only (free dimensions at run time).
+HEADERS = tuple(SOURCE.parent / name for name in (
+    "neuron_op_shapes.h", "neuron_op_dynamic_spec.h", "neuron_op_compiler.h"))
 
 __all__ = ["OpLibraryError", "build", "build_command", "library_path"]
 
@@ -70,7 +72,7 @@ def library_path(runtime: Path) -> Path:
     import tensorflow as tf
 
     key = hashlib.sha256()
-    for path in (SOURCE, SHAPES, op_library.OP_DEF, op_library.OP_ATTRS):
+    for path in (SOURCE, *HEADERS, op_library.OP_DEF, op_library.OP_ATTRS):
         key.update(path.name.encode() + b"\0" + path.read_bytes())
     key.update("\0".join(build_command("OUT", runtime)).encode())
     digest = key.hexdigest()[:16]

@@ -252,30 +252,6 @@ def test_model_config_timeout_is_the_calls_deadline(tmp_path: Path) -> None:
     assert "is 'renamed:0' (float) in the op's attrs but" in r.stderr
 
 
-def test_free_dimensions_say_they_need_the_python_host(tmp_path: Path) -> None:
-    """An op compiled with a free dimension (dynamic_shapes set) is refused per call,
-    naming the op and what to do, rather than run wrong or crash."""
-    src, out = tmp_path / "src", tmp_path / "compiled"
-
-    class Free(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float32, name="x")])
-        def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
-            return {"y": tf.nn.relu(x * 2.0 + 1.0)}
-
-    module = Free()
-    tf.saved_model.save(module, str(src), signatures=module.__call__)
-    neuronish.saved_model.compile(str(src), str(out), batch_size=1)
-    dynamic: list[bytes] = []
-    _set_neuron_op_attr(out, lambda attrs: dynamic.append(attrs["dynamic_shapes"].s))
-    assert dynamic and all(dynamic), "the compile left no free dimension to test"
-    ins, outs = _signature(out)
-    program = _build_program(tmp_path / "tf_saved_model")
-    r = _run(program, "-l", str(native_op_library.build()), str(out),
-             f"{ins['x']}=float32:1,7", "--", outs["y"])
-    assert r.returncode == 1 and "[UNIMPLEMENTED] NeuronOp '" in r.stderr, r.stderr
-    assert "free dimensions (dynamic_shapes)" in r.stderr and "Python host" in r.stderr
-
-
 @pytest.mark.parametrize("external", [False, True], ids=["inline", "assets"])
 def test_fallback_runs_the_subgraph_on_tensorflow(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, external: bool) -> None:

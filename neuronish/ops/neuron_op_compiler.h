@@ -1,0 +1,222 @@
+// Runs neuronish-cc as a subprocess for the native NeuronOp (free dimensions compile a new
+// shape at run time): `$NEURONISH_CC` split as a shell splits words, else `neuronish-cc` on
+// PATH, as neuronish.contracts.default_compiler finds it; in a scratch directory and a
+// process group of its own, killed past a time limit or on request. Included by
+// neuron_op_native.cc only.
+#ifndef NEURONISH_OPS_NEURON_OP_COMPILER_H_
+#define NEURONISH_OPS_NEURON_OP_COMPILER_H_
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace neuronish {
+namespace {
+
+// -- running the compiler ---------------------------------------------------------------
+
+constexpr double kCompileTimeoutS = 600.0;  // as shape_specialize.COMPILE_TIMEOUT_S
+
+inline std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (const unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+// The compiler command: `$NEURONISH_CC` split as a shell splits words (quotes, backslash),
+// else `neuronish-cc` on PATH, as neuronish.contracts.default_compiler finds it.
+inline std::vector<std::string> CompilerCommand() {
+  const char* env = std::getenv("NEURONISH_CC");
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  for (const char* p = env ? env : ""; *p; ++p) {
+    const char c = *p;
+    if (quote) {
+      if (c == quote) {
+        quote = 0;
+      } else if (c == '\\' && quote == '"' && p[1]) {
+        word += *++p;
+      } else {
+        word += c;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (c == '\\' && p[1]) {
+      word += *++p;
+      in_word = true;
+    } else if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(word);
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (in_word) words.push_back(word);
+  if (words.empty()) words.push_back("neuronish-cc");
+  return words;
+}
+
+inline bool WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return static_cast<bool>(f);
+}
+
+inline bool ReadFile(const std::string& path, std::string* bytes) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream all;
+  all << f.rdbuf();
+  *bytes = all.str();
+  return static_cast<bool>(f) || f.eof();
+}
+
+// A scratch directory removed with everything in it when this goes.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/neuronish-cc-XXXXXX";
+    if (mkdtemp(pattern.data())) path_ = pattern;
+  }
+  ~ScratchDir() {
+    if (path_.empty()) return;
+    nftw(path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) {
+      std::remove(p);  // (best effort: what cannot go does not stop the rest)
+      return 0;
+    }, 16, FTW_DEPTH | FTW_PHYS);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The compiler's log, its last `limit` bytes (what a failed compile says is at its end).
+inline std::string LogTail(const std::string& path, size_t limit = 1500) {
+  std::string log;
+  if (!ReadFile(path, &log)) return "(no log)";
+  while (!log.empty() && (log.back() == '\n' || log.back() == ' ')) log.pop_back();
+  return log.size() > limit ? "..." + log.substr(log.size() - limit) : log;
+}
+
+// Runs the compiler on `graph` with `io_config` and `args` in a process group of its own,
+// killed past kCompileTimeoutS or once `stop` is set; the executable it wrote into
+// `executable`. `what` names the shape in messages.
+inline absl::Status RunCompiler(const std::string& what, const std::string& graph,
+                                const std::string& io_config,
+                                const std::vector<std::string>& args,
+                                const std::atomic<bool>& stop, std::string* executable) {
+  ScratchDir dir;
+  if (dir.path().empty()) {
+    return absl::InternalError(absl::StrCat(what, ": cannot make a scratch directory for the "
+                                            "compiler under $TMPDIR or /tmp"));
+  }
+  const std::string graph_path = dir.path() + "/graph.pb", io_path = dir.path() + "/io-config.json",
+                    out_path = dir.path() + "/executable.neff", log_path = dir.path() + "/compiler.log";
+  if (!WriteFile(graph_path, graph) || !WriteFile(io_path, io_config)) {
+    return absl::InternalError(absl::StrCat(what, ": cannot write the compiler's inputs to ",
+                                            dir.path()));
+  }
+  std::vector<std::string> argv = CompilerCommand();
+  argv.insert(argv.end(), {"compile", graph_path, "--framework", "TENSORFLOW", "--io-config", io_path,
+                           "--output", out_path, "--workdir", dir.path()});
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+
+  posix_spawn_file_actions_t files;
+  posix_spawnattr_t attrs;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&files, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&files, 1, 2);
+  posix_spawnattr_init(&attrs);
+  posix_spawnattr_setflags(&attrs, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attrs, 0);  // (a group of its own: killed as a whole)
+  pid_t pid = -1;
+  const int spawned = posix_spawnp(&pid, cargv[0], &files, &attrs, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
+  posix_spawnattr_destroy(&attrs);
+  if (spawned != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": cannot start the compiler '", argv[0], "': ", std::strerror(spawned),
+        ". Set NEURONISH_CC to the neuronish-cc command (e.g. /path/to/venv/bin/neuronish-cc) "
+        "or put neuronish-cc on PATH"));
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(kCompileTimeoutS);
+  int status = 0;
+  const char* killed = nullptr;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (stop.load(std::memory_order_relaxed)) killed = "the op was unloaded";
+    if (std::chrono::steady_clock::now() > deadline) killed = "it ran past the time limit";
+    if (killed) {
+      killpg(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  killpg(pid, SIGKILL);  // (whatever it left running in its group)
+  const std::string command = absl::StrCat("'", argv[0], " compile ...'");
+  if (killed) {
+    return absl::DeadlineExceededError(absl::StrCat(what, ": the compiler ", command,
+                                                    " was stopped: ", killed));
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const std::string how = WIFEXITED(status) ? absl::StrCat("exited with status ", WEXITSTATUS(status))
+                                              : absl::StrCat("died of signal ", WTERMSIG(status));
+    return absl::InternalError(absl::StrCat(what, ": the compiler ", command, " ", how, ": ",
+                                            LogTail(log_path)));
+  }
+  if (!ReadFile(out_path, executable) || executable->empty()) {
+    return absl::InternalError(absl::StrCat(what, ": the compiler ", command,
+                                            " exited 0 but wrote no executable"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace neuronish
+
+#endif  // NEURONISH_OPS_NEURON_OP_COMPILER_H_

@@ -1,0 +1,157 @@
+"""Free dimensions in a host without Python (neuronish/ops/neuron_op_shapes.h): a SavedModel
+whose signature leaves the sequence length free, compiled with no shape arguments, run by
+examples/c/tf_saved_model.c (TensorFlow's C API, the native NeuronOp library).
+
+- The probe shape runs on its executable; a new length is compiled at run time by the
+  real neuronish-cc (NEURONISH_CC, a subprocess), at the call's batch rounded up to a
+  power of two, and run on the device: the profile names each executable by its shape.
+- With the fallback on, a new shape's first call runs on TensorFlow while it compiles, and
+  a size outside the bounds runs there too; with it off the size is refused naming the
+  input, the dimension and the bound.
+- A compiler that cannot start, and a dynamic_shapes attr neuronish did not write, are
+  errors naming what to fix.
+Every number is compared with TensorFlow on the original SavedModel."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import neuronish.saved_model
+from neuronish import native_op_library
+from tests.neuronish.test_op_library_c import _build_program, _run, _set_neuron_op_attr, _signature
+from tests.runtime.test_profiler import spans_by_category
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None,
+                                reason="gcc and g++ are needed to build the op library and the "
+                                       "C program")
+
+COMPILER = str(Path(sys.executable).parent / "neuronish-cc")
+
+
+class _Sequence(tf.Module):
+    """relu(x @ w) @ v over x [batch, length, 8]: the length is free."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.w = tf.Variable(rng.standard_normal((8, 16)).astype(np.float32) / 3)
+        self.v = tf.Variable(rng.standard_normal((16, 4)).astype(np.float32) / 3)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 8], tf.float32, name="x")])
+    def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": tf.matmul(tf.nn.relu(tf.matmul(x, self.w)), self.v)}
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("c_shapes")
+    src, out = tmp / "src", tmp / "compiled"
+    module = _Sequence()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    report = neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    [free] = report["free_dims"]
+    assert (free["axis"], free["low"], free["high"]) == (1, 1, 1024), free
+    ins, outs = _signature(out)
+    return {"src": src, "out": out, "probe": free["compiled_at"], "x": ins["x"], "y": outs["y"],
+            "program": _build_program(tmp / "tf_saved_model"),
+            "lib": str(native_op_library.build()),
+            "tf": tf.saved_model.load(str(src)).signatures["serving_default"]}
+
+
+def _call(m: dict[str, Any], tmp_path: Path, batch: int, length: int,
+          **env: str) -> tuple[Any, np.ndarray, np.ndarray]:
+    """One call of the compiled model through the C host; (the run, its y, TensorFlow's y)."""
+    x = np.random.default_rng(batch * 1000 + length).standard_normal(
+        (batch, length, 8)).astype(np.float32)
+    (tmp_path / "in.bin").write_bytes(x.tobytes())
+    r = _run(m["program"], "-l", m["lib"], "-i", str(tmp_path / "in.bin"), "-o",
+             str(tmp_path / "out.bin"), str(m["out"]), f"{m['x']}=float32:{batch},{length},8",
+             "--", m["y"], **{"NEURONISH_CC": COMPILER, **env})
+    want = m["tf"](x=tf.constant(x))["y"].numpy()
+    got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(want.shape) \
+        if r.returncode == 0 else np.zeros(0)
+    return r, got, want
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_new_length_is_compiled_and_run_on_the_device(compiled: dict[str, Any],
+                                                       tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    for batch, length, label in ((2, compiled["probe"], f"neuron_op_0@2x{compiled['probe']}x8"),
+                                 (3, 5, "neuron_op_0@4x5x8")):
+        shutil.rmtree(traces, ignore_errors=True)
+        r, got, want = _call(compiled, tmp_path, batch, length, NEURONISH_PROFILE=str(traces),
+                             NEURONISH_TELEMETRY="0")
+        assert r.returncode == 0, r.stderr[-3000:]
+        _close(got, want)
+        [path] = traces.iterdir()
+        executes = spans_by_category(json.loads(path.read_text()))["execute"]
+        # The device ran it, on the executable of the call's length at batch 3 -> 4.
+        assert {e["args"]["model"] for e in executes} == {label}, executes
+
+
+def test_with_the_fallback_a_new_length_runs_on_tensorflow_while_it_compiles(
+        compiled: dict[str, Any], tmp_path: Path) -> None:
+    r, got, want = _call(compiled, tmp_path, 2, 7, NEURONISH_FALLBACK="1",
+                         TF_CPP_MIN_LOG_LEVEL="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    _close(got, want)
+    assert "the call's shape neuron_op_0@2x7x8 is new; it runs on TensorFlow until its " \
+           "executable is compiled" in r.stderr, r.stderr[-3000:]
+
+
+def test_a_length_outside_the_bounds_is_refused_or_runs_on_tensorflow(
+        compiled: dict[str, Any], tmp_path: Path) -> None:
+    r, _, _ = _call(compiled, tmp_path, 1, 1100)
+    assert r.returncode == 1 and "[INVALID_ARGUMENT] NeuronOp '" in r.stderr, r.stderr[-3000:]
+    assert "input 'x' has size 1100 in dimension 1; the model accepts 1 to 1024 there (bound " \
+           "from default" in r.stderr and "--shape-bounds" in r.stderr
+    r, got, want = _call(compiled, tmp_path, 1, 1100, NEURONISH_FALLBACK="1",
+                         TF_CPP_MIN_LOG_LEVEL="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    _close(got, want)
+    assert "run on TensorFlow" in r.stderr and "has size 1100 in dimension 1" in r.stderr
+
+
+def test_a_compiler_that_cannot_start_is_named(compiled: dict[str, Any], tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-neuronish-cc")
+    r, _, _ = _call(compiled, tmp_path, 2, 9, NEURONISH_CC=missing)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert f"compiling it for the new shape neuron_op_0@2x9x8: cannot start the compiler " \
+           f"'{missing}': No such file or directory. Set NEURONISH_CC" in r.stderr, r.stderr[-3000:]
+    # The probe's length needs no compiler.
+    r, got, want = _call(compiled, tmp_path, 2, compiled["probe"], NEURONISH_CC=missing)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _close(got, want)
+
+
+@pytest.mark.parametrize("attr, says", [
+    (b'{"version": 2}', "version 1 expected"),
+    (b'{"version": 1, "inputs": [], "compiler_args": []}', "'inputs' must list the op's 1 input"),
+    (b'{"version": 1, "compiler_args": [], "inputs": [{"label": "x", "free": {"3": [1, 9, ""]}}]}',
+     "inputs[0] free axis '3' must map an axis below 3"),
+    (b'{"version": 1, "inputs": [', "not JSON"),
+])
+def test_a_dynamic_shapes_attr_neuronish_did_not_write_is_refused(
+        compiled: dict[str, Any], tmp_path: Path, attr: bytes, says: str) -> None:
+    out = tmp_path / "compiled"
+    shutil.copytree(compiled["out"], out)
+
+    def damage(attrs: Any) -> None:  # noqa: ANN401 (a protobuf map)
+        attrs["dynamic_shapes"].s = attr
+
+    assert _set_neuron_op_attr(out, damage) >= 1
+    r, _, _ = _call({**compiled, "out": out}, tmp_path, 2, compiled["probe"])
+    assert r.returncode == 1 and "NeuronOp '" in r.stderr, r.stderr[-3000:]
+    assert "its dynamic_shapes attr is not what neuronish writes (" in r.stderr, r.stderr[-3000:]
+    assert says in r.stderr, r.stderr[-3000:]
