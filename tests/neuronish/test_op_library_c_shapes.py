@@ -155,3 +155,40 @@ def test_a_dynamic_shapes_attr_neuronish_did_not_write_is_refused(
     assert r.returncode == 1 and "NeuronOp '" in r.stderr, r.stderr[-3000:]
     assert "its dynamic_shapes attr is not what neuronish writes (" in r.stderr, r.stderr[-3000:]
     assert says in r.stderr, r.stderr[-3000:]
+
+
+def test_a_keras_hub_text_model_serves_any_length_without_python(tmp_path: Path) -> None:
+    """A keras_hub BERT with a Dense head, exported with token_ids, segment_ids and
+    padding_mask of [None, None] and compiled with no shape arguments: the C host runs it at
+    lengths it was not compiled for, each compiled at run time, as TensorFlow computes it."""
+    from tests.neuronish.test_free_dims import MAX_LENGTH, _free_text_model
+
+    src, out = _free_text_model(tmp_path / "src"), tmp_path / "compiled"
+    report = neuronish.saved_model.compile(src, str(out))
+    assert report["OnNeuronRatio"] == 1.0 and report["free_dims"]
+    ins, outs = _signature(Path(out))
+    program, lib = _build_program(tmp_path / "tf_saved_model"), str(native_op_library.build())
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    keys = sorted(ins)  # (the raw file holds the inputs in the order they are named)
+    traces = tmp_path / "traces"
+    for batch, length in ((1, 7), (3, MAX_LENGTH)):
+        rng = np.random.default_rng(length)
+        mask = np.ones((batch, length), np.int32)
+        mask[0, length // 2 + 1:] = 0
+        feeds = {"token_ids": rng.integers(0, 50, (batch, length)).astype(np.int32),
+                 "segment_ids": rng.integers(0, 2, (batch, length)).astype(np.int32),
+                 "padding_mask": mask}
+        (tmp_path / "in.bin").write_bytes(b"".join(feeds[k].tobytes() for k in keys))
+        shutil.rmtree(traces, ignore_errors=True)
+        r = _run(program, "-l", lib, "-i", str(tmp_path / "in.bin"), "-o",
+                 str(tmp_path / "out.bin"), str(out),
+                 *(f"{ins[k]}=int32:{batch},{length}" for k in keys), "--", outs["output_0"],
+                 NEURONISH_CC=COMPILER, NEURONISH_PROFILE=str(traces), NEURONISH_TELEMETRY="0")
+        assert r.returncode == 0, r.stderr[-3000:]
+        want = original(**{k: tf.constant(v) for k, v in feeds.items()})["output_0"].numpy()
+        got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        [path] = traces.iterdir()
+        models = {e["args"]["model"] for e in
+                  spans_by_category(json.loads(path.read_text()))["execute"]}
+        assert any(m.endswith(f"x{length}") and "@" in m for m in models), models
