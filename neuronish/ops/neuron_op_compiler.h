@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,10 +55,10 @@ inline std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
-// The compiler command: `$NEURONISH_CC` split as a shell splits words (quotes, backslash),
-// else `neuronish-cc` on PATH, as neuronish.contracts.default_compiler finds it.
-inline std::vector<std::string> CompilerCommand() {
-  const char* env = std::getenv("NEURONISH_CC");
+// The words of environment variable `name`, split as a shell splits words (quotes,
+// backslash), as shlex.split does on the Python side.
+inline std::vector<std::string> EnvWords(const char* name) {
+  const char* env = std::getenv(name);
   std::vector<std::string> words;
   std::string word;
   bool in_word = false;
@@ -88,8 +89,23 @@ inline std::vector<std::string> CompilerCommand() {
     }
   }
   if (in_word) words.push_back(word);
+  return words;
+}
+
+// The compiler command: `$NEURONISH_CC`, else `neuronish-cc` on PATH, as
+// neuronish.contracts.default_compiler finds it.
+inline std::vector<std::string> CompilerCommand() {
+  std::vector<std::string> words = EnvWords("NEURONISH_CC");
   if (words.empty()) words.push_back("neuronish-cc");
   return words;
+}
+
+// The flags the environment adds to every compile, as neuronish/cc_flags.py reads them:
+// `$NEURON_CC_FLAGS` (tensorflow-neuron's), then `$NEURONISH_CC_FLAGS`.
+inline std::vector<std::string> EnvironmentFlags() {
+  std::vector<std::string> flags = EnvWords("NEURON_CC_FLAGS");
+  for (std::string& f : EnvWords("NEURONISH_CC_FLAGS")) flags.push_back(std::move(f));
+  return flags;
 }
 
 inline bool WriteFile(const std::string& path, const std::string& bytes) {
@@ -138,7 +154,8 @@ inline std::string LogTail(const std::string& path, size_t limit = 1500) {
   return log.size() > limit ? "..." + log.substr(log.size() - limit) : log;
 }
 
-// Runs the compiler on `graph` with `io_config` and `args` in a process group of its own,
+// Runs the compiler on `graph` with `io_config`, `args` and the environment's flags (as the
+// Python host's run-time compiles have them) in a process group of its own,
 // killed past kCompileTimeoutS or once `stop` is set; the executable it wrote into
 // `executable`. `what` names the shape in messages.
 inline absl::Status RunCompiler(const std::string& what, const std::string& graph,
@@ -160,6 +177,7 @@ inline absl::Status RunCompiler(const std::string& what, const std::string& grap
   argv.insert(argv.end(), {"compile", graph_path, "--framework", "TENSORFLOW", "--io-config", io_path,
                            "--output", out_path, "--workdir", dir.path()});
   argv.insert(argv.end(), args.begin(), args.end());
+  for (std::string& flag : EnvironmentFlags()) argv.push_back(std::move(flag));
   std::vector<char*> cargv;
   for (std::string& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);

@@ -135,6 +135,16 @@ def test_a_compiler_that_cannot_start_is_named(compiled: dict[str, Any], tmp_pat
     _close(got, want)
 
 
+def test_the_environments_compiler_flags_reach_a_run_time_compile(compiled: dict[str, Any],
+                                                                   tmp_path: Path) -> None:
+    """NEURONISH_CC_FLAGS is appended to the run-time compile as to every compile the Python
+    host runs: a flag the compiler refuses fails the new shape, with the compiler's words."""
+    r, _, _ = _call(compiled, tmp_path, 2, 11, NEURONISH_CC_FLAGS="--no-such-flag")
+    assert r.returncode == 1 and "compiling it for the new shape neuron_op_0@2x11x8: the " \
+        "compiler" in r.stderr, r.stderr[-3000:]
+    assert "exited with status" in r.stderr and "--no-such-flag" in r.stderr, r.stderr[-3000:]
+
+
 @pytest.mark.parametrize("attr, says", [
     (b'{"version": 2}', "version 1 expected"),
     (b'{"version": 1, "inputs": [], "compiler_args": []}', "'inputs' must list the op's 1 input"),
