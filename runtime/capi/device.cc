@@ -242,11 +242,13 @@ int HostCPUs::acquire_either(int n, bool wide_if_idle, const std::function<bool(
 }
 
 void HostCPUs::release(int n) {
+  bool waiters;
   {
     std::lock_guard<std::mutex> lock(mu_);
     free_ += n;
+    waiters = !waiting_.empty();  // (a waiter joins the line under the lock before it waits)
   }
-  cv_.notify_all();
+  if (waiters) cv_.notify_all();
 }
 
 Device::Device(DeviceConfig config)

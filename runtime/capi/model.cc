@@ -96,8 +96,12 @@ Copy::~Copy() {
 }
 
 Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> exe, size_t duplicates)
-    : device_(std::move(device)), exe_(std::move(exe)) {
+    : device_(std::move(device)), exe_(std::move(exe)), compiled_call_(*exe_, itemsize) {
   if (duplicates < 1) throw Refused{NR_INVALID_ARGUMENT, "duplicates must be >= 1, got 0"};
+  for (size_t i = 0; i < exe_->outputs.size(); ++i) {
+    auto c = exe_->constants.find(exe_->outputs[i].value);
+    if (c != exe_->constants.end()) constant_outputs_.push_back({i, c->second.data_offset, c->second.data_bytes});
+  }
   std::set<int64_t> batches;
   for (auto &s : exe_->inputs)
     if (s.batch_axis >= 0) batches.insert(s.type.shape[size_t(s.batch_axis)]);
@@ -300,11 +304,18 @@ Model::Slot Model::take_copy(const Cutoff *cutoff) {
   };
   // (An idle copy is taken without a timed wait: wait_for reads the clock before it
   // looks, and a clock read costs ~80 ns on a VM, a tenth of a tiny model's call.)
-  if (!cutoff) {
-    idle_cv_.wait(lock, idle);
-  } else if (!idle()) {
-    while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
-      cutoff->check("while it waited for the model's cores (all busy with other calls)");
+  if (!idle()) {
+    struct Waiting {  // (counted under the lock, so a copy given back wakes only a waiter)
+      size_t &waiters;
+      explicit Waiting(size_t &w) : waiters(w) { ++waiters; }
+      ~Waiting() { --waiters; }
+    } waiting{idle_waiters_};
+    if (!cutoff) {
+      idle_cv_.wait(lock, idle);
+    } else {
+      while (!idle_cv_.wait_for(lock, cutoff->slice(), idle))
+        cutoff->check("while it waited for the model's cores (all busy with other calls)");
+    }
   }
   if (idle_.empty()) throw Refused{NR_DEVICE_ERROR, "the model has no copy left on a working core: " + lost_};
   // The copy given back last: its arena and weights are the likeliest still in the CPU's
@@ -510,16 +521,18 @@ void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs
       c.busy_ns.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                        std::chrono::steady_clock::now() - start).count()),
                           std::memory_order_relaxed);
-      { std::lock_guard<std::mutex> lock(m->idle_mu_); m->idle_.push_back(slot); }
-      m->idle_cv_.notify_one();
+      bool waiters;
+      {
+        std::lock_guard<std::mutex> lock(m->idle_mu_);
+        m->idle_.push_back(slot);
+        waiters = m->idle_waiters_ > 0;
+      }
+      if (waiters) m->idle_cv_.notify_one();
     }
   } give_back{this, slot};
   Copy &copy = *copies_[k];
   const Executable &exe = *exe_;
-  for (size_t i = 0; i < exe.outputs.size(); ++i) {  // outputs that are constants
-    auto c = exe.constants.find(exe.outputs[i].value);
-    if (c != exe.constants.end()) std::memcpy(outs[i], exe.body.data() + c->second.data_offset, c->second.data_bytes);
-  }
+  for (const ConstantOutput &c : constant_outputs_) std::memcpy(outs[c.index], exe.body.data() + c.offset, c.bytes);
   // The engine's per-call slots: the arena, the inputs, the outputs (on the stack for up
   // to 31 tensors: no allocation on a call's path).
   void *on_stack[32];
@@ -557,7 +570,9 @@ void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor 
 void Model::execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
                           size_t num_outputs, const Cutoff *cutoff) {
   const Executable &exe = *exe_;
-  int64_t batch = check_call(inputs, num_inputs, outputs, num_outputs);
+  int64_t batch = compiled_call_.matches(inputs, num_inputs, outputs, num_outputs)
+                      ? -1
+                      : check_call(inputs, num_inputs, outputs, num_outputs);
   if (batch < 0 || batch == batch_size_) {
     const void *ins_on_stack[16];
     void *outs_on_stack[16];

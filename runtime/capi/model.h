@@ -18,6 +18,7 @@
 #include <mutex>
 #include <vector>
 
+#include "compiled_call.h"
 #include "core_thread.h"
 #include "cutoff.h"
 #include "device.h"
@@ -124,12 +125,21 @@ class Model {
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;
   std::shared_ptr<const Executable> exe_;
+  CompiledCall compiled_call_;  // (a call at the compiled shapes, recognised at once)
+  // The outputs that are constants of the executable, copied out by every run: (index,
+  // offset in the executable's body, bytes). Found once here, not per call.
+  struct ConstantOutput {
+    size_t index;
+    uint64_t offset, bytes;
+  };
+  std::vector<ConstantOutput> constant_outputs_;
   std::shared_ptr<DeviceConstants> constants_;
   std::vector<std::unique_ptr<Copy>> copies_;
   int64_t batch_size_ = -1;
   std::mutex idle_mu_;
   std::condition_variable idle_cv_;
   std::deque<Slot> idle_;  // each copy once per stage, with one of its arenas
+  size_t idle_waiters_ = 0;  // calls waiting for a slot (under idle_mu_)
   size_t retired_ = 0;     // copies retired by a failed core (under idle_mu_)
   std::string lost_;       // the failures that retired copies, for a call left with none
   std::string label_;
