@@ -20,6 +20,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -123,6 +125,14 @@ inline bool ReadFile(const std::string& path, std::string* bytes) {
   return static_cast<bool>(f) || f.eof();
 }
 
+// `path` and everything in it, best effort (what cannot go does not stop the rest).
+inline void RemoveTree(const std::string& path) {
+  nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) {
+    std::remove(p);
+    return 0;
+  }, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 // A scratch directory removed with everything in it when this goes.
 class ScratchDir {
  public:
@@ -132,11 +142,7 @@ class ScratchDir {
     if (mkdtemp(pattern.data())) path_ = pattern;
   }
   ~ScratchDir() {
-    if (path_.empty()) return;
-    nftw(path_.c_str(), [](const char* p, const struct stat*, int, struct FTW*) {
-      std::remove(p);  // (best effort: what cannot go does not stop the rest)
-      return 0;
-    }, 16, FTW_DEPTH | FTW_PHYS);
+    if (!path_.empty()) RemoveTree(path_);
   }
   ScratchDir(const ScratchDir&) = delete;
   ScratchDir& operator=(const ScratchDir&) = delete;
@@ -144,6 +150,41 @@ class ScratchDir {
 
  private:
   std::string path_;
+};
+
+// The compilers this process runs, with their scratch directories: killed (their whole
+// group) and removed if the host exits first. A compile thread does not outlive exit(), and
+// neither must what it started (it would run on, orphaned, and leave its files).
+class LiveCompilers {
+ public:
+  static LiveCompilers& Get() {
+    static LiveCompilers* live = [] {
+      auto* made = new LiveCompilers();  // (never destroyed: the exit handler reads it)
+      std::atexit([] { Get().KillAll(); });
+      return made;
+    }();
+    return *live;
+  }
+  void Add(pid_t group, const std::string& dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_[group] = dir;
+  }
+  void Remove(pid_t group) {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.erase(group);
+  }
+
+ private:
+  void KillAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [group, dir] : running_) {
+      killpg(group, SIGKILL);
+      RemoveTree(dir);
+    }
+    running_.clear();
+  }
+  std::mutex mu_;
+  std::map<pid_t, std::string> running_;
 };
 
 // The compiler's log, its last `limit` bytes (what a failed compile says is at its end).
@@ -201,21 +242,26 @@ inline absl::Status RunCompiler(const std::string& what, const std::string& grap
         ". Set NEURONISH_CC to the neuronish-cc command (e.g. /path/to/venv/bin/neuronish-cc) "
         "or put neuronish-cc on PATH"));
   }
+  LiveCompilers::Get().Add(pid, dir.path());
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration<double>(kCompileTimeoutS);
-  int status = 0;
   const char* killed = nullptr;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (stop.load(std::memory_order_relaxed)) killed = "the op was unloaded";
-    if (std::chrono::steady_clock::now() > deadline) killed = "it ran past the time limit";
-    if (killed) {
-      killpg(pid, SIGKILL);
-      waitpid(pid, &status, 0);
+  while (true) {
+    siginfo_t info{};
+    // (WNOWAIT: exited but not reaped, so its id, its group's, cannot have been reused)
+    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid) {
       break;
     }
+    if (stop.load(std::memory_order_relaxed)) killed = "the op was unloaded";
+    if (std::chrono::steady_clock::now() > deadline) killed = "it ran past the time limit";
+    if (killed) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  killpg(pid, SIGKILL);  // (whatever it left running in its group)
+  killpg(pid, SIGKILL);  // (it, on a stop, and whatever it left running in its group)
+  int status = 0;
+  waitpid(pid, &status, 0);
+  LiveCompilers::Get().Remove(pid);
   const std::string command = absl::StrCat("'", argv[0], " compile ...'");
   if (killed) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": the compiler ", command,

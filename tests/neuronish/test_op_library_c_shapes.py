@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,48 @@ def test_the_environments_compiler_flags_reach_a_run_time_compile(compiled: dict
     assert r.returncode == 1 and "compiling it for the new shape neuron_op_0@2x11x8: the " \
         "compiler" in r.stderr, r.stderr[-3000:]
     assert "exited with status" in r.stderr and "--no-such-flag" in r.stderr, r.stderr[-3000:]
+
+
+def test_a_call_waiting_for_its_compile_keeps_its_deadline_and_the_exit_stops_the_compiler(
+        compiled: dict[str, Any], tmp_path: Path) -> None:
+    """model_config's timeout bounds a call that waits for its new shape's compile (the
+    fallback off); the host then exits with the compile still running: the compiler's
+    whole process group is killed and its scratch directory removed, not left orphaned."""
+    out = tmp_path / "compiled"
+    shutil.copytree(compiled["out"], out)
+
+    def one_second(attrs: Any) -> None:  # noqa: ANN401 (a protobuf map)
+        attrs["model_config"].list.i[3] = 1  # [.., .., max_num_duplicates, timeout_s, ..]
+
+    assert _set_neuron_op_attr(out, one_second) >= 1
+    slow, pid_file, scratch = tmp_path / "slow-cc", tmp_path / "compiler.pid", tmp_path / "tmp"
+    slow.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nsleep 60\nexec {COMPILER} \"$@\"\n")
+    slow.chmod(0o755)
+    scratch.mkdir()
+    started = time.monotonic()
+    r, _, _ = _call({**compiled, "out": out}, tmp_path, 2, 13, NEURONISH_CC=str(slow),
+                    TMPDIR=str(scratch))
+    assert r.returncode == 1 and "[DEADLINE_EXCEEDED] NeuronOp '" in r.stderr, r.stderr[-3000:]
+    assert "the call's deadline passed while it waited for its new shape neuron_op_0@2x13x8 " \
+           "to compile" in r.stderr, r.stderr[-3000:]
+    assert time.monotonic() - started < 50, "the host waited for the compiler"
+    pid = int(pid_file.read_text())  # (the wrapper; its sleep shared its group)
+    assert _gone_within(pid, 10.0), f"the compiler (pid {pid}) outlived its host"
+    assert not list(scratch.glob("neuronish-cc-*")), "the compiler's scratch directory was left"
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    """Whether process `pid` ends (or is a zombie its new parent has not reaped yet)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @pytest.mark.parametrize("attr, says", [
