@@ -15,7 +15,9 @@ Every number is compared with TensorFlow on the original SavedModel."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -172,6 +174,53 @@ def test_a_call_waiting_for_its_compile_keeps_its_deadline_and_the_exit_stops_th
     pid = int(pid_file.read_text())  # (the wrapper; its sleep shared its group)
     assert _gone_within(pid, 10.0), f"the compiler (pid {pid}) outlived its host"
     assert not list(scratch.glob("neuronish-cc-*")), "the compiler's scratch directory was left"
+
+
+_THREADED_HOST = r"""
+import json, sys, threading
+import numpy as np
+import tensorflow as tf
+assert "neuronish" not in sys.modules  # (the native op library alone: no Python runtime)
+tf.load_op_library(sys.argv[1])
+compiled = tf.saved_model.load(sys.argv[2]).signatures["serving_default"]
+original = tf.saved_model.load(sys.argv[3]).signatures["serving_default"]
+shapes = [(b, t) for t in (3, 5, 9) for b in (1, 3)]  # six executables (batch 3 -> 4)
+worst, errors = [0.0], []
+
+def call(k):
+    for b, t in shapes[k % 6:] + shapes[:k % 6]:
+        x = tf.constant(np.random.default_rng(k * 100 + t).standard_normal((b, t, 8)), tf.float32)
+        try:
+            got = compiled(x=x)["y"].numpy()
+        except tf.errors.OpError as e:
+            errors.append(e.message)
+            continue
+        want = original(x=x)["y"].numpy()
+        worst[0] = max(worst[0], float(np.abs(got - want).max() / np.abs(want).max()))
+
+threads = [threading.Thread(target=call, args=(k,)) for k in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({"worst": worst[0], "errors": errors}))
+"""
+
+
+def test_callers_on_many_threads_at_new_lengths(compiled: dict[str, Any]) -> None:
+    """Eight threads of a TensorFlow process that loaded only the native op library call
+    six new shapes each, in different orders, the fallback off, at most three executables
+    kept: compiles queue one at a time, callers wait for theirs, the least recently used
+    executable not running is unloaded (and compiled again when wanted), and every call
+    gives TensorFlow's numbers."""
+    r = subprocess.run([sys.executable, "-c", _THREADED_HOST, compiled["lib"], str(compiled["out"]),
+                        str(compiled["src"])], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "NEURONISH_CC": COMPILER, "NEURONISH_FALLBACK": "0",
+                            "NEURONISH_MAX_SHAPES": "3", "TF_CPP_MIN_LOG_LEVEL": "2",
+                            "OMP_WAIT_POLICY": "passive"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["errors"] == [] and got["worst"] <= 1e-4, got
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
