@@ -237,6 +237,7 @@ class NeuronOpNativeKernel : public OpKernel {
   ~NeuronOpNativeKernel() override {
     shapes_.reset();  // (its compile thread stops; its executables go)
     nr_model_unload(model_.load());
+    nr_model_unload(retired_);
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -580,9 +581,16 @@ class NeuronOpNativeKernel : public OpKernel {
     if (s == NR_OK) return absl::OkStatus();
     const absl::Status failed = FromRuntime(s, Where(), error);
     if ((s != NR_EXECUTION_ERROR && s != NR_DEVICE_ERROR) || !FallbackEnabled()) return failed;
-    if (!fallback_ready_.load(std::memory_order_acquire)) {
+    {
       std::lock_guard<std::mutex> lock(load_mu_);
-      TF_RETURN_IF_ERROR(StartFallback(ctx, failed));
+      if (!fallback_ready_.load(std::memory_order_acquire)) TF_RETURN_IF_ERROR(StartFallback(ctx, failed));
+      // A device error is for good (the model has no copy left on a working core): later
+      // calls go straight to TensorFlow. The model stays loaded until the kernel goes
+      // (other calls may be inside it).
+      if (s == NR_DEVICE_ERROR && model_.load(std::memory_order_relaxed) == model) {
+        retired_ = model;
+        model_.store(nullptr, std::memory_order_release);
+      }
     }
     return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
   }
@@ -705,6 +713,7 @@ class NeuronOpNativeKernel : public OpKernel {
   std::mutex load_mu_;                      // serializes the first load and the fallback's
   std::atomic<bool> ready_{false};          // loaded, on the device or the fallback
   std::atomic<nr_model*> model_{nullptr};  // owned; null: the fallback runs every call
+  nr_model* retired_ = nullptr;  // owned: the model the device lost (under load_mu_)
   std::unique_ptr<Fallback> fallback_;      // set once, under load_mu_
   std::atomic<bool> fallback_ready_{false};
   bool warned_tensorflow_ = false;          // (under load_mu_)

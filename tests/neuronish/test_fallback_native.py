@@ -153,7 +153,7 @@ def test_python_host_both_cores_failing_with_fallback_off_is_an_error(
 
 # Hands the test the device the op library opens: an nr_device_open, loaded before the op
 # library with RTLD_GLOBAL so that the op library's calls bind to it, that calls the C
-# runtime's own and keeps the handle.
+# runtime's own and keeps the handle; and counts the op's calls of nr_execute_with.
 _SHIM = r"""
 #include <dlfcn.h>
 #include "neuronish_runtime.h"
@@ -170,6 +170,24 @@ nr_status nr_device_open(nr_device **out, char *error, size_t error_size) {
 }
 
 nr_device *shim_opened_device(void) { return opened; }
+
+static int executes;
+
+nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_t num_inputs,
+                          const nr_tensor *outputs, size_t num_outputs,
+                          const nr_execute_options *options, char *error, size_t error_size) {
+  static nr_status (*execute)(nr_model *, const nr_tensor *, size_t, const nr_tensor *, size_t,
+                              const nr_execute_options *, char *, size_t);
+  if (!execute) {
+    execute = (nr_status (*)(nr_model *, const nr_tensor *, size_t, const nr_tensor *, size_t,
+                             const nr_execute_options *, char *, size_t))dlsym(
+        dlopen(RUNTIME, RTLD_NOW), "nr_execute_with");
+  }
+  ++executes;
+  return execute(model, inputs, num_inputs, outputs, num_outputs, options, error, error_size);
+}
+
+int shim_executes(void) { return executes; }
 """
 
 _NATIVE_HOST = r"""
@@ -199,6 +217,7 @@ for batch in (1, 3, 1):
                                                  b"simulated hardware error", error, 512)
             assert status == 0, error.value
         fail_cores = None
+out["executes"] = shim.shim_executes()
 print(json.dumps(out))
 """
 
@@ -248,6 +267,9 @@ def test_native_kernel_falls_back_to_tensorflow_when_its_cores_fail(
     _assert_outputs(got["outs"], _expected(src, x))
     assert stderr.count("it runs on TensorFlow instead") == 1, stderr[-3000:]
     assert f"core 1 failed ({FAILED}); core 0 failed ({FAILED})" in stderr
+    # The device ran the first call and refused the second (no copy left); the third went
+    # straight to TensorFlow: a model without a working core is not asked again.
+    assert got["executes"] == 2, got["executes"]
 
 
 def test_native_kernel_with_fallback_off_names_the_failed_cores(
