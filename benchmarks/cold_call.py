@@ -8,7 +8,8 @@ in-process) is loaded with 4 duplicates, as a NeuronOp loads it, and called thro
 `nr_execute_with` with a cancel byte, as the NeuronOp calls it, by a small C program built
 against the runtime library (`runtime.capi.library.build()`, or `--library`, e.g. a build
 of another commit, so two runtimes can be compared in one run, alternating). Each round
-prints the median and the 10th/90th percentiles of one call's wall time:
+prints the median and the 10th/90th percentiles of one call's wall time (the output is
+checked against numpy first):
 
 - warm: calls back to back, everything in the CPU's caches;
 - cold: `--evict-mib` MiB of other memory written between calls, so the runtime's data
@@ -50,7 +51,8 @@ static int by_value(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* cold_call MODEL.neff CALLS EVICT_BYTES: one line, "median p10 p90" in ns. */
+/* cold_call MODEL.neff CALLS EVICT_BYTES: one line, "median p10 p90" in ns and the sum of
+ * the output for x[i] = (i + 1) / 16 (checked against numpy by the caller). */
 int main(int argc, char **argv) {
   char err[1024];
   nr_device *dev;
@@ -63,7 +65,8 @@ int main(int argc, char **argv) {
   }
   int calls = atoi(argv[2]);
   size_t evict = (size_t)atol(argv[3]);
-  float x[16] = {0}, y[16];
+  float x[16], y[16];
+  for (int i = 0; i < 16; ++i) x[i] = (float)(i + 1) / 16.0f;
   int64_t x_shape[2] = {1, 16}, y_shape[2] = {1, 16};
   nr_tensor in = {"x:0", NR_FLOAT32, 2, x_shape, x, sizeof x};
   nr_tensor out = {NULL, NR_FLOAT32, 2, y_shape, y, sizeof y};
@@ -86,7 +89,9 @@ int main(int argc, char **argv) {
     took[i] = now_ns() - start;
   }
   qsort(took, (size_t)calls, sizeof(double), by_value);
-  printf("%.0f %.0f %.0f\n", took[calls / 2], took[calls / 10], took[calls * 9 / 10]);
+  double sum = 0;
+  for (int i = 0; i < 16; ++i) sum += y[i];
+  printf("%.0f %.0f %.0f %.9g\n", took[calls / 2], took[calls / 10], took[calls * 9 / 10], sum);
   nr_model_unload(model);
   nr_device_close(dev);
   return 0;
@@ -94,8 +99,9 @@ int main(int argc, char **argv) {
 """
 
 
-def _tiny_executable(path: Path) -> None:
-    """The tiny model (weights as benchmarks/capi_binding.py draws them), compiled."""
+def _tiny_executable(path: Path) -> float:
+    """The tiny model (weights as benchmarks/capi_binding.py draws them), compiled; the sum
+    of its output for the C program's input, as numpy computes it."""
     import numpy as np
     import tensorflow as tf
 
@@ -109,6 +115,8 @@ def _tiny_executable(path: Path) -> None:
     out = next(n.name for n in graph.node if n.op == "Relu")
     io = contracts.io_config([("x:0", [1, 16], "float32", 0)], {f"{out}:0": 0})
     path.write_bytes(compile_graph(graph.SerializeToString(), io))
+    x = (np.arange(16, dtype=np.float32) + 1) / 16
+    return float(np.maximum(x @ w, 0).sum())
 
 
 def main() -> int:
@@ -124,7 +132,7 @@ def main() -> int:
     libraries = [library.build(), *(Path(x).resolve() for x in args.library)]
     with tempfile.TemporaryDirectory(prefix="cold-call-") as tmp:
         exe = Path(tmp) / "tiny.neff"
-        _tiny_executable(exe)
+        want = _tiny_executable(exe)
         (Path(tmp) / "cold_call.c").write_text(_PROGRAM)
         programs = []
         for k, lib in enumerate(libraries):
@@ -142,8 +150,10 @@ def main() -> int:
                                                ("cold", args.calls, evict)):
                     done = subprocess.run([str(program), str(exe), str(calls), evicting],
                                           capture_output=True, text=True, check=True)
-                    got.setdefault((k, label), []).append(
-                        [float(v) for v in done.stdout.split()])
+                    row = [float(v) for v in done.stdout.split()]
+                    if abs(row[3] - want) > 1e-4 * max(1.0, abs(want)):
+                        raise SystemExit(f"{libraries[k]}: output sum {row[3]}, numpy {want}")
+                    got.setdefault((k, label), []).append(row)
     print(f"tiny model (16x16 MatMul + Relu, batch 1), nr_execute_with, {args.rounds} rounds; "
           f"CPUs {len(os.sched_getaffinity(0))}, load {os.getloadavg()[0]:.2f}")
     for k, lib in enumerate(libraries):
