@@ -401,14 +401,16 @@ class NeuronOpNativeKernel : public OpKernel {
       return ok;
     }
     if (!a_.dynamic_shapes.empty()) {
-      // Its other shapes are compiled from its subgraph, read now (an asset is checked).
-      std::string graph;
-      if (!IsExternal(*a_.graph_def)) {
-        graph = *a_.graph_def;
-      } else if (absl::Status read = ExternalFile(ctx, *a_.graph_def, "graph_def", &graph);
-                 !read.ok()) {
-        nr_model_unload(model);
-        return read;
+      // Its other shapes are compiled from its subgraph: the attr itself (not copied: it
+      // may hold the weights), or its asset, read and checked now.
+      const std::string* graph = a_.graph_def;
+      if (IsExternal(*a_.graph_def)) {
+        absl::Status read = ExternalFile(ctx, *a_.graph_def, "graph_def", &external_graph_);
+        if (!read.ok()) {
+          nr_model_unload(model);
+          return read;
+        }
+        graph = &external_graph_;
       }
       auto load = [this](const std::string& bytes, const std::string& label, nr_model** out) {
         char why[kErrorSize];
@@ -422,8 +424,7 @@ class NeuronOpNativeKernel : public OpKernel {
         nr_model_set_label(*out, label.c_str());
         return absl::OkStatus();
       };
-      shapes_ = std::make_unique<ShapeTable>(Where(), a_.node, spec_, model, std::move(graph),
-                                             load);
+      shapes_ = std::make_unique<ShapeTable>(Where(), a_.node, spec_, model, graph, load);
       ready_.store(true, std::memory_order_release);
       return absl::OkStatus();
     }
@@ -719,7 +720,8 @@ class NeuronOpNativeKernel : public OpKernel {
   bool warned_tensorflow_ = false;          // (under load_mu_)
   // With free dimensions: the attr read, and the executables by shape (set once loaded).
   DynamicSpec spec_;
-  std::unique_ptr<ShapeTable> shapes_;
+  std::string external_graph_;  // the subgraph, when it is an asset (read once loaded)
+  std::unique_ptr<ShapeTable> shapes_;  // (destroyed first: it reads the subgraph)
 };
 
 REGISTER_KERNEL_BUILDER(Name("NeuronOp").Device(tensorflow::DEVICE_CPU), NeuronOpNativeKernel);

@@ -90,10 +90,11 @@ class ShapeTable {
   using Loader = std::function<absl::Status(const std::string& bytes, const std::string& label,
                                             nr_model** out)>;
 
-  // `probe`: the op's loaded executable (owned from now on); `graph`: its subgraph.
+  // `probe`: the op's loaded executable (owned from now on); `graph`: its subgraph
+  // (borrowed: it outlives the table).
   ShapeTable(std::string where, const std::string& node, DynamicSpec spec, nr_model* probe,
-             std::string graph, Loader load)
-      : where_(std::move(where)), spec_(std::move(spec)), graph_(std::move(graph)),
+             const std::string* graph, Loader load)
+      : where_(std::move(where)), spec_(std::move(spec)), graph_(graph),
         load_(std::move(load)) {
     name_ = node.substr(node.rfind('/') == std::string::npos ? 0 : node.rfind('/') + 1);
     const nr_executable* exe = nr_model_executable(probe);
@@ -337,7 +338,7 @@ class ShapeTable {
     io += "}}\n";
     const std::string what = absl::StrCat(where_, "compiling it for the new shape ", label);
     std::string executable;
-    absl::Status compiled = RunCompiler(what, graph_, io, spec_.compiler_args, stop_, &executable);
+    absl::Status compiled = RunCompiler(what, *graph_, io, spec_.compiler_args, stop_, &executable);
     if (!compiled.ok()) return compiled;
     absl::Status loaded = load_(executable, label, out);
     if (!loaded.ok()) {
@@ -370,7 +371,7 @@ class ShapeTable {
   const std::string where_;
   std::string name_;  // the node's name without its scope (labels)
   const DynamicSpec spec_;
-  const std::string graph_;
+  const std::string* const graph_;
   const Loader load_;
   // The probe's inputs, copied: the probe may be unloaded (least recently used).
   struct Input {

@@ -103,6 +103,26 @@ def test_a_new_length_is_compiled_and_run_on_the_device(compiled: dict[str, Any]
         assert {e["args"]["model"] for e in executes} == {label}, executes
 
 
+def test_a_new_length_compiles_from_the_subgraph_in_the_assets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executable and the subgraph stored as assets (neuronish/external.py): the subgraph
+    a new length compiles from is read from its asset, its digest checked."""
+    monkeypatch.setenv("NEURONISH_EXTERNAL_THRESHOLD", "1")
+    src, out = tmp_path / "src", tmp_path / "compiled"
+    module = _Sequence()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    assert list((out / "assets").glob("*.pb")), "the subgraph was not stored outside"
+    ins, outs = _signature(out)
+    m = {"src": src, "out": out, "x": ins["x"], "y": outs["y"],
+         "program": _build_program(tmp_path / "tf_saved_model"),
+         "lib": str(native_op_library.build()),
+         "tf": tf.saved_model.load(str(src)).signatures["serving_default"]}
+    r, got, want = _call(m, tmp_path, 2, 6)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _close(got, want)
+
+
 def test_with_the_fallback_a_new_length_runs_on_tensorflow_while_it_compiles(
         compiled: dict[str, Any], tmp_path: Path) -> None:
     r, got, want = _call(compiled, tmp_path, 2, 7, NEURONISH_FALLBACK="1",
