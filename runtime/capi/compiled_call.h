@@ -4,7 +4,6 @@
 // that a call from inside TensorFlow finds cold). Anything the record does not recognise goes
 // to check_call, which splits the batch or words the error.
 #pragma once
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -32,11 +31,13 @@ class CompiledCall {
           t.bytes *= uint64_t(sig.type.shape[d]);
         }
         t.name = sig.name.c_str();  // (the executable outlives the model)
+        if (sig.name.size() < sizeof t.short_name) std::memcpy(t.short_name, sig.name.c_str(), sig.name.size() + 1);
       }
     }
   }
 
   // Whether the call's tensors are exactly the compiled signature (names, when given, too).
+  // Reads only: callers on every thread share the record.
   bool matches(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
                size_t num_outputs) const {
     if (!usable_ || num_inputs != n_inputs_ || num_outputs != n_outputs_ ||
@@ -55,22 +56,18 @@ class CompiledCall {
     int32_t dtype;
     uint32_t rank;
     uint64_t bytes;
-    const char *name;
-    // The last name pointer found equal: a caller passes the same strings every call, so a
-    // pointer compare stands in for the string compare (relaxed: racing callers store the
-    // same kind of fact).
-    mutable std::atomic<const char *> seen{nullptr};
     int64_t dims[kMaxRank];
+    // The name, here when short (the common case: compared without touching the
+    // executable's strings), else only `name`.
+    char short_name[48] = {};
+    const char *name;
   };
 
   static bool same(const nr_tensor &t, const Tensor &s) {
     if (int32_t(t.dtype) != s.dtype || t.rank != s.rank || t.bytes < s.bytes || (s.bytes && !t.data) ||
         (s.rank && (!t.shape || std::memcmp(t.shape, s.dims, s.rank * sizeof(int64_t)) != 0)))
       return false;
-    if (!t.name || t.name == s.seen.load(std::memory_order_relaxed)) return true;
-    if (std::strcmp(t.name, s.name) != 0) return false;
-    s.seen.store(t.name, std::memory_order_relaxed);
-    return true;
+    return !t.name || std::strcmp(t.name, s.short_name[0] ? s.short_name : s.name) == 0;
   }
 
   size_t n_inputs_, n_outputs_;
