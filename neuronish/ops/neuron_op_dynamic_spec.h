@@ -169,30 +169,36 @@ class JsonReader {
     return true;
   }
 
-  bool Array(Json* out, int depth) {
-    out->kind = Json::kArray;
+  // The items of an array or the members of an object, after its opening bracket:
+  // `item` reads one, then a ',' continues and `close` ends it.
+  template <typename Item>
+  bool Items(char close, const char* unclosed, Item item) {
     ++at_;
     Space();
-    if (at_ < s_.size() && s_[at_] == ']') return ++at_, true;
+    if (at_ < s_.size() && s_[at_] == close) return ++at_, true;
     while (true) {
-      out->items.emplace_back();
-      if (!Value(&out->items.back(), depth + 1)) return false;
+      if (!item()) return false;
       Space();
       if (at_ < s_.size() && s_[at_] == ',') {
         ++at_;
         continue;
       }
-      if (at_ < s_.size() && s_[at_] == ']') return ++at_, true;
-      return Fail("an array not closed by ']'");
+      if (at_ < s_.size() && s_[at_] == close) return ++at_, true;
+      return Fail(unclosed);
     }
+  }
+
+  bool Array(Json* out, int depth) {
+    out->kind = Json::kArray;
+    return Items(']', "an array not closed by ']'", [&] {
+      out->items.emplace_back();
+      return Value(&out->items.back(), depth + 1);
+    });
   }
 
   bool Object(Json* out, int depth) {
     out->kind = Json::kObject;
-    ++at_;
-    Space();
-    if (at_ < s_.size() && s_[at_] == '}') return ++at_, true;
-    while (true) {
+    return Items('}', "an object not closed by '}'", [&] {
       Space();
       if (at_ >= s_.size() || s_[at_] != '"') return Fail("an object key that is not a string");
       out->members.emplace_back();
@@ -200,15 +206,8 @@ class JsonReader {
       Space();
       if (at_ >= s_.size() || s_[at_] != ':') return Fail("a key without ':'");
       ++at_;
-      if (!Value(&out->members.back().second, depth + 1)) return false;
-      Space();
-      if (at_ < s_.size() && s_[at_] == ',') {
-        ++at_;
-        continue;
-      }
-      if (at_ < s_.size() && s_[at_] == '}') return ++at_, true;
-      return Fail("an object not closed by '}'");
-    }
+      return Value(&out->members.back().second, depth + 1);
+    });
   }
 
   const std::string& s_;

@@ -31,10 +31,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +78,12 @@ constexpr size_t kMaxDuplicates = 2, kTimeoutS = 3;
 constexpr int64_t kDefaultDuplicates = 4;
 
 bool ToDevice(DataType dt, nr_dtype* out);
+// A call's tensor dtype on the device (the attrs were checked against HasDtype).
+nr_dtype DeviceDtype(DataType dt) {
+  nr_dtype d = NR_FLOAT32;
+  ToDevice(dt, &d);
+  return d;
+}
 bool HasDtype(DataType dt) {
   nr_dtype unused;
   return ToDevice(dt, &unused);
@@ -269,11 +273,9 @@ class NeuronOpNativeKernel : public OpKernel {
                             std::string* content) const {
     std::string path;
     TF_RETURN_IF_ERROR(ExternalPath(ctx, value, what, &path));
-    std::ifstream f(path, std::ios::binary);
-    std::ostringstream bytes;
-    bytes << f.rdbuf();
-    if (!f) return absl::DataLossError(absl::StrCat(Where(), "cannot read its ", what, " ", path));
-    *content = bytes.str();
+    if (!ReadFile(path, content)) {
+      return absl::DataLossError(absl::StrCat(Where(), "cannot read its ", what, " ", path));
+    }
     uint8_t digest[32];
     nr_sha256(content->data(), content->size(), digest);
     static const char kHex[] = "0123456789abcdef";
@@ -348,8 +350,7 @@ class NeuronOpNativeKernel : public OpKernel {
       for (size_t i = 0; i < n; ++i) {
         nr_tensor_info info;
         nr_executable_tensor(exe, which, i, &info);
-        nr_dtype want;
-        ToDevice(dtypes[i], &want);
+        const nr_dtype want = DeviceDtype(dtypes[i]);
         if (names[i] != info.name || info.dtype != want) {
           return absl::InvalidArgumentError(absl::StrCat(
               Where(), kind, " ", i, " is '", names[i], "' (",
@@ -369,8 +370,7 @@ class NeuronOpNativeKernel : public OpKernel {
     if (ready_.load(std::memory_order_acquire)) return absl::OkStatus();
     std::lock_guard<std::mutex> lock(load_mu_);
     if (ready_.load(std::memory_order_acquire)) return absl::OkStatus();
-    nr_device* device = nullptr;
-    TF_RETURN_IF_ERROR(SharedDevice(Where(), &device));
+    TF_RETURN_IF_ERROR(SharedDevice(Where(), &device_));
     std::string external;  // the executable's asset, read and checked
     const std::string* executable = a_.executable;
     if (IsExternal(*a_.executable)) {
@@ -437,14 +437,13 @@ class NeuronOpNativeKernel : public OpKernel {
   // Loads `executable` with as many copies as model_config asks (or the default), fewer,
   // down to one, if the device's core groups cannot hold them (too few groups, or too
   // little free memory), as the Python host loads (kernel_bridge.load_model).
+  // (Called once EnsureLoaded has opened the device.)
   nr_status LoadOnDevice(const std::string& executable, nr_model** model, char* error) const {
-    nr_device* device = nullptr;
-    if (!SharedDevice(Where(), &device).ok()) return NR_DEVICE_ERROR;
     const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
                                                                 : -1;
     nr_status s = NR_DEVICE_ERROR;
     for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
-      s = nr_model_load_bytes(device, executable.data(), executable.size(),
+      s = nr_model_load_bytes(device_, executable.data(), executable.size(),
                               static_cast<uint32_t>(dups), model, error, kErrorSize);
       if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
     }
@@ -546,15 +545,9 @@ class NeuronOpNativeKernel : public OpKernel {
 
   absl::Status Run(OpKernelContext* ctx, const OutputTensors& outputs) {
     const int n_in = a_.NumTensorInputs();
-    const CallViews call(ctx, a_, outputs, [](DataType dt) {
-      nr_dtype d = NR_FLOAT32;
-      ToDevice(dt, &d);  // (the attrs were checked against HasDtype)
-      return d;
-    });
+    const CallViews call(ctx, a_, outputs, DeviceDtype);
     const nr_tensor* views = call.views.data();
-    nr_execute_options options{0, nullptr};
-    const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
-    if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
+    nr_execute_options options{CallDeadlineNs(), nullptr};
     // A caller may give up on the call (TF Serving cancels a request's run at its
     // deadline): the guard's callback sets this byte, which the runtime reads before
     // each instruction, stage and chunk.
@@ -565,6 +558,12 @@ class NeuronOpNativeKernel : public OpKernel {
     }
     options.cancel = guard.flag();
     return Execute(ctx, views, n_in, views + n_in, outputs, options);
+  }
+
+  // The deadline of a call starting now: model_config's timeout_s from now (0: none).
+  int64_t CallDeadlineNs() const {
+    const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
+    return timeout_s > 0 ? NowNs() + timeout_s * 1000000000LL : 0;
   }
 
   // On the device; or on TensorFlow, when the device refused the executable or fails
@@ -604,9 +603,7 @@ class NeuronOpNativeKernel : public OpKernel {
     int64_t batch = -1;
     TF_RETURN_IF_ERROR(a_.CheckInputs(ctx, &batch));  // (ranks and fixed sizes)
     TF_RETURN_IF_ERROR(EnsureLoaded(ctx));
-    nr_execute_options options{0, nullptr};
-    const int64_t timeout_s = a_.model_config.size() > kTimeoutS ? a_.model_config[kTimeoutS] : -1;
-    if (timeout_s > 0) options.deadline_ns = NowNs() + timeout_s * 1000000000LL;
+    nr_execute_options options{CallDeadlineNs(), nullptr};
     volatile uint8_t cancelled = 0;
     CancelGuard guard(ctx, &cancelled);  // (a call may wait here for its shape to compile)
     if (!guard.started()) {
@@ -651,11 +648,7 @@ class NeuronOpNativeKernel : public OpKernel {
       TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(dims, &shape));
       TF_RETURN_IF_ERROR(ctx->allocate_output(static_cast<int>(o), shape, &outputs[o]));
     }
-    const CallViews call(ctx, a_, outputs, [](DataType dt) {
-      nr_dtype d = NR_FLOAT32;
-      ToDevice(dt, &d);
-      return d;
-    });
+    const CallViews call(ctx, a_, outputs, DeviceDtype);
     const int n_in = a_.NumTensorInputs();
     char error[kErrorSize];
     const nr_status s = nr_execute_with(entry->model, call.views.data(), n_in,
@@ -712,6 +705,7 @@ class NeuronOpNativeKernel : public OpKernel {
   NeuronOpAttrs a_;
 
   std::mutex load_mu_;                      // serializes the first load and the fallback's
+  nr_device* device_ = nullptr;             // the process's device, set by the first load
   std::atomic<bool> ready_{false};          // loaded, on the device or the fallback
   std::atomic<nr_model*> model_{nullptr};  // owned; null: the fallback runs every call
   nr_model* retired_ = nullptr;  // owned: the model the device lost (under load_mu_)
