@@ -8,8 +8,10 @@ says which) becomes a dynamic op:
 - its subgraph's Placeholders leave those dimensions and the batch unknown, so the
   compiler can compile it at any shape (it folds the shape computations inside for
   the shape it is given) and TensorFlow can run it at any shape (fallback);
-- sizes given in `shape_buckets` are compiled ahead (`compile_ahead`) into the
-  compile cache, where the op's run-time compile finds them;
+- sizes given in `shape_buckets` are compiled ahead (`compile_ahead`); their
+  executables go into the SavedModel's assets, listed in the op's `dynamic_shapes`
+  attr, where both hosts find them (the C one has no compile cache, and a serving
+  container may have no compiler), and into the compile cache;
 - the NeuronOp's `input_shapes`/`output_shapes` hold -1 there, and its
   `dynamic_shapes` attr (`shape_specialize.DynamicSpec`) the bounds of each free
   input dimension, from the shapes at the plan's low and high bounds, and the
@@ -31,6 +33,7 @@ from . import contracts
 from .compile_cache import CacheStats, CompileCache, compile_with_cache
 from .compile_driver import CompileJob
 from .errors import CompileWarning, SavedModelError
+from .external import BlobFile
 from .graph import PartitionError, producer
 from .input_shapes import ShapePlan
 from .partition.encapsulate import Subgraph
@@ -143,16 +146,27 @@ def make_dynamic(sg: Subgraph, shapes: FreeShapes, signature_inputs: Mapping[str
 MAX_BUCKETS = 64  # shapes compiled ahead per signature
 
 
+@dataclass(frozen=True)
+class AheadExecutable:
+    """A subgraph compiled ahead at `shapes` (its inputs', at the op's compiled batch)."""
+
+    subgraph: str
+    shapes: list[list[int]]
+    executable: BlobFile
+
+
 def compile_ahead(plan: ShapePlan, buckets: Mapping[str, Mapping[int, Sequence[int]]],
                   graph_def: graph_pb2.GraphDef, subgraphs: Sequence[Subgraph],
                   files: Mapping[str, str], compiler_args: Sequence[str],
                   cache: CompileCache | None, stats: CacheStats,
-                  max_num_compilers: int | None, timeout: float | None) -> list[str]:
+                  max_num_compilers: int | None, timeout: float | None,
+                  executables_dir: str) -> tuple[list[str], list[AheadExecutable]]:
     """Compile each dynamic subgraph at every combination of the sizes `buckets` gives
-    (`{key: {axis: [sizes]}}`; symbols not named stay at the probe) into the compile
-    cache: the job is the one the op's run-time compile makes (same graph bytes,
-    io-config and flags), so it is found there. Returns the shapes, as
-    "token_ids[1]=16" labels; a shape the compiler refuses is a CompileWarning (its
+    (`{key: {axis: [sizes]}}`; symbols not named stay at the probe), through the
+    compile cache: the job is the one the op's run-time compile makes (same graph
+    bytes, io-config and flags), so it is found there too. Returns the shapes, as
+    "token_ids[1]=16" labels, and the executables (files in `executables_dir`) to
+    store in the SavedModel; a shape the compiler refuses is a CompileWarning (its
     calls then go as any new shape does)."""
     assert plan.bounds is not None and plan.probe is not None
     sizes: dict[str, list[int]] = {}
@@ -174,7 +188,7 @@ def compile_ahead(plan: ShapePlan, buckets: Mapping[str, Mapping[int, Sequence[i
     if len(combos) > MAX_BUCKETS:
         raise SavedModelError(f"shape_buckets makes {len(combos)} shapes to compile ahead; "
                               f"at most {MAX_BUCKETS}")
-    jobs, labels = [], []
+    jobs, labels, made = [], [], []
     for i, combo in enumerate(combos):
         infos = infer(graph_def, plan.at({**plan.probe, **combo}))
         label = ", ".join(f"{f.label()}={combo[f.symbol]}" for f in plan.free
@@ -189,11 +203,18 @@ def compile_ahead(plan: ShapePlan, buckets: Mapping[str, Mapping[int, Sequence[i
             jobs.append(CompileJob(f"{sg.name}.ahead{i}", Path(files[sg.name]), io_config,
                                    tuple(compiler_args)))
             labels.append(label)
+            made.append((sg.name, [list(infos[t].shape) for t in sg.inputs]))
     results = compile_with_cache(jobs, cache, stats, max_num_compilers=max_num_compilers,
-                                 timeout=timeout)
-    for job, result in zip(jobs, results, strict=True):
+                                 timeout=timeout, executables_dir=executables_dir)
+    ahead = []
+    for job, result, (name, shapes) in zip(jobs, results, made, strict=True):
         if not result.ok:
             warnings.warn(f"shape_buckets: {job.name} did not compile ahead ({result.error}); "
                           "its calls compile at run time", CompileWarning, stacklevel=3)
-    return list(dict.fromkeys(label for label, r in zip(labels, results) if r.ok))
+            continue
+        assert result.executable is not None and result.executable_file is not None
+        ahead.append(AheadExecutable(name, shapes, BlobFile(result.executable_file,
+                                                            len(result.executable))))
+        result.executable = None  # (a memory map of the file, which export links)
+    return list(dict.fromkeys(label for label, r in zip(labels, results) if r.ok)), ahead
 

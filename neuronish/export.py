@@ -39,15 +39,19 @@ class _CompiledModel(tf.Module):
 
 
 Blob = bytes | mmap.mmap | external.BlobFile
+# {NeuronOp: {attr: its value; "stored": the executables compiled ahead}}
+Blobs = Mapping[str, Mapping[str, Blob | list[external.BlobFile]]]
 
 
 def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
-                blobs: Mapping[str, Mapping[str, Blob]] | None = None) -> dict[str, str]:
+                blobs: Blobs | None = None) -> dict[str, str]:
     """Move the NeuronOp attributes `external.plan` picks into files under `staging_dir`
     (in place); returns {placeholder tensor name: file path} to feed the ops' new
     `external_files` inputs. `blobs` holds attribute values not set in `graph_def` yet
     ({node name: {attribute: bytes, or a file holding them}}): each is stored in a file
-    (a file is hard-linked, not copied, where the filesystem allows) or set inline."""
+    (a file is hard-linked, not copied, where the filesystem allows) or set inline.
+    Its "stored" entry lists executables compiled ahead, which the op's dynamic_shapes
+    attr names by reference: each always goes to a file."""
     blobs = blobs or {}
     ops = [n for n in graph_def.node if n.op == "NeuronOp"]
     attrs = [(n, a) for n in ops for a in ("executable", "graph_def")]
@@ -75,24 +79,34 @@ def externalize(graph_def: graph_pb2.GraphDef, staging_dir: str, threshold: int,
             continue
         if value is None:
             value = node.attr[attr].s
-        ref, digest = external.reference(value)
-        path = os.path.join(staging_dir, digest + external.SUFFIX[attr])
-        if not os.path.exists(path):  # identical subgraphs share one file
-            _store(value, path)
-        node.attr[attr].s = ref
-        k = node.attr["n_external"].i
-        placeholder = node_def_pb2.NodeDef(name=f"{node.name}/external_{k}", op="Placeholder")
-        placeholder.attr["dtype"].type = types_pb2.DT_STRING
-        placeholder.attr["shape"].shape.SetInParent()  # a scalar
-        graph_def.node.append(placeholder)
-        # Data inputs come before control inputs ("^name") in a NodeDef.
-        data = data_refs(node)
-        control = control_refs(node)
-        node.ClearField("input")
-        node.input.extend([*data, placeholder.name, *control])
-        node.attr["n_external"].i = k + 1
-        feeds[placeholder.name + ":0"] = path
+        node.attr[attr].s = _feed_file(graph_def, node, value, staging_dir, attr, feeds)
+    for node in ops:
+        for value in blobs.get(node.name, {}).get("stored", []):
+            _feed_file(graph_def, node, value, staging_dir, "executable", feeds)
     return feeds
+
+
+def _feed_file(graph_def: graph_pb2.GraphDef, node: node_def_pb2.NodeDef, value: Blob,
+               staging_dir: str, what: str, feeds: dict[str, str]) -> bytes:
+    """Store `value` as the asset its content names, give `node` an `external_files`
+    input fed with its path (in `feeds`); returns the reference that names it."""
+    ref, digest = external.reference(value)
+    path = os.path.join(staging_dir, digest + external.SUFFIX[what])
+    if not os.path.exists(path):  # identical subgraphs share one file
+        _store(value, path)
+    k = node.attr["n_external"].i
+    placeholder = node_def_pb2.NodeDef(name=f"{node.name}/external_{k}", op="Placeholder")
+    placeholder.attr["dtype"].type = types_pb2.DT_STRING
+    placeholder.attr["shape"].shape.SetInParent()  # a scalar
+    graph_def.node.append(placeholder)
+    # Data inputs come before control inputs ("^name") in a NodeDef.
+    data = data_refs(node)
+    control = control_refs(node)
+    node.ClearField("input")
+    node.input.extend([*data, placeholder.name, *control])
+    node.attr["n_external"].i = k + 1
+    feeds[placeholder.name + ":0"] = path
+    return ref
 
 
 def _store(value: Blob, path: str) -> None:
@@ -142,7 +156,7 @@ class ExportedSignature:
     graph_def: graph_pb2.GraphDef
     signature: FrozenSignature
     outputs: dict[str, str]
-    blobs: Mapping[str, Mapping[str, Blob]]
+    blobs: Blobs
 
 
 def _method_function(fn: tf.types.experimental.ConcreteFunction, signature: FrozenSignature,
@@ -208,7 +222,7 @@ def _refresh_fingerprint(model_dir: str) -> None:
 
 def write_saved_model(graph_def: graph_pb2.GraphDef, signature: FrozenSignature,
                       outputs: dict[str, str], new_model_dir: str,
-                      blobs: Mapping[str, Mapping[str, Blob]] | None = None,
+                      blobs: Blobs | None = None,
                       more: Sequence[ExportedSignature] = (),
                       method_names: Mapping[str, str] | None = None,
                       extra_files: Mapping[str, bytes] | None = None) -> None:

@@ -306,8 +306,11 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
             # shape compiled at run time, unless model_config bounds the duplicates.
             one = config if config.max_num_duplicates >= 1 else \
                 dataclasses.replace(config, max_num_duplicates=1)
-            handle.shapes = ShapeTable(node_name, spec, exe, model, lambda: bytes(source[0]),
-                                       lambda e: load_model(e, one))
+            handle.shapes = ShapeTable(
+                node_name, spec, exe, model, lambda: bytes(source[0]),
+                lambda e: load_model(e, one),
+                lambda ref: from_bytes(external.resolve(ref.encode(), files, node_name,
+                                                        "executable")))
             return handle
     except (DeviceError, MemoryError) as e:
         if source is None or isinstance(e, InvalidInput) or not fallback_enabled():

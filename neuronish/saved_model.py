@@ -49,6 +49,7 @@ from .partition import compiler_support, partition, splice
 from .recovery import MAX_RECOVERY_ROUNDS, digest, recover
 from .rewrites.rewrite import rewrite_for_device
 from .shape_bounds import settle
+from .shape_specialize import StoredShape
 from .subgraph_files import hold_constants, release_constants, write_subgraph
 from .warmup_file import WARMUP_FILE, warmup_records
 
@@ -348,7 +349,8 @@ class _Compiled:
     signature: FrozenSignature
     graph_def: graph_pb2.GraphDef  # with the NeuronOps spliced in
     outputs: dict[str, str]  # signature output key -> tensor of `graph_def`
-    blobs: dict[str, dict[str, bytes | BlobFile]]  # NeuronOp -> its executable, graph_def
+    # NeuronOp -> its executable, graph_def and the executables compiled ahead ("stored")
+    blobs: dict[str, dict[str, bytes | BlobFile | list[BlobFile]]]
     part: Partition | None  # None: the signature stays on TensorFlow whole (`error`)
     compiled: list[tuple[Subgraph, CompileResult]]  # the subgraphs that became NeuronOps
     excluded: dict[str, str]  # node -> why recovery kept it on TensorFlow
@@ -530,16 +532,23 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
     compiled = [(sg, results[digests[sg.name]]) for sg in part.subgraphs]
     compiled = [(sg, r) for sg, r in compiled if r.ok]
     ahead: list[str] = []
+    stored: dict[str, list[BlobFile]] = {}  # subgraph name -> executables compiled ahead
     buckets = _mine(o.shape_buckets, signature, main, state.input_keys)
     if buckets:
         if free_shapes is None:
             raise SavedModelError("shape_buckets names sizes of free dimensions, and "
                                   f"signature {signature.signature_key!r} has none")
-        ahead = compile_ahead(plan, buckets, graph_def,
-                              [sg for sg, _ in compiled if sg.name in dynamic],
-                              {sg.name: graphs[digests[sg.name]].path for sg, _ in compiled},
-                              o.compiler_args, cache, cache_stats, o.max_num_compilers,
-                              o.compiler_timeout)
+        ahead, executables_ahead = compile_ahead(
+            plan, buckets, graph_def, [sg for sg, _ in compiled if sg.name in dynamic],
+            {sg.name: graphs[digests[sg.name]].path for sg, _ in compiled}, o.compiler_args,
+            cache, cache_stats, o.max_num_compilers, o.compiler_timeout, scratch)
+        for a in executables_ahead:  # stored in the SavedModel, listed in the op's attr
+            blob = replace(a.executable, sha256=external.file_sha256(a.executable.path))
+            ref = external.reference(blob)[0].decode()
+            d = dynamic[a.subgraph]
+            dynamic[a.subgraph] = replace(d, spec=replace(d.spec, stored=[
+                *d.spec.stored, StoredShape(a.shapes, ref)]))
+            stored.setdefault(a.subgraph, []).append(blob)
     verdicts = []
     if o.verify:  # subgraphs that differ from TensorFlow stay on it (verification.py)
         from .verification import verify_signature
@@ -575,7 +584,8 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             hashes[result.executable_file].result())
         graph_file = graphs[digests[sg.name]]
         blobs[sg.name] = {"executable": executable, "graph_def": replace(
-            graph_file, sha256=hashes[graph_file.path].result())}
+            graph_file, sha256=hashes[graph_file.path].result()),
+            "stored": stored.get(sg.name, [])}
     new_graph_def, renamed = splice(graph, replacements, fetches=fetches)
     outputs = {k: renamed.get(t, t) for k, t in signature.outputs.items()}
     return _Compiled(signature=signature, graph_def=new_graph_def, outputs=outputs, blobs=blobs,

@@ -9,6 +9,10 @@ dimensions (and the batch) left unknown. `ShapeTable` answers each call:
   else the call's batch rounded up to a power of two (`batch_for`), so a call is one
   device program (the runtime pads the rest of the batch exactly, as for any op);
 - a shape loaded at that batch runs on its executable;
+- a shape compiled ahead (`shape_buckets`) has its executable stored in the
+  SavedModel's assets and listed in the attr (`StoredShape`): its first call loads it
+  from there (and waits for that, fallback or not: a load, not a compile), so no
+  compiler runs for it, in this process or any other;
 - a new shape within the op's bounds is queued for the op's compile thread (one
   compile at a time per op; a shape queued or compiling is never queued again):
   `neuronish-cc` runs as a subprocess on `graph_def` with an io-config at that shape
@@ -44,9 +48,10 @@ import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuronish import contracts
+from neuronish.external import PREFIX
 from neuronish.runtime import Cancelled, DeadlineExceeded, DeviceError, InvalidInput, Model
 from neuronish.runtime.cutoff import Cutoff
 from neuronish.runtime.executable import Executable, from_bytes
@@ -67,20 +72,35 @@ class ShapeCompileError(DeviceError):
 
 
 @dataclass(frozen=True)
+class StoredShape:
+    """An executable compiled ahead (`shape_buckets`) and stored in the SavedModel's
+    assets: the op's input shapes it was compiled at (the op's compiled batch), and the
+    external reference (neuronish/external.py) naming its file."""
+
+    shapes: list[list[int]]
+    executable: str
+
+
+@dataclass(frozen=True)
 class DynamicSpec:
     """The `dynamic_shapes` attr: per op input, its free axes with (low, high, why);
-    how errors name each input; the compiler flags the op was compiled with."""
+    how errors name each input; the compiler flags the op was compiled with; the
+    executables stored for the shapes compiled ahead."""
 
     bounds: list[dict[int, tuple[int, int, str]]]
     labels: list[str]
     compiler_args: list[str]
+    stored: list[StoredShape] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, "compiler_args": self.compiler_args,
-                           "inputs": [{"label": label, "free": {str(a): list(b) for a, b in
-                                                                bounds.items()}}
-                                      for label, bounds in zip(self.labels, self.bounds)]},
-                          sort_keys=True)
+        raw: dict = {"version": 1, "compiler_args": self.compiler_args,
+                     "inputs": [{"label": label, "free": {str(a): list(b) for a, b in
+                                                          bounds.items()}}
+                                for label, bounds in zip(self.labels, self.bounds)]}
+        if self.stored:  # (absent otherwise: an attr written before it parses the same)
+            raw["stored"] = [{"shapes": s.shapes, "executable": s.executable}
+                             for s in self.stored]
+        return json.dumps(raw, sort_keys=True)
 
     @staticmethod
     def parse(text: str, node_name: str, n_inputs: int) -> DynamicSpec:
@@ -91,11 +111,29 @@ class DynamicSpec:
                                  f"{len(raw['inputs'])} input(s) for an op with {n_inputs}")
             bounds = [{int(a): (int(b[0]), int(b[1]), str(b[2])) for a, b in i["free"].items()}
                       for i in raw["inputs"]]
+            stored = [StoredShape(_shapes(s["shapes"], n_inputs), _reference(s["executable"]))
+                      for s in raw.get("stored", [])]
             return DynamicSpec(bounds, [str(i["label"]) for i in raw["inputs"]],
-                               [str(a) for a in raw["compiler_args"]])
+                               [str(a) for a in raw["compiler_args"]], stored)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
             raise InvalidInput(f"NeuronOp '{node_name}': its dynamic_shapes attr is not what "
                                f"neuronish writes ({e}); recompile the model") from None
+
+
+def _shapes(raw: object, n_inputs: int) -> list[list[int]]:
+    if not isinstance(raw, list) or len(raw) != n_inputs or not all(
+            isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+            for shape in raw):
+        raise ValueError(f"a stored shape must list {n_inputs} shape(s) of sizes >= 0, "
+                         f"got {str(raw)[:100]}")
+    return raw
+
+
+def _reference(raw: object) -> str:
+    if not isinstance(raw, str) or not raw.startswith(PREFIX.decode()):
+        raise ValueError(f"a stored executable must be an external reference "
+                         f"({PREFIX.decode()}...), got {str(raw)[:100]}")
+    return raw
 
 
 def max_shapes() -> int:
@@ -145,10 +183,13 @@ class ShapeTable:
     """One op's executables by shape (module doc)."""
 
     def __init__(self, node_name: str, spec: DynamicSpec, exe: Executable, model: Model,
-                 graph_def: Callable[[], bytes], load: Callable[[Executable], Model]):
+                 graph_def: Callable[[], bytes], load: Callable[[Executable], Model],
+                 read_stored: Callable[[str], Executable] | None = None):
+        """`read_stored` reads (and checks) the executable a StoredShape's reference
+        names."""
         self.node_name, self.spec = node_name, spec
         self.first = exe
-        self._graph_def, self._load = graph_def, load
+        self._graph_def, self._load, self._read_stored = graph_def, load, read_stored
         self._graph: bytes | None = None
         batches = {s.shape[s.batch_axis] for s in exe.inputs if s.batch_axis >= 0}
         # (an op without batch axes compiles and runs every shape at its fixed sizes)
@@ -163,6 +204,12 @@ class ShapeTable:
         self._closed = False
         # Shapes compiled (or taken from the compile cache) at run time, in order.
         self.compiled: list[str] = []
+        # Executables stored in the SavedModel (compiled ahead), by key; loaded by the
+        # first call at their shape (a load is short: callers wait for it, fallback or
+        # not), again after an eviction; being loaded, with the event set when done.
+        self._stored = {self._key(s.shapes, self.compiled_batch): s for s in spec.stored}
+        self._loading: dict[tuple, threading.Event] = {}
+        self.loaded_stored: list[str] = []  # their labels, in the order they were loaded
         key = self._key([s.shape for s in exe.inputs], self.compiled_batch)
         model.label = self.label(key)
         self._entries[key] = _Entry(model, exe)
@@ -245,16 +292,25 @@ class ShapeTable:
         runtime splits or pads the call, exactly); else, with `wait`, the compile is
         waited for until `cutoff` (DeadlineExceeded or Cancelled naming the op and the
         shape; the compile goes on for later calls), and without it None: the caller
-        computes this call elsewhere (TensorFlow). A shape whose compile (or load) failed
-        raises that error (ShapeCompileError, OutOfDeviceMemory, ...), every time,
-        without compiling it again."""
+        computes this call elsewhere (TensorFlow). A shape stored in the SavedModel is
+        loaded from there first, by this call (others at that shape wait for it), with or
+        without `wait`. A shape whose compile (or load) failed raises that error
+        (ShapeCompileError, OutOfDeviceMemory, ...), every time, without compiling it
+        again."""
         want = self.key(shapes)
         while True:
+            loading = None
             with self._lock:
                 if self._closed:
                     raise DeviceError(f"NeuronOp '{self.node_name}' was unloaded")
                 entry = self._entries.get(want)
-                if entry is None:
+                stored = self._stored_for(want) if entry is None else None
+                if stored is not None:
+                    loading = self._loading.get(stored)
+                    mine = loading is None
+                    if mine:
+                        self._loading[stored] = loading = threading.Event()
+                elif entry is None:
                     # A caller that does not wait queues no more than max_shapes()
                     # compiles (a later call queues its shape when there is room): a
                     # burst of new shapes cannot line up more than the op can hold.
@@ -268,11 +324,17 @@ class ShapeTable:
                     entry.calls += 1
                     return entry
                 failed = self._failed.get(want)
-                if failed is not None:
+                if loading is None and failed is not None:
                     raise type(failed)(*failed.args)
+            if loading is not None:
+                if mine:
+                    self._load_stored(stored, loading)
+                else:
+                    self._wait(loading, stored, cutoff, "load")
+                continue
             if not wait:
                 return None
-            self._wait(pending, want, cutoff)
+            self._wait(pending, want, cutoff, "compile")
 
     @staticmethod
     def output_shapes(entry: _Entry, shapes: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -290,6 +352,60 @@ class ShapeTable:
 
     def _key_of(self, entry: _Entry) -> tuple:
         return next(k for k, e in self._entries.items() if e is entry)
+
+    def _stored_for(self, want: tuple) -> tuple | None:
+        """The key of the stored executable of `want`'s shape (at the op's compiled
+        batch) if it is to be loaded: not loaded, and not failed (under the lock)."""
+        key = (-1 if self.compiled_batch is None else self.compiled_batch, want[1])
+        if key in self._stored and key not in self._entries and key not in self._failed:
+            return key
+        return None
+
+    def _load_stored(self, key: tuple, loading: threading.Event) -> None:
+        """Load the stored executable of `key` from the SavedModel (its file checked)."""
+        try:
+            stored = self._stored[key]
+            if self._read_stored is None:
+                raise ShapeCompileError(f"NeuronOp '{self.node_name}': this host cannot "
+                                        "read executables stored in the SavedModel")
+            exe = self._read_stored(stored.executable)
+            got = [list(s.shape) for s in exe.inputs]
+            if got != stored.shapes:
+                raise ShapeCompileError(f"NeuronOp '{self.node_name}': it is compiled at "
+                                        f"{got}, not {stored.shapes} as its dynamic_shapes "
+                                        "attr lists; recompile the model")
+            self._install(key, exe, self.loaded_stored)
+        except DeviceError as e:  # (its kind kept: it says what failed)
+            why = str(e).removeprefix(f"NeuronOp '{self.node_name}': ")
+            self._fail(key, type(e)(f"NeuronOp '{self.node_name}': loading its stored shape "
+                                    f"{self.label(key)} failed: {why}"), "")
+        except Exception as e:  # noqa: BLE001 - its callers get it, every time
+            self._fail(key, e, "loading its stored")
+        finally:
+            with self._lock:
+                self._loading.pop(key, None)
+            loading.set()
+        self._evict()
+
+    def _install(self, key: tuple, exe: Executable, made: list[str]) -> None:
+        """Load `exe` as `key`'s executable (unloaded again if the op was meanwhile)."""
+        model = self._load(exe)
+        model.label = self.label(key)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._entries[key] = _Entry(model, exe)
+                made.append(self.label(key))
+        if closed:
+            model.unload()
+
+    def _fail(self, key: tuple, e: BaseException, doing: str) -> None:
+        """Remember why `key` has no executable: its callers get it, every time."""
+        if not isinstance(e, DeviceError | MemoryError):
+            e = ShapeCompileError(f"NeuronOp '{self.node_name}': {doing} shape "
+                                  f"{self.label(key)} failed: {type(e).__name__}: {e}")
+        with self._lock:
+            self._failed[key] = e
 
     def _other_batch(self, want: tuple) -> _Entry | None:
         """A loaded executable of `want`'s shape at another batch (under the lock): the
@@ -314,18 +430,20 @@ class ShapeTable:
                 self._worker.start()
         return pending
 
-    def _wait(self, pending: threading.Event, key: tuple, cutoff: Cutoff | None) -> None:
-        """Wait for `key`'s compile, honouring the call's deadline and cancel flag."""
+    def _wait(self, pending: threading.Event, key: tuple, cutoff: Cutoff | None,
+              what: str) -> None:
+        """Wait for `key`'s compile (or load: `what`), honouring the call's deadline and
+        cancel flag."""
         while not pending.wait(None if cutoff is None else cutoff.wait_slice()):
             assert cutoff is not None
             if cutoff.flag is not None and cutoff.flag[0]:
                 raise Cancelled(f"NeuronOp '{self.node_name}': the call was cancelled by its "
                                 f"caller while it waited for its new shape {self.label(key)} "
-                                "to compile; the compile goes on for later calls")
+                                f"to {what}; the {what} goes on for later calls")
             if cutoff.deadline is not None and time.monotonic() >= cutoff.deadline:
                 raise DeadlineExceeded(f"NeuronOp '{self.node_name}': the call's deadline "
                                        f"passed while it waited for its new shape "
-                                       f"{self.label(key)} to compile; the compile goes on "
+                                       f"{self.label(key)} to {what}; the {what} goes on "
                                        "for later calls")
 
     def _compile_queued(self) -> None:
@@ -343,24 +461,9 @@ class ShapeTable:
 
     def _compile_one(self, key: tuple) -> None:
         try:
-            exe = self._compile(key)
-            model = self._load(exe)
-            model.label = self.label(key)
-            with self._lock:
-                closed = self._closed
-                if not closed:
-                    self._entries[key] = _Entry(model, exe)
-                    self.compiled.append(self.label(key))
-            if closed:
-                model.unload()
-        except (DeviceError, MemoryError) as e:  # its callers get it, every time
-            with self._lock:
-                self._failed[key] = e
-        except Exception as e:  # noqa: BLE001 - the same, for what else a load can raise
-            with self._lock:
-                self._failed[key] = ShapeCompileError(
-                    f"NeuronOp '{self.node_name}': loading its new shape {self.label(key)} "
-                    f"failed: {type(e).__name__}: {e}")
+            self._install(key, self._compile(key), self.compiled)
+        except Exception as e:  # noqa: BLE001 - its callers get it, every time
+            self._fail(key, e, "loading its new")
         finally:
             self._finished(key)
         self._evict()

@@ -215,6 +215,9 @@ class JsonReader {
   const char* why_ = "";
 };
 
+// The attr value of an executable stored in the SavedModel's assets (neuronish/external.py).
+constexpr char kExternalPrefix[] = "neuronish-external:v1:";
+
 // One free dimension of an input: its axis and bounds, and where the bounds come from.
 struct FreeDim {
   int axis;
@@ -222,12 +225,20 @@ struct FreeDim {
   std::string why;
 };
 
+// An executable compiled ahead and stored in the SavedModel's assets: the op's input shapes
+// it was compiled at, and the external reference naming its file.
+struct StoredShape {
+  std::vector<std::vector<int64_t>> shapes;
+  std::string executable;
+};
+
 // The attr: per op input, its free dimensions and how messages name it; the compiler
-// flags the op was compiled with.
+// flags the op was compiled with; the executables stored for the shapes compiled ahead.
 struct DynamicSpec {
   std::vector<std::vector<FreeDim>> free;
   std::vector<std::string> labels;
   std::vector<std::string> compiler_args;
+  std::vector<StoredShape> stored;
 
   // `ranks`: each input's rank, from the op's shape attrs.
   static absl::Status Parse(const std::string& text, const std::string& where,
@@ -280,6 +291,36 @@ struct DynamicSpec {
                                            static_cast<int64_t>(b.items[1].number),
                                            b.items[2].text});
       }
+    }
+    const Json* stored = root.Member("stored");  // (absent: nothing compiled ahead)
+    if (stored && stored->kind != Json::kArray) return bad("'stored' must be a list");
+    for (size_t k = 0; stored && k < stored->items.size(); ++k) {
+      const Json& s = stored->items[k];
+      const Json* shapes = s.kind == Json::kObject ? s.Member("shapes") : nullptr;
+      const Json* exe = s.kind == Json::kObject ? s.Member("executable") : nullptr;
+      if (!exe || exe->kind != Json::kString ||
+          exe->text.compare(0, sizeof kExternalPrefix - 1, kExternalPrefix) != 0) {
+        return bad(absl::StrCat("stored[", k, "] needs an 'executable' external reference (",
+                                kExternalPrefix, "...)"));
+      }
+      StoredShape entry{{}, exe->text};
+      bool ok = shapes && shapes->kind == Json::kArray && shapes->items.size() == ranks.size();
+      for (size_t i = 0; ok && i < ranks.size(); ++i) {
+        const Json& shape = shapes->items[i];
+        ok = shape.kind == Json::kArray && shape.items.size() == static_cast<size_t>(ranks[i]);
+        entry.shapes.emplace_back();
+        for (size_t d = 0; ok && d < shape.items.size(); ++d) {
+          const Json& n = shape.items[d];
+          ok = n.kind == Json::kNumber && n.number >= 0 && n.number < 1e15 &&
+               n.number == static_cast<double>(static_cast<int64_t>(n.number));
+          entry.shapes.back().push_back(ok ? static_cast<int64_t>(n.number) : 0);
+        }
+      }
+      if (!ok) {
+        return bad(absl::StrCat("stored[", k, "] 'shapes' must give each of the op's ",
+                                ranks.size(), " input(s) a shape of its rank in sizes >= 0"));
+      }
+      out->stored.push_back(std::move(entry));
     }
     return absl::OkStatus();
   }

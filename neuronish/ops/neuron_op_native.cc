@@ -40,6 +40,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "neuronish_runtime.h"
 #include "tensorflow/core/framework/cancellation.h"
 #include "tensorflow/core/framework/op.h"
@@ -69,8 +70,6 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
 constexpr size_t kErrorSize = 4096;
-// The attr value of an executable stored in the SavedModel's assets (neuronish/external.py).
-constexpr char kExternalPrefix[] = "neuronish-external:v1:";
 // model_config's entries (docs/contracts.md, "NeuronOp").
 constexpr size_t kMaxDuplicates = 2, kTimeoutS = 3;
 // As kernel_bridge.DEFAULT_MAX_DUPLICATES: copies loaded when model_config does not
@@ -273,6 +272,12 @@ class NeuronOpNativeKernel : public OpKernel {
                             std::string* content) const {
     std::string path;
     TF_RETURN_IF_ERROR(ExternalPath(ctx, value, what, &path));
+    return ReadChecked(path, value, what, content);
+  }
+
+  // The content of `path`, which must hash to what the reference `value` names.
+  absl::Status ReadChecked(const std::string& path, const std::string& value, const char* what,
+                           std::string* content) const {
     if (!ReadFile(path, content)) {
       return absl::DataLossError(absl::StrCat(Where(), "cannot read its ", what, " ", path));
     }
@@ -424,7 +429,22 @@ class NeuronOpNativeKernel : public OpKernel {
         nr_model_set_label(*out, label.c_str());
         return absl::OkStatus();
       };
-      shapes_ = std::make_unique<ShapeTable>(Where(), a_.node, spec_, model, graph, load);
+      // The executables compiled ahead: their files found now (the paths are inputs), read
+      // when a call first needs one; a missing file fails that shape only.
+      for (const StoredShape& stored : spec_.stored) {
+        std::string path;
+        absl::Status found = ExternalPath(ctx, stored.executable, "executable", &path);
+        stored_files_.emplace_back(path, found);
+      }
+      auto read_stored = [this](size_t index, std::string* bytes) {
+        const auto& [path, found] = stored_files_[index];
+        absl::Status s = found.ok() ? ReadChecked(path, spec_.stored[index].executable,
+                                                  "executable", bytes) : found;
+        // (the table names the op: not twice)
+        return s.ok() ? s : absl::Status(s.code(), absl::StripPrefix(s.message(), Where()));
+      };
+      shapes_ = std::make_unique<ShapeTable>(Where(), a_.node, spec_, model, graph, load,
+                                             read_stored);
       ready_.store(true, std::memory_order_release);
       return absl::OkStatus();
     }
@@ -714,6 +734,8 @@ class NeuronOpNativeKernel : public OpKernel {
   bool warned_tensorflow_ = false;          // (under load_mu_)
   // With free dimensions: the attr read, and the executables by shape (set once loaded).
   DynamicSpec spec_;
+  // Per spec_.stored: its file's path, or why it was not found.
+  std::vector<std::pair<std::string, absl::Status>> stored_files_;
   std::string external_graph_;  // the subgraph, when it is an asset (read once loaded)
   std::unique_ptr<ShapeTable> shapes_;  // (destroyed first: it reads the subgraph)
 };

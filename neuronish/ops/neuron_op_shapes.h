@@ -12,14 +12,18 @@
 //   or when the op goes), and loads what it wrote. Meanwhile the call runs on TensorFlow
 //   (the kernel's choice, with the runtime fallback on) or waits, honouring its deadline
 //   and cancellation;
+// - a shape compiled ahead (`shape_buckets`) has its executable in the SavedModel's assets,
+//   listed in the attr's `stored`: its first call loads it from there (other calls at that
+//   shape wait for the load, fallback or not), so no compiler is needed for it;
 // - a shape whose compile or load failed is remembered and not compiled again;
 // - at most NEURONISH_MAX_SHAPES (default 8) executables stay loaded per op, the least
 //   recently used one not running unloaded first, and calls that do not wait queue at most
 //   that many shapes.
 //
-// Unlike the Python host, the compiles are not shared through the compile cache (its
-// entries are sealed with a key only the Python side holds): each process compiles a
-// shape once. Included by neuron_op_native.cc only.
+// Unlike the Python host, run-time compiles are not shared through the compile cache (its
+// entries are sealed with a key only the Python side holds): each process compiles a new
+// shape once (the shapes compiled ahead need no compile). Included by
+// neuron_op_native.cc only.
 #ifndef NEURONISH_OPS_NEURON_OP_SHAPES_H_
 #define NEURONISH_OPS_NEURON_OP_SHAPES_H_
 
@@ -89,13 +93,15 @@ class ShapeTable {
   // Loads `bytes` on the device, labelled `label` (the kernel's loader: its duplicates).
   using Loader = std::function<absl::Status(const std::string& bytes, const std::string& label,
                                             nr_model** out)>;
+  // Reads spec.stored[index]'s file, checked against its reference.
+  using StoredReader = std::function<absl::Status(size_t index, std::string* bytes)>;
 
   // `probe`: the op's loaded executable (owned from now on); `graph`: its subgraph
   // (borrowed: it outlives the table).
   ShapeTable(std::string where, const std::string& node, DynamicSpec spec, nr_model* probe,
-             const std::string* graph, Loader load)
+             const std::string* graph, Loader load, StoredReader read_stored)
       : where_(std::move(where)), spec_(std::move(spec)), graph_(graph),
-        load_(std::move(load)) {
+        load_(std::move(load)), read_stored_(std::move(read_stored)) {
     name_ = node.substr(node.rfind('/') == std::string::npos ? 0 : node.rfind('/') + 1);
     const nr_executable* exe = nr_model_executable(probe);
     std::set<int64_t> batches;
@@ -115,6 +121,9 @@ class ShapeTable {
     }
     // (an op without batch axes compiles and runs every shape at its fixed sizes)
     compiled_batch_ = batches.size() == 1 ? *batches.begin() : -1;
+    for (size_t k = 0; k < spec_.stored.size(); ++k) {
+      stored_[MakeKey(spec_.stored[k].shapes, compiled_batch_)] = k;
+    }
     Key key = MakeKey(shapes, compiled_batch_);
     nr_model_set_label(probe, Label(key).c_str());
     Insert(key, probe);
@@ -158,7 +167,29 @@ class ShapeTable {
       if (closed_) return absl::InternalError(where_ + "was unloaded");
       auto found = entries_.find(want);
       Entry* entry = found == entries_.end() ? nullptr : found->second.get();
-      if (!entry) {
+      const Key* stored = entry ? nullptr : StoredFor(want);
+      if (stored && loading_.insert(*stored).second) {
+        const Key key = *stored;  // this call loads it
+        lock.unlock();
+        nr_model* model = nullptr;
+        absl::Status s = LoadStored(key, &model);
+        lock.lock();
+        loading_.erase(key);
+        if (s.ok() && !closed_) {
+          Insert(key, model);
+          model = nullptr;
+        } else if (!s.ok()) {
+          failed_[key] = s;
+        }
+        std::vector<nr_model*> gone = EvictLocked();
+        if (model) gone.push_back(model);
+        changed_.notify_all();
+        lock.unlock();
+        for (nr_model* m : gone) nr_model_unload(m);
+        lock.lock();
+        continue;
+      }
+      if (!entry && !stored) {
         // A caller that does not wait queues no more than MaxShapes() compiles.
         if (!failed_.count(want) && (wait || pending_.count(want) || queue_.size() < MaxShapes())) {
           Request(want);
@@ -172,21 +203,22 @@ class ShapeTable {
         return absl::OkStatus();
       }
       auto failed = failed_.find(want);
-      if (failed != failed_.end()) return failed->second;
-      if (!wait) {
+      if (!stored && failed != failed_.end()) return failed->second;
+      if (!wait && !stored) {  // (another call is loading the stored one: a short wait)
         *out = nullptr;
         return absl::OkStatus();
       }
+      const char* what = stored ? "load" : "compile";
       const int64_t now = NowNs();
       if (cancel && *cancel) {
         return absl::CancelledError(absl::StrCat(
             where_, "the call was cancelled by its caller while it waited for its new shape ",
-            Label(want), " to compile; the compile goes on for later calls"));
+            Label(want), " to ", what, "; the ", what, " goes on for later calls"));
       }
       if (deadline_ns && now >= deadline_ns) {
         return absl::DeadlineExceededError(absl::StrCat(
             where_, "the call's deadline passed while it waited for its new shape ",
-            Label(want), " to compile; the compile goes on for later calls"));
+            Label(want), " to ", what, "; the ", what, " goes on for later calls"));
       }
       changed_.wait_for(lock, std::chrono::milliseconds(10));
     }
@@ -255,6 +287,43 @@ class ShapeTable {
     }
     entry->used = ++clock_;
     entries_[key] = std::move(entry);
+  }
+
+  // The key of the stored executable of `want`'s shape (at the op's compiled batch) if it is
+  // to be loaded: not loaded, not failed (under the lock); null otherwise.
+  const Key* StoredFor(const Key& want) const {
+    auto found = stored_.find(Key{compiled_batch_, want.second});
+    if (found == stored_.end() || entries_.count(found->first) || failed_.count(found->first)) {
+      return nullptr;
+    }
+    return &found->first;
+  }
+
+  // Loads the stored executable of `key` from the SavedModel (not under the lock).
+  absl::Status LoadStored(const Key& key, nr_model** out) {
+    const std::string label = Label(key);
+    const size_t index = stored_.at(key);
+    std::string bytes;
+    absl::Status s = read_stored_(index, &bytes);
+    if (s.ok()) s = load_(bytes, label, out);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(where_, "loading its stored shape ", label,
+                                                 " failed: ", s.message()));
+    }
+    const nr_executable* exe = nr_model_executable(*out);
+    const Shapes& want = spec_.stored[index].shapes;
+    for (size_t i = 0; i < want.size(); ++i) {
+      nr_tensor_info info;
+      nr_executable_tensor(exe, NR_INPUT, i, &info);
+      if (std::vector<int64_t>(info.shape, info.shape + info.rank) != want[i]) {
+        nr_model_unload(*out);
+        *out = nullptr;
+        return absl::InvalidArgumentError(absl::StrCat(
+            where_, "the executable stored for its shape ", label, " is compiled at other "
+            "shapes than its dynamic_shapes attr lists (input ", i, "); recompile the model"));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // A loaded executable of `want`'s shape at another batch (under the lock): the smallest
@@ -373,6 +442,8 @@ class ShapeTable {
   const DynamicSpec spec_;
   const std::string* const graph_;
   const Loader load_;
+  const StoredReader read_stored_;
+  std::map<Key, size_t> stored_;  // the shapes compiled ahead: their index in spec_.stored
   // The probe's inputs, copied: the probe may be unloaded (least recently used).
   struct Input {
     std::string name, dtype_name;
@@ -387,6 +458,7 @@ class ShapeTable {
   std::condition_variable changed_;  // an entry loaded, a compile failed, the queue drained
   std::map<Key, std::unique_ptr<Entry>> entries_;
   std::set<Key> pending_;  // queued or compiling
+  std::set<Key> loading_;  // stored executables being loaded
   std::deque<Key> queue_;
   std::map<Key, absl::Status> failed_;  // not compiled again
   uint64_t clock_ = 0;

@@ -235,7 +235,7 @@ def test_sizes_compiled_ahead_are_found_in_the_compile_cache(
     assert len(entries) == 3  # the probe's and the two buckets'
     compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
     monkeypatch.setenv(fallback.ENV_FALLBACK, "0")  # each call waits for its executable
-    compiled(image=tf.zeros((1, 40, 24, 3)))  # a bucket: taken from the cache
+    compiled(image=tf.zeros((1, 40, 24, 3)))  # a bucket: loaded from the SavedModel
     assert set(cache.glob("*.neff")) == entries
     # The same size at batch 3 runs at once on the batch-1 executable (three programs)
     # while it compiles at batch 4 in the background (one, for later calls).
@@ -250,6 +250,57 @@ def test_sizes_compiled_ahead_are_found_in_the_compile_cache(
     from neuronish.cli import parse_shape_buckets
 
     assert parse_shape_buckets(["token_ids:1=16,64"]) == {"token_ids": {1: [16, 64]}}
+
+
+def test_sizes_compiled_ahead_are_stored_in_the_savedmodel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a compile cache and without a compiler (a serving container), a size given
+    in shape_buckets runs on the device from the executable stored in the SavedModel's
+    assets, wherever the model is moved; a damaged one fails its own size, by name."""
+    from neuronish.shape_specialize import live_tables
+
+    monkeypatch.setenv("NEURONISH_COMPILE_CACHE", "off")
+    src, out = _free_image_model(tmp_path / "src"), tmp_path / "out"
+    neuronish.saved_model.compile(src, str(out), shape_buckets={"image": {1: [24, 40],
+                                                                         2: [24]}})
+    stored = sorted((out / "assets").glob("*.neff"))
+    assert len(stored) == 2, stored
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    monkeypatch.setenv("NEURONISH_CC", str(tmp_path / "no-compiler-here"))
+    monkeypatch.setenv(fallback.ENV_FALLBACK, "0")
+    counts = fallback.fallback_counts()
+    original = tf.saved_model.load(src).signatures["serving_default"]
+    tables = set(live_tables())
+    compiled = tf.saved_model.load(str(moved)).signatures["serving_default"]
+    for batch, h in ((1, 24), (1, 40), (3, 40)):  # (batch 3: on the batch-1 executable)
+        x = tf.constant(np.random.default_rng(h).standard_normal((batch, h, 24, 3)),
+                        tf.float32)
+        np.testing.assert_allclose(compiled(image=x)["output_0"], original(image=x)["output_0"],
+                                   rtol=1e-5, atol=1e-5)
+    assert fallback.fallback_counts() == counts
+    assert wait_for_compiles(60)  # (batch 3 asked for its own executable: no compiler)
+    (table,) = set(live_tables()) - tables
+    assert table.loaded_stored == ["neuron_op_0@1x24x24x3", "neuron_op_0@1x40x24x3"]
+    assert table.compiled == []
+    del compiled, table
+    # One stored executable damaged (same size): its size fails naming the file.
+    path = moved / "assets" / stored[0].name
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    compiled = tf.saved_model.load(str(moved)).signatures["serving_default"]
+    outcomes = {}
+    for h in (24, 40):
+        try:
+            compiled(image=tf.zeros((1, h, 24, 3)))
+            outcomes[h] = ""
+        except tf.errors.OpError as e:
+            outcomes[h] = e.message
+    (bad,) = [h for h, why in outcomes.items() if why]
+    assert f"loading its stored shape neuron_op_0@1x{bad}x24x3 failed" in outcomes[bad], outcomes
+    assert f"{path} does not hash to the executable the op was compiled with" in outcomes[bad], \
+        outcomes
 
 
 def test_given_a_size_it_compiles_and_refuses_others_by_name(tmp_path: Path) -> None:

@@ -257,12 +257,71 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return False
 
 
+def test_lengths_compiled_ahead_run_from_the_savedmodel_without_a_compiler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """shape_buckets: each length's executable is stored in the SavedModel's assets and listed
+    in the op's attr, so a host with no compiler (NEURONISH_CC names none) and no compile cache
+    runs those lengths on the device, at the compiled batch and at another (split or padded);
+    a damaged stored executable fails its own length, by name, and no other."""
+    monkeypatch.setenv("NEURONISH_COMPILE_CACHE", "off")
+    src, out = tmp_path / "src", tmp_path / "compiled"
+    module = _Sequence()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    report = neuronish.saved_model.compile(str(src), str(out), batch_size=2,
+                                           shape_buckets={"x": {1: [5, 12]}})
+    assert report["shapes_compiled_ahead"] == ["'x' dimension 1=5", "'x' dimension 1=12"]
+    stored = sorted((out / "assets").glob("*.neff"))
+    assert len(stored) == 2, stored  # (the probe's executable is inline: small)
+    moved = tmp_path / "moved"  # (the assets are found wherever the model is loaded from)
+    out.rename(moved)
+    ins, outs = _signature(moved)
+    m = {"out": moved, "x": ins["x"], "y": outs["y"],
+         "program": _build_program(tmp_path / "tf_saved_model"),
+         "lib": str(native_op_library.build()),
+         "tf": tf.saved_model.load(str(src)).signatures["serving_default"]}
+    none = str(tmp_path / "no-compiler-here")
+    traces = tmp_path / "traces"
+    for batch, length, label in ((2, 5, "neuron_op_0@2x5x8"), (2, 12, "neuron_op_0@2x12x8"),
+                                 (3, 5, "neuron_op_0@2x5x8")):
+        shutil.rmtree(traces, ignore_errors=True)
+        r, got, want = _call(m, tmp_path, batch, length, NEURONISH_CC=none,
+                             NEURONISH_FALLBACK="0", NEURONISH_PROFILE=str(traces),
+                             NEURONISH_TELEMETRY="0")
+        assert r.returncode == 0, r.stderr[-3000:]
+        _close(got, want)
+        [path] = traces.iterdir()
+        executes = spans_by_category(json.loads(path.read_text()))["execute"]
+        assert {e["args"]["model"] for e in executes} == {label}, executes
+    # A length not compiled ahead needs the compiler, which is not there.
+    r, _, _ = _call(m, tmp_path, 2, 6, NEURONISH_CC=none, NEURONISH_FALLBACK="0")
+    assert r.returncode == 1 and "cannot start the compiler" in r.stderr, r.stderr[-3000:]
+    # One stored executable damaged (same size): its length fails naming it; the other runs.
+    victim = stored[0]
+    data = bytearray((moved / "assets" / victim.name).read_bytes())
+    data[-1] ^= 0xFF
+    (moved / "assets" / victim.name).write_bytes(bytes(data))
+    results = {length: _call(m, tmp_path, 2, length, NEURONISH_CC=none,
+                             NEURONISH_FALLBACK="0")[0] for length in (5, 12)}
+    failed = [n for n, r in results.items() if r.returncode != 0]
+    assert len(failed) == 1, {n: r.stderr[-2000:] for n, r in results.items()}
+    err = results[failed[0]].stderr
+    assert f"loading its stored shape neuron_op_0@2x{failed[0]}x8 failed: " in err, err[-3000:]
+    assert f"{victim.name} does not hash to the executable the op was compiled with" in err, \
+        err[-3000:]
+
+
 @pytest.mark.parametrize("attr, says", [
     (b'{"version": 2}', "version 1 expected"),
     (b'{"version": 1, "inputs": [], "compiler_args": []}', "'inputs' must list the op's 1 input"),
     (b'{"version": 1, "compiler_args": [], "inputs": [{"label": "x", "free": {"3": [1, 9, ""]}}]}',
      "inputs[0] free axis '3' must map an axis below 3"),
     (b'{"version": 1, "inputs": [', "not JSON"),
+    (b'{"version": 1, "compiler_args": [], "inputs": [{"label": "x", "free": {}}], '
+     b'"stored": [{"shapes": [[2, 5]], "executable": "neuronish-external:v1:00:1"}]}',
+     "stored[0] 'shapes' must give each of the op's 1 input(s) a shape of its rank"),
+    (b'{"version": 1, "compiler_args": [], "inputs": [{"label": "x", "free": {}}], '
+     b'"stored": [{"shapes": [[2, 5, 8]], "executable": "assets/x.neff"}]}',
+     "stored[0] needs an 'executable' external reference"),
 ])
 def test_a_dynamic_shapes_attr_neuronish_did_not_write_is_refused(
         compiled: dict[str, Any], tmp_path: Path, attr: bytes, says: str) -> None:
