@@ -87,20 +87,26 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+def _executables_run(m: dict[str, Any], tmp_path: Path, batch: int, length: int,
+                     **env: str) -> set[str]:
+    """One call that must succeed and match TensorFlow: the labels of the executables the
+    device ran it on (from its profile)."""
+    traces = tmp_path / "traces"
+    shutil.rmtree(traces, ignore_errors=True)
+    r, got, want = _call(m, tmp_path, batch, length, NEURONISH_PROFILE=str(traces),
+                         NEURONISH_TELEMETRY="0", **env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _close(got, want)
+    [path] = traces.iterdir()
+    return {e["args"]["model"] for e in spans_by_category(json.loads(path.read_text()))["execute"]}
+
+
 def test_a_new_length_is_compiled_and_run_on_the_device(compiled: dict[str, Any],
                                                        tmp_path: Path) -> None:
-    traces = tmp_path / "traces"
     for batch, length, label in ((2, compiled["probe"], f"neuron_op_0@2x{compiled['probe']}x8"),
                                  (3, 5, "neuron_op_0@4x5x8")):
-        shutil.rmtree(traces, ignore_errors=True)
-        r, got, want = _call(compiled, tmp_path, batch, length, NEURONISH_PROFILE=str(traces),
-                             NEURONISH_TELEMETRY="0")
-        assert r.returncode == 0, r.stderr[-3000:]
-        _close(got, want)
-        [path] = traces.iterdir()
-        executes = spans_by_category(json.loads(path.read_text()))["execute"]
         # The device ran it, on the executable of the call's length at batch 3 -> 4.
-        assert {e["args"]["model"] for e in executes} == {label}, executes
+        assert _executables_run(compiled, tmp_path, batch, length) == {label}
 
 
 def test_a_new_length_compiles_from_the_subgraph_in_the_assets(
@@ -280,18 +286,10 @@ def test_lengths_compiled_ahead_run_from_the_savedmodel_without_a_compiler(
          "lib": str(native_op_library.build()),
          "tf": tf.saved_model.load(str(src)).signatures["serving_default"]}
     none = str(tmp_path / "no-compiler-here")
-    traces = tmp_path / "traces"
     for batch, length, label in ((2, 5, "neuron_op_0@2x5x8"), (2, 12, "neuron_op_0@2x12x8"),
                                  (3, 5, "neuron_op_0@2x5x8")):
-        shutil.rmtree(traces, ignore_errors=True)
-        r, got, want = _call(m, tmp_path, batch, length, NEURONISH_CC=none,
-                             NEURONISH_FALLBACK="0", NEURONISH_PROFILE=str(traces),
-                             NEURONISH_TELEMETRY="0")
-        assert r.returncode == 0, r.stderr[-3000:]
-        _close(got, want)
-        [path] = traces.iterdir()
-        executes = spans_by_category(json.loads(path.read_text()))["execute"]
-        assert {e["args"]["model"] for e in executes} == {label}, executes
+        assert _executables_run(m, tmp_path, batch, length, NEURONISH_CC=none,
+                                NEURONISH_FALLBACK="0") == {label}
     # A length not compiled ahead needs the compiler, which is not there.
     r, _, _ = _call(m, tmp_path, 2, 6, NEURONISH_CC=none, NEURONISH_FALLBACK="0")
     assert r.returncode == 1 and "cannot start the compiler" in r.stderr, r.stderr[-3000:]
