@@ -35,6 +35,8 @@ def numpy_steps(executable: object | None) -> list[dict]:
     if executable is None:
         return []
     return list(executable.stats.get("numpy_instructions", []))
+
+
 def quantization_lines(q: Mapping) -> list[str]:
     """The int8 accuracy debugger: per quantizable instruction, its precision and the
     relative error quantizing it alone adds to its own output (docs/int8.md)."""
