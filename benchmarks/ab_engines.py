@@ -77,7 +77,7 @@ def base_engine(ref: str, workdir: Path) -> tuple[ctypes.CDLL, object]:
     """The base's engine library and spec module."""
     native = workdir / "native"
     native.mkdir()
-    for name in ("engine.cc", "engine_int8.cc", "engine_small_matmul.cc", "spec.py"):
+    for name in (*(p.name for p in library.SOURCES), "spec.py"):
         shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:runtime/native/{name}"],
                                capture_output=True, text=True)
         if shown.returncode == 0:  # (a part the base does not have yet is not included there)

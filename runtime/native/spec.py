@@ -80,7 +80,7 @@ BINARY = {"add": 1, "sub": 2, "mul": 3, "div": 4, "maximum": 5, "minimum": 6, "g
           "greater_equal": 8, "less": 9, "less_equal": 10, "equal": 11, "not_equal": 12}
 REDUCE = {"sum": 1, "mean": 2, "max": 3, "min": 4, "prod": 5}
 
-# engine.cc's "Loops over every dtype": what oneDNN's primitives above leave out. Binary
+# engine_any_dtype.cc's loops: what oneDNN's primitives above leave out. Binary
 # functions and reductions by LOOP's and REDUCE's codes; unary functions by G_UNARY
 # (engine.cc's GUnary).
 OP_G_UNARY, OP_G_BINARY, OP_G_REDUCE, OP_G_CAST, OP_G_POOL = 50, 51, 52, 53, 54

@@ -14,12 +14,14 @@ import re
 from neuronish.runtime import isa
 from neuronish.runtime.kernels import elementwise
 from neuronish.runtime.native import spec, spec_int8
-from neuronish.runtime.native.library import SOURCE
+from neuronish.runtime.native.library import SOURCES
 
 
 def _enums() -> dict[str, int]:
-    """Every enumerator of engine.cc's `enum Name : int64_t { ... }` declarations."""
-    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", SOURCE.read_text(), flags=re.S)
+    """Every enumerator of the `enum Name : int64_t { ... }` declarations of engine.cc's
+    unit (engine.cc and the files it includes)."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", "\n".join(p.read_text() for p in SOURCES),
+                  flags=re.S)
     out: dict[str, int] = {}
     for body in re.findall(r"enum\s+\w+\s*:\s*int64_t\s*\{(.*?)\}", text, flags=re.S):
         for name, value in re.findall(r"(\w+)\s*=\s*(-?\d+)", body):

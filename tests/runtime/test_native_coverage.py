@@ -1,4 +1,4 @@
-"""Instructions the native engine runs with loops of its own (engine.cc's "Loops"):
+"""Instructions the native engine runs with loops of its own (engine_loops.cc, engine_any_dtype.cc):
 each is really taken by the engine (not left to numpy), matches TensorFlow as closely as
 the reference engine does, and the compiler says which instructions numpy will run."""
 
@@ -178,7 +178,7 @@ CASES = [
      [_f32(3, 4, 5).astype(np.float16), _f32(4, 3, 2).astype(np.float16)], 0),
     ("select-i64", lambda m, a: tf.where(m, tf.cast(a, tf.int64), tf.constant(-1, tf.int64)),
      [_bool(3, 4), _i32(3, 4)], 0),
-    # engine.cc's "Loops over every dtype" (op codes 50-59), against TensorFlow: float64 in
+    # engine_any_dtype.cc's loops (op codes 50-59), against TensorFlow: float64 in
     # double, 16-bit floats computed in float32 and rounded once, integers wrapping.
     ("f64-erf-exp-log", lambda x: tf.math.erf(x) + tf.exp(x) * tf.math.log(x + 4.0),
      [_f32(3, 17, lo=-2, hi=3).astype(np.float64)], 1e-14),
