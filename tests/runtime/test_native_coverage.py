@@ -224,6 +224,13 @@ CASES = [
     ("i16-abs-sub", lambda a: tf.cast(tf.abs(tf.cast(a, tf.int16) - 7), tf.int32),
      [_i32(4, 6, lo=-30000, hi=30000)], 0),
     ("i32-matmul", lambda a, b: tf.matmul(a, b), [_i32(4, 6), _i32(6, 3)], 0),
+    # softplus after a product (keras_hub's Qwen3.5 linear attention): not fused into it,
+    # where it would leave the product to numpy; TF's thresholds at large |x|.
+    ("dense-softplus", lambda a: tf.nn.softplus(tf.matmul(a, tf.constant(_f32(6, 5))) * 8.0),
+     [_f32(4, 6)], 1e-6),
+    ("conv-bias-softplus", lambda x: tf.nn.softplus(tf.nn.conv2d(
+        x, tf.constant(_f32(3, 3, 4, 6)), [1, 1, 1, 1], "SAME") + 0.5), [_f32(2, 5, 6, 4)],
+     1e-6),
     ("resize-bilinear-u8", lambda x: tf.compat.v1.image.resize_bilinear(
         tf.cast(x, tf.uint8), [9, 7]), [_i32(2, 4, 5, 3, lo=0, hi=256)], 0),
     ("cast-f64-f16-i8", lambda x: tf.cast(tf.cast(x, tf.float16), tf.float32) +
