@@ -64,6 +64,11 @@ def _is_identity(node: Node) -> Value | None:
     elif kind == "tile":
         if not all(m == 1 for m in a["multiples"]):
             return None
+    elif kind == "concat":  # one operand with elements, the rest empty
+        full = [v for v in node.inputs if 0 not in v.shape]
+        if len(full) != 1:
+            return None
+        x = full[0]
     else:
         return None
     out_type = node.outputs[0].type
@@ -90,11 +95,25 @@ def _drop_identity(graph: Graph, node: Node, bound: dict) -> bool:
     return True
 
 
-IDENTITIES = [Rule("identity", Pat(), _drop_identity)]
+def _drop_empty_operands(graph: Graph, node: Node, bound: dict) -> bool:
+    """A concat's empty operands add nothing to its result: left out (no native kernel
+    reads one, so they left the whole concat to the numpy engine)."""
+    full = [v for v in node.inputs if 0 not in v.shape]
+    if len(full) < 2 or len(full) == len(node.inputs):
+        return False  # (one operand left: an identity; none: an empty result)
+    concat = Node("concat", full, node.outputs, node.attrs, node.origin)
+    graph.replace(node, concat)
+    node.outputs[0].producer = concat
+    return True
+
+
+IDENTITIES = [Rule("identity", Pat(), _drop_identity),
+              Rule("empty_concat_operands", Pat(("concat",)), _drop_empty_operands)]
 
 
 def eliminate_identities(graph: Graph) -> Graph:
-    """Drop nodes that return their input unchanged (same type, same values)."""
+    """Drop nodes that return their input unchanged (same type, same values), and the
+    empty operands of a concat."""
     return rewrite(graph, IDENTITIES)
 
 

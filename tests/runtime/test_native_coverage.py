@@ -226,6 +226,11 @@ CASES = [
     ("i32-matmul", lambda a, b: tf.matmul(a, b), [_i32(4, 6), _i32(6, 3)], 0),
     # softplus after a product (keras_hub's Qwen3.5 linear attention): not fused into it,
     # where it would leave the product to numpy; TF's thresholds at large |x|.
+    # A concat's empty operands (sliced off to nothing) are left out by the compiler.
+    ("concat-empty-operands", lambda x: tf.concat([x[:, 5:], x, x[:, :0] - 1.0, x * 2.0],
+                                                  axis=1), [_f32(3, 5)], 0),
+    ("concat-one-full-operand", lambda x: tf.concat([x[:, 5:], x + 1.0], axis=1),
+     [_f32(3, 5)], 0),
     ("dense-softplus", lambda a: tf.nn.softplus(tf.matmul(a, tf.constant(_f32(6, 5))) * 8.0),
      [_f32(4, 6)], 1e-6),
     ("conv-bias-softplus", lambda x: tf.nn.softplus(tf.nn.conv2d(
