@@ -232,10 +232,10 @@ CASES = [
     ("concat-one-full-operand", lambda x: tf.concat([x[:, 5:], x + 1.0], axis=1),
      [_f32(3, 5)], 0),
     ("dense-softplus", lambda a: tf.nn.softplus(tf.matmul(a, tf.constant(_f32(6, 5))) * 8.0),
-     [_f32(4, 6)], 1e-6),
+     [_f32(4, 6)], 1e-5),  # (the products' sums in another order: a few ulp)
     ("conv-bias-softplus", lambda x: tf.nn.softplus(tf.nn.conv2d(
         x, tf.constant(_f32(3, 3, 4, 6)), [1, 1, 1, 1], "SAME") + 0.5), [_f32(2, 5, 6, 4)],
-     1e-6),
+     1e-5),
     ("resize-bilinear-u8", lambda x: tf.compat.v1.image.resize_bilinear(
         tf.cast(x, tf.uint8), [9, 7]), [_i32(2, 4, 5, 3, lo=0, hi=256)], 0),
     ("cast-f64-f16-i8", lambda x: tf.cast(tf.cast(x, tf.float16), tf.float32) +
