@@ -4,7 +4,8 @@ The compiler calibrates itself: it runs the graph (as the passes before this one
 it, so every range belongs to a value the device will hold) on the calibration samples
 with the numpy reference kernels, and records each value's range. Then every float32
 conv2d (one group), depthwise_conv2d and matmul with constant weights becomes
-`conv2d_int8` (`depthwise` for the second) / `matmul_int8`:
+`conv2d_int8` (`depthwise` for the second) / `matmul_int8`, except where `stays_float`
+gives a reason (a convolution writing one pixel per image); the report lists those too:
 
 - weights: int8, symmetric, one step per output channel (max |w| / 127);
 - activations: one step per tensor, uint8 when the calibrated range is non-negative
@@ -98,7 +99,7 @@ def quantize_weights(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, 
     return q, scale
 
 
-def candidates(graph: Graph) -> list[Node]:
+def quantizable(graph: Graph) -> list[Node]:
     """The instructions int8 can take: float32 conv2d (one group), depthwise_conv2d and
     matmul whose weights are constants."""
     out = []
@@ -107,8 +108,6 @@ def candidates(graph: Graph) -> list[Node]:
                 not n.inputs[1].is_const or n.inputs[1].dtype != "float32" or \
                 n.attrs.get("compute", "float32") != "float32":
             continue
-        if n.kind in ("conv2d", "depthwise_conv2d") and _one_pixel(n):
-            continue  # (a squeeze-excite conv on [N, 1, 1, C]: nothing to gain, see below)
         if n.kind == "conv2d" and n.attrs.get("groups", 1) == 1 or n.kind == "depthwise_conv2d":
             out.append(n)
         elif n.kind == "matmul" and len(n.inputs[1].shape) == 2 and \
@@ -117,13 +116,24 @@ def candidates(graph: Graph) -> list[Node]:
     return out
 
 
-def _one_pixel(n: Node) -> bool:
-    """A convolution writing one pixel per image (EfficientNet's squeeze-excite convs on
-    the pooled [N, 1, 1, C]) stays float: its work is a few thousand products, so int8
-    saves nothing, while its quantize is one more instruction and its error was the
-    largest of EfficientNetB0's (2-2.6% each, against <2.2% for any other)."""
-    _, h, w, _ = n.outputs[0].shape
-    return h * w == 1
+ONE_PIXEL = ("one pixel per image: as fast in float and more accurate; int8 would need a "
+             "quantize of its input (docs/performance.md, EfficientNetB0 int8)")
+
+
+def stays_float(n: Node) -> str | None:
+    """Why the quantizable `n` is left in float (then `--auto-cast` applies to it), or None.
+
+    A convolution writing one pixel per image (EfficientNet's squeeze-excite pairs on the
+    pooled [N, 1, 1, C]): a few hundred thousand products at most, ~10-30 us each in
+    bf16 or int8 alike, while in int8 the first of a pair needs a `quantize` of the
+    pooled mean (one more instruction per block). EfficientNetB0 at batch 8 with all 32
+    in int8 was no faster (whole model and one block alone, docs/performance.md), and
+    where the excitation is active bf16 gave each of them 2.5-5x less error."""
+    if n.kind in ("conv2d", "depthwise_conv2d"):
+        _, h, w, _ = n.outputs[0].shape
+        if h * w == 1:
+            return ONE_PIXEL
+    return None
 
 
 # --- the calibration set ----------------------------------------------------------------
@@ -454,20 +464,23 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
     if not samples:
         return graph
     report = report if report is not None else QuantizeReport()
-    cands = candidates(graph)
     index = {id(n): i for i, n in enumerate(graph.nodes)}
-    cand_idx = [index[id(n)] for n in cands]
+    # every quantizable instruction is calibrated and its cost measured, so the report
+    # shows those left in float (`stays_float`) beside the candidates
+    every_idx = [index[id(n)] for n in quantizable(graph)]
+    left_float = {i: why for i in every_idx if (why := stays_float(graph.nodes[i]))}
+    cand_idx = [i for i in every_idx if i not in left_float]
     ranges = _Ranges(mean_ranges)
-    is_cand = set(cand_idx)
+    is_cand, is_quantizable = set(cand_idx), set(every_idx)
 
     def observe(i: int, node: Node, args: list, outs: list) -> None:
-        if i in is_cand:
+        if i in is_quantizable:
             ranges.see(node.inputs[0], args[0])
             ranges.see(node.outputs[0], outs[0])
 
     want = [_run(graph, s, observe) for s in samples]
     report.samples, report.max_error = len(samples), max_error
-    if not cands:
+    if not every_idx:
         return graph
 
     def error_of(chosen: set[int], biases: dict[int, np.ndarray]) -> float:
@@ -502,10 +515,10 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
             biases, report.all_int8_error = corrected, error
 
     # Each candidate's own cost: its output quantized alone, from float32 inputs.
-    local = {i: _ErrorMeter(1) for i in cand_idx}
+    local = {i: _ErrorMeter(1) for i in every_idx}
 
     def probe(i: int, node: Node, args: list, outs: list) -> None:
-        if i not in is_cand:
+        if i not in is_quantizable:
             return
         xp = ranges.params(node.inputs[0])
         xq = np.empty(node.inputs[0].shape, xp.dtype)
@@ -519,7 +532,7 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
 
     for s in samples:
         _run(graph, s, probe)
-    cost = {i: local[i].value() for i in cand_idx}
+    cost = {i: local[i].value() for i in every_idx}
 
     order = sorted(cand_idx, key=lambda i: -cost[i])  # costliest first
     kept_float = 0
@@ -536,12 +549,12 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
     final, copies = rewrite(graph, chosen, ranges, biases)
     report.output_error = report.all_int8_error if kept_float == 0 else \
         error_of(chosen, biases)
-    for i in cand_idx:
+    for i in every_idx:
         n = graph.nodes[i]
         row = {"instruction": n.kind, "tf": list(n.origin[:3]), "error": cost[i],
                "precision": "int8" if i in chosen else "float32"}
         if i not in chosen:
-            row["why"] = "kept: among the costliest, for max_error"
+            row["why"] = left_float.get(i, "kept: among the costliest, for max_error")
             report.kept[len(report.rows)] = copies[i]
         report.rows.append(row)
     return final
