@@ -92,7 +92,10 @@ Out conv(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &ou
   if (!onednn_float(x.dtype)) return generic_conv(a, ins, y, depthwise);
   if (!io_ok(x.dtype, y.dtype, compute) || w.dtype != compute) return std::nullopt;
   auto act = activation(a);
-  if (!act) return std::nullopt;
+  if (!act) {  // (an epilogue with no oneDNN post-op: the direct loop, in float32 only)
+    if (x.dtype == F32 && compute == F32) return generic_conv(a, ins, y, depthwise);
+    return std::nullopt;
+  }
   Ints ints{OP_CONV, has_bias, residual, a.i("groups", 1), depthwise, kEngineDType[compute], int64_t(c[1])};
   put(ints, x); put(ints, w);
   if (has_bias) put(ints, ins[2]);
@@ -143,7 +146,6 @@ Out generic_matmul(const Attrs &a, const std::vector<Ref> &ins, const Ref &y) {
   return made(ints);
 }
 
-// spec.py's _view: `r` read as transpose(r, perm), padded with leading 1s to `rank`.
 // spec.py's _view: `r` read as transpose(r, perm), padded with leading 1s to `rank`.
 std::pair<Ints, Ints> view(const Ref &r, Ints perm, size_t rank) {
   Ints dense = dense_strides(r.shape);
@@ -202,7 +204,10 @@ Out matmul(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &
   if (!io_ok(A.dtype, y.dtype, compute) || !(B.dtype == F32 || B.dtype == compute)) return std::nullopt;
   auto act = activation(a);
   size_t rank = y.shape.size();
-  if (!act) return std::nullopt;
+  if (!act) {  // (an epilogue with no oneDNN post-op: the loop, in float32 only)
+    if (A.dtype == F32 && B.dtype == F32 && compute == F32) return generic_matmul(a, ins, y);
+    return std::nullopt;
+  }
   if (rank > 6) return generic_matmul(a, ins, y);
   bool residual = a.truth("residual");
   bool has_bias = int64_t(ins.size()) - residual == 3;

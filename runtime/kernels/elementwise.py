@@ -92,12 +92,13 @@ def _leaky_relu(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
 
 def _softplus(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
     # TF's Softplus: x above -threshold, exp(x) below threshold, log1p(exp(x)) between.
+    # (x is read whole before y is written: as an epilogue, y is x.)
     threshold = np.log(np.finfo(y.dtype).eps) + 2
     big, small = x > -threshold, x < threshold
     e = np.exp(x)
+    ends = np.where(big, x, e)
     np.log1p(e, out=y)
-    np.copyto(y, e, where=small)
-    np.copyto(y, x, where=big)
+    np.copyto(y, ends, where=big | small)
 
 
 def _rsqrt(x: np.ndarray, y: np.ndarray, alpha: float) -> None:

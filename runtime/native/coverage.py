@@ -42,6 +42,9 @@ class Sample:
 _ALL = sorted(isa.DTYPES)
 _FLOATS = sorted(isa.FLOATS)
 _WIN = {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1]}
+# What a product's epilogue (`activation`) may hold on float32 (any float unary function:
+# executables compiled when the compiler fused others than today's isa.ACTIVATIONS load too).
+_FLOAT32_ACTIVATIONS = [fn for fn in isa.UNARY_FNS if "float32" in isa.UNARY_DOMAIN[fn]]
 
 
 def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], dict]]:
@@ -64,12 +67,18 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
             for compute in ("float32", "bfloat16", "float16"):
                 if compute == "float32" or compute == d:
                     yield "", [((2, 3, 8), d), ((8, 5), d)], {"compute": compute}
+        for fn in _FLOAT32_ACTIVATIONS:
+            yield f"activation={fn}", [((2, 3, 8), "float32"), ((8, 5), "float32")], {
+                "activation": fn}
     elif kind in ("conv2d", "depthwise_conv2d"):
         w = (3, 3, 4, 6) if kind == "conv2d" else (3, 3, 4, 2)
         for d in _ALL:
             for compute in ("float32", "bfloat16", "float16"):
                 if compute == "float32" or compute == d:
                     yield "", [((1, 6, 6, 4), d), (w, d)], {**_WIN, "compute": compute}
+        for fn in _FLOAT32_ACTIVATIONS:
+            yield f"activation={fn}", [((1, 6, 6, 4), "float32"), (w, "float32")], {
+                **_WIN, "activation": fn}
     elif kind == "pool":
         for mode, d in itertools.product(("max", "avg"), _ALL):
             yield mode, [((1, 6, 6, 4), d)], {"mode": mode, "ksize": [3, 3],

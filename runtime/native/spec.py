@@ -190,8 +190,9 @@ def _conv(attrs: dict, ins: list[Ref], outs: list[Ref], const: list[bool],
     if not _io_ok(x.dtype, y.dtype, compute) or w.dtype != compute:
         return None  # (computed weights in reduced precision: left to numpy)
     act = _activation(attrs)
-    if act is None:
-        return None
+    if act is None:  # (an epilogue with no oneDNN post-op: the direct loop, in float32 only)
+        return _generic_conv(attrs, ins, y, depthwise) if x.dtype == compute == "float32" \
+            else None
     ints = [OP_CONV, int(has_bias), int(residual), int(attrs.get("groups", 1)), int(depthwise),
             DTYPES[compute], int(const[1])]
     ints += x.encode() + w.encode()
@@ -216,8 +217,9 @@ def _matmul(attrs: dict, ins: list[Ref], outs: list[Ref],
         return None
     act = _activation(attrs)
     rank = len(y.shape)
-    if act is None:
-        return None
+    if act is None:  # (an epilogue with no oneDNN post-op: the loop, in float32 only)
+        return _generic_matmul(attrs, ins, y) if a.dtype == b.dtype == compute == "float32" \
+            else None
     if rank > 6:  # (oneDNN's matmul takes rank <= 6)
         return _generic_matmul(attrs, ins, y)
     residual = bool(attrs.get("residual"))
@@ -288,7 +290,8 @@ def _generic_matmul(attrs: dict, ins: list[Ref], y: Ref) -> tuple[list[int], lis
 
 def _generic_conv(attrs: dict, ins: list[Ref], y: Ref, depthwise: bool, dims: int = 2
                   ) -> tuple[list[int], list[float]] | None:
-    """conv2d, depthwise_conv2d and conv3d on engine.cc's direct loop (float64, integers)."""
+    """conv2d, depthwise_conv2d and conv3d on engine_any_dtype.cc's direct loop (float64,
+    integers; float32 when the epilogue has no oneDNN post-op)."""
     x, w = ins[0], ins[1]
     act = _act_code(attrs)
     if act is None or any(r.blocked for r in (x, y)):

@@ -177,6 +177,20 @@ def test_softplus_branches_relative() -> None:
     close(run("unary", [x], {"fn": "softplus"}), tf.math.softplus(x), rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("fn", [fn for fn in isa.UNARY_FNS if fn != "logical_not"])
+def test_unary_in_place_is_the_same(fn: str) -> None:
+    """A conv's or matmul's fused activation runs in place on its output (`y is x`): every
+    function gives what it gives into another buffer, at both ends of its range."""
+    from neuronish.runtime.kernels.elementwise import UNARY
+
+    x = np.linspace(-40, 40, 321, dtype=np.float32)
+    apart = np.empty_like(x)
+    UNARY[fn](x, apart, 0.2)
+    same = x.copy()
+    UNARY[fn](same, same, 0.2)
+    np.testing.assert_array_equal(same, apart)
+
+
 @pytest.mark.parametrize("alpha", [0.2, 0.01, 1.5])
 def test_leaky_relu(alpha: float) -> None:
     x = randn(3, 17)
