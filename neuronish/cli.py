@@ -252,7 +252,7 @@ def _add_compile_parser(sub: argparse._SubParsersAction) -> None:
                    "may take (shape_bounds); default: what the model implies, else 1:1024")
     c.add_argument("--shape-buckets", action="append", default=[],
                    metavar="KEY:AXIS=S1,S2,...", help="sizes of a free dimension to compile "
-                   "ahead (shape_buckets), e.g. token_ids:1=16,64,128")
+                   "ahead, stored in the SavedModel (shape_buckets), e.g. token_ids:1=16,64,128")
     c.add_argument("--tags", help="MetaGraph tags, comma-separated (default: serve)")
     c.add_argument("--signature-def-key", help="default: serving_default")
     c.add_argument("--minimum-segment-size", type=int, default=2)

@@ -110,8 +110,9 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
     within their bounds runs on the device, on an executable compiled for its shape
     (docs/saved-model-compile.md, "Free dimensions"); `shape_bounds` gives bounds,
     `{key: {axis: (low, high)}}`, where the model's own do not suit, and
-    `shape_buckets`, `{key: {axis: [sizes]}}`, sizes to compile ahead (into the
-    compile cache) instead of at the first call of each.
+    `shape_buckets`, `{key: {axis: [sizes]}}`, sizes to compile ahead instead of at
+    the first call of each (stored in the SavedModel, so a server without a compiler
+    serves them; each holds its own copy of the weights).
     `no_fuse_ops`/`force_fuse_ops` name nodes or op types to keep on TensorFlow
     / to fuse regardless of size; `op_whitelist` (tensorflow-neuron's), when given,
     limits the op types the device may run. `compiler_args` is a list of flags or one
