@@ -168,25 +168,8 @@ class ShapeTable {
       auto found = entries_.find(want);
       Entry* entry = found == entries_.end() ? nullptr : found->second.get();
       const Key* stored = entry ? nullptr : StoredFor(want);
-      if (stored && loading_.insert(*stored).second) {
-        const Key key = *stored;  // this call loads it
-        lock.unlock();
-        nr_model* model = nullptr;
-        absl::Status s = LoadStored(key, &model);
-        lock.lock();
-        loading_.erase(key);
-        if (s.ok() && !closed_) {
-          Insert(key, model);
-          model = nullptr;
-        } else if (!s.ok()) {
-          failed_[key] = s;
-        }
-        std::vector<nr_model*> gone = EvictLocked();
-        if (model) gone.push_back(model);
-        changed_.notify_all();
-        lock.unlock();
-        for (nr_model* m : gone) nr_model_unload(m);
-        lock.lock();
+      if (stored && loading_.insert(*stored).second) {  // this call loads it
+        LoadStored(*stored, lock);
         continue;
       }
       if (!entry && !stored) {
@@ -299,8 +282,30 @@ class ShapeTable {
     return &found->first;
   }
 
-  // Loads the stored executable of `key` from the SavedModel (not under the lock).
-  absl::Status LoadStored(const Key& key, nr_model** out) {
+  // Loads the stored executable of `key` into the table, or remembers why not; the lock is
+  // released meanwhile (`key` is in loading_: other calls at that shape wait).
+  void LoadStored(const Key key, std::unique_lock<std::mutex>& lock) {
+    lock.unlock();
+    nr_model* model = nullptr;
+    absl::Status s = ReadStored(key, &model);
+    lock.lock();
+    loading_.erase(key);
+    if (s.ok() && !closed_) {
+      Insert(key, model);
+      model = nullptr;
+    } else if (!s.ok()) {
+      failed_[key] = s;
+    }
+    std::vector<nr_model*> gone = EvictLocked();
+    if (model) gone.push_back(model);
+    changed_.notify_all();
+    lock.unlock();
+    for (nr_model* m : gone) nr_model_unload(m);
+    lock.lock();
+  }
+
+  // The stored executable of `key`, read from the SavedModel and loaded (not under the lock).
+  absl::Status ReadStored(const Key& key, nr_model** out) {
     const std::string label = Label(key);
     const size_t index = stored_.at(key);
     std::string bytes;
