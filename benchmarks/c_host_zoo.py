@@ -19,9 +19,7 @@ are skipped (the C program feeds numbers only). Exits 1 if any model failed.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,45 +30,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def build_program(out: Path) -> Path:
-    """examples/c/tf_saved_model.c, linked against the installed TensorFlow."""
-    import tensorflow as tf
-
-    lib = tf.sysconfig.get_lib()
-    subprocess.run(["gcc", "-std=c99", "-O2", f"-I{tf.sysconfig.get_include()}",
-                    str(ROOT / "examples" / "c" / "tf_saved_model.c"), "-o", str(out),
-                    f"-L{lib}", "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2",
-                    f"-Wl,-rpath,{lib}"], check=True, capture_output=True, text=True)
-    return out
-
-
-def tensor_names(model_dir: str) -> tuple[dict[str, str], dict[str, str]]:
-    """serving_default's input and output graph tensor names, by key."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    sm = saved_model_pb2.SavedModel()
-    sm.ParseFromString((Path(model_dir) / "saved_model.pb").read_bytes())
-    [meta] = [m for m in sm.meta_graphs if "serve" in m.meta_info_def.tags]
-    sig = meta.signature_def["serving_default"]
-    return ({k: v.name for k, v in sig.inputs.items()},
-            {k: v.name for k, v in sig.outputs.items()})
-
-
 def run_c_host(program: Path, library: str, model_dir: str, feeds: dict[str, np.ndarray],
                want: dict[str, np.ndarray], work: Path) -> dict[str, np.ndarray] | str:
     """The compiled model's outputs for `feeds` from the C program (shaped and typed as
-    `want`), or its error message. No Python in its environment."""
-    inputs, outputs = tensor_names(model_dir)
+    `want`), or its error message. No Python in its environment (the C-host tests' runner,
+    with the fallback off)."""
+    from tests.neuronish.test_op_library_c import _run, _signature
+
+    inputs, outputs = _signature(Path(model_dir))
     keys, out_keys = sorted(feeds), sorted(want)
     (work / "in.bin").write_bytes(b"".join(np.ascontiguousarray(feeds[k]).tobytes()
                                            for k in keys))
-    args = [str(program), "-l", library, "-i", str(work / "in.bin"), "-o",
-            str(work / "out.bin"), model_dir,
-            *(f"{inputs[k]}={feeds[k].dtype.name}:{','.join(map(str, feeds[k].shape))}"
-              for k in keys), "--", *(outputs[k] for k in out_keys)]
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
-           "NEURONISH_FALLBACK": "0", "NEURONISH_TELEMETRY": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
+    done = _run(program, "-l", library, "-i", str(work / "in.bin"), "-o",
+                str(work / "out.bin"), model_dir,
+                *(f"{inputs[k]}={feeds[k].dtype.name}:{','.join(map(str, feeds[k].shape))}"
+                  for k in keys), "--", *(outputs[k] for k in out_keys),
+                NEURONISH_TELEMETRY="0")
     if done.returncode != 0:
         return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else \
             f"exit status {done.returncode}"
@@ -124,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from models import third_party
     from neuronish import native_op_library
+    from tests.neuronish.test_op_library_c import _build_program
 
     names = list(third_party.ALL) if args.all else args.models
     if not names:
@@ -131,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     with tempfile.TemporaryDirectory(prefix="c_host_zoo-") as tmp:
         work = Path(tmp)
-        program = build_program(work / "tf_saved_model")
+        program = _build_program(work / "tf_saved_model")
         library = str(native_op_library.build())
         print(f"{'model':<28} {'OnNeuron':>8} {'ops':>4} {'numpy':>5} "
               f"{'err@' + str(args.batch):>9} {'err@' + str(args.batch + 1):>9}")
