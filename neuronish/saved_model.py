@@ -543,8 +543,12 @@ def _compile_signature(signature: FrozenSignature, options: _Options, state: _St
             plan, buckets, graph_def, [sg for sg, _ in compiled if sg.name in dynamic],
             {sg.name: graphs[digests[sg.name]].path for sg, _ in compiled}, o.compiler_args,
             cache, cache_stats, o.max_num_compilers, o.compiler_timeout, scratch)
-        for a in executables_ahead:  # stored in the SavedModel, listed in the op's attr
-            blob = replace(a.executable, sha256=external.file_sha256(a.executable.path))
+        # (hashed on the pool that hashes every other file of the compile, side by side)
+        digests_ahead = [hasher.submit(external.file_sha256, a.executable.path)
+                         for a in executables_ahead]
+        for a, sha in zip(executables_ahead, digests_ahead, strict=True):
+            # stored in the SavedModel, listed in the op's attr
+            blob = replace(a.executable, sha256=sha.result())
             ref = external.reference(blob)[0].decode()
             d = dynamic[a.subgraph]
             dynamic[a.subgraph] = replace(d, spec=replace(d.spec, stored=[
