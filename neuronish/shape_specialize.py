@@ -377,8 +377,8 @@ class ShapeTable:
             self._install(key, exe, self.loaded_stored)
         except DeviceError as e:  # (its kind kept: it says what failed)
             why = str(e).removeprefix(f"NeuronOp '{self.node_name}': ")
-            self._fail(key, type(e)(f"NeuronOp '{self.node_name}': loading its stored shape "
-                                    f"{self.label(key)} failed: {why}"), "")
+            self._remember(key, type(e)(f"NeuronOp '{self.node_name}': loading its stored "
+                                        f"shape {self.label(key)} failed: {why}"))
         except Exception as e:  # noqa: BLE001 - its callers get it, every time
             self._fail(key, e, "loading its stored")
         finally:
@@ -400,10 +400,15 @@ class ShapeTable:
             model.unload()
 
     def _fail(self, key: tuple, e: BaseException, doing: str) -> None:
-        """Remember why `key` has no executable: its callers get it, every time."""
+        """`_remember` `e`, a device's error as it is, any other as a ShapeCompileError
+        saying what was being done."""
         if not isinstance(e, DeviceError | MemoryError):
             e = ShapeCompileError(f"NeuronOp '{self.node_name}': {doing} shape "
                                   f"{self.label(key)} failed: {type(e).__name__}: {e}")
+        self._remember(key, e)
+
+    def _remember(self, key: tuple, e: BaseException) -> None:
+        """Why `key` has no executable: its callers get it, every time."""
         with self._lock:
             self._failed[key] = e
 
