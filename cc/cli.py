@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import __version__
 from .errors import BadIOConfig, CompilerError, InvalidGraph, UnsupportedNodes
 
 if TYPE_CHECKING:
@@ -351,13 +350,24 @@ def _print_modelled(exe, modelled) -> None:  # noqa: ANN001 (Executable, Estimat
               f"{', '.join(ins.source[:2]) or '-'}")
 
 
+class _Version(argparse.Action):
+    """`--version`, its digest of the sources computed only when asked for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from .identity import version_text
+
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     # No prefix abbreviations: `--outp DIR` must not reach --output (the compile driver
     # owns that flag and refuses it in compiler_args by name), and a flag added later
     # must not change what an existing abbreviation meant.
     p = argparse.ArgumentParser(prog="neuronish-cc", description="Compile TensorFlow graphs for "
                                 "the neuronish device.", allow_abbrev=False)
-    p.add_argument("--version", action="version", version=f"neuronish-cc {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="print the version and the digest of the sources, and exit")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compile", allow_abbrev=False,
                        help="compile a GraphDef into an executable")

@@ -7,10 +7,12 @@ model again reuses every executable instead of starting `neuronish-cc` again.
 Key: SHA-256 over the subgraph's bytes (serialized deterministically, without
 the debug info that names the traced function instance), its
 io-config, every compiler flag (`compiler_args` and `$NEURONISH_CC_FLAGS`) and
-the compiler's identity: its command line, what `--version` prints and, for
-the bundled compiler, a digest of its source files (so editing the compiler
+the compiler's identity: its command line and what `--version` prints, which for
+the bundled compiler includes a digest of its source files (so editing the compiler
 invalidates the cache even while the version number stays). A compiler whose
-version cannot be read is not cached at all.
+version cannot be read is not cached at all. The C host's NeuronOp
+(neuronish/ops/neuron_op_compile_cache.h) reads and writes the same entries under
+the same keys.
 
 Entries: `<dir>/<key>.neff`, the executable itself, and `<dir>/<key>.sum`, its
 checksum record `MAGIC + key + HMAC-SHA-256(secret, key + SHA-256(executable))`,
@@ -41,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import importlib.util
 import json
 import mmap
 import os
@@ -311,25 +312,11 @@ def _own_link(fd: int, data: bytes | mmap.mmap, into: Path, key: str) -> str:
     return str(target)
 
 
-def _source_digest() -> str:
-    """Digest of the bundled compiler's sources and of the whole runtime's Python: the
-    compiler reads the instruction declarations (isa.py), folds constants and calibrates
-    int8 with the reference kernels, writes the executable format and asks the native
-    engine's encoders what will run natively, so an edit to any of them can change what it
-    writes (hashing only the four files it imported by name once kept stale int8
-    executables after a kernel change)."""
-    h = hashlib.sha256()
-    for package in ("neuronish.cc", "neuronish.runtime"):
-        spec = importlib.util.find_spec(package)
-        roots = list(spec.submodule_search_locations or []) if spec else []
-        for root in roots:
-            for path in sorted(Path(root).rglob("*.py")):
-                h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
-
-
 def compiler_identity(command: Sequence[str]) -> str | None:
-    """What identifies the compiler `command` runs, or None if its version cannot be read."""
+    """What identifies the compiler `command` runs: the command and what its `--version`
+    prints (the bundled compiler's includes a digest of its sources, cc/identity.py), as
+    JSON; None if its version cannot be read. The C host computes the same text
+    (neuronish/ops/neuron_op_compile_cache.h), so the two share entries."""
     try:
         done = subprocess.run([*command, "--version"], capture_output=True, timeout=60,
                               stdin=subprocess.DEVNULL, check=False)
@@ -337,8 +324,7 @@ def compiler_identity(command: Sequence[str]) -> str | None:
         return None
     if done.returncode != 0 or not done.stdout.strip():
         return None
-    return json.dumps([list(command), done.stdout.decode(errors="replace").strip(),
-                       _source_digest()])
+    return json.dumps([list(command), done.stdout.decode(errors="replace").strip()])
 
 
 def _stable_graph_bytes(graph_def: bytes) -> bytes:

@@ -30,7 +30,8 @@ from neuronish.runtime.buildcache import BuildError
 SOURCE = Path(__file__).resolve().parent / "ops" / "neuron_op_native.cc"
 # Included by SOURCE only (free dimensions at run time).
 HEADERS = tuple(SOURCE.parent / name for name in (
-    "neuron_op_shapes.h", "neuron_op_dynamic_spec.h", "neuron_op_compiler.h"))
+    "neuron_op_shapes.h", "neuron_op_dynamic_spec.h", "neuron_op_compiler.h",
+    "neuron_op_compile_cache.h"))
 
 __all__ = ["OpLibraryError", "build", "build_command", "library_path"]
 

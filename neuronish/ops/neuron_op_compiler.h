@@ -195,10 +195,66 @@ inline std::string LogTail(const std::string& path, size_t limit = 1500) {
   return log.size() > limit ? "..." + log.substr(log.size() - limit) : log;
 }
 
+// How a child of RunInGroup ended.
+struct ChildEnd {
+  int spawn_error = 0;      // posix_spawnp's error: it did not start
+  const char* killed = nullptr;  // why it was stopped, if it was
+  int status = 0;           // waitpid's status otherwise
+};
+
+// Runs `argv` in a process group of its own (stdin /dev/null; stdout, and stderr too
+// unless `quiet_stderr`, to `out_path`), killed as a whole past `timeout_s`, once `stop`
+// is set, or when the host exits (`scratch` then removed): a child of ours never outlives
+// its host, nor does whatever it started.
+inline ChildEnd RunInGroup(std::vector<std::string> argv, const std::string& out_path,
+                           bool quiet_stderr, const std::string& scratch, double timeout_s,
+                           const std::atomic<bool>& stop) {
+  std::vector<char*> cargv;
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawnattr_t attrs;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&files, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (quiet_stderr) {
+    posix_spawn_file_actions_addopen(&files, 2, "/dev/null", O_WRONLY, 0);
+  } else {
+    posix_spawn_file_actions_adddup2(&files, 1, 2);
+  }
+  posix_spawnattr_init(&attrs);
+  posix_spawnattr_setflags(&attrs, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attrs, 0);  // (a group of its own: killed as a whole)
+  pid_t pid = -1;
+  ChildEnd end;
+  end.spawn_error = posix_spawnp(&pid, cargv[0], &files, &attrs, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
+  posix_spawnattr_destroy(&attrs);
+  if (end.spawn_error != 0) return end;
+  LiveCompilers::Get().Add(pid, scratch);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (true) {
+    siginfo_t info{};
+    // (WNOWAIT: exited but not reaped, so its id, its group's, cannot have been reused)
+    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid) {
+      break;
+    }
+    if (stop.load(std::memory_order_relaxed)) end.killed = "the op was unloaded";
+    if (std::chrono::steady_clock::now() > deadline) end.killed = "it ran past the time limit";
+    if (end.killed) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  killpg(pid, SIGKILL);  // (it, on a stop, and whatever it left running in its group)
+  waitpid(pid, &end.status, 0);
+  LiveCompilers::Get().Remove(pid);
+  return end;
+}
+
 // Runs the compiler on `graph` with `io_config`, `args` and the environment's flags (as the
-// Python host's run-time compiles have them) in a process group of its own,
-// killed past kCompileTimeoutS or once `stop` is set; the executable it wrote into
-// `executable`. `what` names the shape in messages.
+// Python host's run-time compiles have them), killed past kCompileTimeoutS or once `stop`
+// is set (RunInGroup); the executable it wrote into `executable`. `what` names the shape in
+// messages.
 inline absl::Status RunCompiler(const std::string& what, const std::string& graph,
                                 const std::string& io_config,
                                 const std::vector<std::string>& args,
@@ -219,57 +275,22 @@ inline absl::Status RunCompiler(const std::string& what, const std::string& grap
                            "--output", out_path, "--workdir", dir.path()});
   argv.insert(argv.end(), args.begin(), args.end());
   for (std::string& flag : EnvironmentFlags()) argv.push_back(std::move(flag));
-  std::vector<char*> cargv;
-  for (std::string& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-
-  posix_spawn_file_actions_t files;
-  posix_spawnattr_t attrs;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&files, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_adddup2(&files, 1, 2);
-  posix_spawnattr_init(&attrs);
-  posix_spawnattr_setflags(&attrs, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attrs, 0);  // (a group of its own: killed as a whole)
-  pid_t pid = -1;
-  const int spawned = posix_spawnp(&pid, cargv[0], &files, &attrs, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&files);
-  posix_spawnattr_destroy(&attrs);
-  if (spawned != 0) {
+  const ChildEnd end = RunInGroup(argv, log_path, false, dir.path(), kCompileTimeoutS, stop);
+  if (end.spawn_error != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, ": cannot start the compiler '", argv[0], "': ", std::strerror(spawned),
+        what, ": cannot start the compiler '", argv[0], "': ", std::strerror(end.spawn_error),
         ". Set NEURONISH_CC to the neuronish-cc command (e.g. /path/to/venv/bin/neuronish-cc) "
         "or put neuronish-cc on PATH"));
   }
-  LiveCompilers::Get().Add(pid, dir.path());
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(kCompileTimeoutS);
-  const char* killed = nullptr;
-  while (true) {
-    siginfo_t info{};
-    // (WNOWAIT: exited but not reaped, so its id, its group's, cannot have been reused)
-    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-        info.si_pid == pid) {
-      break;
-    }
-    if (stop.load(std::memory_order_relaxed)) killed = "the op was unloaded";
-    if (std::chrono::steady_clock::now() > deadline) killed = "it ran past the time limit";
-    if (killed) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  killpg(pid, SIGKILL);  // (it, on a stop, and whatever it left running in its group)
-  int status = 0;
-  waitpid(pid, &status, 0);
-  LiveCompilers::Get().Remove(pid);
   const std::string command = absl::StrCat("'", argv[0], " compile ...'");
-  if (killed) {
+  if (end.killed) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": the compiler ", command,
-                                                    " was stopped: ", killed));
+                                                    " was stopped: ", end.killed));
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    const std::string how = WIFEXITED(status) ? absl::StrCat("exited with status ", WEXITSTATUS(status))
-                                              : absl::StrCat("died of signal ", WTERMSIG(status));
+  if (!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) {
+    const std::string how = WIFEXITED(end.status)
+                                ? absl::StrCat("exited with status ", WEXITSTATUS(end.status))
+                                : absl::StrCat("died of signal ", WTERMSIG(end.status));
     return absl::InternalError(absl::StrCat(what, ": the compiler ", command, " ", how, ": ",
                                             LogTail(log_path)));
   }

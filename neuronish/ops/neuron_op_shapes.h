@@ -20,10 +20,9 @@
 //   recently used one not running unloaded first, and calls that do not wait queue at most
 //   that many shapes.
 //
-// Unlike the Python host, run-time compiles are not shared through the compile cache (its
-// entries are sealed with a key only the Python side holds): each process compiles a new
-// shape once (the shapes compiled ahead need no compile). Included by
-// neuron_op_native.cc only.
+// - a compile goes through the compile cache (neuron_op_compile_cache.h), the Python host's
+//   too: a shape any process compiled before is read from there, not compiled again.
+// Included by neuron_op_native.cc only.
 #ifndef NEURONISH_OPS_NEURON_OP_SHAPES_H_
 #define NEURONISH_OPS_NEURON_OP_SHAPES_H_
 
@@ -48,9 +47,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "neuron_op_compile_cache.h"
 #include "neuron_op_compiler.h"
 #include "neuron_op_dynamic_spec.h"
 #include "neuronish_runtime.h"
+#include "tensorflow/core/platform/logging.h"
 
 namespace neuronish {
 namespace {
@@ -392,28 +393,70 @@ class ShapeTable {
     }
   }
 
-  absl::Status CompileOne(const Key& key, nr_model** out) {
-    const std::string label = Label(key);
-    // The io-config at that shape and batch (neuronish.contracts.io_config).
+  // The io-config at that shape and batch (neuronish.contracts.io_config): the inputs in
+  // the signature's order for the compiler, or (`sorted`) with every object's keys sorted,
+  // as json.dumps(sort_keys=True) writes it for the compile cache's key.
+  std::string IoConfig(const Key& key, bool sorted) const {
+    std::vector<size_t> ins(inputs_.size()), outs(output_axes_.size());
+    for (size_t i = 0; i < ins.size(); ++i) ins[i] = i;
+    for (size_t i = 0; i < outs.size(); ++i) outs[i] = i;
+    if (sorted) {
+      std::sort(ins.begin(), ins.end(), [this](size_t a, size_t b) {
+        return inputs_[a].name < inputs_[b].name;
+      });
+      std::sort(outs.begin(), outs.end(), [this](size_t a, size_t b) {
+        return output_axes_[a].first < output_axes_[b].first;
+      });
+    }
     std::string io = "{\"inputs\": {";
-    for (size_t i = 0; i < inputs_.size(); ++i) {
-      io += absl::StrCat(i ? ", " : "", JsonString(inputs_[i].name), ": [[");
+    for (size_t k = 0; k < ins.size(); ++k) {
+      const size_t i = ins[k];
+      io += absl::StrCat(k ? ", " : "", PyJsonString(inputs_[i].name, false), ": [[");
       for (size_t d = 0; d < key.second[i].size(); ++d) {
         const int64_t n = key.second[i][d];
         io += absl::StrCat(d ? ", " : "", n < 0 ? (key.first > 0 ? key.first : inputs_[i].shape[d]) : n);
       }
-      io += absl::StrCat("], ", JsonString(inputs_[i].dtype_name), ", ", inputs_[i].batch_axis, "]");
+      io += absl::StrCat("], ", PyJsonString(inputs_[i].dtype_name, false), ", ",
+                         inputs_[i].batch_axis, "]");
     }
     io += "}, \"outputs\": {";
-    for (size_t i = 0; i < output_axes_.size(); ++i) {
-      io += absl::StrCat(i ? ", " : "", JsonString(output_axes_[i].first), ": ",
-                         output_axes_[i].second);
+    for (size_t k = 0; k < outs.size(); ++k) {
+      io += absl::StrCat(k ? ", " : "", PyJsonString(output_axes_[outs[k]].first, false), ": ",
+                         output_axes_[outs[k]].second);
     }
-    io += "}}\n";
+    return io + "}}";
+  }
+
+  // The executable of `key`'s shape: from the compile cache, else compiled (and stored
+  // there), then loaded.
+  absl::Status CompileOne(const Key& key, nr_model** out) {
+    const std::string label = Label(key);
     const std::string what = absl::StrCat(where_, "compiling it for the new shape ", label);
-    std::string executable;
-    absl::Status compiled = RunCompiler(what, *graph_, io, spec_.compiler_args, stop_, &executable);
-    if (!compiled.ok()) return compiled;
+    std::string executable, cache_key, why;
+    std::unique_ptr<DiskCompileCache> cache = DiskCompileCache::FromEnv(&why);
+    if (!why.empty()) LOG(WARNING) << where_ << "compile cache not used: " << why;
+    if (cache) {
+      const std::string identity = CompilerIdentity(CompilerCommand(), stop_);
+      if (!identity.empty()) {
+        std::vector<std::string> flags = spec_.compiler_args;
+        for (std::string& f : EnvironmentFlags()) flags.push_back(std::move(f));
+        const std::string graph = StableGraphBytes(*graph_), io = IoConfig(key, true),
+                          args = PyJsonList(flags, true);
+        cache_key = CacheKey({&graph, &io, &args, &identity});
+      }
+    }
+    std::string warning;
+    const bool hit = !cache_key.empty() && cache->Get(cache_key, &executable, &warning);
+    if (!warning.empty()) LOG(WARNING) << where_ << warning;
+    if (!hit) {
+      absl::Status compiled = RunCompiler(what, *graph_, IoConfig(key, false) + "\n",
+                                          spec_.compiler_args, stop_, &executable);
+      if (!compiled.ok()) return compiled;
+      if (!cache_key.empty()) {
+        cache->Put(cache_key, executable, &warning);
+        if (!warning.empty()) LOG(WARNING) << where_ << warning;
+      }
+    }
     absl::Status loaded = load_(executable, label, out);
     if (!loaded.ok()) {
       return absl::Status(loaded.code(), absl::StrCat(where_, "loading its new shape ", label,

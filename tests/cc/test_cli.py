@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from neuronish.cc import __version__
+from neuronish.cc.identity import source_digest
 from neuronish.cc.ops.registry import LOWERINGS
 from tests.graphs import dense_relu, trace
 
@@ -31,7 +33,9 @@ def _write(tmp_path: Path, graph_def: bytes, name: str = "g.pb") -> Path:
 
 def test_version_and_usage() -> None:
     r = cc("--version")
-    assert r.returncode == 0 and "neuronish-cc" in r.stdout
+    # The sources' digest is part of the version: what the compile caches of both hosts key on.
+    assert r.returncode == 0 and r.stdout.strip() == \
+        f"neuronish-cc {__version__} (sources sha256:{source_digest()})"
     assert cc("compile").returncode == 2
     assert cc("frobnicate").returncode == 2
 

@@ -85,8 +85,10 @@ def _build_program(out: Path) -> Path:
 
 
 def _run(program: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
-    # No Python anywhere near it: a clean environment, no PYTHONPATH.
+    # No Python anywhere near it: a clean environment, no PYTHONPATH; the test's own compile
+    # cache (tests/conftest.py), not the user's.
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
+           "NEURONISH_COMPILE_CACHE": os.environ.get("NEURONISH_COMPILE_CACHE", "off"),
            "NEURONISH_FALLBACK": "0", "OMP_WAIT_POLICY": "passive",
            "TF_CPP_MIN_LOG_LEVEL": "2", **env_vars}
     return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=300,

@@ -1,0 +1,155 @@
+"""Run-time compiles in a host without Python go through the compile cache
+(neuronish/ops/neuron_op_compile_cache.h), the same one the Python host uses: a length one
+process compiled is read from there by the next, C host or Python host, under the same key;
+a damaged entry is compiled again, and a cache directory others can write is not used.
+
+The compiler is the real neuronish-cc behind a wrapper that logs how it was called, so
+"not compiled again" is what the compiler saw (only `--version`, which identifies it), and
+every number is compared with TensorFlow on the original SavedModel."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import neuronish.saved_model
+from neuronish import native_op_library
+from tests.neuronish.test_op_library_c import _build_program, _signature
+from tests.neuronish.test_op_library_c_shapes import _call, _close, _executables_run, _Sequence
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None,
+                                reason="gcc and g++ are needed to build the op library and the "
+                                       "C program")
+
+COMPILER = str(Path(sys.executable).parent / "neuronish-cc")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("c_cache")
+    src, out = tmp / "src", tmp / "compiled"
+    module = _Sequence()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+    ins, outs = _signature(out)
+    return {"src": src, "out": out, "x": ins["x"], "y": outs["y"],
+            "program": _build_program(tmp / "tf_saved_model"),
+            "lib": str(native_op_library.build()),
+            "tf": tf.saved_model.load(str(src)).signatures["serving_default"]}
+
+
+@pytest.fixture
+def logged_compiler(tmp_path: Path) -> tuple[str, Path]:
+    """A neuronish-cc that writes its first argument (`--version`, `compile`) to a log."""
+    log, wrapper = tmp_path / "calls.log", tmp_path / "logged-cc"
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {log}\nexec {COMPILER} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), log
+
+
+def _calls(log: Path) -> list[str]:
+    calls = log.read_text().split() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return calls
+
+
+def _entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.glob("*.neff"))
+
+
+def test_a_length_one_c_host_compiled_is_read_from_the_cache_by_the_next(
+        model: dict[str, Any], tmp_path: Path, logged_compiler: tuple[str, Path],
+        _fresh_compile_cache: Path) -> None:
+    cc, log = logged_compiler
+    label = "neuron_op_0@2x17x8"
+    assert _executables_run(model, tmp_path, 2, 17, NEURONISH_CC=cc) == {label}
+    assert _calls(log) == ["--version", "compile"]
+    [entry] = _entries(_fresh_compile_cache)
+    assert (_fresh_compile_cache / (entry[:-5] + ".sum")).stat().st_size == 72
+    assert stat.S_IMODE(_fresh_compile_cache.stat().st_mode) == 0o700
+    # A new process: the compiler is asked who it is, and nothing is compiled.
+    assert _executables_run(model, tmp_path, 2, 17, NEURONISH_CC=cc) == {label}
+    assert _calls(log) == ["--version"]
+    # Another batch of that length is another executable (batch 3 -> 4), compiled once.
+    assert _executables_run(model, tmp_path, 3, 17, NEURONISH_CC=cc) == {"neuron_op_0@4x17x8"}
+    assert _calls(log) == ["--version", "compile"]
+    assert len(_entries(_fresh_compile_cache)) == 2
+    # Other compiler flags are another key: compiled again.
+    assert _executables_run(model, tmp_path, 2, 17, NEURONISH_CC=cc,
+                            NEURONISH_CC_FLAGS="--auto-cast none") == {label}
+    assert _calls(log) == ["--version", "compile"]
+
+
+def test_the_python_and_c_hosts_share_entries(
+        model: dict[str, Any], tmp_path: Path, logged_compiler: tuple[str, Path],
+        monkeypatch: pytest.MonkeyPatch, _fresh_compile_cache: Path) -> None:
+    """The two hosts compute the same key (subgraph, io-config, flags, the compiler's
+    identity): what one compiled, the other reads."""
+    cc, log = logged_compiler
+    monkeypatch.setenv("NEURONISH_CC", cc)
+    monkeypatch.setenv("NEURONISH_FALLBACK", "0")
+    compiled = tf.saved_model.load(str(model["out"])).signatures["serving_default"]
+
+    def python_host(batch: int, length: int) -> None:
+        x = np.random.default_rng(length).standard_normal((batch, length, 8)).astype(np.float32)
+        _close(compiled(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
+
+    python_host(2, 19)  # the Python host compiles length 19...
+    assert _calls(log) == ["--version", "compile"]
+    assert _executables_run(model, tmp_path, 2, 19, NEURONISH_CC=cc) == {"neuron_op_0@2x19x8"}
+    assert _calls(log) == ["--version"]  # ...and the C host reads it
+    assert _executables_run(model, tmp_path, 2, 21, NEURONISH_CC=cc) == {"neuron_op_0@2x21x8"}
+    assert _calls(log) == ["--version", "compile"]  # the C host compiles length 21...
+    python_host(2, 21)
+    assert _calls(log) == ["--version"]  # ...and the Python host reads it
+    assert len(_entries(_fresh_compile_cache)) == 2
+
+
+def test_a_damaged_entry_is_compiled_again(
+        model: dict[str, Any], tmp_path: Path, logged_compiler: tuple[str, Path],
+        _fresh_compile_cache: Path) -> None:
+    cc, log = logged_compiler
+    assert _executables_run(model, tmp_path, 2, 23, NEURONISH_CC=cc) == {"neuron_op_0@2x23x8"}
+    [entry] = _entries(_fresh_compile_cache)
+    path = _fresh_compile_cache / entry
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # (same size: only the record can tell)
+    path.write_bytes(bytes(data))
+    _calls(log)
+    r, got, want = _call(model, tmp_path, 2, 23, NEURONISH_CC=cc, TF_CPP_MIN_LOG_LEVEL="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    _close(got, want)
+    assert f"compile cache: entry {path} is damaged or untrusted (its record or checksum " \
+           "does not match); removed it and compiling the subgraph again" in r.stderr, \
+        r.stderr[-3000:]
+    assert _calls(log) == ["--version", "compile"]
+    assert path.read_bytes() != bytes(data)  # (stored again, whole)
+
+
+def test_a_cache_others_can_write_is_not_used(
+        model: dict[str, Any], tmp_path: Path, logged_compiler: tuple[str, Path]) -> None:
+    cc, log = logged_compiler
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    shared.chmod(0o777)
+    r, got, want = _call(model, tmp_path, 2, 25, NEURONISH_CC=cc, TF_CPP_MIN_LOG_LEVEL="1",
+                         NEURONISH_COMPILE_CACHE=str(shared))
+    assert r.returncode == 0, r.stderr[-3000:]
+    _close(got, want)
+    assert f"compile cache not used: the directory {shared} has mode 0777; others may write " \
+           "it; set NEURONISH_COMPILE_CACHE to a directory only you can write" in r.stderr, \
+        r.stderr[-3000:]
+    assert _calls(log) == ["compile"] and not list(shared.iterdir())
+    # A size nobody can read is named, and the compile goes on without the cache.
+    r, got, want = _call(model, tmp_path, 2, 25, NEURONISH_CC=cc, TF_CPP_MIN_LOG_LEVEL="1",
+                         NEURONISH_COMPILE_CACHE_SIZE="lots")
+    assert r.returncode == 0 and "NEURONISH_COMPILE_CACHE_SIZE='lots': expected a byte count" \
+        in r.stderr, r.stderr[-3000:]
+    _close(got, want)
