@@ -21,6 +21,8 @@ op through the Python runtime and against TensorFlow, in one Python process.
    throughput ratio 8 callers / 1. The CNN twice: one call per tf.function (a caller
    waits for each result) and 8 independent calls per tf.function (TensorFlow's executor
    may run them side by side, so "1 caller" is already 8 calls in flight).
+   2b (unless --skip-c-host): the tiny model and the small CNN in a host without Python,
+   examples/c/tf_saved_model.c -T 8 (one session, TF_SessionRun from 1 and 8 threads).
 3. Pipelining, at the runtime level: four chained 64x1024 @ 1024x1024 matmuls compiled
    with pipeline_cores=2 on a 2-core device (one host thread per core, group size 2)
    against the same graph compiled for one core on a 1-core group (groups `1,1`, one
@@ -227,6 +229,43 @@ def tiny_and_cnn(args: argparse.Namespace, tmp: Path) -> None:
             one, eight = rates[f"{k}|1"], rates[f"{k}|8"]
             print(f"   {label:<20} {k:<15} 1 caller {one:9.0f} calls/s, 8 callers {eight:9.0f}"
                   f" calls/s: {eight / one:.2f}x")
+    if not args.skip_c_host:
+        c_host_concurrency(args, tmp, {"tiny": (tiny_out, tiny_src),
+                                       "small CNN": (cnn_out, cnn_src)})
+
+
+def c_host_concurrency(args: argparse.Namespace, tmp: Path,
+                       models: dict[str, tuple[str, str]]) -> None:
+    """Figure 2 in a host without Python: examples/c/tf_saved_model.c -T 8, one session
+    called by 1 and by 8 threads (TF_SessionRun), the compiled model alternating with the
+    original, each model's rounds' ratios' median. No GIL and no tf.function call between
+    the callers and the NeuronOp: what is left is TensorFlow's session and our runtime."""
+    from neuronish import native_op_library
+    from tests.neuronish.test_op_library_c import _build_program, _run
+    from tests.neuronish.test_op_library_c import _signature as graph_names
+
+    program, library = _build_program(tmp / "tf_saved_model"), str(native_op_library.build())
+    print(f"\n2b. the same in a host without Python (examples/c/tf_saved_model.c -T 8: one "
+          f"session, TF_SessionRun from 1 and from 8 threads, {args.seconds} s per round, "
+          f"5 rounds, compiled and original alternating):")
+    for label, (compiled, original) in models.items():
+        ins, outs = graph_names(Path(compiled))
+        base_ins, base_outs = graph_names(Path(original))
+        assert ins == base_ins, (ins, base_ins)
+        [(key, x)] = ins.items()
+        shape = "1,16" if label == "tiny" else "1,64,64,3"
+        r = _run(program, "-l", library, "-T", "8", "-S", str(args.seconds), "-B", original,
+                 compiled, f"{x}=float32:{shape}", "--", *outs.values(), "--",
+                 *base_outs.values())
+        if r.returncode != 0:
+            print(f"   {label}: failed: {r.stderr[-1500:]}")
+            continue
+        rows = {line.split()[1]: line.split() for line in r.stdout.splitlines()
+                if line.startswith("calls_per_s ")}
+        for who, path in (("C runtime", compiled), ("TensorFlow", original)):
+            _, _, _, one, _, many, _, ratio = rows[path]
+            print(f"   {label:<20} {who:<15} 1 thread {float(one):9.0f} calls/s, 8 threads "
+                  f"{float(many):9.0f} calls/s: {float(ratio):.2f}x")
 
 
 def pipeline(args: argparse.Namespace) -> None:

@@ -1,8 +1,8 @@
 /* Run a compiled SavedModel from TensorFlow's C API, without Python (C99).
  *
  *   tf_saved_model [-l OP_LIBRARY]... [-i INPUTS.bin] [-o OUTPUTS.bin] [-n CALLS]
- *                  [-B BASELINE_DIR] MODEL_DIR INPUT=DTYPE:D0,D1,... ... -- OUTPUT ...
- *                  [-- BASELINE_OUTPUT ...]
+ *                  [-T THREADS [-S SECONDS]] [-B BASELINE_DIR]
+ *                  MODEL_DIR INPUT=DTYPE:D0,D1,... ... -- OUTPUT ... [-- BASELINE_OUTPUT ...]
  *
  * Loads each OP_LIBRARY with TF_LoadLibrary (`neuronish op-library` prints the path of
  * the one whose NeuronOp calls the C runtime), then MODEL_DIR with
@@ -17,9 +17,14 @@
  * -B, a second SavedModel (the original, say) with the same input names is loaded too,
  * its outputs named after a second `--` (compiling renames them), and the two are called
  * alternately, CALLS times each, and both medians printed.
+ * -T THREADS measures throughput: the call made in a loop by one thread, then by THREADS
+ * threads at once (one session, as a server's request threads share one), SECONDS (default
+ * 1) each, five rounds, alternating with the baseline's; it prints each model's median calls
+ * per second with one thread and with THREADS, and the median of the rounds' ratios.
  * Exit status 0 on success, 1 with TensorFlow's message on stderr, 2 on bad usage.
  */
-#define _POSIX_C_SOURCE 199309L
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +39,8 @@
 static int usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [-l OP_LIBRARY]... [-i INPUTS.bin] [-o OUTPUTS.bin] [-n CALLS] "
-          "[-B BASELINE_DIR] MODEL_DIR INPUT=DTYPE:D0,D1,... ... -- OUTPUT ... "
+          "[-T THREADS [-S SECONDS]] [-B BASELINE_DIR] MODEL_DIR INPUT=DTYPE:D0,D1,... ... -- "
+          "OUTPUT ... "
           "[-- BASELINE_OUTPUT ...]\n",
           argv0);
   return 2;
@@ -171,9 +177,79 @@ static int run(Model *m, TF_Tensor **ins, int n_in, TF_Tensor **results, int n_o
   return TF_GetCode(status) == TF_OK ? 0 : fail("running the model", status);
 }
 
+/* Throughput: `threads` threads call `m` in a loop for `seconds`; calls per second. */
+typedef struct {
+  Model *m;
+  TF_Tensor **ins;
+  int n_in, n_out;
+  volatile int *stop;
+  long calls;
+  int failed;
+} Caller;
+
+static void *call_in_loop(void *arg) {
+  Caller *c = arg;
+  TF_Status *status = TF_NewStatus();
+  TF_Tensor *results[MAX_TENSORS] = {0};
+  while (!*c->stop && !c->failed) {
+    c->failed = run(c->m, c->ins, c->n_in, results, c->n_out, status);
+    ++c->calls;
+  }
+  for (int i = 0; i < c->n_out; ++i)
+    if (results[i]) TF_DeleteTensor(results[i]);
+  TF_DeleteStatus(status);
+  return NULL;
+}
+
+static double calls_per_second(Model *m, TF_Tensor **ins, int n_in, int n_out, int threads,
+                               double seconds) {
+  Caller callers[64];
+  pthread_t ids[64];
+  volatile int stop = 0;
+  double t0 = now_us();
+  for (int t = 0; t < threads; ++t) {
+    callers[t] = (Caller){m, ins, n_in, n_out, &stop, 0, 0};
+    if (pthread_create(&ids[t], NULL, call_in_loop, &callers[t]) != 0) return -1;
+  }
+  struct timespec wait = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
+  nanosleep(&wait, NULL);
+  stop = 1;
+  long calls = 0;
+  int failed = 0;
+  for (int t = 0; t < threads; ++t) {
+    pthread_join(ids[t], NULL);
+    calls += callers[t].calls;
+    failed |= callers[t].failed;
+  }
+  return failed ? -1 : calls / ((now_us() - t0) / 1e6);
+}
+
+/* Five rounds of one thread then `threads`, each model in turn; prints the medians. */
+static int throughput(Model **models, const char **names, int n_models, TF_Tensor **ins,
+                      int n_in, int n_out, int threads, double seconds) {
+  enum { kRounds = 5 };
+  double one[2][kRounds], many[2][kRounds], ratio[2][kRounds];
+  for (int m = 0; m < n_models; ++m) /* warm: every thread's first call */
+    if (calls_per_second(models[m], ins, n_in, n_out, threads, 0.2) < 0) return 1;
+  for (int r = 0; r < kRounds; ++r) {
+    for (int m = 0; m < n_models; ++m) {
+      one[m][r] = calls_per_second(models[m], ins, n_in, n_out, 1, seconds);
+      many[m][r] = calls_per_second(models[m], ins, n_in, n_out, threads, seconds);
+      if (one[m][r] < 0 || many[m][r] < 0) return 1;
+      ratio[m][r] = many[m][r] / one[m][r];
+    }
+  }
+  for (int m = 0; m < n_models; ++m) {
+    printf("calls_per_s %s 1 %.0f %d %.0f ratio %.3f\n", names[m], median(one[m], kRounds),
+           threads, median(many[m], kRounds), median(ratio[m], kRounds));
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *feed_path = NULL, *out_path = NULL, *baseline = NULL;
-  int calls = 0, argi = 1;
+  int calls = 0, threads = 0, argi = 1;
+  double seconds = 1.0;
   TF_Status *status = TF_NewStatus();
   for (; argi < argc && argv[argi][0] == '-' && argv[argi][1] && !argv[argi][2]; argi += 2) {
     if (argi + 1 >= argc) return usage(argv[0]);
@@ -188,6 +264,8 @@ int main(int argc, char **argv) {
       case 'i': feed_path = value; break;
       case 'o': out_path = value; break;
       case 'n': calls = atoi(value); break;
+      case 'T': threads = atoi(value); break;
+      case 'S': seconds = atof(value); break;
       case 'B': baseline = value; break;
       default: return usage(argv[0]);
     }
@@ -217,7 +295,10 @@ int main(int argc, char **argv) {
     if (n_base == MAX_TENSORS) return usage(argv[0]);
     base_names[n_base++] = argv[argi];
   }
-  if (n_out == 0 || (baseline && n_base != n_out)) return usage(argv[0]);
+  if (n_out == 0 || (baseline && n_base != n_out) || threads < 0 || threads > 64 ||
+      !(seconds > 0)) {
+    return usage(argv[0]);
+  }
 
   if (feed_path) {
     FILE *feed = fopen(feed_path, "rb");
@@ -283,6 +364,12 @@ int main(int argc, char **argv) {
     printf("median_us %s %.2f\n", model_dir, median(times, calls));
     if (baseline) printf("median_us %s %.2f\n", baseline, median(times + calls, calls));
     free(times);
+  }
+
+  if (threads > 0) {
+    Model *models[2] = {&model, &base};
+    const char *names[2] = {model_dir, baseline};
+    if (throughput(models, names, baseline ? 2 : 1, ins, n_in, n_out, threads, seconds)) return 1;
   }
 
   for (int i = 0; i < n_out; ++i) {
