@@ -123,9 +123,10 @@ class Handle:
         self.fallback = fallback
         self.runner = None  # fallback.GraphRunner once the op runs on TensorFlow
         self.shapes = None  # shape_specialize.ShapeTable for an op with free dimensions
-        # A model on the C runtime the op stopped using (it fell back): kept loaded until
-        # the op unloads, since the kernel's threads may still be inside a call on it.
-        self._retired: Model | native_model.NativeModel | None = None
+        # Models on the C runtime the op stopped using (it fell back, or failed cores took
+        # every copy and it loaded again): kept loaded until the op unloads, since the
+        # kernel's threads may still be inside a call on one.
+        self._retired: list[Model | native_model.NativeModel] = []
         self._unloaded = False
         self._lock = threading.Lock()
 
@@ -137,8 +138,8 @@ class Handle:
                     self.shapes.unload_all()
                 elif self.model is not None:
                     self.model.unload()
-                if self._retired is not None:
-                    self._retired.unload()
+                for retired in self._retired:
+                    retired.unload()
                 if self.runner is not None:
                     self.runner.close()
 
@@ -149,11 +150,37 @@ class Handle:
         self.tensorflow_runner()
         with self._lock:
             if isinstance(self.model, native_model.NativeModel):
-                self._retired = self.model
+                self._retired.append(self.model)
             elif self.model is not None:
                 self.model.unload()
             self.model = None
         fallback.record_fallback(self.op_id, reason)
+
+    def load_again(self, lost: Model | native_model.NativeModel) -> bool:
+        """Failed cores retired every copy of `lost`, the op's model: load its executable
+        again onto the cores that still work (as many copies as model_config wants and fit).
+        True if the op has a model on the device now (loaded here, or by another thread
+        that got here first); False if no working core can take it."""
+        with self._lock:
+            if self._unloaded or self.model is not lost:
+                return self.model is not None and not self._unloaded
+            try:
+                if isinstance(lost, native_model.NativeModel):
+                    again = lost.load_again(_duplicates_wanted(self.config))
+                else:
+                    again = load_model(lost.exe, self.config)
+                    again.label = lost.label
+            except (DeviceError, MemoryError) as e:
+                logging.getLogger(__name__).warning(
+                    "NeuronOp '%s': failed cores took every copy of its model, and loading "
+                    "it again failed: %s", self.node_name, e)
+                return False
+            self._retired.append(lost)
+            self.model = again
+        logging.getLogger(__name__).warning(
+            "NeuronOp '%s': failed cores took every copy of its model; loaded it again on "
+            "core group(s) %s", self.node_name, again.core_groups)
+        return True
 
     @property
     def native_entry(self) -> tuple[int, int] | None:
@@ -408,29 +435,45 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
         return
     model = handle.model
     if model is not None:
+        ins, outs = [np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs]
         try:
-            ins, outs = [np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs]
-            if not profiler.active():  # (the common case, kept free of the span's cost)
-                model.run_list(ins, out=outs, timeout=handle.timeout, cancel=cancel)
-                return
-            with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
-                model.run_list(ins, out=outs, timeout=handle.timeout, cancel=cancel)
+            _run_on(handle, model, ins, outs, cancel)
             return
         except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
             raise  # (a call past its deadline, or given up, is not retried on TensorFlow)
         except (DeviceError, MemoryError) as e:
-            from neuronish import fallback
-
-            if handle.fallback is None or not fallback.fallback_enabled():
+            error: BaseException = e
+        # Failed cores took every copy: the model is loaded again on the working cores and
+        # the call made there (once), before the fallback has a say.
+        if model.lost and handle.load_again(model) and handle.model is not None:
+            try:
+                _run_on(handle, handle.model, ins, outs, cancel)
+                return
+            except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
                 raise
-            fallback.run_failed_call(handle, e, inputs, outputs,
-                                     Cutoff.of(handle.timeout, cancel))
-            return
+            except (DeviceError, MemoryError) as e:
+                error = e
+        from neuronish import fallback
+
+        if handle.fallback is None or not fallback.fallback_enabled():
+            raise error
+        fallback.run_failed_call(handle, error, inputs, outputs,
+                                 Cutoff.of(handle.timeout, cancel))
+        return
     from neuronish.fallback import count_call
 
     count_call(handle.op_id)
     handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs],
                       Cutoff.of(handle.timeout, cancel))
+
+
+def _run_on(handle: Handle, model: Model | native_model.NativeModel, ins: list[np.ndarray],
+            outs: list[np.ndarray], cancel: bytearray | None) -> None:
+    if not profiler.active():  # (the common case, kept free of the span's cost)
+        model.run_list(ins, out=outs, timeout=handle.timeout, cancel=cancel)
+        return
+    with profiler.span(f"NeuronOp {handle.node_name}", "tf"):  # TF's side of the call
+        model.run_list(ins, out=outs, timeout=handle.timeout, cancel=cancel)
 
 
 def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],

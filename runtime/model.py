@@ -124,6 +124,11 @@ class Model(Calls):
     def core_groups(self) -> list[tuple[int, ...]]:
         return [r.cores for r in self._reservations]
 
+    @property
+    def lost(self) -> bool:
+        """Whether failed cores took every copy (the device lost the model: `fail`)."""
+        return self._failure is not None
+
     # -- calls -----------------------------------------------------------------
     @profiler.traced_call
     def run_list(self, values: list[object], out: list[np.ndarray] | None = None, *,

@@ -240,7 +240,7 @@ class NeuronOpNativeKernel : public OpKernel {
   ~NeuronOpNativeKernel() override {
     shapes_.reset();  // (its compile thread stops; its executables go)
     nr_model_unload(model_.load());
-    nr_model_unload(retired_);
+    for (nr_model* m : retired_) nr_model_unload(m);
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -594,11 +594,20 @@ class NeuronOpNativeKernel : public OpKernel {
     nr_model* model = model_.load(std::memory_order_acquire);
     if (!model) return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
     char error[kErrorSize];
-    const nr_status s = nr_execute_with(model, ins, n_in, outs, outputs.size(), &options, error,
-                                        sizeof error);
+    nr_status s = nr_execute_with(model, ins, n_in, outs, outputs.size(), &options, error,
+                                  sizeof error);
     // (Before any message is built: on success `error` was never written, and building
     // one cost every call a few string allocations.)
     if (s == NR_OK) return absl::OkStatus();
+    if (s == NR_DEVICE_ERROR) {
+      // Failed cores took every copy: the model is loaded again on the cores that still
+      // work and the call made there (once), before the fallback has a say.
+      if (nr_model* again = LoadAgain(model)) {
+        model = again;
+        s = nr_execute_with(model, ins, n_in, outs, outputs.size(), &options, error, sizeof error);
+        if (s == NR_OK) return absl::OkStatus();
+      }
+    }
     const absl::Status failed = FromRuntime(s, Where(), error);
     if ((s != NR_EXECUTION_ERROR && s != NR_DEVICE_ERROR) || !FallbackEnabled()) return failed;
     {
@@ -608,11 +617,80 @@ class NeuronOpNativeKernel : public OpKernel {
       // calls go straight to TensorFlow. The model stays loaded until the kernel goes
       // (other calls may be inside it).
       if (s == NR_DEVICE_ERROR && model_.load(std::memory_order_relaxed) == model) {
-        retired_ = model;
+        retired_.push_back(model);
         model_.store(nullptr, std::memory_order_release);
       }
     }
     return RunFallback(ctx, outputs, options.deadline_ns, options.cancel);
+  }
+
+  // Whether failed cores retired every copy of `model` (each copy has a failed core).
+  bool EveryCopyLost(const nr_model* model) const {
+    for (size_t c = 0; c < nr_model_duplicates(model); ++c) {
+      nr_copy_info copy;
+      if (nr_model_copy(model, c, &copy) != NR_OK) return false;
+      bool failed = false;
+      for (size_t k = 0; k < copy.num_cores && !failed; ++k) {
+        nr_core_state state = NR_CORE_WORKING;
+        failed = nr_device_core_state(device_, copy.cores[k], &state, nullptr, 0) == NR_OK &&
+                 state == NR_CORE_FAILED;
+      }
+      if (!failed) return false;
+    }
+    return true;
+  }
+
+  // `lost`, the op's model, refused a call with a device error: if failed cores took every
+  // copy, its executable is loaded again onto the cores that still work (as many copies as
+  // model_config wants and fit; the device's loads avoid failed cores) and becomes the op's
+  // model. The op's model now (another caller's reload, or this one), or null: none of the
+  // working cores can take it, or the error was something else.
+  nr_model* LoadAgain(nr_model* lost) {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    nr_model* now = model_.load(std::memory_order_relaxed);
+    if (now != lost) return now;
+    nr_model* again = LoadedAgain(lost, "its model");
+    if (!again) return nullptr;
+    nr_model_set_label(again, a_.node.c_str());  // (its name in profiles and neuronish ls)
+    retired_.push_back(lost);  // (other callers may still be inside it: unloaded with the op)
+    model_.store(again, std::memory_order_release);
+    return again;
+  }
+
+  // `lost`'s executable (`what`, in messages) loaded anew, if failed cores took every copy
+  // of it and the working cores can take it (as many copies as model_config wants and fit;
+  // the device's loads avoid failed cores); else null. Warns either way (once if it fails).
+  // Called under load_mu_ (the static op) or the shape table's lock (a shape's).
+  nr_model* LoadedAgain(nr_model* lost, const char* what) {
+    if (!EveryCopyLost(lost)) return nullptr;
+    const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
+                                                                : -1;
+    char error[kErrorSize];
+    nr_model* again = nullptr;
+    nr_status s = NR_DEVICE_ERROR;
+    for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
+      s = nr_model_load(device_, nr_model_executable(lost), static_cast<uint32_t>(dups), &again,
+                        error, kErrorSize);
+      if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
+    }
+    if (s != NR_OK) {
+      if (!warned_load_again_.exchange(true)) {  // (each call tries again: said once)
+        LOG(WARNING) << Where() << "failed cores took every copy of " << what
+                     << ", and loading it again failed: " << error;
+      }
+      return nullptr;
+    }
+    std::string groups;
+    for (size_t c = 0; c < nr_model_duplicates(again); ++c) {
+      nr_copy_info copy;
+      if (nr_model_copy(again, c, &copy) != NR_OK) continue;
+      absl::StrAppend(&groups, c ? ", " : "", "[");
+      for (size_t k = 0; k < copy.num_cores; ++k) absl::StrAppend(&groups, k ? ", " : "", copy.cores[k]);
+      groups += "]";
+    }
+    LOG(WARNING) << Where() << "failed cores took every copy of " << what
+                 << "; loaded it again on core group(s) " << groups;
+    return again;
   }
 
   // A call of an op with free dimensions: on the executable for its shape (compiled at
@@ -671,10 +749,20 @@ class NeuronOpNativeKernel : public OpKernel {
     const CallViews call(ctx, a_, outputs, DeviceDtype);
     const int n_in = a_.NumTensorInputs();
     char error[kErrorSize];
-    const nr_status s = nr_execute_with(entry->model, call.views.data(), n_in,
-                                        call.views.data() + n_in, outputs.size(), &options,
-                                        error, sizeof error);
+    nr_model* model = entry->model.load();
+    nr_status s = nr_execute_with(model, call.views.data(), n_in, call.views.data() + n_in,
+                                  outputs.size(), &options, error, sizeof error);
     if (s == NR_OK) return absl::OkStatus();
+    if (s == NR_DEVICE_ERROR) {  // (as in Execute: failed cores took every copy)
+      nr_model* again = table->LoadAgain(entry, model, [this](nr_model* lost) {
+        return LoadedAgain(lost, "the executable of the call's shape");
+      });
+      if (again) {
+        s = nr_execute_with(again, call.views.data(), n_in, call.views.data() + n_in,
+                            outputs.size(), &options, error, sizeof error);
+        if (s == NR_OK) return absl::OkStatus();
+      }
+    }
     const absl::Status failed = FromRuntime(s, Where(), error);
     if ((s != NR_EXECUTION_ERROR && s != NR_DEVICE_ERROR) || !fallback) return failed;
     return RunOnTensorFlow(ctx, std::string(failed.message()), options);
@@ -728,10 +816,11 @@ class NeuronOpNativeKernel : public OpKernel {
   nr_device* device_ = nullptr;             // the process's device, set by the first load
   std::atomic<bool> ready_{false};          // loaded, on the device or the fallback
   std::atomic<nr_model*> model_{nullptr};  // owned; null: the fallback runs every call
-  nr_model* retired_ = nullptr;  // owned: the model the device lost (under load_mu_)
+  std::vector<nr_model*> retired_;  // owned: models the device lost (under load_mu_)
   std::unique_ptr<Fallback> fallback_;      // set once, under load_mu_
   std::atomic<bool> fallback_ready_{false};
   bool warned_tensorflow_ = false;          // (under load_mu_)
+  std::atomic<bool> warned_load_again_{false};
   // With free dimensions: the attr read, and the executables by shape (set once loaded).
   DynamicSpec spec_;
   // Per spec_.stored: its file's path, or why it was not found.

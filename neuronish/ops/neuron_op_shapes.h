@@ -86,7 +86,8 @@ class ShapeTable {
  public:
   // One executable loaded, with its outputs' signature (valid until it is unloaded).
   struct Entry {
-    nr_model* model = nullptr;
+    // (atomic: LoadAgain replaces it, under the lock, while calls read it without)
+    std::atomic<nr_model*> model{nullptr};
     std::vector<nr_tensor_info> outputs;
     int running = 0;
     uint64_t used = 0;
@@ -138,7 +139,8 @@ class ShapeTable {
     }
     stop_.store(true);
     if (worker_.joinable()) worker_.join();
-    for (auto& [key, entry] : entries_) nr_model_unload(entry->model);
+    for (auto& [key, entry] : entries_) nr_model_unload(entry->model.load());
+    for (nr_model* m : retired_) nr_model_unload(m);
   }
 
   // Why a call at `shapes` is outside the op's bounds; empty if it is within.
@@ -218,6 +220,25 @@ class ShapeTable {
     for (nr_model* m : gone) nr_model_unload(m);
   }
 
+  // `lost`, `entry`'s model, refused a call with a device error: `again` (the kernel's)
+  // loads its executable anew onto the cores that still work if failed cores took every
+  // copy, or returns null. The entry's model now (another caller's reload, or this one), or
+  // null. `lost` stays loaded (calls may be inside it) until the table goes.
+  nr_model* LoadAgain(Entry* entry, nr_model* lost,
+                      const std::function<nr_model*(nr_model*)>& again) {
+    std::lock_guard<std::mutex> lock(mu_);
+    nr_model* now = entry->model.load();
+    if (now != lost) return now;
+    nr_model* fresh = again(lost);
+    if (!fresh) return nullptr;
+    for (const auto& [key, held] : entries_) {
+      if (held.get() == entry) nr_model_set_label(fresh, Label(key).c_str());
+    }
+    retired_.push_back(lost);
+    entry->model.store(fresh);
+    return fresh;
+  }
+
   // The label of the executable a call at `shapes` wants (`neuron_op_0@4x128;4x128`).
   std::string LabelFor(const Shapes& shapes) const { return Label(KeyFor(shapes)); }
 
@@ -262,7 +283,7 @@ class ShapeTable {
 
   void Insert(const Key& key, nr_model* model) {
     auto entry = std::make_unique<Entry>();
-    entry->model = model;
+    entry->model.store(model);
     const nr_executable* exe = nr_model_executable(model);
     for (size_t i = 0; i < nr_executable_num_tensors(exe, NR_OUTPUT); ++i) {
       nr_tensor_info info;
@@ -479,7 +500,7 @@ class ShapeTable {
         }
       }
       if (oldest == entries_.end()) break;
-      gone.push_back(oldest->second->model);
+      gone.push_back(oldest->second->model.load());
       entries_.erase(oldest);
     }
     return gone;
@@ -509,6 +530,7 @@ class ShapeTable {
   std::set<Key> loading_;  // stored executables being loaded
   std::deque<Key> queue_;
   std::map<Key, absl::Status> failed_;  // not compiled again
+  std::vector<nr_model*> retired_;  // replaced by LoadAgain; unloaded with the table
   uint64_t clock_ = 0;
   bool closed_ = false;
   bool working_ = false;

@@ -195,6 +195,11 @@ class NativeModel(Calls):
         return len(self.core_groups)
 
     @property
+    def lost(self) -> bool:
+        """Whether failed cores retired every copy (calls then fail with DeviceError)."""
+        return bool(self._model.handle) and self.duplicates == 0
+
+    @property
     def entry(self) -> tuple[int, int] | None:
         """(nr_model*, nr_execute_with's address): what the kernel calls without the GIL;
         None once unloaded."""
@@ -222,6 +227,22 @@ class NativeModel(Calls):
         except Exception as e:  # noqa: BLE001 - re-raised as the runtime's error
             raise_from(e)
             raise  # (unreachable: raise_from raises)
+
+    def load_again(self, duplicates: int) -> NativeModel:
+        """Its executable loaded again as a new model, with as many copies as fit, up to
+        `duplicates`: what a host does when failed cores retired every copy of this one
+        (the load avoids failed cores). DeviceError (or OutOfDeviceMemory) if none fits."""
+        from .binding import CRuntimeError, Model
+
+        for n in range(max(1, duplicates), 0, -1):
+            try:
+                return NativeModel(Model(self._model.device, None, n, source=self._model),
+                                   self.label)
+            except CRuntimeError as e:
+                if e.status in _TOO_FEW_CORES_OR_MEMORY and n > 1:
+                    continue
+                raise_from(e)
+        raise AssertionError("unreachable: the last attempt raised")
 
     def unload(self) -> None:
         _loaded.discard(self)  # (first: a snapshot lists it no more, then waits for one

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -327,3 +328,113 @@ def test_c_host_with_failed_cores_in_its_environment(compiled: tuple[str, Path],
     assert "cannot open the neuronish device: NEURONISH_FAILED_CORES='core 1': expected " \
            "visible cores separated by commas" in r.stderr
     assert "got 'core 1' (invalid configuration)" in r.stderr
+
+
+# -- failed cores took every copy, other cores work: the model is loaded again there ------
+
+@pytest.fixture(scope="module")
+def one_copy(compiled: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compiled model with model_config's max_num_duplicates = 1: on a 2-core device its
+    one copy leaves a core free."""
+    from tests.neuronish.test_op_library_c import _set_neuron_op_attr
+
+    out = tmp_path_factory.mktemp("one_copy") / "compiled"
+    shutil.copytree(compiled[1], out)
+
+    def one(attrs: Any) -> None:  # noqa: ANN401 (a protobuf map)
+        attrs["model_config"].list.i[2] = 1  # [.., .., max_num_duplicates, timeout_s, ..]
+
+    assert _set_neuron_op_attr(out, one) == 1
+    return out
+
+
+_PYTHON_HOST_LOAD_AGAIN = r"""
+import gc, json, logging, sys, warnings
+import numpy as np
+import neuronish
+import tensorflow as tf
+from neuronish import fallback, kernel_bridge
+from neuronish.runtime import get_device
+logged = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        logged.append(record.getMessage())
+logging.getLogger("neuronish.kernel_bridge").addHandler(Keep())
+model = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+x = np.load(sys.argv[2])
+out = {"outs": {}, "errors": [], "groups": []}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for step, batch in enumerate((1, 3, 1)):
+        try:
+            out["outs"][f"{step}:{batch}"] = model(x=tf.constant(x[:batch]))["y"].numpy().tolist()
+        except tf.errors.OpError as e:
+            out["errors"].append([type(e).__name__, e.message])
+        [handle] = [h for h in gc.get_objects() if isinstance(h, kernel_bridge.Handle)]
+        live = [handle.model] if handle.model is not None else []
+        out["runtime"] = type(handle.model).__name__ if live else out.get("runtime")
+        out["groups"].append([list(g) for m in live for g in m.core_groups])
+        if step < 2 and live:  # the core under the op's one copy fails
+            [[core]] = live[0].core_groups
+            get_device().fail_core(core, "simulated hardware error")
+out["counts"] = fallback.fallback_counts()
+out["warnings"] = [str(w.message) for w in caught if w.category is fallback.FallbackWarning]
+out["logged"] = logged
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("kernel,runtime", [("", "NativeModel"), ("python", "Model")],
+                         ids=["c-runtime", "python-runtime"])
+def test_python_host_loads_the_model_again_on_the_core_left(
+        compiled: tuple[str, Path], one_copy: Path, tmp_path: Path, kernel: str,
+        runtime: str) -> None:
+    """One copy on a 2-core device; its core fails: the next call loads the model on the
+    other core and runs there (no fallback); that core fails too: TensorFlow. On either
+    runtime."""
+    src, _ = compiled
+    x = _inputs(tmp_path)
+    r = subprocess.run([sys.executable, "-c", _PYTHON_HOST_LOAD_AGAIN, str(one_copy),
+                        str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "NEURONISH_NUM_CORES": "2", "NEURONISH_KERNEL": kernel})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["runtime"] == runtime, got
+    want = _expected(src, x)
+    assert got["errors"] == [], got["errors"]
+    for key, values in got["outs"].items():
+        np.testing.assert_allclose(np.array(values, np.float32), want[key.split(":")[1]],
+                                   rtol=1e-5, atol=1e-5)
+    first, second, third = got["groups"]
+    assert len(first) == 1 and second == [[1 - first[0][0]]], got["groups"]
+    assert third == [], got["groups"]  # (the last call ran on TensorFlow)
+    assert len(got["logged"]) == 2, got["logged"]
+    assert "failed cores took every copy of its model; loaded it again on core group(s) " \
+           f"[({second[0][0]},)]" in got["logged"][0]
+    assert "loading it again failed" in got["logged"][1]
+    ((_, count),) = got["counts"].items()
+    assert count["calls"] == 1, count  # only the last call: the split one ran on the device
+    assert len(got["warnings"]) == 1
+
+
+def test_native_kernel_loads_the_model_again_on_the_core_left(
+        compiled: tuple[str, Path], one_copy: Path, native_host: tuple[Path, Path, Path],
+        tmp_path: Path) -> None:
+    """The Python-free kernel, fallback off: its one copy's core fails after the first call
+    (core 0 or core 1: both runs, so one of them hits it); the next calls load it on the
+    other core and run there, matching TensorFlow."""
+    src, _ = compiled
+    x = _inputs(tmp_path)
+    seen = set()
+    for core in ("0", "1"):
+        got, stderr = _native_host(native_host, one_copy, tmp_path, core, NEURONISH_FALLBACK="0")
+        assert got["errors"] == [], got["errors"]
+        _assert_outputs(got["outs"], _expected(src, x))
+        if "failed cores took every copy of its model; loaded it again on core group(s) " \
+                f"[{1 - int(core)}]" in stderr:
+            seen.add(core)
+            # call 1, call 2 refused (no copy left), call 2 again on the new copy, call 3
+            assert got["executes"] == 4, got["executes"]
+        else:
+            assert "loaded it again" not in stderr and got["executes"] == 3, stderr[-2000:]
+    assert len(seen) == 1, seen  # (the copy was on exactly one of the two cores)
