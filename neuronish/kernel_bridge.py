@@ -493,17 +493,31 @@ def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[obje
     # The call's deadline began in output_shapes (it may have waited for a compile).
     timeout = None if cutoff is None or cutoff.deadline is None else \
         max(0.0, cutoff.deadline - time.monotonic())
+    model = chosen.model  # type: ignore[union-attr]
     try:
-        chosen.model.run_list(ins, out=outs, timeout=timeout,  # type: ignore[union-attr]
-                              cancel=cancel)
-    except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
-        raise
-    except (DeviceError, MemoryError) as e:
+        try:
+            model.run_list(ins, out=outs, timeout=timeout, cancel=cancel)
+            return
+        except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
+            raise
+        except (DeviceError, MemoryError) as e:
+            error: BaseException = e
+        # Failed cores took every copy of the shape's executable: loaded again on the
+        # working cores and the call made there (once), as `run` does.
+        again = handle.shapes.load_again(chosen, model) if model.lost else None  # type: ignore[union-attr, arg-type]
+        if again is not None:
+            try:
+                again.run_list(ins, out=outs, timeout=timeout, cancel=cancel)
+                return
+            except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
+                raise
+            except (DeviceError, MemoryError) as e:
+                error = e
         from neuronish.fallback import fallback_enabled
 
         if handle.fallback is None or not fallback_enabled():
-            raise
-        results = _on_tensorflow(handle, ins, f"{type(e).__name__}: {e}",
+            raise error
+        results = _on_tensorflow(handle, ins, f"{type(error).__name__}: {error}",
                                  Cutoff.of(timeout, cancel))
         for r, o in zip(results, outs, strict=True):
             np.copyto(o, r, casting="no")

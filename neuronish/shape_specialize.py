@@ -41,6 +41,7 @@ No TensorFlow here (the fallback imports it only when it runs).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -198,6 +199,8 @@ class ShapeTable:
         self._pending: dict[tuple, threading.Event] = {}  # queued or compiling
         self._queue: deque[tuple] = deque()
         self._failed: dict[tuple, BaseException] = {}  # not compiled again
+        # Models load_again replaced: kept loaded (calls may be inside one) until unload_all.
+        self._retired: list[Model] = []
         self._worker: threading.Thread | None = None
         self._idle = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
@@ -260,8 +263,9 @@ class ShapeTable:
             self._closed = True
             self._queue.clear()
             entries, self._entries = list(self._entries.values()), OrderedDict()
-        for entry in entries:
-            entry.model.unload()
+            retired, self._retired = self._retired, []
+        for model in [e.model for e in entries] + retired:
+            model.unload()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no shape is queued or compiling; False if `timeout` passed first."""
@@ -342,6 +346,31 @@ class ShapeTable:
                       if s.batch_axis >= 0), None)
         return [[batch if d == s.batch_axis and batch is not None else n
                  for d, n in enumerate(s.shape)] for s in entry.exe.outputs]
+
+    def load_again(self, entry: _Entry, lost: Model) -> Model | None:
+        """Failed cores took every copy of `lost`, `entry`'s model: its executable is loaded
+        anew onto the cores that still work (the device's loads avoid failed ones) and is
+        the entry's model from now on. The entry's model now (another caller's reload, or
+        this one), or None if none of the working cores can take it."""
+        log = logging.getLogger("neuronish.kernel_bridge")
+        with self._lock:
+            if entry.model is not lost:
+                return entry.model
+            if self._closed:
+                return None
+            try:
+                again = self._load(entry.exe)
+            except (DeviceError, MemoryError) as e:
+                log.warning("NeuronOp '%s': failed cores took every copy of the executable "
+                            "of a shape, and loading it again failed: %s", self.node_name, e)
+                return None
+            again.label = lost.label
+            self._retired.append(lost)
+            entry.model = again
+        log.warning("NeuronOp '%s': failed cores took every copy of the executable of a "
+                    "shape; loaded it again on core group(s) %s", self.node_name,
+                    again.core_groups)
+        return again
 
     def done(self, entry: _Entry) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -438,3 +439,104 @@ def test_native_kernel_loads_the_model_again_on_the_core_left(
         else:
             assert "loaded it again" not in stderr and got["executes"] == 3, stderr[-2000:]
     assert len(seen) == 1, seen  # (the copy was on exactly one of the two cores)
+
+
+# -- the same for an op with free dimensions: a shape's executable loaded again ------------
+
+_SHAPES_HOST = r"""
+import ctypes, gc, json, logging, os, sys
+if sys.argv[1] != "-":  # the Python-free kernel, its device handed over by the shim
+    shim = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)
+    shim.shim_opened_device.restype = ctypes.c_void_p
+import numpy as np
+import tensorflow as tf
+if sys.argv[1] != "-":
+    assert "neuronish" not in sys.modules
+    tf.load_op_library(sys.argv[2])
+    runtime = ctypes.CDLL(sys.argv[3])
+    def fail(core):
+        error = ctypes.create_string_buffer(512)
+        device = ctypes.c_void_p(shim.shim_opened_device())
+        assert runtime.nr_device_fail_core(device, core, b"simulated hardware error", error,
+                                           512) == 0, error.value
+else:
+    import neuronish
+    from neuronish import kernel_bridge
+    from neuronish.runtime import get_device
+    logged = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logged.append(record.getMessage())
+    logging.getLogger("neuronish.kernel_bridge").addHandler(Keep())
+    def fail(core):
+        get_device().fail_core(core, "simulated hardware error")
+model = tf.saved_model.load(sys.argv[4]).signatures["serving_default"]
+x = np.random.default_rng(0).standard_normal((2, 7, 8)).astype(np.float32)
+out = {"outs": [], "errors": []}
+for step in range(3):
+    try:
+        out["outs"].append(model(x=tf.constant(x))["y"].numpy().tolist())
+    except tf.errors.OpError as e:
+        out["errors"].append([type(e).__name__, e.message])
+    if step == 0:
+        for core in map(int, sys.argv[5].split(",")):
+            fail(core)
+if sys.argv[1] == "-":
+    out["logged"] = logged
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def free_length(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(original, compiled) of a model whose sequence length is free; max_num_duplicates 1,
+    so each shape's executable has one copy and a 2-core device a free core."""
+    from tests.neuronish.test_op_library_c import _set_neuron_op_attr
+    from tests.neuronish.test_op_library_c_shapes import _Sequence
+
+    tmp = tmp_path_factory.mktemp("free_length")
+    src, out = tmp / "src", tmp / "compiled"
+    module = _Sequence()
+    tf.saved_model.save(module, str(src), signatures=module.__call__)
+    neuronish.saved_model.compile(str(src), str(out), batch_size=2)
+
+    def one(attrs: Any) -> None:  # noqa: ANN401 (a protobuf map)
+        attrs["model_config"].list.i[2] = 1
+
+    assert _set_neuron_op_attr(out, one) == 1
+    return src, out
+
+
+@pytest.mark.parametrize("host", ["python", "native"])
+def test_a_shapes_executable_is_loaded_again_on_the_core_left(
+        free_length: tuple[Path, Path], native_host: tuple[Path, Path, Path], host: str) -> None:
+    """A new length (compiled at run time, one copy), the fallback off: after the first
+    call one core fails, then the other is tried too. Whichever core the copy was on, the
+    calls go on matching TensorFlow: the shape's executable is loaded on the core left."""
+    src, out = free_length
+    x = np.random.default_rng(0).standard_normal((2, 7, 8)).astype(np.float32)
+    want = tf.saved_model.load(str(src)).signatures["serving_default"](x=tf.constant(x))["y"]
+    shim, op_library, runtime = native_host
+    reloaded = 0
+    for core in ("0", "1"):
+        args = [str(shim), str(op_library), str(runtime)] if host == "native" else ["-", "", ""]
+        r = subprocess.run([sys.executable, "-c", _SHAPES_HOST, *args, str(out), core],
+                           capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "NEURONISH_NUM_CORES": "2",
+                                "NEURONISH_FALLBACK": "0", "OMP_WAIT_POLICY": "passive",
+                                "TF_CPP_MIN_LOG_LEVEL": "1",
+                                "NEURONISH_CC": str(Path(sys.executable).parent / "neuronish-cc")})
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["errors"] == [], got["errors"]
+        assert len(got["outs"]) == 3
+        for values in got["outs"]:
+            np.testing.assert_allclose(np.array(values, np.float32), want.numpy(), rtol=1e-4,
+                                       atol=1e-4)
+        said = "\n".join(got.get("logged", [])) + r.stderr
+        if "failed cores took every copy of the executable of" in said:
+            # (Python prints the groups [(1,)], C [1])
+            again = re.search(r"loaded it again on core group\(s\) \[\(?(\d)\b", said)
+            assert again and int(again.group(1)) == 1 - int(core), said[-2000:]
+            reloaded += 1
+    assert reloaded == 1, "the shape's one copy was on exactly one of the two cores"
