@@ -47,6 +47,7 @@ import json
 import mmap
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import warnings
@@ -324,7 +325,19 @@ def compiler_identity(command: Sequence[str]) -> str | None:
         return None
     if done.returncode != 0 or not done.stdout.strip():
         return None
-    return json.dumps([list(command), done.stdout.decode(errors="replace").strip()])
+    return json.dumps([canonical_command(command), done.stdout.decode(errors="replace").strip()])
+
+
+def canonical_command(command: Sequence[str]) -> list[str]:
+    """`command` with its program as the key writes it: looked up on PATH (a word without a
+    slash), then its real path; the word itself if not found. The two hosts name the same
+    compiler differently (the venv's script by its path here, `neuronish-cc` on PATH in the
+    C host) and must key it the same."""
+    program = command[0]
+    found = shutil.which(program) if "/" not in program else program
+    if found is None or not os.path.exists(found):
+        return list(command)
+    return [os.path.realpath(found), *command[1:]]
 
 
 def _stable_graph_bytes(graph_def: bytes) -> bytes:

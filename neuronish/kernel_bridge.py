@@ -123,10 +123,11 @@ class Handle:
         self.fallback = fallback
         self.runner = None  # fallback.GraphRunner once the op runs on TensorFlow
         self.shapes = None  # shape_specialize.ShapeTable for an op with free dimensions
-        # Models on the C runtime the op stopped using (it fell back, or failed cores took
-        # every copy and it loaded again): kept loaded until the op unloads, since the
-        # kernel's threads may still be inside a call on one.
+        # Models the op stopped using (a C runtime model when it fell back; either kind when
+        # failed cores took every copy and it loaded again): kept loaded until the op
+        # unloads, since the kernel's threads may still be inside a call on one.
         self._retired: list[Model | native_model.NativeModel] = []
+        self._reload_failed = False  # load_again found no working core (not tried again)
         self._unloaded = False
         self._lock = threading.Lock()
 
@@ -156,14 +157,20 @@ class Handle:
             self.model = None
         fallback.record_fallback(self.op_id, reason)
 
-    def load_again(self, lost: Model | native_model.NativeModel) -> bool:
+    def load_again(self, lost: Model | native_model.NativeModel
+                   ) -> Model | native_model.NativeModel | None:
         """Failed cores retired every copy of `lost`, the op's model: load its executable
         again onto the cores that still work (as many copies as model_config wants and fit).
-        True if the op has a model on the device now (loaded here, or by another thread
-        that got here first); False if no working core can take it."""
+        The op's model on the device now (loaded here, or by another thread that got here
+        first); None if no working core can take it (not tried again: cores do not come
+        back) or the op left the device."""
         with self._lock:
-            if self._unloaded or self.model is not lost:
-                return self.model is not None and not self._unloaded
+            if self._unloaded:
+                return None
+            if self.model is not lost:
+                return self.model
+            if self._reload_failed:
+                return None
             try:
                 if isinstance(lost, native_model.NativeModel):
                     again = lost.load_again(_duplicates_wanted(self.config))
@@ -171,16 +178,18 @@ class Handle:
                     again = load_model(lost.exe, self.config)
                     again.label = lost.label
             except (DeviceError, MemoryError) as e:
+                self._reload_failed = True
                 logging.getLogger(__name__).warning(
                     "NeuronOp '%s': failed cores took every copy of its model, and loading "
-                    "it again failed: %s", self.node_name, e)
-                return False
+                    "it again failed: %s; its calls run on TensorFlow (with "
+                    "NEURONISH_FALLBACK=0 they fail)", self.node_name, e)
+                return None
             self._retired.append(lost)
             self.model = again
         logging.getLogger(__name__).warning(
             "NeuronOp '%s': failed cores took every copy of its model; loaded it again on "
             "core group(s) %s", self.node_name, again.core_groups)
-        return True
+        return again
 
     @property
     def native_entry(self) -> tuple[int, int] | None:
@@ -445,9 +454,10 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
             error: BaseException = e
         # Failed cores took every copy: the model is loaded again on the working cores and
         # the call made there (once), before the fallback has a say.
-        if model.lost and handle.load_again(model) and handle.model is not None:
+        again = handle.load_again(model) if model.lost else None
+        if again is not None:
             try:
-                _run_on(handle, handle.model, ins, outs, cancel)
+                _run_on(handle, again, ins, outs, cancel)
                 return
             except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
                 raise

@@ -159,6 +159,7 @@ def batch_for(calls: int, compiled: int) -> int:
 class _Entry:
     def __init__(self, model: Model, exe: Executable):
         self.model, self.exe, self.running, self.calls = model, exe, 0, 0
+        self.reload_failed = False  # load_again found no working core (not tried again)
 
 
 _tables: weakref.WeakSet[ShapeTable] = weakref.WeakSet()
@@ -201,6 +202,7 @@ class ShapeTable:
         self._failed: dict[tuple, BaseException] = {}  # not compiled again
         # Models load_again replaced: kept loaded (calls may be inside one) until unload_all.
         self._retired: list[Model] = []
+        self._reloading = threading.Lock()  # one load_again at a time, outside _lock
         self._worker: threading.Thread | None = None
         self._idle = threading.Condition(threading.Lock())
         self._lock = threading.Lock()
@@ -353,20 +355,26 @@ class ShapeTable:
         the entry's model from now on. The entry's model now (another caller's reload, or
         this one), or None if none of the working cores can take it."""
         log = logging.getLogger("neuronish.kernel_bridge")
-        with self._lock:
+        # (the device load outside _lock: other shapes' calls and compiles go on; the
+        # caller's `running` keeps the entry from eviction)
+        with self._reloading:
             if entry.model is not lost:
                 return entry.model
-            if self._closed:
+            if self._closed or entry.reload_failed:
                 return None
             try:
                 again = self._load(entry.exe)
             except (DeviceError, MemoryError) as e:
+                entry.reload_failed = True  # (cores do not come back: not tried every call)
                 log.warning("NeuronOp '%s': failed cores took every copy of the executable "
-                            "of a shape, and loading it again failed: %s", self.node_name, e)
+                            "of a shape, and loading it again failed: %s; its calls run on "
+                            "TensorFlow (with NEURONISH_FALLBACK=0 they fail)",
+                            self.node_name, e)
                 return None
             again.label = lost.label
-            self._retired.append(lost)
-            entry.model = again
+            with self._lock:
+                self._retired.append(lost)
+                entry.model = again
         log.warning("NeuronOp '%s': failed cores took every copy of the executable of a "
                     "shape; loaded it again on core group(s) %s", self.node_name,
                     again.core_groups)

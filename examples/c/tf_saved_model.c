@@ -20,7 +20,8 @@
  * -T THREADS measures throughput: the call made in a loop by one thread, then by THREADS
  * threads at once (one session, as a server's request threads share one), SECONDS (default
  * 1) each, five rounds, alternating with the baseline's; it prints each model's median calls
- * per second with one thread and with THREADS, and the median of the rounds' ratios.
+ * per second with one thread and with THREADS, and the median of the rounds' ratios. Each
+ * thread checks its last outputs against the first call's (THREADS from 1 to 64).
  * Exit status 0 on success, 1 with TensorFlow's message on stderr, 2 on bad usage.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -177,46 +178,68 @@ static int run(Model *m, TF_Tensor **ins, int n_in, TF_Tensor **results, int n_o
   return TF_GetCode(status) == TF_OK ? 0 : fail("running the model", status);
 }
 
-/* Throughput: `threads` threads call `m` in a loop for `seconds`; calls per second. */
+/* Throughput: `threads` threads call `m` in a loop until `deadline_us`; calls per second.
+ * Each thread checks its last outputs against `want` (the first call's): a race between
+ * concurrent calls would show as a failure, not as a figure. */
 typedef struct {
   Model *m;
-  TF_Tensor **ins;
+  TF_Tensor **ins, **want;
   int n_in, n_out;
-  volatile int *stop;
+  double deadline_us;
   long calls;
   int failed;
 } Caller;
+
+/* Whether `got` is `want` (float32 within 1e-5 relative: the engine may pick another thread
+ * count under load, and sum in another order; every other dtype exactly). */
+static int same_tensor(TF_Tensor *got, TF_Tensor *want) {
+  size_t bytes = TF_TensorByteSize(want);
+  if (TF_TensorType(got) != TF_TensorType(want) || TF_TensorByteSize(got) != bytes) return 0;
+  if (TF_TensorType(want) != TF_FLOAT) return memcmp(TF_TensorData(got), TF_TensorData(want), bytes) == 0;
+  const float *g = TF_TensorData(got), *w = TF_TensorData(want);
+  for (size_t k = 0; k < bytes / sizeof *w; ++k) {
+    float tolerance = 1e-5f * (1.0f + (w[k] < 0 ? -w[k] : w[k]));
+    if (!(g[k] - w[k] <= tolerance && w[k] - g[k] <= tolerance)) return 0;
+  }
+  return 1;
+}
 
 static void *call_in_loop(void *arg) {
   Caller *c = arg;
   TF_Status *status = TF_NewStatus();
   TF_Tensor *results[MAX_TENSORS] = {0};
-  while (!*c->stop && !c->failed) {
+  while (!c->failed && now_us() < c->deadline_us) {
     c->failed = run(c->m, c->ins, c->n_in, results, c->n_out, status);
     ++c->calls;
   }
-  for (int i = 0; i < c->n_out; ++i)
+  for (int i = 0; i < c->n_out; ++i) {
+    if (!c->failed && results[i] && !same_tensor(results[i], c->want[i])) {
+      fprintf(stderr, "tf_saved_model: a concurrent call's output %d differs from the first "
+              "call's\n", i);
+      c->failed = 1;
+    }
     if (results[i]) TF_DeleteTensor(results[i]);
+  }
   TF_DeleteStatus(status);
   return NULL;
 }
 
-static double calls_per_second(Model *m, TF_Tensor **ins, int n_in, int n_out, int threads,
-                               double seconds) {
+static double calls_per_second(Model *m, TF_Tensor **ins, int n_in, TF_Tensor **want, int n_out,
+                               int threads, double seconds) {
   Caller callers[64];
   pthread_t ids[64];
-  volatile int stop = 0;
   double t0 = now_us();
-  for (int t = 0; t < threads; ++t) {
-    callers[t] = (Caller){m, ins, n_in, n_out, &stop, 0, 0};
-    if (pthread_create(&ids[t], NULL, call_in_loop, &callers[t]) != 0) return -1;
+  int started = 0, failed = 0;
+  for (; started < threads; ++started) {
+    callers[started] = (Caller){m, ins, want, n_in, n_out, t0 + seconds * 1e6, 0, 0};
+    if (pthread_create(&ids[started], NULL, call_in_loop, &callers[started]) != 0) {
+      fprintf(stderr, "tf_saved_model: cannot start thread %d of %d\n", started + 1, threads);
+      failed = 1;
+      break;
+    }
   }
-  struct timespec wait = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
-  nanosleep(&wait, NULL);
-  stop = 1;
   long calls = 0;
-  int failed = 0;
-  for (int t = 0; t < threads; ++t) {
+  for (int t = 0; t < started; ++t) { /* (each stops at the deadline: none outlives this) */
     pthread_join(ids[t], NULL);
     calls += callers[t].calls;
     failed |= callers[t].failed;
@@ -226,15 +249,15 @@ static double calls_per_second(Model *m, TF_Tensor **ins, int n_in, int n_out, i
 
 /* Five rounds of one thread then `threads`, each model in turn; prints the medians. */
 static int throughput(Model **models, const char **names, int n_models, TF_Tensor **ins,
-                      int n_in, int n_out, int threads, double seconds) {
+                      int n_in, TF_Tensor ***wants, int n_out, int threads, double seconds) {
   enum { kRounds = 5 };
   double one[2][kRounds], many[2][kRounds], ratio[2][kRounds];
   for (int m = 0; m < n_models; ++m) /* warm: every thread's first call */
-    if (calls_per_second(models[m], ins, n_in, n_out, threads, 0.2) < 0) return 1;
+    if (calls_per_second(models[m], ins, n_in, wants[m], n_out, threads, 0.2) < 0) return 1;
   for (int r = 0; r < kRounds; ++r) {
     for (int m = 0; m < n_models; ++m) {
-      one[m][r] = calls_per_second(models[m], ins, n_in, n_out, 1, seconds);
-      many[m][r] = calls_per_second(models[m], ins, n_in, n_out, threads, seconds);
+      one[m][r] = calls_per_second(models[m], ins, n_in, wants[m], n_out, 1, seconds);
+      many[m][r] = calls_per_second(models[m], ins, n_in, wants[m], n_out, threads, seconds);
       if (one[m][r] < 0 || many[m][r] < 0) return 1;
       ratio[m][r] = many[m][r] / one[m][r];
     }
@@ -264,8 +287,18 @@ int main(int argc, char **argv) {
       case 'i': feed_path = value; break;
       case 'o': out_path = value; break;
       case 'n': calls = atoi(value); break;
-      case 'T': threads = atoi(value); break;
-      case 'S': seconds = atof(value); break;
+      case 'T': {
+        char *end;
+        long n = strtol(value, &end, 10);
+        threads = *end || n < 1 || n > 64 ? -1 : (int)n; /* (refused below, with the usage) */
+        break;
+      }
+      case 'S': {
+        char *end;
+        seconds = strtod(value, &end);
+        if (*end) seconds = -1;
+        break;
+      }
       case 'B': baseline = value; break;
       default: return usage(argv[0]);
     }
@@ -369,7 +402,11 @@ int main(int argc, char **argv) {
   if (threads > 0) {
     Model *models[2] = {&model, &base};
     const char *names[2] = {model_dir, baseline};
-    if (throughput(models, names, baseline ? 2 : 1, ins, n_in, n_out, threads, seconds)) return 1;
+    /* each model's first outputs, which every concurrent call must give again */
+    if (baseline && !base_results[0] && run(&base, ins, n_in, base_results, n_out, status)) return 1;
+    TF_Tensor **wants[2] = {results, base_results};
+    if (throughput(models, names, baseline ? 2 : 1, ins, n_in, wants, n_out, threads, seconds))
+      return 1;
   }
 
   for (int i = 0; i < n_out; ++i) {

@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pwd.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,7 +73,7 @@ inline std::string PyJsonString(const std::string& s, bool from_environment) {
       ++i;
       continue;
     }
-    const int n = c >= 0xF0 && c < 0xF5 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+    const int n = c >= 0xF0 && c < 0xF5 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
     uint32_t cp = n == 4 ? c & 0x07 : n == 3 ? c & 0x0F : c & 0x1F;
     bool ok = n > 0 && i + n <= s.size();
     for (int k = 1; ok && k < n; ++k) {
@@ -125,8 +126,10 @@ inline std::string StableGraphBytes(const std::string& graph) {
   tensorflow::GraphDef def;
   if (!def.ParseFromString(graph)) return graph;
   for (auto& node : *def.mutable_node()) node.clear_experimental_debug_info();
-  for (auto& function : *def.mutable_library()->mutable_function()) {
-    for (auto& node : *function.mutable_node_def()) node.clear_experimental_debug_info();
+  if (def.has_library()) {  // (mutable_library() would add an empty one: other bytes)
+    for (auto& function : *def.mutable_library()->mutable_function()) {
+      for (auto& node : *function.mutable_node_def()) node.clear_experimental_debug_info();
+    }
   }
   std::string out;
   return tensorflow::SerializeToStringDeterministic(def, &out) ? out : graph;
@@ -168,14 +171,43 @@ inline bool CompilerVersion(const std::vector<std::string>& command,
   return !text->empty();
 }
 
+// The program `word` names, as the key writes it (compile_cache.canonical_command): a word
+// without a slash looked up on PATH, then its real path; the word itself if not found.
+// (The two hosts name the same compiler differently: `neuronish-cc` on PATH here, the
+// venv's script by its path in Python.)
+inline std::string CanonicalProgram(const std::string& word) {
+  std::string found;
+  if (word.find('/') != std::string::npos) {
+    found = word;
+  } else {
+    const char* path = std::getenv("PATH");
+    std::string dirs = path ? path : "";
+    for (size_t start = 0; start <= dirs.size() && found.empty();) {
+      const size_t colon = std::min(dirs.find(':', start), dirs.size());
+      const std::string dir = colon > start ? dirs.substr(start, colon - start) : ".";
+      const std::string candidate = dir + "/" + word;
+      struct stat st {};
+      if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+          access(candidate.c_str(), X_OK) == 0) {
+        found = candidate;
+      }
+      start = colon + 1;
+    }
+  }
+  char real[PATH_MAX];
+  return !found.empty() && realpath(found.c_str(), real) ? std::string(real) : word;
+}
+
 // The compiler's identity as neuronish.compile_cache.compiler_identity writes it (JSON:
-// [its command, what --version prints]); empty if its version cannot be read (then
-// nothing is cached, as on the Python side).
+// [its command, the program canonical, what --version prints]); empty if its version
+// cannot be read (then nothing is cached, as on the Python side).
 inline std::string CompilerIdentity(const std::vector<std::string>& command,
                                     const std::atomic<bool>& stop) {
   std::string version;
-  if (!CompilerVersion(command, stop, &version)) return "";
-  return absl::StrCat("[", PyJsonList(command, true), ", ", PyJsonString(version, false), "]");
+  if (command.empty() || !CompilerVersion(command, stop, &version)) return "";
+  std::vector<std::string> canonical = command;
+  canonical[0] = CanonicalProgram(command[0]);
+  return absl::StrCat("[", PyJsonList(canonical, true), ", ", PyJsonString(version, false), "]");
 }
 
 // -- the directory ----------------------------------------------------------------------
@@ -206,7 +238,7 @@ inline bool ParseBytes(const std::string& text, uint64_t* bytes) {
       {"MI", 20}, {"MIB", 20}, {"G", 30}, {"GB", 30}, {"GI", 30}, {"GIB", 30}};
   for (const auto& [name, shift] : kUnits) {
     if (unit == name) {
-      *bytes = n << shift;
+      *bytes = n > (UINT64_MAX >> shift) ? UINT64_MAX : n << shift;  // (no wrap to a tiny bound)
       return true;
     }
   }
@@ -232,14 +264,15 @@ inline bool Ours(const struct stat& st, const std::string& kind, const std::stri
 }
 
 // The contents of `path`, a regular file of ours (not a symlink, not a FIFO) of at most
-// `max_bytes`: 1 read, 0 missing, -1 refused or unreadable (`why` says which).
+// `max_bytes`: 1 read, 0 missing, -1 refused (not such a file: `why` says how), -2 it could
+// not be read now (`why` says why: too many open files, say), which says nothing of the file.
 inline int ReadOurFile(const std::string& path, uint64_t max_bytes, const std::string& kind,
                        bool private_, std::string* bytes, std::string* why) {
   const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return 0;
     *why = absl::StrCat("cannot open the ", kind, " ", path, ": ", std::strerror(errno));
-    return -1;
+    return errno == ELOOP ? -1 : -2;  // (ELOOP: a symlink where the file should be)
   }
   struct stat st {};
   int result = -1;
@@ -259,7 +292,8 @@ inline int ReadOurFile(const std::string& path, uint64_t max_bytes, const std::s
     if (done == bytes->size()) {
       result = 1;
     } else {
-      *why = absl::StrCat("cannot read the ", kind, " ", path);
+      *why = absl::StrCat("cannot read the ", kind, " ", path, ": ", std::strerror(errno));
+      result = -2;
     }
   }
   close(fd);
@@ -282,6 +316,43 @@ inline bool PlaceFile(const std::string& dir, const std::string& target, const s
   return ok;
 }
 
+// HMAC-SHA-256 (RFC 2104) of `message` under `key` (at most the block's 64 bytes).
+inline std::string HmacSha256(const std::string& key, const std::string& message) {
+  std::string inner(64, '\x36'), outer(64, '\x5c');
+  for (size_t i = 0; i < key.size() && i < 64; ++i) {
+    inner[i] = static_cast<char>(inner[i] ^ key[i]);
+    outer[i] = static_cast<char>(outer[i] ^ key[i]);
+  }
+  uint8_t digest[32];
+  inner += message;
+  nr_sha256(inner.data(), inner.size(), digest);
+  outer.append(reinterpret_cast<const char*>(digest), 32);
+  nr_sha256(outer.data(), outer.size(), digest);
+  return std::string(reinterpret_cast<const char*>(digest), 32);
+}
+
+// Whether two records are equal, in time that does not depend on where they differ (as
+// hmac.compare_digest: a forger learns nothing from how long a refusal took).
+inline bool SameBytes(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// The user's home directory: $HOME, else the password database's (as os.path.expanduser).
+inline std::string HomeDirectory() {
+  const char* home = std::getenv("HOME");
+  if (home && *home) return home;
+  std::vector<char> buf(16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (getpwuid_r(getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found && pw.pw_dir) {
+    return pw.pw_dir;
+  }
+  return "";
+}
+
 class DiskCompileCache {
  public:
   // The cache $NEURONISH_COMPILE_CACHE names, its directory made (0700) or checked and its
@@ -297,12 +368,14 @@ class DiskCompileCache {
     if (lower == "off" || lower == "0" || lower == "none" || lower == "false") return nullptr;
     if (where.empty()) where = "~/.cache/neuronish/compile";
     if (where[0] == '~' && (where.size() == 1 || where[1] == '/')) {
-      const char* home = std::getenv("HOME");
-      where = std::string(home ? home : "") + where.substr(1);
+      where = HomeDirectory() + where.substr(1);
     }
     auto cache = std::unique_ptr<DiskCompileCache>(new DiskCompileCache(where));
     const char* size = std::getenv("NEURONISH_COMPILE_CACHE_SIZE");
-    if (size && *size && !ParseBytes(size, &cache->max_bytes_)) {
+    const bool blank = !size || std::all_of(size, size + std::strlen(size), [](unsigned char c) {
+      return std::isspace(c) != 0;
+    });
+    if (!blank && !ParseBytes(size, &cache->max_bytes_)) {
       *why = absl::StrCat("NEURONISH_COMPILE_CACHE_SIZE='", size, "': expected a byte count "
                           "such as 4096, 512MiB or 4GiB");
       return nullptr;
@@ -319,12 +392,17 @@ class DiskCompileCache {
     int found = ReadOurFile(record_path, kRecordBytes, "compile-cache record", false, &record, &why);
     if (found == 1) {
       found = ReadOurFile(entry, kMaxEntryBytes, "compile-cache entry", false, executable, &why);
-      if (found == 1 && record != Seal(key, *executable)) {
+      if (found == 1 && !SameBytes(record, Seal(key, *executable))) {
         why = "its record or checksum does not match";
         found = -1;
       }
     }
     if (found == 0) return false;
+    if (found == -2) {  // (the files may be fine: left as they are, as the Python side does)
+      *warning = absl::StrCat("compile cache: ", why, "; compiling instead");
+      executable->clear();
+      return false;
+    }
     if (found < 0) {
       *warning = absl::StrCat("compile cache: entry ", entry, " is damaged or untrusted (", why,
                               "); removed it and compiling the subgraph again");
@@ -437,26 +515,16 @@ class DiskCompileCache {
     return true;
   }
 
-  // magic + key + HMAC-SHA-256(secret, key + SHA-256(executable)) (RFC 2104).
+  // magic + key + HMAC-SHA-256(secret, key + SHA-256(executable)).
   std::string Seal(const std::string& key, const std::string& executable) const {
     std::string key_bytes;
     for (size_t i = 0; i + 1 < key.size(); i += 2) {
-      key_bytes += static_cast<char>(std::stoi(key.substr(i, 2), nullptr, 16));
+      key_bytes += static_cast<char>(std::strtol(key.substr(i, 2).c_str(), nullptr, 16));
     }
     uint8_t digest[32];
     nr_sha256(executable.data(), executable.size(), digest);
-    std::string inner(64, '\x36'), outer(64, '\x5c');
-    for (size_t i = 0; i < secret_.size(); ++i) {
-      inner[i] = static_cast<char>(inner[i] ^ secret_[i]);
-      outer[i] = static_cast<char>(outer[i] ^ secret_[i]);
-    }
-    inner += key_bytes;
-    inner.append(reinterpret_cast<const char*>(digest), 32);
-    nr_sha256(inner.data(), inner.size(), digest);
-    outer.append(reinterpret_cast<const char*>(digest), 32);
-    nr_sha256(outer.data(), outer.size(), digest);
     return absl::StrCat(std::string(kRecordMagic, 8), key_bytes,
-                        std::string(reinterpret_cast<const char*>(digest), 32));
+                        HmacSha256(secret_, key_bytes + std::string(reinterpret_cast<char*>(digest), 32)));
   }
 
   // Least recently used entries removed until the cache fits (CompileCache.evict).

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -39,23 +40,6 @@ namespace {
 // -- running the compiler ---------------------------------------------------------------
 
 constexpr double kCompileTimeoutS = 600.0;  // as shape_specialize.COMPILE_TIMEOUT_S
-
-inline std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (const unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
 
 // The words of environment variable `name`, split as a shell splits words (quotes,
 // backslash), as shlex.split does on the Python side.
@@ -233,6 +217,7 @@ inline ChildEnd RunInGroup(std::vector<std::string> argv, const std::string& out
   if (end.spawn_error != 0) return end;
   LiveCompilers::Get().Add(pid, scratch);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::chrono::milliseconds poll(5);
   while (true) {
     siginfo_t info{};
     // (WNOWAIT: exited but not reaped, so its id, its group's, cannot have been reused)
@@ -243,7 +228,9 @@ inline ChildEnd RunInGroup(std::vector<std::string> argv, const std::string& out
     if (stop.load(std::memory_order_relaxed)) end.killed = "the op was unloaded";
     if (std::chrono::steady_clock::now() > deadline) end.killed = "it ran past the time limit";
     if (end.killed) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // (5 ms at first, so a --version returns quickly; up to 50 ms through a long compile)
+    std::this_thread::sleep_for(poll);
+    poll = std::min(poll * 2, std::chrono::milliseconds(50));
   }
   killpg(pid, SIGKILL);  // (it, on a stop, and whatever it left running in its group)
   waitpid(pid, &end.status, 0);

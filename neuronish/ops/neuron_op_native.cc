@@ -648,9 +648,12 @@ class NeuronOpNativeKernel : public OpKernel {
   nr_model* LoadAgain(nr_model* lost) {
     std::lock_guard<std::mutex> lock(load_mu_);
     nr_model* now = model_.load(std::memory_order_relaxed);
-    if (now != lost) return now;
+    if (now != lost || reload_failed_) return now == lost ? nullptr : now;
     nr_model* again = LoadedAgain(lost, "its model");
-    if (!again) return nullptr;
+    if (!again) {
+      reload_failed_ = true;  // (cores do not come back: not tried on every call)
+      return nullptr;
+    }
     nr_model_set_label(again, a_.node.c_str());  // (its name in profiles and neuronish ls)
     retired_.push_back(lost);  // (other callers may still be inside it: unloaded with the op)
     model_.store(again, std::memory_order_release);
@@ -660,7 +663,7 @@ class NeuronOpNativeKernel : public OpKernel {
   // `lost`'s executable (`what`, in messages) loaded anew, if failed cores took every copy
   // of it and the working cores can take it (as many copies as model_config wants and fit;
   // the device's loads avoid failed cores); else null. Warns either way (once if it fails).
-  // Called under load_mu_ (the static op) or the shape table's lock (a shape's).
+  // Called under load_mu_ (the static op) or the shape table's reload lock (a shape's).
   nr_model* LoadedAgain(nr_model* lost, const char* what) {
     if (!EveryCopyLost(lost)) return nullptr;
     const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
@@ -674,9 +677,10 @@ class NeuronOpNativeKernel : public OpKernel {
       if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
     }
     if (s != NR_OK) {
-      if (!warned_load_again_.exchange(true)) {  // (each call tries again: said once)
+      if (!warned_load_again_.exchange(true)) {  // (once per op, whichever shape)
         LOG(WARNING) << Where() << "failed cores took every copy of " << what
-                     << ", and loading it again failed: " << error;
+                     << ", and loading it again failed: " << error << "; its calls run on "
+                     << "TensorFlow (with NEURONISH_FALLBACK=0 they fail)";
       }
       return nullptr;
     }
@@ -820,6 +824,7 @@ class NeuronOpNativeKernel : public OpKernel {
   std::unique_ptr<Fallback> fallback_;      // set once, under load_mu_
   std::atomic<bool> fallback_ready_{false};
   bool warned_tensorflow_ = false;          // (under load_mu_)
+  bool reload_failed_ = false;               // (under load_mu_)
   std::atomic<bool> warned_load_again_{false};
   // With free dimensions: the attr read, and the executables by shape (set once loaded).
   DynamicSpec spec_;

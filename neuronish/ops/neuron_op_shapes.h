@@ -86,8 +86,9 @@ class ShapeTable {
  public:
   // One executable loaded, with its outputs' signature (valid until it is unloaded).
   struct Entry {
-    // (atomic: LoadAgain replaces it, under the lock, while calls read it without)
+    // (atomic: LoadAgain replaces it while calls read it without the lock)
     std::atomic<nr_model*> model{nullptr};
+    bool reload_failed = false;  // LoadAgain found no working core for it (under reload_mu_)
     std::vector<nr_tensor_info> outputs;
     int running = 0;
     uint64_t used = 0;
@@ -224,13 +225,22 @@ class ShapeTable {
   // loads its executable anew onto the cores that still work if failed cores took every
   // copy, or returns null. The entry's model now (another caller's reload, or this one), or
   // null. `lost` stays loaded (calls may be inside it) until the table goes.
+  // A failed reload is not tried again (cores do not come back): the entry's calls then get
+  // the lost model's cheap refusal. The device load runs outside the table's lock, so
+  // other shapes' calls and compiles go on meanwhile (the caller's `running` keeps the
+  // entry from eviction).
   nr_model* LoadAgain(Entry* entry, nr_model* lost,
                       const std::function<nr_model*(nr_model*)>& again) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> reloading(reload_mu_);
     nr_model* now = entry->model.load();
     if (now != lost) return now;
+    if (entry->reload_failed) return nullptr;
     nr_model* fresh = again(lost);
-    if (!fresh) return nullptr;
+    if (!fresh) {
+      entry->reload_failed = true;
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, held] : entries_) {
       if (held.get() == entry) nr_model_set_label(fresh, Label(key).c_str());
     }
@@ -415,9 +425,11 @@ class ShapeTable {
   }
 
   // The io-config at that shape and batch (neuronish.contracts.io_config): the inputs in
-  // the signature's order for the compiler, or (`sorted`) with every object's keys sorted,
-  // as json.dumps(sort_keys=True) writes it for the compile cache's key.
-  std::string IoConfig(const Key& key, bool sorted) const {
+  // the signature's order for the compiler, or with every object's keys sorted, as
+  // json.dumps(sort_keys=True) writes it for the compile cache's key.
+  enum class IoOrder { kSignature, kSortedKeys };
+  std::string IoConfig(const Key& key, IoOrder order) const {
+    const bool sorted = order == IoOrder::kSortedKeys;
     std::vector<size_t> ins(inputs_.size()), outs(output_axes_.size());
     for (size_t i = 0; i < ins.size(); ++i) ins[i] = i;
     for (size_t i = 0; i < outs.size(); ++i) outs[i] = i;
@@ -461,7 +473,7 @@ class ShapeTable {
       if (!identity.empty()) {
         std::vector<std::string> flags = spec_.compiler_args;
         for (std::string& f : EnvironmentFlags()) flags.push_back(std::move(f));
-        const std::string graph = StableGraphBytes(*graph_), io = IoConfig(key, true),
+        const std::string graph = StableGraphBytes(*graph_), io = IoConfig(key, IoOrder::kSortedKeys),
                           args = PyJsonList(flags, true);
         cache_key = CacheKey({&graph, &io, &args, &identity});
       }
@@ -470,7 +482,7 @@ class ShapeTable {
     const bool hit = !cache_key.empty() && cache->Get(cache_key, &executable, &warning);
     if (!warning.empty()) LOG(WARNING) << where_ << warning;
     if (!hit) {
-      absl::Status compiled = RunCompiler(what, *graph_, IoConfig(key, false) + "\n",
+      absl::Status compiled = RunCompiler(what, *graph_, IoConfig(key, IoOrder::kSignature) + "\n",
                                           spec_.compiler_args, stop_, &executable);
       if (!compiled.ok()) return compiled;
       if (!cache_key.empty()) {
@@ -523,6 +535,7 @@ class ShapeTable {
   std::vector<std::pair<std::string, int64_t>> output_axes_;  // (name, batch axis)
   int64_t compiled_batch_ = -1;
 
+  std::mutex reload_mu_;  // one LoadAgain at a time; taken before mu_, never after
   std::mutex mu_;
   std::condition_variable changed_;  // an entry loaded, a compile failed, the queue drained
   std::map<Key, std::unique_ptr<Entry>> entries_;

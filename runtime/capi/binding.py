@@ -166,23 +166,34 @@ class Device:
 class Model:
     """An executable (its bytes) loaded onto a C device."""
 
-    def __init__(self, device: Device, data: bytes | None, duplicates: int = 1, *,
-                 source: Model | None = None):
-        """`data` loaded with `duplicates` copies; or, with `source` (a model loaded on
-        `device`), the executable `source` holds, loaded again (onto the cores that still
-        work, once a core failure retired every copy of `source`)."""
+    def __init__(self, device: Device, data: bytes, duplicates: int = 1):
         self.device = device
         lib = self.lib = device.lib
         buf = ctypes.create_string_buffer(_ERR)
         self.handle = ctypes.c_void_p()
-        if source is not None:
-            _check(lib, lib.nr_model_load(device.handle, lib.nr_model_executable(source.handle),
-                                          duplicates, ctypes.byref(self.handle), buf, _ERR),
-                   buf)
-        else:
-            assert data is not None
-            _check(lib, lib.nr_model_load_bytes(device.handle, data, len(data), duplicates,
-                                                ctypes.byref(self.handle), buf, _ERR), buf)
+        _check(lib, lib.nr_model_load_bytes(device.handle, data, len(data), duplicates,
+                                            ctypes.byref(self.handle), buf, _ERR), buf)
+        self._describe()
+
+    @classmethod
+    def load_again(cls, source: Model, duplicates: int) -> Model:
+        """The executable `source` holds, loaded again on its device as a new model with
+        `duplicates` copies (onto the cores that still work, once failed cores retired
+        every copy of `source`); no bytes are read again."""
+        self = cls.__new__(cls)
+        self.device, self.lib = source.device, source.lib
+        lib = self.lib
+        buf = ctypes.create_string_buffer(_ERR)
+        self.handle = ctypes.c_void_p()
+        exe = lib.nr_model_executable(source.handle)
+        _check(lib, lib.nr_model_load(source.device.handle, exe, duplicates,
+                                      ctypes.byref(self.handle), buf, _ERR), buf)
+        self._describe()
+        return self
+
+    def _describe(self) -> None:
+        """The loaded model's signature and what every call's tensors carry."""
+        lib = self.lib
         exe = lib.nr_model_executable(self.handle)
         self.inputs = [self._info(exe, 0, k) for k in range(lib.nr_executable_num_tensors(exe, 0))]
         self.outputs = [self._info(exe, 1, k)

@@ -236,8 +236,7 @@ class NativeModel(Calls):
 
         for n in range(max(1, duplicates), 0, -1):
             try:
-                return NativeModel(Model(self._model.device, None, n, source=self._model),
-                                   self.label)
+                return NativeModel(Model.load_again(self._model, n), self.label)
             except CRuntimeError as e:
                 if e.status in _TOO_FEW_CORES_OR_MEMORY and n > 1:
                     continue

@@ -50,7 +50,8 @@ def test_threads_call_one_session_and_every_figure_is_reported(tmp_path: Path) -
     for _, _, one_thread, one_rate, threads, many_rate, word, ratio in rows:
         assert (one_thread, threads, word) == ("1", "3", "ratio")
         assert float(one_rate) > 0 and float(many_rate) > 0 and float(ratio) > 0
-    # Out of range: the usage, exit status 2.
-    r = _run(program, "-l", library, "-T", "65", str(out), f"{ins['x']}=float32:1,16", "--",
-             outs["y"])
-    assert r.returncode == 2 and "usage:" in r.stderr and "-T THREADS" in r.stderr, r.stderr
+    # Out of range or not a number: the usage, exit status 2.
+    for bad in ("65", "0", "abc"):
+        r = _run(program, "-l", library, "-T", bad, str(out), f"{ins['x']}=float32:1,16", "--",
+                 outs["y"])
+        assert r.returncode == 2 and "usage:" in r.stderr and "-T THREADS" in r.stderr, r.stderr

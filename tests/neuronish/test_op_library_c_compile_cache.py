@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +154,81 @@ def test_a_cache_others_can_write_is_not_used(
     assert r.returncode == 0 and "NEURONISH_COMPILE_CACHE_SIZE='lots': expected a byte count" \
         in r.stderr, r.stderr[-3000:]
     _close(got, want)
+
+
+def test_the_hosts_share_entries_with_the_default_compiler_command(
+        model: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        _fresh_compile_cache: Path) -> None:
+    """NEURONISH_CC unset: the Python host runs the venv's neuronish-cc by its path, the C
+    host `neuronish-cc` found on PATH; the key names the program by its real path, so the
+    two still share the entry (one entry after both hosts ran the length)."""
+    monkeypatch.delenv("NEURONISH_CC", raising=False)
+    monkeypatch.setenv("NEURONISH_FALLBACK", "0")
+    compiled = tf.saved_model.load(str(model["out"])).signatures["serving_default"]
+    x = np.random.default_rng(27).standard_normal((2, 27, 8)).astype(np.float32)
+    _close(compiled(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
+    assert len(_entries(_fresh_compile_cache)) == 1
+    venv_bin = str(Path(sys.executable).parent)
+    assert _executables_run(model, tmp_path, 2, 27, PATH=f"{venv_bin}:/usr/bin:/bin") == \
+        {"neuron_op_0@2x27x8"}
+    assert len(_entries(_fresh_compile_cache)) == 1, "the C host keyed the compiler otherwise"
+
+
+def test_a_subgraph_with_debug_info_is_keyed_alike_by_both_hosts(
+        model: dict[str, Any], tmp_path: Path, logged_compiler: tuple[str, Path],
+        monkeypatch: pytest.MonkeyPatch, _fresh_compile_cache: Path) -> None:
+    """A subgraph whose nodes carry experimental_debug_info (the traced function's name,
+    which differs between two loads of one model) is keyed without it: each host parses
+    it, drops the info and serializes deterministically (C++ protobuf against Python's),
+    and the two keys agree."""
+    from tensorflow.core.framework import graph_pb2
+
+    from tests.neuronish.test_op_library_c import _set_neuron_op_attr
+
+    cc, log = logged_compiler
+    out = tmp_path / "with-debug-info"
+    shutil.copytree(model["out"], out)
+
+    def add_debug_info(attrs: Any) -> None:  # noqa: ANN401 (a protobuf map)
+        graph = graph_pb2.GraphDef.FromString(attrs["graph_def"].s)
+        for k, node in enumerate(graph.node):
+            node.experimental_debug_info.original_node_names.append(f"orig_{k}")
+            node.experimental_debug_info.original_func_names.append("__inference_serve_293")
+        attrs["graph_def"].s = graph.SerializeToString()
+
+    assert _set_neuron_op_attr(out, add_debug_info) == 1
+    monkeypatch.setenv("NEURONISH_CC", cc)
+    monkeypatch.setenv("NEURONISH_FALLBACK", "0")
+    compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
+    x = np.random.default_rng(29).standard_normal((2, 29, 8)).astype(np.float32)
+    _close(compiled(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
+    assert _calls(log) == ["--version", "compile"]
+    assert _executables_run({**model, "out": out}, tmp_path, 2, 29, NEURONISH_CC=cc) == \
+        {"neuron_op_0@2x29x8"}
+    assert _calls(log) == ["--version"], "the C host keyed the subgraph otherwise"
+
+
+def test_the_cache_keeps_to_its_size_least_recently_used_out(
+        model: dict[str, Any], tmp_path: Path, logged_compiler: tuple[str, Path],
+        _fresh_compile_cache: Path) -> None:
+    """NEURONISH_COMPILE_CACHE_SIZE holding two entries: a third evicts the least recently
+    used, and a hit makes an entry the most recently used."""
+    cc, log = logged_compiler
+    assert _executables_run(model, tmp_path, 2, 31, NEURONISH_CC=cc) == {"neuron_op_0@2x31x8"}
+    [first] = _entries(_fresh_compile_cache)
+    one = (_fresh_compile_cache / first).stat().st_size + 72
+    size = str(2 * one + one // 2)  # (the lengths' executables differ by a few bytes at most)
+    assert _executables_run(model, tmp_path, 2, 33, NEURONISH_CC=cc,
+                            NEURONISH_COMPILE_CACHE_SIZE=size) == {"neuron_op_0@2x33x8"}
+    [second] = [e for e in _entries(_fresh_compile_cache) if e != first]
+    time.sleep(0.05)  # (mtimes in order)
+    # A hit on the first: now the second is the least recently used.
+    assert _executables_run(model, tmp_path, 2, 31, NEURONISH_CC=cc,
+                            NEURONISH_COMPILE_CACHE_SIZE=size) == {"neuron_op_0@2x31x8"}
+    _calls(log)
+    assert _executables_run(model, tmp_path, 2, 35, NEURONISH_CC=cc,
+                            NEURONISH_COMPILE_CACHE_SIZE=size) == {"neuron_op_0@2x35x8"}
+    assert _calls(log) == ["--version", "compile"]
+    left = _entries(_fresh_compile_cache)
+    assert len(left) == 2 and first in left and second not in left, (first, second, left)
+    assert not (_fresh_compile_cache / (second[:-5] + ".sum")).exists()
