@@ -100,6 +100,214 @@ void add_quantize(Program& p, Reader& rd, Instr& ins) {
   });
 }
 
+// --- binary_quantize: y = quantize(binary(a, b)) in one pass (isa.py) ------------------------
+//
+// The float result is never stored: each element is computed in float32, rounded to bf16
+// (nearest even) when the operands are bf16 -- the value the unfused `binary` stores --
+// and quantized as `quantize` does. Operands broadcast (numpy rules); the dims are first
+// merged where both operands broadcast alike, so a squeeze-excite product a [N, H, W, C]
+// * b [N, 1, 1, C] is N*H*W rows of C elements, b's row fixed for each image.
+
+// float32 -> the nearest bf16 (ties to even), as a float32; NaN stays NaN.
+inline float round_to_bf16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (std::isnan(v)) return v;
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+// quantize's conversion of one float: NaN gives 0 (the reference's nan_to_num).
+template <class Y>
+Y saturate_round(float v) {
+  constexpr float lo = std::is_same<Y, uint8_t>::value ? 0.f : -128.f;
+  constexpr float hi = std::is_same<Y, uint8_t>::value ? 255.f : 127.f;
+  if (std::isnan(v)) return Y(0);
+  return (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));
+}
+
+template <int64_t Fn>
+inline float binary_fn(float a, float b) {
+  if constexpr (Fn == F_ADD) return a + b;
+  else if constexpr (Fn == F_SUB) return a - b;
+  else return a * b;
+}
+
+// One row of n outputs; a and b advance by sa, sb (1, or 0 for an operand broadcast along
+// the row).
+template <class X, class Y, int64_t Fn>
+void qbinary_row(const X* a, const X* b, Y* y, int64_t n, int64_t sa, int64_t sb, float inv) {
+  constexpr bool bf16 = std::is_same<X, uint16_t>::value;
+  for (int64_t j = 0; j < n; ++j) {
+    float v = binary_fn<Fn>(quantize_load(a, j * sa), quantize_load(b, j * sb));
+    if constexpr (bf16) v = round_to_bf16(v);
+    y[j] = saturate_round<Y>(v * inv);
+  }
+}
+
+template <class X>
+NEURONISH_AVX512 __m512 qbinary_load(const X* p, int64_t j, int64_t stride, __mmask16 m) {
+  if (stride == 0) return _mm512_set1_ps(quantize_load(p, 0));
+  if constexpr (std::is_same<X, float>::value) {
+    return _mm512_maskz_loadu_ps(m, p + j);
+  } else {  // bf16: the upper half of a float32
+    __m256i h = _mm256_maskz_loadu_epi16(m, p + j);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <class X, class Y, int64_t Fn>
+NEURONISH_AVX512 void qbinary_row_avx512(const X* a, const X* b, Y* y, int64_t n, int64_t sa,
+                                         int64_t sb, float inv) {
+  const __m512 lo = _mm512_set1_ps(std::is_same<Y, uint8_t>::value ? 0.f : -128.f);
+  const __m512 hi = _mm512_set1_ps(std::is_same<Y, uint8_t>::value ? 255.f : 127.f);
+  const __m512 k = _mm512_set1_ps(inv);
+  const __m512i round_bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  const __m512i high_half = _mm512_set1_epi32(int(0xFFFF0000u));
+  for (int64_t j = 0; j < n; j += 16) {
+    __mmask16 m = lanes16(n, j);
+    __m512 va = qbinary_load(a, j, sa, m), vb = qbinary_load(b, j, sb, m), v;
+    if constexpr (Fn == F_ADD) v = _mm512_add_ps(va, vb);
+    else if constexpr (Fn == F_SUB) v = _mm512_sub_ps(va, vb);
+    else v = _mm512_mul_ps(va, vb);
+    if constexpr (std::is_same<X, uint16_t>::value) {  // round to bf16; NaN lanes kept
+      __m512i u = _mm512_castps_si512(v);
+      __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+      __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(round_bias, odd)),
+                                   high_half);
+      v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v,
+                               _mm512_castsi512_ps(r));
+    }
+    // max/min return their second operand when either is NaN: NaN survives the clamp,
+    // converts to INT_MIN, and narrows (truncating) to 0, as the reference's nan_to_num.
+    v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, k)));
+    _mm_mask_storeu_epi8(y + j, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+}
+
+using QBinaryRow = void (*)(const void*, const void*, void*, int64_t, int64_t, int64_t, float);
+
+template <class X, class Y, int64_t Fn, bool Avx512>
+void qbinary_row_of(const void* a, const void* b, void* y, int64_t n, int64_t sa, int64_t sb,
+                    float inv) {
+  const X *pa = static_cast<const X*>(a), *pb = static_cast<const X*>(b);
+  if constexpr (Avx512) qbinary_row_avx512<X, Y, Fn>(pa, pb, static_cast<Y*>(y), n, sa, sb, inv);
+  else qbinary_row<X, Y, Fn>(pa, pb, static_cast<Y*>(y), n, sa, sb, inv);
+}
+
+template <class X, class Y, bool Avx512>
+QBinaryRow qbinary_row_for(int64_t code) {
+  if (code == F_ADD) return qbinary_row_of<X, Y, F_ADD, Avx512>;
+  if (code == F_SUB) return qbinary_row_of<X, Y, F_SUB, Avx512>;
+  return qbinary_row_of<X, Y, F_MUL, Avx512>;
+}
+
+// The dims of y with the operands' element strides, merged where both operands broadcast
+// alike (and dims of 1 dropped): rows of `inner` elements, each row's offsets by an
+// odometer over the outer dims.
+struct MergedBroadcast {
+  std::vector<int64_t> dims, sa, sb;  // outer dims first, the row's dim last
+
+  MergedBroadcast(const memory::dims& a, const memory::dims& b, const memory::dims& y) {
+    std::vector<int64_t> ea(y.size()), eb(y.size());  // element strides, 0 when broadcast
+    int64_t ta = 1, tb = 1;
+    for (size_t k = y.size(); k-- > 0;) {
+      if ((a[k] != y[k] && a[k] != 1) || (b[k] != y[k] && b[k] != 1))
+        throw Error("binary_quantize: operands do not broadcast to the output");
+      ea[k] = a[k] == y[k] ? ta : 0;
+      eb[k] = b[k] == y[k] ? tb : 0;
+      ta *= a[k];
+      tb *= b[k];
+    }
+    for (size_t k = 0; k < y.size(); ++k) {
+      if (y[k] == 1) continue;
+      bool same = !dims.empty() && (sa.back() == 0) == (ea[k] == 0) &&
+                  (sb.back() == 0) == (eb[k] == 0);
+      if (same) {  // contiguous with the previous dim in both operands (or broadcast)
+        dims.back() *= y[k];
+        sa.back() = ea[k];
+        sb.back() = eb[k];
+      } else {
+        dims.push_back(y[k]);
+        sa.push_back(ea[k]);
+        sb.push_back(eb[k]);
+      }
+    }
+    if (dims.empty()) dims = sa = sb = {1};
+    for (auto* s : {&sa, &sb})  // the row's own stride is 0 or 1
+      if (s->back() > 1) throw Error("binary_quantize: internal stride error");
+  }
+  int64_t inner() const { return dims.back(); }
+  int64_t rows() const {
+    int64_t r = 1;
+    for (size_t k = 0; k + 1 < dims.size(); ++k) r *= dims[k];
+    return r;
+  }
+};
+
+// (code, a, b, y padded to one rank, inv)
+void add_qbinary(Program& p, Reader& rd, Instr& ins) {
+  int64_t code = rd.next();
+  Ref a = rd.ref(), b = rd.ref(), y = rd.ref();
+  float inv = rd.nextf();
+  if ((a.type != dt::f32 && a.type != dt::bf16) || b.type != a.type ||
+      (y.type != dt::u8 && y.type != dt::s8))
+    throw Error("binary_quantize: two f32 or two bf16 operands to u8/s8 only");
+  if (code != F_ADD && code != F_SUB && code != F_MUL)
+    throw Error("binary_quantize: add, sub or mul only, got code " + std::to_string(code));
+  if (a.dims.size() != y.dims.size() || b.dims.size() != y.dims.size())
+    throw Error("binary_quantize: operands not padded to the output's rank");
+  MergedBroadcast mb(a.dims, b.dims, y.dims);
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl");
+  auto pick = [&](auto xt, auto yt) -> QBinaryRow {
+    using X = decltype(xt);
+    using Y = decltype(yt);
+    return avx512 ? qbinary_row_for<X, Y, true>(code) : qbinary_row_for<X, Y, false>(code);
+  };
+  bool bf16 = a.type == dt::bf16, u8 = y.type == dt::u8;
+  QBinaryRow row = bf16 ? (u8 ? pick(uint16_t(), uint8_t()) : pick(uint16_t(), int8_t()))
+                        : (u8 ? pick(float(), uint8_t()) : pick(float(), int8_t()));
+  const size_t xsize = bf16 ? 2 : 4;
+  Step s;
+  p.byte_arg(s, a);
+  p.byte_arg(s, b);
+  p.byte_arg(s, y);
+  p.push_loop(ins, s, "neuronish:binary_quantize", [=](const Step& st, int threads) {
+    const char* pa = data<const char>(st, 0);
+    const char* pb = data<const char>(st, 1);
+    uint8_t* py = data<uint8_t>(st, 2);
+    const int64_t n = mb.inner(), rows = mb.rows(), outer = int64_t(mb.dims.size()) - 1;
+    const int64_t per_task = std::max<int64_t>(1, (1 << 14) / n);  // ~16K elements a task
+    const int64_t tasks = (rows + per_task - 1) / per_task;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && tasks > 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t first = t * per_task, last = std::min(rows, first + per_task);
+      // the first row's index over the outer dims, then an odometer
+      std::vector<int64_t> at(outer);
+      int64_t oa = 0, ob = 0;
+      for (int64_t k = outer, r = first; k-- > 0;) {
+        at[k] = r % mb.dims[k];
+        r /= mb.dims[k];
+        oa += at[k] * mb.sa[k];
+        ob += at[k] * mb.sb[k];
+      }
+      for (int64_t r = first; r < last; ++r) {
+        row(pa + oa * xsize, pb + ob * xsize, py + r * n, n, mb.sa.back(), mb.sb.back(), inv);
+        for (int64_t k = outer; k-- > 0;) {  // next row
+          oa += mb.sa[k];
+          ob += mb.sb[k];
+          if (++at[k] < mb.dims[k]) break;
+          oa -= at[k] * mb.sa[k];
+          ob -= at[k] * mb.sb[k];
+          at[k] = 0;
+        }
+      }
+    }
+  });
+}
+
 // The scales and post-ops of an int8 primitive; `wmask` selects the weights' output axis.
 // `sum_dt`, when not undef: the residual is the output's own bytes (Program::in_place),
 // added as a sum post-op that reads it in that dtype, times its step (1 when float).
@@ -215,6 +423,7 @@ void add_int8(Program& p, int64_t op, Reader& rd, Instr& ins) {
   switch (op) {
     case OP_QUANTIZE: add_quantize(p, rd, ins); break;
     case OP_QCONV: add_qconv(p, rd, ins); break;
+    case OP_QBINARY: add_qbinary(p, rd, ins); break;
     default: add_qmatmul(p, rd, ins); break;
   }
 }
