@@ -19,7 +19,7 @@ memory scale_memory(Program& p, float value) {
 
 // quantize's loop: v = x * inv (one float32 multiply), clamped to [lo, hi] in float (so a
 // value beyond int32 saturates too), rounded half to even (the default MXCSR mode of
-// cvtps2dq, and nearbyintf), narrowed. oneDNN 3.2's reorder with a source scale ran
+// cvtps2dq, and nearbyintf), narrowed; NaN gives 0, as the reference's nan_to_num. oneDNN 3.2's reorder with a source scale ran
 // bf16 -> u8 at ~15 ns an element here: slower than the convolution it fed.
 using QuantizeSpan = void (*)(const void*, void*, int64_t, int64_t, float);
 
@@ -43,7 +43,7 @@ void quantize_span(const void* xv, void* yv, int64_t begin, int64_t end, float i
   constexpr float hi = std::is_same<Y, uint8_t>::value ? 255.f : 127.f;
   for (int64_t i = begin; i < end; ++i) {
     float v = quantize_load(x, i) * inv;
-    y[i] = (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));  // (NaN: unspecified)
+    y[i] = std::isnan(v) ? Y(0) : (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));
   }
 }
 
@@ -64,7 +64,10 @@ NEURONISH_AVX512 void quantize_span_avx512(const void* xv, void* yv, int64_t beg
       __m256i h = _mm256_maskz_loadu_epi16(m, x + i);
       v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, k), lo), hi);
+    // max/min return their second operand when either is NaN: NaN survives the clamp,
+    // converts to INT_MIN and narrows (truncating) to 0. (Clamping it to lo instead gave
+    // int8 -128 where the reference gives 0.)
+    v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, k)));
     _mm_mask_storeu_epi8(y + i, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
   }
 }
@@ -179,9 +182,7 @@ NEURONISH_AVX512 void qbinary_row_avx512(const X* a, const X* b, Y* y, int64_t n
       v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v,
                                _mm512_castsi512_ps(r));
     }
-    // max/min return their second operand when either is NaN: NaN survives the clamp,
-    // converts to INT_MIN, and narrows (truncating) to 0, as the reference's nan_to_num.
-    v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, k)));
+    v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, k)));  // (as quantize: NaN -> 0)
     _mm_mask_storeu_epi8(y + j, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
   }
 }
