@@ -19,8 +19,9 @@ memory scale_memory(Program& p, float value) {
 
 // quantize's loop: v = x * inv (one float32 multiply), clamped to [lo, hi] in float (so a
 // value beyond int32 saturates too), rounded half to even (the default MXCSR mode of
-// cvtps2dq, and nearbyintf), narrowed; NaN gives 0, as the reference's nan_to_num. oneDNN 3.2's reorder with a source scale ran
-// bf16 -> u8 at ~15 ns an element here: slower than the convolution it fed.
+// cvtps2dq, and nearbyintf), narrowed; NaN gives 0, as the reference's nan_to_num. oneDNN
+// 3.2's reorder with a source scale ran bf16 -> u8 at ~15 ns an element here: slower than
+// the convolution it fed.
 using QuantizeSpan = void (*)(const void*, void*, int64_t, int64_t, float);
 
 template <class X>
@@ -35,16 +36,20 @@ float quantize_load(const X* x, int64_t i) {
   }
 }
 
+// quantize's conversion of one float: NaN gives 0 (the reference's nan_to_num).
+template <class Y>
+Y saturate_round(float v) {
+  constexpr float lo = std::is_same<Y, uint8_t>::value ? 0.f : -128.f;
+  constexpr float hi = std::is_same<Y, uint8_t>::value ? 255.f : 127.f;
+  if (std::isnan(v)) return Y(0);
+  return (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));
+}
+
 template <class X, class Y>
 void quantize_span(const void* xv, void* yv, int64_t begin, int64_t end, float inv) {
   const X* x = static_cast<const X*>(xv);
   Y* y = static_cast<Y*>(yv);
-  constexpr float lo = std::is_same<Y, uint8_t>::value ? 0.f : -128.f;
-  constexpr float hi = std::is_same<Y, uint8_t>::value ? 255.f : 127.f;
-  for (int64_t i = begin; i < end; ++i) {
-    float v = quantize_load(x, i) * inv;
-    y[i] = std::isnan(v) ? Y(0) : (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));
-  }
+  for (int64_t i = begin; i < end; ++i) y[i] = saturate_round<Y>(quantize_load(x, i) * inv);
 }
 
 template <class X, class Y>
@@ -119,15 +124,6 @@ inline float round_to_bf16(float v) {
   u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
   std::memcpy(&v, &u, 4);
   return v;
-}
-
-// quantize's conversion of one float: NaN gives 0 (the reference's nan_to_num).
-template <class Y>
-Y saturate_round(float v) {
-  constexpr float lo = std::is_same<Y, uint8_t>::value ? 0.f : -128.f;
-  constexpr float hi = std::is_same<Y, uint8_t>::value ? 255.f : 127.f;
-  if (std::isnan(v)) return Y(0);
-  return (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));
 }
 
 template <int64_t Fn>
