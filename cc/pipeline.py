@@ -24,6 +24,7 @@ from pathlib import Path
 from .errors import VerificationError
 from .ir import Graph, format_graph
 from .passes.autocast import auto_cast
+from .passes.binary_quantize import fuse_binary_quantize
 from .passes.fuse import absorb_dense_reshapes, fold_scale_shift, fuse_activation, fuse_residual_add
 from .passes.idioms import (
     recognize_gelu,
@@ -97,6 +98,9 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         # Attention's head split and merge are strides of its matmuls, not copies.
         Pass("absorb_operand_transposes", absorb_operand_transposes),
         Pass("eliminate_dead_code", eliminate_dead_code),
+        # An add/sub/mul read only by a quantize writes the 8-bit value itself (int8; after
+        # the dead code, as the float32 casts dtype assignment left unread were readers).
+        Pass("fuse_binary_quantize", fuse_binary_quantize),
         # Last: which activations may stay channel-blocked between windowed instructions.
         Pass("assign_layouts", assign_layouts),
     ]

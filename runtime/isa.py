@@ -1169,6 +1169,14 @@ def _quantize(t: Sequence[HasType], a: dict) -> list[Type]:
     return [Type(tuple(t[0].shape), a["to"])]
 
 
+def _binary_quantize(t: Sequence[HasType], a: dict) -> list[Type]:
+    if t[0].dtype != t[1].dtype or t[0].dtype not in ("float32", "bfloat16"):
+        raise IsaError(f"binary_quantize takes two float32 or two bfloat16 operands, got "
+                       f"{_fmt(t[0])} and {_fmt(t[1])}", "in")
+    _positive(a, "scale")
+    return [Type(broadcast_shapes(t[0].shape, t[1].shape), a["to"])]
+
+
 def _positive(a: dict, name: str) -> None:
     if not (math.isfinite(a[name]) and a[name] > 0):
         raise IsaError(f"{name} {a[name]!r} must be a finite number > 0", name)
@@ -1236,6 +1244,19 @@ declare(Kind("quantize", ("x",), attrs=(
     rule=_quantize, doc=(
         "y = saturate(round-half-even(x · float32(1/scale))) to uint8 [0, 255] or int8 "
         "[−128, 127]; NaN gives 0. The edge of an int8 region (docs/int8.md).")))
+# The binary functions whose result, quantized, `binary_quantize` writes in one pass.
+QUANTIZED_BINARY_FNS = ("add", "sub", "mul")
+declare(Kind("binary_quantize", ("a", "b"), attrs=(
+    Attr("fn", Choice(*QUANTIZED_BINARY_FNS), doc="the `binary` function"),
+    Attr("scale", NUM, doc="y's step: y ≈ fn(a, b) / scale"),
+    Attr("to", DType(QUANTIZED), doc="uint8 or int8")),
+    rule=_binary_quantize, doc=(
+        "y = quantize(binary(a, b)), bit for bit: fn(a, b) in float32 with numpy "
+        "broadcasting, rounded once to nearest even when a and b are bfloat16 (the value "
+        "`binary` would store), then `quantize`'s saturate(round-half-even(v · "
+        "float32(1/scale))), NaN giving 0. An element-wise result read only by a "
+        "quantize (EfficientNet's squeeze-excite product before its int8 project "
+        "convolution), written in 8 bits without storing the float one.")))
 declare(Kind("conv2d_int8", ("x", "w", "w_scale"), ("bias", "residual"), attrs=(
     *_WINDOW[:3], Attr("x_scale", NUM, doc="x's quantization step"),
     Attr("depthwise", BOOL, False, "w is [KH,KW,C,M]: each input channel c convolved "

@@ -181,7 +181,7 @@ const std::map<std::string, Encoder> kEncoders = {
     {"pad", pad}, {"argminmax", argminmax}, {"cumulative", cumulative}, {"one_hot", one_hot},
     {"top_k", top_k}, {"resize", resize}, {"conv3d", conv3d}, {"pool3d", pool3d},
     {"select", select}, {"gather", gather}, {"quantize", quantize},
-    {"conv2d_int8", conv2d_int8}, {"matmul_int8", matmul_int8}};
+    {"binary_quantize", binary_quantize}, {"conv2d_int8", conv2d_int8}, {"matmul_int8", matmul_int8}};
 
 }  // namespace
 

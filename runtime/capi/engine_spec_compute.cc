@@ -187,6 +187,8 @@ Out generic_reduce(const Attrs &a, const Ref &x, const Ref &y, const std::set<in
 
 }  // namespace
 
+int64_t loop_fn(const std::string &fn) { return kLoop.at(fn); }
+
 Out conv2d(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &c) {
   return conv(a, ins, outs, c, false);
 }

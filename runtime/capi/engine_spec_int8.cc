@@ -1,5 +1,7 @@
-// runtime/native/spec_int8.py in C++ (engine_spec_parts.h): quantize and the int8
-// convolution and matmul; the floats carry the scales as the numpy reference uses them.
+// runtime/native/spec_int8.py in C++ (engine_spec_parts.h): quantize, binary_quantize and
+// the int8 convolution and matmul; the floats carry the scales as the numpy reference uses them.
+#include <algorithm>
+
 #include "engine_spec_parts.h"
 
 namespace nr::spec::detail {
@@ -10,6 +12,16 @@ Out quantize(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref>
   Ints ints{OP_QUANTIZE};
   put(ints, x); put(ints, outs[0]);
   return made(ints, {double(float(1.0 / a.f("scale")))});  // kernels.quantized.inverse
+}
+
+Out binary_quantize(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &) {
+  const Ref &A = ins[0], &B = ins[1], &y = outs[0];
+  size_t rank = std::max<size_t>(y.shape.size(), 1);
+  if (rank > 8) return std::nullopt;
+  Ints ints{OP_QBINARY, loop_fn(a.s("fn"))};
+  put(ints, A, padded(A.shape, rank)); put(ints, B, padded(B.shape, rank));
+  put(ints, y, padded(y.shape, rank));
+  return made(ints, {double(float(1.0 / a.f("scale")))});
 }
 
 Out conv2d_int8(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &c) {

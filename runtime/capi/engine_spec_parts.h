@@ -27,7 +27,7 @@ enum : int64_t {
   OP_ARGMINMAX = 20, OP_CUMULATIVE = 21,
   OP_ONE_HOT = 22, OP_TOP_K = 23, OP_MIRROR_PAD = 24, OP_RESIZE = 25, OP_CONV3D = 28, OP_POOL3D = 29,
   OP_MASKED_SOFTMAX = 30,
-  OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42,
+  OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42, OP_QBINARY = 43,
   OP_G_UNARY = 50, OP_G_BINARY = 51, OP_G_REDUCE = 52, OP_G_CAST = 53, OP_G_POOL = 54,
   OP_G_SOFTMAX = 55, OP_G_LAYER_NORM = 56, OP_G_CONCAT = 57, OP_G_MATMUL = 58, OP_G_CONV = 59,
   OP_ALIAS = 60,
@@ -118,6 +118,7 @@ std::optional<Chain> chain_of(const std::string &fn, double alpha);
 void epilogue(const Chain &chain, Ints &ints, std::vector<double> &floats);
 std::optional<Chain> activation(const Attrs &a);
 std::optional<int64_t> g_unary(const std::string &fn);
+int64_t loop_fn(const std::string &fn);  // spec.py's LOOP (a known binary function)
 std::optional<int64_t> act_code(const Attrs &a);
 int64_t bits(double v);
 int64_t scalar_bits(const Node &v, int dtype);
@@ -137,7 +138,8 @@ NR_SPEC_ENCODER(flat_copy); NR_SPEC_ENCODER(concat); NR_SPEC_ENCODER(transpose);
 NR_SPEC_ENCODER(strided_slice); NR_SPEC_ENCODER(broadcast_to); NR_SPEC_ENCODER(tile); NR_SPEC_ENCODER(pad);
 NR_SPEC_ENCODER(select); NR_SPEC_ENCODER(gather); NR_SPEC_ENCODER(argminmax); NR_SPEC_ENCODER(cumulative);
 NR_SPEC_ENCODER(one_hot); NR_SPEC_ENCODER(top_k); NR_SPEC_ENCODER(resize);
-NR_SPEC_ENCODER(quantize); NR_SPEC_ENCODER(conv2d_int8); NR_SPEC_ENCODER(matmul_int8);
+NR_SPEC_ENCODER(quantize); NR_SPEC_ENCODER(binary_quantize); NR_SPEC_ENCODER(conv2d_int8);
+NR_SPEC_ENCODER(matmul_int8);
 #undef NR_SPEC_ENCODER
 
 }  // namespace nr::spec::detail

@@ -22,7 +22,7 @@ NATIVE_RULES = frozenset({"unary", "copy", "binary", "select", "cast", "matmul",
                           "layer_norm",
                           "pad", "tile", "broadcast_to", "gather", "conv3d", "pool3d",
                           "cumulative", "top_k", "one_hot", "resize", "quantize",
-                          "conv2d_int8", "matmul_int8"})
+                          "binary_quantize", "conv2d_int8", "matmul_int8"})
 
 
 def _c_string(s: str) -> str:

@@ -452,6 +452,16 @@ TensorType quantize(const In &t, const Node &a) {
   return {t[0].shape, dtype_of(attr_str(a, "to", ""))};
 }
 
+TensorType binary_quantize(const In &t, const Node &a) {
+  if (t[0].dtype != t[1].dtype ||
+      (t[0].dtype != dtype_of("float32") && t[0].dtype != dtype_of("bfloat16")))
+    fail("binary_quantize takes two float32 or two bfloat16 operands, got " + fmt(t[0]) +
+         " and " + fmt(t[1]), "in");
+  double scale = attr_num(a, "scale", 0);
+  if (!(std::isfinite(scale) && scale > 0)) fail("scale must be a finite number > 0", "scale");
+  return {broadcast({&t[0].shape, &t[1].shape}), dtype_of(attr_str(a, "to", ""))};
+}
+
 // conv2d_int8 / matmul_int8 (isa.py's _int8_operands, _float_extras, _positive).
 bool quantized(int dtype) { return dtype == dtype_of("uint8") || dtype == dtype_of("int8"); }
 
@@ -528,7 +538,8 @@ const std::map<std::string, Rule> &rules() {
       {"layer_norm", layer_norm}, {"pad", pad}, {"tile", tile},
       {"broadcast_to", broadcast_to}, {"gather", gather}, {"conv3d", conv3d}, {"pool3d", pool3d},
       {"cumulative", cumulative}, {"top_k", top_k}, {"one_hot", one_hot}, {"resize", resize},
-      {"quantize", quantize}, {"conv2d_int8", conv2d_int8}, {"matmul_int8", matmul_int8}};
+      {"quantize", quantize}, {"binary_quantize", binary_quantize},
+      {"conv2d_int8", conv2d_int8}, {"matmul_int8", matmul_int8}};
   return table;
 }
 

@@ -1,4 +1,5 @@
-"""int8 reference kernels: `quantize`, `conv2d_int8`, `matmul_int8` (docs/int8.md).
+"""int8 reference kernels: `quantize`, `binary_quantize`, `conv2d_int8`, `matmul_int8`
+(docs/int8.md).
 
 These define the int8 semantics the native engine is held to (tests/runtime/test_int8.py):
 
@@ -46,6 +47,16 @@ def quantize_into(x: np.ndarray, inv_scale: np.float32, out: np.ndarray) -> None
 def quantize(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
              scratch: np.ndarray | None) -> None:
     quantize_into(ins[0], inverse(attrs["scale"]), outs[0])
+
+
+@kernel("binary_quantize")
+def binary_quantize(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
+                    scratch: np.ndarray | None) -> None:
+    """quantize(binary(a, b)) by definition: the binary's result in its operands' dtype
+    (bfloat16 rounded once, as `binary` stores it), then quantized."""
+    y = outs[0]
+    v = evaluate("binary", ins, {"fn": attrs["fn"]}, [(y.shape, ins[0].dtype.name)])[0]
+    quantize_into(v, inverse(attrs["scale"]), y)
 
 
 def _epilogue(acc: np.ndarray, scale: np.ndarray, extras: list[np.ndarray], y: np.ndarray,

@@ -130,6 +130,10 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
     elif kind == "quantize":
         for to, x in itertools.product(sorted(isa.QUANTIZED), ("float32", "bfloat16")):
             yield "", [((2, 3, 8), x)], {"scale": 0.1, "to": to}
+    elif kind == "binary_quantize":
+        for fn, x, to in itertools.product(isa.QUANTIZED_BINARY_FNS, _ALL,
+                                           sorted(isa.QUANTIZED)):
+            yield fn, [((2, 3, 8), x), ((3, 8), x)], {"fn": fn, "scale": 0.1, "to": to}
     elif kind == "conv2d_int8":
         for x, out in itertools.product(sorted(isa.QUANTIZED),
                                         ("float32", "bfloat16", "uint8", "int8")):

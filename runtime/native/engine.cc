@@ -296,7 +296,7 @@ void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
 #include "engine_small_matmul.cc"
 
 // int8 instructions (docs/int8.md), defined in engine_int8.cc (included below).
-enum OpInt8 : int64_t { OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42 };
+enum OpInt8 : int64_t { OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42, OP_QBINARY = 43 };
 // Loops over every dtype, defined in engine_any_dtype.cc (included at the end).
 enum OpGeneric : int64_t {
   OP_G_UNARY = 50, OP_G_BINARY = 51, OP_G_REDUCE = 52, OP_G_CAST = 53, OP_G_POOL = 54,
@@ -570,7 +570,9 @@ struct Program {
         push_loop(ins, s, "neuronish:alias", [](const Step&, int) {});
         break;
       }
-      case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: add_int8(*this, op, rd, ins); break;
+      case OP_QUANTIZE: case OP_QCONV: case OP_QMATMUL: case OP_QBINARY:
+        add_int8(*this, op, rd, ins);
+        break;
       case OP_G_UNARY: case OP_G_BINARY: case OP_G_REDUCE: case OP_G_CAST: case OP_G_POOL:
       case OP_G_SOFTMAX: case OP_G_LAYER_NORM: case OP_G_CONCAT: case OP_G_MATMUL:
       case OP_G_CONV:

@@ -19,8 +19,9 @@ memory scale_memory(Program& p, float value) {
 
 // quantize's loop: v = x * inv (one float32 multiply), clamped to [lo, hi] in float (so a
 // value beyond int32 saturates too), rounded half to even (the default MXCSR mode of
-// cvtps2dq, and nearbyintf), narrowed. oneDNN 3.2's reorder with a source scale ran
-// bf16 -> u8 at ~15 ns an element here: slower than the convolution it fed.
+// cvtps2dq, and nearbyintf), narrowed; NaN gives 0, as the reference's nan_to_num. oneDNN
+// 3.2's reorder with a source scale ran bf16 -> u8 at ~15 ns an element here: slower than
+// the convolution it fed.
 using QuantizeSpan = void (*)(const void*, void*, int64_t, int64_t, float);
 
 template <class X>
@@ -35,16 +36,20 @@ float quantize_load(const X* x, int64_t i) {
   }
 }
 
+// quantize's conversion of one float: NaN gives 0 (the reference's nan_to_num).
+template <class Y>
+Y saturate_round(float v) {
+  constexpr float lo = std::is_same<Y, uint8_t>::value ? 0.f : -128.f;
+  constexpr float hi = std::is_same<Y, uint8_t>::value ? 255.f : 127.f;
+  if (std::isnan(v)) return Y(0);
+  return (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));
+}
+
 template <class X, class Y>
 void quantize_span(const void* xv, void* yv, int64_t begin, int64_t end, float inv) {
   const X* x = static_cast<const X*>(xv);
   Y* y = static_cast<Y*>(yv);
-  constexpr float lo = std::is_same<Y, uint8_t>::value ? 0.f : -128.f;
-  constexpr float hi = std::is_same<Y, uint8_t>::value ? 255.f : 127.f;
-  for (int64_t i = begin; i < end; ++i) {
-    float v = quantize_load(x, i) * inv;
-    y[i] = (Y)(int)std::nearbyint(std::min(std::max(v, lo), hi));  // (NaN: unspecified)
-  }
+  for (int64_t i = begin; i < end; ++i) y[i] = saturate_round<Y>(quantize_load(x, i) * inv);
 }
 
 template <class X, class Y>
@@ -64,7 +69,10 @@ NEURONISH_AVX512 void quantize_span_avx512(const void* xv, void* yv, int64_t beg
       __m256i h = _mm256_maskz_loadu_epi16(m, x + i);
       v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(v, k), lo), hi);
+    // max/min return their second operand when either is NaN: NaN survives the clamp,
+    // converts to INT_MIN and narrows (truncating) to 0. (Clamping it to lo instead gave
+    // int8 -128 where the reference gives 0.)
+    v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, k)));
     _mm_mask_storeu_epi8(y + i, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
   }
 }
@@ -97,6 +105,257 @@ void add_quantize(Program& p, Reader& rd, Instr& ins) {
 #pragma omp parallel for num_threads(threads) if (threads > 1 && tasks > 1)
     for (int64_t t = 0; t < tasks; ++t)
       span(px, py, t * chunk, std::min(n, (t + 1) * chunk), inv);
+  });
+}
+
+// --- binary_quantize: y = quantize(binary(a, b)) in one pass (isa.py) ------------------------
+//
+// The float result is never stored: each element is computed in float32, rounded to bf16
+// (nearest even) when the operands are bf16 -- the value the unfused `binary` stores --
+// and quantized as `quantize` does. Operands broadcast (numpy rules); the dims are first
+// merged where both operands broadcast alike, so a squeeze-excite product a [N, H, W, C]
+// * b [N, 1, 1, C] is N*H*W rows of C elements, b's row fixed for each image.
+
+// float32 -> the nearest bf16 (ties to even), as a float32; NaN stays NaN.
+inline float round_to_bf16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (std::isnan(v)) return v;
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+
+template <int64_t Fn>
+inline float binary_fn(float a, float b) {
+  if constexpr (Fn == F_ADD) return a + b;
+  else if constexpr (Fn == F_SUB) return a - b;
+  else return a * b;
+}
+
+// The rows of one task: row r reads a at element offset oa[r] and b at ob[r] and writes
+// y[r * n, (r + 1) * n); along a row an operand advances by 1, or by 0 (sa or sb 0: one
+// value broadcast over the row).
+struct QRows {
+  const int64_t *oa, *ob;
+  int64_t rows, first, n, sa, sb;
+};
+
+template <class X, class Y, int64_t Fn>
+void qbinary_rows(const X* a, const X* b, Y* y, const QRows& q, float inv) {
+  constexpr bool bf16 = std::is_same<X, uint16_t>::value;
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const X *pa = a + q.oa[r], *pb = b + q.ob[r];
+    Y* py = y + (q.first + r) * q.n;
+    for (int64_t j = 0; j < q.n; ++j) {
+      float v = binary_fn<Fn>(quantize_load(pa, j * q.sa), quantize_load(pb, j * q.sb));
+      if constexpr (bf16) v = round_to_bf16(v);
+      py[j] = saturate_round<Y>(v * inv);
+    }
+  }
+}
+
+
+
+// fn(va, vb) rounded to bf16 when X is, times k, clamped: 16 floats ready to convert. The
+// rounding is integer arithmetic on the float32 bits (round half to even on bit 16). A NaN
+// comes out as NaN or, its payload carrying into the sign, as -0 or +0: each quantizes to 0,
+// as NaN does.
+template <class X, class Y, int64_t Fn>
+NEURONISH_AVX512 inline __m512 qbinary_value(__m512 va, __m512 vb, __m512 k) {
+  const __m512 lo = _mm512_set1_ps(std::is_same<Y, uint8_t>::value ? 0.f : -128.f);
+  const __m512 hi = _mm512_set1_ps(std::is_same<Y, uint8_t>::value ? 255.f : 127.f);
+  __m512 v;
+  if constexpr (Fn == F_ADD) v = _mm512_add_ps(va, vb);
+  else if constexpr (Fn == F_SUB) v = _mm512_sub_ps(va, vb);
+  else v = _mm512_mul_ps(va, vb);
+  if constexpr (std::is_same<X, uint16_t>::value) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i biased = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
+    v = _mm512_castsi512_ps(_mm512_and_si512(biased, _mm512_set1_epi32(int(0xFFFF0000u))));
+  }
+  return _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, k)));  // (NaN stays NaN)
+}
+
+// float32 operands: 16 lanes at a time. (cvtps2dq gives NaN INT_MIN, narrowed to 0.)
+template <class Y, int64_t Fn>
+NEURONISH_AVX512 void qbinary_rows_f32(const float* a, const float* b, Y* y, const QRows& q,
+                                       float inv) {
+  const __m512 k = _mm512_set1_ps(inv);
+  const int64_t n = q.n;
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const float *pa = a + q.oa[r], *pb = b + q.ob[r];
+    Y* py = y + (q.first + r) * n;
+    for (int64_t j = 0; j < n; j += 16) {
+      __mmask16 m = lanes16(n, j);
+      __m512 va = q.sa ? _mm512_maskz_loadu_ps(m, pa + j) : _mm512_set1_ps(pa[0]);
+      __m512 vb = q.sb ? _mm512_maskz_loadu_ps(m, pb + j) : _mm512_set1_ps(pb[0]);
+      __m512 v = qbinary_value<float, Y, Fn>(va, vb, k);
+      _mm_mask_storeu_epi8(py + j, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+    }
+  }
+}
+
+// bf16 operands: 32 at a time, in two halves that need no shuffle: as 16 float32 lanes,
+// the even elements are each lane's low bf16 shifted up, the odd ones its high bf16 as it
+// is; the results go back in order as 32 int16 lanes, narrowed once (vpmovwb). Widening
+// and narrowing by cross-lane shuffles, 16 at a time, took twice as long as the arithmetic
+// (single-thread, 8x56x56x144: 0.82 ms, the unfused pair's time).
+template <class Y, int64_t Fn>
+NEURONISH_AVX512 void qbinary_rows_bf16(const uint16_t* a, const uint16_t* b, Y* y,
+                                        const QRows& q, float inv) {
+  const __m512 k = _mm512_set1_ps(inv);
+  const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+  const int64_t n = q.n;
+  for (int64_t r = 0; r < q.rows; ++r) {
+    const uint16_t *pa = a + q.oa[r], *pb = b + q.ob[r];
+    Y* py = y + (q.first + r) * n;
+    const __m512 a0 = _mm512_set1_ps(quantize_load(pa, 0));
+    const __m512 b0 = _mm512_set1_ps(quantize_load(pb, 0));
+    for (int64_t j = 0; j < n; j += 32) {
+      __mmask32 m = n - j >= 32 ? ~__mmask32(0) : (__mmask32(1) << (n - j)) - 1;
+      __m512 ae = a0, ao = a0, be = b0, bo = b0;
+      if (q.sa) {
+        __m512i x = _mm512_maskz_loadu_epi16(m, pa + j);
+        ae = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        ao = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+      }
+      if (q.sb) {
+        __m512i x = _mm512_maskz_loadu_epi16(m, pb + j);
+        be = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        bo = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+      }
+      __m512i even = _mm512_cvtps_epi32(qbinary_value<uint16_t, Y, Fn>(ae, be, k));
+      __m512i odd = _mm512_cvtps_epi32(qbinary_value<uint16_t, Y, Fn>(ao, bo, k));
+      __m512i words = _mm512_mask_blend_epi16(0xAAAAAAAAu, even, _mm512_slli_epi32(odd, 16));
+      _mm256_mask_storeu_epi8(py + j, m, _mm512_cvtepi16_epi8(words));
+    }
+  }
+}
+
+using QBinaryRows = void (*)(const void*, const void*, void*, const QRows&, float);
+
+template <class X, class Y, int64_t Fn, bool Avx512>
+void qbinary_rows_of(const void* a, const void* b, void* y, const QRows& q, float inv) {
+  const X *pa = static_cast<const X*>(a), *pb = static_cast<const X*>(b);
+  Y* py = static_cast<Y*>(y);
+  if constexpr (!Avx512) qbinary_rows<X, Y, Fn>(pa, pb, py, q, inv);
+  else if constexpr (std::is_same<X, float>::value) qbinary_rows_f32<Y, Fn>(pa, pb, py, q, inv);
+  else qbinary_rows_bf16<Y, Fn>(pa, pb, py, q, inv);
+}
+
+template <class X, class Y, bool Avx512>
+QBinaryRows qbinary_rows_for(int64_t code) {
+  if (code == F_ADD) return qbinary_rows_of<X, Y, F_ADD, Avx512>;
+  if (code == F_SUB) return qbinary_rows_of<X, Y, F_SUB, Avx512>;
+  return qbinary_rows_of<X, Y, F_MUL, Avx512>;
+}
+
+// The dims of y with the operands' element strides, merged where both operands broadcast
+// alike (and dims of 1 dropped): rows of `inner` elements, each row's offsets by an
+// odometer over the outer dims.
+struct MergedBroadcast {
+  std::vector<int64_t> dims, sa, sb;  // outer dims first, the row's dim last
+
+  MergedBroadcast(const memory::dims& a, const memory::dims& b, const memory::dims& y) {
+    std::vector<int64_t> ea(y.size()), eb(y.size());  // element strides, 0 when broadcast
+    int64_t ta = 1, tb = 1;
+    for (size_t k = y.size(); k-- > 0;) {
+      if ((a[k] != y[k] && a[k] != 1) || (b[k] != y[k] && b[k] != 1))
+        throw Error("binary_quantize: operands do not broadcast to the output");
+      ea[k] = a[k] == y[k] ? ta : 0;
+      eb[k] = b[k] == y[k] ? tb : 0;
+      ta *= a[k];
+      tb *= b[k];
+    }
+    for (size_t k = 0; k < y.size(); ++k) {
+      if (y[k] == 1) continue;
+      bool same = !dims.empty() && (sa.back() == 0) == (ea[k] == 0) &&
+                  (sb.back() == 0) == (eb[k] == 0);
+      if (same) {  // contiguous with the previous dim in both operands (or broadcast)
+        dims.back() *= y[k];
+        sa.back() = ea[k];
+        sb.back() = eb[k];
+      } else {
+        dims.push_back(y[k]);
+        sa.push_back(ea[k]);
+        sb.push_back(eb[k]);
+      }
+    }
+    if (dims.empty()) dims = sa = sb = {1};
+    for (auto* s : {&sa, &sb})  // the row's own stride is 0 or 1
+      if (s->back() > 1) throw Error("binary_quantize: internal stride error");
+  }
+  int64_t inner() const { return dims.back(); }
+  int64_t rows() const {
+    int64_t r = 1;
+    for (size_t k = 0; k + 1 < dims.size(); ++k) r *= dims[k];
+    return r;
+  }
+};
+
+// (code, a, b, y padded to one rank, inv)
+void add_qbinary(Program& p, Reader& rd, Instr& ins) {
+  int64_t code = rd.next();
+  Ref a = rd.ref(), b = rd.ref(), y = rd.ref();
+  float inv = rd.nextf();
+  if ((a.type != dt::f32 && a.type != dt::bf16) || b.type != a.type ||
+      (y.type != dt::u8 && y.type != dt::s8))
+    throw Error("binary_quantize: two f32 or two bf16 operands to u8/s8 only");
+  if (code != F_ADD && code != F_SUB && code != F_MUL)
+    throw Error("binary_quantize: add, sub or mul only, got code " + std::to_string(code));
+  if (a.dims.size() != y.dims.size() || b.dims.size() != y.dims.size())
+    throw Error("binary_quantize: operands not padded to the output's rank");
+  MergedBroadcast mb(a.dims, b.dims, y.dims);
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl");
+  bool bf16 = a.type == dt::bf16, u8 = y.type == dt::u8;
+  auto pick = [&](auto xt, auto yt) -> QBinaryRows {
+    using X = decltype(xt);
+    using Y = decltype(yt);
+    return avx512 ? qbinary_rows_for<X, Y, true>(code) : qbinary_rows_for<X, Y, false>(code);
+  };
+  QBinaryRows rows_fn = bf16 ? (u8 ? pick(uint16_t(), uint8_t()) : pick(uint16_t(), int8_t()))
+                             : (u8 ? pick(float(), uint8_t()) : pick(float(), int8_t()));
+  Step s;
+  p.byte_arg(s, a);
+  p.byte_arg(s, b);
+  p.byte_arg(s, y);
+  p.push_loop(ins, s, "neuronish:binary_quantize", [=](const Step& st, int threads) {
+    const void* pa = data<const char>(st, 0);
+    const void* pb = data<const char>(st, 1);
+    void* py = data<char>(st, 2);
+    const int64_t n = mb.inner(), rows = mb.rows(), outer = int64_t(mb.dims.size()) - 1;
+    const int64_t per_task = std::max<int64_t>(1, (1 << 14) / n);  // ~16K elements a task
+    const int64_t tasks = (rows + per_task - 1) / per_task;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && tasks > 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t first = t * per_task, last = std::min(rows, first + per_task);
+      // each row's offsets: the first row's index over the outer dims, then an odometer
+      std::vector<int64_t> oa(last - first), ob(last - first), at(outer);
+      int64_t a_at = 0, b_at = 0;
+      for (int64_t k = outer, r = first; k-- > 0;) {
+        at[k] = r % mb.dims[k];
+        r /= mb.dims[k];
+        a_at += at[k] * mb.sa[k];
+        b_at += at[k] * mb.sb[k];
+      }
+      for (int64_t r = 0; r < last - first; ++r) {
+        oa[r] = a_at;
+        ob[r] = b_at;
+        for (int64_t k = outer; k-- > 0;) {  // the next row
+          a_at += mb.sa[k];
+          b_at += mb.sb[k];
+          if (++at[k] < mb.dims[k]) break;
+          a_at -= at[k] * mb.sa[k];
+          b_at -= at[k] * mb.sb[k];
+          at[k] = 0;
+        }
+      }
+      QRows q{oa.data(), ob.data(), last - first, first, n, mb.sa.back(), mb.sb.back()};
+      rows_fn(pa, pb, py, q, inv);
+    }
   });
 }
 
@@ -215,6 +474,7 @@ void add_int8(Program& p, int64_t op, Reader& rd, Instr& ins) {
   switch (op) {
     case OP_QUANTIZE: add_quantize(p, rd, ins); break;
     case OP_QCONV: add_qconv(p, rd, ins); break;
+    case OP_QBINARY: add_qbinary(p, rd, ins); break;
     default: add_qmatmul(p, rd, ins); break;
   }
 }

@@ -8,9 +8,9 @@ float32(1/scale), the conv's x_scale and y_scale (as float32).
 from __future__ import annotations
 
 from ..kernels.quantized import inverse
-from .spec import Ref, _activation, _epilogue, _padded
+from .spec import LOOP, Ref, _activation, _epilogue, _padded
 
-OP_QUANTIZE, OP_QCONV, OP_QMATMUL = 40, 41, 42
+OP_QUANTIZE, OP_QCONV, OP_QMATMUL, OP_QBINARY = 40, 41, 42, 43
 
 
 def _quantize(attrs: dict, ins: list[Ref], outs: list[Ref],
@@ -19,6 +19,18 @@ def _quantize(attrs: dict, ins: list[Ref], outs: list[Ref],
     if not x.shape or len(x.shape) > 6:
         return None
     return [OP_QUANTIZE, *x.encode(), *y.encode()], [float(inverse(attrs["scale"]))]
+
+
+def _binary_quantize(attrs: dict, ins: list[Ref], outs: list[Ref],
+                     const: list[bool]) -> tuple[list[int], list[float]] | None:
+    """fn's code is OP_G_BINARY's (spec.LOOP); the operands padded to y's rank."""
+    (a, b), y = ins, outs[0]
+    rank = max(len(y.shape), 1)
+    if rank > 8:
+        return None
+    shape = [_padded(r.shape, rank) for r in (a, b, y)]
+    return [OP_QBINARY, LOOP[attrs["fn"]], *a.encode(shape[0]), *b.encode(shape[1]),
+            *y.encode(shape[2])], [float(inverse(attrs["scale"]))]
 
 
 def _conv2d_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
@@ -56,4 +68,5 @@ def _matmul_int8(attrs: dict, ins: list[Ref], outs: list[Ref],
     return ints, floats + [attrs["a_scale"], attrs.get("y_scale", 1.0)]
 
 
-ENCODERS = {"quantize": _quantize, "conv2d_int8": _conv2d_int8, "matmul_int8": _matmul_int8}
+ENCODERS = {"quantize": _quantize, "binary_quantize": _binary_quantize,
+            "conv2d_int8": _conv2d_int8, "matmul_int8": _matmul_int8}

@@ -1,0 +1,142 @@
+"""EfficientNet's squeeze-excite product is quantized by the multiply itself
+(cc/passes/binary_quantize.py).
+
+In an int8 EfficientNet block the project convolution reads depthwise output x sigmoid
+gate, so `--quantize int8` put a `quantize` after the multiply; the fusion makes the
+pair one `binary_quantize` that writes the int8 product directly. Checked on a Keras
+block built like EfficientNet's (expand, depthwise, squeeze-excite, project): the
+fusion fires with and without `--auto-cast`, the fused program gives the unfused one's
+outputs bit for bit on the numpy engine, the native engine under Python and the C
+runtime, and both stay within int8's error of TensorFlow.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish import runtime as py_runtime
+from neuronish.cc import compiler
+from neuronish.runtime.capi import binding
+from neuronish.runtime.executable import Executable, to_bytes
+from tests.graphs import TracedGraph, trace
+from tests.helpers import run_reporting_numpy
+
+BATCH, SIDE, CHANNELS = 4, 8, 16
+SHAPE = (BATCH, SIDE, SIDE, CHANNELS)
+
+
+def _efficientnet_block(seed: int = 0) -> TracedGraph:
+    """expand 1x1 + swish, depthwise 3x3 + swish, squeeze-excite (mean, 1x1 + swish,
+    1x1 + sigmoid, multiply), project 1x1: an MBConv block as keras.applications builds
+    it (without batch norm), biases random so that the gate is not a constant 0.5."""
+    tf.keras.utils.set_random_seed(seed)
+    biases = tf.keras.initializers.RandomNormal(stddev=0.5, seed=seed)
+    layers = tf.keras.layers
+    x = inputs = tf.keras.Input(SHAPE[1:])
+    x = layers.Conv2D(4 * CHANNELS, 1, activation="swish", bias_initializer=biases)(x)
+    x = layers.DepthwiseConv2D(3, padding="same", activation="swish",
+                               bias_initializer=biases)(x)
+    s = layers.GlobalAveragePooling2D(keepdims=True)(x)
+    s = layers.Conv2D(4, 1, activation="swish", bias_initializer=biases)(s)
+    s = layers.Conv2D(4 * CHANNELS, 1, activation="sigmoid", bias_initializer=biases)(s)
+    x = layers.Multiply()([x, s])
+    outputs = layers.Conv2D(CHANNELS, 1, bias_initializer=biases)(x)
+    model = tf.keras.Model(inputs, outputs)
+    return trace(model, tf.TensorSpec([None, *SHAPE[1:]], tf.float32, name="x"), batch=BATCH)
+
+
+@pytest.fixture(scope="module")
+def block() -> TracedGraph:
+    return _efficientnet_block()
+
+
+def _calibration(count: int = 3) -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [[rng.standard_normal(SHAPE).astype(np.float32)] for _ in range(count)]
+
+
+def _compile(graph: TracedGraph, auto_cast: str, fused: bool = True) -> Executable:
+    return compiler.compile_executable(
+        graph.graph_def, graph.io_config, calibration=_calibration(), auto_cast=auto_cast,
+        auto_cast_type="bf16", disabled_passes=None if fused else ["fuse_binary_quantize"])
+
+
+@pytest.mark.parametrize("auto_cast", ["matmult", "none"])
+def test_the_excitation_product_is_written_in_int8_by_one_instruction(
+        block: TracedGraph, auto_cast: str) -> None:
+    program = _compile(block, auto_cast).programs[0]
+    kinds = [i.kind for i in program]
+    # only the input is quantized on its own; the product is the multiply's to quantize
+    assert kinds.count("quantize") == 1 and "binary" not in kinds, kinds
+    [fused] = [i for i in program if i.kind == "binary_quantize"]
+    assert fused.attrs["fn"] == "mul" and fused.attrs["to"] in ("int8", "uint8")
+    producers = {v: i for i in program for v in i.outputs}
+    image, gate = (producers[v] for v in fused.inputs)
+    assert image.kind == "conv2d_int8" and image.attrs["depthwise"]
+    assert gate.kind == "conv2d" and gate.attrs["activation"] == "sigmoid"
+    assert [i.kind for i in program if fused.outputs[0] in i.inputs] == ["conv2d_int8"]
+    # without the pass, the program is the pair it replaces
+    unfused = [i.kind for i in _compile(block, auto_cast, fused=False).programs[0]]
+    assert unfused.count("quantize") == 2 and "binary" in unfused
+
+
+def _c_runtime_outputs(data: bytes, x: np.ndarray) -> np.ndarray:
+    device = binding.Device(binding.load_library())
+    try:
+        model = binding.Model(device, data)
+        [out] = model.run([x])
+        model.unload()
+        return out
+    finally:
+        device.close()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None,
+                    reason="g++ is needed to build the C runtime library")
+@pytest.mark.parametrize("auto_cast", ["matmult", "none"])
+def test_fused_and_unfused_programs_agree_bit_for_bit_on_every_engine(
+        block: TracedGraph, auto_cast: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
+    want = next(iter(block.reference({"x:0": x}).values()))
+    results: dict[str, dict[str, np.ndarray]] = {}
+    for name, fused in (("fused", True), ("pair", False)):
+        exe = _compile(block, auto_cast, fused)
+        assert ("binary_quantize" in {i.kind for i in exe.programs[0]}) == fused
+        data = to_bytes(exe)
+        got = results[name] = {}
+        monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
+        with py_runtime.load(data, runtime="python") as model:
+            [got["numpy"]] = model.run({"x:0": x}).values()
+        monkeypatch.setenv("NEURONISH_ENGINE", "native")
+        native, left = run_reporting_numpy(data, {"x:0": x})
+        assert left == [], left
+        [got["native"]] = native.values()
+        got["c_runtime"] = _c_runtime_outputs(data, x)
+    for engine in ("numpy", "native", "c_runtime"):
+        np.testing.assert_array_equal(results["fused"][engine], results["pair"][engine],
+                                      err_msg=engine)
+        # ...and TensorFlow's, within what int8 costs (the other int8 tests' bound)
+        err = np.abs(results["fused"][engine] - want).max() / np.abs(want).max()
+        assert err < 0.05, (engine, err)
+
+
+def test_a_product_read_elsewhere_too_stays_a_pair() -> None:
+    """The fused instruction writes only the 8-bit value: a product that a float
+    instruction (here, the graph output) also reads is left to binary + quantize."""
+    rng = np.random.default_rng(2)
+    w = tf.constant(rng.standard_normal((1, 1, 8, 8)).astype(np.float32))
+    g = tf.constant(rng.uniform(0.2, 1.0, (1, 1, 1, 8)).astype(np.float32))
+
+    def fn(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        y = tf.nn.relu(tf.nn.conv2d(x, w, 1, "VALID")) * g
+        return y, tf.nn.conv2d(y, w, 1, "VALID")
+
+    graph = trace(fn, tf.TensorSpec([None, 4, 4, 8], tf.float32, name="x"), batch=2)
+    calib = [[rng.standard_normal((2, 4, 4, 8)).astype(np.float32)] for _ in range(2)]
+    kinds = [i.kind for i in compiler.compile_executable(
+        graph.graph_def, graph.io_config, calibration=calib).programs[0]]
+    assert "binary_quantize" not in kinds and "binary" in kinds, kinds
