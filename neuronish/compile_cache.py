@@ -50,6 +50,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ _MAGIC = b"NRNISHC2"  # 2: the record's checksum is keyed with the cache's secre
 _RECORD = len(_MAGIC) + 32 + 32  # magic, key, HMAC-SHA-256
 _SECRET = ".secret"
 _MAX_ENTRY_BYTES = 1 << 40  # a sanity bound; the record's checksum is the real check
+_STALE_TMP_S = 3600.0  # a temporary file this old was left by a process that died writing it
 
 
 class UntrustedCache(BuildError):
@@ -258,10 +260,18 @@ class CompileCache:
             raise
 
     def evict(self) -> int:
-        """Remove least recently used entries until the cache fits; returns how many."""
+        """Remove least recently used entries until the cache fits; returns how many. Also
+        removes temporary files older than an hour (a process killed while it wrote one
+        leaves it, outside the size bound)."""
         entries = []
+        stale = time.time() - _STALE_TMP_S
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.root):
+                if entry.name.startswith(".tmp-"):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < stale:
+                            os.unlink(entry.path)
+                    continue
                 if entry.name.endswith(".neff") and _KEY.fullmatch(entry.name[:-5]):
                     with contextlib.suppress(OSError):
                         st = entry.stat(follow_symlinks=False)

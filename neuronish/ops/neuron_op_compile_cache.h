@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -527,13 +528,22 @@ class DiskCompileCache {
                         HmacSha256(secret_, key_bytes + std::string(reinterpret_cast<char*>(digest), 32)));
   }
 
-  // Least recently used entries removed until the cache fits (CompileCache.evict).
+  // Least recently used entries removed until the cache fits, and temporary files older
+  // than an hour (left by a process that died writing them) too (CompileCache.evict).
   void Evict() {
     std::vector<std::tuple<int64_t, uint64_t, std::string>> entries;  // (mtime, bytes, key)
     uint64_t total = 0;
+    const time_t stale = time(nullptr) - 3600;
     if (DIR* d = opendir(root_.c_str())) {
       while (const dirent* e = readdir(d)) {
         const std::string name = e->d_name;
+        if (name.compare(0, 5, ".tmp-") == 0) {
+          struct stat st {};
+          if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_mtime < stale) {
+            unlinkat(dirfd(d), e->d_name, 0);
+          }
+          continue;
+        }
         if (name.size() != 69 || name.compare(64, 5, ".neff") != 0 ||
             name.find_first_not_of("0123456789abcdef") < 64) {
           continue;

@@ -78,6 +78,22 @@ def test_size_limit_evicts_least_recently_used(tmp_path: Path) -> None:
     assert cache.get("f" * 64, stats) is None
 
 
+def test_temporary_files_a_dead_writer_left_are_removed(tmp_path: Path) -> None:
+    """A process killed while writing an entry leaves its .tmp- file, outside the size
+    bound: the next write removes it once it is an hour old, and not before (another
+    process may be writing it now)."""
+    cache = CompileCache(tmp_path / "c")
+    stats = CacheStats()
+    cache.put("1" * 64, b"first", stats)
+    old, fresh = tmp_path / "c" / ".tmp-dead", tmp_path / "c" / ".tmp-live"
+    old.write_bytes(bytes(1000))
+    fresh.write_bytes(bytes(1000))
+    os.utime(old, (os.path.getmtime(old) - 7200,) * 2)
+    cache.put("2" * 64, b"second", stats)
+    assert not old.exists() and fresh.exists()
+    assert cache.get("1" * 64, stats) == b"first" and cache.get("2" * 64, stats) == b"second"
+
+
 def test_cache_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURONISH_COMPILE_CACHE", "off")
     src = small_model(tmp_path / "src")

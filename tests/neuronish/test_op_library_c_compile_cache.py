@@ -9,6 +9,7 @@ every number is compared with TensorFlow on the original SavedModel."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import sys
@@ -226,8 +227,13 @@ def test_the_cache_keeps_to_its_size_least_recently_used_out(
     assert _executables_run(model, tmp_path, 2, 31, NEURONISH_CC=cc,
                             NEURONISH_COMPILE_CACHE_SIZE=size) == {"neuron_op_0@2x31x8"}
     _calls(log)
+    # (and a temporary file a dead writer left an hour ago goes with the next store)
+    dead = _fresh_compile_cache / ".tmp-dead"
+    dead.write_bytes(bytes(100))
+    os.utime(dead, (time.time() - 7200,) * 2)
     assert _executables_run(model, tmp_path, 2, 35, NEURONISH_CC=cc,
                             NEURONISH_COMPILE_CACHE_SIZE=size) == {"neuron_op_0@2x35x8"}
+    assert not dead.exists()
     assert _calls(log) == ["--version", "compile"]
     left = _entries(_fresh_compile_cache)
     assert len(left) == 2 and first in left and second not in left, (first, second, left)
