@@ -37,7 +37,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -445,24 +445,10 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
     model = handle.model
     if model is not None:
         ins, outs = [np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs]
-        try:
-            _run_on(handle, model, ins, outs, cancel)
+        error = _on_device(lambda m: _run_on(handle, m, ins, outs, cancel), model,
+                           handle.load_again)
+        if error is None:
             return
-        except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
-            raise  # (a call past its deadline, or given up, is not retried on TensorFlow)
-        except (DeviceError, MemoryError) as e:
-            error: BaseException = e
-        # Failed cores took every copy: the model is loaded again on the working cores and
-        # the call made there (once), before the fallback has a say.
-        again = handle.load_again(model) if model.lost else None
-        if again is not None:
-            try:
-                _run_on(handle, again, ins, outs, cancel)
-                return
-            except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
-                raise
-            except (DeviceError, MemoryError) as e:
-                error = e
         from neuronish import fallback
 
         if handle.fallback is None or not fallback.fallback_enabled():
@@ -475,6 +461,35 @@ def run(handle: Handle, inputs: Sequence[object], outputs: Sequence[object],
     count_call(handle.op_id)
     handle.runner.run([np.asarray(x) for x in inputs], [np.asarray(o) for o in outputs],
                       Cutoff.of(handle.timeout, cancel))
+
+
+def _on_device(call: Callable[[Model | native_model.NativeModel], None],
+               model: Model | native_model.NativeModel,
+               load_again: Callable[[Model | native_model.NativeModel],
+                                    Model | native_model.NativeModel | None]
+               ) -> BaseException | None:
+    """`call(model)`; when the device fails it because failed cores took every copy of
+    `model`, `load_again(model)` puts it on the working cores and `call` runs once more
+    there, before the fallback has a say. None if a call succeeded, else the device's
+    error (DeviceError or MemoryError) for the caller's fallback. A bad input, a deadline
+    or a cancel is raised: such a call is not retried, on the device or on TensorFlow."""
+    try:
+        call(model)
+        return None
+    except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
+        raise
+    except (DeviceError, MemoryError) as e:
+        error: BaseException = e
+    again = load_again(model) if model.lost else None
+    if again is None:
+        return error
+    try:
+        call(again)
+        return None
+    except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
+        raise
+    except (DeviceError, MemoryError) as e:
+        return e
 
 
 def _run_on(handle: Handle, model: Model | native_model.NativeModel, ins: list[np.ndarray],
@@ -503,26 +518,13 @@ def _run_shaped(handle: Handle, inputs: Sequence[object], outputs: Sequence[obje
     # The call's deadline began in output_shapes (it may have waited for a compile).
     timeout = None if cutoff is None or cutoff.deadline is None else \
         max(0.0, cutoff.deadline - time.monotonic())
-    model = chosen.model  # type: ignore[union-attr]
     try:
-        try:
-            model.run_list(ins, out=outs, timeout=timeout, cancel=cancel)
+        error = _on_device(
+            lambda m: m.run_list(ins, out=outs, timeout=timeout, cancel=cancel),
+            chosen.model,  # type: ignore[union-attr]
+            lambda lost: handle.shapes.load_again(chosen, lost))  # type: ignore[union-attr, arg-type]
+        if error is None:
             return
-        except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
-            raise
-        except (DeviceError, MemoryError) as e:
-            error: BaseException = e
-        # Failed cores took every copy of the shape's executable: loaded again on the
-        # working cores and the call made there (once), as `run` does.
-        again = handle.shapes.load_again(chosen, model) if model.lost else None  # type: ignore[union-attr, arg-type]
-        if again is not None:
-            try:
-                again.run_list(ins, out=outs, timeout=timeout, cancel=cancel)
-                return
-            except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
-                raise
-            except (DeviceError, MemoryError) as e:
-                error = e
         from neuronish.fallback import fallback_enabled
 
         if handle.fallback is None or not fallback_enabled():

@@ -459,12 +459,21 @@ class NeuronOpNativeKernel : public OpKernel {
   // little free memory), as the Python host loads (kernel_bridge.load_model).
   // (Called once EnsureLoaded has opened the device.)
   nr_status LoadOnDevice(const std::string& executable, nr_model** model, char* error) const {
+    return StepDown([&](uint32_t dups) {
+      return nr_model_load_bytes(device_, executable.data(), executable.size(), dups, model,
+                                 error, kErrorSize);
+    });
+  }
+
+  // `load(duplicates)` with as many as model_config asks (or the default), then fewer,
+  // down to one, while the device has too few core groups or too little memory for them.
+  template <typename Load>
+  nr_status StepDown(Load load) const {
     const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
                                                                 : -1;
     nr_status s = NR_DEVICE_ERROR;
     for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
-      s = nr_model_load_bytes(device_, executable.data(), executable.size(),
-                              static_cast<uint32_t>(dups), model, error, kErrorSize);
+      s = load(static_cast<uint32_t>(dups));
       if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
     }
     return s;
@@ -666,16 +675,11 @@ class NeuronOpNativeKernel : public OpKernel {
   // Called under load_mu_ (the static op) or the shape table's reload lock (a shape's).
   nr_model* LoadedAgain(nr_model* lost, const char* what) {
     if (!EveryCopyLost(lost)) return nullptr;
-    const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
-                                                                : -1;
     char error[kErrorSize];
     nr_model* again = nullptr;
-    nr_status s = NR_DEVICE_ERROR;
-    for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
-      s = nr_model_load(device_, nr_model_executable(lost), static_cast<uint32_t>(dups), &again,
-                        error, kErrorSize);
-      if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
-    }
+    const nr_status s = StepDown([&](uint32_t dups) {
+      return nr_model_load(device_, nr_model_executable(lost), dups, &again, error, kErrorSize);
+    });
     if (s != NR_OK) {
       if (!warned_load_again_.exchange(true)) {  // (once per op, whichever shape)
         LOG(WARNING) << Where() << "failed cores took every copy of " << what

@@ -21,10 +21,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import neuronish.saved_model
-from neuronish import native_op_library
-from tests.neuronish.test_op_library_c import _build_program, _signature
-from tests.neuronish.test_op_library_c_shapes import _call, _close, _executables_run, _Sequence
+from tests.neuronish.test_op_library_c_shapes import (  # noqa: F401 (compiled: a fixture)
+    _call,
+    _close,
+    _executables_run,
+    compiled,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None,
                                 reason="gcc and g++ are needed to build the op library and the "
@@ -34,17 +36,9 @@ COMPILER = str(Path(sys.executable).parent / "neuronish-cc")
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("c_cache")
-    src, out = tmp / "src", tmp / "compiled"
-    module = _Sequence()
-    tf.saved_model.save(module, str(src), signatures=module.__call__)
-    neuronish.saved_model.compile(str(src), str(out), batch_size=2)
-    ins, outs = _signature(out)
-    return {"src": src, "out": out, "x": ins["x"], "y": outs["y"],
-            "program": _build_program(tmp / "tf_saved_model"),
-            "lib": str(native_op_library.build()),
-            "tf": tf.saved_model.load(str(src)).signatures["serving_default"]}
+def model(compiled: dict[str, Any]) -> dict[str, Any]:  # noqa: F811 (the fixture)
+    """test_op_library_c_shapes' free-length sequence model, compiled at batch 2."""
+    return compiled
 
 
 @pytest.fixture
@@ -97,11 +91,11 @@ def test_the_python_and_c_hosts_share_entries(
     cc, log = logged_compiler
     monkeypatch.setenv("NEURONISH_CC", cc)
     monkeypatch.setenv("NEURONISH_FALLBACK", "0")
-    compiled = tf.saved_model.load(str(model["out"])).signatures["serving_default"]
+    served = tf.saved_model.load(str(model["out"])).signatures["serving_default"]
 
     def python_host(batch: int, length: int) -> None:
         x = np.random.default_rng(length).standard_normal((batch, length, 8)).astype(np.float32)
-        _close(compiled(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
+        _close(served(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
 
     python_host(2, 19)  # the Python host compiles length 19...
     assert _calls(log) == ["--version", "compile"]
@@ -165,9 +159,9 @@ def test_the_hosts_share_entries_with_the_default_compiler_command(
     two still share the entry (one entry after both hosts ran the length)."""
     monkeypatch.delenv("NEURONISH_CC", raising=False)
     monkeypatch.setenv("NEURONISH_FALLBACK", "0")
-    compiled = tf.saved_model.load(str(model["out"])).signatures["serving_default"]
+    served = tf.saved_model.load(str(model["out"])).signatures["serving_default"]
     x = np.random.default_rng(27).standard_normal((2, 27, 8)).astype(np.float32)
-    _close(compiled(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
+    _close(served(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
     assert len(_entries(_fresh_compile_cache)) == 1
     venv_bin = str(Path(sys.executable).parent)
     assert _executables_run(model, tmp_path, 2, 27, PATH=f"{venv_bin}:/usr/bin:/bin") == \
@@ -200,9 +194,9 @@ def test_a_subgraph_with_debug_info_is_keyed_alike_by_both_hosts(
     assert _set_neuron_op_attr(out, add_debug_info) == 1
     monkeypatch.setenv("NEURONISH_CC", cc)
     monkeypatch.setenv("NEURONISH_FALLBACK", "0")
-    compiled = tf.saved_model.load(str(out)).signatures["serving_default"]
+    served = tf.saved_model.load(str(out)).signatures["serving_default"]
     x = np.random.default_rng(29).standard_normal((2, 29, 8)).astype(np.float32)
-    _close(compiled(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
+    _close(served(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
     assert _calls(log) == ["--version", "compile"]
     assert _executables_run({**model, "out": out}, tmp_path, 2, 29, NEURONISH_CC=cc) == \
         {"neuron_op_0@2x29x8"}
