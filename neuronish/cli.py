@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="The NeuronOp library whose kernel calls the C runtime: "
                        "TF_LoadLibrary it from a TensorFlow host that is not Python (the C "
                        "API, TF Serving) before loading a compiled SavedModel "
-                       "(docs/c-api.md, \"From TensorFlow's C API\").")
+                       "(docs/c-api.md, \"The NeuronOp without Python\").")
     o.add_argument("--json", action="store_true",
                    help="print JSON: the op library, the runtime library, its header directory, "
                    "TensorFlow's library and include directories")

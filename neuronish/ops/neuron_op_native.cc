@@ -17,7 +17,7 @@
 // An op with free dimensions (`dynamic_shapes`) compiles an executable per new shape at run
 // time, running the compiler as a subprocess (neuron_op_shapes.h).
 //
-// Not here yet (docs/c-api.md, "From TensorFlow's C API"): the fallback's counters.
+// Not here (docs/c-api.md, "Limits"): the fallback's counters.
 //
 // Built by neuronish/native_op_library.py (`neuronish op-library`) against the installed
 // TensorFlow.
