@@ -3,10 +3,14 @@
     python benchmarks/peers.py                                   # every model, batch 8 and 1
     python benchmarks/peers.py --models ResNet50 --batch 8 --precisions fp32 bf16
     python benchmarks/peers.py --quick                           # a smoke run: 3 rounds
+    python benchmarks/peers.py --models DenseNet121 gpt2_tiny    # any model of the zoo
+    python benchmarks/peers.py --models mine --saved-model mine=DIR [--inputs mine=FEEDS.npz]
 
 For each model (keras.applications with random weights and keras_hub's BERT-small
-backbone, as `model.export` writes them, from the model cache) and batch size, one
-process loads every contender at once:
+backbone, as `model.export` writes them, from the model cache; any other model of the zoo,
+`models/third_party.py`, with its own valid inputs; or your SavedModel, `--saved-model
+NAME=DIR`, fed random inputs of its signature's shapes or the samples of `--inputs
+NAME=FEEDS.npz`) and batch size, one process loads every contender at once:
 
 - TensorFlow fp32: the SavedModel's serving signature (the baseline of every ratio);
 - neuronish: `neuronish.saved_model.compile` at that batch in fp32, in bf16 with
@@ -208,21 +212,67 @@ def format_table(rows: Sequence[Row]) -> str:
 
 # ---- inputs -----------------------------------------------------------------------
 
-def model_inputs(model: str, signature: object, batch: int, seed: int) -> Feeds:
-    """Random inputs for `model`'s serving signature: images ~N(0, 1), BERT tokens."""
-    from models import peer_models
+def model_inputs(model: str, signature: object, batch: int, seed: int,
+                 samples: Feeds | None = None) -> Feeds:
+    """Inputs of `batch` for `model`'s serving signature: rows of `samples` (the user's,
+    from --inputs) taken from row `seed * batch` on, cycling; else the zoo's valid inputs
+    for a model of the zoo (BERT tokens within the vocabulary, images ~N(0, 1)); else
+    random ones of the signature's shapes (floats ~N(0, 1), integers 0 or 1)."""
+    from models import peer_models, third_party
 
+    if samples is not None:
+        rows = len(next(iter(samples.values())))
+        take = [(seed * batch + i) % rows for i in range(batch)]
+        return {k: v[take] for k, v in samples.items()}
     if model in peer_models.BUILDERS:
         return peer_models.bert_inputs(batch, seed)
+    if model in third_party.ALL:
+        return third_party.example_inputs(model, signature, batch, seed)
     _, specs = signature.structured_input_signature
     rng = np.random.default_rng(seed)
-    return {k: rng.standard_normal([batch, *s.shape[1:]]).astype(s.dtype.as_numpy_dtype)
-            for k, s in sorted(specs.items())}
+    feeds = {}
+    for key, spec in sorted(specs.items()):
+        dims = spec.shape.as_list()
+        if None in dims[1:]:
+            raise SystemExit(f"{model}: input '{key}' has shape {dims}, free beyond the batch "
+                             f"axis; give samples of the size to measure with --inputs "
+                             f"{model}=FEEDS.npz (one array per input, samples on axis 0)")
+        dtype, shape = spec.dtype, [batch, *dims[1:]]
+        if dtype.is_floating:
+            feeds[key] = rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
+        elif dtype.is_integer or dtype.is_bool:
+            feeds[key] = rng.integers(0, 2, shape).astype(dtype.as_numpy_dtype)
+        else:
+            raise SystemExit(f"{model}: input '{key}' is {dtype.name}; give samples with "
+                             f"--inputs {model}=FEEDS.npz")
+    return feeds
 
 
-def calibration_samples(model: str, signature: object, count: int) -> list[Feeds]:
+def calibration_samples(model: str, signature: object, count: int,
+                        samples: Feeds | None = None) -> list[Feeds]:
     """`count` single samples (batch 1), seeds apart from the measured inputs'."""
-    return [model_inputs(model, signature, 1, seed=1000 + i) for i in range(count)]
+    return [model_inputs(model, signature, 1, 1000 + i, samples) for i in range(count)]
+
+
+def read_samples(path: str, signature: object) -> Feeds:
+    """--inputs FEEDS.npz: one array per input of the signature, the same number of
+    samples (axis 0) in each, of the input's dtype; refused naming what does not fit."""
+    _, specs = signature.structured_input_signature
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    if set(arrays) != set(specs):
+        raise SystemExit(f"{path}: has arrays {sorted(arrays)}; the serving signature's inputs "
+                         f"are {sorted(specs)}")
+    counts = {k: (len(v) if v.ndim else 0) for k, v in arrays.items()}
+    if len(set(counts.values())) != 1 or 0 in counts.values():
+        raise SystemExit(f"{path}: every array needs the same number (>= 1) of samples on "
+                         f"axis 0; got {counts}")
+    for key, spec in specs.items():
+        want = spec.dtype.as_numpy_dtype
+        if arrays[key].dtype != want:
+            raise SystemExit(f"{path}: '{key}' is {arrays[key].dtype}; the signature takes "
+                             f"{np.dtype(want).name}")
+    return arrays
 
 
 def batched(samples: Sequence[Feeds], batch: int) -> list[Feeds]:
@@ -265,7 +315,11 @@ def neuronish_contender(saved_model: str, model: str, workdir: str, batch: int,
              if int8 else {})
     dst = compiled_dir(workdir, model, precision, batch)
     try:
+        # compiled for the measured shapes, as OpenVINO's model is reshaped to them (a
+        # signature's free lengths would otherwise compile at run time, in the timed calls)
         neuronish.saved_model.compile(saved_model, dst, batch_size=batch,
+                                      model_shape_feed_dict={k: list(v.shape)
+                                                             for k, v in feeds.items()},
                                       compiler_args=NEURONISH_FLAGS[precision], **extra)
     except Exception as e:  # a contender that cannot be built is a row, not a crash
         return Contender("neuronish", precision, None, f"compile failed: {_first_line(e)}")
@@ -391,7 +445,8 @@ def cpu_flags() -> list[str]:
 
 def run_model(model: str, batch: int, precisions: Sequence[str], runtimes: Sequence[str],
               workdir: str, *, rounds: int, warmup: int, round_seconds: float,
-              calibration_count: int, saved_model: str | None = None) -> tuple[list[Row], float]:
+              calibration_count: int, saved_model: str | None = None,
+              samples_file: str | None = None) -> tuple[list[Row], float]:
     """Build every contender for `model` at `batch`, check and time them; the rows and
     the CPUs other processes used meanwhile."""
     import tensorflow as tf
@@ -400,8 +455,9 @@ def run_model(model: str, batch: int, precisions: Sequence[str], runtimes: Seque
 
     src = saved_model or cached_saved_model(model)
     signature = tf.saved_model.load(src).signatures["serving_default"]
-    feeds = model_inputs(model, signature, batch, seed=0)
-    calibration = calibration_samples(model, signature, calibration_count)
+    samples = read_samples(samples_file, signature) if samples_file else None
+    feeds = model_inputs(model, signature, batch, 0, samples)
+    calibration = calibration_samples(model, signature, calibration_count, samples)
     contenders = [tensorflow_contender(src, feeds)]
     for p in precisions:
         if "neuronish" in runtimes:
@@ -445,8 +501,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="calibration samples for int8 (both neuronish and NNCF)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 3 rounds, 1 warm-up call, short turns, 8 samples")
+    p.add_argument("--saved-model", action="append", default=[], metavar="NAME=DIR",
+                   help="your SavedModel, measured as model NAME (name it in --models)")
+    p.add_argument("--inputs", action="append", default=[], metavar="NAME=FEEDS.npz",
+                   help="samples for model NAME: one array per serving input, samples on "
+                   "axis 0 (the measured batch and the int8 calibration are cut from them)")
     p.add_argument("--out", help="also write the markdown tables and JSON rows here (prefix)")
     args = p.parse_args(argv)
+    saved_models = _named_paths(p, "--saved-model", args.saved_model)
+    inputs = _named_paths(p, "--inputs", args.inputs)
+    for name in (*saved_models, *inputs):
+        if name not in args.models:
+            p.error(f"{name} is given a path but is not in --models {' '.join(args.models)}")
     if args.quick:
         args.rounds, args.warmup, args.round_seconds, args.calibration = 3, 1, 0.1, 8
 
@@ -474,7 +540,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows, other = run_model(model, batch, args.precisions, args.runtimes, workdir,
                                         rounds=args.rounds, warmup=args.warmup,
                                         round_seconds=args.round_seconds,
-                                        calibration_count=args.calibration)
+                                        calibration_count=args.calibration,
+                                        saved_model=saved_models.get(model),
+                                        samples_file=inputs.get(model))
                 print(format_table(rows))
                 print(f"(other processes used {other:.2f} CPUs while this was measured; "
                       f"load average {os.getloadavg()[0]:.2f})\n", flush=True)
@@ -489,6 +557,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             {"versions": versions, "cpu_flags": cpu_flags(), "loads": loads,
              "rows": [r.__dict__ for r in all_rows], "argv": sys.argv[1:]}, indent=1))
     return 0
+
+
+def _named_paths(parser: argparse.ArgumentParser, flag: str, given: Sequence[str]
+                 ) -> dict[str, str]:
+    """NAME=PATH arguments as {NAME: PATH}; the path must exist."""
+    named = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            parser.error(f"{flag} {item!r}: expected NAME=PATH")
+        if not os.path.exists(path):
+            parser.error(f"{flag} {item!r}: {path} does not exist")
+        named[name] = path
+    return named
 
 
 if __name__ == "__main__":

@@ -112,3 +112,62 @@ def test_rows_ratios_and_unavailable_contenders(tiny_rows: tuple) -> None:
     assert f"narrow {tf_row.errors['narrow']:.1e}, wide" in table
     bf16 = _row(rows, "neuronish", "bf16").errors
     assert f"narrow {bf16['narrow']:.1e}, wide {bf16['wide']:.1e}" in table
+
+
+class _FreeLength(tf.Module):
+    """Token ids of any length: a user's model the zoo does not know."""
+
+    def __init__(self) -> None:
+        self.table = tf.Variable(np.random.default_rng(0).standard_normal((50, 16))
+                                 .astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="ids")])
+    def __call__(self, ids: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": tf.reduce_mean(tf.gather(self.table, ids), axis=1)}
+
+
+@pytest.fixture(scope="module")
+def free_length(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, np.ndarray]:
+    base = tmp_path_factory.mktemp("mine")
+    module = _FreeLength()
+    tf.saved_model.save(module, str(base / "mine"), signatures=module.__call__)
+    ids = np.random.default_rng(1).integers(0, 50, (5, 12)).astype(np.int32)
+    np.savez(base / "feeds.npz", ids=ids)
+    return str(base / "mine"), str(base / "feeds.npz"), ids
+
+
+def test_a_users_model_is_measured_on_its_own_samples(free_length: tuple, capsys) -> None:  # noqa: ANN001
+    src, npz, ids = free_length
+    signature = tf.saved_model.load(src).signatures["serving_default"]
+    samples = peers.read_samples(npz, signature)
+    # batch 4 from row seed*4 on, cycling through the 5 samples
+    np.testing.assert_array_equal(peers.model_inputs("mine", signature, 4, 0, samples)["ids"],
+                                  ids[:4])
+    np.testing.assert_array_equal(peers.model_inputs("mine", signature, 4, 1, samples)["ids"],
+                                  ids[[4, 0, 1, 2]])
+    assert peers.main(["--models", "mine", "--saved-model", f"mine={src}", "--inputs",
+                       f"mine={npz}", "--batch", "4", "--precisions", "fp32", "--runtimes",
+                       "neuronish", "--quick"]) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| mine | 4 | neuronish | fp32 |")][-1:]
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[5] and float(cells[9]) < 1e-5, row  # measured, and TensorFlow's numbers
+
+
+def test_a_users_model_without_what_it_needs_is_refused_by_name(free_length: tuple,
+                                                                 tmp_path: Path) -> None:
+    src, _, ids = free_length
+    signature = tf.saved_model.load(src).signatures["serving_default"]
+    with pytest.raises(SystemExit, match=r"mine: input 'ids' has shape \[None, None\], free "
+                       r"beyond the batch axis; give samples .* --inputs mine=FEEDS.npz"):
+        peers.model_inputs("mine", signature, 4, 0)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, tokens=ids)
+    with pytest.raises(SystemExit, match=r"has arrays \['tokens'\]; the serving signature's "
+                       r"inputs are \['ids'\]"):
+        peers.read_samples(str(bad), signature)
+    np.savez(bad, ids=ids.astype(np.int64))
+    with pytest.raises(SystemExit, match="'ids' is int64; the signature takes int32"):
+        peers.read_samples(str(bad), signature)
+    with pytest.raises(SystemExit):  # a path for a model not measured: argparse's error
+        peers.main(["--models", "ResNet50", "--saved-model", f"mine={src}"])
