@@ -397,18 +397,25 @@ void Device::release(const Reservation &r) {
 
 void Device::charge(const std::vector<int> &cores, const std::vector<int64_t> &deltas) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::map<int, int64_t> total;  // (a core named twice: its deltas summed)
+  // A core named twice: its deltas summed, in 128 bits (a caller's deltas are untrusted:
+  // two of INT64_MAX must read as the 2^64 bytes they ask for, not wrap to a refund).
+  std::map<int, __int128> total;
   for (size_t k = 0; k < cores.size(); ++k) {
     if (!used_.count(cores[k]))
       throw Refused{NR_INVALID_ARGUMENT, "core " + std::to_string(cores[k]) + " is not one of the visible cores " +
                                              list(config_.visible_cores)};
     total[cores[k]] += deltas[k];
   }
+  auto text = [](unsigned __int128 n) {
+    std::string s;
+    do s.insert(s.begin(), char('0' + int(n % 10))); while (n /= 10);
+    return s;
+  };
   for (auto &[c, d] : total) {
-    if (d < 0 && uint64_t(-d) > used_[c])
-      throw Refused{NR_INVALID_ARGUMENT, "cannot give back " + std::to_string(-d) + " bytes on core " +
+    if (d < 0 && (unsigned __int128)(-d) > used_[c])
+      throw Refused{NR_INVALID_ARGUMENT, "cannot give back " + text((unsigned __int128)(-d)) + " bytes on core " +
                                              std::to_string(c) + ": it holds " + std::to_string(used_[c])};
-    if (d > 0 && uint64_t(d) > free_bytes(c)) {
+    if (d > 0 && (unsigned __int128)d > free_bytes(c)) {
       char text[400];
       std::snprintf(text, sizeof text,
                     "out of device memory: %.1f MiB more needed on core %d, which has %.1f MiB free of %.0f MiB. "
@@ -417,7 +424,7 @@ void Device::charge(const std::vector<int> &cores, const std::vector<int64_t> &d
       throw Refused{NR_OUT_OF_DEVICE_MEMORY, text};
     }
   }
-  for (auto &[c, d] : total) used_[c] = uint64_t(int64_t(used_[c]) + d);
+  for (auto &[c, d] : total) used_[c] = uint64_t(__int128(used_[c]) + d);  // (within 0..core memory)
 }
 
 }  // namespace nr
