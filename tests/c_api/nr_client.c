@@ -6,7 +6,8 @@
  * wrong, and never crash. tests/runtime/test_capi_client.py builds and runs it (also under
  * AddressSanitizer and UBSan).
  *
- * Usage: nr_client CASE DIR, CASE one of load, inspect, device, execute, threads, label.
+ * Usage: nr_client CASE DIR, CASE one of load, inspect, device, execute, threads, label,
+ * config (open a device from the environment and print what it has).
  * DIR holds dense3.neff (x:0 float32[3,16] -> Identity:0 float32[3,8], batch axis 0) and
  * two.neff (a:0, b:0 float32[2,4] -> relu(a)+b, a*2, batch axis 0). Prints "ok" (and, for
  * execute, the outputs of one call at batch 5), or one line per failed check; exit 1 then. */
@@ -557,9 +558,29 @@ static void case_label(void) {
   nr_device_close(dev);
 }
 
+/* ---- config ----------------------------------------------------------------------- */
+
+/* Open a device from the environment the test sets; print its status and message, or each
+ * core's memory. */
+static void case_config(void) {
+  char err[1024];
+  nr_status s = nr_device_open(&dev, err, sizeof err);
+  if (s != NR_OK) {
+    printf("%d %s\n", (int)s, err);
+    return;
+  }
+  for (size_t k = 0; k < nr_device_num_cores(dev); ++k) {
+    nr_core_info info;
+    nr_device_core(dev, k, &info);
+    printf("%score %d total %llu", k ? ", " : "0 ", info.core, (unsigned long long)info.total);
+  }
+  printf("\n");
+  nr_device_close(dev);
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: nr_client load|inspect|device|execute|threads|label DIR\n");
+    fprintf(stderr, "usage: nr_client load|inspect|device|execute|threads|label|config DIR\n");
     return 2;
   }
   snprintf(dir, sizeof dir, "%s", argv[2]);
@@ -570,6 +591,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(c, "execute")) case_execute();
   else if (!strcmp(c, "threads")) case_threads();
   else if (!strcmp(c, "label")) case_label();
+  else if (!strcmp(c, "config")) case_config();
   else return 2;
   if (failures) return 1;
   printf("ok\n");

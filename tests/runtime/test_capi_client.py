@@ -135,3 +135,38 @@ def test_threads_under_thread_sanitizer(models: tuple, tmp_path: Path) -> None:
     program = _build(tmp_path / "nr_client_tsan", TSAN)
     out = _run(program, "threads", models[0], TSAN_OPTIONS="halt_on_error=1")
     assert "ThreadSanitizer" not in out
+
+
+CONFIGS = [
+    # (a range or group count far past the device: refused without listing it first)
+    ({"NEURONISH_VISIBLE_CORES": "0-999999999"},
+     "7 NEURONISH_VISIBLE_CORES='0-999999999': cores must be distinct and in 0..1 "
+     "(NEURONISH_NUM_CORES=2)"),
+    ({"NEURONISH_VISIBLE_CORES": "0-999999999,a"},
+     "7 NEURONISH_VISIBLE_CORES='0-999999999,a': expected e.g. '0-1', '2' or '0,2'"),
+    ({"NEURONISH_CORE_GROUP_SIZES": "999999999x1"},
+     "7 NEURONISH_CORE_GROUP_SIZES='999999999x1' needs 999999999 cores, only 2 are visible"),
+    # (2^64 bytes and more: as good as unlimited, never wrapped to 0)
+    ({"NEURONISH_CORE_MEMORY": "17179869184G"},
+     "0 core 0 total 18446744073709551615, core 1 total 18446744073709551615"),
+    ({"NEURONISH_CORE_MEMORY": "99999999999999999999999"},
+     "0 core 0 total 18446744073709551615, core 1 total 18446744073709551615"),
+    ({"NEURONISH_CORE_MEMORY": "16777216G"},
+     "0 core 0 total 18014398509481984, core 1 total 18014398509481984"),
+]
+
+
+@pytest.mark.parametrize("env,want", CONFIGS, ids=[next(iter(e.items()))[1] for e, _ in CONFIGS])
+def test_huge_configuration_values_are_read_in_bounded_memory(client: Path, models: tuple,
+                                                              env: dict, want: str) -> None:
+    """Values a typo makes huge: refused as Python refuses them (its words), or read as
+    Python reads them, within 1 GiB of address space (the old reader listed 0-999999999
+    before refusing it, and the process was killed for want of memory)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    r = subprocess.run([str(client), "config", str(models[0])], capture_output=True, text=True,
+                       timeout=120, env=_env(**env), preexec_fn=limit)
+    assert r.returncode == 0 and r.stdout.splitlines() == [want, "ok"], (r.stdout, r.stderr)
