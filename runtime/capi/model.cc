@@ -55,6 +55,11 @@ std::string type_text(const Signature &s, bool batched) {
 
 [[noreturn]] void invalid(const std::string &what) { throw Refused{NR_INVALID_INPUT, what}; }
 
+// A caller's dtype's name, or nullptr for an int that is no dtype (never made an nr_dtype).
+const char *dtype_name(int32_t dtype) {
+  return dtype >= NR_BOOL && dtype <= NR_FLOAT64 ? nr_dtype_name(nr_dtype(dtype)) : nullptr;
+}
+
 // The bytes of a C-contiguous tensor of `dtype` and `shape` (every dim >= 0); false when
 // that overflows 64 bits (a client's shape is untrusted: a wrapped product would let a
 // small buffer pass for a huge tensor).
@@ -259,9 +264,9 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
     if (t.name && sig.name != t.name)
       invalid(who() + " is named '" + std::string(t.name) + "' in the call; pass the inputs in the model's order: " +
               names(exe.inputs));
-    if (int(t.dtype) != sig.type.dtype) {
-      const char *got = nr_dtype_name(t.dtype);
-      invalid(who() + " has dtype " + (got ? got : "<not a dtype: " + std::to_string(int(t.dtype)) + ">") +
+    if (dtype_of(t) != sig.type.dtype) {
+      const char *got = dtype_name(dtype_of(t));
+      invalid(who() + " has dtype " + (got ? got : "<not a dtype: " + std::to_string(dtype_of(t)) + ">") +
               "; the model was compiled for " + isa::kDTypes[sig.type.dtype].name + ". Pass a " +
               isa::kDTypes[sig.type.dtype].name + " tensor (convert it yourself if changing the values is intended)");
     }
@@ -314,10 +319,10 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
               ": more than 2^64 bytes, which no buffer holds; call with a smaller batch");
     bool same = t.rank == sig.type.shape.size() && (t.shape || t.rank == 0);
     for (size_t d = 0; same && d < t.rank; ++d) same = t.shape[d] == want_dim(d);
-    bool ok = int(t.dtype) == sig.type.dtype && same && t.bytes >= need && (t.data || !need) &&
+    bool ok = dtype_of(t) == sig.type.dtype && same && t.bytes >= need && (t.data || !need) &&
               (!t.name || sig.name == t.name);
     if (!ok) {
-      const char *got = nr_dtype_name(t.dtype);
+      const char *got = dtype_name(dtype_of(t));
       invalid("output buffer " + std::to_string(i) + " for output '" + sig.name + "' is " +
               (t.name && sig.name != t.name ? "named '" + std::string(t.name) + "', " : "") + (got ? got : "?") +
               (t.rank > size_t(isa::kMaxRank) || (!t.shape && t.rank) ? " of " + seen_shape(t) : shape_text(
