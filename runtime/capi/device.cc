@@ -78,10 +78,11 @@ std::vector<int> parse_cores(const std::string &text, int num_cores) {
     std::string lo = trim(part.substr(0, dash)), hi = dash == std::string::npos ? lo : trim(part.substr(dash + 1));
     if (!digits(lo) || !digits(hi))
       bad("NEURONISH_VISIBLE_CORES=" + quoted(text) + ": expected e.g. '0-1', '2' or '0,2'");
+    int first = std::stoi(lo), last = std::stoi(hi);
     // A range past the last core is refused below; it is not expanded first (0-999999999
     // would take gigabytes before the refusal).
-    if (std::stoi(lo) <= std::stoi(hi) && std::stoi(hi) >= num_cores) out_of_range = true;
-    for (int c = std::stoi(lo); !out_of_range && c <= std::stoi(hi); ++c) cores.push_back(c);
+    if (first <= last && last >= num_cores) out_of_range = true;
+    for (int c = first; !out_of_range && c <= last; ++c) cores.push_back(c);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -418,14 +419,14 @@ void Device::charge(const std::vector<int> &cores, const std::vector<int64_t> &d
                                              list(config_.visible_cores)};
     total[cores[k]] += deltas[k];
   }
-  auto text = [](unsigned __int128 n) {
+  auto decimal = [](unsigned __int128 n) {  // (std::to_string has no 128-bit overload)
     std::string s;
     do s.insert(s.begin(), char('0' + int(n % 10))); while (n /= 10);
     return s;
   };
   for (auto &[c, d] : total) {
     if (d < 0 && (unsigned __int128)(-d) > used_[c])
-      throw Refused{NR_INVALID_ARGUMENT, "cannot give back " + text((unsigned __int128)(-d)) + " bytes on core " +
+      throw Refused{NR_INVALID_ARGUMENT, "cannot give back " + decimal((unsigned __int128)(-d)) + " bytes on core " +
                                              std::to_string(c) + ": it holds " + std::to_string(used_[c])};
     if (d > 0 && (unsigned __int128)d > free_bytes(c)) {
       char text[400];
