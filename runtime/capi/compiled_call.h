@@ -13,6 +13,17 @@
 
 namespace nr {
 
+// A caller's tensor's dtype as the integer it holds. A C caller may store any int in an
+// nr_dtype (C allows it); loading that as the C++ enum is undefined when it is no dtype
+// (UBSan: "load of value 99, which is not a valid value for type nr_dtype"), so its bytes
+// are read as an int.
+inline int32_t dtype_of(const nr_tensor &t) {
+  static_assert(sizeof(t.dtype) == sizeof(int32_t), "nr_dtype is an int");
+  int32_t dtype;
+  std::memcpy(&dtype, &t.dtype, sizeof dtype);
+  return dtype;
+}
+
 class CompiledCall {
  public:
   explicit CompiledCall(const Executable &exe, uint64_t (*itemsize)(int dtype))
@@ -64,7 +75,7 @@ class CompiledCall {
   };
 
   static bool same(const nr_tensor &t, const Tensor &s) {
-    if (int32_t(t.dtype) != s.dtype || t.rank != s.rank || t.bytes < s.bytes || (s.bytes && !t.data) ||
+    if (dtype_of(t) != s.dtype || t.rank != s.rank || t.bytes < s.bytes || (s.bytes && !t.data) ||
         (s.rank && (!t.shape || std::memcmp(t.shape, s.dims, s.rank * sizeof(int64_t)) != 0)))
       return false;
     return !t.name || std::strcmp(t.name, s.short_name[0] ? s.short_name : s.name) == 0;

@@ -55,13 +55,21 @@ uint64_t parse_bytes(const std::string &text, const char *var) {
     if (rest.empty() || rest == "I" || rest == "B" || rest == "IB")
       scale = unit[0] == 'K' ? 1 << 10 : unit[0] == 'M' ? 1 << 20 : 1 << 30;
   }
-  if (n == 0 || n > 15 || scale == 0)
+  if (n == 0 || scale == 0)
     bad(std::string(var) + "=" + quoted(text) + ": expected a byte count such as 4096, 512MiB or 4GiB");
-  return std::stoull(t.substr(0, n)) * scale;
+  // Python's int has no limit; past 2^64 - 1 bytes (no host has them) the count stays there
+  // rather than wrap: 17179869184G wrapped to 0, and every load was then out of memory.
+  uint64_t bytes = 0;
+  for (size_t k = 0; k < n; ++k)
+    if (__builtin_mul_overflow(bytes, uint64_t(10), &bytes) ||
+        __builtin_add_overflow(bytes, uint64_t(t[k] - '0'), &bytes))
+      return UINT64_MAX;
+  return __builtin_mul_overflow(bytes, scale, &bytes) ? UINT64_MAX : bytes;
 }
 
 std::vector<int> parse_cores(const std::string &text, int num_cores) {
   std::vector<int> cores;
+  bool out_of_range = false;
   size_t start = 0;
   while (true) {
     size_t comma = text.find(',', start);
@@ -70,12 +78,15 @@ std::vector<int> parse_cores(const std::string &text, int num_cores) {
     std::string lo = trim(part.substr(0, dash)), hi = dash == std::string::npos ? lo : trim(part.substr(dash + 1));
     if (!digits(lo) || !digits(hi))
       bad("NEURONISH_VISIBLE_CORES=" + quoted(text) + ": expected e.g. '0-1', '2' or '0,2'");
-    for (int c = std::stoi(lo); c <= std::stoi(hi); ++c) cores.push_back(c);
+    int first = std::stoi(lo), last = std::stoi(hi);
+    // A range past the last core is refused below; it is not expanded first (0-999999999
+    // would take gigabytes before the refusal).
+    if (first <= last && last >= num_cores) out_of_range = true;
+    for (int c = first; !out_of_range && c <= last; ++c) cores.push_back(c);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
   std::set<int> distinct(cores.begin(), cores.end());
-  bool out_of_range = std::any_of(cores.begin(), cores.end(), [&](int c) { return c >= num_cores; });
   if (out_of_range || distinct.size() != cores.size() || cores.empty())
     bad("NEURONISH_VISIBLE_CORES=" + quoted(text) + ": cores must be distinct and in 0.." +
         std::to_string(num_cores - 1) + " (NEURONISH_NUM_CORES=" + std::to_string(num_cores) + ")");
@@ -84,6 +95,7 @@ std::vector<int> parse_cores(const std::string &text, int num_cores) {
 
 std::vector<std::vector<int>> parse_groups(const std::string &text, const std::vector<int> &visible) {
   std::vector<int> sizes;
+  uint64_t total = 0;
   size_t start = 0;
   std::string usage = "NEURONISH_CORE_GROUP_SIZES=" + quoted(text) + ": expected e.g. '2,2' or '4x1'";
   while (true) {
@@ -94,12 +106,13 @@ std::vector<std::vector<int>> parse_groups(const std::string &text, const std::v
     if (!digits(a) || (x != std::string::npos && !digits(b))) bad(usage);
     int count = x == std::string::npos ? 1 : std::stoi(a), size = x == std::string::npos ? std::stoi(a) : std::stoi(b);
     if (size == 0) bad(usage);
-    sizes.insert(sizes.end(), size_t(count), size);
+    if (__builtin_add_overflow(total, uint64_t(count) * uint64_t(size), &total)) total = UINT64_MAX;
+    // Sizes are listed only while they could fit: 999999999x1 would take gigabytes
+    // before it is refused below.
+    if (total <= visible.size()) sizes.insert(sizes.end(), size_t(count), size);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  size_t total = 0;
-  for (int s : sizes) total += size_t(s);
   if (total > visible.size())
     bad("NEURONISH_CORE_GROUP_SIZES=" + quoted(text) + " needs " + std::to_string(total) + " cores, only " +
         std::to_string(visible.size()) + " are visible");
@@ -397,18 +410,25 @@ void Device::release(const Reservation &r) {
 
 void Device::charge(const std::vector<int> &cores, const std::vector<int64_t> &deltas) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::map<int, int64_t> total;  // (a core named twice: its deltas summed)
+  // A core named twice: its deltas summed, in 128 bits (a caller's deltas are untrusted:
+  // two of INT64_MAX must read as the 2^64 bytes they ask for, not wrap to a refund).
+  std::map<int, __int128> total;
   for (size_t k = 0; k < cores.size(); ++k) {
     if (!used_.count(cores[k]))
       throw Refused{NR_INVALID_ARGUMENT, "core " + std::to_string(cores[k]) + " is not one of the visible cores " +
                                              list(config_.visible_cores)};
     total[cores[k]] += deltas[k];
   }
+  auto decimal = [](unsigned __int128 n) {  // (std::to_string has no 128-bit overload)
+    std::string s;
+    do s.insert(s.begin(), char('0' + int(n % 10))); while (n /= 10);
+    return s;
+  };
   for (auto &[c, d] : total) {
-    if (d < 0 && uint64_t(-d) > used_[c])
-      throw Refused{NR_INVALID_ARGUMENT, "cannot give back " + std::to_string(-d) + " bytes on core " +
+    if (d < 0 && (unsigned __int128)(-d) > used_[c])
+      throw Refused{NR_INVALID_ARGUMENT, "cannot give back " + decimal((unsigned __int128)(-d)) + " bytes on core " +
                                              std::to_string(c) + ": it holds " + std::to_string(used_[c])};
-    if (d > 0 && uint64_t(d) > free_bytes(c)) {
+    if (d > 0 && (unsigned __int128)d > free_bytes(c)) {
       char text[400];
       std::snprintf(text, sizeof text,
                     "out of device memory: %.1f MiB more needed on core %d, which has %.1f MiB free of %.0f MiB. "
@@ -417,7 +437,7 @@ void Device::charge(const std::vector<int> &cores, const std::vector<int64_t> &d
       throw Refused{NR_OUT_OF_DEVICE_MEMORY, text};
     }
   }
-  for (auto &[c, d] : total) used_[c] = uint64_t(int64_t(used_[c]) + d);
+  for (auto &[c, d] : total) used_[c] = uint64_t(__int128(used_[c]) + d);  // (within 0..core memory)
 }
 
 }  // namespace nr

@@ -16,6 +16,7 @@
 #include "engine_api.h"
 #include "engine_threads.h"
 #include "isa_table.h"
+#include "utf8.h"
 
 namespace nr {
 namespace {
@@ -53,6 +54,33 @@ std::string type_text(const Signature &s, bool batched) {
 }
 
 [[noreturn]] void invalid(const std::string &what) { throw Refused{NR_INVALID_INPUT, what}; }
+
+// A caller's dtype's name, or nullptr for an int that is no dtype (never made an nr_dtype).
+const char *dtype_name(int32_t dtype) {
+  return dtype >= NR_BOOL && dtype <= NR_FLOAT64 ? nr_dtype_name(nr_dtype(dtype)) : nullptr;
+}
+
+// The bytes of a C-contiguous tensor of `dtype` and `shape` (every dim >= 0); false when
+// that overflows 64 bits (a client's shape is untrusted: a wrapped product would let a
+// small buffer pass for a huge tensor).
+bool bytes_of(int dtype, const int64_t *shape, size_t rank, uint64_t &bytes) {
+  bytes = 0;
+  for (size_t d = 0; d < rank; ++d)
+    if (shape[d] == 0) return true;  // (empty, whatever the other dims)
+  bytes = itemsize(dtype);
+  for (size_t d = 0; d < rank; ++d)
+    if (__builtin_mul_overflow(bytes, uint64_t(shape[d]), &bytes)) return false;
+  return true;
+}
+
+// How a caller's tensor's shape reads in a message: its dims, or what makes them unreadable
+// (a NULL shape, a rank beyond any tensor's: the shape is not read then).
+std::string seen_shape(const nr_tensor &t) {
+  if (t.rank > size_t(isa::kMaxRank)) return "rank " + std::to_string(t.rank) + " (at most " +
+                                              std::to_string(isa::kMaxRank) + ")";
+  if (!t.shape && t.rank) return "shape NULL with rank " + std::to_string(t.rank);
+  return "shape " + shape_text(std::vector<int64_t>(t.shape, t.shape + t.rank));
+}
 
 // A tensor seen as [outer, batch, inner bytes] around its batch axis.
 struct Rows {
@@ -180,7 +208,7 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
 }
 
 void Model::set_label(const std::string &label) {
-  observe::relabel(this, [&] { label_ = label.substr(0, 200); });
+  observe::relabel(this, [&] { label_ = utf8_prefix(label, 200); });  // (never half a character)
   if (about_) about_ = observe::about(*this);  // (before the model's first call)
 }
 
@@ -218,11 +246,13 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
     for (auto &x : sigs) s += (s.empty() ? "'" : ", '") + x.name + "'";
     return s;
   };
-  if (num_inputs != exe.inputs.size() || (num_inputs && !inputs))
-    invalid("the call has " + std::to_string(inputs ? num_inputs : 0) + " input(s); the model's inputs are " +
+  if (num_inputs && !inputs) invalid("inputs is NULL but num_inputs is " + std::to_string(num_inputs));
+  if (num_outputs && !outputs) invalid("outputs is NULL but num_outputs is " + std::to_string(num_outputs));
+  if (num_inputs != exe.inputs.size())
+    invalid("the call has " + std::to_string(num_inputs) + " input(s); the model's inputs are " +
             names(exe.inputs) + " (" + std::to_string(exe.inputs.size()) + ", in this order)");
-  if (num_outputs != exe.outputs.size() || (num_outputs && !outputs))
-    invalid("the call has " + std::to_string(outputs ? num_outputs : 0) + " output buffer(s); the model's outputs are " +
+  if (num_outputs != exe.outputs.size())
+    invalid("the call has " + std::to_string(num_outputs) + " output buffer(s); the model's outputs are " +
             names(exe.outputs) + " (" + std::to_string(exe.outputs.size()) + ", in this order)");
   // (Messages are built only for a call refused: a good call allocates nothing here.)
   int64_t batch = -1;
@@ -234,9 +264,9 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
     if (t.name && sig.name != t.name)
       invalid(who() + " is named '" + std::string(t.name) + "' in the call; pass the inputs in the model's order: " +
               names(exe.inputs));
-    if (int(t.dtype) != sig.type.dtype) {
-      const char *got = nr_dtype_name(t.dtype);
-      invalid(who() + " has dtype " + (got ? got : "<not a dtype: " + std::to_string(int(t.dtype)) + ">") +
+    if (dtype_of(t) != sig.type.dtype) {
+      const char *got = dtype_name(dtype_of(t));
+      invalid(who() + " has dtype " + (got ? got : "<not a dtype: " + std::to_string(dtype_of(t)) + ">") +
               "; the model was compiled for " + isa::kDTypes[sig.type.dtype].name + ". Pass a " +
               isa::kDTypes[sig.type.dtype].name + " tensor (convert it yourself if changing the values is intended)");
     }
@@ -246,14 +276,17 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
     for (size_t d = 0; ok && d < t.rank; ++d)
       ok = t.shape[d] >= 0 && (t.shape[d] == sig.type.shape[d] || (splittable && int64_t(d) == sig.batch_axis));
     if (!ok)
-      invalid(who() + " has shape " + (t.shape || t.rank == 0 ? shape_text(shape()) : "<NULL>") + "; expected " +
-              type_text(sig, splittable) +
+      invalid(who() + " has " + seen_shape(t) + "; expected " + type_text(sig, splittable) +
               (splittable ? " (any size on batch axis " + std::to_string(sig.batch_axis) + ")" : ""));
-    uint64_t need = itemsize(sig.type.dtype);
-    for (size_t d = 0; d < t.rank; ++d) need *= uint64_t(t.shape[d]);
-    if (t.bytes < need || (need && !t.data))
-      invalid(who() + " holds " + std::to_string(t.data ? t.bytes : 0) + " bytes; its shape " + shape_text(shape()) +
-              " needs " + std::to_string(need));
+    uint64_t need;
+    if (!bytes_of(sig.type.dtype, t.shape, t.rank, need))
+      invalid(who() + " has shape " + shape_text(shape()) + ": more than 2^64 bytes, which no buffer holds");
+    if (need && !t.data)
+      invalid(who() + " has data NULL; its shape " + shape_text(shape()) + " needs " + std::to_string(need) +
+              " bytes");
+    if (t.bytes < need)
+      invalid(who() + " holds " + std::to_string(t.bytes) + " bytes; its shape " + shape_text(shape()) + " needs " +
+              std::to_string(need));
     if (splittable) {
       int64_t b = t.shape[size_t(sig.batch_axis)];
       if (batch >= 0 && b != batch)
@@ -269,21 +302,33 @@ int64_t Model::check_call(const nr_tensor *inputs, size_t num_inputs, const nr_t
     auto want_dim = [&](size_t d) {
       return sig.batch_axis >= 0 && batch >= 0 && int64_t(d) == sig.batch_axis ? batch : sig.type.shape[d];
     };
+    auto want = [&] {  // (built for messages only: a good call allocates nothing)
+      std::vector<int64_t> dims(sig.type.shape.size());
+      for (size_t d = 0; d < dims.size(); ++d) dims[d] = want_dim(d);
+      return dims;
+    };
     uint64_t need = itemsize(sig.type.dtype);
-    for (size_t d = 0; d < sig.type.shape.size(); ++d) need *= uint64_t(want_dim(d));
+    bool overflow = false, empty = false;  // (an output's rows may be wider than the inputs')
+    for (size_t d = 0; d < sig.type.shape.size(); ++d) {
+      overflow |= __builtin_mul_overflow(need, uint64_t(want_dim(d)), &need);
+      empty |= want_dim(d) == 0;
+    }
+    if (overflow && !empty)
+      invalid("output '" + sig.name + "' at batch " + std::to_string(batch) + " would be " +
+              isa::kDTypes[sig.type.dtype].name + shape_text(want()) +
+              ": more than 2^64 bytes, which no buffer holds; call with a smaller batch");
     bool same = t.rank == sig.type.shape.size() && (t.shape || t.rank == 0);
     for (size_t d = 0; same && d < t.rank; ++d) same = t.shape[d] == want_dim(d);
-    bool ok = int(t.dtype) == sig.type.dtype && same && t.bytes >= need && (t.data || !need) &&
+    bool ok = dtype_of(t) == sig.type.dtype && same && t.bytes >= need && (t.data || !need) &&
               (!t.name || sig.name == t.name);
     if (!ok) {
-      std::vector<int64_t> want = sig.type.shape;
-      if (sig.batch_axis >= 0 && batch >= 0) want[size_t(sig.batch_axis)] = batch;
-      std::vector<int64_t> shape(t.shape, t.shape + (t.shape ? t.rank : 0));
-      const char *got = nr_dtype_name(t.dtype);
+      const char *got = dtype_name(dtype_of(t));
       invalid("output buffer " + std::to_string(i) + " for output '" + sig.name + "' is " +
               (t.name && sig.name != t.name ? "named '" + std::string(t.name) + "', " : "") + (got ? got : "?") +
-              (t.shape || t.rank == 0 ? shape_text(shape) : "<NULL>") + " with " + std::to_string(t.data ? t.bytes : 0) +
-              " bytes; expected a writable " + isa::kDTypes[sig.type.dtype].name + shape_text(want) + " buffer of " +
+              (t.rank > size_t(isa::kMaxRank) || (!t.shape && t.rank) ? " of " + seen_shape(t) : shape_text(
+                   std::vector<int64_t>(t.shape, t.shape + t.rank))) +
+              (t.data ? " with " + std::to_string(t.bytes) + " bytes" : " with data NULL") +
+              "; expected a writable " + isa::kDTypes[sig.type.dtype].name + shape_text(want()) + " buffer of " +
               std::to_string(need) + " bytes");
     }
   }

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "utf8.h"
+
 namespace nr::mp {
 
 const Node *Node::get(std::string_view key) const {
@@ -14,28 +16,7 @@ const Node *Node::get(std::string_view key) const {
 
 namespace {
 
-// Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF), as Python decodes.
-bool valid_utf8(const uint8_t *s, size_t n) {
-  size_t i = 0;
-  while (i < n) {
-    uint8_t c = s[i];
-    if (c < 0x80) { ++i; continue; }
-    size_t len;
-    uint32_t cp, min;
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; min = 0x80; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; min = 0x800; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; min = 0x10000; }
-    else return false;
-    if (n - i < len) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((s[i + k] & 0xC0) != 0x80) return false;
-      cp = cp << 6 | (s[i + k] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
+using nr::valid_utf8;  // (utf8.h: strict, as Python decodes)
 
 class Reader {
  public:

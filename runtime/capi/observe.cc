@@ -22,6 +22,7 @@
 
 #include "device.h"
 #include "model.h"
+#include "utf8.h"
 
 namespace nr {
 namespace observe {
@@ -32,9 +33,15 @@ namespace {
 
 std::atomic<bool> g_host{false};  // the host observes (nr_host_observes)
 
+// A JSON string of `s`. Bytes that are not UTF-8 (a caller's label or failure reason may
+// hold any) become U+FFFD, as Python's errors="replace" reads them: the file stays one
+// that json.load and `neuronish ls` / `profile --read` can read.
 std::string json_string(const std::string &s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  const auto *p = reinterpret_cast<const uint8_t *>(s.data());
+  for (size_t i = 0, len; i < s.size(); i += len) {
+    unsigned char c = p[i];
+    len = 1;
     if (c == '"' || c == '\\') {
       out += '\\';
       out += char(c);
@@ -42,8 +49,13 @@ std::string json_string(const std::string &s) {
       char esc[8];
       std::snprintf(esc, sizeof esc, "\\u%04x", c);
       out += esc;
+    } else if (c < 0x80) {
+      out += char(c);
+    } else if ((len = utf8_char(p + i, s.size() - i))) {
+      out.append(s, i, len);
     } else {
-      out += char(c);  // (UTF-8 passes through: names come from a validated executable)
+      out += "\\ufffd";
+      len = 1;
     }
   }
   return out + "\"";

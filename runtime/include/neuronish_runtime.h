@@ -242,13 +242,13 @@ NR_API nr_status nr_execute(nr_model *model, const nr_tensor *inputs, size_t num
                             const nr_tensor *outputs, size_t num_outputs, char *error,
                             size_t error_size);
 
-/* When a call is abandoned. Either may be unset (0 / NULL). Once the deadline passes or
+/* When a call is abandoned. Either may be unset (0 or less / NULL). Once the deadline passes or
  * the cancel byte becomes non-zero, the call stops where it is: waiting for a copy, a
  * core or the host's CPUs, or before its next instruction, stage or chunk (an instruction
  * already computing finishes), and returns NR_DEADLINE_EXCEEDED / NR_CANCELLED saying
  * where it stopped; its outputs are then unspecified. */
 typedef struct nr_execute_options {
-  int64_t deadline_ns;             /* absolute CLOCK_MONOTONIC time in nanoseconds */
+  int64_t deadline_ns;             /* absolute CLOCK_MONOTONIC time in nanoseconds; <= 0: none */
   const volatile uint8_t *cancel;  /* a byte another thread may set non-zero */
 } nr_execute_options;
 
@@ -271,8 +271,9 @@ NR_API nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_
  * library then does neither. */
 NR_API void nr_host_observes(void);
 /* The model's name in profiles and `neuronish ls/top` (a NeuronOp's node name, say; by
- * default its output tensor names; at most 200 bytes kept). Call it before the model's
- * first call. NR_INVALID_ARGUMENT for a NULL model or label. */
+ * default its output tensor names; at most 200 bytes kept, never half a UTF-8 character;
+ * bytes that are not UTF-8 are written as U+FFFD). Call it before the model's first call.
+ * NR_INVALID_ARGUMENT for a NULL model or label. */
 NR_API nr_status nr_model_set_label(nr_model *model, const char *label);
 
 /* For tests: the native engine spec the loader built for instruction `index` (flat, over
