@@ -10,6 +10,10 @@ from .cgroup import usable_cpus
 
 DEFAULT_NUM_CORES = 4
 DEFAULT_CORE_MEMORY = 4 << 30  # 4 GiB per core
+# The largest device accepted (runtime/capi/device.cc has the same): more is a typo, and
+# a device of a billion cores would be built core by core before anything refused it.
+MAX_CORES = 1024
+MAX_CORE_MEMORY = 1 << 50  # 1 PiB per core
 
 
 class ConfigError(ValueError):
@@ -19,7 +23,7 @@ class ConfigError(ValueError):
 def parse_bytes(text: str, var: str) -> int:
     """A byte count as users write it in `var` (`4096`, `512KiB`, `64MiB`, `4GiB`);
     ConfigError naming the variable otherwise. Every size variable reads through this."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.IGNORECASE)
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B?|B)?\s*", text, re.IGNORECASE | re.ASCII)
     if not m:
         raise ConfigError(f"{var}={text!r}: expected a byte count such as 4096, 512MiB or "
                           "4GiB")
@@ -27,17 +31,34 @@ def parse_bytes(text: str, var: str) -> int:
     return int(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
 
 
+def _count(text: str) -> int | None:
+    """A count as both runtimes read one: ASCII digits only (no sign, `_` or other
+    scripts' digits, which Python's int() would take), at most 9 of them; None otherwise."""
+    text = text.strip(" \t\n\r\f\v")
+    return int(text) if re.fullmatch(r"[0-9]{1,9}", text) else None
+
+
+def _positive(var: str, text: str) -> int:
+    count = _count(text)
+    if count is None or count <= 0:
+        raise ConfigError(f"{var} must be a positive integer, got {text!r}")
+    return count
+
+
 def _parse_cores(text: str, num_cores: int) -> list[int]:
     cores: list[int] = []
+    out_of_range = False
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m:
+        lo_text, dash, hi_text = part.partition("-")
+        lo, hi = _count(lo_text), _count(hi_text if dash else lo_text)
+        if lo is None or hi is None:
             raise ConfigError(f"NEURONISH_VISIBLE_CORES={text!r}: expected e.g. '0-1', '2' or "
                               "'0,2'")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        cores.extend(range(lo, hi + 1))
-    bad = [c for c in cores if c >= num_cores]
-    if bad or len(set(cores)) != len(cores) or not cores:
+        # (a range past the last core is refused without being listed: 0-999999999)
+        out_of_range |= lo <= hi and hi >= num_cores
+        if not out_of_range:
+            cores.extend(range(lo, hi + 1))
+    if out_of_range or len(set(cores)) != len(cores) or not cores:
         raise ConfigError(f"NEURONISH_VISIBLE_CORES={text!r}: cores must be distinct and in "
                           f"0..{num_cores - 1} (NEURONISH_NUM_CORES={num_cores})")
     return cores
@@ -45,15 +66,18 @@ def _parse_cores(text: str, num_cores: int) -> list[int]:
 
 def _parse_groups(text: str, visible: list[int]) -> list[list[int]]:
     sizes: list[int] = []
+    total = 0
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:x\s*(\d+)\s*)?", part)
-        if not m or int(m.group(2) or m.group(1)) == 0:
+        a, x, b = part.partition("x")
+        count, size = (_count(a), _count(b)) if x else (1, _count(a))
+        if count is None or not size:
             raise ConfigError(f"NEURONISH_CORE_GROUP_SIZES={text!r}: expected e.g. '2,2' or "
                               "'4x1'")
-        count, size = (int(m.group(1)), int(m.group(2))) if m.group(2) else (1, int(m.group(1)))
-        sizes.extend([size] * count)
-    if sum(sizes) > len(visible):
-        raise ConfigError(f"NEURONISH_CORE_GROUP_SIZES={text!r} needs {sum(sizes)} cores, only "
+        total += count * size
+        if total <= len(visible):  # (listed only while they fit: 999999999x1 is refused)
+            sizes.extend([size] * count)
+    if total > len(visible):
+        raise ConfigError(f"NEURONISH_CORE_GROUP_SIZES={text!r} needs {total} cores, only "
                           f"{len(visible)} are visible")
     groups, start = [], 0
     for size in sizes:
@@ -75,9 +99,9 @@ def default_host_parallelism(env: dict[str, str], cpus: int) -> int:
     ~15% throughput). BLAS threads are read the way OpenBLAS reads them."""
     blas = cpus
     for var in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
-        text = env.get(var, "").strip()
-        if text.isdigit() and int(text) > 0:
-            blas = int(text)
+        count = _count(env.get(var, ""))
+        if count:
+            blas = count
             break
     return max(1, cpus // blas)
 
@@ -108,45 +132,43 @@ class DeviceConfig:
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> DeviceConfig:
         env = dict(os.environ if env is None else env)
-        try:
-            num_cores = int(env.get("NEURONISH_NUM_CORES", DEFAULT_NUM_CORES))
-        except ValueError:
-            raise ConfigError("NEURONISH_NUM_CORES must be a positive integer, got "
-                              f"{env['NEURONISH_NUM_CORES']!r}") from None
-        if num_cores < 1:
-            raise ConfigError(f"NEURONISH_NUM_CORES must be >= 1, got {num_cores}")
+        num_cores = DEFAULT_NUM_CORES
+        if "NEURONISH_NUM_CORES" in env:
+            text = env["NEURONISH_NUM_CORES"].strip(" \t\n\r\f\v")
+            count = _count(text.removeprefix("-"))
+            if count is None:
+                raise ConfigError("NEURONISH_NUM_CORES must be a positive integer, got "
+                                  f"{env['NEURONISH_NUM_CORES']!r}")
+            if text.startswith("-") or count < 1:
+                raise ConfigError(f"NEURONISH_NUM_CORES must be >= 1, got {text}")
+            if count > MAX_CORES:
+                raise ConfigError(f"NEURONISH_NUM_CORES must be at most {MAX_CORES}, got {text}")
+            num_cores = count
         memory = env.get("NEURONISH_CORE_MEMORY")
         core_memory = parse_bytes(memory, "NEURONISH_CORE_MEMORY") if memory else \
             DEFAULT_CORE_MEMORY
+        if core_memory > MAX_CORE_MEMORY:
+            raise ConfigError(f"NEURONISH_CORE_MEMORY={memory!r}: at most 1PiB "
+                              f"({MAX_CORE_MEMORY} bytes) per core")
         visible = env.get("NEURONISH_VISIBLE_CORES")
         cores = _parse_cores(visible, num_cores) if visible else list(range(num_cores))
         groups_text = env.get("NEURONISH_CORE_GROUP_SIZES")
         groups = _parse_groups(groups_text, cores) if groups_text else [[c] for c in cores]
         core_threads_text = env.get("NEURONISH_CORE_THREADS")
-        if core_threads_text is not None and not (
-                core_threads_text.strip().isdigit() and int(core_threads_text) > 0):
-            raise ConfigError("NEURONISH_CORE_THREADS must be a positive integer, got "
-                              f"{core_threads_text!r}")
+        given_threads = None if core_threads_text is None else \
+            _positive("NEURONISH_CORE_THREADS", core_threads_text)
         parallelism = env.get("NEURONISH_HOST_PARALLELISM")
-        if parallelism is None and core_threads_text is not None:
+        if parallelism is not None:
+            host_parallelism = _positive("NEURONISH_HOST_PARALLELISM", parallelism)
+        elif given_threads is not None:
             # Each running program takes its core's threads; as many run as fit the host.
-            host_parallelism = max(1, _host_cpus() // int(core_threads_text))
-        elif parallelism is None:
+            host_parallelism = max(1, _host_cpus() // given_threads)
+        else:
             host_parallelism = default_host_parallelism(env, _host_cpus())
-        elif parallelism.strip().isdigit() and int(parallelism) > 0:
-            host_parallelism = int(parallelism)
-        else:
-            raise ConfigError("NEURONISH_HOST_PARALLELISM must be a positive integer, got "
-                              f"{parallelism!r}")
         threads = env.get("NEURONISH_KERNEL_THREADS")
-        if threads is None:
-            kernel_threads = max(1, _host_cpus() // host_parallelism)
-        elif threads.strip().isdigit() and int(threads) > 0:
-            kernel_threads = int(threads)
-        else:
-            raise ConfigError("NEURONISH_KERNEL_THREADS must be a positive integer, got "
-                              f"{threads!r}")
-        core_threads = int(core_threads_text) if core_threads_text is not None else \
+        kernel_threads = max(1, _host_cpus() // host_parallelism) if threads is None else \
+            _positive("NEURONISH_KERNEL_THREADS", threads)
+        core_threads = given_threads if given_threads is not None else \
             max(1, _host_cpus() // host_parallelism)
         twin = env.get("NEURONISH_NARROW_TWIN", "").strip() or "auto"
         if twin not in ("auto", "queued", "off"):

@@ -23,6 +23,11 @@ std::string trim(const std::string &s) {
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
+// The largest device config_from_env accepts, as runtime/config.py's MAX_CORES and
+// MAX_CORE_MEMORY.
+constexpr int kMaxCores = 1024;
+constexpr uint64_t kMaxCoreMemory = uint64_t(1) << 50;
+
 bool digits(const std::string &s) {
   return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(uint8_t(c)); });
 }
@@ -170,9 +175,18 @@ DeviceConfig config_from_env() {
     if (!digits(neg ? t.substr(1) : t))
       bad(std::string("NEURONISH_NUM_CORES must be a positive integer, got ") + quoted(v));
     if (neg || std::stoi(t) < 1) bad("NEURONISH_NUM_CORES must be >= 1, got " + t);
+    // As runtime/config.py: a device of more cores is a typo, and would be built core by
+    // core before anything else could refuse it.
+    if (std::stoi(t) > kMaxCores)
+      bad("NEURONISH_NUM_CORES must be at most " + std::to_string(kMaxCores) + ", got " + t);
     c.num_cores = std::stoi(t);
   }
-  if (const char *v = env("NEURONISH_CORE_MEMORY")) c.core_memory = parse_bytes(v, "NEURONISH_CORE_MEMORY");
+  if (const char *v = env("NEURONISH_CORE_MEMORY")) {
+    c.core_memory = parse_bytes(v, "NEURONISH_CORE_MEMORY");
+    if (c.core_memory > kMaxCoreMemory)
+      bad(std::string("NEURONISH_CORE_MEMORY=") + quoted(v) + ": at most 1PiB (" +
+          std::to_string(kMaxCoreMemory) + " bytes) per core");
+  }
   if (const char *v = env("NEURONISH_VISIBLE_CORES"); v && *v) {
     c.visible_cores = parse_cores(v, c.num_cores);
   } else {

@@ -16,7 +16,8 @@ from tests.runtime.test_capi_execute import compile_graph
 
 NR_INVALID_CONFIG, NR_DEVICE_ERROR, NR_OUT_OF_DEVICE_MEMORY = 7, 8, 9
 VARS = ("NEURONISH_NUM_CORES", "NEURONISH_VISIBLE_CORES", "NEURONISH_CORE_GROUP_SIZES",
-        "NEURONISH_CORE_MEMORY", "NEURONISH_CORE_THREADS", "NEURONISH_HOST_PARALLELISM")
+        "NEURONISH_CORE_MEMORY", "NEURONISH_CORE_THREADS", "NEURONISH_HOST_PARALLELISM",
+        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
                                 reason="g++ is needed to build the C runtime library")
@@ -39,6 +40,17 @@ CONFIGS = [
     {"NEURONISH_CORE_MEMORY": "12XB"}, {"NEURONISH_CORE_MEMORY": "-1"},
     {"NEURONISH_CORE_THREADS": "0"}, {"NEURONISH_CORE_THREADS": "2"},
     {"NEURONISH_HOST_PARALLELISM": "-1"}, {"NEURONISH_HOST_PARALLELISM": "3"},
+    # What Python's int() reads and C does not (a sign, `_`, other scripts' digits), counts
+    # of ten digits and more, and devices too large to build: refused alike, in the same
+    # words, before anything is built (each of the last four took gigabytes or crashed).
+    {"NEURONISH_NUM_CORES": "+2"}, {"NEURONISH_NUM_CORES": "1_0"},
+    {"NEURONISH_NUM_CORES": "\u0662"}, {"NEURONISH_NUM_CORES": "1024"},
+    {"NEURONISH_NUM_CORES": "1025"}, {"NEURONISH_NUM_CORES": "99999999999"},
+    {"NEURONISH_CORE_THREADS": "\u00b2"}, {"NEURONISH_HOST_PARALLELISM": "1_0"},
+    {"NEURONISH_CORE_MEMORY": "\u0664GiB"}, {"OMP_NUM_THREADS": "\u00b2"},
+    {"NEURONISH_VISIBLE_CORES": "0-999999999"}, {"NEURONISH_CORE_GROUP_SIZES": "999999999x1"},
+    {"NEURONISH_CORE_MEMORY": "1048576GiB"}, {"NEURONISH_CORE_MEMORY": "1048577GiB"},
+    {"NEURONISH_CORE_MEMORY": "17179869184G"},
 ]
 
 
@@ -91,3 +103,25 @@ def test_loads_that_do_not_fit_are_refused(lib: object, monkeypatch: pytest.Monk
     assert "out of device memory" in e.value.message and "NEURONISH_CORE_MEMORY" in e.value.message
     assert all(used == 0 for used, _ in device.memory().values())
     device.close()
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"NEURONISH_NUM_CORES": "1025"}, "NEURONISH_NUM_CORES must be at most 1024, got 1025"),
+    ({"NEURONISH_NUM_CORES": "99999999999"}, "must be a positive integer, got '99999999999'"),
+    ({"NEURONISH_VISIBLE_CORES": "0-999999999"}, "cores must be distinct and in 0..3"),
+    ({"NEURONISH_CORE_GROUP_SIZES": "999999999x1"}, "needs 999999999 cores, only 4 are"),
+    ({"NEURONISH_CORE_MEMORY": "1048577GiB"}, "at most 1PiB (1125899906842624 bytes) per"),
+    ({"NEURONISH_CORE_THREADS": "\u00b2"}, "NEURONISH_CORE_THREADS must be a positive integer"),
+], ids=["cores", "digits", "range", "groups", "memory", "superscript"])
+def test_a_device_too_large_to_build_is_refused_at_once(monkeypatch: pytest.MonkeyPatch,
+                                                        env: dict, words: str) -> None:
+    """Typos that would build a device core by core (a billion cores, gigabytes of lists,
+    minutes, the process killed) or crash Python's int() are refused before anything is
+    built, naming the variable: by both runtimes in the same words (above)."""
+    for var in VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError) as e:
+        DeviceConfig.from_env()
+    assert words in str(e.value)
