@@ -29,7 +29,7 @@ def parse_input(ref: str) -> tuple[str, int]:
     if ref.startswith("^"):
         return ref[1:], -1
     name, sep, index = ref.rpartition(":")
-    if sep and index.isdigit():
+    if sep and index.isascii() and index.isdigit():
         return name, int(index)
     return ref, 0
 

@@ -170,7 +170,7 @@ def version_number(version: str) -> int | None:
     """A v2 version string ("" = the newest loaded) as the manager's number."""
     if not version:
         return None
-    if not version.isdigit():
+    if not (version.isascii() and version.isdigit()):  # ('²'.isdigit(), int() refuses)
         raise invalid_argument(f"model version {version!r} is not a version number")
     return int(version)
 

@@ -182,7 +182,8 @@ class V2RestApi:
                headers: Mapping[str, str], deadline: float | None) -> Answer:
         length = headers.get(HEADER_LENGTH)
         if length is not None:
-            if not length.strip().isdigit() or int(length) > len(body):
+            digits = length.strip()
+            if not (digits.isascii() and digits.isdigit()) or int(digits) > len(body):
                 raise invalid_argument(f"{HEADER_LENGTH}: {length!r} is not a length within "
                                        f"the {len(body)}-byte body")
             header, binary = body[:int(length)], body[int(length):]

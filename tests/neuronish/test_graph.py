@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
-from neuronish.graph import Graph, PartitionError
+from neuronish.graph import Graph, PartitionError, parse_input
 from neuronish.shape_inference import shapes
 from neuronish.shape_inference.shapes import infer_once
 
@@ -212,3 +212,11 @@ def test_after_the_rewrites_the_graph_is_what_a_new_index_says(tmp_path: Path,
                         minimum_segment_size=1)
     assert [s.graph_def for s in edited.subgraphs] == [s.graph_def for s in fresh.subgraphs]
     assert edited.reasons() == fresh.reasons() and edited.subgraphs
+
+
+def test_an_input_reference_with_other_digits_is_a_node_name_not_a_crash() -> None:
+    assert parse_input("dense/BiasAdd:1") == ("dense/BiasAdd", 1)
+    assert parse_input("^init") == ("init", -1)
+    # str.isdigit() takes '²' and int() refuses it: read as part of a name, as TF would not
+    # accept it as an index either.
+    assert parse_input("x:\u00b2") == ("x:\u00b2", 0)

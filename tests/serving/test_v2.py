@@ -320,6 +320,13 @@ def test_bad_requests_get_a_clear_error(server: Server, http: object,
         assert status == want_status and message in answer["error"], (doc, answer)
     status, answer = server.http("POST", "/v2/models/dtypes/infer", b"{not json")
     assert status == 400 and "not JSON" in answer["error"]
+    # Digits str.isdigit() takes and int() refuses: a clear 400, not a server error.
+    body = json.dumps({"inputs": [{**good, "data": [0, 0, 0]}]}).encode()
+    status, answer = server.http("POST", "/v2/models/dtypes/versions/%C2%B2/infer", body)
+    assert status == 400 and "is not a version number" in answer["error"], answer
+    status, answer = server.http("POST", "/v2/models/dtypes/infer", body,
+                                 {"Inference-Header-Content-Length": "\u00b2"})
+    assert status == 400 and "is not a length within" in answer["error"], answer
     status, answer = v2_infer(server, "nope", {"inputs": [{**good, "data": [0, 0, 0]}]})
     assert status == 404 and "nope" in answer["error"]
     # A BYTES tensor whose length prefix runs past its data, over gRPC.
