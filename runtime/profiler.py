@@ -19,6 +19,11 @@ While recording, a hook appends one tuple (timestamps and the objects names come
 from); the trace events are built by `stop()`, which writes DIR/neuronish-<pid>.json
 at exit (or returns the trace);
 `top_instructions` gives the per-instruction table `neuronish profile` prints.
+
+Models on the C runtime (runtime/capi/) record the same spans inside the C library:
+start() and stop() switch its recording too (a *recorder*, add_recorder), and stop()
+merges its spans into the one trace, on the same clock and tracks (a host thread's
+spans on that thread's track).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .telemetry import current_group
 
@@ -58,6 +64,30 @@ _SPAN, _CALL, _CHUNK = object(), object(), object()
 _timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+class Recorder(Protocol):
+    """Something else in the process that records spans while the profiler does."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> dict:
+        """Stop; return {"spans": [...], "dropped_events": n}, each span {"name", "cat",
+        "track", "start", "end" (perf_counter seconds), "args"} and, on a host thread's
+        track, "thread" (its native id)."""
+        ...
+
+
+_recorders: list[Recorder] = []
+
+
+def add_recorder(recorder: Recorder) -> None:
+    """`recorder` starts and stops with the profiler from now on (started now if recording),
+    and its spans join the trace stop() returns."""
+    with _lock:
+        _recorders.append(recorder)
+        if _active:
+            recorder.start()
+
+
 def active() -> bool:
     return _active
 
@@ -65,6 +95,8 @@ def active() -> bool:
 def start() -> None:
     global _active, _dropped, _size
     with _lock:
+        for recorder in _recorders:  # (first: an error leaves the profiler off)
+            recorder.start()
         _events.clear()
         _size = _dropped = 0
         _active = True
@@ -80,19 +112,24 @@ def stop(path: str | os.PathLike | None = None) -> dict:
         for native in list(_timed):
             native.timings(False)
         _timed.clear()
-    trace = _Trace().build(events)
+        recorded = [recorder.stop() for recorder in _recorders]
+    trace = _Trace().build(events, recorded)
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(trace, f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write(trace, Path(path))
     return trace
+
+
+def _write(trace: dict, path: Path) -> None:
+    """`trace` as JSON at `path`, atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(trace, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _room(events: int) -> bool:
@@ -248,7 +285,7 @@ class _Trace:
         self.spans: list[dict] = []
         self.dropped = _dropped
 
-    def build(self, events: list[tuple]) -> dict:
+    def build(self, events: list[tuple], recorded: list[dict] = ()) -> dict:
         for entry in events:
             kind = entry[0]
             if kind is _SPAN:
@@ -259,6 +296,8 @@ class _Trace:
                 self.span("call", "call", track, start, end, {"model": about.name})
             else:
                 self.chunk(*entry[1:])
+        for spans in recorded:
+            self.recorded(spans)
         metadata = [{"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                      "args": {"name": f"neuronish (pid {self.pid})"}}]
         for name, tid in self.tracks.items():
@@ -278,6 +317,14 @@ class _Trace:
         ts = _us(start)  # (the end rounded alike: spans laid end to end never overlap)
         self.spans.append({"name": name, "cat": cat, "ph": "X", "pid": self.pid, "tid": tid,
                            "ts": ts, "dur": max(round(_us(end) - ts, 3), 0.0), "args": args})
+
+    def recorded(self, recorded: dict) -> None:
+        """A recorder's spans (Recorder.stop), a host thread's on that thread's track."""
+        threads = {t.native_id: f"host ({t.name})" for t in threading.enumerate()}
+        for s in recorded["spans"]:
+            track = threads.get(s.get("thread"), s["track"])
+            self.span(s["name"], s["cat"], track, s["start"], s["end"], s["args"])
+        self.dropped += recorded["dropped_events"]
 
     def track(self, name: str) -> int:
         tid = self.tracks.get(name)
@@ -388,11 +435,11 @@ def _from_env() -> None:
     start()
 
     def write_at_exit() -> None:
-        if not _events:  # tools that never used the device write nothing
-            return
         path = Path(directory) / f"neuronish-{os.getpid()}.json"
         try:
-            stop(path)
+            trace = stop()
+            if any(e["ph"] == "X" for e in trace["traceEvents"]):
+                _write(trace, path)  # (tools that never used the device write nothing)
         except OSError as e:  # at exit a traceback helps nobody: one line with the reason
             print(f"neuronish: ${ENV_VAR}: could not write {path}: {e.strerror or e}",
                   file=sys.stderr)

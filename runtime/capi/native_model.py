@@ -11,9 +11,9 @@ refuses for any reason (an instruction it lacks, a build failure, too little dev
 memory) returns no model and the reason: the caller then loads on the Python runtime,
 which keeps its own rules (and its fallback to TensorFlow). `NEURONISH_KERNEL=python`
 turns this path off; so do the settings only the Python runtime honours:
-`NEURONISH_ENGINE=numpy`, `NEURONISH_NATIVE_EXCLUDE`, and a profile
-(`NEURONISH_PROFILE`): the C runtime records profiles only in a process without Python
-(docs/c-api.md, slice 6), and the Python profiler does not collect its spans yet.
+`NEURONISH_ENGINE=numpy` and `NEURONISH_NATIVE_EXCLUDE`. A profile (`NEURONISH_PROFILE`,
+`profiler.start()`) does not: while it records, the C library records its models' calls
+too and the profiler merges them into its trace (binding.ProfileRecorder).
 `NEURONISH_NATIVE_EXCLUDE` stays the Python runtime's by design: it hands instructions to
 the numpy engine, which the C runtime does not have.
 
@@ -65,17 +65,12 @@ _log = logging.getLogger(__name__)
 
 def why_not() -> str | None:
     """Why a model should not try the C runtime (a setting above), or None."""
-    from .. import profiler
-
     if os.environ.get(ENV_KERNEL, "").strip().lower() == "python":
         return f"{ENV_KERNEL}=python"
     if os.environ.get("NEURONISH_ENGINE", "").strip().lower() == "numpy":
         return "NEURONISH_ENGINE=numpy (the numpy engine is the Python runtime's)"
     if os.environ.get("NEURONISH_NATIVE_EXCLUDE", "").strip():
         return "NEURONISH_NATIVE_EXCLUDE is set (only the Python runtime honours it)"
-    if profiler.active():
-        return ("a profile is being recorded (the Python profiler does not collect the C "
-                "runtime's spans yet)")
     return None
 
 
