@@ -77,6 +77,9 @@ class Recorder(Protocol):
 
 
 _recorders: list[Recorder] = []
+# Native thread id -> track of the Python threads that called into a recorder's models
+# while recording (note_thread): a thread that ended before stop() keeps its track name.
+_thread_tracks: dict[int, str] = {}
 
 
 def add_recorder(recorder: Recorder) -> None:
@@ -98,6 +101,7 @@ def start() -> None:
         for recorder in _recorders:  # (first: an error leaves the profiler off)
             recorder.start()
         _events.clear()
+        _thread_tracks.clear()
         _size = _dropped = 0
         _active = True
 
@@ -113,7 +117,9 @@ def stop(path: str | os.PathLike | None = None) -> dict:
             native.timings(False)
         _timed.clear()
         recorded = [recorder.stop() for recorder in _recorders]
-    trace = _Trace().build(events, recorded)
+        threads = dict(_thread_tracks)
+    threads.update((t.native_id, f"host ({t.name})") for t in threading.enumerate())
+    trace = _Trace().build(events, recorded, threads)
     if path is not None:
         _write(trace, Path(path))
     return trace
@@ -146,6 +152,12 @@ def record(name: str, cat: str, track: str, start: float, end: float, **args: ob
     """One complete span; `start`/`end` from time.perf_counter()."""
     if _active and _room(1):
         _events.append((_SPAN, name, cat, track, start, end, args))
+
+
+def note_thread() -> None:
+    """The calling thread is about to call into a recorder's model: its spans there go on
+    its track even if it ends before stop(). (Call only while active.)"""
+    _thread_tracks[threading.get_native_id()] = _host_track()
 
 
 def _host_track() -> str:
@@ -285,7 +297,8 @@ class _Trace:
         self.spans: list[dict] = []
         self.dropped = _dropped
 
-    def build(self, events: list[tuple], recorded: list[dict] = ()) -> dict:
+    def build(self, events: list[tuple], recorded: list[dict] = (),
+              threads: dict[int, str] | None = None) -> dict:
         for entry in events:
             kind = entry[0]
             if kind is _SPAN:
@@ -297,7 +310,7 @@ class _Trace:
             else:
                 self.chunk(*entry[1:])
         for spans in recorded:
-            self.recorded(spans)
+            self.recorded(spans, threads or {})
         metadata = [{"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                      "args": {"name": f"neuronish (pid {self.pid})"}}]
         for name, tid in self.tracks.items():
@@ -318,9 +331,9 @@ class _Trace:
         self.spans.append({"name": name, "cat": cat, "ph": "X", "pid": self.pid, "tid": tid,
                            "ts": ts, "dur": max(round(_us(end) - ts, 3), 0.0), "args": args})
 
-    def recorded(self, recorded: dict) -> None:
-        """A recorder's spans (Recorder.stop), a host thread's on that thread's track."""
-        threads = {t.native_id: f"host ({t.name})" for t in threading.enumerate()}
+    def recorded(self, recorded: dict, threads: dict[int, str]) -> None:
+        """A recorder's spans (Recorder.stop), a Python thread's on that thread's track
+        (`threads`: native id -> track)."""
         for s in recorded["spans"]:
             track = threads.get(s.get("thread"), s["track"])
             self.span(s["name"], s["cat"], track, s["start"], s["end"], s["args"])

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import profiler
 from ..calls import Calls
 from ..errors import (
     Cancelled,
@@ -217,6 +218,8 @@ class NativeModel(Calls):
         arrays, batch = self._validate(list(values))
         if out is not None:
             self._check_out(out, batch)
+        if profiler.active():  # (the C library records the call: on this thread's track)
+            profiler.note_thread()
         try:
             return self._model.run(arrays, outputs=out, timeout=timeout, cancel=cancel)
         except Exception as e:  # noqa: BLE001 - re-raised as the runtime's error
