@@ -97,6 +97,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_model_instruction_team": ([vp, sz], ctypes.c_int32),
         "nr_model_stage_thread": ([vp, sz, sz], ctypes.c_int64),
         "nr_model_narrow_runs": ([vp, sz], ctypes.c_int64),
+        "nr_model_set_label": ([vp, ctypes.c_char_p], ctypes.c_int),
         "nr_profile_start": ([err, sz], ctypes.c_int),
         "nr_profile_stop": ([pvp, ctypes.POINTER(sz), err, sz], ctypes.c_int),
         "nr_profile_free": ([vp], None),
@@ -365,6 +366,11 @@ class Model:
             out.append(([info.cores[i] for i in range(n)],
                         [info.bytes_per_core[i] for i in range(n)], info.runs, info.busy_ns))
         return out
+
+    def set_label(self, label: str) -> None:
+        """The model's name in the library's profile spans (nr_model_set_label): before its
+        first call."""
+        _check(self.lib, self.lib.nr_model_set_label(self.handle, label.encode()), None)
 
     def unload(self) -> None:
         if self.handle:

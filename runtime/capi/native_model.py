@@ -160,6 +160,8 @@ class NativeModel(Calls):
 
         self._model = model
         self.label = label
+        if label:  # (its name in the profile's tracks, as the Python runtime's models)
+            model.set_label(label)
         self.inputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.inputs]
         self.outputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.outputs]
         self._exact_inputs = [(_np_dtype(s.dtype), s.shape) for s in self.inputs]
