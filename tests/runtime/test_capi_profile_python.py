@@ -191,3 +191,44 @@ def test_the_spans_json_names_clock_tracks_and_threads(graph_and_exe) -> None:
     assert "thread" not in execute and execute["track"] == "device cores [0]: Identity:0"
     assert len(by_cat["instruction"]) == len(executable.from_bytes(exe).programs[0])
     assert all(s["args"]["engine"] == "native" and s["args"]["tf"] for s in by_cat["instruction"])
+
+
+def test_start_and_stop_while_calls_are_in_flight(graph_and_exe,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recording switched on and off while four threads call the model: every trace is
+    well formed (spans nest on each track), every call's outputs are right."""
+    g, exe = graph_and_exe
+    monkeypatch.delenv("NEURONISH_KERNEL", raising=False)
+    x = np.random.default_rng(1).standard_normal((CALL_BATCH, 8, 8, 3)).astype(np.float32)
+    [want] = g.reference({"x:0": x}).values()
+    profiler.start()
+    try:
+        model = load(exe, duplicates=2)
+    finally:
+        profiler.stop()
+    done = threading.Event()
+    wrong: list[str] = []
+
+    def caller() -> None:
+        while not done.is_set():
+            [out] = model.run_list([x])
+            if not np.allclose(out, want, rtol=1e-4, atol=1e-4):
+                wrong.append("outputs differ from TensorFlow's")
+
+    with model:
+        assert isinstance(model, NativeModel)
+        threads = [threading.Thread(target=caller, name=f"caller {k}") for k in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            executes = 0
+            for _ in range(20):
+                profiler.start()
+                time.sleep(0.01)
+                executes += len(spans_by_category(profiler.stop()).get("execute", []))
+        finally:
+            done.set()
+            for t in threads:
+                t.join()
+    assert not wrong and executes > 0
+    assert not _recorder().recording()
