@@ -80,6 +80,9 @@ _recorders: list[Recorder] = []
 # Native thread id -> track of the Python threads that called into a recorder's models
 # while recording (note_thread): a thread that ended before stop() keeps its track name.
 _thread_tracks: dict[int, str] = {}
+# What the modelled track of a recorder's chunks is drawn from (the C library does not
+# read the executable's stats): per model name in its spans (note_native_model).
+_native_abouts: dict[str, _About] = {}
 
 
 def add_recorder(recorder: Recorder) -> None:
@@ -118,8 +121,9 @@ def stop(path: str | os.PathLike | None = None) -> dict:
         _timed.clear()
         recorded = [recorder.stop() for recorder in _recorders]
         threads = dict(_thread_tracks)
+        abouts = dict(_native_abouts)
     threads.update((t.native_id, f"host ({t.name})") for t in threading.enumerate())
-    trace = _Trace().build(events, recorded, threads)
+    trace = _Trace().build(events, recorded, threads, abouts)
     if path is not None:
         _write(trace, Path(path))
     return trace
@@ -223,6 +227,15 @@ def _about(model: object) -> _About:
     return about
 
 
+def note_native_model(name: str, batch: int | None, exe: object) -> None:
+    """A model loaded on the C runtime while recording, named `name` in the C library's
+    spans: its chunks get the modelled track, from `exe`'s programs and stats (a parsed
+    executable)."""
+    device_model = (getattr(exe, "stats", None) or {}).get("device_model") or {}
+    _native_abouts[name] = _About(name, batch, exe.programs,  # type: ignore[attr-defined]
+                                  device_model.get("instruction_seconds"))
+
+
 def traced_call(fn: Callable) -> Callable:
     """Decorates Model.run_list: one `call` span per call."""
     @functools.wraps(fn)
@@ -296,9 +309,11 @@ class _Trace:
         self.tracks: dict[str, int] = {}
         self.spans: list[dict] = []
         self.dropped = _dropped
+        self.chunks_modelled: list[tuple[float, int, _About]] = []  # (start, track, model)
 
     def build(self, events: list[tuple], recorded: list[dict] = (),
-              threads: dict[int, str] | None = None) -> dict:
+              threads: dict[int, str] | None = None,
+              abouts: dict[str, _About] | None = None) -> dict:
         for entry in events:
             kind = entry[0]
             if kind is _SPAN:
@@ -310,7 +325,8 @@ class _Trace:
             else:
                 self.chunk(*entry[1:])
         for spans in recorded:
-            self.recorded(spans, threads or {})
+            self.recorded(spans, threads or {}, abouts or {})
+        self.modelled()
         metadata = [{"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                      "args": {"name": f"neuronish (pid {self.pid})"}}]
         for name, tid in self.tracks.items():
@@ -331,12 +347,18 @@ class _Trace:
         self.spans.append({"name": name, "cat": cat, "ph": "X", "pid": self.pid, "tid": tid,
                            "ts": ts, "dur": max(round(_us(end) - ts, 3), 0.0), "args": args})
 
-    def recorded(self, recorded: dict, threads: dict[int, str]) -> None:
+    def recorded(self, recorded: dict, threads: dict[int, str],
+                 abouts: dict[str, _About]) -> None:
         """A recorder's spans (Recorder.stop), a Python thread's on that thread's track
-        (`threads`: native id -> track)."""
+        (`threads`: native id -> track), and a chunk's modelled time when its model's name
+        is in `abouts`."""
         for s in recorded["spans"]:
             track = threads.get(s.get("thread"), s["track"])
             self.span(s["name"], s["cat"], track, s["start"], s["end"], s["args"])
+            about = abouts.get(s["args"].get("model")) if s["cat"] == "execute" else None
+            if about is not None and about.modelled_seconds:
+                tid = self.track(f"{track} (modelled time)")
+                self.chunks_modelled.append((s["start"], tid, about))
         self.dropped += recorded["dropped_events"]
 
     def track(self, name: str) -> int:
@@ -358,7 +380,8 @@ class _Trace:
         for instructions, steps, times, marks in stages:
             self.instructions(tid, instructions, steps, times, marks)
         if about.modelled_seconds:
-            self.modelled(about, start, self.track(f"device {where}: {name} (modelled time)"))
+            tid = self.track(f"device {where}: {name} (modelled time)")
+            self.chunks_modelled.append((start, tid, about))
 
     def instructions(self, tid: int, instructions: list, steps: list, times: object,
                      marks: list[float]) -> None:
@@ -379,14 +402,21 @@ class _Trace:
                            "parts": [list(step.source)]})
                 k += 2
 
-    def modelled(self, about: _About, start: float, tid: int) -> None:
-        """The chunk's instructions laid end to end in modelled device time."""
-        t = start
-        for core, (program, seconds) in enumerate(zip(about.programs, about.modelled_seconds)):
-            for ins, s in zip(program, seconds):
-                self.span(ins.kind, "modelled", tid, t, t + s,
-                          {"core": core, "tf": list(ins.source), "model": about.name})
-                t += s
+    def modelled(self) -> None:
+        """Each chunk's instructions laid end to end in modelled device time, from the
+        chunk's start, or, when the model's estimate of the chunk before on the same
+        track runs past that (a host faster than the modelled device), from its end:
+        spans on a track never overlap."""
+        ends: dict[int, float] = {}
+        for start, tid, about in sorted(self.chunks_modelled, key=lambda c: c[:2]):
+            t = max(start, ends.get(tid, start))
+            for core, (program, seconds) in enumerate(zip(about.programs,
+                                                          about.modelled_seconds)):
+                for ins, s in zip(program, seconds):
+                    self.span(ins.kind, "modelled", tid, t, t + s,
+                              {"core": core, "tf": list(ins.source), "model": about.name})
+                    t += s
+            ends[tid] = t
 
 
 def _us(t: float) -> float:

@@ -279,12 +279,31 @@ def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
     fewest = 1 if step_down else duplicates
     for n in range(duplicates, fewest - 1, -1):
         try:
-            return Loaded(NativeModel(Model(device, blob, duplicates=n), label), "")
+            model = NativeModel(Model(device, blob, duplicates=n), label)
         except CRuntimeError as e:
             if e.status in _TOO_FEW_CORES_OR_MEMORY and n > fewest:
                 continue
             return Loaded(None, f"the C runtime refused it: {e}")
+        if profiler.active():
+            _describe_for_profile(model, blob)
+        return Loaded(model, "")
     return Loaded(None, f"duplicates must be at least 1, got {duplicates}")
+
+
+def _describe_for_profile(model: NativeModel, blob: bytes) -> None:
+    """The profile's modelled track of the model's chunks needs its executable's stats,
+    which the C library does not read: parsed here, once, for the profiler."""
+    from ..errors import ExecutableError
+    from ..executable import from_bytes
+
+    try:
+        exe = from_bytes(blob)
+    except ExecutableError as e:  # (the C runtime took it: not expected; the track is lost)
+        _log.warning("no modelled track in the profile for %s: %s", model, e)
+        return
+    # The name the C library gives the model in its spans (observe.cc's About::name).
+    name = (model.label or ", ".join(s.name for s in model.outputs))[:60]
+    profiler.note_native_model(name, model.batch_size, exe)
 
 
 _loaded: weakref.WeakSet[NativeModel] = weakref.WeakSet()

@@ -78,4 +78,5 @@ def test_a_profiled_neuron_op_runs_on_the_c_runtime_and_its_trace_lists_the_engi
     rows = [row for row in map(str.split, r.stdout.splitlines()[1:]) if row[4:5] == ["native"]]
     assert {row[5] for row in rows} == set(got["kinds"])
     assert all(row[1] == "6" for row in rows)  # calls: one per chunk
+    assert all(float(row[3]) > 0 for row in rows)  # the modelled time, from the executable
     assert "2 call, 6 execute" in r.stderr

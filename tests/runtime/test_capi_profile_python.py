@@ -87,9 +87,17 @@ def test_a_model_loaded_while_profiling_runs_on_the_c_runtime_and_is_in_the_trac
         assert _inside(e, call)
         mine = [i for i in by_cat["instruction"] if _inside(i, e) and i["tid"] == e["tid"]]
         assert sorted(i["name"] for i in mine) == sorted(kinds)
+    # The modelled track (drawn in Python from the executable's stats) beside each chunk.
+    modelled = executable.from_bytes(exe).stats["device_model"]["instruction_seconds"][0]
+    assert len(by_cat["modelled"]) == 3 * len(modelled)
+    assert sorted(e["dur"] for e in by_cat["modelled"]) == pytest.approx(
+        sorted(round(s * 1e6, 3) for s in modelled * 3), abs=1e-3)
+    assert {tracks[e["tid"]] for e in by_cat["modelled"]} == {
+        "device cores [0]: Identity:0 (modelled time)"}
     rows = profiler.top_instructions(trace)
     assert {r["instruction"] for r in rows} == set(kinds)
-    assert all(r["engine"] == "native" and r["calls"] == 3 for r in rows)
+    assert all(r["engine"] == "native" and r["calls"] == 3 and r["modelled_us"] > 0
+               for r in rows)
 
 
 def test_off_again_records_nothing_and_on_again_records_the_same_model(
