@@ -301,11 +301,12 @@ NR_API int64_t nr_model_narrow_runs(const nr_model *model, size_t copy);
 /* ---- Profiles recorded on demand, for a host that observes for itself ------------------
  * A host that records its own profile (the Python runtime: runtime/profiler.py) has this
  * library record its models' spans too and takes them into its trace. While recording,
- * every call of a model loaded while recording (here or under NEURONISH_PROFILE) records
- * the spans NEURONISH_PROFILE records (call, queue, execute, each engine instruction); a
- * model loaded while not recording is not timed. Off, a call pays one relaxed atomic
- * load. Thread-safe with calls in flight: a call recorded after nr_profile_stop took the
- * spans is not recorded. */
+ * the calls of models loaded while a recording was on (this one or an earlier one) record
+ * the spans NEURONISH_PROFILE records: call, queue, execute, each engine instruction.
+ * Models loaded while none was on are not timed; models loaded while one was on keep
+ * their engine's instruction timing (one clock read each) and no one-thread twin. Off, a
+ * call pays one relaxed atomic load. Any thread may call these, with calls in flight: a
+ * span that ends after nr_profile_stop took the spans is not recorded. */
 
 /* Start recording, discarding spans recorded and not taken. NR_INVALID_ARGUMENT (the
  * message names the variable) when this library records for NEURONISH_PROFILE itself:
