@@ -19,6 +19,11 @@ While recording, a hook appends one tuple (timestamps and the objects names come
 from); the trace events are built by `stop()`, which writes DIR/neuronish-<pid>.json
 at exit (or returns the trace);
 `top_instructions` gives the per-instruction table `neuronish profile` prints.
+
+Models on the C runtime (runtime/capi/) record the same spans inside the C library:
+start() and stop() switch its recording too (a *recorder*, add_recorder), and stop()
+merges its spans into the one trace, on the same clock and tracks (a host thread's
+spans on that thread's track).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .telemetry import current_group
 
@@ -58,6 +64,36 @@ _SPAN, _CALL, _CHUNK = object(), object(), object()
 _timed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+class Recorder(Protocol):
+    """Something else in the process that records spans while the profiler does."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> dict:
+        """Stop; return {"spans": [...], "dropped_events": n}, each span {"name", "cat",
+        "track", "start", "end" (perf_counter seconds), "args"} and, on a host thread's
+        track, "thread" (its native id)."""
+        ...
+
+
+_recorders: list[Recorder] = []
+# Native thread id -> track of the Python threads that called into a recorder's models
+# while recording (note_thread): a thread that ended before stop() keeps its track name.
+_thread_tracks: dict[int, str] = {}
+# What the modelled track of a recorder's chunks is drawn from (the C library does not
+# read the executable's stats): per model name in its spans (note_native_model).
+_native_abouts: dict[str, _About] = {}
+
+
+def add_recorder(recorder: Recorder) -> None:
+    """`recorder` starts and stops with the profiler from now on (started now if recording),
+    and its spans join the trace stop() returns."""
+    with _lock:
+        _recorders.append(recorder)
+        if _active:
+            recorder.start()
+
+
 def active() -> bool:
     return _active
 
@@ -65,7 +101,10 @@ def active() -> bool:
 def start() -> None:
     global _active, _dropped, _size
     with _lock:
+        for recorder in _recorders:  # (first: an error leaves the profiler off)
+            recorder.start()
         _events.clear()
+        _thread_tracks.clear()
         _size = _dropped = 0
         _active = True
 
@@ -80,19 +119,27 @@ def stop(path: str | os.PathLike | None = None) -> dict:
         for native in list(_timed):
             native.timings(False)
         _timed.clear()
-    trace = _Trace().build(events)
+        recorded = [recorder.stop() for recorder in _recorders]
+        threads = dict(_thread_tracks)
+        abouts = dict(_native_abouts)
+    threads.update((t.native_id, f"host ({t.name})") for t in threading.enumerate())
+    trace = _Trace().build(events, recorded, threads, abouts)
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(trace, f)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write(trace, Path(path))
     return trace
+
+
+def _write(trace: dict, path: Path) -> None:
+    """`trace` as JSON at `path`, atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(trace, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _room(events: int) -> bool:
@@ -109,6 +156,12 @@ def record(name: str, cat: str, track: str, start: float, end: float, **args: ob
     """One complete span; `start`/`end` from time.perf_counter()."""
     if _active and _room(1):
         _events.append((_SPAN, name, cat, track, start, end, args))
+
+
+def note_thread() -> None:
+    """The calling thread is about to call into a recorder's model: its spans there go on
+    its track even if it ends before stop(). (Call only while active.)"""
+    _thread_tracks[threading.get_native_id()] = _host_track()
 
 
 def _host_track() -> str:
@@ -172,6 +225,15 @@ def _about(model: object) -> _About:
         about = _abouts[model] = _About(name, model.batch_size,  # type: ignore[attr-defined]
                                         exe.programs, device_model.get("instruction_seconds"))
     return about
+
+
+def note_native_model(name: str, batch: int | None, exe: object) -> None:
+    """A model loaded on the C runtime while recording, named `name` in the C library's
+    spans: its chunks get the modelled track, from `exe`'s programs and stats (a parsed
+    executable)."""
+    device_model = (getattr(exe, "stats", None) or {}).get("device_model") or {}
+    _native_abouts[name] = _About(name, batch, exe.programs,  # type: ignore[attr-defined]
+                                  device_model.get("instruction_seconds"))
 
 
 def traced_call(fn: Callable) -> Callable:
@@ -247,8 +309,11 @@ class _Trace:
         self.tracks: dict[str, int] = {}
         self.spans: list[dict] = []
         self.dropped = _dropped
+        self.chunks_modelled: list[tuple[float, int, _About]] = []  # (start, track, model)
 
-    def build(self, events: list[tuple]) -> dict:
+    def build(self, events: list[tuple], recorded: list[dict] = (),
+              threads: dict[int, str] | None = None,
+              abouts: dict[str, _About] | None = None) -> dict:
         for entry in events:
             kind = entry[0]
             if kind is _SPAN:
@@ -259,6 +324,9 @@ class _Trace:
                 self.span("call", "call", track, start, end, {"model": about.name})
             else:
                 self.chunk(*entry[1:])
+        for spans in recorded:
+            self.recorded(spans, threads or {}, abouts or {})
+        self.modelled()
         metadata = [{"name": "process_name", "ph": "M", "pid": self.pid, "tid": 0,
                      "args": {"name": f"neuronish (pid {self.pid})"}}]
         for name, tid in self.tracks.items():
@@ -279,6 +347,20 @@ class _Trace:
         self.spans.append({"name": name, "cat": cat, "ph": "X", "pid": self.pid, "tid": tid,
                            "ts": ts, "dur": max(round(_us(end) - ts, 3), 0.0), "args": args})
 
+    def recorded(self, recorded: dict, threads: dict[int, str],
+                 abouts: dict[str, _About]) -> None:
+        """A recorder's spans (Recorder.stop), a Python thread's on that thread's track
+        (`threads`: native id -> track), and a chunk's modelled time when its model's name
+        is in `abouts`."""
+        for s in recorded["spans"]:
+            track = threads.get(s.get("thread"), s["track"])
+            self.span(s["name"], s["cat"], track, s["start"], s["end"], s["args"])
+            about = abouts.get(s["args"].get("model")) if s["cat"] == "execute" else None
+            if about is not None and about.modelled_seconds:
+                tid = self.track(f"{track} (modelled time)")
+                self.chunks_modelled.append((s["start"], tid, about))
+        self.dropped += recorded["dropped_events"]
+
     def track(self, name: str) -> int:
         tid = self.tracks.get(name)
         if tid is None:
@@ -298,7 +380,8 @@ class _Trace:
         for instructions, steps, times, marks in stages:
             self.instructions(tid, instructions, steps, times, marks)
         if about.modelled_seconds:
-            self.modelled(about, start, self.track(f"device {where}: {name} (modelled time)"))
+            tid = self.track(f"device {where}: {name} (modelled time)")
+            self.chunks_modelled.append((start, tid, about))
 
     def instructions(self, tid: int, instructions: list, steps: list, times: object,
                      marks: list[float]) -> None:
@@ -319,14 +402,21 @@ class _Trace:
                            "parts": [list(step.source)]})
                 k += 2
 
-    def modelled(self, about: _About, start: float, tid: int) -> None:
-        """The chunk's instructions laid end to end in modelled device time."""
-        t = start
-        for core, (program, seconds) in enumerate(zip(about.programs, about.modelled_seconds)):
-            for ins, s in zip(program, seconds):
-                self.span(ins.kind, "modelled", tid, t, t + s,
-                          {"core": core, "tf": list(ins.source), "model": about.name})
-                t += s
+    def modelled(self) -> None:
+        """Each chunk's instructions laid end to end in modelled device time, from the
+        chunk's start, or, when the model's estimate of the chunk before on the same
+        track runs past that (a host faster than the modelled device), from its end:
+        spans on a track never overlap."""
+        ends: dict[int, float] = {}
+        for start, tid, about in sorted(self.chunks_modelled, key=lambda c: c[:2]):
+            t = max(start, ends.get(tid, start))
+            for core, (program, seconds) in enumerate(zip(about.programs,
+                                                          about.modelled_seconds)):
+                for ins, s in zip(program, seconds):
+                    self.span(ins.kind, "modelled", tid, t, t + s,
+                              {"core": core, "tf": list(ins.source), "model": about.name})
+                    t += s
+            ends[tid] = t
 
 
 def _us(t: float) -> float:
@@ -388,11 +478,11 @@ def _from_env() -> None:
     start()
 
     def write_at_exit() -> None:
-        if not _events:  # tools that never used the device write nothing
-            return
         path = Path(directory) / f"neuronish-{os.getpid()}.json"
         try:
-            stop(path)
+            trace = stop()
+            if any(e["ph"] == "X" for e in trace["traceEvents"]):
+                _write(trace, path)  # (tools that never used the device write nothing)
         except OSError as e:  # at exit a traceback helps nobody: one line with the reason
             print(f"neuronish: ${ENV_VAR}: could not write {path}: {e.strerror or e}",
                   file=sys.stderr)

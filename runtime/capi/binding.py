@@ -7,6 +7,7 @@ logic of its own: what it checks, the C library checks again.
 from __future__ import annotations
 
 import ctypes
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -96,6 +97,11 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_model_instruction_team": ([vp, sz], ctypes.c_int32),
         "nr_model_stage_thread": ([vp, sz, sz], ctypes.c_int64),
         "nr_model_narrow_runs": ([vp, sz], ctypes.c_int64),
+        "nr_model_set_label": ([vp, ctypes.c_char_p], ctypes.c_int),
+        "nr_profile_start": ([err, sz], ctypes.c_int),
+        "nr_profile_stop": ([pvp, ctypes.POINTER(sz), err, sz], ctypes.c_int),
+        "nr_profile_free": ([vp], None),
+        "nr_profile_recording": ([], ctypes.c_int),
     }
     for name, (args, res) in signatures.items():
         fn = getattr(lib, name)
@@ -105,7 +111,47 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     # must not do it a second time into the same files.
     lib.nr_host_observes.argtypes, lib.nr_host_observes.restype = [], None
     lib.nr_host_observes()
+    # ... but while it records, the library records its models' spans for it
+    # (nr_profile_start), which stop() merges into the one trace.
+    with _recorders_lock:
+        if lib._name not in _recorders:
+            from .. import profiler
+
+            _recorders[lib._name] = ProfileRecorder(lib)
+            profiler.add_recorder(_recorders[lib._name])
     return lib
+
+
+_recorders: dict[str, ProfileRecorder] = {}  # library path -> its recorder (one each)
+_recorders_lock = threading.Lock()
+
+
+class ProfileRecorder:
+    """The C library's on-demand profile (nr_profile_start / nr_profile_stop), as
+    runtime/profiler.py starts and stops it."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+
+    def start(self) -> None:
+        buf = ctypes.create_string_buffer(_ERR)
+        _check(self.lib, self.lib.nr_profile_start(buf, _ERR), buf)
+
+    def stop(self) -> dict:
+        """Stop; the spans recorded since start(): {"clock", "dropped_events", "spans"}
+        (neuronish_runtime.h describes each span)."""
+        text, size = ctypes.c_void_p(), ctypes.c_size_t()
+        buf = ctypes.create_string_buffer(_ERR)
+        _check(self.lib, self.lib.nr_profile_stop(ctypes.byref(text), ctypes.byref(size), buf,
+                                                  _ERR), buf)
+        try:
+            return json.loads(ctypes.string_at(text, size.value))
+        finally:
+            self.lib.nr_profile_free(text)
+
+    def recording(self) -> bool:
+        """Whether the library records a profile now (nr_profile_recording)."""
+        return bool(self.lib.nr_profile_recording())
 
 
 def _check(lib: ctypes.CDLL, status: int, buf: ctypes.Array | None) -> None:
@@ -320,6 +366,11 @@ class Model:
             out.append(([info.cores[i] for i in range(n)],
                         [info.bytes_per_core[i] for i in range(n)], info.runs, info.busy_ns))
         return out
+
+    def set_label(self, label: str) -> None:
+        """The model's name in the library's profile spans (nr_model_set_label): before its
+        first call."""
+        _check(self.lib, self.lib.nr_model_set_label(self.handle, label.encode()), None)
 
     def unload(self) -> None:
         if self.handle:

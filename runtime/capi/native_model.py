@@ -11,9 +11,9 @@ refuses for any reason (an instruction it lacks, a build failure, too little dev
 memory) returns no model and the reason: the caller then loads on the Python runtime,
 which keeps its own rules (and its fallback to TensorFlow). `NEURONISH_KERNEL=python`
 turns this path off; so do the settings only the Python runtime honours:
-`NEURONISH_ENGINE=numpy`, `NEURONISH_NATIVE_EXCLUDE`, and a profile
-(`NEURONISH_PROFILE`): the C runtime records profiles only in a process without Python
-(docs/c-api.md, slice 6), and the Python profiler does not collect its spans yet.
+`NEURONISH_ENGINE=numpy` and `NEURONISH_NATIVE_EXCLUDE`. A profile (`NEURONISH_PROFILE`,
+`profiler.start()`) does not: while it records, the C library records its models' calls
+too and the profiler merges them into its trace (binding.ProfileRecorder).
 `NEURONISH_NATIVE_EXCLUDE` stays the Python runtime's by design: it hands instructions to
 the numpy engine, which the C runtime does not have.
 
@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import profiler
 from ..calls import Calls
 from ..errors import (
     Cancelled,
@@ -65,17 +66,12 @@ _log = logging.getLogger(__name__)
 
 def why_not() -> str | None:
     """Why a model should not try the C runtime (a setting above), or None."""
-    from .. import profiler
-
     if os.environ.get(ENV_KERNEL, "").strip().lower() == "python":
         return f"{ENV_KERNEL}=python"
     if os.environ.get("NEURONISH_ENGINE", "").strip().lower() == "numpy":
         return "NEURONISH_ENGINE=numpy (the numpy engine is the Python runtime's)"
     if os.environ.get("NEURONISH_NATIVE_EXCLUDE", "").strip():
         return "NEURONISH_NATIVE_EXCLUDE is set (only the Python runtime honours it)"
-    if profiler.active():
-        return ("a profile is being recorded (the Python profiler does not collect the C "
-                "runtime's spans yet)")
     return None
 
 
@@ -164,6 +160,8 @@ class NativeModel(Calls):
 
         self._model = model
         self.label = label
+        if label:  # (its name in the profile's tracks, as the Python runtime's models)
+            model.set_label(label)
         self.inputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.inputs]
         self.outputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.outputs]
         self._exact_inputs = [(_np_dtype(s.dtype), s.shape) for s in self.inputs]
@@ -222,6 +220,8 @@ class NativeModel(Calls):
         arrays, batch = self._validate(list(values))
         if out is not None:
             self._check_out(out, batch)
+        if profiler.active():  # (the C library records the call: on this thread's track)
+            profiler.note_thread()
         try:
             return self._model.run(arrays, outputs=out, timeout=timeout, cancel=cancel)
         except Exception as e:  # noqa: BLE001 - re-raised as the runtime's error
@@ -279,12 +279,31 @@ def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
     fewest = 1 if step_down else duplicates
     for n in range(duplicates, fewest - 1, -1):
         try:
-            return Loaded(NativeModel(Model(device, blob, duplicates=n), label), "")
+            model = NativeModel(Model(device, blob, duplicates=n), label)
         except CRuntimeError as e:
             if e.status in _TOO_FEW_CORES_OR_MEMORY and n > fewest:
                 continue
             return Loaded(None, f"the C runtime refused it: {e}")
+        if profiler.active():
+            _describe_for_profile(model, blob)
+        return Loaded(model, "")
     return Loaded(None, f"duplicates must be at least 1, got {duplicates}")
+
+
+def _describe_for_profile(model: NativeModel, blob: bytes) -> None:
+    """The profile's modelled track of the model's chunks needs its executable's stats,
+    which the C library does not read: parsed here, once, for the profiler."""
+    from ..errors import ExecutableError
+    from ..executable import from_bytes
+
+    try:
+        exe = from_bytes(blob)
+    except ExecutableError as e:  # (the C runtime took it: not expected; the track is lost)
+        _log.warning("no modelled track in the profile for %s: %s", model, e)
+        return
+    # The name the C library gives the model in its spans (observe.cc's About::name).
+    name = (model.label or ", ".join(s.name for s in model.outputs))[:60]
+    profiler.note_native_model(name, model.batch_size, exe)
 
 
 _loaded: weakref.WeakSet[NativeModel] = weakref.WeakSet()

@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "device.h"
+#include "handles.h"
 #include "model.h"
 #include "utf8.h"
 
@@ -116,20 +117,34 @@ struct Record {
 
 constexpr size_t kMaxEvents = 2000000;  // runtime/profiler.py's _MAX_EVENTS
 
+// Who the recording is for: NEURONISH_PROFILE (this library writes the trace at exit) or
+// a host that asked (nr_profile_start: it takes the spans). Never both: one writer a file.
+enum class Mode : uint8_t { kOff, kEnv, kOnDemand };
+
 struct Profile {
-  std::mutex mu;
+  std::mutex mu;  // guards the rest, and g_profiling's changes
+  Mode mode = Mode::kOff;
   std::string directory;
   double t0 = 0;
   std::vector<Record> records;
   std::unordered_map<std::string, uint32_t> track_ids;
   std::vector<std::string> tracks;
+  std::vector<long> track_threads;  // per track: the Linux thread id of a host track, else 0
   uint64_t dropped = 0;
 
-  uint32_t track(const std::string &name) {  // (under mu)
+  uint32_t track(const std::string &name, long thread = 0) {  // (under mu)
     auto it = track_ids.find(name);
     if (it != track_ids.end()) return it->second;
     tracks.push_back(name);
+    track_threads.push_back(thread);
     return track_ids[name] = uint32_t(tracks.size());
+  }
+  void clear() {  // (under mu)
+    records.clear();
+    track_ids.clear();
+    tracks.clear();
+    track_threads.clear();
+    dropped = 0;
   }
   bool room(size_t n) {  // (under mu)
     if (records.size() + n > kMaxEvents) {
@@ -145,9 +160,33 @@ Profile &profile() {
   return *p;
 }
 
+long this_thread() {
+  thread_local long tid = long(syscall(SYS_gettid));
+  return tid;
+}
+
 const std::string &host_track() {
-  thread_local std::string name = "host (thread " + std::to_string(long(syscall(SYS_gettid))) + ")";
+  thread_local std::string name = "host (thread " + std::to_string(this_thread()) + ")";
   return name;
+}
+
+// A record's span name, category and args (JSON).
+struct Described {
+  std::string name, cat, args;
+};
+Described describe(const Record &r) {
+  const About &a = *r.about;
+  switch (r.kind) {
+    case kCall: return {"call", "call", "{\"model\": " + json_string(a.name) + "}"};
+    case kQueue: return {"queue", "queue", "{\"model\": " + json_string(a.name) + "}"};
+    case kExecute:
+      return {"execute", "execute",
+              "{\"model\": " + json_string(a.name) + ", \"batch\": " +
+                  (a.batch >= 0 ? std::to_string(a.batch) : std::string("null")) + "}"};
+    case kInstruction: break;
+  }
+  return {a.kind[size_t(r.stage)][size_t(r.instruction)], "instruction",
+          a.args[size_t(r.stage)][size_t(r.instruction)]};
 }
 
 std::string trace_json() {
@@ -168,22 +207,7 @@ std::string trace_json() {
   auto us = [&](double t) { return std::round((t - p.t0) * 1e9) / 1e3; };
   char text[160];
   for (const Record &r : p.records) {
-    const About &a = *r.about;
-    std::string name, cat, args;
-    switch (r.kind) {
-      case kCall: name = cat = "call"; args = "{\"model\": " + json_string(a.name) + "}"; break;
-      case kQueue: name = cat = "queue"; args = "{\"model\": " + json_string(a.name) + "}"; break;
-      case kExecute:
-        name = cat = "execute";
-        args = "{\"model\": " + json_string(a.name) + ", \"batch\": " +
-               (a.batch >= 0 ? std::to_string(a.batch) : std::string("null")) + "}";
-        break;
-      case kInstruction:
-        name = a.kind[size_t(r.stage)][size_t(r.instruction)];
-        cat = "instruction";
-        args = a.args[size_t(r.stage)][size_t(r.instruction)];
-        break;
-    }
+    auto [name, cat, args] = describe(r);
     // (the end rounded alike: spans laid end to end never overlap, as in profiler.py)
     double ts = us(r.start), dur = std::max(std::round((us(r.end) - ts) * 1e3) / 1e3, 0.0);
     std::snprintf(text, sizeof text, "\", \"ph\": \"X\", \"pid\": %ld, \"tid\": %u, \"ts\": %.3f, \"dur\": %.3f, ",
@@ -197,10 +221,11 @@ std::string trace_json() {
 
 void write_profile() {
   Profile &p = profile();
-  if (!profiling()) return;
-  g_profiling.store(false);
   {
     std::lock_guard<std::mutex> lock(p.mu);
+    if (p.mode != Mode::kEnv) return;  // (a host's recording is the host's to take)
+    p.mode = Mode::kOff;
+    g_profiling.store(false);
     if (p.records.empty()) return;  // a program that never ran a model writes nothing
   }
   std::string path = p.directory + "/neuronish-" + std::to_string(long(getpid())) + ".json";
@@ -430,11 +455,66 @@ void device_opened() {
       return;
     }
     Profile &p = profile();
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.mode == Mode::kOnDemand) {  // (a C host that called nr_profile_start first)
+      std::fprintf(stderr, "neuronish: $NEURONISH_PROFILE ignored: the host records a profile itself "
+                           "(nr_profile_start)\n");
+      return;
+    }
     p.directory = dir;
     p.t0 = now();
+    p.mode = Mode::kEnv;
     register_exit();
     g_profiling.store(true);
   });
+}
+
+void start_recording() {
+  Profile &p = profile();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.mode == Mode::kEnv)
+    throw Refused{NR_INVALID_ARGUMENT, "this process records a profile for NEURONISH_PROFILE=" + p.directory +
+                                           " (this library writes it at exit); unset NEURONISH_PROFILE to "
+                                           "record on demand"};
+  p.clear();
+  p.mode = Mode::kOnDemand;
+  g_profiling.store(true);
+}
+
+std::string take_spans() {
+  Profile &p = profile();
+  std::vector<Record> records;
+  std::vector<std::string> tracks;
+  std::vector<long> threads;
+  uint64_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.mode == Mode::kEnv)
+      throw Refused{NR_INVALID_ARGUMENT, "this process records a profile for NEURONISH_PROFILE=" + p.directory +
+                                             " (this library writes it at exit); there is no recording to take"};
+    if (p.mode == Mode::kOnDemand) {
+      p.mode = Mode::kOff;
+      g_profiling.store(false);  // (under mu: no call records after this)
+      records.swap(p.records);
+      tracks.swap(p.tracks);
+      threads.swap(p.track_threads);
+      dropped = p.dropped;
+      p.clear();
+    }
+  }
+  // Built outside the lock: a recording started meanwhile is not held up.
+  std::string out = "{\"clock\": \"CLOCK_MONOTONIC\", \"dropped_events\": " + std::to_string(dropped) +
+                    ", \"spans\": [";
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record &r = records[i];
+    auto [name, cat, args] = describe(r);
+    long thread = threads[r.track - 1];
+    out += std::string(i ? ", " : "") + "{\"name\": " + json_string(name) + ", \"cat\": \"" + cat +
+           "\", \"track\": " + json_string(tracks[r.track - 1]) +
+           (thread ? ", \"thread\": " + std::to_string(thread) : std::string()) + ", \"start\": " +
+           number(r.start) + ", \"end\": " + number(r.end) + ", \"args\": " + args + "}";
+  }
+  return out + "]}";
 }
 
 std::string model_name(const Executable &exe) {
@@ -505,7 +585,7 @@ void record_call(const std::shared_ptr<const About> &about, double start, double
   Profile &p = profile();
   std::lock_guard<std::mutex> lock(p.mu);
   if (!profiling() || !p.room(1)) return;
-  p.records.push_back(Record{kCall, -1, -1, p.track(host_track()), start, end, about});
+  p.records.push_back(Record{kCall, -1, -1, p.track(host_track(), this_thread()), start, end, about});
 }
 
 void record_chunk(const std::shared_ptr<const About> &about, size_t copy, double queued, double start, double end,
@@ -515,7 +595,7 @@ void record_chunk(const std::shared_ptr<const About> &about, size_t copy, double
   size_t n = 2;
   for (auto &t : times) n += t.size() / 2;
   if (!profiling() || !p.room(n)) return;
-  p.records.push_back(Record{kQueue, -1, -1, p.track(host_track()), queued, start, about});
+  p.records.push_back(Record{kQueue, -1, -1, p.track(host_track(), this_thread()), queued, start, about});
   uint32_t device = p.track(about->copy_tracks.at(copy));
   p.records.push_back(Record{kExecute, -1, -1, device, start, end, about});
   for (size_t s = 0; s < times.size() && s < about->engine_index.size(); ++s) {
@@ -531,3 +611,31 @@ void record_chunk(const std::shared_ptr<const About> &about, size_t copy, double
 
 }  // namespace observe
 }  // namespace nr
+
+// ---- the C API's on-demand profile (neuronish_runtime.h) ------------------------------
+
+extern "C" {
+
+nr_status nr_profile_start(char *error, size_t error_size) {
+  return nr::guarded(error, error_size, [] { nr::observe::start_recording(); });
+}
+
+nr_status nr_profile_stop(char **spans, size_t *size, char *error, size_t error_size) {
+  if (!spans || !size) return nr::report(NR_INVALID_ARGUMENT, "spans or size is NULL", error, error_size);
+  *spans = nullptr;
+  *size = 0;
+  return nr::guarded(error, error_size, [&] {
+    std::string text = nr::observe::take_spans();
+    char *out = static_cast<char *>(std::malloc(text.size() + 1));
+    if (!out) throw std::bad_alloc();
+    std::memcpy(out, text.c_str(), text.size() + 1);
+    *spans = out;
+    *size = text.size();
+  });
+}
+
+void nr_profile_free(char *spans) { std::free(spans); }
+
+int nr_profile_recording(void) { return nr::observe::profiling() ? 1 : 0; }
+
+}  // extern "C"

@@ -5,7 +5,9 @@
 // counters (`neuronish ls/top`) published to <run dir>/<pid>.json every 0.5 s under
 // telemetry.py's trust rules (its own directory 0700, temp file + rename, removed at
 // exit). A host that does both itself (the Python runtime) calls nr_host_observes()
-// before it opens a device, and this library then does neither.
+// before it opens a device, and this library then does neither, unless the host asks it
+// to record a profile for it (nr_profile_start): it then takes the spans as JSON
+// (nr_profile_stop) into its own trace.
 //
 // Cost when off: one relaxed atomic load per call and per chunk.
 #pragma once
@@ -40,6 +42,10 @@ inline bool profiling() { return g_profiling.load(std::memory_order_relaxed); }
 double now();  // steady-clock seconds: the engine's instruction times use the same clock
 
 void host_observes();                          // nr_host_observes
+// On demand, for a host that observes (nr_profile_start / nr_profile_stop): start throws
+// Refused while NEURONISH_PROFILE records; take_spans stops and returns the spans as JSON.
+void start_recording();
+std::string take_spans();
 void device_opened();                          // reads NEURONISH_PROFILE once per process
 void model_loaded(const Model *model);         // telemetry: publish it
 void model_unloaded(const Model *model);       // (before its copies go)

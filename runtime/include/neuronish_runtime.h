@@ -299,6 +299,41 @@ NR_API int64_t nr_model_stage_thread(const nr_model *model, size_t copy, size_t 
  * a NULL model or a copy out of range. */
 NR_API int64_t nr_model_narrow_runs(const nr_model *model, size_t copy);
 
+/* ---- Profiles recorded on demand, for a host that observes for itself ------------------
+ * A host that records its own profile (the Python runtime: runtime/profiler.py) has this
+ * library record its models' spans too and takes them into its trace. While recording,
+ * the calls of models loaded while a recording was on (this one or an earlier one) record
+ * the spans NEURONISH_PROFILE records: call, queue, execute, each engine instruction.
+ * Models loaded while none was on are not timed; models loaded while one was on keep
+ * their engine's instruction timing (one clock read each) and no one-thread twin. Off, a
+ * call pays one relaxed atomic load. Any thread may call these, with calls in flight: a
+ * span that ends after nr_profile_stop took the spans is not recorded. */
+
+/* Start recording, discarding spans recorded and not taken. NR_INVALID_ARGUMENT (the
+ * message names the variable) when this library records for NEURONISH_PROFILE itself:
+ * that trace has one writer, at exit. */
+NR_API nr_status nr_profile_start(char *error, size_t error_size);
+/* Stop recording and take the spans recorded since nr_profile_start: *spans is set to
+ * NUL-terminated JSON (*size bytes, the NUL not counted) that the caller frees with
+ * nr_profile_free, of the form
+ *   {"clock": "CLOCK_MONOTONIC", "dropped_events": N, "spans": [
+ *     {"name": "execute", "cat": "execute", "track": "device cores [0]: <model>",
+ *      "start": S, "end": S, "args": {"model": "<model>", "batch": 2}},
+ *     {"name": "call", "cat": "call", "track": "host (thread 1234)", "thread": 1234, ...},
+ *     {"name": "conv2d", "cat": "instruction", ..., "args": {"tf": [...], "engine": "native",
+ *      "parts": [[...]]}}, ...]}
+ * `start`/`end` in seconds of CLOCK_MONOTONIC (clock_gettime; Python's time.perf_counter
+ * on Linux); `track` the track's name; `thread` (host tracks only) the Linux thread id of
+ * the calling thread, so a host can name the track as it names that thread. Not
+ * recording: an empty "spans". NR_INVALID_ARGUMENT for NULL spans or size, or while this
+ * library records for NEURONISH_PROFILE; NR_OUT_OF_MEMORY (nothing taken, recording
+ * stopped) when the JSON cannot be built. */
+NR_API nr_status nr_profile_stop(char **spans, size_t *size, char *error, size_t error_size);
+/* Free what nr_profile_stop returned; NULL is allowed. */
+NR_API void nr_profile_free(char *spans);
+/* 1 while this library records a profile (on demand or for NEURONISH_PROFILE), else 0. */
+NR_API int nr_profile_recording(void);
+
 #ifdef __cplusplus
 }
 #endif
