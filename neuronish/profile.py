@@ -7,7 +7,6 @@ already: by `NEURONISH_PROFILE=DIR` in any process, a C host of the C runtime's 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -59,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
         print("neuronish: error: --batch-size and --requests must be >= 1, --warmup and "
               "--top >= 0", file=sys.stderr)
         return 2
-    # Its NeuronOps on the Python runtime, which records each instruction; the C runtime
-    # (where they load by default) records profiles only without Python (docs/c-api.md).
-    os.environ["NEURONISH_KERNEL"] = "python"
+    # Recording from before the model loads: a model is timed if it loads while a profile
+    # records (its NeuronOps load at their first call, on the runtime that serves them).
+    profiler.start()
     try:
         _check_saved_model_dir(args.model_dir)
         model = _load(args.model_dir, args.model_dir, args.signature)
@@ -73,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             feeds = _to_tensors(make_inputs(model.specs, args.batch_size,
                                             shapes=parse_input_shapes(args.input_shape)))
     except BenchmarkError as e:
+        profiler.stop()
         print(f"neuronish: error: {e}", file=sys.stderr)
         return 1
     for _ in range(args.warmup):
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from neuronish.shape_specialize import wait_for_compiles
 
     wait_for_compiles()  # (a free dimension's new size: profile its executable)
-    profiler.start()
+    profiler.start()  # (again: the warm-up's spans go)
     try:
         for i in range(args.requests):
             start = time.perf_counter()
