@@ -101,9 +101,13 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
             inputs[0] = x if x.dtype == BF16 else cast(x, BF16, node.origin)
             # A matmul's residual is the transformer's residual stream (layer norm's
             # float32 output): read as it is, rounding it would add an error per layer.
+            # Where the stream starts at a matmul (ELECTRA's embedding projection) it is
+            # bf16: widened (exactly), so the matmul still writes the stream in float32.
             if node.attrs.get("residual") and node.kind != "matmul":
                 inputs[-1] = cast(inputs[-1], BF16, node.origin) \
                     if inputs[-1].dtype != BF16 else inputs[-1]
+            elif node.attrs.get("residual") and inputs[-1].dtype == BF16:
+                inputs[-1] = cast(inputs[-1], "float32", node.origin)
             node.inputs = inputs
             # (a computed second operand, attention's keys or values, is read as it is)
         elif follow:
