@@ -31,6 +31,7 @@ import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype)
 from neuronish.runtime import isa
 
 from ..ir import Graph, Node, TensorType, Value, constant
+from .choices import deciding
 
 BF16 = "bfloat16"
 # What the native engine runs on bfloat16 tensors with oneDNN (runtime/native/spec.py):
@@ -88,11 +89,14 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
             converted[key] = node.outputs[0]
         return converted[key]
 
+    # the steps between a choice's scores and the choice stay float32 (choices.py)
+    choosing = deciding(graph)[1]
     for node in graph.nodes:
         floats = [v for v in node.inputs if v.dtype in ("float32", BF16)]
         matmul_like = node.kind in isa.MATMUL_LIKE and node.attrs.get("compute") == BF16 \
             and node.outputs[0].dtype == "float32"
-        follow = _follows(node) and floats and all(
+        follow = _follows(node) and not any(v.id in choosing for v in node.outputs) and \
+            floats and all(
             v.dtype == BF16 or v.is_const for v in floats) and any(
             v.dtype == BF16 for v in floats) and node.outputs[0].dtype == "float32"
         if matmul_like:
