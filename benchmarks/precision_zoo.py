@@ -175,13 +175,18 @@ def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
+def _one_line(text: str) -> str:
+    """`text` fit for a markdown cell."""
+    return " ".join(text.split()).replace("|", "/")
+
+
 def _cell(row: dict | None) -> str:
     if row is None:
         return "-"
     if not row.get("compiles"):
-        return f"fails: {row.get('exception', '?')[:90]}"
+        return f"fails: {_one_line(row.get('exception', '?'))[:110]}"
     if "error" not in row:
-        return f"call fails: {row.get('exception', '?')[:90]}"
+        return f"call fails: {_one_line(row.get('exception', '?'))[:110]}"
     cell = f"{row['error']:.1e}"
     if row.get("nonfinite"):
         cell += " (NaN/inf)"
@@ -201,9 +206,11 @@ def _notes(rows: dict[str, dict]) -> str:
         if r.get("numpy"):
             notes.append(f"{precision} numpy: {', '.join(r['numpy'])}")
         if r.get("failures"):
-            notes.append(f"{precision} left on TF: {'; '.join(r['failures'])[:120]}")
+            notes.append(f"{precision} left on TF: {_one_line('; '.join(r['failures']))[:120]}")
         q = r.get("quantization")
-        if q:
+        if q and not q["precisions"]:
+            notes.append(f"{precision}: nothing to quantize on the device")
+        elif q:
             p = q["precisions"]
             notes.append(f"{precision}: {p.get('int8', 0)}/{sum(p.values())} in int8 "
                          f"(calibrated {q['calibrated_error']:.1e})")
