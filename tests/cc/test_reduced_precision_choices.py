@@ -51,8 +51,11 @@ def test_the_router_stays_float32_and_chooses_as_tensorflow(
     listed = exe.stats["auto_cast"]["float32"] if precision == "bf16" else [
         r for r in exe.stats["quantization"]["instructions"] if r["precision"] == "float32"]
     assert len(listed) == 1 and listed[0]["why"] == WHY, listed
-    assert [r["precision"] for r in exe.stats.get("quantization", {}).get(
-        "instructions", [])].count("int8") == (precision == "int8")  # the expert: int8
+    # the rest keeps its precision: the expert's matmul is int8, or computes in bf16
+    program = exe.programs[0]
+    assert [i.kind for i in program].count("matmul_int8") == (precision == "int8")
+    computes = sorted(i.attrs.get("compute", "float32") for i in program if i.kind == "matmul")
+    assert computes == (["bfloat16", "float32"] if precision == "bf16" else ["float32"])
 
     monkeypatch.setenv("NEURONISH_ENGINE", engine)
     x = _inputs(0)
