@@ -5,8 +5,8 @@ classifier's `argmax` picks a class from its logits. Such a choice does not degr
 with the error of its scores, it flips: two experts whose probabilities differ by
 less than bf16's step (2^-9 relative) become a tie that `top_k` breaks by index, or an
 int8 step reorders them, and the token's output is another expert's (Mixtral's
-keras_hub backbone: 0.9 relative error on 2 of 5 inputs in bf16 and in int8, against
-~1e-2 elsewhere). So the matmul-like instructions whose output reaches a choice only
+keras_hub backbone: relative error 0.9 on one of five inputs in bf16 and on two in
+int8, against ~1e-2 elsewhere). So the matmul-like instructions whose output reaches a choice only
 through order-keeping steps (softmax, reshape, a constant scale or shift, ...) compute
 in float32, and those steps write float32; the rest of the model keeps its precision.
 Each one is listed with the reason in the executable's stats (`auto_cast` and
