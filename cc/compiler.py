@@ -23,6 +23,7 @@ from .ioconfig import IOConfig, parse_io_config
 from .ir import Graph, Node, TensorType, Value
 from .lower import lower
 from .memory import plan_memory
+from .passes.choices import kept_float32
 from .passes.quantize import QuantizeReport, check_calibration, quantize_int8
 from .pipeline import DisablePasses, Dumper, Instrument, build_pipeline, run_pipeline
 from .signature import Memo, attrs_fixed, attrs_key, signature_key
@@ -283,6 +284,9 @@ def _finish(graph: Graph, options: dict, tf_ops: dict[str, int], device: DeviceD
                 notes.append(note)
     if quantized is not None:
         exe.stats["quantization"] = quantized.to_stats()
+    if options["auto_cast"] != "none":
+        # what auto-cast left in float32, and why (cc/passes/choices.py)
+        exe.stats["auto_cast"] = {"float32": kept_float32(graph)}
     # Modelled device time per instruction (docs/device-model.md): an optional key.
     exe.stats["device_model"] = estimate(exe, device).to_stats()
     # What the native engine will leave to numpy (slow): the compile report warns of it.

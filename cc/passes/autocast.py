@@ -21,6 +21,7 @@ from neuronish.runtime import isa
 
 from ..interpret import fold_node
 from ..ir import Graph, Node, TensorType, Value, constant
+from .choices import CHOICES, deciding
 
 _MATMULS = isa.MATMUL_LIKE
 _NO_ROUND = isa.NO_FLOAT_MATH
@@ -49,16 +50,21 @@ def auto_cast(graph: Graph, mode: str, cast_type: str) -> Graph:
         return rounded[v.id]
 
     storage = {"bf16": "bfloat16", "fp16": "float16"}[cast_type]
+    # scores a top_k / argmax chooses from stay float32 (cc/passes/choices.py)
+    matmuls, path = deciding(graph)
+    choosing = {id(n) for n in matmuls}
     for node in graph.nodes:
         if node.kind in _MATMULS:
-            if node.inputs[0].dtype == "float32" and node.inputs[1].dtype == "float32":
+            if id(node) not in choosing and node.inputs[0].dtype == "float32" and \
+                    node.inputs[1].dtype == "float32":
                 node.attrs = {**node.attrs, "compute": storage}
                 w = node.inputs[1]
                 if w.is_const:
                     node.inputs = [node.inputs[0], constant(w.data.astype(storage)),
                                    *node.inputs[2:]]
         elif mode == "all" and node.kind not in _NO_ROUND and not (
-                node.kind == "unary" and node.attrs["fn"].startswith("round_")):
+                node.kind == "unary" and node.attrs["fn"].startswith("round_")) and \
+                node.kind not in CHOICES and not any(v.id in path for v in node.outputs):
             node.inputs = [round_value(v, node.origin) for v in node.inputs]
         out.append(node)
     graph.nodes = out

@@ -31,6 +31,7 @@ import ml_dtypes  # noqa: F401 (gives numpy the "bfloat16" dtype)
 from neuronish.runtime import isa
 
 from ..ir import Graph, Node, TensorType, Value, constant
+from .choices import deciding
 
 BF16 = "bfloat16"
 # What the native engine runs on bfloat16 tensors with oneDNN (runtime/native/spec.py):
@@ -88,11 +89,14 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
             converted[key] = node.outputs[0]
         return converted[key]
 
+    # the steps between a choice's scores and the choice stay float32 (choices.py)
+    choosing = deciding(graph)[1]
     for node in graph.nodes:
         floats = [v for v in node.inputs if v.dtype in ("float32", BF16)]
         matmul_like = node.kind in isa.MATMUL_LIKE and node.attrs.get("compute") == BF16 \
             and node.outputs[0].dtype == "float32"
-        follow = _follows(node) and floats and all(
+        follow = _follows(node) and not any(v.id in choosing for v in node.outputs) and \
+            floats and all(
             v.dtype == BF16 or v.is_const for v in floats) and any(
             v.dtype == BF16 for v in floats) and node.outputs[0].dtype == "float32"
         if matmul_like:
@@ -101,9 +105,13 @@ def assign_dtypes(graph: Graph, mode: str, cast_type: str) -> Graph:
             inputs[0] = x if x.dtype == BF16 else cast(x, BF16, node.origin)
             # A matmul's residual is the transformer's residual stream (layer norm's
             # float32 output): read as it is, rounding it would add an error per layer.
+            # Where the stream starts at a matmul (ELECTRA's embedding projection) it is
+            # bf16: widened (exactly), so the matmul still writes the stream in float32.
             if node.attrs.get("residual") and node.kind != "matmul":
                 inputs[-1] = cast(inputs[-1], BF16, node.origin) \
                     if inputs[-1].dtype != BF16 else inputs[-1]
+            elif node.attrs.get("residual") and inputs[-1].dtype == BF16:
+                inputs[-1] = cast(inputs[-1], "float32", node.origin)
             node.inputs = inputs
             # (a computed second operand, attention's keys or values, is read as it is)
         elif follow:

@@ -42,6 +42,8 @@ from neuronish.runtime.kernels.quantized import inverse, quantize_into
 from ..errors import InvalidGraph
 from ..interpret import run_node
 from ..ir import Graph, Node, TensorType, Value, constant
+from .choices import WHY as DECIDES
+from .choices import deciding
 from .dtypes import assign_dtypes
 
 QUANTIZABLE = ("conv2d", "depthwise_conv2d", "matmul")
@@ -469,6 +471,10 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
     # shows those left in float (`stays_float`) beside the candidates
     every_idx = [index[id(n)] for n in quantizable(graph)]
     left_float = {i: why for i in every_idx if (why := stays_float(graph.nodes[i]))}
+    # scores a top_k / argmax chooses from (MoE routers): cc/passes/choices.py
+    quantizable_idx = set(every_idx)
+    left_float.update({index[id(n)]: DECIDES for n in deciding(graph)[0]
+                       if index[id(n)] in quantizable_idx})
     cand_idx = [i for i in every_idx if i not in left_float]
     ranges = _Ranges(mean_ranges)
     is_cand, is_quantizable = set(cand_idx), set(every_idx)
