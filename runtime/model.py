@@ -306,7 +306,8 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     it, the Python runtime (this module) otherwise: with NEURONISH_KERNEL=python or
     NEURONISH_ENGINE=numpy or NEURONISH_NATIVE_EXCLUDE, when the C runtime refuses it (an
     instruction it lacks), or on a `device` made by hand. Why a model stayed on Python is
-    its `runtime_note` (also logged at info, and shown by `neuronish ls`). `runtime` = "c" or "python" insists on one (for tests and tools)."""
+    its `runtime_note` (also logged at info, and shown by `neuronish ls`). `runtime` = "c"
+    or "python" insists on one (for tests and tools)."""
     if runtime not in (None, "c", "python"):
         raise ValueError(f"runtime must be 'c', 'python' or None, got {runtime!r}")
     if isinstance(source, (str, Path)):
