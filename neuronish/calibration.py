@@ -14,10 +14,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import SavedModelError
+
+if TYPE_CHECKING:  # (TensorFlow is imported only when calibration runs)
+    from .freeze import CapturedResource
 
 
 def collect(calibration_data: Iterable[Mapping[str, object]], input_keys: Sequence[str]
@@ -52,12 +56,22 @@ def fingerprint(samples: Sequence[Mapping[str, np.ndarray]]) -> str:
 
 
 def boundary_values(graph_def: bytes, feeds: Sequence[Mapping[str, np.ndarray]],
-                    fetches: Sequence[str]) -> list[dict[str, np.ndarray]]:
-    """`fetches` computed by TensorFlow in the frozen graph, once per feed (one session)."""
+                    fetches: Sequence[str], resources: Sequence[CapturedResource] = ()
+                    ) -> list[dict[str, np.ndarray]]:
+    """`fetches` computed by TensorFlow in the frozen graph, once per feed (one session);
+    a graph that reads captured resources (lookup tables: placeholders in the frozen
+    graph) is run as the compiled model's serving function runs it, with the original
+    objects' handles mapped in."""
     import tensorflow as tf
+
+    from .graph import producer
 
     gd = tf.compat.v1.GraphDef()
     gd.ParseFromString(graph_def)
+    present = {n.name for n in gd.node}
+    resources = [r for r in resources if producer(r.tensor) in present]
+    if resources:
+        return _boundary_values_with_resources(gd, feeds, fetches, resources)
     graph = tf.Graph()
     with graph.as_default():
         tf.graph_util.import_graph_def(gd, name="")
@@ -66,6 +80,30 @@ def boundary_values(graph_def: bytes, feeds: Sequence[Mapping[str, np.ndarray]],
         for feed in feeds:
             values = session.run(list(fetches), dict(feed))
             out.append(dict(zip(fetches, values, strict=True)))
+    return out
+
+
+def _boundary_values_with_resources(gd: object, feeds: Sequence[Mapping[str, np.ndarray]],
+                                    fetches: Sequence[str],
+                                    resources: Sequence[CapturedResource]
+                                    ) -> list[dict[str, np.ndarray]]:
+    import tensorflow as tf
+
+    names = sorted(feeds[0]) if feeds else []
+    computed = [f for f in fetches if f not in names]  # (a fed tensor is its feed)
+
+    @tf.function
+    def compute(*args: tf.Tensor) -> list[tf.Tensor]:
+        input_map = dict(zip(names, args, strict=True))
+        input_map.update({r.tensor: tf.identity(r.owner.resource_handle) for r in resources})
+        return tf.graph_util.import_graph_def(gd, input_map=input_map,
+                                              return_elements=computed, name="calibration")
+
+    out = []
+    for feed in feeds:
+        values = compute(*[tf.constant(feed[n]) for n in names]) if computed else []
+        got = dict(zip(computed, (v.numpy() for v in values), strict=True))
+        out.append({f: got[f] if f in got else np.asarray(feed[f]) for f in fetches})
     return out
 
 
@@ -85,13 +123,13 @@ def _batches(values: list[np.ndarray], axis: int, shape: Sequence[int]) -> list[
 
 def write_files(graph_def: bytes, samples: Sequence[Mapping[str, np.ndarray]],
                 tensor_of_key: Mapping[str, str], subgraphs: Sequence[object],
-                directory: str) -> dict[str, str]:
+                directory: str, resources: Sequence[CapturedResource] = ()) -> dict[str, str]:
     """One `--calibration` file per subgraph; subgraph name -> its path."""
     if not subgraphs:
         return {}
     feeds = [{tensor_of_key[k]: v for k, v in s.items()} for s in samples]
     fetches = sorted({_tensor(t) for sg in subgraphs for t in sg.inputs})  # type: ignore
-    values = boundary_values(graph_def, feeds, fetches)
+    values = boundary_values(graph_def, feeds, fetches, resources)
     paths = {}
     for sg in subgraphs:
         arrays = {}

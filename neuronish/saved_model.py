@@ -619,7 +619,7 @@ def _int8_args(int8: _Int8 | None, signature: FrozenSignature, todo: list, scrat
     os.makedirs(directory, exist_ok=True)
     tensor_of_key = {i.key: i.tensor for i in signature.inputs}
     files = calibration.write_files(signature.graph_def.SerializeToString(), int8.samples,
-                                    tensor_of_key, todo, directory)
+                                    tensor_of_key, todo, directory, signature.resources)
     bound = () if int8.max_error is None else ("--max-error", repr(int8.max_error))
     return {name: ("--quantize", "int8", "--calibration", path, *bound)
             for name, path in files.items()}
