@@ -401,14 +401,41 @@ def _key_from_file(path: str | os.PathLike[str], job: CompileJob, identity: str,
     return _key(b"", job, identity, env_flags, digest)
 
 
+# Flags whose value is a file the compiler reads: the key takes the file's contents, not
+# its path (an int8 compile's calibration file is written to a new scratch directory on
+# every compile, so a path in the key would never be found again).
+_FILE_FLAGS = ("--calibration",)
+
+
+def _flags_for_key(flags: Sequence[str]) -> list[str]:
+    """`flags` with each file a _FILE_FLAGS flag names replaced by its SHA-256 (left as
+    the path if it cannot be read: then the key is new, and the compile runs)."""
+    def content(path: str) -> str:
+        try:
+            with open(path, "rb") as f:
+                return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError:
+            return path
+
+    out = list(flags)
+    for k, flag in enumerate(out):
+        name, eq, value = flag.partition("=")
+        if name in _FILE_FLAGS and eq:
+            out[k] = f"{name}={content(value)}"
+        elif flag in _FILE_FLAGS and k + 1 < len(out):
+            out[k + 1] = content(out[k + 1])
+    return out
+
+
 def _key(graph: bytes, job: CompileJob, identity: str, env_flags: Sequence[str],
          digest: hashlib._Hash | None = None) -> str:
     """SHA-256 over each part's length and bytes; `digest`, if given, has taken the
     graph's already (and `graph` is then not used)."""
     h = digest or hashlib.sha256()
     parts = [graph] if digest is None else []
+    flags = _flags_for_key([*job.compiler_args, *env_flags])
     for part in (*parts, json.dumps(job.io_config, sort_keys=True).encode(),
-                 json.dumps([*job.compiler_args, *env_flags]).encode(), identity.encode()):
+                 json.dumps(flags).encode(), identity.encode()):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest()

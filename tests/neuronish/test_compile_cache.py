@@ -43,6 +43,30 @@ def test_second_compile_reuses_every_subgraph(tmp_path: Path,
     assert third["compile_cache"]["hits"] == 0 and third["compile_cache"]["misses"] == n
 
 
+def test_an_int8_compile_is_found_again_by_its_calibration_set(
+        tmp_path: Path, _fresh_compile_cache: Path) -> None:
+    """The calibration file is written to a new scratch directory on every compile: the
+    key holds its contents, not its path, so the same set is a hit and another is not."""
+    import numpy as np
+
+    src = small_model(tmp_path / "src")
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.standard_normal((1, 8)).astype(np.float32)} for _ in range(4)]
+    first = neuronish.saved_model.compile(src, str(tmp_path / "a"), quantize="int8",
+                                          calibration_data=samples)
+    n = len(first["NeuronOps"])
+    assert first["compile_cache"]["misses"] == n and first["compile_cache"]["hits"] == 0
+    second = neuronish.saved_model.compile(src, str(tmp_path / "b"), quantize="int8",
+                                           calibration_data=samples)
+    assert second["compile_cache"]["hits"] == n and second["compile_cache"]["misses"] == 0
+    assert neuron_op_executables(tmp_path / "a") == neuron_op_executables(tmp_path / "b")
+    other = [{"x": s["x"] * 3} for s in samples]  # other ranges: other scales
+    third = neuronish.saved_model.compile(src, str(tmp_path / "c"), quantize="int8",
+                                          calibration_data=other)
+    assert third["compile_cache"]["hits"] == 0 and third["compile_cache"]["misses"] == n
+    assert neuron_op_executables(tmp_path / "c") != neuron_op_executables(tmp_path / "a")
+
+
 def test_a_damaged_entry_is_recompiled_not_loaded(tmp_path: Path,
                                                   _fresh_compile_cache: Path) -> None:
     src = small_model(tmp_path / "src")
