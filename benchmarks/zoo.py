@@ -42,9 +42,11 @@ def _saved_model(name: str) -> str:
 
 
 def max_rel_error(got: dict, want: dict, *, exact: bool = False) -> float:
-    """Over all outputs: max |got - want| / max |want| (inf on a shape or dtype mismatch).
-    With `exact`, `want` is the float64 twin's answer (`models/float64.py`) and only
-    shapes must agree. `benchmarks/probe_models.py` measures with it too."""
+    """Over all outputs: max |got - want| / max |finite want| (inf on a shape or dtype
+    mismatch, or where one side has a NaN or an infinity the other has not: max() with a
+    NaN would have kept the error before it). With `exact`, `want` is the float64 twin's
+    answer (`models/float64.py`) and only shapes must agree. `benchmarks/probe_models.py`
+    measures with it too."""
     import numpy as np
 
     worst = 0.0
@@ -53,9 +55,17 @@ def max_rel_error(got: dict, want: dict, *, exact: bool = False) -> float:
         g = np.asarray(got[key])
         if g.shape != w.shape or (g.dtype != w.dtype and not exact):
             return float("inf")
-        if w.size:
-            scale = max(float(np.max(np.abs(w.astype("float64")))), 1e-30)
-            worst = max(worst, float(np.max(np.abs(g.astype("float64") - w))) / scale)
+        if not w.size:
+            continue
+        g64, w64 = g.astype("float64"), w.astype("float64")
+        alike = (np.isnan(g64) & np.isnan(w64)) | (np.isinf(w64) & (g64 == w64))
+        with np.errstate(invalid="ignore"):  # (inf - inf: NaN, refused below)
+            diff = np.where(alike, 0.0, np.abs(g64 - w64))
+        if not np.all(np.isfinite(diff)):
+            return float("inf")
+        finite = np.abs(w64[np.isfinite(w64)])
+        scale = max(float(finite.max()) if finite.size else 0.0, 1e-30)
+        worst = max(worst, float(diff.max()) / scale)
     return worst
 
 
