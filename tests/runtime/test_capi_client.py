@@ -146,13 +146,14 @@ CONFIGS = [
      "7 NEURONISH_VISIBLE_CORES='0-999999999,a': expected e.g. '0-1', '2' or '0,2'"),
     ({"NEURONISH_CORE_GROUP_SIZES": "999999999x1"},
      "7 NEURONISH_CORE_GROUP_SIZES='999999999x1' needs 999999999 cores, only 2 are visible"),
-    # (2^64 bytes and more: as good as unlimited, never wrapped to 0)
+    # (2^64 bytes and more, never wrapped to 0: past 1 PiB per core refused, as in Python)
     ({"NEURONISH_CORE_MEMORY": "17179869184G"},
-     "0 core 0 total 18446744073709551615, core 1 total 18446744073709551615"),
+     "7 NEURONISH_CORE_MEMORY='17179869184G': at most 1PiB (1125899906842624 bytes) per core"),
     ({"NEURONISH_CORE_MEMORY": "99999999999999999999999"},
-     "0 core 0 total 18446744073709551615, core 1 total 18446744073709551615"),
-    ({"NEURONISH_CORE_MEMORY": "16777216G"},
-     "0 core 0 total 18014398509481984, core 1 total 18014398509481984"),
+     "7 NEURONISH_CORE_MEMORY='99999999999999999999999': at most 1PiB (1125899906842624 bytes) "
+     "per core"),
+    ({"NEURONISH_CORE_MEMORY": "1048576G"},
+     "0 core 0 total 1125899906842624, core 1 total 1125899906842624"),
 ]
 
 
