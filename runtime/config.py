@@ -14,6 +14,7 @@ DEFAULT_CORE_MEMORY = 4 << 30  # 4 GiB per core
 # a device of a billion cores would be built core by core before anything refused it.
 MAX_CORES = 1024
 MAX_CORE_MEMORY = 1 << 50  # 1 PiB per core
+_SPACE = " \t\n\r\f\v"  # what the C reader trims (str.strip() would take Unicode spaces too)
 
 
 class ConfigError(ValueError):
@@ -34,7 +35,7 @@ def parse_bytes(text: str, var: str) -> int:
 def _count(text: str) -> int | None:
     """A count as both runtimes read one: ASCII digits only (no sign, `_` or other
     scripts' digits, which Python's int() would take), at most 9 of them; None otherwise."""
-    text = text.strip(" \t\n\r\f\v")
+    text = text.strip(_SPACE)
     return int(text) if re.fullmatch(r"[0-9]{1,9}", text) else None
 
 
@@ -134,12 +135,13 @@ class DeviceConfig:
         env = dict(os.environ if env is None else env)
         num_cores = DEFAULT_NUM_CORES
         if "NEURONISH_NUM_CORES" in env:
-            text = env["NEURONISH_NUM_CORES"].strip(" \t\n\r\f\v")
-            count = _count(text.removeprefix("-"))
-            if count is None:
+            text = env["NEURONISH_NUM_CORES"].strip(_SPACE)
+            m = re.fullmatch(r"(-?)([0-9]{1,9})", text)
+            if not m:
                 raise ConfigError("NEURONISH_NUM_CORES must be a positive integer, got "
                                   f"{env['NEURONISH_NUM_CORES']!r}")
-            if text.startswith("-") or count < 1:
+            count = int(m[2])
+            if m[1] or count < 1:
                 raise ConfigError(f"NEURONISH_NUM_CORES must be >= 1, got {text}")
             if count > MAX_CORES:
                 raise ConfigError(f"NEURONISH_NUM_CORES must be at most {MAX_CORES}, got {text}")
@@ -170,7 +172,7 @@ class DeviceConfig:
             _positive("NEURONISH_KERNEL_THREADS", threads)
         core_threads = given_threads if given_threads is not None else \
             max(1, _host_cpus() // host_parallelism)
-        twin = env.get("NEURONISH_NARROW_TWIN", "").strip() or "auto"
+        twin = env.get("NEURONISH_NARROW_TWIN", "").strip(_SPACE) or "auto"
         if twin not in ("auto", "queued", "off"):
             raise ConfigError("NEURONISH_NARROW_TWIN must be auto, queued or off, got "
                               f"{env['NEURONISH_NARROW_TWIN']!r}")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <set>
 
@@ -34,7 +35,26 @@ bool digits(const std::string &s) {
 
 const char *env(const char *name) { return std::getenv(name); }  // read once, at open
 
-std::string quoted(const std::string &s) { return "'" + s + "'"; }
+// A value as Python's repr() shows it in config.py's messages (for ASCII: its quote, and
+// backslash, control and DEL bytes escaped), so both runtimes refuse in the same words.
+std::string quoted(const std::string &s) {
+  char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, q);
+  for (unsigned char c : s) {
+    if (c == '\\' || c == uint8_t(q)) out += {'\\', char(c)};
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7f) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + q;
+}
 
 }  // namespace
 
@@ -181,7 +201,7 @@ DeviceConfig config_from_env() {
       bad("NEURONISH_NUM_CORES must be at most " + std::to_string(kMaxCores) + ", got " + t);
     c.num_cores = std::stoi(t);
   }
-  if (const char *v = env("NEURONISH_CORE_MEMORY")) {
+  if (const char *v = env("NEURONISH_CORE_MEMORY"); v && *v) {  // (empty: unset, as in Python)
     c.core_memory = parse_bytes(v, "NEURONISH_CORE_MEMORY");
     if (c.core_memory > kMaxCoreMemory)
       bad(std::string("NEURONISH_CORE_MEMORY=") + quoted(v) + ": at most 1PiB (" +

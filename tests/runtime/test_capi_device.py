@@ -17,7 +17,7 @@ from tests.runtime.test_capi_execute import compile_graph
 NR_INVALID_CONFIG, NR_DEVICE_ERROR, NR_OUT_OF_DEVICE_MEMORY = 7, 8, 9
 VARS = ("NEURONISH_NUM_CORES", "NEURONISH_VISIBLE_CORES", "NEURONISH_CORE_GROUP_SIZES",
         "NEURONISH_CORE_MEMORY", "NEURONISH_CORE_THREADS", "NEURONISH_HOST_PARALLELISM",
-        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+        "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "NEURONISH_NARROW_TWIN")
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
                                 reason="g++ is needed to build the C runtime library")
@@ -51,6 +51,9 @@ CONFIGS = [
     {"NEURONISH_VISIBLE_CORES": "0-999999999"}, {"NEURONISH_CORE_GROUP_SIZES": "999999999x1"},
     {"NEURONISH_CORE_MEMORY": "1048576GiB"}, {"NEURONISH_CORE_MEMORY": "1048577GiB"},
     {"NEURONISH_CORE_MEMORY": "17179869184G"},
+    # Blank means unset; only ASCII spaces are trimmed; a sign then a space is no count.
+    {"NEURONISH_CORE_MEMORY": ""}, {"NEURONISH_NARROW_TWIN": "off\x1c"},
+    {"NEURONISH_NARROW_TWIN": " queued "}, {"NEURONISH_NUM_CORES": "- 5"},
 ]
 
 
