@@ -170,7 +170,8 @@ def version_number(version: str) -> int | None:
     """A v2 version string ("" = the newest loaded) as the manager's number."""
     if not version:
         return None
-    if not (version.isascii() and version.isdigit()):  # ('²'.isdigit(), int() refuses)
+    # (ASCII: '²'.isdigit() and int() refuses it; 18 digits: int() refuses 4301)
+    if not (version.isascii() and version.isdigit() and len(version) <= 18):
         raise invalid_argument(f"model version {version!r} is not a version number")
     return int(version)
 

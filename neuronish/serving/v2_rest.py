@@ -183,7 +183,8 @@ class V2RestApi:
         length = headers.get(HEADER_LENGTH)
         if length is not None:
             digits = length.strip()
-            if not (digits.isascii() and digits.isdigit()) or int(digits) > len(body):
+            if not (digits.isascii() and digits.isdigit() and len(digits) <= 18) \
+                    or int(digits) > len(body):
                 raise invalid_argument(f"{HEADER_LENGTH}: {length!r} is not a length within "
                                        f"the {len(body)}-byte body")
             header, binary = body[:int(length)], body[int(length):]

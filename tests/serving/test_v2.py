@@ -327,6 +327,13 @@ def test_bad_requests_get_a_clear_error(server: Server, http: object,
     status, answer = server.http("POST", "/v2/models/dtypes/infer", body,
                                  {"Inference-Header-Content-Length": "\u00b2"})
     assert status == 400 and "is not a length within" in answer["error"], answer
+    # ... and more digits than int() converts (4300).
+    status, answer = server.http("POST", "/v2/models/dtypes/versions/" + "9" * 5000 + "/infer",
+                                 body)
+    assert status == 400 and "is not a version number" in answer["error"], answer
+    status, answer = server.http("POST", "/v2/models/dtypes/infer", body,
+                                 {"Inference-Header-Content-Length": "9" * 5000})
+    assert status == 400 and "is not a length within" in answer["error"], answer
     status, answer = v2_infer(server, "nope", {"inputs": [{**good, "data": [0, 0, 0]}]})
     assert status == 404 and "nope" in answer["error"]
     # A BYTES tensor whose length prefix runs past its data, over gRPC.
