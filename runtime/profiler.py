@@ -82,7 +82,8 @@ _recorders: list[Recorder] = []
 _thread_tracks: dict[int, str] = {}
 # What the modelled track of a recorder's chunks is drawn from (the C library does not
 # read the executable's stats): per model name in its spans (note_native_model).
-_native_abouts: dict[str, _About] = {}
+_native_abouts: dict[int, _About] = {}  # nr_model_id -> the C model's programs and stats
+_native_gone: set[int] = set()  # unloaded while recording: dropped at stop()
 
 
 def add_recorder(recorder: Recorder) -> None:
@@ -122,6 +123,9 @@ def stop(path: str | os.PathLike | None = None) -> dict:
         recorded = [recorder.stop() for recorder in _recorders]
         threads = dict(_thread_tracks)
         abouts = dict(_native_abouts)
+        for gone in _native_gone:
+            _native_abouts.pop(gone, None)
+        _native_gone.clear()
     threads.update((t.native_id, f"host ({t.name})") for t in threading.enumerate())
     trace = _Trace().build(events, recorded, threads, abouts)
     if path is not None:
@@ -227,13 +231,25 @@ def _about(model: object) -> _About:
     return about
 
 
-def note_native_model(name: str, batch: int | None, exe: object) -> None:
-    """A model loaded on the C runtime while recording, named `name` in the C library's
-    spans: its chunks get the modelled track, from `exe`'s programs and stats (a parsed
-    executable)."""
+def note_native_model(model_id: int, name: str, batch: int | None, exe: object) -> None:
+    """A model loaded on the C runtime while recording, `model_id` (nr_model_id) and
+    `name` in the C library's spans: its chunks get the modelled track, from `exe`'s
+    programs and stats (a parsed executable). Keyed by id, not name: two loaded models
+    may share a label (every compiled SavedModel has a neuron_op_0)."""
     device_model = (getattr(exe, "stats", None) or {}).get("device_model") or {}
-    _native_abouts[name] = _About(name, batch, exe.programs,  # type: ignore[attr-defined]
-                                  device_model.get("instruction_seconds"))
+    with _lock:
+        _native_abouts[model_id] = _About(name, batch, exe.programs,  # type: ignore
+                                          device_model.get("instruction_seconds"))
+
+
+def forget_native_model(model_id: int) -> None:
+    """The C model `model_id` is unloaded: its programs go, once the recording that may
+    hold its spans has stopped (a long-profiled server loads and unloads many)."""
+    with _lock:
+        if _active:
+            _native_gone.add(model_id)
+        else:
+            _native_abouts.pop(model_id, None)
 
 
 def traced_call(fn: Callable) -> Callable:
@@ -313,7 +329,7 @@ class _Trace:
 
     def build(self, events: list[tuple], recorded: list[dict] = (),
               threads: dict[int, str] | None = None,
-              abouts: dict[str, _About] | None = None) -> dict:
+              abouts: dict[int, _About] | None = None) -> dict:
         for entry in events:
             kind = entry[0]
             if kind is _SPAN:
@@ -348,14 +364,14 @@ class _Trace:
                            "ts": ts, "dur": max(round(_us(end) - ts, 3), 0.0), "args": args})
 
     def recorded(self, recorded: dict, threads: dict[int, str],
-                 abouts: dict[str, _About]) -> None:
+                 abouts: dict[int, _About]) -> None:
         """A recorder's spans (Recorder.stop), a Python thread's on that thread's track
-        (`threads`: native id -> track), and a chunk's modelled time when its model's name
+        (`threads`: native id -> track), and a chunk's modelled time when its model's id
         is in `abouts`."""
         for s in recorded["spans"]:
             track = threads.get(s.get("thread"), s["track"])
             self.span(s["name"], s["cat"], track, s["start"], s["end"], s["args"])
-            about = abouts.get(s["args"].get("model")) if s["cat"] == "execute" else None
+            about = abouts.get(s["args"].get("model_id")) if s["cat"] == "execute" else None
             if about is not None and about.modelled_seconds:
                 tid = self.track(f"{track} (modelled time)")
                 self.chunks_modelled.append((s["start"], tid, about))

@@ -98,6 +98,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_model_stage_thread": ([vp, sz, sz], ctypes.c_int64),
         "nr_model_narrow_runs": ([vp, sz], ctypes.c_int64),
         "nr_model_set_label": ([vp, ctypes.c_char_p], ctypes.c_int),
+        "nr_model_id": ([vp], ctypes.c_uint64),
         "nr_profile_start": ([err, sz], ctypes.c_int),
         "nr_profile_stop": ([pvp, ctypes.POINTER(sz), err, sz], ctypes.c_int),
         "nr_profile_free": ([vp], None),
@@ -366,6 +367,12 @@ class Model:
             out.append(([info.cores[i] for i in range(n)],
                         [info.bytes_per_core[i] for i in range(n)], info.runs, info.busy_ns))
         return out
+
+    @property
+    def id(self) -> int:
+        """A number no other model of this process has had (nr_model_id): the C library's
+        profile spans name the model by it (args.model_id) besides its label."""
+        return int(self.lib.nr_model_id(self.handle))
 
     def set_label(self, label: str) -> None:
         """The model's name in the library's profile spans (nr_model_set_label): before its

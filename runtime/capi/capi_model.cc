@@ -166,6 +166,8 @@ nr_status nr_model_set_label(nr_model *model, const char *label) {
   return guarded(nullptr, 0, [&] { model->model->set_label(label); });
 }
 
+uint64_t nr_model_id(const nr_model *model) { return model ? model->model->id() : 0; }
+
 nr_status nr_model_instruction_spec(const nr_model *model, size_t index, const int64_t **ints, size_t *num_ints,
                                     const double **floats, size_t *num_floats) {
   if (!model || !ints || !num_ints || !floats || !num_floats) return NR_INVALID_ARGUMENT;

@@ -99,6 +99,9 @@ class Model {
   // default). Read by the telemetry publisher under its lock (observe::relabel).
   const std::string &label() const { return label_; }
   void set_label(const std::string &label);
+  // A number no other model of this process has had (nr_model_id): profile spans carry
+  // it, since two models may share a label (every compiled SavedModel has a neuron_op_0).
+  uint64_t id() const { return id_; }
   // Core `core` failed (Device::fail_core; `message` says so): the copies on it retire
   // (a call computing on one finishes; none starts there again; their memory is given
   // back). With no copy left, calls fail with NR_DEVICE_ERROR naming the failed cores.
@@ -125,6 +128,11 @@ class Model {
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;
   std::shared_ptr<const Executable> exe_;
+  const uint64_t id_ = next_id();
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> last{0};
+    return ++last;
+  }
   CompiledCall compiled_call_;  // (a call at the compiled shapes, recognised at once)
   // The outputs that are constants of the executable, copied out by every run: (index,
   // offset in the executable's body, bytes). Found once here, not per call.

@@ -243,10 +243,17 @@ class NativeModel(Calls):
                 raise_from(e)
         raise AssertionError("unreachable: the last attempt raised")
 
+    @property
+    def id(self) -> int:
+        """nr_model_id: how the C library's profile spans tell this model from others of
+        its label (0 once unloaded)."""
+        return self._model.id
+
     def unload(self) -> None:
         _loaded.discard(self)  # (first: a snapshot lists it no more, then waits for one
         if self._telemetry is not None:  # listing it already to finish reading its copies)
             self._telemetry.untrack_native(self)
+        profiler.forget_native_model(self.id)
         self._model.unload()
 
     def __repr__(self) -> str:
@@ -301,9 +308,11 @@ def _describe_for_profile(model: NativeModel, blob: bytes) -> None:
     except ExecutableError as e:  # (the C runtime took it: not expected; the track is lost)
         _log.warning("no modelled track in the profile for %s: %s", model, e)
         return
-    # The name the C library gives the model in its spans (observe.cc's About::name).
-    name = (model.label or ", ".join(s.name for s in model.outputs))[:60]
-    profiler.note_native_model(name, model.batch_size, exe)
+    # The name the C library gives the model in its spans (observe.cc's About::name: at
+    # most 60 bytes, never half a character).
+    name = (model.label or ", ".join(s.name for s in model.outputs))
+    name = name.encode()[:60].decode("utf-8", "ignore")
+    profiler.note_native_model(model.id, name, model.batch_size, exe)
 
 
 _loaded: weakref.WeakSet[NativeModel] = weakref.WeakSet()

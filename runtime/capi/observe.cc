@@ -170,6 +170,9 @@ const std::string &host_track() {
   return name;
 }
 
+// A span's `model_id` arg (nr_model_id), which a host's profiler keys the model by.
+std::string model_id(const About &a) { return ", \"model_id\": " + std::to_string(a.model_id); }
+
 // A record's span name, category and args (JSON).
 struct Described {
   std::string name, cat, args;
@@ -177,11 +180,11 @@ struct Described {
 Described describe(const Record &r) {
   const About &a = *r.about;
   switch (r.kind) {
-    case kCall: return {"call", "call", "{\"model\": " + json_string(a.name) + "}"};
-    case kQueue: return {"queue", "queue", "{\"model\": " + json_string(a.name) + "}"};
+    case kCall: return {"call", "call", "{\"model\": " + json_string(a.name) + model_id(a) + "}"};
+    case kQueue: return {"queue", "queue", "{\"model\": " + json_string(a.name) + model_id(a) + "}"};
     case kExecute:
       return {"execute", "execute",
-              "{\"model\": " + json_string(a.name) + ", \"batch\": " +
+              "{\"model\": " + json_string(a.name) + model_id(a) + ", \"batch\": " +
                   (a.batch >= 0 ? std::to_string(a.batch) : std::string("null")) + "}"};
     case kInstruction: break;
   }
@@ -557,7 +560,8 @@ void model_unloaded(const Model *model) {
 std::shared_ptr<const About> about(const Model &model) {
   auto a = std::make_shared<About>();
   const Executable &exe = model.exe();
-  a->name = model.label().substr(0, 60);
+  a->name = utf8_prefix(model.label(), 60);  // (never half a character)
+  a->model_id = model.id();
   a->batch = model.batch_size();
   for (size_t k = 0; k < model.duplicates(); ++k) {
     std::string cores = "[";

@@ -30,6 +30,7 @@ namespace observe {
 // instruction its engine index, kind and TF nodes (as the trace's args JSON).
 struct About {
   std::string name;
+  uint64_t model_id = 0;  // Model::id: what tells two models of one label apart
   int64_t batch = -1;
   std::vector<std::string> copy_tracks;           // "device cores [0]: name"
   std::vector<std::vector<int64_t>> engine_index; // [stage][instruction] -> engine index or -1

@@ -275,6 +275,9 @@ NR_API void nr_host_observes(void);
  * bytes that are not UTF-8 are written as U+FFFD). Call it before the model's first call.
  * NR_INVALID_ARGUMENT for a NULL model or label. */
 NR_API nr_status nr_model_set_label(nr_model *model, const char *label);
+/* A number no other model of this process has had (0 for NULL): profile spans carry it as
+ * args.model_id, which tells apart models that share a label. */
+NR_API uint64_t nr_model_id(const nr_model *model);
 
 /* For tests: the native engine spec the loader built for instruction `index` (flat, over
  * all cores) of the model's first copy: its int64 list and its floats (as engine.cc reads

@@ -72,7 +72,8 @@ def test_the_c_example_writes_a_profile_neuronish_profile_reads(built, tmp_path:
              if e["name"] == "thread_name"}
     for e in by_cat["execute"]:
         assert names[e["tid"]] == "device cores [0]: Identity:0"
-        assert e["args"] == {"model": "Identity:0", "batch": 2}
+        assert e["args"] == {"model": "Identity:0", "model_id": e["args"]["model_id"], "batch": 2}
+        assert e["args"]["model_id"] >= 1  # (nr_model_id: models sharing a label apart)
         assert call["ts"] <= e["ts"] and e["ts"] + e["dur"] <= call["ts"] + call["dur"] + 1e-3
     assert all(e["args"]["engine"] == "native" and e["dur"] >= 0
                for e in by_cat["instruction"])

@@ -62,6 +62,7 @@ def test_a_model_loaded_while_profiling_runs_on_the_c_runtime_and_is_in_the_trac
             assert isinstance(model, NativeModel), getattr(model, "runtime_note", model)
             assert _recorder().recording()
             [out] = model.run_list([x])
+            model_id = model.id
     finally:
         trace = profiler.stop()
     assert not _recorder().recording()
@@ -83,7 +84,7 @@ def test_a_model_loaded_while_profiling_runs_on_the_c_runtime_and_is_in_the_trac
     assert collections.Counter(e["name"] for e in by_cat["instruction"]) == \
         collections.Counter(kinds * 3)
     for e in by_cat["execute"]:
-        assert e["args"] == {"model": "Identity:0", "batch": BATCH}
+        assert e["args"] == {"model": "Identity:0", "model_id": model_id, "batch": BATCH}
         assert _inside(e, call)
         mine = [i for i in by_cat["instruction"] if _inside(i, e) and i["tid"] == e["tid"]]
         assert sorted(i["name"] for i in mine) == sorted(kinds)
@@ -240,3 +241,32 @@ def test_start_and_stop_while_calls_are_in_flight(graph_and_exe,
                 t.join()
     assert not wrong and executes > 0
     assert not _recorder().recording()
+
+
+def test_models_sharing_a_label_keep_their_own_modelled_track(graph_and_exe) -> None:
+    """Two C models of one label (every compiled SavedModel has a neuron_op_0): the spans
+    carry each model's nr_model_id, so a chunk of one is never drawn with the other's
+    modelled instructions (keyed by label, the second load overwrote the first)."""
+    from neuronish.runtime.capi import native_model
+    from tests.graphs import dense_relu
+
+    _, conv_exe = graph_and_exe
+    g = dense_relu(batch=BATCH)
+    dense_exe = compile_graph(g.graph_def, g.io_config)
+    profiler.start()
+    try:
+        conv = native_model.load(conv_exe, 1, "model:1 op").model
+        dense = native_model.load(dense_exe, 1, "model:1 op").model
+        assert conv is not None and dense is not None and conv.id != dense.id
+        conv_id = conv.id
+        conv.run_list([np.zeros((BATCH, 8, 8, 3), np.float32)])
+    finally:
+        trace = profiler.stop()
+        for m in (conv, dense):
+            m.unload()
+    by_cat = spans_by_category(trace)
+    assert {e["args"]["model_id"] for e in by_cat["execute"]} == {conv_id}
+    want = [i.kind for i in executable.from_bytes(conv_exe).programs[0]]
+    assert sorted(e["name"] for e in by_cat["instruction"]) == sorted(want)
+    assert sorted(e["name"] for e in by_cat["modelled"]) == sorted(want)
+    assert conv_id not in profiler._native_abouts  # unloaded: not kept after the recording
