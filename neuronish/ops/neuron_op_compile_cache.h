@@ -119,6 +119,35 @@ inline std::string Hex(const uint8_t* bytes, size_t n) {
   return out;
 }
 
+// The flags as the key reads them (compile_cache._flags_for_key): the file a
+// `--calibration` flag names (`--calibration FILE` or `--calibration=FILE`) by its
+// contents, "sha256:<hex>", not its path; the path itself if the file cannot be read.
+inline std::vector<std::string> FlagsForKey(std::vector<std::string> flags) {
+  auto content = [](const std::string& path) -> std::string {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return path;
+    std::string data;
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
+    const bool failed = std::ferror(f) != 0;
+    std::fclose(f);
+    if (failed) return path;
+    uint8_t digest[32];
+    nr_sha256(data.data(), data.size(), digest);
+    return "sha256:" + Hex(digest, sizeof digest);
+  };
+  static const std::string kFlag = "--calibration";
+  for (size_t k = 0; k < flags.size(); ++k) {
+    if (flags[k].rfind(kFlag + "=", 0) == 0) {
+      flags[k] = kFlag + "=" + content(flags[k].substr(kFlag.size() + 1));
+    } else if (flags[k] == kFlag && k + 1 < flags.size()) {
+      flags[k + 1] = content(flags[k + 1]);
+    }
+  }
+  return flags;
+}
+
 // The subgraph as the key reads it: without `experimental_debug_info`, which names the
 // traced function instance (a counter that differs between two loads of one SavedModel),
 // serialized deterministically; the bytes themselves when there is none to drop.

@@ -474,7 +474,7 @@ class ShapeTable {
         std::vector<std::string> flags = spec_.compiler_args;
         for (std::string& f : EnvironmentFlags()) flags.push_back(std::move(f));
         const std::string graph = StableGraphBytes(*graph_), io = IoConfig(key, IoOrder::kSortedKeys),
-                          args = PyJsonList(flags, true);
+                          args = PyJsonList(FlagsForKey(flags), true);
         cache_key = CacheKey({&graph, &io, &args, &identity});
       }
     }

@@ -232,3 +232,35 @@ def test_the_cache_keeps_to_its_size_least_recently_used_out(
     left = _entries(_fresh_compile_cache)
     assert len(left) == 2 and first in left and second not in left, (first, second, left)
     assert not (_fresh_compile_cache / (second[:-5] + ".sum")).exists()
+
+
+def test_both_hosts_key_a_calibration_file_by_its_contents(
+        model: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        _fresh_compile_cache: Path) -> None:
+    """A `--calibration` flag's file is in the key by its contents on both hosts
+    (compile_cache._flags_for_key, neuron_op_compile_cache.h FlagsForKey): what one host
+    compiled with it, the other reads; the same bytes under another path are the same key,
+    other bytes another. (The wrapper drops the flag: only the keys are under test.)"""
+    log, cc = tmp_path / "calls.log", tmp_path / "flag-dropping-cc"
+    cc.write_text(f'#!/bin/sh\necho "$1" >> {log}\nfor a; do shift; case "$a" in '
+                  f'--calibration=*) ;; *) set -- "$@" "$a";; esac; done\n'
+                  f'exec {COMPILER} "$@"\n')
+    cc.chmod(0o755)
+    first, same, other = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.npz"
+    first.write_bytes(b"calibration set 1")
+    same.write_bytes(b"calibration set 1")
+    other.write_bytes(b"calibration set 2")
+    monkeypatch.setenv("NEURONISH_CC", str(cc))
+    monkeypatch.setenv("NEURONISH_FALLBACK", "0")
+    monkeypatch.setenv("NEURONISH_CC_FLAGS", f"--calibration={first}")
+    served = tf.saved_model.load(str(model["out"])).signatures["serving_default"]
+    x = np.random.default_rng(23).standard_normal((2, 23, 8)).astype(np.float32)
+    _close(served(x=tf.constant(x))["y"].numpy(), model["tf"](x=tf.constant(x))["y"].numpy())
+    assert _calls(log) == ["--version", "compile"]  # the Python host compiled length 23
+    label = "neuron_op_0@2x23x8"
+    assert _executables_run(model, tmp_path, 2, 23, NEURONISH_CC=str(cc),
+                            NEURONISH_CC_FLAGS=f"--calibration={same}") == {label}
+    assert _calls(log) == ["--version"]  # the C host: the same bytes elsewhere, a hit
+    assert _executables_run(model, tmp_path, 2, 23, NEURONISH_CC=str(cc),
+                            NEURONISH_CC_FLAGS=f"--calibration={other}") == {label}
+    assert _calls(log) == ["--version", "compile"]  # other bytes: another key
