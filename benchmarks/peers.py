@@ -249,9 +249,18 @@ def model_inputs(model: str, signature: object, batch: int, seed: int,
 
 
 def calibration_samples(model: str, signature: object, count: int,
-                        samples: Feeds | None = None) -> list[Feeds]:
-    """`count` single samples (batch 1), seeds apart from the measured inputs'."""
-    return [model_inputs(model, signature, 1, 1000 + i, samples) for i in range(count)]
+                        samples: Feeds | None = None, batch: int = 0) -> list[Feeds]:
+    """`count` single samples (batch 1), apart from the measured inputs: other seeds, or
+    the user's samples taken from the last row back (the measured `batch` is cut from
+    the first), said on stderr when there are too few for the two not to overlap."""
+    if samples is None:
+        return [model_inputs(model, signature, 1, 1000 + i) for i in range(count)]
+    rows = len(next(iter(samples.values())))
+    if count + batch > rows:
+        print(f"{model}: {rows} samples for a batch of {batch} and {count} calibration "
+              "samples: int8 is calibrated on some of the inputs it is measured on",
+              file=sys.stderr)
+    return [{k: v[[(rows - 1 - i) % rows]] for k, v in samples.items()} for i in range(count)]
 
 
 def read_samples(path: str, signature: object) -> Feeds:
@@ -457,7 +466,7 @@ def run_model(model: str, batch: int, precisions: Sequence[str], runtimes: Seque
     signature = tf.saved_model.load(src).signatures["serving_default"]
     samples = read_samples(samples_file, signature) if samples_file else None
     feeds = model_inputs(model, signature, batch, 0, samples)
-    calibration = calibration_samples(model, signature, calibration_count, samples)
+    calibration = calibration_samples(model, signature, calibration_count, samples, batch)
     contenders = [tensorflow_contender(src, feeds)]
     for p in precisions:
         if "neuronish" in runtimes:

@@ -145,6 +145,9 @@ def test_a_users_model_is_measured_on_its_own_samples(free_length: tuple, capsys
                                   ids[:4])
     np.testing.assert_array_equal(peers.model_inputs("mine", signature, 4, 1, samples)["ids"],
                                   ids[[4, 0, 1, 2]])
+    # calibration from the last row back: apart from the measured batch where rows allow
+    calibration = peers.calibration_samples("mine", signature, 1, samples, 4)
+    np.testing.assert_array_equal(calibration[0]["ids"], ids[[4]])
     assert peers.main(["--models", "mine", "--saved-model", f"mine={src}", "--inputs",
                        f"mine={npz}", "--batch", "4", "--precisions", "fp32", "--runtimes",
                        "neuronish", "--quick"]) == 0
