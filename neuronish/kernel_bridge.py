@@ -473,18 +473,16 @@ def _on_device(call: Callable[[Model | native_model.NativeModel], None],
     there, before the fallback has a say. None if a call succeeded, else the device's
     error (DeviceError or MemoryError) for the caller's fallback. A bad input, a deadline
     or a cancel is raised: such a call is not retried, on the device or on TensorFlow."""
+    error = _device_error(call, model)
+    again = load_again(model) if error is not None and model.lost else None
+    return error if again is None else _device_error(call, again)
+
+
+def _device_error(call: Callable[[Model | native_model.NativeModel], None],
+                  model: Model | native_model.NativeModel) -> BaseException | None:
+    """`call(model)`: None if it succeeded, the device's error if the device failed it."""
     try:
         call(model)
-        return None
-    except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
-        raise
-    except (DeviceError, MemoryError) as e:
-        error: BaseException = e
-    again = load_again(model) if model.lost else None
-    if again is None:
-        return error
-    try:
-        call(again)
         return None
     except (InvalidInput, OutputBufferError, DeadlineExceeded, Cancelled):
         raise

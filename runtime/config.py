@@ -160,18 +160,19 @@ class DeviceConfig:
         given_threads = None if core_threads_text is None else \
             _positive("NEURONISH_CORE_THREADS", core_threads_text)
         parallelism = env.get("NEURONISH_HOST_PARALLELISM")
+        cpus = _host_cpus()  # (read once: the affinity mask and the cgroup's quota)
         if parallelism is not None:
             host_parallelism = _positive("NEURONISH_HOST_PARALLELISM", parallelism)
         elif given_threads is not None:
             # Each running program takes its core's threads; as many run as fit the host.
-            host_parallelism = max(1, _host_cpus() // given_threads)
+            host_parallelism = max(1, cpus // given_threads)
         else:
-            host_parallelism = default_host_parallelism(env, _host_cpus())
+            host_parallelism = default_host_parallelism(env, cpus)
         threads = env.get("NEURONISH_KERNEL_THREADS")
-        kernel_threads = max(1, _host_cpus() // host_parallelism) if threads is None else \
+        kernel_threads = max(1, cpus // host_parallelism) if threads is None else \
             _positive("NEURONISH_KERNEL_THREADS", threads)
         core_threads = given_threads if given_threads is not None else \
-            max(1, _host_cpus() // host_parallelism)
+            max(1, cpus // host_parallelism)
         twin = env.get("NEURONISH_NARROW_TWIN", "").strip(_SPACE) or "auto"
         if twin not in ("auto", "queued", "off"):
             raise ConfigError("NEURONISH_NARROW_TWIN must be auto, queued or off, got "

@@ -81,8 +81,8 @@ _recorders: list[Recorder] = []
 # while recording (note_thread): a thread that ended before stop() keeps its track name.
 _thread_tracks: dict[int, str] = {}
 # What the modelled track of a recorder's chunks is drawn from (the C library does not
-# read the executable's stats): per model name in its spans (note_native_model).
-_native_abouts: dict[int, _About] = {}  # nr_model_id -> the C model's programs and stats
+# read the executable's stats): per nr_model_id in its spans (note_native_model).
+_native_abouts: dict[int, _About] = {}
 _native_gone: set[int] = set()  # unloaded while recording: dropped at stop()
 
 

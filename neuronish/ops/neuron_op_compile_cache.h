@@ -124,15 +124,9 @@ inline std::string Hex(const uint8_t* bytes, size_t n) {
 // contents, "sha256:<hex>", not its path; the path itself if the file cannot be read.
 inline std::vector<std::string> FlagsForKey(std::vector<std::string> flags) {
   auto content = [](const std::string& path) -> std::string {
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return path;
-    std::string data;
-    char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) data.append(buf, n);
-    const bool failed = std::ferror(f) != 0;
-    std::fclose(f);
-    if (failed) return path;
+    struct stat st;
+    std::string data;  // (a directory opens but does not read: Python's open() refuses it)
+    if (stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode) || !ReadFile(path, &data)) return path;
     uint8_t digest[32];
     nr_sha256(data.data(), data.size(), digest);
     return "sha256:" + Hex(digest, sizeof digest);
