@@ -18,10 +18,15 @@ Concurrent first uses (processes or threads) build once: the build runs under an
 half-written library.
 
 Every change of a source or a build flag makes a new library, so after a build the
-cache keeps only the KEEP_PER_FAMILY most recently built of that family (`engine-*`,
+cache keeps only the KEEP_PER_FAMILY most recently used of that family (`engine-*`,
 `neuron_op-*`; a pruned one in use again is rebuilt), leaving alone a library whose
-lock another process holds (it is being built). Removing a library a running process has
-loaded is safe: its mapping outlives the name.
+lock another process holds (it is being built). A library's modification time is its
+last use (a cache hit touches it). Removing a library a running process has loaded is
+safe: its mapping outlives the name; but a program linked against its path (a C host,
+a test's client) needs the name, so libraries used within the last RECENT_USE seconds
+are kept too, up to MAX_PER_FAMILY: a second checkout building variant after variant
+(sanitizer builds, source edits) does not take a library from under a test run that
+uses it.
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ import shlex
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 KEEP_PER_FAMILY = 12  # ~1.6 MB an engine: bounded at tens of MB per family
+RECENT_USE = 3600.0  # seconds: a library used this recently stays...
+MAX_PER_FAMILY = 24  # ...unless its family holds this many (sanitizer builds are ~11 MB)
 
 
 class BuildError(RuntimeError):
@@ -137,11 +145,13 @@ class Cache:
         self.secure()
         path = self.directory / name
         if self.trusted(path):
+            _mark_used(path)
             return path
         lock = self._open_lock(path.with_suffix(".lock"))
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the descriptor closes
             if self.trusted(path):  # another process built it while we waited
+                _mark_used(path)
                 return path
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
             os.close(fd)
@@ -168,23 +178,36 @@ class Cache:
         self.prune(path)
         return path
 
-    def prune(self, kept: Path, keep: int = KEEP_PER_FAMILY) -> list[Path]:
-        """Remove all but the `keep` most recently built libraries of `kept`'s family
-        (its name up to the last '-'), never `kept` itself; returns what was removed."""
+    def prune(self, kept: Path, keep: int = KEEP_PER_FAMILY, recent: float = RECENT_USE,
+              most: int = MAX_PER_FAMILY) -> list[Path]:
+        """Remove the libraries of `kept`'s family (its name up to the last '-') beyond
+        the `keep` most recently used, sparing those used within `recent` seconds while
+        the family holds fewer than `most`; never `kept` itself. Returns what was
+        removed."""
         family = kept.stem.rpartition("-")[0]
         if not family:
             return []
         try:
-            libraries = [p for p in self.directory.glob(f"{family}-*{kept.suffix}")
-                         if p.stem.rpartition("-")[0] == family and p != kept]
-            libraries.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+            used = {p: p.stat().st_mtime for p in self.directory.glob(f"{family}-*{kept.suffix}")
+                    if p.stem.rpartition("-")[0] == family and p != kept}
         except OSError:  # one vanished meanwhile (another process pruned): next time
             return []
+        libraries = sorted(used, key=used.__getitem__, reverse=True)
+        since = time.time() - recent
+        spared = sum(1 for p in libraries[keep - 1:most - 1] if used[p] >= since)
         removed = []
-        for old in libraries[keep - 1:]:
+        for old in libraries[keep - 1 + spared:]:
             if _remove_unless_building(old):
                 removed.append(old)
         return removed
+
+
+def _mark_used(library: Path) -> None:
+    """Record a cache hit in the library's modification time (what prune orders by)."""
+    try:
+        os.utime(library)
+    except OSError:
+        pass  # a read-only cache still serves; its pruning order is then build order
 
 
 def _remove_unless_building(library: Path) -> bool:

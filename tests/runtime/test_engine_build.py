@@ -19,8 +19,8 @@ def test_engine_is_cached_by_source_and_command(tmp_path: Path,
     path = library.build()
     assert path.parent == tmp_path / "engine" and path.suffix == ".so"
     assert (os.stat(tmp_path / "engine").st_mode & 0o777) == 0o700
-    mtime = path.stat().st_mtime_ns
-    assert library.build() == path and path.stat().st_mtime_ns == mtime  # reused
+    inode = path.stat().st_ino  # a rebuild renames a new file into place
+    assert library.build() == path and path.stat().st_ino == inode  # reused
 
 
 def test_an_untrusted_cache_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,3 +89,38 @@ def test_the_cache_keeps_the_latest_builds_of_each_family(tmp_path: Path) -> Non
         assert not built[0].with_suffix(".lock").exists()  # its lock went with it
     finally:
         os.close(building)
+
+
+def test_the_cache_spares_a_library_in_use_while_another_checkout_builds_many(
+        tmp_path: Path) -> None:
+    """A test run links C programs against its cached library by path; another checkout
+    building variant after variant must not prune it from under them (CI failed so:
+    'error while loading shared libraries'). A cache hit counts as a use; recently used
+    libraries are kept up to MAX_PER_FAMILY, and past that the least recently used go."""
+    import time
+
+    from neuronish.runtime.buildcache import KEEP_PER_FAMILY, MAX_PER_FAMILY, Cache
+
+    cache = Cache(tmp_path / "cache", "a test library", "TEST_CACHE")
+
+    def write(out: str) -> list[str]:
+        return [sys.executable, "-c", f"open({out!r}, 'w').write('library')"]
+
+    mine = cache.build("lib-mine.so", write)
+    os.utime(mine, (1000, 1000))  # built long ago...
+    assert cache.build("lib-mine.so", write) == mine  # ...and used now: a hit touches it
+    assert mine.stat().st_mtime > time.time() - 60
+    others = [cache.build(f"lib-{i:04x}.so", write) for i in range(KEEP_PER_FAMILY + 3)]
+    assert mine.exists(), "a library used a moment ago was pruned"
+    assert all(p.exists() for p in others)  # all recent: kept, within the bound
+
+    old = time.time() - 7200  # two hours ago: no longer spared
+    for i, p in enumerate(others):
+        os.utime(p, (old + i, old + i))
+    newest = cache.build("lib-newest.so", write)
+    left = {p.name for p in (tmp_path / "cache").glob("lib-*.so")}
+    assert left == {mine.name, newest.name, *(p.name for p in others[-(KEEP_PER_FAMILY - 2):])}
+
+    for i in range(MAX_PER_FAMILY + 4):  # a burst of builds: the bound still holds
+        cache.build(f"lib-b{i:03x}.so", write)
+    assert len(list((tmp_path / "cache").glob("lib-*.so"))) == MAX_PER_FAMILY
