@@ -66,6 +66,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     signatures = {
         "nr_status_name": ([ctypes.c_int], ctypes.c_char_p),
         "nr_executable_load_bytes": ([ctypes.c_char_p, sz, pvp, err, sz], ctypes.c_int),
+        "nr_executable_load_file": ([ctypes.c_char_p, pvp, err, sz], ctypes.c_int),
         "nr_executable_unload": ([vp], None),
         "nr_executable_num_tensors": ([vp, ctypes.c_int], sz),
         "nr_executable_tensor": ([vp, ctypes.c_int, sz, ctypes.POINTER(TensorInfo)], ctypes.c_int),

@@ -40,21 +40,41 @@ void block(uint32_t h[8], const uint8_t *p) {
 
 }  // namespace
 
-void sha256(const uint8_t *data, size_t size, uint8_t digest[32]) {
-  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+void Sha256::update(const uint8_t *data, size_t size) {
+  if (size == 0) return;  // data may be NULL then
+  total_ += size;
+  if (pending_size_) {
+    size_t take = size < 64 - pending_size_ ? size : 64 - pending_size_;
+    std::memcpy(pending_ + pending_size_, data, take);
+    pending_size_ += take;
+    data += take;
+    size -= take;
+    if (pending_size_ < 64) return;
+    block(h_, pending_);
+    pending_size_ = 0;
+  }
   size_t full = size / 64 * 64;
-  for (size_t i = 0; i < full; i += 64) block(h, data + i);
+  for (size_t i = 0; i < full; i += 64) block(h_, data + i);
+  std::memcpy(pending_, data + full, size - full);
+  pending_size_ = size - full;
+}
+
+void Sha256::finish(uint8_t digest[32]) {
   uint8_t tail[128] = {0};
-  size_t rest = size - full;
-  if (rest) std::memcpy(tail, data + full, rest);
-  tail[rest] = 0x80;
-  size_t tail_len = rest + 9 <= 64 ? 64 : 128;
-  uint64_t bits = uint64_t(size) * 8;
+  std::memcpy(tail, pending_, pending_size_);
+  tail[pending_size_] = 0x80;
+  size_t tail_len = pending_size_ + 9 <= 64 ? 64 : 128;
+  uint64_t bits = total_ * 8;
   for (int i = 0; i < 8; ++i) tail[tail_len - 1 - i] = uint8_t(bits >> (8 * i));
-  for (size_t i = 0; i < tail_len; i += 64) block(h, tail + i);
+  for (size_t i = 0; i < tail_len; i += 64) block(h_, tail + i);
   for (int i = 0; i < 8; ++i)
-    for (int j = 0; j < 4; ++j) digest[4 * i + j] = uint8_t(h[i] >> (24 - 8 * j));
+    for (int j = 0; j < 4; ++j) digest[4 * i + j] = uint8_t(h_[i] >> (24 - 8 * j));
+}
+
+void sha256(const uint8_t *data, size_t size, uint8_t digest[32]) {
+  Sha256 hash;
+  hash.update(data, size);
+  hash.finish(digest);
 }
 
 }  // namespace nr
