@@ -376,8 +376,8 @@ class Model:
         return int(self.lib.nr_model_id(self.handle))
 
     def set_label(self, label: str) -> None:
-        """The model's name in the library's profile spans (nr_model_set_label): before its
-        first call."""
+        """The model's name in the library's profile spans and telemetry
+        (nr_model_set_label), at any time, also while other threads call it."""
         _check(self.lib, self.lib.nr_model_set_label(self.handle, label.encode()), None)
 
     def unload(self) -> None:
