@@ -122,3 +122,29 @@ def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
             "executable body is malformed")
         return
     assert re.fullmatch(r"(.*) \(field '[a-z0-9._]+'\)", message)[1] == python
+
+
+def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
+    """nr_sha256 (the CPU's SHA extensions where it has them, else portable code) on every
+    length around the block and padding edges; and a file of several 1 MiB pieces whose
+    header seals its (random) body: the digest of the pieces matches, so the loader goes
+    on to refuse the body itself, as it refuses the same bytes in memory."""
+    import random
+
+    lib = binding.load_library()
+    lib.nr_sha256.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p]
+    rng = random.Random(25)
+    for n in [*range(0, 200), 1000, 4096 + 55, 65536 + 63, 1 << 20]:
+        data = rng.randbytes(n)
+        digest = ctypes.create_string_buffer(32)
+        lib.nr_sha256(data, n, digest)
+        assert digest.raw == hashlib.sha256(data).digest(), n
+    path = tmp_path / "pieces.neff"
+    path.write_bytes(executable_fuzz.seal(b"\xc1" + rng.randbytes(3 << 20)))
+    exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    assert lib.nr_executable_load_file(str(path).encode(), ctypes.byref(exe), error, 4096) == 3
+    from_file = error.value.decode()
+    assert lib.nr_executable_load_bytes(path.read_bytes(), path.stat().st_size, ctypes.byref(exe),
+                                        error, 4096) == 3
+    assert from_file == error.value.decode()
+    assert from_file.startswith("executable body is malformed"), from_file
