@@ -130,8 +130,9 @@ class Model {
   };
   Slot take_copy(const Cutoff *cutoff);
   // Whether a copy of this program also gets a one-thread twin: a single stage whose team
-  // is wide and reordered weights small enough to hold twice. (A timed call runs the
-  // program the profile describes, never the twin.)
+  // is wide, reordered weights small enough to hold twice, and no profile recording (a
+  // timed call runs the program the profile describes, never the twin: under
+  // NEURONISH_PROFILE every call is timed, and a twin would only hold memory).
   bool wants_narrow_twin(const CopyProgram &program) const;
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;

@@ -308,10 +308,10 @@ NR_API int64_t nr_model_narrow_runs(const nr_model *model, size_t copy);
  * library record its models' spans too and takes them into its trace. While recording,
  * every model's calls record the spans NEURONISH_PROFILE records: call, queue, execute,
  * each engine instruction (one clock read each), whenever the model was loaded. A call
- * recorded runs on the model's program, never on its one-thread twin. Off, a call pays
- * one relaxed atomic load, and the engine reads no clock. Any thread may call these,
- * with calls in flight: a span that ends after nr_profile_stop took the spans is not
- * recorded. */
+ * recorded runs on the model's program, never on its one-thread twin (a model loaded
+ * while recording gets none). Off, a call pays one relaxed atomic load, and the engine
+ * reads no clock. Any thread may call these, with calls in flight: a span that ends after
+ * nr_profile_stop took the spans is not recorded. */
 
 /* Start recording, discarding spans recorded and not taken. NR_INVALID_ARGUMENT (the
  * message names the variable) when this library records for NEURONISH_PROFILE itself:
