@@ -75,6 +75,11 @@ constexpr size_t kMaxDuplicates = 2, kTimeoutS = 3;
 // As kernel_bridge.DEFAULT_MAX_DUPLICATES: copies loaded when model_config does not
 // bound them, or fewer when the device has fewer core groups.
 constexpr int64_t kDefaultDuplicates = 4;
+// Copies of each other shape's executable of an op with free dimensions (compiled at run
+// time or stored ahead) when model_config does not bound them: each holds its own weights,
+// so one, as kernel_bridge.load loads them (four each held up to 4x the device memory
+// of the Python host's, for every shape kept).
+constexpr int64_t kDefaultShapeDuplicates = 1;
 
 bool ToDevice(DataType dt, nr_dtype* out);
 // A call's tensor dtype on the device (the attrs were checked against HasDtype).
@@ -419,7 +424,7 @@ class NeuronOpNativeKernel : public OpKernel {
       }
       auto load = [this](const std::string& bytes, const std::string& label, nr_model** out) {
         char why[kErrorSize];
-        const nr_status loaded = LoadOnDevice(bytes, out, why);
+        const nr_status loaded = LoadOnDevice(bytes, out, why, kDefaultShapeDuplicates);
         if (loaded != NR_OK) return FromRuntime(loaded, "", why);
         absl::Status same = CheckSignature(nr_model_executable(*out));
         if (!same.ok()) {
@@ -458,21 +463,23 @@ class NeuronOpNativeKernel : public OpKernel {
   // down to one, if the device's core groups cannot hold them (too few groups, or too
   // little free memory), as the Python host loads (kernel_bridge.load_model).
   // (Called once EnsureLoaded has opened the device.)
-  nr_status LoadOnDevice(const std::string& executable, nr_model** model, char* error) const {
+  // `unbound`: the copies wanted when model_config does not say.
+  nr_status LoadOnDevice(const std::string& executable, nr_model** model, char* error,
+                         int64_t unbound = kDefaultDuplicates) const {
     return StepDown([&](uint32_t dups) {
       return nr_model_load_bytes(device_, executable.data(), executable.size(), dups, model,
                                  error, kErrorSize);
-    });
+    }, unbound);
   }
 
-  // `load(duplicates)` with as many as model_config asks (or the default), then fewer,
-  // down to one, while the device has too few core groups or too little memory for them.
+  // `load(duplicates)` with as many as model_config asks (or `unbound`), then fewer, down
+  // to one, while the device has too few core groups or too little memory for them.
   template <typename Load>
-  nr_status StepDown(Load load) const {
+  nr_status StepDown(Load load, int64_t unbound = kDefaultDuplicates) const {
     const int64_t bound = a_.model_config.size() > kMaxDuplicates ? a_.model_config[kMaxDuplicates]
                                                                 : -1;
     nr_status s = NR_DEVICE_ERROR;
-    for (int64_t dups = bound >= 1 ? bound : kDefaultDuplicates; dups >= 1; --dups) {
+    for (int64_t dups = bound >= 1 ? bound : unbound; dups >= 1; --dups) {
       s = load(static_cast<uint32_t>(dups));
       if (s != NR_DEVICE_ERROR && s != NR_OUT_OF_DEVICE_MEMORY) break;
     }
@@ -671,15 +678,16 @@ class NeuronOpNativeKernel : public OpKernel {
 
   // `lost`'s executable (`what`, in messages) loaded anew, if failed cores took every copy
   // of it and the working cores can take it (as many copies as model_config wants and fit;
-  // the device's loads avoid failed cores); else null. Warns either way (once if it fails).
-  // Called under load_mu_ (the static op) or the shape table's reload lock (a shape's).
-  nr_model* LoadedAgain(nr_model* lost, const char* what) {
+  // the device's loads avoid failed cores; `unbound` when it does not say); else null.
+  // Warns either way (once if it fails). Called under load_mu_ (the static op) or the
+  // shape table's reload lock (a shape's).
+  nr_model* LoadedAgain(nr_model* lost, const char* what, int64_t unbound = kDefaultDuplicates) {
     if (!EveryCopyLost(lost)) return nullptr;
     char error[kErrorSize];
     nr_model* again = nullptr;
     const nr_status s = StepDown([&](uint32_t dups) {
       return nr_model_load(device_, nr_model_executable(lost), dups, &again, error, kErrorSize);
-    });
+    }, unbound);
     if (s != NR_OK) {
       if (!warned_load_again_.exchange(true)) {  // (once per op, whichever shape)
         LOG(WARNING) << Where() << "failed cores took every copy of " << what
@@ -763,7 +771,7 @@ class NeuronOpNativeKernel : public OpKernel {
     if (s == NR_OK) return absl::OkStatus();
     if (s == NR_DEVICE_ERROR) {  // (as in Execute: failed cores took every copy)
       nr_model* again = table->LoadAgain(entry, model, [this](nr_model* lost) {
-        return LoadedAgain(lost, "the executable of the call's shape");
+        return LoadedAgain(lost, "the executable of the call's shape", kDefaultShapeDuplicates);
       });
       if (again) {
         s = nr_execute_with(again, call.views.data(), n_in, call.views.data() + n_in,

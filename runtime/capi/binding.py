@@ -66,6 +66,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     signatures = {
         "nr_status_name": ([ctypes.c_int], ctypes.c_char_p),
         "nr_executable_load_bytes": ([ctypes.c_char_p, sz, pvp, err, sz], ctypes.c_int),
+        "nr_executable_load_file": ([ctypes.c_char_p, pvp, err, sz], ctypes.c_int),
         "nr_executable_unload": ([vp], None),
         "nr_executable_num_tensors": ([vp, ctypes.c_int], sz),
         "nr_executable_tensor": ([vp, ctypes.c_int, sz, ctypes.POINTER(TensorInfo)], ctypes.c_int),
@@ -375,8 +376,8 @@ class Model:
         return int(self.lib.nr_model_id(self.handle))
 
     def set_label(self, label: str) -> None:
-        """The model's name in the library's profile spans (nr_model_set_label): before its
-        first call."""
+        """The model's name in the library's profile spans and telemetry
+        (nr_model_set_label), at any time, also while other threads call it."""
         _check(self.lib, self.lib.nr_model_set_label(self.handle, label.encode()), None)
 
     def unload(self) -> None:

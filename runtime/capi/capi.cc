@@ -47,12 +47,14 @@ void build_views(nr::Executable &exe) {
 
 using nr::guarded;
 
-nr_status load(const uint8_t *data, size_t size, nr_executable **out, char *error, size_t error_size) {
+// A handle for the executable `fill` reads and validates into it; *out is NULL on failure.
+template <class Fill>
+nr_status make_executable(nr_executable **out, char *error, size_t error_size, Fill fill) {
   nr_executable *handle = nullptr;
   nr_status status = guarded(error, error_size, [&] {
     auto h = std::make_unique<nr_executable>();
     h->exe = std::make_shared<nr::Executable>();
-    nr::parse_executable(data, size, *h->exe);
+    fill(*h->exe);
     build_views(*h->exe);
     handle = h.release();
   });
@@ -61,6 +63,19 @@ nr_status load(const uint8_t *data, size_t size, nr_executable **out, char *erro
 }
 
 std::string errno_text(int e) { return std::strerror(e); }  // thread-safe in glibc for known errnos
+
+// `n` bytes of the file at `offset` into `into`; NR_OK, or the error reported.
+nr_status read_at(int fd, uint8_t *into, size_t n, size_t offset, const std::string &where, char *error,
+                  size_t error_size) {
+  for (size_t done = 0; done < n;) {
+    ssize_t got = pread(fd, into + done, n - done, off_t(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return report(NR_IO_ERROR, "cannot read " + where + ": " + errno_text(errno), error, error_size);
+    if (got == 0) return report(NR_IO_ERROR, where + " shrank while it was read", error, error_size);
+    done += size_t(got);
+  }
+  return NR_OK;
+}
 
 }  // namespace
 
@@ -104,7 +119,9 @@ nr_status nr_executable_load_bytes(const void *data, size_t size, nr_executable 
   *out = nullptr;
   if (!data && size) return report(NR_INVALID_ARGUMENT, "data is NULL", error, error_size);
   static const uint8_t empty = 0;
-  return load(data ? static_cast<const uint8_t *>(data) : &empty, size, out, error, error_size);
+  const uint8_t *bytes = data ? static_cast<const uint8_t *>(data) : &empty;
+  return make_executable(out, error, error_size,
+                         [&](nr::Executable &exe) { nr::parse_executable(bytes, size, exe); });
 }
 
 nr_status nr_executable_load_file(const char *path, nr_executable **out, char *error, size_t error_size) {
@@ -124,8 +141,8 @@ nr_status nr_executable_load_file(const char *path, nr_executable **out, char *e
   uint8_t head[nr::kHeaderSize];
   ssize_t got = pread(fd, head, sizeof head, 0);
   if (got < 0) return report(NR_IO_ERROR, "cannot read " + where + ": " + errno_text(errno), error, error_size);
+  uint32_t version = 0;
   nr_status status = guarded(error, error_size, [&] {
-    uint32_t version;
     uint64_t length = nr::check_header(head, size_t(got), version);
     if (length != size - nr::kHeaderSize)
       throw nr::Refused{NR_INVALID_EXECUTABLE, where + " is truncated or padded: the header says the body has " +
@@ -133,21 +150,39 @@ nr_status nr_executable_load_file(const char *path, nr_executable **out, char *e
                         " (field 'header.length')"};
   });
   if (status != NR_OK) return status;
-  std::vector<uint8_t> bytes;
+  // The body is hashed twice. First in pieces, holding one piece: a file whose header
+  // claims its size but whose checksum fails (gigabytes of a sparse file, say) is refused
+  // without costing that much memory. Then again as it is read whole, so the bytes parsed
+  // are the bytes the header seals even if the file changed in between.
+  size_t length = size - nr::kHeaderSize;
+  constexpr size_t kPiece = size_t(1) << 20;
+  std::vector<uint8_t> piece;
+  std::vector<uint8_t> body;
   try {
-    bytes.resize(size);
+    piece.resize(length < kPiece ? length : kPiece);
+    nr::Sha256 first;
+    for (size_t done = 0; done < length;) {
+      size_t n = length - done < kPiece ? length - done : kPiece;
+      if (nr_status s = read_at(fd, piece.data(), n, nr::kHeaderSize + done, where, error, error_size)) return s;
+      first.update(piece.data(), n);
+      done += n;
+    }
+    uint8_t digest[32];
+    first.finish(digest);
+    status = guarded(error, error_size, [&] { nr::check_digest(head, digest); });
+    if (status != NR_OK) return status;
+    std::vector<uint8_t>().swap(piece);
+    body.resize(length);
   } catch (const std::bad_alloc &) {
     return report(NR_OUT_OF_MEMORY, "out of host memory reading " + where, error, error_size);
   }
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = pread(fd, bytes.data() + done, size - done, off_t(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return report(NR_IO_ERROR, "cannot read " + where + ": " + errno_text(errno), error, error_size);
-    if (n == 0) return report(NR_IO_ERROR, where + " shrank while it was read", error, error_size);
-    done += size_t(n);
-  }
-  return load(bytes.data(), bytes.size(), out, error, error_size);
+  if (nr_status s = read_at(fd, body.data(), length, nr::kHeaderSize, where, error, error_size)) return s;
+  return make_executable(out, error, error_size, [&](nr::Executable &exe) {
+    uint8_t digest[32];
+    nr::sha256(body.data(), body.size(), digest);
+    nr::check_digest(head, digest);
+    nr::parse_checked_body(version, std::move(body), exe);
+  });
 }
 
 void nr_executable_unload(nr_executable *exe) { delete exe; }

@@ -11,6 +11,7 @@
 // Not checked yet (docs/c-api.md): the kinds' shape rules (isa.py's Python functions
 // that derive output types from input types and check axes, windows, perms).
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <set>
@@ -742,13 +743,33 @@ void parse_body(const uint8_t *body, size_t size, Executable &exe) {
                    ") is never written by any instruction (field 'outputs')");
 }
 
+// Bytes as Python's repr() writes them (b'...'), so the magic is named in Python's words.
+std::string bytes_repr(const uint8_t *data, size_t size) {
+  bool single = std::memchr(data, '\'', size) == nullptr || std::memchr(data, '"', size) != nullptr;
+  char quote = single ? '\'' : '"';
+  std::string out = std::string("b") + quote;
+  for (size_t i = 0; i < size; ++i) {
+    uint8_t c = data[i];
+    if (c == quote || c == '\\') out += std::string("\\") + char(c);
+    else if (c == '\t') out += "\\t";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c < 0x20 || c >= 0x7f) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else out += char(c);
+  }
+  return out + quote;
+}
+
 }  // namespace
 
 uint64_t check_header(const uint8_t *data, size_t size, uint32_t &version) {
   if (size < kHeaderSize)
     refuse("executable is truncated: " + std::to_string(size) + " bytes, but the header alone is 56 (field 'header')");
   if (std::memcmp(data, "NRNISHEX", 8) != 0)
-    refuse("not a neuronish executable: wrong magic, expected NRNISHEX (field 'header.magic')");
+    refuse("not a neuronish executable: magic " + bytes_repr(data, 8) + ", expected b'NRNISHEX' (field 'header.magic')");
   auto u32 = [&](size_t at) { uint32_t v = 0; for (int i = 3; i >= 0; --i) v = v << 8 | data[at + i]; return v; };
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = length << 8 | data[16 + i];
@@ -766,6 +787,11 @@ uint64_t check_header(const uint8_t *data, size_t size, uint32_t &version) {
   return length;
 }
 
+void check_digest(const uint8_t *header, const uint8_t digest[32]) {
+  if (std::memcmp(digest, header + 24, 32) != 0)
+    refuse("executable checksum mismatch: the file is corrupt (recompile it or copy it again) (field 'header.sha256')");
+}
+
 void parse_executable(const uint8_t *data, size_t size, Executable &exe) {
   uint64_t length = check_header(data, size, exe.version);
   if (size - kHeaderSize != length)
@@ -773,9 +799,14 @@ void parse_executable(const uint8_t *data, size_t size, Executable &exe) {
            " bytes, the file has " + std::to_string(size - kHeaderSize) + " (field 'header.length')");
   uint8_t digest[32];
   sha256(data + kHeaderSize, size - kHeaderSize, digest);
-  if (std::memcmp(digest, data + 24, 32) != 0)
-    refuse("executable checksum mismatch: the file is corrupt (recompile it or copy it again) (field 'header.sha256')");
+  check_digest(data, digest);
   exe.body.assign(data + kHeaderSize, data + size);
+  parse_body(exe.body.data(), exe.body.size(), exe);
+}
+
+void parse_checked_body(uint32_t version, std::vector<uint8_t> &&body, Executable &exe) {
+  exe.version = version;
+  exe.body = std::move(body);
   parse_body(exe.body.data(), exe.body.size(), exe);
 }
 

@@ -63,6 +63,11 @@ struct Refused {
 void parse_executable(const uint8_t *data, size_t size, Executable &exe);
 // The header's checks on its first bytes; returns the body length it declares.
 uint64_t check_header(const uint8_t *data, size_t size, uint32_t &version);
+// Refuses a body whose SHA-256 `digest` is not the one the header records.
+void check_digest(const uint8_t *header, const uint8_t digest[32]);
+// The body of a file read in pieces (nr_executable_load_file), its header, length and
+// digest already checked: parsed and validated as parse_executable does, without a copy.
+void parse_checked_body(uint32_t version, std::vector<uint8_t> &&body, Executable &exe);
 constexpr size_t kHeaderSize = 56;
 
 }  // namespace nr

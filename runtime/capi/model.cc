@@ -195,21 +195,23 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
   for (size_t k = 0; k < copies_.size(); ++k)
     for (void *arena : copies_[k]->all_arenas) idle_.push_back(Slot{k, arena});
   label_ = observe::model_name(*exe_);
-  if (observe::profiling()) {  // (a model loaded before recording starts is not timed)
-    about_ = observe::about(*this);
-    for (auto &copy : copies_)
-      for (auto &stage : copy->program->stages) {
-        copy->timing.emplace_back(size_t(2 * std::max<int64_t>(stage->count, 1)));
-        ne_set_timing(stage->engine, copy->timing.back().data());
-      }
-  }
+  for (auto &copy : copies_) copy->timing.resize(copy->program->stages.size());
   observe::model_loaded(this);
   device_->track(this);  // (last: from here on a core failing reaches the model)
 }
 
 void Model::set_label(const std::string &label) {
-  observe::relabel(this, [&] { label_ = utf8_prefix(label, 200); });  // (never half a character)
-  if (about_) about_ = observe::about(*this);  // (before the model's first call)
+  observe::relabel(this, [&] {
+    std::lock_guard<std::mutex> lock(about_mu_);
+    label_ = utf8_prefix(label, 200);  // (never half a character)
+    about_.reset();                    // (the next timed call names the model anew)
+  });
+}
+
+std::shared_ptr<const observe::About> Model::profiled() {
+  std::lock_guard<std::mutex> lock(about_mu_);
+  if (!about_) about_ = observe::about(*this);
+  return about_;
 }
 
 Model::~Model() {
@@ -471,7 +473,8 @@ void Model::run_stage(Call &call, size_t s) {
   if (cutoff) cutoff->check("before its next stage could start");
   HostCPUs &host = device_->host();
   const Stage &wide = *call.copy.program->stages[s];
-  const Stage *narrow = call.copy.narrow ? call.copy.narrow->stages[s].get() : nullptr;
+  // (a timed call runs the program the profile describes, not its twin)
+  const Stage *narrow = call.copy.narrow && !call.timed ? call.copy.narrow->stages[s].get() : nullptr;
   int width = host.width(wide.width);
   std::function<bool()> give_up;
   if (cutoff) give_up = [&] { return cutoff->stopped(); };
@@ -488,6 +491,12 @@ void Model::run_stage(Call &call, size_t s) {
   // (the clock is read only for the held-up rule: ~22 ns a read on this VM's clock)
   auto started = watch ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   call.copy.ran_on[s].store(this_thread_tid(), std::memory_order_relaxed);
+  Copy::StageTiming &timing = call.copy.timing[s];
+  if (call.timed != timing.armed) {  // (this thread holds the stage's core: nobody runs it)
+    if (call.timed) timing.times.resize(size_t(2 * std::max<int64_t>(wide.count, 1)));
+    ne_set_timing(wide.engine, call.timed ? timing.times.data() : nullptr);
+    timing.armed = call.timed;
+  }
   char err[2048];
   auto run = [&]() -> int64_t {
     return ne_run(stage.engine, 0, stage.count, call.copy.program->first_call_slot, const_cast<void **>(call.ptrs),
@@ -503,7 +512,7 @@ void Model::run_stage(Call &call, size_t s) {
     if (&stage == narrow) call.copy.team.twin_ran(ns);
     else call.copy.team.wide_ran(ns);
   }
-  if (call.timed && rc == 0) call.times.push_back(call.copy.timing[s]);
+  if (call.timed && rc == 0) call.times.push_back(timing.times);
   if (rc > 0) {
     cutoff->check("while its instructions ran");  // (throws: the engine saw it)
     // The engine saw the cancel byte, which its caller has cleared since (a deadline
@@ -552,7 +561,8 @@ void Model::wait(Call &call) {
 
 void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs, size_t num_outputs,
                     const Cutoff *cutoff) {
-  bool timed = about_ && observe::profiling();
+  std::shared_ptr<const observe::About> about = observe::profiling() ? profiled() : nullptr;
+  bool timed = about != nullptr;
   double queued = timed ? observe::now() : 0.0;
   const Slot slot = take_copy(cutoff);
   const size_t k = slot.copy;
@@ -598,17 +608,17 @@ void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs
     copy.cores[0]->submit(&call);
     wait(call);
   }
-  if (timed) observe::record_chunk(about_, k, queued, started, observe::now(), call.times);
+  if (timed) observe::record_chunk(about, k, queued, started, observe::now(), call.times);
 }
 
 void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
                     const Cutoff *cutoff) {
-  if (!about_ || !observe::profiling()) return execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
+  if (!observe::profiling()) return execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
   struct CallSpan {  // (recorded whether the call succeeds or not, as profiler.py does)
-    const Model &m;
+    std::shared_ptr<const observe::About> about;
     double start = observe::now();
-    ~CallSpan() { observe::record_call(m.about_, start, observe::now()); }
-  } span{*this};
+    ~CallSpan() { observe::record_call(about, start, observe::now()); }
+  } span{profiled()};
   execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
 }
 

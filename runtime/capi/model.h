@@ -73,9 +73,16 @@ struct Copy {
   // Telemetry (nr_model_copy): runs of its program and their wall time.
   std::atomic<uint64_t> runs{0};
   std::atomic<uint64_t> busy_ns{0};
-  // While profiling (observe.h): per stage, where its engine writes each instruction's
-  // [start, end] (written and read by whichever thread holds the stage's core).
-  std::vector<std::vector<double>> timing;
+  // Per stage, where its engine writes each instruction's [start, end] while a profile
+  // records (observe.h): set on the engine by the stage's first timed run, taken off by
+  // the next run that is not, so a model loaded before recording started is timed too,
+  // and one recorded once costs no clock reads after (written and read only by whichever
+  // thread holds the stage's core).
+  struct StageTiming {
+    std::vector<double> times;
+    bool armed = false;  // the engine writes into `times`
+  };
+  std::vector<StageTiming> timing;
   // One of its cores failed (Model::lose_core): no call takes it again, its device memory
   // was given back. (Under Model::idle_mu_.)
   bool retired = false;
@@ -96,7 +103,8 @@ class Model {
   const Copy &copy(size_t k) const { return *copies_[k]; }
   std::shared_ptr<Device> device() const { return device_; }
   // The name profiles and `neuronish ls` show (nr_model_set_label; its outputs' names by
-  // default). Read by the telemetry publisher under its lock (observe::relabel).
+  // default). Read by the telemetry publisher under its lock (observe::relabel) and by
+  // observe::about under about_mu_; set under both, so a label may change while calls run.
   const std::string &label() const { return label_; }
   void set_label(const std::string &label);
   // A number no other model of this process has had (nr_model_id): profile spans carry
@@ -123,7 +131,8 @@ class Model {
   Slot take_copy(const Cutoff *cutoff);
   // Whether a copy of this program also gets a one-thread twin: a single stage whose team
   // is wide, reordered weights small enough to hold twice, and no profile recording (a
-  // profile times the program it loaded).
+  // timed call runs the program the profile describes, never the twin: under
+  // NEURONISH_PROFILE every call is timed, and a twin would only hold memory).
   bool wants_narrow_twin(const CopyProgram &program) const;
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;
@@ -150,8 +159,12 @@ class Model {
   size_t idle_waiters_ = 0;  // calls waiting for a slot (under idle_mu_)
   size_t retired_ = 0;     // copies retired by a failed core (under idle_mu_)
   std::string lost_;       // the failures that retired copies, for a call left with none
+  // What the profile says of the model (observe.h), made by its first call while a profile
+  // records and made again after a new label. Calls hold their own reference.
+  std::shared_ptr<const observe::About> profiled();
   std::string label_;
-  std::shared_ptr<const observe::About> about_;  // set when the process profiles (observe.h)
+  std::mutex about_mu_;
+  std::shared_ptr<const observe::About> about_;  // (under about_mu_)
 };
 
 }  // namespace nr

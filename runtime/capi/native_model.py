@@ -159,9 +159,9 @@ class NativeModel(Calls):
         from .binding import _np_dtype
 
         self._model = model
-        self.label = label
-        if label:  # (its name in the profile's tracks, as the Python runtime's models)
-            model.set_label(label)
+        self._label = ""
+        if label:
+            self.label = label
         self.inputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.inputs]
         self.outputs = [TensorSignature(n, d, shape, axis) for n, d, shape, axis in model.outputs]
         self._exact_inputs = [(_np_dtype(s.dtype), s.shape) for s in self.inputs]
@@ -174,6 +174,20 @@ class NativeModel(Calls):
         if self._telemetry is not None:
             self._telemetry.track_native(self)
         _loaded.add(self)
+
+    @property
+    def label(self) -> str:
+        """Its name in `neuronish ls/top` and in the profile's tracks ("" until given: its
+        outputs' names are shown)."""
+        return self._label
+
+    @label.setter
+    def label(self, label: str) -> None:
+        # The C library names the model in its spans too: told at once, also after calls
+        # ran (a server labels the models its warm-up loaded and called).
+        self._label = label
+        if self._model.handle:
+            self._model.set_label(label)
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
         """Each copy's (cores, bytes per core, runs, busy ns), from the C runtime (copies

@@ -272,7 +272,8 @@ NR_API nr_status nr_execute_with(nr_model *model, const nr_tensor *inputs, size_
 NR_API void nr_host_observes(void);
 /* The model's name in profiles and `neuronish ls/top` (a NeuronOp's node name, say; by
  * default its output tensor names; at most 200 bytes kept, never half a UTF-8 character;
- * bytes that are not UTF-8 are written as U+FFFD). Call it before the model's first call.
+ * bytes that are not UTF-8 are written as U+FFFD). It may be called at any time, also
+ * while other threads call the model: calls that start after it name the model by it.
  * NR_INVALID_ARGUMENT for a NULL model or label. */
 NR_API nr_status nr_model_set_label(nr_model *model, const char *label);
 /* A number no other model of this process has had (0 for NULL): profile spans carry it as
@@ -305,12 +306,12 @@ NR_API int64_t nr_model_narrow_runs(const nr_model *model, size_t copy);
 /* ---- Profiles recorded on demand, for a host that observes for itself ------------------
  * A host that records its own profile (the Python runtime: runtime/profiler.py) has this
  * library record its models' spans too and takes them into its trace. While recording,
- * the calls of models loaded while a recording was on (this one or an earlier one) record
- * the spans NEURONISH_PROFILE records: call, queue, execute, each engine instruction.
- * Models loaded while none was on are not timed; models loaded while one was on keep
- * their engine's instruction timing (one clock read each) and no one-thread twin. Off, a
- * call pays one relaxed atomic load. Any thread may call these, with calls in flight: a
- * span that ends after nr_profile_stop took the spans is not recorded. */
+ * every model's calls record the spans NEURONISH_PROFILE records: call, queue, execute,
+ * each engine instruction (one clock read each), whenever the model was loaded. A call
+ * recorded runs on the model's program, never on its one-thread twin (a model loaded
+ * while recording gets none). Off, a call pays one relaxed atomic load, and the engine
+ * reads no clock. Any thread may call these, with calls in flight: a span that ends after
+ * nr_profile_stop took the spans is not recorded. */
 
 /* Start recording, discarding spans recorded and not taken. NR_INVALID_ARGUMENT (the
  * message names the variable) when this library records for NEURONISH_PROFILE itself:

@@ -371,3 +371,43 @@ def test_a_keras_hub_text_model_serves_any_length_without_python(tmp_path: Path)
         models = {e["args"]["model"] for e in
                   spans_by_category(json.loads(path.read_text()))["execute"]}
         assert any(m.endswith(f"x{length}") and "@" in m for m in models), models
+
+
+def test_a_shape_compiled_at_run_time_holds_one_copy_as_in_the_python_host(
+        compiled: dict[str, Any], tmp_path: Path) -> None:
+    """model_config unbound: the op's own executable loads with up to four copies, each
+    other shape's with one, as kernel_bridge.load loads them (each shape's executable holds
+    its own weights). The C host loaded four of every shape: up to 4x the device memory.
+    Read from the host's telemetry (what `neuronish ls` shows) while it calls in a loop."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    batch, length = 2, 5
+    env = {**{k: v for k, v in os.environ.items() if k in ("PATH", "HOME")},
+           "NEURONISH_COMPILE_CACHE": os.environ.get("NEURONISH_COMPILE_CACHE", "off"),
+           "NEURONISH_FALLBACK": "0", "OMP_WAIT_POLICY": "passive", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "NEURONISH_CC": COMPILER, "NEURONISH_NUM_CORES": "4",
+           "NEURONISH_RUN_DIR": str(run_dir), "NEURONISH_TELEMETRY": "1"}
+    proc = subprocess.Popen([str(compiled["program"]), "-l", compiled["lib"], "-T", "1", "-S",
+                             "0.3", str(compiled["out"]),
+                             f"{compiled['x']}=float32:{batch},{length},8", "--",
+                             compiled["y"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    probe, new = (f"neuron_op_0@{batch}x{n}x8" for n in (compiled["probe"], length))
+    groups: dict[str, int] = {}
+    held: dict[str, int] = {}
+    try:
+        while proc.poll() is None and new not in groups:
+            time.sleep(0.1)
+            for path in run_dir.glob("*.json"):
+                try:
+                    snapshot = json.loads(path.read_text())
+                except (OSError, ValueError):  # (replaced while read: the next one)
+                    continue
+                groups = {m["name"]: len(m["core_groups"]) for m in snapshot["models"]}
+                held = {m["name"]: sum(m["bytes_per_core"]) * len(m["core_groups"])
+                        for m in snapshot["models"]}
+    finally:
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    print(f"device memory held (bytes, all copies): {held}")
+    assert groups == {probe: 4, new: 1}, groups

@@ -132,6 +132,34 @@ def test_off_again_records_nothing_and_on_again_records_the_same_model(
     assert len(by_cat["execute"]) == 1 and by_cat["instruction"]
 
 
+def test_a_model_loaded_before_recording_is_timed_by_it(graph_and_exe,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded and called with no profile recording, then profiled: its calls have their
+    execute spans and one measured span per instruction (the engine's timing buffers were
+    set up only for models loaded while recording)."""
+    g, exe = graph_and_exe
+    monkeypatch.delenv("NEURONISH_KERNEL", raising=False)
+    x = np.random.default_rng(2).standard_normal((BATCH, 8, 8, 3)).astype(np.float32)
+    [want] = g.reference({"x:0": x}).values()
+    with load(exe) as model:
+        assert isinstance(model, NativeModel)
+        model.run_list([x])
+        profiler.start()
+        try:
+            [out] = model.run_list([x])
+        finally:
+            trace = profiler.stop()
+        [again] = model.run_list([x])  # (no longer timed: the engine reads no clock)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(again, out)
+    by_cat = spans_by_category(trace)
+    assert len(by_cat["call"]) == len(by_cat["execute"]) == 1
+    [execute] = by_cat["execute"]
+    kinds = [i.kind for i in executable.from_bytes(exe).programs[0]]
+    assert sorted(s["name"] for s in by_cat["instruction"]) == sorted(kinds)
+    assert all(_inside(s, execute) for s in by_cat["instruction"])
+
+
 def test_the_c_api_refuses_to_take_a_profile_neuronish_profile_writes(tmp_path: Path) -> None:
     """A process whose library records for NEURONISH_PROFILE (a C host: no
     nr_host_observes) cannot start or take an on-demand recording: that trace has one

@@ -1,0 +1,150 @@
+"""Loading an executable file on the C runtime (`nr_executable_load_file`) is bounded by
+what its header declares, and refuses the files Python's loader refuses in its words.
+
+- A sparse file of gigabytes is refused within 1 GiB of address space: one whose size
+  disagrees with its header before its body is read, one whose header claims its size
+  but whose checksum fails while hashed a piece at a time (the old loader read it whole
+  first, and ran out of memory).
+- Damaged headers, sizes and checksums: the C message is Python's
+  (`executable.read_file` then `from_bytes`) followed by the field it names.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime import executable
+from runtime.capi import binding, library
+from runtime.errors import ExecutableError
+from tests.runtime import executable_fuzz
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
+                                reason="g++ is needed to build the C runtime library")
+
+ADDRESS_SPACE = 1 << 30
+# The child loads the library by its path and nothing else (no numpy, no TensorFlow), so
+# the address-space limit bounds the loader, not the interpreter's imports.
+CHILD = """
+import ctypes, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
+lib = ctypes.CDLL(sys.argv[1])
+lib.nr_executable_load_file.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
+                                        ctypes.c_char_p, ctypes.c_size_t]
+exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+status = lib.nr_executable_load_file(sys.argv[2].encode(), ctypes.byref(exe), error, 4096)
+print(status, error.value.decode())
+"""
+
+
+def _sparse(path: Path, size: int, declared_body: int, digest: bytes) -> Path:
+    """A file of `size` bytes, all but its header a hole, whose header declares a body of
+    `declared_body` bytes sealed by `digest`."""
+    with open(path, "wb") as f:
+        f.write(executable_fuzz.HEADER.pack(b"NRNISHEX", 1, 0, declared_body, digest))
+        f.truncate(size)
+    return path
+
+
+def _load_in_bounded_child(path: Path) -> tuple[int, str]:
+    lib = library.build()  # built here: the child only loads it
+    r = subprocess.run([sys.executable, "-c", CHILD.format(limit=ADDRESS_SPACE), str(lib),
+                        str(path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    status, message = r.stdout.rstrip("\n").split(" ", 1)
+    return int(status), message
+
+
+def test_a_sparse_file_whose_size_disagrees_is_refused_before_its_body(tmp_path: Path) -> None:
+    path = _sparse(tmp_path / "huge.neff", 8 << 30, 100, bytes(32))
+    status, message = _load_in_bounded_child(path)
+    assert (status, message) == (3, f"executable {path} is truncated or padded: the header says "
+                                    f"the body has 100 bytes, the file has {(8 << 30) - 56} "
+                                    "(field 'header.length')")
+
+
+def test_a_sparse_file_with_a_bad_checksum_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """Its header claims its size, so only the checksum can refuse it: hashed a piece at a
+    time, never held (the old loader allocated the file's 2 GiB and failed with
+    NR_OUT_OF_MEMORY under this limit; 8 GiB would cost it 8 GiB, and here ~40 s of
+    hashing, so 2 GiB is enough to show the bound)."""
+    size = 2 << 30
+    path = _sparse(tmp_path / "sealed.neff", size, size - executable.HEADER_SIZE,
+                   hashlib.sha256(b"something else").digest())
+    status, message = _load_in_bounded_child(path)
+    assert (status, message) == (3, "executable checksum mismatch: the file is corrupt "
+                                    "(recompile it or copy it again) (field 'header.sha256')")
+
+
+def _damaged() -> dict[str, bytes]:
+    good = executable_fuzz.GOLDEN.read_bytes()
+    body = good[executable.HEADER_SIZE:]
+    return {
+        "good": good, "empty": b"", "short": good[:20],
+        "magic": b"XXXXXXXX" + good[8:], "magic_bytes": b"NR'\x00\t\xff\\\"" + good[8:],
+        "newer": executable_fuzz.seal(body, version=2),
+        "zero_version": executable_fuzz.seal(body, version=0),
+        "reserved": good[:12] + struct.pack("<I", 7) + good[16:],
+        "truncated": good[:-1], "padded": good + b"\0",
+        "checksum": good[:-1] + bytes([good[-1] ^ 1]),
+        "not_msgpack": executable_fuzz.seal(b"\xc1"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_damaged()))
+def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{name}.neff"
+    path.write_bytes(_damaged()[name])
+    try:
+        executable.from_bytes(executable.read_file(path))
+        python = None
+    except ExecutableError as e:
+        python = str(e)
+    lib = binding.load_library()
+    exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    status = lib.nr_executable_load_file(str(path).encode(), ctypes.byref(exe), error, 4096)
+    lib.nr_executable_unload(exe)
+    if python is None:
+        assert status == 0, error.value.decode()
+        return
+    message = error.value.decode()
+    assert status in (3, 4), message
+    if name == "not_msgpack":  # the body's readers differ (msgpack's words against ours)
+        assert message.startswith("executable body is malformed") and python.startswith(
+            "executable body is malformed")
+        return
+    assert re.fullmatch(r"(.*) \(field '[a-z0-9._]+'\)", message)[1] == python
+
+
+def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
+    """nr_sha256 (the CPU's SHA extensions where it has them, else portable code) on every
+    length around the block and padding edges; and a file of several 1 MiB pieces whose
+    header seals its (random) body: the digest of the pieces matches, so the loader goes
+    on to refuse the body itself, as it refuses the same bytes in memory."""
+    import random
+
+    lib = binding.load_library()
+    lib.nr_sha256.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p]
+    rng = random.Random(25)
+    for n in [*range(0, 200), 1000, 4096 + 55, 65536 + 63, 1 << 20]:
+        data = rng.randbytes(n)
+        digest = ctypes.create_string_buffer(32)
+        lib.nr_sha256(data, n, digest)
+        assert digest.raw == hashlib.sha256(data).digest(), n
+    path = tmp_path / "pieces.neff"
+    path.write_bytes(executable_fuzz.seal(b"\xc1" + rng.randbytes(3 << 20)))
+    exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    assert lib.nr_executable_load_file(str(path).encode(), ctypes.byref(exe), error, 4096) == 3
+    from_file = error.value.decode()
+    assert lib.nr_executable_load_bytes(path.read_bytes(), path.stat().st_size, ctypes.byref(exe),
+                                        error, 4096) == 3
+    assert from_file == error.value.decode()
+    assert from_file.startswith("executable body is malformed"), from_file
