@@ -250,6 +250,19 @@ def read_file(path: str | os.PathLike) -> bytes:
             raise ExecutableError(f"executable {os.fspath(path)} is truncated or padded: the "
                                   f"header says the body has {length} bytes, the file has "
                                   f"{size - HEADER_SIZE}")
+        # Hashed in pieces before it is read whole: a file whose header claims its size but
+        # whose checksum fails (gigabytes of a sparse file) costs no more memory than a
+        # piece (from_bytes hashes again what it parses, as the C loader does).
+        digest, offset = hashlib.sha256(), HEADER_SIZE
+        while offset < size:
+            piece = os.pread(fd, min(1 << 20, size - offset), offset)
+            if not piece:
+                break  # (shrank: read_fd below returns what is left, and from_bytes says so)
+            digest.update(piece)
+            offset += len(piece)
+        if offset == size and digest.digest() != _HEADER.unpack(head)[4]:
+            raise ExecutableError("executable checksum mismatch: the file is corrupt (recompile "
+                                  "it or copy it again)")
         return files.read_fd(fd, path, size, "executable")
 
 

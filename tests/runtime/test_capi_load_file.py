@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import re
 import shutil
 import struct
@@ -148,3 +149,32 @@ def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
                                         error, 4096) == 3
     assert from_file == error.value.decode()
     assert from_file.startswith("executable body is malformed"), from_file
+
+
+PYTHON_CHILD = """
+import resource, sys
+from runtime import executable
+from runtime.errors import ExecutableError
+# Bounded once the imports are done: what is left is the loader's own.
+in_use = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (in_use + {extra}, in_use + {extra}))
+try:
+    executable.read_file(sys.argv[1])
+except ExecutableError as e:
+    print(e)
+"""
+
+
+def test_pythons_loader_refuses_the_same_sparse_file_in_bounded_memory(tmp_path: Path) -> None:
+    """runtime.executable.read_file hashes a piece at a time too (it read the 2 GiB whole
+    first and failed with MemoryError under this bound)."""
+    size = 2 << 30
+    path = _sparse(tmp_path / "sealed.neff", size, size - executable.HEADER_SIZE,
+                   hashlib.sha256(b"something else").digest())
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", PYTHON_CHILD.format(extra=ADDRESS_SPACE),
+                        str(path)], capture_output=True, text=True, timeout=300, cwd=root,
+                       env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == ("executable checksum mismatch: the file is corrupt (recompile it or "
+                        "copy it again)\n")
