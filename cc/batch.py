@@ -220,8 +220,10 @@ def last_axes(n: int) -> Callable[[OpView], list[int]]:
 
 def reshape(view: OpView) -> str | None:
     """Reshape, Squeeze, ExpandDims: a row-major reshape keeps each sample's elements
-    together only where nothing but size-1 axes stands before the batch axis, in the
-    input and in the output."""
+    together, in their order, when the axes before the batch axis hold as many entries
+    in the output as in the input. Read as [before, batch, per-sample entries], input and
+    output are then the same array: a `[E, B * S, D]` (the batch behind a leading expert
+    axis) may become `[E, B * S, D, 1]`, but `[E, B * S]` may not become `[E * B * S]`."""
     f = view.ins[0]
     out = _out_sample(view)
     if out is None:
@@ -231,8 +233,8 @@ def reshape(view: OpView) -> str | None:
             return "it reshapes an axis that holds the batch interleaved with image blocks"
         view.outputs = [f]
         return None
-    if int(np.prod(view.in_shapes[0][:f.axis])) != 1 or \
-            int(np.prod(view.out_shapes[0][:out.axis])) != 1:
+    # (The axes before the batch are the same at every batch: only the batch axis grows.)
+    if int(np.prod(view.in_shapes[0][:f.axis])) != int(np.prod(view.out_shapes[0][:out.axis])):
         return "it moves the batch inside another axis (samples interleave)"
     return None
 
