@@ -205,7 +205,7 @@ class Cache:
 def _mark_used(library: Path) -> None:
     """Record a cache hit in the library's modification time (what prune orders by)."""
     try:
-        os.utime(library)
+        os.utime(library, follow_symlinks=False)  # (trusted() checked it with lstat)
     except OSError:
         pass  # a read-only cache still serves; its pruning order is then build order
 

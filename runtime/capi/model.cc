@@ -560,8 +560,7 @@ void Model::wait(Call &call) {
 }
 
 void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs, size_t num_outputs,
-                    const Cutoff *cutoff) {
-  std::shared_ptr<const observe::About> about = observe::profiling() ? profiled() : nullptr;
+                    const Cutoff *cutoff, const Profiled &about) {
   bool timed = about != nullptr;
   double queued = timed ? observe::now() : 0.0;
   const Slot slot = take_copy(cutoff);
@@ -613,17 +612,17 @@ void Model::run_one(const void *const *ins, size_t num_inputs, void *const *outs
 
 void Model::execute(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
                     const Cutoff *cutoff) {
-  if (!observe::profiling()) return execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
+  if (!observe::profiling()) return execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff, nullptr);
   struct CallSpan {  // (recorded whether the call succeeds or not, as profiler.py does)
     std::shared_ptr<const observe::About> about;
     double start = observe::now();
     ~CallSpan() { observe::record_call(about, start, observe::now()); }
   } span{profiled()};
-  execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff);
+  execute_calls(inputs, num_inputs, outputs, num_outputs, cutoff, span.about);
 }
 
 void Model::execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs,
-                          size_t num_outputs, const Cutoff *cutoff) {
+                          size_t num_outputs, const Cutoff *cutoff, const Profiled &about) {
   const Executable &exe = *exe_;
   int64_t batch = compiled_call_.matches(inputs, num_inputs, outputs, num_outputs)
                       ? -1
@@ -637,7 +636,7 @@ void Model::execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_t
     void **outs = num_outputs <= 16 ? outs_on_stack : (outs_on_heap.resize(num_outputs), outs_on_heap.data());
     for (size_t i = 0; i < num_inputs; ++i) ins[i] = inputs[i].data;
     for (size_t i = 0; i < num_outputs; ++i) outs[i] = outputs[i].data;
-    run_one(ins, num_inputs, outs, num_outputs, cutoff);
+    run_one(ins, num_inputs, outs, num_outputs, cutoff, about);
     return;
   }
   if (batch == 0) return;  // empty outputs: nothing to compute
@@ -687,7 +686,7 @@ void Model::execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_t
     std::vector<const void *> ins;
     std::vector<void *> outs;
     job(c, keep, ins, outs);
-    run_one(ins.data(), ins.size(), outs.data(), outs.size(), cutoff);
+    run_one(ins.data(), ins.size(), outs.data(), outs.size(), cutoff, about);
     finish(c, outs);
   };
   size_t workers = std::min<size_t>(copies_.size(), size_t(chunks));

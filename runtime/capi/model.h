@@ -120,10 +120,13 @@ class Model {
   struct Call;  // one call on one copy, stage after stage (model.cc)
   void run_stage(Call &call, size_t stage);
   void wait(Call &call);
+  // `about`: the call's profile description (execute takes it once, so a relabel during
+  // the call cannot name its chunks apart from the call), null when not timed.
+  using Profiled = std::shared_ptr<const observe::About>;
   void run_one(const void *const *ins, size_t num_inputs, void *const *outs, size_t num_outputs,
-               const Cutoff *cutoff);
+               const Cutoff *cutoff, const Profiled &about);
   void execute_calls(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs,
-                     const Cutoff *cutoff);
+                     const Cutoff *cutoff, const Profiled &about);
   struct Slot {  // a copy free to take a call, with an arena of its own for the call
     size_t copy;
     void *arena;

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(NR_SHA256_PORTABLE)  // (NR_SHA256_PORTABLE: tests of the other path)
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
@@ -43,7 +43,7 @@ void block_scalar(uint32_t h[8], const uint8_t *p) {
   h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += k;
 }
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(NR_SHA256_PORTABLE)
 // The same rounds on the CPU's SHA extensions (Intel's and AMD's since Zen): ~7x the
 // scalar code here, which is what a load spends hashing a large executable.
 __attribute__((target("sha,sse4.1,ssse3"))) void blocks_sha_ni(uint32_t h[8], const uint8_t *p, size_t n) {
@@ -87,7 +87,7 @@ bool has_sha_ni() {
 
 // `n` 64-byte blocks into the state.
 void blocks(uint32_t h[8], const uint8_t *p, size_t n) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(NR_SHA256_PORTABLE)
   static const bool sha_ni = has_sha_ni();
   if (sha_ni) return blocks_sha_ni(h, p, n);
 #endif

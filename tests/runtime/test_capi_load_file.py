@@ -178,3 +178,44 @@ def test_pythons_loader_refuses_the_same_sparse_file_in_bounded_memory(tmp_path:
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == ("executable checksum mismatch: the file is corrupt (recompile it or "
                         "copy it again)\n")
+
+
+PORTABLE_MAIN = r"""
+#include <cstdio>
+#include <vector>
+#include "sha256.h"
+// stdin: pieces as <length> <bytes>...; stdout: the hex digest of their concatenation.
+int main() {
+  nr::Sha256 digest;
+  size_t n;
+  while (std::fread(&n, sizeof n, 1, stdin) == 1) {
+    std::vector<uint8_t> piece(n);
+    if (n && std::fread(piece.data(), 1, n, stdin) != n) return 2;
+    digest.update(piece.data(), n);
+  }
+  uint8_t out[32];
+  digest.finish(out);
+  for (uint8_t b : out) std::printf("%02x", b);
+  return 0;
+}
+"""
+
+
+def test_the_portable_sha256_agrees_with_hashlib(tmp_path: Path) -> None:
+    """The code a CPU without SHA extensions runs (this one has them, so the library's
+    own digest never takes it): built alone with NR_SHA256_PORTABLE, fed in pieces."""
+    import random
+
+    src = Path(library.__file__).resolve().parent / "sha256.cc"
+    (tmp_path / "main.cc").write_text(PORTABLE_MAIN)
+    exe = tmp_path / "sha"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-DNR_SHA256_PORTABLE", f"-I{src.parent}",
+                    str(src), str(tmp_path / "main.cc"), "-o", str(exe)], check=True)
+    rng = random.Random(13)
+    for n in [*range(0, 130), 1000, 4096 + 55, 65536 + 63]:
+        data = rng.randbytes(n)
+        cuts = sorted(rng.randrange(n + 1) for _ in range(rng.randrange(4)))
+        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, n])]
+        feed = b"".join(struct.pack("=Q", len(p)) + p for p in pieces)
+        got = subprocess.run([str(exe)], input=feed, capture_output=True, check=True).stdout
+        assert got.decode() == hashlib.sha256(data).hexdigest(), (n, cuts)
