@@ -26,7 +26,8 @@ import pytest
 from runtime import executable, validate
 from runtime.capi import isa_table, library
 from runtime.errors import ExecutableError
-from tests.runtime import executable_fuzz
+from tests.runtime import c_programs, executable_fuzz
+from tests.runtime.c_programs import TSAN
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "tests" / "c_api" / "nr_inspect.c"
@@ -205,13 +206,7 @@ def test_under_sanitizers(tmp_path: Path) -> None:
 
 
 def test_concurrent_loads_and_queries_under_thread_sanitizer(tmp_path: Path) -> None:
-    flags = ("-fsanitize=thread", "-fno-omit-frame-pointer")
-    lib = library.build(flags)
-    program = tmp_path / "nr_threads"
-    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", *flags, f"-I{library.INCLUDE}",
-                    str(ROOT / "tests" / "c_api" / "nr_threads.c"), "-o", str(program),
-                    str(lib), f"-Wl,-rpath,{lib.parent}", "-lpthread"],
-                   check=True, capture_output=True, text=True)
+    program = c_programs.build("nr_threads.c", tmp_path / "nr_threads", TSAN, std="c11")
     r = subprocess.run([str(program), str(executable_fuzz.GOLDEN)], capture_output=True,
                        text=True, timeout=300,
                        env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"})

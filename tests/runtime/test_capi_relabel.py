@@ -23,11 +23,10 @@ import pytest
 
 from neuronish.cc.compiler import compile_graph
 from neuronish.runtime import profiler
-from neuronish.runtime.capi import library, native_model
+from neuronish.runtime.capi import native_model
+from tests.runtime import c_programs
+from tests.runtime.c_programs import TSAN
 from tests.runtime.test_profiler import spans_by_category
-
-ROOT = Path(__file__).resolve().parents[2]
-TSAN = ("-fsanitize=thread", "-fno-omit-frame-pointer")
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("g++") is None,
                                 reason="gcc and g++ are needed to build the C runtime and host")
@@ -63,12 +62,7 @@ def test_a_label_set_after_calls_names_the_model_in_the_spans(dense: bytes) -> N
 
 
 def test_relabel_while_threads_call_under_thread_sanitizer(dense: bytes, tmp_path: Path) -> None:
-    lib = library.build(TSAN)
-    program = tmp_path / "nr_relabel_threads"
-    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", *TSAN, f"-I{library.INCLUDE}",
-                    str(ROOT / "tests" / "c_api" / "nr_relabel_threads.c"), "-o", str(program),
-                    str(lib), f"-Wl,-rpath,{lib.parent}", "-lpthread"],
-                   check=True, capture_output=True, text=True)
+    program = c_programs.build("nr_relabel_threads.c", tmp_path / "nr_relabel_threads", TSAN)
     model = tmp_path / "dense3.neff"
     model.write_bytes(dense)
     run_dir = tmp_path / "run"

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from neuronish.runtime.capi import library
+from tests.runtime import c_programs
+from tests.runtime.c_programs import TSAN
 from tests.runtime.test_capi_execute import compile_graph
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
                                 reason="gcc is needed to build the C test program")
@@ -25,13 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
 def test_concurrent_execute_under_thread_sanitizer(tmp_path: Path) -> None:
     from tests import graphs
 
-    flags = ("-fsanitize=thread", "-fno-omit-frame-pointer")
-    lib = library.build(flags)
-    program = tmp_path / "nr_execute_threads"
-    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", *flags, f"-I{library.INCLUDE}",
-                    str(ROOT / "tests" / "c_api" / "nr_execute_threads.c"), "-o", str(program),
-                    str(lib), f"-Wl,-rpath,{lib.parent}", "-lpthread"],
-                   check=True, capture_output=True, text=True)
+    program = c_programs.build("nr_execute_threads.c", tmp_path / "nr_execute_threads", TSAN)
     graph = graphs.conv_bn_relu(batch=2)
     model = tmp_path / "cnn2.neff"
     model.write_bytes(compile_graph(tmp_path, "cnn2", graph.graph_def, graph.io_config,
