@@ -327,6 +327,33 @@ bool cpu_has_f16_kernels() {
   }();
   return has;
 }
+
+// Whether this CPU's oneDNN computes in bfloat16. oneDNN 3.2 has bfloat16 convolutions,
+// matmuls, pools, element-wise and binary ops from AVX-512 (avx512_core) up, and on
+// AVX2-VNNI-2; on an AVX2-only CPU (AMD Zen 3, Intel before Skylake-SP) it creates none of
+// them, and its bfloat16 concat and conversions fall to reference code (a 4x56x56x64
+// concat ~0.1 s). There a bfloat16 instruction computes in float32 as a float16 one does
+// (Program::in_f32): the same numbers, one rounding per result. NEURONISH_NATIVE_BF16=
+// float32 takes that path on any CPU (so tests hold it to the reference everywhere).
+bool cpu_has_bf16_kernels() {
+  static const bool has = [] {
+    const char* force = std::getenv("NEURONISH_NATIVE_BF16");
+    if (force && std::string(force) == "float32") return false;
+    try {
+      dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+      memory::desc m({16, 16}, dt::bf16, tag::ab);
+      dnnl::matmul::primitive_desc(eng, m, m, m);
+      memory::desc x({1, 16, 4, 4}, dt::bf16, tag::nhwc), y({1, 16, 2, 2}, dt::bf16, tag::nhwc);
+      dnnl::pooling_forward::primitive_desc(eng, prop_kind::forward_inference,
+                                            algorithm::pooling_max, x, y, {2, 2}, {2, 2},
+                                            {0, 0}, {0, 0}, {0, 0});
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
 }  // namespace
 
 struct Program;
@@ -442,7 +469,71 @@ struct Program {
     arg(s, DNNL_ARG_FROM, r, md);
     temp_arg(s, DNNL_ARG_TO, bmd, after);
     temp_bytes = std::max(temp_bytes, after + bmd.get_size());
+    if (convert_loop(ins, s, md, bmd)) return;
     push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, md, eng, bmd));
+  }
+
+  // Ends a conversion step (args FROM, TO) on our loop when it is bfloat16 <-> float32
+  // between plain (unblocked) tensors of the same dims, any strides: where oneDNN 3.2 has
+  // no bfloat16 kernels its reorder for this is reference code (a 4x56x56x64 tensor ~50 ms;
+  // the loop ~0.2 ms). False, pushing nothing, for any other conversion.
+  bool convert_loop(Instr& ins, Step& s, const memory::desc& from, const memory::desc& to) {
+    const dt a = from.get_data_type(), b = to.get_data_type();
+    const bool widen = a == dt::bf16 && b == dt::f32;
+    if (!widen && !(a == dt::f32 && b == dt::bf16)) return false;
+    memory::dims dims = from.get_dims(), fs = from.get_strides(), ts = to.get_strides();
+    if (dims.empty() || dims != to.get_dims() || from.get_inner_nblks() != 0 ||
+        to.get_inner_nblks() != 0)
+      return false;
+    int64_t n = 1;
+    for (auto d : dims) n *= d;
+    if (n == 0) return false;
+    const Bf16Converters k = bf16_converters();
+    const char* name = widen ? "neuronish:widen_bf16" : "neuronish:narrow_bf16";
+    auto run = [k, widen](const Step& st, int64_t from_at, int64_t to_at, int64_t len,
+                          int64_t from_step, int64_t to_step) {
+      if (from_step == 1 && to_step == 1) {
+        if (widen) k.widen(data<const uint16_t>(st, 0) + from_at, data<float>(st, 1) + to_at, len);
+        else k.narrow(data<const float>(st, 0) + from_at, data<uint16_t>(st, 1) + to_at, len);
+        return;
+      }
+      for (int64_t j = 0; j < len; ++j) {  // (a transposed view: one element at a time)
+        if (widen)
+          k.widen(data<const uint16_t>(st, 0) + from_at + j * from_step,
+                  data<float>(st, 1) + to_at + j * to_step, 1);
+        else
+          k.narrow(data<const float>(st, 0) + from_at + j * from_step,
+                   data<uint16_t>(st, 1) + to_at + j * to_step, 1);
+      }
+    };
+    if (fs == ts && from.get_size() == (size_t)n * memory::data_type_size(a) &&
+        to.get_size() == (size_t)n * memory::data_type_size(b)) {
+      // Laid out alike in one dense run: element i to element i, in chunks over the team.
+      push_loop(ins, s, name, [n, run](const Step& st, int threads) {
+        const int64_t chunk = 1 << 14, chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && chunks > 1)
+        for (int64_t c = 0; c < chunks; ++c)
+          run(st, c * chunk, c * chunk, std::min(chunk, n - c * chunk), 1, 1);
+      });
+      return true;
+    }
+    // Otherwise row by row over the last axis, each row's start from its outer indices.
+    const size_t r = dims.size();
+    const int64_t len = dims[r - 1], rows = n / len;
+    push_loop(ins, s, name, [dims, fs, ts, r, len, rows, run](const Step& st, int threads) {
+#pragma omp parallel for num_threads(threads) if (threads > 1 && rows > 1)
+      for (int64_t row = 0; row < rows; ++row) {
+        int64_t rest = row, from_at = 0, to_at = 0;
+        for (size_t d = r - 1; d-- > 0;) {
+          const int64_t i = rest % dims[d];
+          rest /= dims[d];
+          from_at += i * fs[d];
+          to_at += i * ts[d];
+        }
+        run(st, from_at, to_at, len, fs[r - 1], ts[r - 1]);
+      }
+    });
+    return true;
   }
 
   // How an image input `r` is read by a primitive whose output is `y_blocked` and whose
@@ -472,7 +563,9 @@ struct Program {
   // temporaries, and one reorder after it rounds that into the float16 output: one
   // rounding, as docs/isa.md defines these instructions. The spec is the same on every
   // CPU, so an executable runs the same instructions everywhere.
-  static bool in_f32(dt t) { return t == dt::f16 && !cpu_has_f16_kernels(); }
+  static bool in_f32(dt t) {
+    return (t == dt::f16 && !cpu_has_f16_kernels()) || (t == dt::bf16 && !cpu_has_bf16_kernels());
+  }
   static dt compute_dt(dt t) { return in_f32(t) ? dt::f32 : t; }
 
   // A `type` stand-in for `r` (same dims and layout) at temporaries offset `temp_at`,
@@ -500,10 +593,13 @@ struct Program {
     return t;
   }
 
-  // A float32 operand of an instruction that reads its operands in float16 but computes in
-  // float32 here: rounded to float16 by a step before the op (the op then widens it back).
-  Ref rounded_to_f16(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at) {
-    return r.type == dt::f32 ? widen(ins, r, md, temp_at, dt::f16, D_F16) : r;
+  // A float32 operand of an instruction that reads its operands in `via` (float16 or
+  // bfloat16) but computes in float32 here: rounded to `via` by a step before the op (the op
+  // then widens it back).
+  Ref rounded_to(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at, dt via) {
+    if (r.type != dt::f32) return r;
+    return via == dt::bf16 ? widen(ins, r, md, temp_at, dt::bf16, D_BF16)
+                           : widen(ins, r, md, temp_at, dt::f16, D_F16);
   }
 
   // The step after the op: its float32 stand-in `t` rounded into `y`, both described
@@ -515,6 +611,7 @@ struct Program {
     Step s;
     arg(s, DNNL_ARG_FROM, t, t_md);
     arg(s, DNNL_ARG_TO, y, y_md);
+    if (convert_loop(ins, s, t_md, y_md)) return;
     push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, t_md, eng, y_md));
   }
 
@@ -625,7 +722,7 @@ struct Program {
     Step s;
     size_t temp_at = 0;
     memory::desc x_use, res_use;
-    if (via != dt::undef) x = rounded_to_f16(ins, x, nhwc(x), temp_at);
+    if (via != dt::undef) x = rounded_to(ins, x, nhwc(x), temp_at, via);
     bind_image(ins, s, DNNL_ARG_SRC, x, cdt, y.blocked, temp_at, &x_use);
     bool narrow = in_f32(y.type);
     bool sum = has_res && in_place(res, y) && !narrow;
@@ -732,8 +829,8 @@ struct Program {
     Step s;
     size_t temp_at = 0;
     if (via != dt::undef) {
-      A = rounded_to_f16(ins, A, memory::desc(ad, A.type, as), temp_at);
-      if (!b_const) B = rounded_to_f16(ins, B, memory::desc(bd, B.type, bs), temp_at);
+      A = rounded_to(ins, A, memory::desc(ad, A.type, as), temp_at, via);
+      if (!b_const) B = rounded_to(ins, B, memory::desc(bd, B.type, bs), temp_at, via);
     }
     memory::desc a_md(ad, A.type, as), b_md(bd, B.type, bs);
     memory::desc a_use = A.type != cdt ? memory::desc(ad, cdt, plain_tag(r)) : a_md;
@@ -888,34 +985,49 @@ struct Program {
     Ref A = rd.ref(), B = rd.ref(), y = rd.ref();
     Epilogue e = read_epilogue(rd);
     if (A.dims != y.dims) throw Error("binary: the first operand must have the output's shape");
+    size_t temp_at = 0;
+    if (in_f32(A.type)) A = widen(ins, A, plain(A), temp_at);
+    if (in_f32(B.type)) B = widen(ins, B, plain(B), temp_at);
+    bool narrow = in_f32(y.type);
+    Ref out = narrow ? f32_stand_in(y, temp_at) : y;
     primitive_attr a = attr();
     dnnl::post_ops po;
     append_eltwise(po, e);
     a.set_post_ops(po);
-    auto pd = dnnl::binary::primitive_desc(eng, bin_alg(code), plain(A), plain(B), plain(y), a);
+    auto pd = dnnl::binary::primitive_desc(eng, bin_alg(code), plain(A), plain(B), plain(out), a);
     Step s;
     arg(s, DNNL_ARG_SRC_0, A, plain(A));
     arg(s, DNNL_ARG_SRC_1, B, plain(B));
-    arg(s, DNNL_ARG_DST, y, plain(y));
+    arg(s, DNNL_ARG_DST, out, plain(out));
     push<dnnl::binary>(ins, s, pd);
+    if (narrow) narrow_into(ins, out, y, plain(y));
   }
 
   void add_softmax(Reader& rd, Instr& ins) {
     int64_t axis = rd.next(), log = rd.next();
     Ref x = rd.ref(), y = rd.ref();
+    size_t temp_at = 0;
+    if (in_f32(x.type)) x = widen(ins, x, plain(x), temp_at);
+    bool narrow = in_f32(y.type);
+    Ref out = narrow ? f32_stand_in(y, temp_at) : y;
     auto pd = dnnl::softmax_forward::primitive_desc(
         eng, prop_kind::forward_inference,
-        log ? algorithm::softmax_log : algorithm::softmax_accurate, plain(x), plain(y),
+        log ? algorithm::softmax_log : algorithm::softmax_accurate, plain(x), plain(out),
         (int)axis, attr());
-    push_plain<dnnl::softmax_forward>(ins, pd, x, y);
+    push_plain<dnnl::softmax_forward>(ins, pd, x, out);
+    if (narrow) narrow_into(ins, out, y, plain(y));
   }
 
   // y's dims keep x's rank, with 1 on the reduced axes.
   void add_reduce(Reader& rd, Instr& ins) {
     int64_t code = rd.next();
-    Ref x = rd.ref(), y = rd.ref();
+    Ref x = rd.ref(), y_given = rd.ref();
     red_alg(code);  // (refuses an unknown code)
-    if (x.dims.size() != y.dims.size()) throw Error("reduce: y must keep x's rank");
+    if (x.dims.size() != y_given.dims.size()) throw Error("reduce: y must keep x's rank");
+    size_t temp_at = 0;
+    if (in_f32(x.type)) x = widen(ins, x, plain(x), temp_at);
+    const bool narrow = in_f32(y_given.type);
+    const Ref y = narrow ? f32_stand_in(y_given, temp_at) : y_given;
     // Reduced axes all innermost (y = x's leading dims, then 1s): done by inner_reduce.
     size_t lead = 0;
     while (lead < x.dims.size() && y.dims[lead] == x.dims[lead]) ++lead;
@@ -934,11 +1046,12 @@ struct Program {
       s.inner_len = n;
       s.reduce = code;
       ins.steps.push_back(std::move(s));
-      return;
+    } else {
+      auto pd = dnnl::reduction::primitive_desc(eng, red_alg(code), plain(x), plain(y), 0.f,
+                                                0.f, attr());
+      push_plain<dnnl::reduction>(ins, pd, x, y);
     }
-    auto pd = dnnl::reduction::primitive_desc(eng, red_alg(code), plain(x), plain(y), 0.f, 0.f,
-                                              attr());
-    push_plain<dnnl::reduction>(ins, pd, x, y);
+    if (narrow) narrow_into(ins, y, y_given, plain(y_given));
   }
 
   // x [rows, C], scale [C], shift [C], y [rows, C]; mean and variance computed per row.
@@ -948,15 +1061,20 @@ struct Program {
     if (x.dims.size() != 2 || scale.dims != memory::dims{x.dims[1]} ||
         shift.dims != scale.dims || y.dims != x.dims)
       throw Error("layer_norm: expected x [rows, C], scale [C], shift [C], y [rows, C]");
+    size_t temp_at = 0;
+    if (in_f32(x.type)) x = widen(ins, x, plain(x), temp_at);
+    bool narrow = in_f32(y.type);
+    Ref out = narrow ? f32_stand_in(y, temp_at) : y;
     auto pd = dnnl::layer_normalization_forward::primitive_desc(
-        eng, prop_kind::forward_inference, plain(x), plain(y), epsilon,
+        eng, prop_kind::forward_inference, plain(x), plain(out), epsilon,
         dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift, attr());
     Step s;
     arg(s, DNNL_ARG_SRC, x, plain(x));
-    arg(s, DNNL_ARG_SCALE, scale, plain(scale));
-    arg(s, DNNL_ARG_SHIFT, shift, plain(shift));
-    arg(s, DNNL_ARG_DST, y, plain(y));
+    small_arg(ins, s, DNNL_ARG_SCALE, scale, plain(scale), temp_at);
+    small_arg(ins, s, DNNL_ARG_SHIFT, shift, plain(shift), temp_at);
+    arg(s, DNNL_ARG_DST, out, plain(out));
     push<dnnl::layer_normalization_forward>(ins, s, pd);
+    if (narrow) narrow_into(ins, out, y, plain(y));
   }
 
   void add_concat(Reader& rd, Instr& ins) {
@@ -969,11 +1087,27 @@ struct Program {
       mds.push_back(plain(xs.back()));
     }
     Ref y = rd.ref();
-    auto pd = dnnl::concat::primitive_desc(eng, plain(y), (int)axis, mds, attr());
+    memory::desc y_md = plain(y);
+    if (in_f32(y.type)) {  // (its concat is reference code there: moved as byte pairs)
+      for (int64_t k = 0; k < n; ++k) mds[k] = byte_pairs(mds[k]);
+      y_md = byte_pairs(y_md);
+    }
+    auto pd = dnnl::concat::primitive_desc(eng, y_md, (int)axis, mds, attr());
     Step s;
     for (int64_t k = 0; k < n; ++k) arg(s, DNNL_ARG_MULTIPLE_SRC + (int)k, xs[k], mds[k]);
-    arg(s, DNNL_ARG_DST, y, plain(y));
+    arg(s, DNNL_ARG_DST, y, y_md);
     push<dnnl::concat>(ins, s, pd);
+  }
+
+  // A plain 16-bit tensor's bytes as u8 [dims..., 2]: data movement of a 16-bit dtype
+  // oneDNN has no kernels for (in_f32) on its fast u8 reorders and concat, element for
+  // element the same bytes.
+  static memory::desc byte_pairs(const memory::desc& md) {
+    memory::dims dims = md.get_dims(), strides = md.get_strides();
+    for (auto& st : strides) st *= 2;
+    dims.push_back(2);
+    strides.push_back(1);
+    return memory::desc(dims, dt::u8, strides);
   }
 
   // y = x.transpose(perm): read x through permuted strides, write y densely.
@@ -1004,11 +1138,20 @@ struct Program {
 
   void reorder_step(Instr& ins, const Ref& x, const memory::desc& xmd, const Ref& y,
                     const memory::desc& ymd) {
-    auto pd = dnnl::reorder::primitive_desc(eng, xmd, eng, ymd, attr());
     Step s;
     arg(s, DNNL_ARG_FROM, x, xmd);
     arg(s, DNNL_ARG_TO, y, ymd);
-    push<dnnl::reorder>(ins, s, pd);
+    if (convert_loop(ins, s, xmd, ymd)) return;
+    if (x.type == y.type && in_f32(x.type) && xmd.get_inner_nblks() == 0 &&
+        ymd.get_inner_nblks() == 0) {
+      Step pairs;
+      arg(pairs, DNNL_ARG_FROM, x, byte_pairs(xmd));
+      arg(pairs, DNNL_ARG_TO, y, byte_pairs(ymd));
+      return push<dnnl::reorder>(
+          ins, pairs, dnnl::reorder::primitive_desc(eng, byte_pairs(xmd), eng, byte_pairs(ymd),
+                                                    attr()));
+    }
+    push<dnnl::reorder>(ins, s, dnnl::reorder::primitive_desc(eng, xmd, eng, ymd, attr()));
   }
 
   // --- loops of our own (engine_loops.cc) ------------------------------------------------------

@@ -382,6 +382,82 @@ primitive_attr int8_attr(Program& p, int wmask, bool out_int, const memory::desc
   return a;
 }
 
+// --- int8 computed in float32, where cpu_has_exact_int8() is false ------------------------
+// Without VNNI oneDNN 3.2 sums pairs of u8·s8 products in int16 (vpmaddubsw), which
+// saturates for full-range s8 weights: a 3x3x4 int8 convolution was off by up to 37% on
+// an AMD Zen 3. There the instruction runs as a float32 primitive on its 8-bit operands
+// widened (exact; float32 sums of 8-bit products are exact below 2^24, as the
+// reference's), with the reference's epilogue as post-ops: times x_scale·w_scale[o],
+// plus bias, residual, activation, and for an 8-bit output times float32(1/y_scale)
+// then a rounding, saturating reorder, as `quantize`.
+bool cpu_has_exact_int8() {
+  static const bool has = [] {
+    const char* force = std::getenv("NEURONISH_NATIVE_INT8");
+    if (force && std::string(force) == "float32") return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  }();
+  return has;
+}
+
+// float32(x_scale) · w_scale[o], as the reference's float32 product, in program-owned
+// memory described as `dims` (1 on every axis but the output channel's). For constant
+// scales (the compiler's); computed ones are bound as they are (F32Epilogue).
+memory channel_scales(Program& p, const Ref& ws, float x_scale, const memory::dims& dims) {
+  const int64_t n = Program::count(ws);
+  float* buf = static_cast<float*>(std::aligned_alloc(64, (n * 4 + 63) / 64 * 64));
+  if (!buf) throw Error("out of host memory for int8 scales");
+  p.owned.emplace_back(buf, std::free);
+  p.owned_bytes += n * 4;
+  const float* w = reinterpret_cast<const float*>(p.slots[ws.slot] + ws.offset);
+  for (int64_t o = 0; o < n; ++o) buf[o] = x_scale * w[o];
+  return memory(memory::desc(dims, dt::f32, plain_tag(dims.size())), p.eng, buf);
+}
+
+// The float32 path's post-ops: the scales, bias, residual, activation, and the
+// requantizing multiply; `res_step` > 0 for an 8-bit residual taken at its scale. Constant
+// weight scales are one multiply by x_scale·w_scale (channel_scales); computed ones two,
+// x_scale then w_scale (within a rounding of the reference's one).
+struct F32Epilogue {
+  dnnl::post_ops po;
+  int scale_at = 0, bias_at = -1, res_at = -1;
+};
+
+F32Epilogue f32_epilogue(const memory::desc& per_channel, bool scales_const, float x_scale,
+                         bool has_bias, const memory::desc* residual, float res_step,
+                         const Epilogue& act, bool out_int, float y_scale) {
+  F32Epilogue e;
+  if (!scales_const) e.po.append_eltwise(algorithm::eltwise_linear, x_scale, 0.f);
+  e.scale_at = e.po.len();
+  e.po.append_binary(algorithm::binary_mul, per_channel);
+  if (has_bias) {
+    e.bias_at = e.po.len();
+    e.po.append_binary(algorithm::binary_add, per_channel);
+  }
+  if (residual) {
+    if (res_step > 0) e.po.append_eltwise(algorithm::eltwise_linear, 1.f / res_step, 0.f);
+    e.res_at = e.po.len();
+    e.po.append_binary(algorithm::binary_add, *residual);
+    if (res_step > 0) e.po.append_eltwise(algorithm::eltwise_linear, res_step, 0.f);
+  }
+  append_eltwise(e.po, act);
+  if (out_int) e.po.append_eltwise(algorithm::eltwise_linear, (float)(1.0 / y_scale), 0.f);
+  return e;
+}
+
+// The weight scales' post-op argument of f32_epilogue's chain.
+void bind_channel_scales(Program& p, Step& s, const F32Epilogue& e, const Ref& ws,
+                         float x_scale, const memory::dims& per_channel) {
+  int64_t channels = 1;
+  for (auto d : per_channel) channels *= d;
+  if (ws.type != dt::f32 || Program::count(ws) != channels)
+    throw Error("int8 weight scales: expected float32, one per output channel (" +
+                std::to_string(channels) + ")");
+  const int id = DNNL_ARG_ATTR_MULTIPLE_POST_OP(e.scale_at) | DNNL_ARG_SRC_1;
+  if (p.bound_at_load(ws)) p.own_arg(s, id, channel_scales(p, ws, x_scale, per_channel));
+  else p.arg(s, id, ws, plain(per_channel, dt::f32));
+}
+
 void bind_scales(Program& p, Step& s, const Ref& ws, float x_scale, bool out_int,
                  float y_scale) {
   p.own_arg(s, DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, scale_memory(p, x_scale));
@@ -410,28 +486,65 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   Step s;
   size_t temp_at = 0;
   memory::desc x_use, res_use;
+  if (!cpu_has_exact_int8()) {
+    p.bind_image(ins, s, DNNL_ARG_SRC, x, dt::f32, false, temp_at, &x_use);
+    float res_step = has_res && res.type != dt::f32 && res.type != dt::bf16 ? res_scale : 0.f;
+    const bool scales_const = p.bound_at_load(ws);
+    const int res_at = !scales_const + 1 + has_bias + (res_step > 0);  // (f32_epilogue's order)
+    if (has_res)
+      p.bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(res_at) | DNNL_ARG_SRC_1, res,
+                   dt::f32, false, temp_at, &res_use);
+    const bool direct = y.type == dt::f32;
+    Ref out = direct ? y : p.f32_stand_in(y, temp_at);
+    const int64_t channels = y.dims[3];
+    memory::desc per_channel = plain({1, channels, 1, 1}, dt::f32);
+    F32Epilogue e = f32_epilogue(per_channel, scales_const, x_scale, has_bias,
+                                 has_res ? &res_use : nullptr, res_step, act, out_int, y_scale);
+    primitive_attr a = p.attr();
+    a.set_post_ops(e.po);
+    auto pd = dnnl::convolution_forward::primitive_desc(
+        p.eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
+        memory::desc(w_given.get_dims(), dt::f32, tag::any), memory::desc(), nhwc(out), strides,
+        dil, {pads[0], pads[2]}, {pads[1], pads[3]}, a);
+    p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(w, w_given, pd.weights_desc()));
+    bind_channel_scales(p, s, e, ws, x_scale, {1, channels, 1, 1});
+    if (has_bias) {
+      if (b.type != dt::f32) throw Error("conv2d_int8: the bias must be float32");
+      p.arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(e.bias_at) | DNNL_ARG_SRC_1, b, per_channel);
+    }
+    if (has_res && e.res_at != res_at) throw Error("conv2d_int8: residual post-op misplaced");
+    p.arg(s, DNNL_ARG_DST, out, nhwc(out));
+    p.push<dnnl::convolution_forward>(ins, s, pd);
+    if (!direct) p.narrow_into(ins, out, y, nhwc(y));
+    return;
+  }
   p.bind_image(ins, s, DNNL_ARG_SRC, x, x.type, false, temp_at, &x_use);
   // An 8-bit residual r adds r * res_scale; oneDNN's binary post-op has no scale of its
   // own (3.2), so the sum is taken at the residual's scale: (v / res_scale + r) * res_scale
   // (then the binary is post-op 1, after that division).
   float res_step = has_res && res.type != dt::f32 ? res_scale : 0.f;
-  bool sum = has_res && Program::in_place(res, y);
+  // A bf16 output where oneDNN has no bf16 kernels: written to a float32 stand-in, then
+  // rounded into y (Program::in_f32), as add_conv does.
+  bool narrow = Program::in_f32(y.type);
+  bool sum = has_res && Program::in_place(res, y) && !narrow;
   if (has_res && !sum)
     p.bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(res_step > 0 ? 1 : 0) | DNNL_ARG_SRC_1,
-                 res, res.type, false, temp_at, &res_use);
-  memory::desc b_md = has_bias ? plain(b) : memory::desc();
+                 res, Program::compute_dt(res.type), false, temp_at, &res_use);
+  Ref out = narrow ? p.f32_stand_in(y, temp_at) : y;
+  memory::desc b_md = has_bias ? plain(b.dims, Program::compute_dt(b.type)) : memory::desc();
   // per output channel: dim 0 (O), or dims 0 and 1 (group, M) of a grouped filter
   primitive_attr a = int8_attr(p, depthwise ? 3 : 1, out_int, has_res ? &res_use : nullptr, act,
                                res_step, sum ? res.type : dt::undef);
   auto pd = dnnl::convolution_forward::primitive_desc(
       p.eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
-      memory::desc(w_given.get_dims(), dt::s8, tag::any), b_md, nhwc(y), strides, dil,
+      memory::desc(w_given.get_dims(), dt::s8, tag::any), b_md, nhwc(out), strides, dil,
       {pads[0], pads[2]}, {pads[1], pads[3]}, a);
   p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(w, w_given, pd.weights_desc()));
-  if (has_bias) p.arg(s, DNNL_ARG_BIAS, b, b_md);
-  p.arg(s, DNNL_ARG_DST, y, nhwc(y));
+  if (has_bias) p.small_arg(ins, s, DNNL_ARG_BIAS, b, plain(b), temp_at);
+  p.arg(s, DNNL_ARG_DST, out, nhwc(out));
   bind_scales(p, s, ws, x_scale, out_int, y_scale);
   p.push<dnnl::convolution_forward>(ins, s, pd);
+  if (narrow) p.narrow_into(ins, out, y, nhwc(y));
 }
 
 // a (u8/s8 [..., M, K]), b (s8 [K, N] constant, padded to a's rank), w_scale [N] [, bias]
@@ -456,18 +569,51 @@ void add_qmatmul(Program& p, Reader& rd, Instr& ins) {
     bd[r - 1] = y.dims[r - 1];
     bias_md = plain(bd, dt::f32);
   }
+  if (!cpu_has_exact_int8()) {
+    size_t temp_at = 0;
+    Step s;
+    Ref a32 = p.widen(ins, A, plain(A), temp_at);
+    const bool direct = y.type == dt::f32;
+    Ref out = direct ? y : p.f32_stand_in(y, temp_at);
+    memory::dims per_n(r, 1);
+    per_n[r - 1] = y.dims[r - 1];
+    memory::desc per_channel = plain(per_n, dt::f32);
+    F32Epilogue e = f32_epilogue(per_channel, p.bound_at_load(ws), a_scale, has_bias,
+                                 has_res ? &res_md : nullptr, 0.f, act, out_int, y_scale);
+    primitive_attr a = p.attr();
+    a.set_post_ops(e.po);
+    auto pd = dnnl::matmul::primitive_desc(p.eng, plain(a32),
+                                           memory::desc(B.dims, dt::f32, tag::any),
+                                           memory::desc(), plain(out), a);
+    p.arg(s, DNNL_ARG_SRC, a32, plain(a32));
+    p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(B, plain(B), pd.weights_desc()));
+    bind_channel_scales(p, s, e, ws, a_scale, per_n);
+    if (has_bias) {
+      if (bias.type != dt::f32) throw Error("matmul_int8: the bias must be float32");
+      p.arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(e.bias_at) | DNNL_ARG_SRC_1, bias, per_channel);
+    }
+    if (has_res) p.arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(e.res_at) | DNNL_ARG_SRC_1, res, res_md);
+    p.arg(s, DNNL_ARG_DST, out, plain(out));
+    p.push<dnnl::matmul>(ins, s, pd);
+    if (!direct) p.narrow_into(ins, out, y, plain(y));
+    return;
+  }
   primitive_attr a = int8_attr(p, 1 << (r - 1), out_int, has_res ? &res_md : nullptr, act);
+  size_t temp_at = 0;
+  bool narrow = Program::in_f32(y.type);  // (as add_qconv's)
+  Ref out = narrow ? p.f32_stand_in(y, temp_at) : y;
   auto pd = dnnl::matmul::primitive_desc(p.eng, plain(A),
                                          memory::desc(B.dims, dt::s8, tag::any), bias_md,
-                                         plain(y), a);
+                                         plain(out), a);
   Step s;
   p.arg(s, DNNL_ARG_SRC, A, plain(A));
   p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(B, plain(B), pd.weights_desc()));
   if (has_bias) p.arg(s, DNNL_ARG_BIAS, bias, bias_md);
   if (has_res) p.arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, res_md);
-  p.arg(s, DNNL_ARG_DST, y, plain(y));
+  p.arg(s, DNNL_ARG_DST, out, plain(out));
   bind_scales(p, s, ws, a_scale, out_int, y_scale);
   p.push<dnnl::matmul>(ins, s, pd);
+  if (narrow) p.narrow_into(ins, out, y, plain(y));
 }
 
 void add_int8(Program& p, int64_t op, Reader& rd, Instr& ins) {

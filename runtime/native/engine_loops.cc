@@ -306,6 +306,52 @@ NEURONISH_AVX512 void narrow_bf16_row_avx512(const float* x, uint16_t* y, int64_
   }
 }
 
+// The same on AVX2 (8 lanes; the tail by the scalar loops): on a CPU whose oneDNN has no
+// bfloat16 kernels, every bfloat16 instruction's operands are widened and its results
+// narrowed here (Program::in_f32), so these run once per value a bfloat16 program moves.
+#define NEURONISH_AVX2 __attribute__((target("avx2")))
+NEURONISH_AVX2 void widen_bf16_row_avx2(const uint16_t* x, float* y, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j)));
+    _mm256_storeu_ps(y + j, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
+  }
+  widen_bf16_row(x + j, y + j, n - j);
+}
+
+NEURONISH_AVX2 void narrow_bf16_row_avx2(const float* x, uint16_t* y, int64_t n) {
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff),
+                quiet = _mm256_set1_epi32(0x00400000);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 f = _mm256_loadu_ps(x + j);
+    __m256i u = _mm256_castps_si256(f);
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half),
+                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
+    r = _mm256_srli_epi32(r, 16);  // eight 16-bit values in the low halves of the lanes
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j), packed);
+  }
+  narrow_bf16_row(x + j, y + j, n - j);
+}
+
+// bfloat16 <-> float32 over runs, the widest this CPU has.
+struct Bf16Converters {
+  Bf16Row widen;
+  Bf16RowOut narrow;
+};
+
+Bf16Converters bf16_converters() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return {widen_bf16_row_avx512, narrow_bf16_row_avx512};
+  if (__builtin_cpu_supports("avx2")) return {widen_bf16_row_avx2, narrow_bf16_row_avx2};
+  return {widen_bf16_row, narrow_bf16_row};
+}
+
 struct MaskedSoftmaxKernels {
   MaskedSoftmaxRow row;
   Bf16Row widen;
