@@ -240,7 +240,9 @@ def read_header(data: bytes) -> tuple[int, int]:
 def read_file(path: str | os.PathLike) -> bytes:
     """An executable file's bytes, read only once its header has been checked and the
     file is the size the header declares: a FIFO, a device, or gigabytes of anything
-    else (a sparse file) are refused before a byte of the body is read."""
+    else (a sparse file) are refused before a byte of the body is read. The body is read
+    once, hashed piece by piece as it comes, and the bytes returned are the bytes whose
+    digest matched the header's."""
     with files.open_regular(path, MAX_FILE_BYTES, "executable") as (fd, size):
         head = os.pread(fd, HEADER_SIZE, 0)
         if len(head) < HEADER_SIZE or not head.startswith(MAGIC):
@@ -250,20 +252,32 @@ def read_file(path: str | os.PathLike) -> bytes:
             raise ExecutableError(f"executable {os.fspath(path)} is truncated or padded: the "
                                   f"header says the body has {length} bytes, the file has "
                                   f"{size - HEADER_SIZE}")
-        # Hashed in pieces before it is read whole: a file whose header claims its size but
-        # whose checksum fails (gigabytes of a sparse file) costs no more memory than a
-        # piece (from_bytes hashes again what it parses, as the C loader does).
+        # Kept while the process can hold it; past that the rest is hashed without being
+        # kept, so a file whose header claims its size but whose checksum fails (gigabytes
+        # of a sparse file) is still refused as corrupt, in a piece's memory.
         digest, offset = hashlib.sha256(), HEADER_SIZE
+        pieces: list[bytes] | None = [head]
         while offset < size:
-            piece = os.pread(fd, min(1 << 20, size - offset), offset)
+            try:
+                piece = os.pread(fd, min(1 << 20, size - offset), offset)
+                if pieces is not None:
+                    pieces.append(piece)
+            except MemoryError:
+                if pieces is None:
+                    raise
+                pieces = None  # frees what was kept; this piece is read again
+                continue
             if not piece:
-                break  # (shrank: read_fd below returns what is left, and from_bytes says so)
+                raise files.FileRefused(path, "the executable shrank while it was read")
             digest.update(piece)
             offset += len(piece)
-        if offset == size and digest.digest() != _HEADER.unpack(head)[4]:
+        if digest.digest() != _HEADER.unpack(head)[4]:
             raise ExecutableError("executable checksum mismatch: the file is corrupt (recompile "
                                   "it or copy it again)")
-        return files.read_fd(fd, path, size, "executable")
+        if pieces is None:
+            raise MemoryError(f"out of host memory reading executable {os.fspath(path)}: its "
+                              f"body has {length} bytes")
+        return b"".join(pieces)
 
 
 def _array(raw: dict) -> np.ndarray:

@@ -3,8 +3,9 @@ what its header declares, and refuses the files Python's loader refuses in its w
 
 - A sparse file of gigabytes is refused within 1 GiB of address space: one whose size
   disagrees with its header before its body is read, one whose header claims its size
-  but whose checksum fails while hashed a piece at a time (the old loader read it whole
-  first, and ran out of memory).
+  but whose checksum fails: the loader cannot hold its body, so it hashes the rest a
+  piece at a time without keeping it.
+- A valid file is read once: the kernel's count of bytes read is its size.
 - Damaged headers, sizes and checksums: the C message is Python's
   (`executable.read_file` then `from_bytes`) followed by the field it names.
 """
@@ -219,3 +220,48 @@ def test_the_portable_sha256_agrees_with_hashlib(tmp_path: Path) -> None:
         feed = b"".join(struct.pack("=Q", len(p)) + p for p in pieces)
         got = subprocess.run([str(exe)], input=feed, capture_output=True, check=True).stdout
         assert got.decode() == hashlib.sha256(data).hexdigest(), (n, cuts)
+
+
+def _bytes_read_by_this_thread() -> tuple[int, int]:
+    """(bytes this thread has passed through read(2) and pread(2), the kernel's `rchar`;
+    bytes this call itself read to learn it, which the next call's count includes)."""
+    fd = os.open("/proc/thread-self/io", os.O_RDONLY)
+    try:
+        text = os.read(fd, 4096)  # one read: the whole record is ~120 bytes
+    finally:
+        os.close(fd)
+    line = next(x for x in text.decode().splitlines() if x.startswith("rchar:"))
+    return int(line.split()[1]), len(text)
+
+
+def _valid_file_of_pieces(path: Path) -> Path:
+    """The golden executable with 3 MiB more in its stats: valid, several 1 MiB pieces."""
+    import msgpack
+
+    good = executable_fuzz.GOLDEN.read_bytes()
+    body = msgpack.unpackb(good[executable.HEADER_SIZE:], raw=False, strict_map_key=False)
+    body["stats"]["padding"] = "x" * (3 << 20)
+    path.write_bytes(executable_fuzz.seal(msgpack.packb(body, use_bin_type=True)))
+    return path
+
+
+def test_a_valid_file_is_read_once_by_both_loaders(tmp_path: Path) -> None:
+    """The kernel's count of the bytes the loading thread read is the file's size: the
+    body is read once, hashed as it lands in the buffer that is parsed (both loaders read
+    it twice before: hashed in pieces, then read whole and hashed again)."""
+    path = _valid_file_of_pieces(tmp_path / "big.neff")
+    size = path.stat().st_size
+    lib = binding.load_library()
+    exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    before, probe = _bytes_read_by_this_thread()
+    status = lib.nr_executable_load_file(str(path).encode(), ctypes.byref(exe), error, 4096)
+    after, _ = _bytes_read_by_this_thread()
+    lib.nr_executable_unload(exe)
+    assert status == 0, error.value.decode()
+    assert after - before - probe == size
+    before, probe = _bytes_read_by_this_thread()
+    data = executable.read_file(path)
+    after, _ = _bytes_read_by_this_thread()
+    assert after - before - probe == size
+    assert data == path.read_bytes()
+    executable.from_bytes(data)
