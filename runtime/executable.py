@@ -231,10 +231,16 @@ def read_header(data: bytes) -> tuple[int, int]:
     if len(data) - HEADER_SIZE != length:
         raise ExecutableError(f"executable is truncated or padded: the header says the body has "
                               f"{length} bytes, the file has {len(data) - HEADER_SIZE}")
-    if hashlib.sha256(memoryview(data)[HEADER_SIZE:]).digest() != digest:
+    _check_digest(hashlib.sha256(memoryview(data)[HEADER_SIZE:]).digest(), digest)
+    return version, length
+
+
+def _check_digest(body: bytes, sealed: bytes) -> None:
+    """Refuse a body whose SHA-256 `body` is not the `sealed` one its header records
+    (read_header's and read_file's check, one message)."""
+    if body != sealed:
         raise ExecutableError("executable checksum mismatch: the file is corrupt (recompile it "
                               "or copy it again)")
-    return version, length
 
 
 def read_file(path: str | os.PathLike) -> bytes:
@@ -271,9 +277,7 @@ def read_file(path: str | os.PathLike) -> bytes:
                 raise files.FileRefused(path, "the executable shrank while it was read")
             digest.update(piece)
             offset += len(piece)
-        if digest.digest() != _HEADER.unpack(head)[4]:
-            raise ExecutableError("executable checksum mismatch: the file is corrupt (recompile "
-                                  "it or copy it again)")
+        _check_digest(digest.digest(), _HEADER.unpack(head)[4])
         if pieces is None:
             raise MemoryError(f"out of host memory reading executable {os.fspath(path)}: its "
                               f"body has {length} bytes")

@@ -265,3 +265,24 @@ def test_a_valid_file_is_read_once_by_both_loaders(tmp_path: Path) -> None:
     assert after - before - probe == size
     assert data == path.read_bytes()
     executable.from_bytes(data)
+
+
+def test_pythons_file_and_bytes_readers_check_the_digest_in_one_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_file's check (hashed as read) and from_bytes' (read_header's) are one
+    `_check_digest`, so the two cannot word a checksum mismatch differently."""
+    damaged = _damaged()["checksum"]
+    path = tmp_path / "checksum.neff"
+    path.write_bytes(damaged)
+    seen = []
+    check = executable._check_digest
+
+    def counted(body: bytes, sealed: bytes) -> None:
+        seen.append(body)
+        check(body, sealed)
+
+    monkeypatch.setattr(executable, "_check_digest", counted)
+    for load in (lambda: executable.read_file(path), lambda: executable.from_bytes(damaged)):
+        with pytest.raises(ExecutableError, match="checksum mismatch"):
+            load()
+    assert seen == [hashlib.sha256(damaged[executable.HEADER_SIZE:]).digest()] * 2
