@@ -77,6 +77,17 @@ nr_status read_at(int fd, uint8_t *into, size_t n, size_t offset, const std::str
   return NR_OK;
 }
 
+// `check()`, its refusal preceded by `prefix`.
+template <class Check>
+void named_refusal(const std::string &prefix, Check check) {
+  try {
+    check();
+  } catch (nr::Refused &r) {
+    r.message.insert(0, prefix);
+    throw;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -141,13 +152,17 @@ nr_status nr_executable_load_file(const char *path, nr_executable **out, char *e
   uint8_t head[nr::kHeaderSize];
   ssize_t got = pread(fd, head, sizeof head, 0);
   if (got < 0) return report(NR_IO_ERROR, "cannot read " + where + ": " + errno_text(errno), error, error_size);
+  // Its refusals name the file, as runtime.executable.read_file's do, in the same words.
+  std::string named = std::string("executable file '") + path + "': ";
   uint32_t version = 0;
   nr_status status = guarded(error, error_size, [&] {
-    uint64_t length = nr::check_header(head, size_t(got), version);
-    if (length != size - nr::kHeaderSize)
-      throw nr::Refused{NR_INVALID_EXECUTABLE, where + " is truncated or padded: the header says the body has " +
-                        std::to_string(length) + " bytes, the file has " + std::to_string(size - nr::kHeaderSize) +
-                        " (field 'header.length')"};
+    named_refusal(named, [&] {
+      uint64_t length = nr::check_header(head, size_t(got), version);
+      if (length != size - nr::kHeaderSize)
+        throw nr::Refused{NR_INVALID_EXECUTABLE, "executable is truncated or padded: the header says the body has " +
+                          std::to_string(length) + " bytes, the file has " + std::to_string(size - nr::kHeaderSize) +
+                          " (field 'header.length')"};
+    });
   });
   if (status != NR_OK) return status;
   // The body is read once, into the buffer the executable keeps, hashed a piece at a time
@@ -183,7 +198,7 @@ nr_status nr_executable_load_file(const char *path, nr_executable **out, char *e
   }
   uint8_t digest[32];
   sealed.finish(digest);
-  status = guarded(error, error_size, [&] { nr::check_digest(head, digest); });
+  status = guarded(error, error_size, [&] { named_refusal(named, [&] { nr::check_digest(head, digest); }); });
   if (status != NR_OK) return status;
   if (!held)
     return report(NR_OUT_OF_MEMORY, "out of host memory reading " + where + ": its body has " +

@@ -7,7 +7,8 @@ what its header declares, and refuses the files Python's loader refuses in its w
   piece at a time without keeping it.
 - A valid file is read once: the kernel's count of bytes read is its size.
 - Damaged headers, sizes and checksums: the C message is Python's
-  (`executable.read_file` then `from_bytes`) followed by the field it names.
+  (`executable.read_file` then `from_bytes`) followed by the field it names; both
+  begin "executable file '<path>': ".
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def _load_in_bounded_child(path: Path) -> tuple[int, str]:
 def test_a_sparse_file_whose_size_disagrees_is_refused_before_its_body(tmp_path: Path) -> None:
     path = _sparse(tmp_path / "huge.neff", 8 << 30, 100, bytes(32))
     status, message = _load_in_bounded_child(path)
-    assert (status, message) == (3, f"executable {path} is truncated or padded: the header says "
-                                    f"the body has 100 bytes, the file has {(8 << 30) - 56} "
-                                    "(field 'header.length')")
+    assert (status, message) == (3, f"executable file '{path}': executable is truncated or "
+                                    f"padded: the header says the body has 100 bytes, the file "
+                                    f"has {(8 << 30) - 56} (field 'header.length')")
 
 
 def test_a_sparse_file_with_a_bad_checksum_is_refused_in_bounded_memory(tmp_path: Path) -> None:
@@ -82,8 +83,9 @@ def test_a_sparse_file_with_a_bad_checksum_is_refused_in_bounded_memory(tmp_path
     path = _sparse(tmp_path / "sealed.neff", size, size - executable.HEADER_SIZE,
                    hashlib.sha256(b"something else").digest())
     status, message = _load_in_bounded_child(path)
-    assert (status, message) == (3, "executable checksum mismatch: the file is corrupt "
-                                    "(recompile it or copy it again) (field 'header.sha256')")
+    assert (status, message) == (3, f"executable file '{path}': executable checksum mismatch: "
+                                    "the file is corrupt (recompile it or copy it again) "
+                                    "(field 'header.sha256')")
 
 
 def _damaged() -> dict[str, bytes]:
@@ -124,6 +126,7 @@ def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
             "executable body is malformed")
         return
     assert re.fullmatch(r"(.*) \(field '[a-z0-9._]+'\)", message)[1] == python
+    assert python.startswith(f"executable file '{path}': "), python  # a file's refusal names it
 
 
 def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
@@ -177,8 +180,8 @@ def test_pythons_loader_refuses_the_same_sparse_file_in_bounded_memory(tmp_path:
                         str(path)], capture_output=True, text=True, timeout=300, cwd=root,
                        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout == ("executable checksum mismatch: the file is corrupt (recompile it or "
-                        "copy it again)\n")
+    assert r.stdout == (f"executable file '{path}': executable checksum mismatch: the file is "
+                        "corrupt (recompile it or copy it again)\n")
 
 
 PORTABLE_MAIN = r"""
