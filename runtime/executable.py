@@ -14,6 +14,7 @@ golden file. Layout (docs/executable-format.md):
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
@@ -210,6 +211,15 @@ def header_digest(data: bytes | memoryview) -> str:
 
 def read_header(data: bytes) -> tuple[int, int]:
     """Check magic, version, length and checksum; return (version, body length)."""
+    version, length, sealed = _check_head(data)
+    _check_length(length, len(data) - HEADER_SIZE)
+    _check_digest(hashlib.sha256(memoryview(data)[HEADER_SIZE:]).digest(), sealed)
+    return version, length
+
+
+def _check_head(data: bytes) -> tuple[int, int, bytes]:
+    """The header's own fields (its size, magic, version, reserved) checked; returns
+    (version, body length, sealed SHA-256) as it declares them."""
     if len(data) < HEADER_SIZE:
         raise ExecutableError(f"executable is truncated: {len(data)} bytes, but the header alone "
                               f"is {HEADER_SIZE}")
@@ -228,42 +238,68 @@ def read_header(data: bytes) -> tuple[int, int]:
         raise ExecutableError(f"executable header's reserved field is {reserved}, expected 0; "
                               "the file is corrupt or not written by neuronish-cc: recompile "
                               "the model")
-    if len(data) - HEADER_SIZE != length:
+    return version, length, digest
+
+
+def _check_length(declared: int, body: int) -> None:
+    if declared != body:
         raise ExecutableError(f"executable is truncated or padded: the header says the body has "
-                              f"{length} bytes, the file has {len(data) - HEADER_SIZE}")
-    if hashlib.sha256(memoryview(data)[HEADER_SIZE:]).digest() != digest:
+                              f"{declared} bytes, the file has {body}")
+
+
+def _check_digest(body: bytes, sealed: bytes) -> None:
+    """Refuse a body whose SHA-256 `body` is not the `sealed` one its header records
+    (read_header's and read_file's check, one message)."""
+    if body != sealed:
         raise ExecutableError("executable checksum mismatch: the file is corrupt (recompile it "
                               "or copy it again)")
-    return version, length
 
 
 def read_file(path: str | os.PathLike) -> bytes:
     """An executable file's bytes, read only once its header has been checked and the
     file is the size the header declares: a FIFO, a device, or gigabytes of anything
-    else (a sparse file) are refused before a byte of the body is read."""
+    else (a sparse file) are refused before a byte of the body is read. The body is read
+    once, hashed piece by piece as it comes, and the bytes returned are the bytes whose
+    digest matched the header's. A refusal of the header, size or checksum is
+    read_header's, preceded by "executable file '<path>': " (the C loader's words)."""
     with files.open_regular(path, MAX_FILE_BYTES, "executable") as (fd, size):
         head = os.pread(fd, HEADER_SIZE, 0)
-        if len(head) < HEADER_SIZE or not head.startswith(MAGIC):
-            read_header(head)  # raises: truncated, or not an executable
-        length = _HEADER.unpack(head)[3]
-        if HEADER_SIZE + length != size:
-            raise ExecutableError(f"executable {os.fspath(path)} is truncated or padded: the "
-                                  f"header says the body has {length} bytes, the file has "
-                                  f"{size - HEADER_SIZE}")
-        # Hashed in pieces before it is read whole: a file whose header claims its size but
-        # whose checksum fails (gigabytes of a sparse file) costs no more memory than a
-        # piece (from_bytes hashes again what it parses, as the C loader does).
-        digest, offset = hashlib.sha256(), HEADER_SIZE
-        while offset < size:
+        try:
+            _, length, sealed = _check_head(head)
+            _check_length(length, size - HEADER_SIZE)
+            data = _read_sealed(fd, head, size, sealed)
+        except ExecutableError as e:
+            raise ExecutableError(f"executable file '{os.fspath(path)}': {e}") from None
+        if data is None:
+            raise MemoryError(f"out of host memory reading executable {os.fspath(path)}: its "
+                              f"body has {length} bytes")
+        return data
+
+
+def _read_sealed(fd: int, head: bytes, size: int, sealed: bytes) -> bytes | None:
+    """The file, read once, its body hashed piece by piece as it comes and checked against
+    `sealed`; None when the process could not hold it (the digest was still checked)."""
+    # Kept while the process can hold it; past that the rest is hashed without being
+    # kept, so a file whose header claims its size but whose checksum fails (gigabytes
+    # of a sparse file) is still refused as corrupt, in a piece's memory.
+    digest, offset = hashlib.sha256(), HEADER_SIZE
+    pieces: list[bytes] | None = [head]
+    while offset < size:
+        try:
             piece = os.pread(fd, min(1 << 20, size - offset), offset)
-            if not piece:
-                break  # (shrank: read_fd below returns what is left, and from_bytes says so)
-            digest.update(piece)
-            offset += len(piece)
-        if offset == size and digest.digest() != _HEADER.unpack(head)[4]:
-            raise ExecutableError("executable checksum mismatch: the file is corrupt (recompile "
-                                  "it or copy it again)")
-        return files.read_fd(fd, path, size, "executable")
+            if pieces is not None:
+                pieces.append(piece)
+        except MemoryError:
+            if pieces is None:
+                raise
+            pieces = None  # frees what was kept; this piece is read again
+            continue
+        if not piece:
+            raise OSError(errno.EIO, "the executable shrank while it was read")
+        digest.update(piece)
+        offset += len(piece)
+    _check_digest(digest.digest(), sealed)
+    return None if pieces is None else b"".join(pieces)
 
 
 def _array(raw: dict) -> np.ndarray:

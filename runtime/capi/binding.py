@@ -219,6 +219,7 @@ class Model:
         lib = self.lib = device.lib
         buf = ctypes.create_string_buffer(_ERR)
         self.handle = ctypes.c_void_p()
+        self._handle_lock = threading.Lock()  # set_label against unload (see set_label)
         _check(lib, lib.nr_model_load_bytes(device.handle, data, len(data), duplicates,
                                             ctypes.byref(self.handle), buf, _ERR), buf)
         self._describe()
@@ -233,6 +234,7 @@ class Model:
         lib = self.lib
         buf = ctypes.create_string_buffer(_ERR)
         self.handle = ctypes.c_void_p()
+        self._handle_lock = threading.Lock()
         exe = lib.nr_model_executable(source.handle)
         _check(lib, lib.nr_model_load(source.device.handle, exe, duplicates,
                                       ctypes.byref(self.handle), buf, _ERR), buf)
@@ -375,15 +377,25 @@ class Model:
         profile spans name the model by it (args.model_id) besides its label."""
         return int(self.lib.nr_model_id(self.handle))
 
-    def set_label(self, label: str) -> None:
+    def set_label(self, label: str) -> bool:
         """The model's name in the library's profile spans and telemetry
-        (nr_model_set_label), at any time, also while other threads call it."""
-        _check(self.lib, self.lib.nr_model_set_label(self.handle, label.encode()), None)
+        (nr_model_set_label), at any time, also while other threads call it; False (and
+        nothing done) once it is unloaded, also by another thread at the same moment."""
+        # The C API forbids unloading a handle another thread uses; a relabel is quick,
+        # so it and unload take turns (calls do not: a caller must not unload a model it
+        # is still calling, as in C).
+        with self._handle_lock:
+            if not self.handle:
+                return False
+            _check(self.lib, self.lib.nr_model_set_label(self.handle, label.encode()), None)
+            return True
 
     def unload(self) -> None:
-        if self.handle:
-            self.lib.nr_model_unload(self.handle)
-            self.handle = ctypes.c_void_p()
+        """Frees the model (once: a second unload, from any thread, does nothing)."""
+        with self._handle_lock:
+            handle, self.handle = self.handle, ctypes.c_void_p()
+            if handle:
+                self.lib.nr_model_unload(handle)
 
 
 def _np_dtype(name: str) -> np.dtype:

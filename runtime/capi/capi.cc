@@ -77,6 +77,17 @@ nr_status read_at(int fd, uint8_t *into, size_t n, size_t offset, const std::str
   return NR_OK;
 }
 
+// `check()`, its refusal preceded by `prefix`.
+template <class Check>
+void named_refusal(const std::string &prefix, Check check) {
+  try {
+    check();
+  } catch (nr::Refused &r) {
+    r.message.insert(0, prefix);
+    throw;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -141,46 +152,58 @@ nr_status nr_executable_load_file(const char *path, nr_executable **out, char *e
   uint8_t head[nr::kHeaderSize];
   ssize_t got = pread(fd, head, sizeof head, 0);
   if (got < 0) return report(NR_IO_ERROR, "cannot read " + where + ": " + errno_text(errno), error, error_size);
+  // Its refusals name the file, as runtime.executable.read_file's do, in the same words.
+  std::string named = std::string("executable file '") + path + "': ";
   uint32_t version = 0;
   nr_status status = guarded(error, error_size, [&] {
-    uint64_t length = nr::check_header(head, size_t(got), version);
-    if (length != size - nr::kHeaderSize)
-      throw nr::Refused{NR_INVALID_EXECUTABLE, where + " is truncated or padded: the header says the body has " +
-                        std::to_string(length) + " bytes, the file has " + std::to_string(size - nr::kHeaderSize) +
-                        " (field 'header.length')"};
+    named_refusal(named, [&] {
+      uint64_t length = nr::check_header(head, size_t(got), version);
+      if (length != size - nr::kHeaderSize)
+        throw nr::Refused{NR_INVALID_EXECUTABLE, "executable is truncated or padded: the header says the body has " +
+                          std::to_string(length) + " bytes, the file has " + std::to_string(size - nr::kHeaderSize) +
+                          " (field 'header.length')"};
+    });
   });
   if (status != NR_OK) return status;
-  // The body is hashed twice. First in pieces, holding one piece: a file whose header
-  // claims its size but whose checksum fails (gigabytes of a sparse file, say) is refused
-  // without costing that much memory. Then again as it is read whole, so the bytes parsed
-  // are the bytes the header seals even if the file changed in between.
+  // The body is read once, into the buffer the executable keeps, hashed a piece at a time
+  // as it lands, and the digest of those bytes checked: the bytes parsed are the bytes the
+  // header seals, whatever happens to the file meanwhile (nothing is read twice to
+  // compare). The buffer is the header's length only once that equals the file's size
+  // (above), so a header cannot make it larger than the file. When the host cannot hold
+  // the body, the rest is hashed in one piece's memory without being kept, so a corrupt
+  // file (gigabytes of a sparse one) is still refused as corrupt, a sound one as too large.
   size_t length = size - nr::kHeaderSize;
   constexpr size_t kPiece = size_t(1) << 20;
-  std::vector<uint8_t> piece;
   std::vector<uint8_t> body;
+  std::vector<uint8_t> piece;  // only when the body cannot be held
+  bool held = true;
   try {
-    piece.resize(length < kPiece ? length : kPiece);
-    nr::Sha256 first;
-    for (size_t done = 0; done < length;) {
-      size_t n = length - done < kPiece ? length - done : kPiece;
-      if (nr_status s = read_at(fd, piece.data(), n, nr::kHeaderSize + done, where, error, error_size)) return s;
-      first.update(piece.data(), n);
-      done += n;
-    }
-    uint8_t digest[32];
-    first.finish(digest);
-    status = guarded(error, error_size, [&] { nr::check_digest(head, digest); });
-    if (status != NR_OK) return status;
-    std::vector<uint8_t>().swap(piece);
     body.resize(length);
+  } catch (const std::bad_alloc &) {
+    held = false;
+    std::vector<uint8_t>().swap(body);
+  }
+  try {
+    if (!held) piece.resize(length < kPiece ? length : kPiece);
   } catch (const std::bad_alloc &) {
     return report(NR_OUT_OF_MEMORY, "out of host memory reading " + where, error, error_size);
   }
-  if (nr_status s = read_at(fd, body.data(), length, nr::kHeaderSize, where, error, error_size)) return s;
+  nr::Sha256 sealed;
+  for (size_t done = 0; done < length;) {
+    size_t n = length - done < kPiece ? length - done : kPiece;
+    uint8_t *into = held ? body.data() + done : piece.data();
+    if (nr_status s = read_at(fd, into, n, nr::kHeaderSize + done, where, error, error_size)) return s;
+    sealed.update(into, n);
+    done += n;
+  }
+  uint8_t digest[32];
+  sealed.finish(digest);
+  status = guarded(error, error_size, [&] { named_refusal(named, [&] { nr::check_digest(head, digest); }); });
+  if (status != NR_OK) return status;
+  if (!held)
+    return report(NR_OUT_OF_MEMORY, "out of host memory reading " + where + ": its body has " +
+                  std::to_string(length) + " bytes", error, error_size);
   return make_executable(out, error, error_size, [&](nr::Executable &exe) {
-    uint8_t digest[32];
-    nr::sha256(body.data(), body.size(), digest);
-    nr::check_digest(head, digest);
     nr::parse_checked_body(version, std::move(body), exe);
   });
 }

@@ -178,16 +178,18 @@ class NativeModel(Calls):
     @property
     def label(self) -> str:
         """Its name in `neuronish ls/top` and in the profile's tracks ("" until given: its
-        outputs' names are shown)."""
+        outputs' names are shown). Setting it tells the C library at once, also after calls
+        ran and while other threads call it (a server labels the models its warm-up loaded
+        and called). Once the model is unloaded, also by another thread at the same moment,
+        a relabel is a no-op for the library (it has the model no more) and raises nothing:
+        only this object keeps the name, so a server relabelling its models while another
+        thread retires one needs no lock of its own."""
         return self._label
 
     @label.setter
     def label(self, label: str) -> None:
-        # The C library names the model in its spans too: told at once, also after calls
-        # ran (a server labels the models its warm-up loaded and called).
         self._label = label
-        if self._model.handle:
-            self._model.set_label(label)
+        self._model.set_label(label)
 
     def copies(self) -> list[tuple[list[int], list[int], int, int]]:
         """Each copy's (cores, bytes per core, runs, busy ns), from the C runtime (copies

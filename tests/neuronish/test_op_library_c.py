@@ -22,6 +22,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 import neuronish.saved_model
 from neuronish import native_op_library
+from tests.runtime import c_programs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,13 +76,8 @@ def _signature(model_dir: Path) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _build_program(out: Path) -> Path:
-    tf_lib = tf.sysconfig.get_lib()
-    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", "-pedantic",
-                    f"-I{tf.sysconfig.get_include()}",
-                    str(ROOT / "examples" / "c" / "tf_saved_model.c"), "-o", str(out),
-                    f"-L{tf_lib}", "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2",
-                    f"-Wl,-rpath,{tf_lib}"], check=True, capture_output=True, text=True)
-    return out
+    return c_programs.build(ROOT / "examples" / "c" / "tf_saved_model.c", out,
+                            cflags=("-pedantic",), tensorflow=True)
 
 
 def _run(program: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:

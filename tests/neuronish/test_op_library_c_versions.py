@@ -20,6 +20,7 @@ import tensorflow as tf
 import neuronish.saved_model
 from neuronish import native_op_library
 from tests.neuronish.test_op_library_c import _signature
+from tests.runtime import c_programs
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
                                 reason="gcc is needed to build the C program")
@@ -36,14 +37,8 @@ class _Dense(tf.Module):
 
 
 def _build(out: Path) -> Path:
-    tf_lib = tf.sysconfig.get_lib()
-    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", "-pedantic",
-                    f"-I{tf.sysconfig.get_include()}",
-                    str(Path(__file__).with_name("tf_versions.c")), "-o", str(out),
-                    f"-L{tf_lib}", "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2",
-                    f"-Wl,-rpath,{tf_lib}", "-lpthread"], check=True, capture_output=True,
-                   text=True)
-    return out
+    return c_programs.build(Path(__file__).with_name("tf_versions.c"), out,
+                            cflags=("-pedantic",), tensorflow=True)
 
 
 def test_versions_replace_each_other_under_load_and_release_the_device(tmp_path: Path) -> None:

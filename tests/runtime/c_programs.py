@@ -1,5 +1,8 @@
-"""Test programs in C over the runtime's header (tests/c_api/*.c), built against the
-runtime library (a sanitizer variant when `flags` ask for one) and run from their path."""
+"""The one builder of the tests' C programs: those over the runtime's header
+(tests/c_api/*.c, examples/c/run_model.c, programs a test writes), built against the
+runtime library (a sanitizer variant when `flags` ask for one), and those on
+TensorFlow's C API (examples/c/tf_saved_model.c, which loads the NeuronOp library at
+run time); each is run from its path."""
 
 from __future__ import annotations
 
@@ -8,16 +11,29 @@ from pathlib import Path
 
 from runtime.capi import library
 
-C_API = Path(__file__).resolve().parents[1] / "c_api"
+ROOT = Path(__file__).resolve().parents[2]
+C_API = ROOT / "tests" / "c_api"
 TSAN = ("-fsanitize=thread", "-fno-omit-frame-pointer")
 
 
-def build(source: str, out: Path, flags: tuple[str, ...] = (), std: str = "c99") -> Path:
-    """tests/c_api/`source` compiled and linked as `out` against the library built with
-    `flags` (the same flags for both, so a sanitizer sees both sides)."""
-    lib = library.build(flags)
-    subprocess.run(["gcc", f"-std={std}", "-Wall", "-Werror", *flags, f"-I{library.INCLUDE}",
-                    str(C_API / source), "-o", str(out), str(lib),
-                    f"-Wl,-rpath,{lib.parent}", "-lpthread"],
+def build(source: str | Path, out: Path, flags: tuple[str, ...] = (), std: str = "c99", *,
+          cflags: tuple[str, ...] = (), tensorflow: bool = False) -> Path:
+    """`source` (a name under tests/c_api, or a path) compiled with -Wall -Werror and
+    `cflags` (-pedantic, defines: the program's alone) and linked as `out`: against the
+    library built with `flags` (the same flags for both, so a sanitizer sees both
+    sides), or with `tensorflow` against TensorFlow's C library instead."""
+    source = C_API / source if isinstance(source, str) else source
+    if tensorflow:
+        import tensorflow as tf
+
+        tf_lib = tf.sysconfig.get_lib()
+        include = tf.sysconfig.get_include()
+        link = [f"-L{tf_lib}", "-l:libtensorflow_cc.so.2", "-l:libtensorflow_framework.so.2",
+                f"-Wl,-rpath,{tf_lib}"]
+    else:
+        lib = library.build(flags)
+        include, link = str(library.INCLUDE), [str(lib), f"-Wl,-rpath,{lib.parent}"]
+    subprocess.run(["gcc", f"-std={std}", "-Wall", "-Werror", *cflags, *flags, f"-I{include}",
+                    str(source), "-o", str(out), *link, "-lpthread"],
                    check=True, capture_output=True, text=True)
     return out

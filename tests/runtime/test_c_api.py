@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from runtime import executable, validate
-from runtime.capi import isa_table, library
+from runtime.capi import isa_table
 from runtime.errors import ExecutableError
 from tests.runtime import c_programs, executable_fuzz
 from tests.runtime.c_programs import TSAN
@@ -38,11 +38,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
 
 
 def _build_program(out: Path, flags: tuple[str, ...] = ()) -> Path:
-    lib = library.build(flags)
-    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", *flags, f"-I{library.INCLUDE}",
-                    str(PROGRAM), "-o", str(out), str(lib), f"-Wl,-rpath,{lib.parent}"],
-                   check=True, capture_output=True, text=True)
-    return out
+    return c_programs.build(PROGRAM, out, flags, std="c11")
 
 
 @pytest.fixture(scope="module")

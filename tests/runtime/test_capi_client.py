@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neuronish.runtime.capi import library
+from tests.runtime import c_programs
 from tests.runtime.test_capi_execute import compile_graph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,12 +48,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
 
 
 def _build(out: Path, flags: tuple[str, ...] = ()) -> Path:
-    lib = library.build(flags)
-    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", "-pedantic", *flags,
-                    f"-I{library.INCLUDE}", str(SOURCE), "-o", str(out), str(lib),
-                    f"-Wl,-rpath,{lib.parent}", "-lpthread"], check=True, capture_output=True,
-                   text=True)
-    return out
+    return c_programs.build(SOURCE, out, flags, cflags=("-pedantic",))
 
 
 def _env(**extra: str) -> dict[str, str]:

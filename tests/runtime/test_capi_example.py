@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from neuronish import runtime as py_runtime
-from neuronish.runtime.capi import library
+from tests.runtime import c_programs
 from tests.runtime.test_capi_execute import compile_graph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,12 +24,8 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
 
 
 def _build(out: Path, flags: tuple[str, ...] = ()) -> Path:
-    lib = library.build(flags)
-    subprocess.run(["gcc", "-std=c99", "-Wall", "-Werror", "-pedantic", *flags,
-                    f"-I{library.INCLUDE}", str(ROOT / "examples" / "c" / "run_model.c"), "-o",
-                    str(out), str(lib), f"-Wl,-rpath,{lib.parent}"], check=True,
-                   capture_output=True, text=True)
-    return out
+    return c_programs.build(ROOT / "examples" / "c" / "run_model.c", out, flags,
+                            cflags=("-pedantic",))
 
 
 def test_c_example_matches_python(tmp_path: Path) -> None:

@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 
 from neuronish import runtime as rt
-from neuronish.runtime.capi import binding, library
+from neuronish.runtime.capi import binding
 from neuronish.runtime.config import ConfigError, DeviceConfig
 from neuronish.runtime.device import Device, failed_cores_from_env
+from tests.runtime import c_programs
 from tests.runtime.test_capi_execute import compile_graph
 
 NR_INVALID_ARGUMENT, NR_INVALID_CONFIG, NR_DEVICE_ERROR = 1, 7, 8
@@ -317,13 +318,8 @@ def test_cores_failing_under_calls_and_loads_in_flight_under_thread_sanitizer(
     reaches models, their idle copies, the device's memory)."""
     from tests import graphs
 
-    flags = ("-fsanitize=thread", "-fno-omit-frame-pointer")
-    lib = library.build(flags)
-    program = tmp_path / "nr_fail_core_threads"
-    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", *flags, f"-I{library.INCLUDE}",
-                    str(ROOT / "tests" / "c_api" / "nr_fail_core_threads.c"), "-o",
-                    str(program), str(lib), f"-Wl,-rpath,{lib.parent}", "-lpthread"],
-                   check=True, capture_output=True, text=True)
+    program = c_programs.build("nr_fail_core_threads.c", tmp_path / "nr_fail_core_threads",
+                               c_programs.TSAN, std="c11")
     graph = graphs.conv_bn_relu(batch=2)
     model = tmp_path / "cnn2.neff"
     model.write_bytes(compile_graph(tmp_path, "cnn2", graph.graph_def, graph.io_config,

@@ -3,10 +3,12 @@ what its header declares, and refuses the files Python's loader refuses in its w
 
 - A sparse file of gigabytes is refused within 1 GiB of address space: one whose size
   disagrees with its header before its body is read, one whose header claims its size
-  but whose checksum fails while hashed a piece at a time (the old loader read it whole
-  first, and ran out of memory).
+  but whose checksum fails: the loader cannot hold its body, so it hashes the rest a
+  piece at a time without keeping it.
+- A valid file is read once: the kernel's count of bytes read is its size.
 - Damaged headers, sizes and checksums: the C message is Python's
-  (`executable.read_file` then `from_bytes`) followed by the field it names.
+  (`executable.read_file` then `from_bytes`) followed by the field it names; both
+  begin "executable file '<path>': ".
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ def _load_in_bounded_child(path: Path) -> tuple[int, str]:
 def test_a_sparse_file_whose_size_disagrees_is_refused_before_its_body(tmp_path: Path) -> None:
     path = _sparse(tmp_path / "huge.neff", 8 << 30, 100, bytes(32))
     status, message = _load_in_bounded_child(path)
-    assert (status, message) == (3, f"executable {path} is truncated or padded: the header says "
-                                    f"the body has 100 bytes, the file has {(8 << 30) - 56} "
-                                    "(field 'header.length')")
+    assert (status, message) == (3, f"executable file '{path}': executable is truncated or "
+                                    f"padded: the header says the body has 100 bytes, the file "
+                                    f"has {(8 << 30) - 56} (field 'header.length')")
 
 
 def test_a_sparse_file_with_a_bad_checksum_is_refused_in_bounded_memory(tmp_path: Path) -> None:
@@ -81,8 +83,9 @@ def test_a_sparse_file_with_a_bad_checksum_is_refused_in_bounded_memory(tmp_path
     path = _sparse(tmp_path / "sealed.neff", size, size - executable.HEADER_SIZE,
                    hashlib.sha256(b"something else").digest())
     status, message = _load_in_bounded_child(path)
-    assert (status, message) == (3, "executable checksum mismatch: the file is corrupt "
-                                    "(recompile it or copy it again) (field 'header.sha256')")
+    assert (status, message) == (3, f"executable file '{path}': executable checksum mismatch: "
+                                    "the file is corrupt (recompile it or copy it again) "
+                                    "(field 'header.sha256')")
 
 
 def _damaged() -> dict[str, bytes]:
@@ -123,6 +126,7 @@ def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
             "executable body is malformed")
         return
     assert re.fullmatch(r"(.*) \(field '[a-z0-9._]+'\)", message)[1] == python
+    assert python.startswith(f"executable file '{path}': "), python  # a file's refusal names it
 
 
 def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
@@ -176,8 +180,8 @@ def test_pythons_loader_refuses_the_same_sparse_file_in_bounded_memory(tmp_path:
                         str(path)], capture_output=True, text=True, timeout=300, cwd=root,
                        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout == ("executable checksum mismatch: the file is corrupt (recompile it or "
-                        "copy it again)\n")
+    assert r.stdout == (f"executable file '{path}': executable checksum mismatch: the file is "
+                        "corrupt (recompile it or copy it again)\n")
 
 
 PORTABLE_MAIN = r"""
@@ -219,3 +223,69 @@ def test_the_portable_sha256_agrees_with_hashlib(tmp_path: Path) -> None:
         feed = b"".join(struct.pack("=Q", len(p)) + p for p in pieces)
         got = subprocess.run([str(exe)], input=feed, capture_output=True, check=True).stdout
         assert got.decode() == hashlib.sha256(data).hexdigest(), (n, cuts)
+
+
+def _bytes_read_by_this_thread() -> tuple[int, int]:
+    """(bytes this thread has passed through read(2) and pread(2), the kernel's `rchar`;
+    bytes this call itself read to learn it, which the next call's count includes)."""
+    fd = os.open("/proc/thread-self/io", os.O_RDONLY)
+    try:
+        text = os.read(fd, 4096)  # one read: the whole record is ~120 bytes
+    finally:
+        os.close(fd)
+    line = next(x for x in text.decode().splitlines() if x.startswith("rchar:"))
+    return int(line.split()[1]), len(text)
+
+
+def _valid_file_of_pieces(path: Path) -> Path:
+    """The golden executable with 3 MiB more in its stats: valid, several 1 MiB pieces."""
+    import msgpack
+
+    good = executable_fuzz.GOLDEN.read_bytes()
+    body = msgpack.unpackb(good[executable.HEADER_SIZE:], raw=False, strict_map_key=False)
+    body["stats"]["padding"] = "x" * (3 << 20)
+    path.write_bytes(executable_fuzz.seal(msgpack.packb(body, use_bin_type=True)))
+    return path
+
+
+def test_a_valid_file_is_read_once_by_both_loaders(tmp_path: Path) -> None:
+    """The kernel's count of the bytes the loading thread read is the file's size: the
+    body is read once, hashed as it lands in the buffer that is parsed (both loaders read
+    it twice before: hashed in pieces, then read whole and hashed again)."""
+    path = _valid_file_of_pieces(tmp_path / "big.neff")
+    size = path.stat().st_size
+    lib = binding.load_library()
+    exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+    before, probe = _bytes_read_by_this_thread()
+    status = lib.nr_executable_load_file(str(path).encode(), ctypes.byref(exe), error, 4096)
+    after, _ = _bytes_read_by_this_thread()
+    lib.nr_executable_unload(exe)
+    assert status == 0, error.value.decode()
+    assert after - before - probe == size
+    before, probe = _bytes_read_by_this_thread()
+    data = executable.read_file(path)
+    after, _ = _bytes_read_by_this_thread()
+    assert after - before - probe == size
+    assert data == path.read_bytes()
+    executable.from_bytes(data)
+
+
+def test_pythons_file_and_bytes_readers_check_the_digest_in_one_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_file's check (hashed as read) and from_bytes' (read_header's) are one
+    `_check_digest`, so the two cannot word a checksum mismatch differently."""
+    damaged = _damaged()["checksum"]
+    path = tmp_path / "checksum.neff"
+    path.write_bytes(damaged)
+    seen = []
+    check = executable._check_digest
+
+    def counted(body: bytes, sealed: bytes) -> None:
+        seen.append(body)
+        check(body, sealed)
+
+    monkeypatch.setattr(executable, "_check_digest", counted)
+    for load in (lambda: executable.read_file(path), lambda: executable.from_bytes(damaged)):
+        with pytest.raises(ExecutableError, match="checksum mismatch"):
+            load()
+    assert seen == [hashlib.sha256(damaged[executable.HEADER_SIZE:]).digest()] * 2

@@ -24,6 +24,7 @@ import pytest
 
 from neuronish.device_tools import size
 from neuronish.runtime import load, profiler, telemetry
+from tests.runtime import c_programs
 from tests.runtime.test_capi_example import _build
 from tests.runtime.test_capi_execute import compile_graph
 from tests.runtime.test_profiler import spans_by_category
@@ -268,15 +269,9 @@ int main(int argc, char **argv) {
 
 
 def test_a_forked_child_leaves_the_parents_counters_alone(built, tmp_path: Path) -> None:
-    from neuronish.runtime.capi import library
-
     _, model = built
     (tmp_path / "forks.c").write_text(_FORKS)
-    lib = library.build()
-    subprocess.run(["gcc", "-std=c99", "-D_DEFAULT_SOURCE", "-Wall", "-Werror",
-                    f"-I{library.INCLUDE}", str(tmp_path / "forks.c"), "-o",
-                    str(tmp_path / "forks"), str(lib), f"-Wl,-rpath,{lib.parent}"],
-                   check=True, capture_output=True, text=True)
+    c_programs.build(tmp_path / "forks.c", tmp_path / "forks", cflags=("-D_DEFAULT_SOURCE",))
     run_dir = tmp_path / "run"
     r = subprocess.run([str(tmp_path / "forks"), str(model), str(run_dir)],
                        capture_output=True, text=True, timeout=DEADLINE,

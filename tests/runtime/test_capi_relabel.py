@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,54 @@ def test_relabel_while_threads_call_under_thread_sanitizer(dense: bytes, tmp_pat
     assert executes[-1]["args"]["model"] == "served:1 dense"
     assert executes[-1]["track"].endswith(": served:1 dense")
     assert [m["name"] for m in snapshot["models"]] == ["served:1 dense"]
+
+
+RACE_CHILD = """
+import sys, threading
+from neuronish.runtime.capi import native_model
+data = open(sys.argv[1], "rb").read()
+sys.setswitchinterval(1e-6)  # the GIL changes hands between the setter's steps
+errors = []
+for i in range(int(sys.argv[2])):
+    model = native_model.load(data, 1, "first").model
+    started, stop = threading.Event(), threading.Event()
+
+    def relabel():
+        n = 0
+        while not stop.is_set() or n < 100:
+            try:
+                model.label = f"label {n}"
+            except Exception as e:
+                errors.append(repr(e))
+                return
+            n += 1
+            started.set()
+
+    t = threading.Thread(target=relabel)
+    t.start()
+    started.wait()
+    model.unload()
+    stop.set()
+    t.join()
+    if errors:
+        break
+print(errors[:1] or "ok", model.label)
+"""
+
+
+def test_a_relabel_racing_an_unload_is_a_no_op(dense: bytes, tmp_path: Path) -> None:
+    """A thread relabels a model while another unloads it (a server relabelling its
+    models as a version is retired): the relabels after the unload do nothing and raise
+    nothing. The old setter checked the handle, then called the library with it: an
+    unload between the two was NR_INVALID_ARGUMENT (a NULL handle) or a call on a freed
+    model. In a child: a call on a freed model may crash it."""
+    model = tmp_path / "dense3.neff"
+    model.write_bytes(dense)
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEURONISH_")}
+    r = subprocess.run([sys.executable, "-c", RACE_CHILD, str(model), "200"], cwd=root,
+                       capture_output=True, text=True, timeout=600,
+                       env={**env, "NEURONISH_NUM_CORES": "1", "NEURONISH_TELEMETRY": "0",
+                            "OMP_WAIT_POLICY": "passive", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ok label "), r.stdout
