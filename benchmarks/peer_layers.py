@@ -56,7 +56,9 @@ def neuronish_side(saved_model: str, batch: int, calls: int, workdir: str,
                   "calibration_data": peers.batched(calibration or [], batch)}
                  if precision == "int8" else {})
         neuronish.saved_model.compile(saved_model, dst, batch_size=batch,
-                                      compiler_args=peers.NEURONISH_FLAGS[precision], **extra)
+                                      compiler_args=peers.neuronish_flags(precision,
+                                                                          peers.cpu_flags()),
+                                      **extra)
     trace = os.path.join(workdir, "trace.json")
     env = dict(os.environ, ONEDNN_VERBOSE="1")
     out = subprocess.run([str(Path(sys.executable).parent / "neuronish"), "profile", dst,

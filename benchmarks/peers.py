@@ -16,7 +16,10 @@ NAME=FEEDS.npz`) and batch size, one process loads every contender at once:
 - neuronish: `neuronish.saved_model.compile` at that batch in fp32, in bf16 with
   `--auto-cast matmult` and with `--auto-cast all`, and in int8 when `compile` takes
   `quantize="int8", calibration_data=...` (said 'not available' otherwise): `int8` with
-  `--auto-cast matmult` (what int8 leaves in float runs in bf16), `int8-fp32` without;
+  `--auto-cast matmult` where the CPU computes bf16 (avx512_bf16 or AMX, where OpenVINO's
+  default is bf16 too; what int8 leaves in float runs in bf16), `int8-fp32` without; on a
+  CPU without VNNI both with `--int8-weight-bits 7` (weights in [-63, 63], which oneDNN's
+  int8 kernels sum exactly there; docs/int8.md);
 - OpenVINO: `ov.convert_model` of the same SavedModel, reshaped to the batch, compiled
   for the CPU with `PERFORMANCE_HINT` LATENCY and `INFERENCE_PRECISION_HINT` f32 or bf16
   (OpenVINO's default on a CPU with AMX is bf16, so f32 is asked for), and int8 from
@@ -72,8 +75,18 @@ OV_PEER = {"fp32": "fp32", "bf16": "bf16", "bf16-all": "bf16", "int8": "int8",
            "int8-fp32": "int8-fp32"}
 # OpenVINO precision -> INFERENCE_PRECISION_HINT (None: OpenVINO's default for the CPU)
 OV_HINT = {"fp32": "f32", "bf16": "bf16", "int8": None, "int8-fp32": "f32"}
-CPU_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_int8",
-             "amx_tile")
+CPU_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni",
+             "amx_bf16", "amx_int8", "amx_tile")
+
+
+def neuronish_flags(precision: str, flags: Sequence[str]) -> list[str]:
+    """The compiler flags of a neuronish contender on a CPU with `flags` (cpu_flags())."""
+    if not precision.startswith("int8"):
+        return NEURONISH_FLAGS[precision]
+    bf16 = {"avx512_bf16", "amx_bf16"} & set(flags)
+    vnni = {"avx512_vnni", "avx_vnni"} & set(flags)
+    return ([] if precision == "int8-fp32" or not bf16 else NEURONISH_FLAGS["int8"]) + \
+        ([] if vnni else ["--int8-weight-bits", "7"])
 Feeds = dict[str, np.ndarray]
 
 
@@ -323,18 +336,19 @@ def neuronish_contender(saved_model: str, model: str, workdir: str, batch: int,
     extra = ({"quantize": "int8", "calibration_data": batched(calibration, batch)}
              if int8 else {})
     dst = compiled_dir(workdir, model, precision, batch)
+    flags = neuronish_flags(precision, cpu_flags())
     try:
         # compiled for the measured shapes, as OpenVINO's model is reshaped to them (a
         # signature's free lengths would otherwise compile at run time, in the timed calls)
         neuronish.saved_model.compile(saved_model, dst, batch_size=batch,
                                       model_shape_feed_dict={k: list(v.shape)
                                                              for k, v in feeds.items()},
-                                      compiler_args=NEURONISH_FLAGS[precision], **extra)
+                                      compiler_args=flags, **extra)
     except Exception as e:  # a contender that cannot be built is a row, not a crash
         return Contender("neuronish", precision, None, f"compile failed: {_first_line(e)}")
     fn = tf.saved_model.load(dst).signatures["serving_default"]
     args = {k: tf.constant(v) for k, v in feeds.items()}
-    ran = " ".join(["--quantize int8"] * int8 + NEURONISH_FLAGS[precision]) or "float32"
+    ran = " ".join(["--quantize int8"] * int8 + flags) or "float32"
     return Contender("neuronish", precision,
                      lambda: {k: v.numpy() for k, v in fn(**args).items()}, ran)
 

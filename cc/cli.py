@@ -138,9 +138,11 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
         _write_errors(workdir, type(e).__name__, str(e), [])
         return 2
     if (args.quantize == "int8") != bool(args.calibration) or \
-            (args.max_error is not None and args.quantize != "int8"):
+            (args.quantize != "int8" and (args.max_error is not None or
+                                          args.int8_weight_bits is not None)):
         print("neuronish-cc: error: --quantize int8 needs --calibration FILE.npz (and "
-              "--calibration and --max-error need --quantize int8)", file=sys.stderr)
+              "--calibration, --max-error and --int8-weight-bits need --quantize int8)",
+              file=sys.stderr)
         return 2
     calibration = None
     if args.calibration:
@@ -162,7 +164,8 @@ def _compile(args: argparse.Namespace, argv: list[str]) -> int:
                                      dump_dir=dump_dir, command_line=["neuronish-cc", *argv],
                                      instruments=[timer], disabled_passes=args.disable_pass,
                                      device=device, notes=notes, calibration=calibration,
-                                     max_error=args.max_error)
+                                     max_error=args.max_error,
+                                     int8_weight_bits=args.int8_weight_bits or 8)
         for note in notes:
             print(f"neuronish-cc: note: {note}", file=sys.stderr)
     except CompilerError as e:
@@ -318,7 +321,10 @@ def _inspect(args: argparse.Namespace) -> int:
         n8 = sum(r["precision"] == "int8" for r in q["instructions"])
         print(f"  int8: {n8} of {len(q['instructions'])} convolutions/matmuls, output error "
               f"{q['output_error']:.3g} on {q['samples']} calibration sample(s)" +
-              (f" (max_error {q['max_error']:g})" if q.get("max_error") is not None else ""))
+              (f" (max_error {q['max_error']:g})" if q.get("max_error") is not None else "") +
+              (f", {q['weight_bits']}-bit weights" if q.get("weight_bits", 8) != 8 else ""))
+        if q.get("note"):
+            print(f"  note: {q['note']}")
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))
@@ -386,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-error", type=float, metavar="X", help="with --quantize int8: keep "
                    "the costliest instructions in float32 until the outputs' relative error "
                    "on the calibration samples is at most X")
+    c.add_argument("--int8-weight-bits", type=int, choices=[8, 7], metavar="{8,7}",
+                   help="with --quantize int8: 7 keeps every weight in [-63, 63], so oneDNN's "
+                   "int8 kernels are exact, and used, on CPUs without VNNI (docs/int8.md)")
     c.add_argument("--workdir", help="keep command line, per-pass dumps and errors.json here")
     c.add_argument("--verbose", type=int, nargs="?", const=1, default=0, metavar="LEVEL",
                    help="1: print each pass's time and instruction counts")

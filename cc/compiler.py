@@ -206,7 +206,8 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
                        device: DeviceDescription | None = None,
                        notes: list[str] | None = None,
                        calibration: list[list[np.ndarray]] | None = None,
-                       max_error: float | None = None) -> Executable:
+                       max_error: float | None = None,
+                       int8_weight_bits: int = 8) -> Executable:
     """Compile a GraphDef (serialized bytes or parsed nodes) into an executable
     (`neuronish.runtime.executable.write` writes its file without copying the weights).
 
@@ -216,7 +217,8 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
 
     With `calibration` (samples, each a list of arrays in io-config input order),
     convolutions and matmuls are quantized to int8 (docs/int8.md); `max_error` bounds
-    the outputs' relative error on those samples."""
+    the outputs' relative error on those samples; `int8_weight_bits` 7 keeps weights in
+    [-63, 63] (int8 kernels exact on CPUs without VNNI)."""
     if auto_cast not in AUTO_CAST_MODES:
         raise InvalidGraph(f"auto-cast must be one of {AUTO_CAST_MODES}, got {auto_cast!r}")
     if auto_cast_type not in AUTO_CAST_TYPES:
@@ -240,7 +242,7 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
             quantized = QuantizeReport()
             check_calibration(graph, calibration)
             quantize = functools.partial(quantize_int8, samples=calibration, max_error=max_error,
-                                         report=quantized)
+                                         report=quantized, weight_bits=int8_weight_bits)
         graph = run_pipeline(graph, build_pipeline(auto_cast, auto_cast_type,
                                                    quantize if quantized else None),
                              instruments, timings)
@@ -251,6 +253,8 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
             options["quantize"] = "int8"
             if max_error is not None:
                 options["max_error"] = max_error
+            if int8_weight_bits != 8:
+                options["int8_weight_bits"] = int8_weight_bits
         if disabled_passes:  # only when used, so ordinary executables are unchanged
             options["disabled_passes"] = sorted(disabled_passes)
         device = device or load_device()

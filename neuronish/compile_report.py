@@ -41,8 +41,11 @@ def quantization_lines(q: Mapping) -> list[str]:
     """The int8 accuracy debugger: per quantizable instruction, its precision and the
     relative error quantizing it alone adds to its own output (docs/int8.md)."""
     bound = "" if q.get("max_error") is None else f", max_error {q['max_error']:g}"
-    lines = [f"    int8 on {q['samples']} calibration sample(s){bound}: output error "
+    bits = "" if q.get("weight_bits", 8) == 8 else f", {q['weight_bits']}-bit weights"
+    lines = [f"    int8 on {q['samples']} calibration sample(s){bound}{bits}: output error "
              f"{q['output_error']:.3g} (all int8: {q['all_int8_error']:.3g})"]
+    if q.get("note"):
+        lines.append(f"    note: {q['note']}")
     for row in q["instructions"]:
         lines.append(f"      {row['precision']:<9} {row['error']:9.2e}  {row['instruction']:<7} "
                      f"{', '.join(row['tf'])}")

@@ -7,7 +7,10 @@ conv2d (one group), depthwise_conv2d and matmul with constant weights becomes
 `conv2d_int8` (`depthwise` for the second) / `matmul_int8`, except where `stays_float`
 gives a reason (a convolution writing one pixel per image); the report lists those too:
 
-- weights: int8, symmetric, one step per output channel (max |w| / 127);
+- weights: int8, symmetric, one step per output channel (max |w| / 127); with
+  `weight_bits=7` (`--int8-weight-bits 7`), max |w| / 63, so every weight is in
+  [-64, 63] and oneDNN's int8 kernels are exact on CPUs without VNNI too (their int16
+  pair sums cannot saturate; docs/int8.md);
 - activations: one step per tensor, uint8 when the calibrated range is non-negative
   (after a ReLU: all 256 levels), else symmetric int8; no zero points;
 - biases corrected (as NNCF's fast bias correction): each quantized instruction's bias
@@ -61,6 +64,9 @@ class QuantizeReport:
     rows: list[dict] = field(default_factory=list)
     kept: dict[int, Node] = field(default_factory=dict)  # row -> its float node (for auto-cast)
 
+    weight_bits: int = 8
+    note: str | None = None  # about the compiling CPU (host_int8_note)
+
     def to_stats(self) -> dict:
         rows = []
         for i, row in enumerate(self.rows):
@@ -68,12 +74,14 @@ class QuantizeReport:
             precision = row["precision"] if node is None else \
                 node.attrs.get("compute", "float32")
             rows.append({**row, "precision": precision})
-        return {"scheme": "int8: weights per output channel (s8, symmetric), activations "
-                          "per tensor (u8 or s8, no zero point)",
+        weights = "s8" if self.weight_bits == 8 else f"s8 holding {self.weight_bits} bits"
+        return {"scheme": f"int8: weights per output channel ({weights}, symmetric), "
+                          "activations per tensor (u8 or s8, no zero point)",
+                "weight_bits": self.weight_bits,
                 "samples": self.samples, "max_error": self.max_error,
                 "output_error": self.output_error, "all_int8_error": self.all_int8_error,
                 "bias_correction": self.bias_correction,
-                "instructions": rows}
+                "instructions": rows, **({"note": self.note} if self.note else {})}
 
 
 @dataclass(frozen=True)
@@ -93,12 +101,34 @@ def _step(s: float) -> float:
     return float(s) if np.isfinite(s) and s > 1e-30 else 1.0
 
 
-def quantize_weights(w: np.ndarray, axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """int8 weights and their float32 step per output channel (symmetric, max |w| / 127)."""
+WEIGHT_BITS = (8, 7)
+
+
+def quantize_weights(w: np.ndarray, axes: tuple[int, ...],
+                     bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """int8 weights and their float32 step per output channel: symmetric, max |w| / 127
+    (or / 63 for `bits` 7)."""
+    top = 2 ** (bits - 1) - 1
     amax = np.max(np.abs(w), axis=axes).astype(np.float64)
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    scale = np.where(amax > 0, amax / top, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale), -top, top).astype(np.int8)
     return q, scale
+
+
+def host_int8_note(weight_bits: int) -> str | None:
+    """What a user compiling full 8-bit weights on a CPU without VNNI should know: the
+    native engine computes those instructions in float32 there (exact, at float32 speed)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return None  # not Linux: nothing known
+    if weight_bits != 8 or not flags or flags & {"avx512_vnni", "avx_vnni"}:
+        return None
+    return ("the compiling CPU has no VNNI, where oneDNN's int8 kernels saturate on "
+            "full-range 8-bit weights, so int8 convolutions and matmuls compute in float32 "
+            "there (exact, at float32 speed); --int8-weight-bits 7 lets those reading uint8 "
+            "run on int8 kernels (docs/int8.md)")
 
 
 def quantizable(graph: Graph) -> list[Node]:
@@ -279,7 +309,7 @@ class _ErrorMeter:
 # --- the rewrite -----------------------------------------------------------------------------
 
 def _int8_node(n: Node, x: Value, xp: QParams, out: QParams | None,
-               bias: np.ndarray | None = None) -> Node:
+               bias: np.ndarray | None = None, weight_bits: int = 8) -> Node:
     """n (conv2d or matmul) as its int8 instruction reading the quantized `x`; `bias`,
     when given, replaces n's constant bias (its bias-corrected value)."""
     a = n.attrs
@@ -287,7 +317,8 @@ def _int8_node(n: Node, x: Value, xp: QParams, out: QParams | None,
               "out": out.dtype if out else "float32", "y_scale": out.scale if out else 1.0}
     if n.kind in ("conv2d", "depthwise_conv2d"):
         depthwise = n.kind == "depthwise_conv2d"  # w [KH, KW, C, M]: a step per (c, m)
-        wq, ws = quantize_weights(n.inputs[1].data, (0, 1) if depthwise else (0, 1, 2))
+        wq, ws = quantize_weights(n.inputs[1].data, (0, 1) if depthwise else (0, 1, 2),
+                                  weight_bits)
         attrs = {k: a[k] for k in ("strides", "dilations", "pads")}
         attrs.update(x_scale=xp.scale, depthwise=depthwise, residual=bool(a.get("residual")),
                      **common)
@@ -295,7 +326,7 @@ def _int8_node(n: Node, x: Value, xp: QParams, out: QParams | None,
         kind = "conv2d_int8"
     else:
         w = n.inputs[1].data
-        wq, ws = quantize_weights(w.T if a.get("transpose_b") else w, (0,))
+        wq, ws = quantize_weights(w.T if a.get("transpose_b") else w, (0,), weight_bits)
         attrs = {"a_scale": xp.scale, "residual": bool(a.get("residual")), **common}
         kind = "matmul_int8"
     extras = list(n.inputs[2:])
@@ -308,7 +339,8 @@ def _int8_node(n: Node, x: Value, xp: QParams, out: QParams | None,
 
 
 def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges,
-            biases: dict[int, np.ndarray] | None = None) -> tuple[Graph, dict[int, Node]]:
+            biases: dict[int, np.ndarray] | None = None,
+            weight_bits: int = 8) -> tuple[Graph, dict[int, Node]]:
     """A new graph with the nodes at indices `chosen` quantized (with the corrected
     `biases` by node index); the originals are left untouched. Also returns index -> new
     node for the nodes not chosen."""
@@ -362,7 +394,7 @@ def rewrite(graph: Graph, chosen: set[int], ranges: _Ranges,
                     quantized[x.id] = q.outputs[0]
                 mx = quantized[x.id]
             out = ranges.params(n.outputs[0]) if eight_bit_out(n) else None
-            new = _int8_node(n, mx, xp, out, biases.get(i))
+            new = _int8_node(n, mx, xp, out, biases.get(i), weight_bits)
             new.inputs = [new.inputs[0], new.inputs[1], new.inputs[2],
                           *(m(v) for v in new.inputs[3:])]
             if new.attrs.get("residual") and new.inputs[-1].dtype != "float32":
@@ -457,15 +489,19 @@ class _BiasShift:
 
 def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
                   max_error: float | None = None,
-                  report: QuantizeReport | None = None, *,
+                  report: QuantizeReport | None = None, *, weight_bits: int = 8,
                   mean_ranges: bool = False, bias_correction: bool = True) -> Graph:
     """Quantize the graph's convolutions and matmuls to int8 from `samples` (each a list
     of arrays in graph-input order); with `max_error`, keep the costliest in float32
-    until the outputs' relative error on the samples is at most that. `bias_correction`
+    until the outputs' relative error on the samples is at most that. `weight_bits` 7
+    quantizes weights to [-63, 63] (see the module's docstring). `bias_correction`
     (on by default) is _BiasShift; `mean_ranges` (off) is _Ranges' averaging."""
+    if weight_bits not in WEIGHT_BITS:
+        raise InvalidGraph(f"int8 weight bits must be one of {WEIGHT_BITS}, got {weight_bits}")
     if not samples:
         return graph
     report = report if report is not None else QuantizeReport()
+    report.weight_bits, report.note = weight_bits, host_int8_note(weight_bits)
     index = {id(n): i for i, n in enumerate(graph.nodes)}
     # every quantizable instruction is calibrated and its cost measured, so the report
     # shows those left in float (`stays_float`) beside the candidates
@@ -490,7 +526,7 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
         return graph
 
     def error_of(chosen: set[int], biases: dict[int, np.ndarray]) -> float:
-        g, _ = rewrite(graph, chosen, ranges, biases)
+        g, _ = rewrite(graph, chosen, ranges, biases, weight_bits)
         meter = _ErrorMeter(len(graph.outputs))
         for s, ref in zip(samples, want):
             for k, (got, w) in enumerate(zip(_run(g, s), ref)):
@@ -529,7 +565,7 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
         xp = ranges.params(node.inputs[0])
         xq = np.empty(node.inputs[0].shape, xp.dtype)
         quantize_into(args[0], inverse(xp.scale), xq)
-        q = _int8_node(node, constant(xq), xp, None, biases.get(i))
+        q = _int8_node(node, constant(xq), xp, None, biases.get(i), weight_bits)
         extras = list(args[2:])
         if i in biases:
             extras[0] = biases[i]
@@ -552,7 +588,7 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
                 lo = mid
         kept_float = hi
     chosen = set(order[kept_float:])
-    final, copies = rewrite(graph, chosen, ranges, biases)
+    final, copies = rewrite(graph, chosen, ranges, biases, weight_bits)
     report.output_error = report.all_int8_error if kept_float == 0 else \
         error_of(chosen, biases)
     for i in every_idx:

@@ -303,55 +303,38 @@ enum OpGeneric : int64_t {
   OP_G_SOFTMAX = 55, OP_G_LAYER_NORM = 56, OP_G_CONCAT = 57, OP_G_MATMUL = 58, OP_G_CONV = 59,
 };
 
-// Whether this CPU's oneDNN builds float16 primitives. oneDNN 3.2 has float16
-// convolutions, matmuls, pools and element-wise ops only with AVX512-FP16 (or
-// AVX2-VNNI-2); tried once, on a tiny matmul and pool. NEURONISH_NATIVE_F16=float32 makes
-// a CPU that has them take the float32 path too (so tests can hold both paths to the
-// reference on any CPU).
+// Whether this CPU's oneDNN computes in `type` (f16 or bf16): a tiny matmul and pool,
+// tried once per type. oneDNN 3.2 has float16 convolutions, matmuls, pools and element-wise
+// ops only with AVX512-FP16 (or AVX2-VNNI-2), and bfloat16 ones from AVX-512 (avx512_core)
+// up and on AVX2-VNNI-2. On an AVX2-only CPU (AMD Zen 3, Intel before Skylake-SP) it creates
+// neither, and its bfloat16 concat and conversions fall to reference code (a 4x56x56x64
+// concat ~0.1 s). There such an instruction computes in float32 (Program::in_f32): the same
+// numbers, one rounding per result. NEURONISH_NATIVE_F16=float32 / NEURONISH_NATIVE_BF16=
+// float32 take that path on any CPU (so tests hold it to the reference everywhere).
+bool probe_half_kernels(dt type, const char* force_env) {
+  const char* force = std::getenv(force_env);
+  if (force && std::string(force) == "float32") return false;
+  try {
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    memory::desc m({16, 16}, type, tag::ab);
+    dnnl::matmul::primitive_desc(eng, m, m, m);
+    memory::desc x({1, 16, 4, 4}, type, tag::nhwc), y({1, 16, 2, 2}, type, tag::nhwc);
+    dnnl::pooling_forward::primitive_desc(eng, prop_kind::forward_inference,
+                                          algorithm::pooling_max, x, y, {2, 2}, {2, 2},
+                                          {0, 0}, {0, 0}, {0, 0});
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
 bool cpu_has_f16_kernels() {
-  static const bool has = [] {
-    const char* force = std::getenv("NEURONISH_NATIVE_F16");
-    if (force && std::string(force) == "float32") return false;
-    try {
-      dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-      memory::desc m({16, 16}, dt::f16, tag::ab);
-      dnnl::matmul::primitive_desc(eng, m, m, m);
-      memory::desc x({1, 16, 4, 4}, dt::f16, tag::nhwc), y({1, 16, 2, 2}, dt::f16, tag::nhwc);
-      dnnl::pooling_forward::primitive_desc(eng, prop_kind::forward_inference,
-                                            algorithm::pooling_max, x, y, {2, 2}, {2, 2},
-                                            {0, 0}, {0, 0}, {0, 0});
-      return true;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
+  static const bool has = probe_half_kernels(dt::f16, "NEURONISH_NATIVE_F16");
   return has;
 }
 
-// Whether this CPU's oneDNN computes in bfloat16. oneDNN 3.2 has bfloat16 convolutions,
-// matmuls, pools, element-wise and binary ops from AVX-512 (avx512_core) up, and on
-// AVX2-VNNI-2; on an AVX2-only CPU (AMD Zen 3, Intel before Skylake-SP) it creates none of
-// them, and its bfloat16 concat and conversions fall to reference code (a 4x56x56x64
-// concat ~0.1 s). There a bfloat16 instruction computes in float32 as a float16 one does
-// (Program::in_f32): the same numbers, one rounding per result. NEURONISH_NATIVE_BF16=
-// float32 takes that path on any CPU (so tests hold it to the reference everywhere).
 bool cpu_has_bf16_kernels() {
-  static const bool has = [] {
-    const char* force = std::getenv("NEURONISH_NATIVE_BF16");
-    if (force && std::string(force) == "float32") return false;
-    try {
-      dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-      memory::desc m({16, 16}, dt::bf16, tag::ab);
-      dnnl::matmul::primitive_desc(eng, m, m, m);
-      memory::desc x({1, 16, 4, 4}, dt::bf16, tag::nhwc), y({1, 16, 2, 2}, dt::bf16, tag::nhwc);
-      dnnl::pooling_forward::primitive_desc(eng, prop_kind::forward_inference,
-                                            algorithm::pooling_max, x, y, {2, 2}, {2, 2},
-                                            {0, 0}, {0, 0}, {0, 0});
-      return true;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
+  static const bool has = probe_half_kernels(dt::bf16, "NEURONISH_NATIVE_BF16");
   return has;
 }
 }  // namespace

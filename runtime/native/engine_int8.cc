@@ -382,7 +382,7 @@ primitive_attr int8_attr(Program& p, int wmask, bool out_int, const memory::desc
   return a;
 }
 
-// --- int8 computed in float32, where cpu_has_exact_int8() is false ------------------------
+// --- int8 computed in float32, where oneDNN's int8 kernels would not be exact ----------
 // Without VNNI oneDNN 3.2 sums pairs of u8·s8 products in int16 (vpmaddubsw), which
 // saturates for full-range s8 weights: a 3x3x4 int8 convolution was off by up to 37% on
 // an AMD Zen 3. There the instruction runs as a float32 primitive on its 8-bit operands
@@ -390,14 +390,36 @@ primitive_attr int8_attr(Program& p, int wmask, bool out_int, const memory::desc
 // reference's), with the reference's epilogue as post-ops: times x_scale·w_scale[o],
 // plus bias, residual, activation, and for an 8-bit output times float32(1/y_scale)
 // then a rounding, saturating reorder, as `quantize`.
+bool int8_forced_to_f32() {
+  static const bool forced = [] {
+    const char* force = std::getenv("NEURONISH_NATIVE_INT8");
+    return force && std::string(force) == "float32";
+  }();
+  return forced;
+}
+
 bool cpu_has_exact_int8() {
   static const bool has = [] {
-    const char* force = std::getenv("NEURONISH_NATIVE_INT8");
-    if (force && std::string(force) == "float32") return false;
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
   }();
-  return has;
+  return has && !int8_forced_to_f32();
+}
+
+// Whether oneDNN's int8 kernels compute this instruction exactly on this CPU. Besides VNNI:
+// u8 activations with constant weights all in [-64, 63] (what `weight_bits=7` compiles,
+// docs/int8.md), whose pair sums (at most 2·255·64 = 32640) cannot saturate int16. An s8
+// activation is not enough: without VNNI oneDNN halves the weights of an s8·s8 primitive
+// (its scale_adjust), rounding odd ones.
+bool int8_kernels_exact(const Program& p, const Ref& x, const Ref& w) {
+  if (int8_forced_to_f32()) return false;
+  if (cpu_has_exact_int8()) return true;
+  if (x.type != dt::u8 || w.type != dt::s8 || !p.bound_at_load(w)) return false;
+  const int8_t* v = reinterpret_cast<const int8_t*>(p.slots[w.slot] + w.offset);
+  const int64_t n = Program::count(w);
+  for (int64_t k = 0; k < n; ++k)
+    if (v[k] < -64 || v[k] > 63) return false;
+  return true;
 }
 
 // float32(x_scale) · w_scale[o], as the reference's float32 product, in program-owned
@@ -486,7 +508,7 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   Step s;
   size_t temp_at = 0;
   memory::desc x_use, res_use;
-  if (!cpu_has_exact_int8()) {
+  if (!int8_kernels_exact(p, x, w)) {
     p.bind_image(ins, s, DNNL_ARG_SRC, x, dt::f32, false, temp_at, &x_use);
     float res_step = has_res && res.type != dt::f32 && res.type != dt::bf16 ? res_scale : 0.f;
     const bool scales_const = p.bound_at_load(ws);
@@ -569,7 +591,7 @@ void add_qmatmul(Program& p, Reader& rd, Instr& ins) {
     bd[r - 1] = y.dims[r - 1];
     bias_md = plain(bd, dt::f32);
   }
-  if (!cpu_has_exact_int8()) {
+  if (!int8_kernels_exact(p, A, B)) {
     size_t temp_at = 0;
     Step s;
     Ref a32 = p.widen(ins, A, plain(A), temp_at);

@@ -22,6 +22,20 @@ sys.modules["peers"] = peers  # its dataclasses look their module up while being
 _spec.loader.exec_module(peers)
 
 
+def test_int8_flags_follow_what_the_cpu_computes() -> None:
+    """int8 leaves float work in bf16 only where the CPU computes bf16 (as OpenVINO's
+    default precision does), and asks for 7-bit weights where it has no VNNI."""
+    amx = ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"]
+    avx2 = ["avx2"]
+    assert peers.neuronish_flags("int8", amx) == peers.NEURONISH_FLAGS["int8"]
+    assert peers.neuronish_flags("int8-fp32", amx) == []
+    assert peers.neuronish_flags("int8", avx2) == ["--int8-weight-bits", "7"]
+    assert peers.neuronish_flags("int8-fp32", avx2) == ["--int8-weight-bits", "7"]
+    assert peers.neuronish_flags("int8", ["avx2", "avx_vnni"]) == []
+    for precision in ("fp32", "bf16", "bf16-all"):
+        assert peers.neuronish_flags(precision, avx2) == peers.NEURONISH_FLAGS[precision]
+
+
 def test_output_errors_are_per_output_and_relative_to_tf() -> None:
     want = {"a": np.array([[1.0, -4.0], [2.0, 0.5]], "float32"), "b": np.ones((2, 3), "float32")}
     got = {"a": want["a"] + np.array([[0.0, 0.0], [0.0, -0.2]], "float32"),

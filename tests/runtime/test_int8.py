@@ -303,6 +303,53 @@ def test_max_error_keeps_the_costliest_in_float32() -> None:
         {"int8", "bfloat16"}
 
 
+def test_seven_bit_weights_stay_in_the_range_int16_sums_hold(tmp_path: Path) -> None:
+    """--int8-weight-bits 7: every weight in [-63, 63] (oneDNN's int8 kernels are exact
+    with them without VNNI), steps of max |w| / 63, accuracy close to 8 bits'."""
+    g = _small_cnn()
+    calib = [[RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)] for _ in range(4)]
+    eight = compile_executable(g.graph_def, g.io_config, calibration=calib)
+    seven = compile_executable(g.graph_def, g.io_config, calibration=calib, int8_weight_bits=7)
+    assert seven.compiler["options"]["int8_weight_bits"] == 7
+    assert "int8_weight_bits" not in eight.compiler["options"]
+    assert seven.stats["quantization"]["weight_bits"] == 7
+
+    def weights(exe) -> list[np.ndarray]:  # noqa: ANN001
+        return [exe.constants[i.inputs[1]] for i in exe.programs[0]
+                if i.kind in ("conv2d_int8", "matmul_int8")]
+
+    for w7, w8 in zip(weights(seven), weights(eight), strict=True):
+        assert w7.min() >= -63 and w7.max() <= 63 and np.abs(w7).max() == 63
+        assert np.abs(w8).max() == 127
+    x = RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)
+    want = g.reference({"x:0": x})
+    with load(to_bytes(seven)) as m7, load(to_bytes(eight)) as m8:
+        got7, got8 = m7.run({"x:0": x}), m8.run({"x:0": x})
+    for k, w in want.items():
+        assert _rel(got7[k], w) < max(3 * _rel(got8[k], w), 0.01), (_rel(got7[k], w),
+                                                                    _rel(got8[k], w))
+    (tmp_path / "g.pb").write_bytes(g.graph_def)
+    np.savez(tmp_path / "calib.npz", **{"x:0": np.stack([c[0] for c in calib])})
+    cmd = [sys.executable, "-m", "neuronish.cc.cli", "compile", str(tmp_path / "g.pb"),
+           "--framework", "TENSORFLOW", "--io-config", json.dumps(g.io_config),
+           "--output", str(tmp_path / "int8.neff"), "--int8-weight-bits", "7"]
+    bad = subprocess.run(cmd, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--int8-weight-bits need --quantize int8" in bad.stderr, \
+        bad.stderr
+    done = subprocess.run([*cmd, "--quantize", "int8", "--calibration",
+                           str(tmp_path / "calib.npz")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    shown = subprocess.run([sys.executable, "-m", "neuronish.cc.cli", "inspect",
+                            str(tmp_path / "int8.neff")], capture_output=True, text=True)
+    assert "7-bit weights" in shown.stdout, shown.stdout
+    # Full 8-bit weights on a CPU without VNNI: the report says they compute in float32
+    # there, and what to do; with 7 bits (or VNNI) it has nothing to say.
+    vnni = bool({"avx512_vnni", "avx_vnni"} & set(Path("/proc/cpuinfo").read_text().split()))
+    note = eight.stats["quantization"].get("note", "")
+    assert ("--int8-weight-bits 7" in note) == (not vnni), note
+    assert "note" not in seven.stats["quantization"]
+
+
 def _int8_next_to_floats():  # noqa: ANN202
     """conv-relu -> average pool -> conv -> mean -> dense -> dense + residual: int8
     regions with float instructions between them, and a matmul adding a residual. (A

@@ -1,0 +1,116 @@
+"""int8 instructions on oneDNN's int8 kernels where those are exact without VNNI.
+
+Without VNNI, oneDNN sums pairs of u8·s8 products in int16 and saturates, so the native
+engine computes full-range int8 instructions in float32 there (test_native_in_float32.py).
+Weights in [-64, 63] (what `--int8-weight-bits 7` compiles) cannot saturate with uint8
+activations (2·255·64 = 32640 < 2^15), so such instructions take the int8 kernels on every
+CPU (runtime/native/engine_int8.cc `int8_kernels_exact`). Here: they still give the numpy
+reference's numbers with every pair at the int16 edge, and oneDNN's verbose log shows the
+int8 kernel (u8 source) ran; full-range weights on a CPU without VNNI show float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neuronish.runtime import load
+from neuronish.runtime.native import library
+from neuronish.runtime.native.coverage import Sample, sample_instructions
+from tests.helpers import run_reporting_numpy
+from tests.runtime.test_native_gap import _executable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# conv2d_int8 and matmul_int8 reading uint8, every output dtype, depthwise and residual.
+CASES = [s for s in sample_instructions()
+         if s.kind in ("conv2d_int8", "matmul_int8") and s.types[0][1] == "uint8"]
+
+
+def _has_vnni() -> bool:
+    flags = set(Path("/proc/cpuinfo").read_text().split())
+    return bool(flags & {"avx512_vnni", "avx_vnni"})
+
+
+def _edge_inputs(s: Sample, low: int, high: int, seed: int) -> list[np.ndarray]:
+    """Activations at 255 and weights at the range's ends, where int16 pair sums of
+    full-range weights saturate; the rest random."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, s.types[0][0]).astype(np.uint8)
+    x.reshape(-1)[: x.size // 2] = 255
+    w = rng.integers(low, high + 1, s.types[1][0]).astype(np.int8)
+    flat = w.reshape(-1)
+    flat[0::3], flat[1::3] = high, low
+    rest = [rng.uniform(-2, 2, shape).astype(np.float32) for shape, _ in s.types[2:]]
+    return [x, w, *rest]
+
+
+@pytest.mark.parametrize("sample", CASES, ids=[s.label() for s in CASES])
+def test_seven_bit_weights_match_the_reference(monkeypatch: pytest.MonkeyPatch,
+                                               sample: Sample) -> None:
+    monkeypatch.setenv("NEURONISH_ENGINE", "native")
+    assert library.load() is not None, f"native engine unavailable: {library.why_not()}"
+    exe, feeds = _executable(sample, _edge_inputs(sample, -64, 63,
+                                                  zlib.crc32(sample.label().encode())))
+    got, left = run_reporting_numpy(exe, feeds)
+    assert left == [], f"left to numpy: {left}"
+    monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
+    with load(exe) as model:
+        want = model.run(feeds)
+    for key, ref in want.items():
+        have = got[key]
+        if ref.dtype.kind == "f" and ref.dtype.itemsize >= 4:
+            scale = float(np.max(np.abs(ref), initial=1.0))
+            np.testing.assert_allclose(have, ref, rtol=2e-5, atol=2e-5 * scale,
+                                       err_msg=sample.label())
+        else:  # 8-bit and bfloat16 outputs: the reference's rounding, bit for bit
+            np.testing.assert_array_equal(have.view(np.uint8), ref.view(np.uint8),
+                                          err_msg=sample.label())
+
+
+_PROBE = """
+import json, sys
+import numpy as np
+from neuronish.runtime import load
+from neuronish.runtime.native.coverage import sample_instructions
+from tests.runtime.test_native_gap import _executable
+from tests.runtime.test_native_int8_seven_bits import _edge_inputs
+label, low, high = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sample = next(s for s in sample_instructions() if s.label() == label)
+exe, feeds = _executable(sample, _edge_inputs(sample, low, high, 7))
+with load(exe, runtime="python") as model:
+    model.run(feeds)
+"""
+
+
+def _kernel_sources(label: str, low: int, high: int) -> list[str]:
+    """The source dtypes of the convolution/matmul primitives oneDNN ran for one call."""
+    env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1")
+    run = subprocess.run([sys.executable, "-c", _PROBE, label, str(low), str(high)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    sources = []
+    for line in run.stdout.splitlines():
+        fields = line.split(",")
+        if len(fields) > 6 and fields[1] == "exec" and fields[3] in ("convolution", "matmul"):
+            sources += re.findall(r"[, ]src_([a-z0-9]+):", line)
+    assert sources, "oneDNN logged no convolution or matmul:\n" + json.dumps(
+        run.stdout.splitlines()[-20:], indent=1)
+    return sources
+
+
+@pytest.mark.parametrize("kind", ["conv2d_int8", "matmul_int8"])
+def test_seven_bit_weights_run_on_int8_kernels(kind: str) -> None:
+    label = next(s.label() for s in CASES if s.kind == kind)
+    assert _kernel_sources(label, -64, 63) == ["u8"]
+    full = _kernel_sources(label, -128, 127)
+    # Full-range weights: int8 kernels only where VNNI sums in int32.
+    assert full == (["u8"] if _has_vnni() else ["f32"]), full
