@@ -18,7 +18,7 @@ NAME=FEEDS.npz`) and batch size, one process loads every contender at once:
   `quantize="int8", calibration_data=...` (said 'not available' otherwise): `int8` with
   `--auto-cast matmult` where the CPU computes bf16 (avx512_bf16 or AMX, where OpenVINO's
   default is bf16 too; what int8 leaves in float runs in bf16), `int8-fp32` without; on a
-  CPU without VNNI both with `--int8-weight-bits 7` (weights in [-63, 63], which oneDNN's
+  CPU without VNNI both with `--int8-weight-bits 7` (weights in [-64, 64], which oneDNN's
   int8 kernels sum exactly there; docs/int8.md);
 - OpenVINO: `ov.convert_model` of the same SavedModel, reshaped to the batch, compiled
   for the CPU with `PERFORMANCE_HINT` LATENCY and `INFERENCE_PRECISION_HINT` f32 or bf16

@@ -393,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the costliest instructions in float32 until the outputs' relative error "
                    "on the calibration samples is at most X")
     c.add_argument("--int8-weight-bits", type=int, choices=[8, 7], metavar="{8,7}",
-                   help="with --quantize int8: 7 keeps every weight in [-63, 63], so oneDNN's "
+                   help="with --quantize int8: 7 keeps every weight in [-64, 64], so oneDNN's "
                    "int8 kernels are exact, and used, on CPUs without VNNI (docs/int8.md)")
     c.add_argument("--workdir", help="keep command line, per-pass dumps and errors.json here")
     c.add_argument("--verbose", type=int, nargs="?", const=1, default=0, metavar="LEVEL",

@@ -8,9 +8,9 @@ conv2d (one group), depthwise_conv2d and matmul with constant weights becomes
 gives a reason (a convolution writing one pixel per image); the report lists those too:
 
 - weights: int8, symmetric, one step per output channel (max |w| / 127); with
-  `weight_bits=7` (`--int8-weight-bits 7`), max |w| / 63, so every weight is in
-  [-64, 63] and oneDNN's int8 kernels are exact on CPUs without VNNI too (their int16
-  pair sums cannot saturate; docs/int8.md);
+  `weight_bits=7` (`--int8-weight-bits 7`), max |w| / 64, so every weight is in
+  [-64, 64] and oneDNN's int8 kernels are exact on CPUs without VNNI too (their int16
+  pair sums, at most 2·255·64 in magnitude, cannot saturate; docs/int8.md);
 - activations: one step per tensor, uint8 when the calibrated range is non-negative
   (after a ReLU: all 256 levels), else symmetric int8; no zero points;
 - biases corrected (as NNCF's fast bias correction): each quantized instruction's bias
@@ -107,8 +107,8 @@ WEIGHT_BITS = (8, 7)
 def quantize_weights(w: np.ndarray, axes: tuple[int, ...],
                      bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """int8 weights and their float32 step per output channel: symmetric, max |w| / 127
-    (or / 63 for `bits` 7)."""
-    top = 2 ** (bits - 1) - 1
+    (or / 64 for `bits` 7: 7-bit magnitudes)."""
+    top = 127 if bits == 8 else 2 ** (bits - 1)
     amax = np.max(np.abs(w), axis=axes).astype(np.float64)
     scale = np.where(amax > 0, amax / top, 1.0).astype(np.float32)
     q = np.clip(np.rint(w / scale), -top, top).astype(np.int8)
@@ -127,8 +127,8 @@ def host_int8_note(weight_bits: int) -> str | None:
         return None
     return ("the compiling CPU has no VNNI, where oneDNN's int8 kernels saturate on "
             "full-range 8-bit weights, so int8 convolutions and matmuls compute in float32 "
-            "there (exact, at float32 speed); --int8-weight-bits 7 lets those reading uint8 "
-            "run on int8 kernels (docs/int8.md)")
+            "there (exact, at float32 speed); --int8-weight-bits 7 lets them run on int8 "
+            "kernels (docs/int8.md)")
 
 
 def quantizable(graph: Graph) -> list[Node]:
@@ -494,7 +494,7 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
     """Quantize the graph's convolutions and matmuls to int8 from `samples` (each a list
     of arrays in graph-input order); with `max_error`, keep the costliest in float32
     until the outputs' relative error on the samples is at most that. `weight_bits` 7
-    quantizes weights to [-63, 63] (see the module's docstring). `bias_correction`
+    quantizes weights to [-64, 64] (the module's docstring). `bias_correction`
     (on by default) is _BiasShift; `mean_ranges` (off) is _Ranges' averaging."""
     if weight_bits not in WEIGHT_BITS:
         raise InvalidGraph(f"int8 weight bits must be one of {WEIGHT_BITS}, got {weight_bits}")

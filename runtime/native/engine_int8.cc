@@ -406,20 +406,57 @@ bool cpu_has_exact_int8() {
   return has && !int8_forced_to_f32();
 }
 
-// Whether oneDNN's int8 kernels compute this instruction exactly on this CPU. Besides VNNI:
-// u8 activations with constant weights all in [-64, 63] (what `weight_bits=7` compiles,
-// docs/int8.md), whose pair sums (at most 2·255·64 = 32640) cannot saturate int16. An s8
-// activation is not enough: without VNNI oneDNN halves the weights of an s8·s8 primitive
-// (its scale_adjust), rounding odd ones.
-bool int8_kernels_exact(const Program& p, const Ref& x, const Ref& w) {
-  if (int8_forced_to_f32()) return false;
-  if (cpu_has_exact_int8()) return true;
-  if (x.type != dt::u8 || w.type != dt::s8 || !p.bound_at_load(w)) return false;
+// How an int8 convolution or matmul computes on this CPU, exactly in every case:
+// - `int8`: on oneDNN's int8 kernels, with VNNI (int32 sums), or without it for u8
+//   activations and constant weights all in [-64, 64] (what `--int8-weight-bits 7`
+//   compiles, docs/int8.md), whose pair sums (at most 2·255·64 = 32640 in magnitude)
+//   cannot saturate int16;
+// - `shifted`: s8 activations with such weights, read as u8 x + 128 (a step before the op)
+//   with a source zero point of 128, so oneDNN sums (x + 128 - 128)·w. Given s8 directly,
+//   oneDNN without VNNI would halve the weights (its scale_adjust), rounding odd ones;
+// - `float32`: the rest (F32Epilogue).
+enum class Int8Path { int8, shifted, float32 };
+
+Int8Path int8_path(const Program& p, const Ref& x, const Ref& w) {
+  if (int8_forced_to_f32()) return Int8Path::float32;
+  if (cpu_has_exact_int8()) return Int8Path::int8;
+  if (w.type != dt::s8 || !p.bound_at_load(w) || x.blocked) return Int8Path::float32;
   const int8_t* v = reinterpret_cast<const int8_t*>(p.slots[w.slot] + w.offset);
   const int64_t n = Program::count(w);
   for (int64_t k = 0; k < n; ++k)
-    if (v[k] < -64 || v[k] > 63) return false;
-  return true;
+    if (v[k] < -64 || v[k] > 64) return Int8Path::float32;
+  return x.type == dt::u8 ? Int8Path::int8 : Int8Path::shifted;
+}
+
+// int8_path's `shifted`: `x` (s8, dense) + 128 as u8 in a stand-in, by a loop step.
+Ref shifted_to_u8(Program& p, Instr& ins, const Ref& x, size_t& temp_at) {
+  Ref t = p.stand_in(x, dt::u8, D_U8, temp_at);
+  Step s;
+  p.byte_arg(s, x);
+  p.byte_arg(s, t);
+  const int64_t n = Program::count(x);
+  p.push_loop(ins, s, "neuronish:s8_to_u8", [n](const Step& st, int threads) {
+    const uint8_t* from = data<const uint8_t>(st, 0);
+    uint8_t* to = data<uint8_t>(st, 1);
+    const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t end = std::min(n, (c + 1) * chunk);
+      for (int64_t i = c * chunk; i < end; ++i) to[i] = from[i] ^ 0x80;  // v + 128
+    }
+  });
+  return t;
+}
+
+// The source zero point of int8_path's `shifted`: the attribute and its value.
+void shift_back(Program& p, primitive_attr& a, Step& s) {
+  a.set_zero_points_mask(DNNL_ARG_SRC, 0);
+  void* buf = std::aligned_alloc(64, 64);
+  if (!buf) throw Error("out of host memory for a zero point");
+  p.owned.emplace_back(buf, std::free);
+  *static_cast<int32_t*>(buf) = 128;
+  p.own_arg(s, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
+            memory(memory::desc({1}, dt::s32, tag::a), p.eng, buf));
 }
 
 // float32(x_scale) · w_scale[o], as the reference's float32 product, in program-owned
@@ -508,7 +545,8 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   Step s;
   size_t temp_at = 0;
   memory::desc x_use, res_use;
-  if (!int8_kernels_exact(p, x, w)) {
+  const Int8Path path = int8_path(p, x, w);
+  if (path == Int8Path::float32) {
     p.bind_image(ins, s, DNNL_ARG_SRC, x, dt::f32, false, temp_at, &x_use);
     float res_step = has_res && res.type != dt::f32 && res.type != dt::bf16 ? res_scale : 0.f;
     const bool scales_const = p.bound_at_load(ws);
@@ -540,7 +578,8 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
     if (!direct) p.narrow_into(ins, out, y, nhwc(y));
     return;
   }
-  p.bind_image(ins, s, DNNL_ARG_SRC, x, x.type, false, temp_at, &x_use);
+  const Ref x_in = path == Int8Path::shifted ? shifted_to_u8(p, ins, x, temp_at) : x;
+  p.bind_image(ins, s, DNNL_ARG_SRC, x_in, x_in.type, false, temp_at, &x_use);
   // An 8-bit residual r adds r * res_scale; oneDNN's binary post-op has no scale of its
   // own (3.2), so the sum is taken at the residual's scale: (v / res_scale + r) * res_scale
   // (then the binary is post-op 1, after that division).
@@ -557,6 +596,7 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   // per output channel: dim 0 (O), or dims 0 and 1 (group, M) of a grouped filter
   primitive_attr a = int8_attr(p, depthwise ? 3 : 1, out_int, has_res ? &res_use : nullptr, act,
                                res_step, sum ? res.type : dt::undef);
+  if (path == Int8Path::shifted) shift_back(p, a, s);
   auto pd = dnnl::convolution_forward::primitive_desc(
       p.eng, prop_kind::forward_inference, algorithm::convolution_direct, x_use,
       memory::desc(w_given.get_dims(), dt::s8, tag::any), b_md, nhwc(out), strides, dil,
@@ -591,8 +631,9 @@ void add_qmatmul(Program& p, Reader& rd, Instr& ins) {
     bd[r - 1] = y.dims[r - 1];
     bias_md = plain(bd, dt::f32);
   }
-  if (!int8_kernels_exact(p, A, B)) {
-    size_t temp_at = 0;
+  size_t temp_at = 0;
+  const Int8Path path = int8_path(p, A, B);
+  if (path == Int8Path::float32) {
     Step s;
     Ref a32 = p.widen(ins, A, plain(A), temp_at);
     const bool direct = y.type == dt::f32;
@@ -621,14 +662,15 @@ void add_qmatmul(Program& p, Reader& rd, Instr& ins) {
     return;
   }
   primitive_attr a = int8_attr(p, 1 << (r - 1), out_int, has_res ? &res_md : nullptr, act);
-  size_t temp_at = 0;
+  Step s;
+  const Ref a_in = path == Int8Path::shifted ? shifted_to_u8(p, ins, A, temp_at) : A;
+  if (path == Int8Path::shifted) shift_back(p, a, s);
   bool narrow = Program::in_f32(y.type);  // (as add_qconv's)
   Ref out = narrow ? p.f32_stand_in(y, temp_at) : y;
-  auto pd = dnnl::matmul::primitive_desc(p.eng, plain(A),
+  auto pd = dnnl::matmul::primitive_desc(p.eng, plain(a_in),
                                          memory::desc(B.dims, dt::s8, tag::any), bias_md,
                                          plain(out), a);
-  Step s;
-  p.arg(s, DNNL_ARG_SRC, A, plain(A));
+  p.arg(s, DNNL_ARG_SRC, a_in, plain(a_in));
   p.own_arg(s, DNNL_ARG_WEIGHTS, p.reorder_weights(B, plain(B), pd.weights_desc()));
   if (has_bias) p.arg(s, DNNL_ARG_BIAS, bias, bias_md);
   if (has_res) p.arg(s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res, res_md);

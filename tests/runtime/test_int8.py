@@ -304,8 +304,8 @@ def test_max_error_keeps_the_costliest_in_float32() -> None:
 
 
 def test_seven_bit_weights_stay_in_the_range_int16_sums_hold(tmp_path: Path) -> None:
-    """--int8-weight-bits 7: every weight in [-63, 63] (oneDNN's int8 kernels are exact
-    with them without VNNI), steps of max |w| / 63, accuracy close to 8 bits'."""
+    """--int8-weight-bits 7: every weight in [-64, 64] (oneDNN's int8 kernels are exact
+    with them without VNNI), steps of max |w| / 64, accuracy close to 8 bits'."""
     g = _small_cnn()
     calib = [[RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)] for _ in range(4)]
     eight = compile_executable(g.graph_def, g.io_config, calibration=calib)
@@ -319,7 +319,7 @@ def test_seven_bit_weights_stay_in_the_range_int16_sums_hold(tmp_path: Path) -> 
                 if i.kind in ("conv2d_int8", "matmul_int8")]
 
     for w7, w8 in zip(weights(seven), weights(eight), strict=True):
-        assert w7.min() >= -63 and w7.max() <= 63 and np.abs(w7).max() == 63
+        assert w7.min() >= -64 and w7.max() <= 64 and np.abs(w7).max() == 64
         assert np.abs(w8).max() == 127
     x = RNG.standard_normal((4, 8, 8, 3)).astype(np.float32)
     want = g.reference({"x:0": x})
