@@ -517,11 +517,21 @@ Ref shifted_to_u8(Program& p, Instr& ins, const Ref& x, size_t& temp_at) {
   p.push_loop(ins, s, "neuronish:s8_to_u8", [n](const Step& st, int threads) {
     const uint8_t* from = data<const uint8_t>(st, 0);
     uint8_t* to = data<uint8_t>(st, 1);
+    // v + 128 is v with its sign bit flipped; eight bytes a word (-O2 does not vectorize
+    // the byte loop: 9.6 MB took ~5 ms)
     const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+    constexpr uint64_t signs = 0x8080808080808080ull;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && chunks > 1)
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t end = std::min(n, (c + 1) * chunk);
-      for (int64_t i = c * chunk; i < end; ++i) to[i] = from[i] ^ 0x80;  // v + 128
+      int64_t i = c * chunk;
+      for (; i + 8 <= end; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, from + i, 8);
+        w ^= signs;
+        std::memcpy(to + i, &w, 8);
+      }
+      for (; i < end; ++i) to[i] = from[i] ^ 0x80;
     }
   });
   return t;
