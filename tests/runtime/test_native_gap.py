@@ -129,6 +129,13 @@ def test_native_matches_the_reference(native_engine: None, monkeypatch: pytest.M
     # failure must come back when the test is re-run.
     rng = np.random.default_rng(zlib.crc32(sample.label().encode()))
     exe, feeds = _executable(sample, _inputs(sample, rng))
+    assert_native_matches_reference(sample, exe, feeds, monkeypatch)
+
+
+def assert_native_matches_reference(sample: Sample, exe: bytes, feeds: dict,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call of `exe` on the native engine (every instruction native) gives the numpy
+    reference engine's outputs: bit for bit, or within the dtype's rounding for float math."""
     got, left = run_reporting_numpy(exe, feeds)
     assert left == [], f"left to numpy: {left}"
     monkeypatch.setenv("NEURONISH_ENGINE", "numpy")

@@ -23,11 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neuronish.runtime import load
 from neuronish.runtime.native import library
 from neuronish.runtime.native.coverage import Sample, sample_instructions
-from tests.helpers import run_reporting_numpy
-from tests.runtime.test_native_gap import _executable
+from tests.runtime.test_native_gap import _executable, assert_native_matches_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,28 +62,14 @@ def test_seven_bit_weights_match_the_reference(monkeypatch: pytest.MonkeyPatch,
     assert library.load() is not None, f"native engine unavailable: {library.why_not()}"
     exe, feeds = _executable(sample, _edge_inputs(sample, -64, 64,
                                                   zlib.crc32(sample.label().encode())))
-    got, left = run_reporting_numpy(exe, feeds)
-    assert left == [], f"left to numpy: {left}"
-    monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
-    with load(exe) as model:
-        want = model.run(feeds)
-    for key, ref in want.items():
-        have = got[key]
-        if ref.dtype.kind == "f" and ref.dtype.itemsize >= 4:
-            scale = float(np.max(np.abs(ref), initial=1.0))
-            np.testing.assert_allclose(have, ref, rtol=2e-5, atol=2e-5 * scale,
-                                       err_msg=sample.label())
-        else:  # 8-bit and bfloat16 outputs: the reference's rounding, bit for bit
-            np.testing.assert_array_equal(have.view(np.uint8), ref.view(np.uint8),
-                                          err_msg=sample.label())
+    assert_native_matches_reference(sample, exe, feeds, monkeypatch)
 
 
 _PROBE = """
 import json, sys
 import numpy as np
-from neuronish.runtime import load
 from neuronish.runtime.native.coverage import sample_instructions
-from tests.runtime.test_native_gap import _executable
+from tests.runtime.test_native_gap import _executable, assert_native_matches_reference
 from tests.runtime.test_native_int8_seven_bits import _edge_inputs
 label, low, high = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sample = next(s for s in sample_instructions() if s.label() == label)
