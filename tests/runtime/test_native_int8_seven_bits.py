@@ -12,6 +12,7 @@ int8 kernel (u8 source) ran; full-range weights on a CPU without VNNI show float
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -30,8 +31,11 @@ from tests.runtime.test_native_gap import _executable, assert_native_matches_ref
 ROOT = Path(__file__).resolve().parents[2]
 
 # conv2d_int8 and matmul_int8 reading uint8 or int8, every output dtype, depthwise and
-# residual.
+# residual (coverage.py samples depthwise from uint8 only: an int8 twin is added).
 CASES = [s for s in sample_instructions() if s.kind in ("conv2d_int8", "matmul_int8")]
+CASES += [dataclasses.replace(s, dtypes=("int8", *s.dtypes[1:]),
+                              types=(((s.types[0][0]), "int8"), *s.types[1:]))
+          for s in CASES if s.attrs.get("depthwise")]
 
 
 def _has_vnni() -> bool:
