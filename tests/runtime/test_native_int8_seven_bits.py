@@ -70,13 +70,12 @@ def test_seven_bit_weights_match_the_reference(monkeypatch: pytest.MonkeyPatch,
 
 
 _PROBE = """
-import json, sys
-import numpy as np
-from neuronish.runtime.native.coverage import sample_instructions
-from tests.runtime.test_native_gap import _executable, assert_native_matches_reference
-from tests.runtime.test_native_int8_seven_bits import _edge_inputs
+import sys
+from neuronish.runtime import load
+from tests.runtime.test_native_gap import _executable
+from tests.runtime.test_native_int8_seven_bits import CASES, _edge_inputs
 label, low, high = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-sample = next(s for s in sample_instructions() if s.label() == label)
+sample = next(s for s in CASES if s.label() == label)
 exe, feeds = _executable(sample, _edge_inputs(sample, low, high, 7))
 with load(exe, runtime="python") as model:
     model.run(feeds)
@@ -100,9 +99,10 @@ def _kernel_sources(label: str, low: int, high: int) -> list[str]:
 
 
 @pytest.mark.parametrize("x", ["uint8", "int8"])
-@pytest.mark.parametrize("kind", ["conv2d_int8", "matmul_int8"])
+@pytest.mark.parametrize("kind", ["conv2d_int8", "conv2d_int8:depthwise", "matmul_int8"])
 def test_seven_bit_weights_run_on_int8_kernels(kind: str, x: str) -> None:
-    label = next(s.label() for s in CASES if s.kind == kind and s.types[0][1] == x)
+    label = next(s.label() for s in CASES
+                 if s.label().startswith(kind + " ") and s.types[0][1] == x)
     given = "u8" if x == "uint8" else "s8"
     # With VNNI int8 activations are taken as they are; without, shifted to uint8.
     seven = _kernel_sources(label, -64, 64)
