@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from zoo import max_rel_error  # noqa: E402 (a sibling script, found by the line above)
 
 PRECISIONS = ("bf16", "int8")  # the default
-ORDER = ("fp32", "bf16", "int8", "int8-bf16")
+ORDER = ("fp32", "bf16", "int8", "int8-bf16", "int8-w7")
 # A cheap cross-section: encoders, decoders, vision transformers, CNNs of each family.
 DEFAULT = ("bert_tiny", "gpt2_tiny", "llama_tiny", "t5_tiny", "vit_tiny", "swin_tiny",
            "resnet_hub_tiny", "mobilenet_hub_tiny", "mobilenetv5_tiny", "cspdarknet_tiny",
@@ -51,15 +51,18 @@ def compile_args(precision: str, name: str, signature: object, calibration: int,
 
     if precision == "bf16":
         return {"compiler_args": ["--auto-cast", "matmult"]}
-    if precision in ("int8", "int8-bf16"):
-        # (int8-bf16: what int8 leaves in float runs in bf16, docs/int8.md)
-        cast = {"compiler_args": ["--auto-cast", "matmult"]} if precision == "int8-bf16" else {}
+    if precision in ("int8", "int8-bf16", "int8-w7"):
+        # (int8-bf16: what int8 leaves in float runs in bf16; int8-w7: 7-bit weights, the
+        # int8 kernels of CPUs without VNNI; docs/int8.md)
+        cast = {"compiler_args": {"int8-bf16": ["--auto-cast", "matmult"],
+                                  "int8-w7": ["--int8-weight-bits", "7"]}[precision]} \
+            if precision != "int8" else {}
         return {"quantize": "int8", "calibration_data": [
             third_party.example_inputs(name, signature, batch, seed=seed)
             for seed in range(1, calibration + 1)], **cast}
     if precision == "fp32":
         return {}
-    raise ValueError(f"unknown precision {precision!r}; known: fp32, bf16, int8, int8-bf16")
+    raise ValueError(f"unknown precision {precision!r}; known: {', '.join(ORDER)}")
 
 
 def nonfinite_outputs(got: dict, want: dict) -> list[str]:
