@@ -218,7 +218,7 @@ def compile_executable(graph_def: bytes | list[TFNode], io_config: str | dict | 
     With `calibration` (samples, each a list of arrays in io-config input order),
     convolutions and matmuls are quantized to int8 (docs/int8.md); `max_error` bounds
     the outputs' relative error on those samples; `int8_weight_bits` 7 keeps weights in
-    [-63, 63] (int8 kernels exact on CPUs without VNNI)."""
+    [-64, 64] (int8 kernels exact on CPUs without VNNI)."""
     if auto_cast not in AUTO_CAST_MODES:
         raise InvalidGraph(f"auto-cast must be one of {AUTO_CAST_MODES}, got {auto_cast!r}")
     if auto_cast_type not in AUTO_CAST_TYPES:
