@@ -8,14 +8,18 @@
 // float output is f32 or bf16 (rounded once, to nearest even, by the primitive).
 namespace {
 
-// A one-element f32 scale owned by the program (oneDNN 3 takes scales as memory arguments).
-memory scale_memory(Program& p, float value) {
+// A one-element scale (f32) or zero point (s32) owned by the program (oneDNN 3 takes both
+// as memory arguments).
+template <class T>
+memory one_value_memory(Program& p, T value, dt type) {
   void* buf = std::aligned_alloc(64, 64);
-  if (!buf) throw Error("out of host memory for a scale");
+  if (!buf) throw Error("out of host memory for a scale or zero point");
   p.owned.emplace_back(buf, std::free);
-  *static_cast<float*>(buf) = value;
-  return memory(memory::desc({1}, dt::f32, tag::a), p.eng, buf);
+  *static_cast<T*>(buf) = value;
+  return memory(memory::desc({1}, type, tag::a), p.eng, buf);
 }
+
+memory scale_memory(Program& p, float value) { return one_value_memory(p, value, dt::f32); }
 
 // quantize's loop: v = x * inv (one float32 multiply), clamped to [lo, hi] in float (so a
 // value beyond int32 saturates too), rounded half to even (the default MXCSR mode of
@@ -180,18 +184,21 @@ struct QRows {
   int64_t rows, first, n, sa, sb;
 };
 
+// Elements [from, q.n) of one row, one at a time (the scalar loop, and vector loops' tails).
+template <class X, class Y, int64_t Fn>
+void qbinary_row_from(const X* pa, const X* pb, Y* py, int64_t from, const QRows& q,
+                      float inv) {
+  for (int64_t j = from; j < q.n; ++j) {
+    float v = binary_fn<Fn>(quantize_load(pa, j * q.sa), quantize_load(pb, j * q.sb));
+    if constexpr (std::is_same<X, uint16_t>::value) v = round_to_bf16(v);
+    py[j] = saturate_round<Y>(v * inv);
+  }
+}
+
 template <class X, class Y, int64_t Fn>
 void qbinary_rows(const X* a, const X* b, Y* y, const QRows& q, float inv) {
-  constexpr bool bf16 = std::is_same<X, uint16_t>::value;
-  for (int64_t r = 0; r < q.rows; ++r) {
-    const X *pa = a + q.oa[r], *pb = b + q.ob[r];
-    Y* py = y + (q.first + r) * q.n;
-    for (int64_t j = 0; j < q.n; ++j) {
-      float v = binary_fn<Fn>(quantize_load(pa, j * q.sa), quantize_load(pb, j * q.sb));
-      if constexpr (bf16) v = round_to_bf16(v);
-      py[j] = saturate_round<Y>(v * inv);
-    }
-  }
+  for (int64_t r = 0; r < q.rows; ++r)
+    qbinary_row_from<X, Y, Fn>(a + q.oa[r], b + q.ob[r], y + (q.first + r) * q.n, 0, q, inv);
 }
 
 
@@ -297,11 +304,7 @@ NEURONISH_AVX2 void qbinary_rows_avx2(const X* a, const X* b, Y* y, const QRows&
       }
       store8_quantized<Y>(v, k, py + j);
     }
-    for (int64_t j = whole; j < n; ++j) {
-      float v = binary_fn<Fn>(quantize_load(pa, j * q.sa), quantize_load(pb, j * q.sb));
-      if constexpr (std::is_same<X, uint16_t>::value) v = round_to_bf16(v);
-      py[j] = saturate_round<Y>(v * inv);
-    }
+    qbinary_row_from<X, Y, Fn>(pa, pb, py, whole, q, inv);
   }
 }
 
@@ -480,7 +483,7 @@ bool cpu_has_exact_int8() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
   }();
-  return has && !int8_forced_to_f32();
+  return has;
 }
 
 // How an int8 convolution or matmul computes on this CPU, exactly in every case:
@@ -540,12 +543,8 @@ Ref shifted_to_u8(Program& p, Instr& ins, const Ref& x, size_t& temp_at) {
 // The source zero point of int8_path's `shifted`: the attribute and its value.
 void shift_back(Program& p, primitive_attr& a, Step& s) {
   a.set_zero_points_mask(DNNL_ARG_SRC, 0);
-  void* buf = std::aligned_alloc(64, 64);
-  if (!buf) throw Error("out of host memory for a zero point");
-  p.owned.emplace_back(buf, std::free);
-  *static_cast<int32_t*>(buf) = 128;
   p.own_arg(s, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
-            memory(memory::desc({1}, dt::s32, tag::a), p.eng, buf));
+            one_value_memory(p, int32_t(128), dt::s32));
 }
 
 // float32(x_scale) · w_scale[o], as the reference's float32 product, in program-owned
