@@ -2,7 +2,7 @@
 
 The native engine computes such instructions in float32 on widened operands, with one
 rounding per result (runtime/native/engine.cc `in_f32`, engine_int8.cc
-`cpu_has_exact_int8`):
+`int8_path`):
 
 - float16, where oneDNN 3.2 has no float16 kernels (everywhere but AVX512-FP16);
 - bfloat16, where it has no bfloat16 kernels (AVX2-only CPUs such as AMD Zen 3);
