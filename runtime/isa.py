@@ -383,6 +383,9 @@ UNARY_DOMAIN: dict[str, frozenset[str]] = {
     "abs": SIGNED, "neg": SIGNED, "sign": SIGNED, "logical_not": frozenset({"bool"})}
 BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum", "squared_difference", "pow",
               *COMPARISONS, "logical_and", "logical_or", "floor_div", "floor_mod")
+# The binary functions that may carry an `activation` (one pass: oneDNN's binary with an
+# eltwise post-op), with the operands whose shape must be the output's.
+EPILOGUE_BINARY_FNS = ("add", "sub", "mul", "div", "maximum", "minimum")
 BINARY_DOMAIN: dict[str, frozenset[str]] = {
     **{fn: NUMBERS for fn in BINARY_FNS},
     "equal": DTYPES, "not_equal": DTYPES,
@@ -430,7 +433,22 @@ def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
                        "in")
     _in_domain(a["fn"], t[0].dtype, BINARY_DOMAIN[a["fn"]])
     shape = broadcast_shapes(t[0].shape, t[1].shape)
-    return [Type(shape, "bool" if a["fn"] in COMPARISONS else t[0].dtype)]
+    dtype = "bool" if a["fn"] in COMPARISONS else t[0].dtype
+    act = a.get("activation", "none")
+    if act != "none":
+        if dtype not in ("float32", "bfloat16"):
+            raise IsaError(f"activation {act} needs a float32 or bfloat16 output, got {dtype}",
+                           "activation")
+        if a["fn"] not in EPILOGUE_BINARY_FNS:
+            raise IsaError(f"activation {act} needs fn one of {', '.join(EPILOGUE_BINARY_FNS)}"
+                           f", got {a['fn']}", "activation")
+        y = tuple(shape)
+        full = tuple(t[0].shape) == y or (tuple(t[1].shape) == y and a["fn"] in SWAPPED)
+        if not full or len(y) > 6:
+            raise IsaError(f"activation {act} needs y of rank <= 6 and a (or b, for add, mul, "
+                           f"maximum, minimum) of y's shape {list(shape)}, got "
+                           f"{list(t[0].shape)} and {list(t[1].shape)}", "activation")
+    return [Type(shape, dtype)]
 
 
 def _select(t: Sequence[HasType], a: dict) -> list[Type]:
@@ -763,10 +781,18 @@ declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
                  "and back (round-to-nearest-even; used by `--auto-cast`). `round` rounds "
                  "half to even (TF's Round). Dtypes (`UNARY_DOMAIN`): relu, relu6, square any "
                  "number; abs, neg, sign signed numbers; logical_not bool; the rest floats.")))
-declare(Kind("binary", ("a", "b"), attrs=(Attr("fn", Choice(*BINARY_FNS)),),
+declare(Kind("binary", ("a", "b"), attrs=(
+    Attr("fn", Choice(*BINARY_FNS)),
+    Attr("activation", Choice("none", *sorted(ACTIVATIONS)), "none",
+         "fused epilogue: none or an activation (`ACTIVATIONS`)"), _ACTIVATION[1]),
              traits=_t("elementwise"), rule=_binary, doc=(
                  "numpy broadcasting; a and b share a dtype. Comparisons give bool, the rest "
-                 "the input dtype. `floor_div`/`floor_mod` round the quotient toward −∞ "
+                 "the input dtype. `activation` is applied to fn's result in float32, before a "
+                 "bfloat16 one is rounded (one pass for a pre-activation BatchNorm's scale "
+                 "and its ReLU: DenseNet); it takes float32 or bfloat16, fn one of "
+                 "`EPILOGUE_BINARY_FNS`, y of rank ≤ 6 and a (or b, for add, mul, maximum, "
+                 "minimum) of y's shape. "
+                 "`floor_div`/`floor_mod` round the quotient toward −∞ "
                  "(TF FloorDiv/FloorMod: the remainder takes the divisor's sign). Integers wrap "
                  "in their width; integer `div` truncates toward zero; an integer division or "
                  "remainder by zero gives 0 (numpy's answer: TF's CPU kernels raise), and "

@@ -32,6 +32,7 @@ from neuronish.runtime import isa
 
 from ..ir import Graph, Node, TensorType, Value, constant
 from .choices import deciding
+from .fuse import streams_in_one_pass
 
 BF16 = "bfloat16"
 # What the native engine runs on bfloat16 tensors with oneDNN (runtime/native/spec.py):
@@ -39,8 +40,6 @@ BF16 = "bfloat16"
 _FOLLOW_UNARY = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
                            "gelu", "gelu_tanh", "swish", "exp", "sqrt", "rsqrt", "square", "abs",
                            "neg", "reciprocal"})
-_FOLLOW_BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
-_COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})
 _MOVEMENT = frozenset({"reshape", "copy", "transpose", "concat", "strided_slice"})
 
 
@@ -51,10 +50,7 @@ def _follows(node: Node) -> bool:
     if node.kind == "unary":
         return node.attrs["fn"] in _FOLLOW_UNARY
     if node.kind == "binary":
-        a, b = node.inputs
-        y = node.outputs[0].shape
-        return node.attrs["fn"] in _FOLLOW_BINARY and (
-            a.shape == y or (b.shape == y and node.attrs["fn"] in _COMMUTATIVE))
+        return streams_in_one_pass(node)
     if node.kind == "softmax":  # (attention's probabilities: oneDNN's bf16 softmax)
         return not node.attrs.get("log")
     if node.kind == "select":  # (attention's mask: picks values, exact in any dtype)

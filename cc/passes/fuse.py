@@ -61,6 +61,8 @@ def _fold_one(graph: Graph, producer: Node, user: Node) -> bool:
     """Fold `user` (binary mul/div/add/sub by a constant) into `producer`."""
     if user.kind != "binary" or producer.attrs.get("activation", "none") != "none":
         return False
+    if user.attrs.get("activation", "none") != "none":
+        return False  # (its activation comes after the scale or shift)
     out = producer.outputs[0]
     fn = user.attrs["fn"]
     a, b = user.inputs
@@ -156,7 +158,8 @@ def absorb_dense_reshapes(graph: Graph) -> Graph:
 def _take_residual(graph: Graph, node: Node, bound: dict) -> bool:
     out = node.outputs[0]
     user = _sole_consumer(graph, out)
-    if user is None or user.kind != "binary" or user.attrs["fn"] != "add":
+    if user is None or user.kind != "binary" or user.attrs["fn"] != "add" \
+            or user.attrs.get("activation", "none") != "none":
         return False
     a, b = user.inputs
     other = b if a is out else a
@@ -188,6 +191,8 @@ def _take_activation(graph: Graph, node: Node, bound: dict) -> bool:
         return False
     if not node.outputs[0].dtype.startswith("float"):
         return False
+    if node.kind == "binary" and node.outputs[0].dtype != "float32":
+        return False  # (float32 only: isa.py's binary takes no float16/float64 epilogue)
     node.attrs = {**node.attrs, "activation": user.attrs["fn"],
                   "alpha": float(user.attrs.get("alpha", 0.0))}
     node.origin = node.origin + tuple(o for o in user.origin if o not in node.origin)
@@ -196,10 +201,34 @@ def _take_activation(graph: Graph, node: Node, bound: dict) -> bool:
     return True
 
 
+_COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})
+
+
+def streams_in_one_pass(node: Node) -> bool:
+    """`node` is a binary an engine computes in one pass over its full-shaped operand
+    (the broadcasting one read along): so it may carry an epilogue, or read bfloat16."""
+    if node.kind != "binary" or node.attrs["fn"] not in isa.EPILOGUE_BINARY_FNS:
+        return False
+    a, b = node.inputs
+    y = node.outputs[0].shape
+    return a.shape == y or (b.shape == y and node.attrs["fn"] in _COMMUTATIVE)
+
+
+def _streamed_binary(v: Value) -> bool:
+    n = v.producer
+    return (_no_activation(v) and streams_in_one_pass(n) and len(v.shape) <= 6
+            and n.inputs[0].dtype == n.inputs[1].dtype == v.dtype == "float32")
+
+
 ACTIVATION = [Rule("fuse_activation", Pat(tuple(_PRODUCERS), where=_no_activation),
-                   _take_activation)]
+                   _take_activation),
+              # A pre-activation BatchNorm's scale (x * a after a concat or a pool, which
+              # no weights take) and its ReLU: DenseNet's 58 blocks, ResNetV2's.
+              Rule("fuse_activation", Pat("binary", where=_streamed_binary), _take_activation)]
 
 
 def fuse_activation(graph: Graph) -> Graph:
-    """conv/matmul → unary activation becomes one instruction with `activation`."""
+    """conv/matmul → unary activation, and a one-pass binary (add, mul, ... with one
+    operand of the output's shape) → unary activation, each become one instruction
+    with `activation`."""
     return rewrite(graph, ACTIVATION)

@@ -265,11 +265,15 @@ Out binary(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &
   const Ref &y = outs[0];
   Chain post;
   if (fn == "squared_difference") { fn = "sub"; post = {{E_SQUARE, 0, 0}}; }
+  auto act = activation(a);
+  if (!act) return std::nullopt;
+  post.insert(post.end(), act->begin(), act->end());
   size_t rank = std::max<size_t>(y.shape.size(), 1);
   Ints shape_y = padded(y.shape, rank), sa = padded(A.shape, rank), sb = padded(B.shape, rank);
   bool onednn = kBinary.count(fn) && (A.dtype == F32 || A.dtype == BF16) && y.shape.size() <= 6 &&
                 (sa == shape_y || (sb == shape_y && kSwapped.count(fn)));
   if (!onednn) {
+    if (!act->empty()) return std::nullopt;  // (the loops have no epilogue)
     fn = a.s("fn");
     if (rank > 8) return std::nullopt;
     auto loop = kLoop.find(fn);

@@ -104,8 +104,26 @@ TensorType binary(const In &t, const Node &a) {
   if (t[0].dtype != t[1].dtype) fail("operands have different dtypes; they must match", "in");
   static const std::set<std::string> comparisons = {"greater", "greater_equal", "less", "less_equal",
                                                     "equal", "not_equal"};
-  return {broadcast({&t[0].shape, &t[1].shape}),
-          comparisons.count(attr_str(a, "fn", "")) ? dtype_of("bool") : t[0].dtype};
+  std::string fn = attr_str(a, "fn", "");
+  int dtype = comparisons.count(fn) ? dtype_of("bool") : t[0].dtype;
+  Shape y = broadcast({&t[0].shape, &t[1].shape});
+  std::string act = attr_str(a, "activation", "none");
+  if (act != "none") {  // (isa.py: one pass, oneDNN's binary with an eltwise post-op)
+    if (dtype != dtype_of("float32") && dtype != dtype_of("bfloat16"))
+      fail("activation " + act + " needs a float32 or bfloat16 output, got " +
+           std::string(isa::kDTypes[dtype].name), "activation");
+    static const std::set<std::string> epilogue = {"add", "sub", "mul", "div", "maximum",
+                                                   "minimum"};
+    static const std::set<std::string> commutative = {"add", "mul", "maximum", "minimum"};
+    if (!epilogue.count(fn))
+      fail("activation " + act + " needs fn one of add, sub, mul, div, maximum, minimum, got " +
+           fn, "activation");
+    bool full = t[0].shape == y || (t[1].shape == y && commutative.count(fn));
+    if (!full || y.size() > 6)
+      fail("activation " + act + " needs y of rank <= 6 and a (or b, for add, mul, maximum, "
+           "minimum) of y's shape", "activation");
+  }
+  return {y, dtype};
 }
 
 TensorType select(const In &t, const Node &) {

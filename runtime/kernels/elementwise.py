@@ -223,7 +223,7 @@ def apply_unary(fn: str, x: np.ndarray, y: np.ndarray, alpha: float = 0.2) -> No
 
 
 def activate(y: np.ndarray, attrs: dict) -> None:
-    """The fused `activation` of matmul/conv, in place on the output."""
+    """The fused `activation` of matmul/conv/binary, in place on the output."""
     fn = attrs.get("activation", "none")
     if fn == "relu":  # the hot case, without the dispatch
         with_constant(np.maximum, y, 0, y)
@@ -294,7 +294,9 @@ def binary(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
         # (bf16_via_float32 rounds only the result): they differ in ~10% of operands.
         with np.errstate(all="ignore"):
             q = np.divide(ins[0].astype(np.float32), ins[1].astype(np.float32))
-            np.copyto(outs[0], np.floor(q.astype(outs[0].dtype)))
+            q = np.floor(q.astype(outs[0].dtype)).astype(np.float32)
+            activate(q, attrs)
+            np.copyto(outs[0], q.astype(outs[0].dtype))
         return
     _binary_wide(ins, outs, attrs, scratch)
 
@@ -305,13 +307,14 @@ def _binary_wide(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
     fn = attrs["fn"]
     if fn == "add":  # the hot case (residual adds), without errstate
         np.add(ins[0], ins[1], out=outs[0])
-        return
-    try:
-        f = BINARY[fn]
-    except KeyError:
-        raise ValueError(f"unknown binary function {fn!r}") from None
-    with np.errstate(all="ignore"):
-        f(ins[0], ins[1], outs[0])
+    else:
+        try:
+            f = BINARY[fn]
+        except KeyError:
+            raise ValueError(f"unknown binary function {fn!r}") from None
+        with np.errstate(all="ignore"):
+            f(ins[0], ins[1], outs[0])
+    activate(outs[0], attrs)  # (bfloat16: still the float32 result, rounded after)
 
 
 @kernel("select")

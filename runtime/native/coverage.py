@@ -55,6 +55,15 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
     elif kind == "binary":
         for fn, d in itertools.product(isa.BINARY_FNS, _ALL):
             yield fn, [((2, 3, 8), d), ((3, 8), d)], {"fn": fn}
+        # A fused epilogue: every activation after an add, relu after every function
+        # that takes one (the broadcasting operand first where the function commutes).
+        for act, d in itertools.product(sorted(isa.ACTIVATIONS), ("float32", "bfloat16")):
+            yield f"add activation={act}", [((2, 3, 8), d), ((3, 8), d)], {
+                "fn": "add", "activation": act, "alpha": 0.3}
+        for fn in isa.EPILOGUE_BINARY_FNS:
+            first = (3, 8) if fn in isa.SWAPPED else (2, 3, 8)
+            yield f"{fn} activation=relu", [(first, "float32"), ((2, 3, 8), "float32")], {
+                "fn": fn, "activation": "relu"}
     elif kind == "select":
         for d in _ALL:
             yield "", [((2, 3, 8), "bool"), ((2, 3, 8), d), ((8,), d)], {}

@@ -381,12 +381,18 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
     post: list[tuple[int, float, float]] = []
     if fn == "squared_difference":
         fn, post = "sub", [(E_SQUARE, 0.0, 0.0)]
+    act = _activation(attrs)
+    if act is None:
+        return None
+    post += act
     rank = max(len(y.shape), 1)
     shape_y = _padded(y.shape, rank)
     sa, sb = _padded(a.shape, rank), _padded(b.shape, rank)
     onednn = fn in BINARY and a.dtype in ("float32", "bfloat16") and len(y.shape) <= 6 and (
         sa == shape_y or (sb == shape_y and fn in SWAPPED))
     if not onednn:  # (oneDNN's binary: float32, only the second operand broadcasting)
+        if act:
+            return None  # (the loops have no epilogue)
         fn = attrs["fn"]
         takes = fn in _BOOL_LOOP if a.dtype == "bool" else fn not in _LOGICAL
         if rank > 8 or fn not in LOOP or not takes:

@@ -137,6 +137,42 @@ def test_damaged_files_are_refused_naming_the_field(inspect_c: Path, tmp_path: P
     assert "not a regular file" in got[len(cases) + 1]["message"]
 
 
+def test_a_binarys_activation_is_checked_alike(inspect_c: Path, tmp_path: Path) -> None:
+    """A binary's `activation` holds only where one pass computes it (isa.py's binary):
+    both loaders refuse the rest naming the field, and take the one that is."""
+    import msgpack
+    import numpy as np
+
+    from runtime.program import one_instruction_program
+
+    arrays = [np.ones((2, 3, 8), np.float32), np.ones((3, 8), np.float32)]
+    program, _ = one_instruction_program("binary", arrays, {"fn": "add", "activation": "relu"},
+                                         [((2, 3, 8), "float32")])
+    body = msgpack.unpackb(executable.to_bytes(program.exe)[executable.HEADER_SIZE:],
+                           strict_map_key=False)
+    cases = {"fused": ({}, None), "pow": ({"fn": "pow"}, "fn one of"),
+             "sub_of_the_broadcast": ({"fn": "sub", "swap": True}, "of y's shape"),
+             "comparison": ({"fn": "less"}, "float32 or bfloat16 output")}
+    paths = []
+    for name, (change, _) in cases.items():
+        mutant = msgpack.unpackb(msgpack.packb(body), strict_map_key=False)
+        (ins,) = executable_fuzz._instructions(mutant)
+        if change.pop("swap", False):
+            ins["in"] = ins["in"][::-1]
+        ins["attrs"].update(change)
+        (tmp_path / name).write_bytes(executable_fuzz.seal(msgpack.packb(mutant)))
+        paths.append(tmp_path / name)
+    for (name, (_, needle)), path, line in zip(cases.items(), paths, _run(inspect_c, paths)):
+        if needle is None:
+            assert line.get("status") != "error", line
+            executable.from_bytes(path.read_bytes())
+            continue
+        assert line["status"] == "error" and needle in line["message"], (name, line)
+        assert "activation" in line["message"], (name, line)
+        with pytest.raises(ExecutableError, match=needle):
+            executable.from_bytes(path.read_bytes())
+
+
 def _accepts(check: object, data: bytes) -> bool:
     try:
         check(data)

@@ -1,0 +1,160 @@
+"""A binary takes the activation that follows it: a pre-activation BatchNorm (x * a + b,
+then ReLU, on a concat or a pool that no weights can absorb: DenseNet's blocks, ResNetV2's)
+loses one pass over its tensor, and the numbers stay TensorFlow's on every engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.cc.compiler import compile_graph
+from neuronish.cc.graphdef import parse_graph_def
+from neuronish.cc.ioconfig import parse_io_config
+from neuronish.cc.ir import format_graph
+from neuronish.cc.lower import lower
+from neuronish.cc.pipeline import Dumper, build_pipeline, run_pipeline
+from neuronish.runtime import isa, load
+from tests.graphs import TracedGraph, trace
+from tests.helpers import run_reporting_numpy
+
+
+def _dense_block(shift: bool, activation: str = "relu", stem: bool = False) -> TracedGraph:
+    """DenseNet's layer: concat(x, conv(x)), its BatchNorm as Keras exports it (a scale, and
+    a shift unless the offset and mean are zero, as with fresh weights), the activation and
+    the next 1x1 convolution. `stem`: x is a convolution's output first (so that under
+    --auto-cast matmult the whole block is a bfloat16 region)."""
+    rng = np.random.default_rng(7)
+    w_stem = tf.constant(rng.standard_normal((1, 1, 8, 8)).astype(np.float32) * 0.3)
+    w_grow = tf.constant(rng.standard_normal((3, 3, 8, 4)).astype(np.float32) * 0.3)
+    w_next = tf.constant(rng.standard_normal((1, 1, 12, 6)).astype(np.float32) * 0.3)
+    scale = tf.constant(rng.uniform(-1.5, 1.5, 12).astype(np.float32))
+    offset = tf.constant(rng.standard_normal(12).astype(np.float32))
+    act = {"relu": tf.nn.relu, "relu6": tf.nn.relu6, "sigmoid": tf.sigmoid}[activation]
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        if stem:
+            x = tf.nn.conv2d(x, w_stem, 1, "VALID")
+        grown = tf.concat([x, tf.nn.conv2d(x, w_grow, 1, "SAME")], axis=3)
+        h = grown * scale + offset if shift else grown * scale
+        return tf.nn.conv2d(act(h), w_next, 1, "VALID")
+
+    return trace(fn, tf.TensorSpec([2, 7, 7, 8], tf.float32, name="x"))
+
+
+def _optimized(g: TracedGraph):
+    graph = lower(parse_graph_def(g.graph_def), parse_io_config(g.io_config))
+    return run_pipeline(graph, build_pipeline("none"), Dumper(None))
+
+
+def _feeds(seed: int = 0) -> dict[str, np.ndarray]:
+    return {"x:0": np.random.default_rng(seed).standard_normal((2, 7, 7, 8)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["scale", "scale_shift"])
+@pytest.mark.parametrize("activation", ["relu", "relu6", "sigmoid"])
+def test_pre_activation_batchnorm_takes_its_activation(shift: bool, activation: str) -> None:
+    """The activation is an attribute of the BatchNorm's last binary: no unary is left, and
+    both runtimes (every instruction on the native engine) and the numpy reference engine
+    give TensorFlow's numbers."""
+    g = _dense_block(shift, activation)
+    graph = _optimized(g)
+    assert [n.kind for n in graph.nodes if n.kind == "unary"] == [], format_graph(graph)
+    binaries = [n for n in graph.nodes if n.kind == "binary"]
+    assert [(n.attrs["fn"], n.attrs.get("activation", "none")) for n in binaries] == \
+        ([("mul", "none"), ("add", activation)] if shift else [("mul", activation)])
+    assert any(activation in o.lower() for o in binaries[-1].origin)  # (names the TF op)
+    exe = compile_graph(g.graph_def, g.io_config)
+    feeds = _feeds()
+    want = g.reference(feeds)["Identity:0"]
+    got, left = run_reporting_numpy(exe, feeds)
+    assert left == []
+    np.testing.assert_allclose(got["Identity:0"], want, rtol=1e-5, atol=1e-5)
+    with load(exe) as model:  # the C runtime
+        np.testing.assert_allclose(model.run(feeds)["Identity:0"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_engine_applies_a_binarys_activation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference engine defines the attribute: without it, a negative product would
+    survive and the comparison with TensorFlow fails."""
+    monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
+    g = _dense_block(shift=True)
+    with load(compile_graph(g.graph_def, g.io_config), runtime="python") as model:
+        got = model.run(_feeds(1))["Identity:0"]
+    np.testing.assert_allclose(got, g.reference(_feeds(1))["Identity:0"], rtol=1e-5, atol=1e-5)
+
+
+def _kept_apart(fn: object, *specs: tf.TensorSpec) -> list[str]:
+    graph = _optimized(trace(fn, *specs))
+    return [n.kind for n in graph.nodes]
+
+
+def test_binaries_no_engine_streams_keep_their_activation_apart() -> None:
+    """Only a float32 binary with one operand of the output's shape takes the activation
+    (oneDNN's binary primitive with an eltwise post-op); anything else would leave the pair
+    to the numpy engine, so the unary stays."""
+    f32 = tf.float32
+    # Both operands broadcast: [4, 1] + [1, 5].
+    assert "unary" in _kept_apart(lambda a, b: tf.nn.relu(a + b),
+                                  tf.TensorSpec([4, 1], f32), tf.TensorSpec([1, 5], f32))
+    # Integers: the loops have no epilogue.
+    assert "unary" in _kept_apart(lambda a, b: tf.nn.relu(a + b),
+                                  tf.TensorSpec([4, 5], tf.int32), tf.TensorSpec([4, 5], tf.int32))
+    def read_twice(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        p = a * b  # (one Mul, read by the Relu and the Add)
+        return tf.nn.relu(p) + p
+
+    # The product is read twice: the activation cannot replace it.
+    assert "unary" in _kept_apart(read_twice,
+                                  tf.TensorSpec([4, 5], f32), tf.TensorSpec([4, 5], f32))
+    # A non-commutative binary whose first operand broadcasts: c - x.
+    assert "unary" in _kept_apart(lambda a, b: tf.nn.relu(a - b),
+                                  tf.TensorSpec([1, 5], f32), tf.TensorSpec([4, 5], f32))
+    # And the plain case does fuse (so the asserts above are not vacuous).
+    assert "unary" not in _kept_apart(lambda a, b: tf.nn.relu(a - b),
+                                      tf.TensorSpec([4, 5], f32), tf.TensorSpec([1, 5], f32))
+
+
+def test_bf16_binary_rounds_once_after_its_activation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a bfloat16 region the binary reads and writes bfloat16: fn and the activation in
+    float32, one rounding (the numpy engine's definition), which the native engine matches
+    and which stays within bfloat16's error of TensorFlow."""
+    g = _dense_block(shift=True, activation="sigmoid", stem=True)
+    exe = compile_graph(g.graph_def, g.io_config, auto_cast="matmult")
+    feeds = _feeds(2)
+    got, left = run_reporting_numpy(exe, feeds)
+    assert left == []
+    with load(exe, runtime="python") as model:
+        program = model._idle.get()
+        model._idle.put(program)
+        fused = [i for i in program.instructions
+                 if i.kind == "binary" and i.attrs.get("activation") == "sigmoid"]
+        assert len(fused) == 1, "the sigmoid was not fused into the binary"
+        assert model.exe.values[fused[0].outputs[0]][1] == "bfloat16"  # (shape, dtype)
+    monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
+    with load(exe, runtime="python") as model:
+        ref = model.run(feeds)["Identity:0"]
+    np.testing.assert_allclose(got["Identity:0"], ref, rtol=2e-2, atol=2e-2)
+    want = g.reference(feeds)["Identity:0"]
+    np.testing.assert_allclose(got["Identity:0"], want, rtol=5e-2, atol=5e-2)
+
+
+def test_isa_refuses_an_activation_on_an_integer_or_bool_result() -> None:
+    rule = isa.KINDS["binary"].rule
+    ints = [isa.Type((3,), "int32")] * 2
+    assert rule(ints, {"fn": "add"})[0].dtype == "int32"
+    with pytest.raises(isa.IsaError, match="activation relu needs a float32 or bfloat16"):
+        rule(ints, {"fn": "add", "activation": "relu"})
+    floats = [isa.Type((3,), "float32")] * 2
+    with pytest.raises(isa.IsaError, match="got bool"):
+        rule(floats, {"fn": "less", "activation": "relu"})
+    assert rule(floats, {"fn": "mul", "activation": "relu"})[0].dtype == "float32"
+    with pytest.raises(isa.IsaError, match="fn one of add, sub"):
+        rule(floats, {"fn": "pow", "activation": "relu"})
+    row, col = isa.Type((4, 1), "float32"), isa.Type((1, 5), "float32")
+    with pytest.raises(isa.IsaError, match="of y's shape"):  # both operands broadcast
+        rule([row, col], {"fn": "add", "activation": "relu"})
+    full, vec = isa.Type((4, 5), "float32"), isa.Type((5,), "float32")
+    assert rule([vec, full], {"fn": "add", "activation": "relu"})[0].shape == (4, 5)
+    with pytest.raises(isa.IsaError, match="of y's shape"):  # c - x: the engine's a is y
+        rule([vec, full], {"fn": "sub", "activation": "relu"})
