@@ -427,6 +427,14 @@ def _unary(t: Sequence[HasType], a: dict) -> list[Type]:
     return _one(t, a)
 
 
+def one_pass_binary(fn: str, a: Sequence[int], b: Sequence[int], y: Sequence[int]) -> bool:
+    """Whether binary `fn` of operands shaped `a` and `b` into `y` is one pass over an operand
+    of y's shape, the other broadcasting along (oneDNN's binary primitive): such a binary
+    may carry an `activation`, and read and write bfloat16."""
+    y = tuple(y)
+    return fn in EPILOGUE_BINARY_FNS and (tuple(a) == y or (tuple(b) == y and fn in SWAPPED))
+
+
 def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
     if t[0].dtype != t[1].dtype:
         raise IsaError(f"operands have dtypes {t[0].dtype} and {t[1].dtype}; they must match",
@@ -442,9 +450,7 @@ def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
         if a["fn"] not in EPILOGUE_BINARY_FNS:
             raise IsaError(f"activation {act} needs fn one of {', '.join(EPILOGUE_BINARY_FNS)}"
                            f", got {a['fn']}", "activation")
-        y = tuple(shape)
-        full = tuple(t[0].shape) == y or (tuple(t[1].shape) == y and a["fn"] in SWAPPED)
-        if not full or len(y) > 6:
+        if not one_pass_binary(a["fn"], t[0].shape, t[1].shape, shape) or len(shape) > 6:
             raise IsaError(f"activation {act} needs y of rank <= 6 and a (or b, for add, mul, "
                            f"maximum, minimum) of y's shape {list(shape)}, got "
                            f"{list(t[0].shape)} and {list(t[1].shape)}", "activation")

@@ -32,7 +32,6 @@ from neuronish.runtime import isa
 
 from ..ir import Graph, Node, TensorType, Value, constant
 from .choices import deciding
-from .fuse import streams_in_one_pass
 
 BF16 = "bfloat16"
 # What the native engine runs on bfloat16 tensors with oneDNN (runtime/native/spec.py):
@@ -50,7 +49,8 @@ def _follows(node: Node) -> bool:
     if node.kind == "unary":
         return node.attrs["fn"] in _FOLLOW_UNARY
     if node.kind == "binary":
-        return streams_in_one_pass(node)
+        a, b = node.inputs
+        return isa.one_pass_binary(node.attrs["fn"], a.shape, b.shape, node.outputs[0].shape)
     if node.kind == "softmax":  # (attention's probabilities: oneDNN's bf16 softmax)
         return not node.attrs.get("log")
     if node.kind == "select":  # (attention's mask: picks values, exact in any dtype)

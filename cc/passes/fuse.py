@@ -191,8 +191,6 @@ def _take_activation(graph: Graph, node: Node, bound: dict) -> bool:
         return False
     if not node.outputs[0].dtype.startswith("float"):
         return False
-    if node.kind == "binary" and node.outputs[0].dtype != "float32":
-        return False  # (float32 only: isa.py's binary takes no float16/float64 epilogue)
     node.attrs = {**node.attrs, "activation": user.attrs["fn"],
                   "alpha": float(user.attrs.get("alpha", 0.0))}
     node.origin = node.origin + tuple(o for o in user.origin if o not in node.origin)
@@ -201,23 +199,12 @@ def _take_activation(graph: Graph, node: Node, bound: dict) -> bool:
     return True
 
 
-_COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum"})
-
-
-def streams_in_one_pass(node: Node) -> bool:
-    """`node` is a binary an engine computes in one pass over its full-shaped operand
-    (the broadcasting one read along): so it may carry an epilogue, or read bfloat16."""
-    if node.kind != "binary" or node.attrs["fn"] not in isa.EPILOGUE_BINARY_FNS:
-        return False
-    a, b = node.inputs
-    y = node.outputs[0].shape
-    return a.shape == y or (b.shape == y and node.attrs["fn"] in _COMMUTATIVE)
-
-
 def _streamed_binary(v: Value) -> bool:
-    n = v.producer
-    return (_no_activation(v) and streams_in_one_pass(n) and len(v.shape) <= 6
-            and n.inputs[0].dtype == n.inputs[1].dtype == v.dtype == "float32")
+    """A float32 binary that may carry an activation (isa.py's binary)."""
+    a, b = v.producer.inputs
+    return (_no_activation(v) and a.dtype == b.dtype == v.dtype == "float32"
+            and isa.one_pass_binary(v.producer.attrs["fn"], a.shape, b.shape, v.shape)
+            and len(v.shape) <= 6)
 
 
 ACTIVATION = [Rule("fuse_activation", Pat(tuple(_PRODUCERS), where=_no_activation),
