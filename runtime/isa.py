@@ -435,25 +435,42 @@ def one_pass_binary(fn: str, a: Sequence[int], b: Sequence[int], y: Sequence[int
     return fn in EPILOGUE_BINARY_FNS and (tuple(a) == y or (tuple(b) == y and fn in SWAPPED))
 
 
+def _needs_one_pass(what: str, field: str, fn: str, t: Sequence[HasType],
+                    shape: tuple[int, ...], dtype: str) -> None:
+    """A binary's activation or addend is one oneDNN binary primitive's post-op: the
+    conditions under which one pass computes it (`one_pass_binary`)."""
+    if dtype not in ("float32", "bfloat16"):
+        raise IsaError(f"{what} needs a float32 or bfloat16 output, got {dtype}", field)
+    if fn not in EPILOGUE_BINARY_FNS:
+        raise IsaError(f"{what} needs fn one of {', '.join(EPILOGUE_BINARY_FNS)}, got {fn}",
+                       field)
+    if not one_pass_binary(fn, t[0].shape, t[1].shape, shape) or len(shape) > 6:
+        raise IsaError(f"{what} needs y of rank <= 6 and a (or b, for add, mul, maximum, "
+                       f"minimum) of y's shape {list(shape)}, got {list(t[0].shape)} and "
+                       f"{list(t[1].shape)}", field)
+
+
 def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
     if t[0].dtype != t[1].dtype:
         raise IsaError(f"operands have dtypes {t[0].dtype} and {t[1].dtype}; they must match",
                        "in")
-    _in_domain(a["fn"], t[0].dtype, BINARY_DOMAIN[a["fn"]])
+    fn = a["fn"]
+    _in_domain(fn, t[0].dtype, BINARY_DOMAIN[fn])
     shape = broadcast_shapes(t[0].shape, t[1].shape)
-    dtype = "bool" if a["fn"] in COMPARISONS else t[0].dtype
+    dtype = "bool" if fn in COMPARISONS else t[0].dtype
     act = a.get("activation", "none")
     if act != "none":
-        if dtype not in ("float32", "bfloat16"):
-            raise IsaError(f"activation {act} needs a float32 or bfloat16 output, got {dtype}",
-                           "activation")
-        if a["fn"] not in EPILOGUE_BINARY_FNS:
-            raise IsaError(f"activation {act} needs fn one of {', '.join(EPILOGUE_BINARY_FNS)}"
-                           f", got {a['fn']}", "activation")
-        if not one_pass_binary(a["fn"], t[0].shape, t[1].shape, shape) or len(shape) > 6:
-            raise IsaError(f"activation {act} needs y of rank <= 6 and a (or b, for add, mul, "
-                           f"maximum, minimum) of y's shape {list(shape)}, got "
-                           f"{list(t[0].shape)} and {list(t[1].shape)}", "activation")
+        _needs_one_pass(f"activation {act}", "activation", fn, t, shape, dtype)
+    if len(t) == 3:
+        _needs_one_pass("an addend c", "in", fn, t, shape, dtype)
+        c = t[2]
+        try:
+            fits = c.dtype == t[0].dtype and broadcast_shapes(shape, c.shape) == shape
+        except IsaError:
+            fits = False
+        if not fits:
+            raise IsaError(f"c must be {t[0].dtype} and broadcast to y {list(shape)}, got "
+                           f"{_fmt(c)}", "in")
     return [Type(shape, dtype)]
 
 
@@ -787,17 +804,18 @@ declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
                  "and back (round-to-nearest-even; used by `--auto-cast`). `round` rounds "
                  "half to even (TF's Round). Dtypes (`UNARY_DOMAIN`): relu, relu6, square any "
                  "number; abs, neg, sign signed numbers; logical_not bool; the rest floats.")))
-declare(Kind("binary", ("a", "b"), attrs=(
+declare(Kind("binary", ("a", "b"), ("c",), attrs=(
     Attr("fn", Choice(*BINARY_FNS)),
     Attr("activation", Choice("none", *sorted(ACTIVATIONS)), "none",
          "fused epilogue: none or an activation (`ACTIVATIONS`)"), _ACTIVATION[1]),
              traits=_t("elementwise"), rule=_binary, doc=(
-                 "numpy broadcasting; a and b share a dtype. Comparisons give bool, the rest "
-                 "the input dtype. `activation` is applied to fn's result in float32, before a "
-                 "bfloat16 one is rounded (one pass for a pre-activation BatchNorm's scale "
-                 "and its ReLU: DenseNet); it takes float32 or bfloat16, fn one of "
-                 "`EPILOGUE_BINARY_FNS`, y of rank ≤ 6 and a (or b, for add, mul, maximum, "
-                 "minimum) of y's shape. "
+                 "y = act(fn(a, b) [+ c]): numpy broadcasting; a and b share a dtype. "
+                 "Comparisons give bool, the rest the input dtype. The optional c (a's dtype, "
+                 "broadcasting to y) is added to fn's result and `activation` applied to that, "
+                 "in float32, before a bfloat16 y is rounded: one pass for a BatchNorm's scale, "
+                 "shift and ReLU after a concat or a pool (DenseNet, ResNetV2). Either needs "
+                 "float32 or bfloat16, fn one of `EPILOGUE_BINARY_FNS`, y of rank ≤ 6 and a "
+                 "(or b, for add, mul, maximum, minimum) of y's shape. "
                  "`floor_div`/`floor_mod` round the quotient toward −∞ "
                  "(TF FloorDiv/FloorMod: the remainder takes the divisor's sign). Integers wrap "
                  "in their width; integer `div` truncates toward zero; an integer division or "

@@ -25,8 +25,10 @@ from ..rewrite import Pat, Rule, rewrite
 
 def _float_operands(v: Value) -> bool:
     """The binary reads two float32 or two bfloat16 operands (so its result is of their
-    dtype, as binary_quantize's definition takes it) and has no activation (which
-    binary_quantize does not take)."""
+    dtype, as binary_quantize's definition takes it) and has no activation or addend
+    (which binary_quantize does not take)."""
+    if len(v.producer.inputs) != 2:
+        return False
     a, b = v.producer.inputs
     return (a.dtype == b.dtype == v.dtype and v.dtype in ("float32", "bfloat16")
             and v.producer.attrs.get("activation", "none") == "none")

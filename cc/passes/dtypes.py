@@ -49,7 +49,7 @@ def _follows(node: Node) -> bool:
     if node.kind == "unary":
         return node.attrs["fn"] in _FOLLOW_UNARY
     if node.kind == "binary":
-        a, b = node.inputs
+        a, b = node.inputs[:2]  # (an addend c broadcasts as b does: one pass either way)
         return isa.one_pass_binary(node.attrs["fn"], a.shape, b.shape, node.outputs[0].shape)
     if node.kind == "softmax":  # (attention's probabilities: oneDNN's bf16 softmax)
         return not node.attrs.get("log")

@@ -61,8 +61,8 @@ def _fold_one(graph: Graph, producer: Node, user: Node) -> bool:
     """Fold `user` (binary mul/div/add/sub by a constant) into `producer`."""
     if user.kind != "binary" or producer.attrs.get("activation", "none") != "none":
         return False
-    if user.attrs.get("activation", "none") != "none":
-        return False  # (its activation comes after the scale or shift)
+    if user.attrs.get("activation", "none") != "none" or len(user.inputs) != 2:
+        return False  # (its activation or addend comes after the scale or shift)
     out = producer.outputs[0]
     fn = user.attrs["fn"]
     a, b = user.inputs
@@ -159,7 +159,7 @@ def _take_residual(graph: Graph, node: Node, bound: dict) -> bool:
     out = node.outputs[0]
     user = _sole_consumer(graph, out)
     if user is None or user.kind != "binary" or user.attrs["fn"] != "add" \
-            or user.attrs.get("activation", "none") != "none":
+            or user.attrs.get("activation", "none") != "none" or len(user.inputs) != 2:
         return False
     a, b = user.inputs
     other = b if a is out else a
@@ -200,22 +200,49 @@ def _take_activation(graph: Graph, node: Node, bound: dict) -> bool:
 
 
 def _streamed_binary(v: Value) -> bool:
-    """A float32 binary that may carry an activation (isa.py's binary)."""
-    a, b = v.producer.inputs
+    """A float32 binary that may carry an activation and an addend (isa.py's binary)."""
+    a, b = v.producer.inputs[:2]
     return (_no_activation(v) and a.dtype == b.dtype == v.dtype == "float32"
             and isa.one_pass_binary(v.producer.attrs["fn"], a.shape, b.shape, v.shape)
             and len(v.shape) <= 6)
 
 
+def _unshifted(v: Value) -> bool:
+    return _streamed_binary(v) and len(v.producer.inputs) == 2
+
+
+def _take_shift(graph: Graph, add: Node, bound: dict) -> bool:
+    """fn(a, b) + c, the add's operand c broadcasting into fn's result: fn's binary takes
+    c as its addend, and the add's activation if it has one, at the add's place in the
+    schedule (where c is ready)."""
+    scaled, shift = bound["scaled"], bound["shift"]
+    y = add.outputs[0]
+    if len(add.inputs) != 2 or y.type != scaled.type or shift.dtype != y.dtype:
+        return False  # (an add that broadcasts fn's result up is two passes' work)
+    node = scaled.producer
+    node.inputs = [*node.inputs, shift]
+    node.attrs = {**node.attrs, "activation": add.attrs.get("activation", "none"),
+                  "alpha": float(add.attrs.get("alpha", 0.2))}
+    node.origin = node.origin + tuple(o for o in add.origin if o not in node.origin)
+    graph.move_before(add, node)
+    graph.replace_uses(y, scaled)
+    graph.remove(add)
+    return True
+
+
 ACTIVATION = [Rule("fuse_activation", Pat(tuple(_PRODUCERS), where=_no_activation),
                    _take_activation),
               # A pre-activation BatchNorm's scale (x * a after a concat or a pool, which
-              # no weights take) and its ReLU: DenseNet's 58 blocks, ResNetV2's.
-              Rule("fuse_activation", Pat("binary", where=_streamed_binary), _take_activation)]
+              # no weights take), its shift and its ReLU: DenseNet's 58 blocks, ResNetV2's.
+              Rule("fuse_activation", Pat("binary", where=_streamed_binary), _take_activation),
+              Rule("fuse_shift", Pat("binary", fn="add", commutative=True, inputs=(
+                  Pat("binary", private=True, where=_unshifted, name="scaled"),
+                  Pat(name="shift"))), _take_shift)]
 
 
 def fuse_activation(graph: Graph) -> Graph:
     """conv/matmul → unary activation, and a one-pass binary (add, mul, ... with one
     operand of the output's shape) → unary activation, each become one instruction
-    with `activation`."""
+    with `activation`; such a binary → add of a tensor broadcasting into its result
+    becomes one binary with that addend."""
     return rewrite(graph, ACTIVATION)

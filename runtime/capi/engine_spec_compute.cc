@@ -262,6 +262,7 @@ Out unary(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &o
 Out binary(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &) {
   std::string fn = a.s("fn");
   Ref A = ins[0], B = ins[1];
+  const Ref *C = ins.size() == 3 ? &ins[2] : nullptr;  // added before the activation
   const Ref &y = outs[0];
   Chain post;
   if (fn == "squared_difference") { fn = "sub"; post = {{E_SQUARE, 0, 0}}; }
@@ -273,7 +274,7 @@ Out binary(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &
   bool onednn = kBinary.count(fn) && (A.dtype == F32 || A.dtype == BF16) && y.shape.size() <= 6 &&
                 (sa == shape_y || (sb == shape_y && kSwapped.count(fn)));
   if (!onednn) {
-    if (!act->empty()) return std::nullopt;  // (the loops have no epilogue)
+    if (!act->empty() || C) return std::nullopt;  // (the loops have no epilogue)
     fn = a.s("fn");
     if (rank > 8) return std::nullopt;
     auto loop = kLoop.find(fn);
@@ -283,8 +284,10 @@ Out binary(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &
     return made(ints);
   }
   if (sa != shape_y) { std::swap(A, B); std::swap(sa, sb); fn = kSwapped.at(fn); }
-  Ints ints{OP_BINARY, kBinary.at(fn)};
-  put(ints, A, sa); put(ints, B, sb); put(ints, y, shape_y);
+  Ints ints{OP_BINARY, kBinary.at(fn), C != nullptr};
+  put(ints, A, sa); put(ints, B, sb);
+  if (C) put(ints, *C, padded(C->shape, rank));
+  put(ints, y, shape_y);
   std::vector<double> floats;
   epilogue(post, ints, floats);
   return made(ints, floats);

@@ -29,6 +29,12 @@ def _c_string(s: str) -> str:
     return json.dumps(s)  # a JSON string literal of ASCII text is a valid C literal
 
 
+def _name_list(name: str, names: list[str] | tuple[str, ...]) -> list[str]:
+    """A set of names from isa.py as a C array and its length."""
+    return [f"constexpr const char *{name}[] = {{{', '.join(map(_c_string, names))}}};",
+            f"constexpr int {name}Count = {len(names)};"]
+
+
 def header() -> str:
     """The C++ header text: constexpr tables in namespace nr::isa."""
     lines = ["// Generated from runtime/isa.py by runtime/capi/isa_table.py: do not edit.",
@@ -78,5 +84,8 @@ def header() -> str:
                      f"{'true' if kind.variadic else 'false'}, {table}, {len(attrs)}, "
                      f"{'true' if kind.name in NATIVE_RULES else 'false'}}}")
     lines.append("constexpr Kind kKinds[] = {\n  " + ",\n  ".join(kinds) + "};")
+    lines += _name_list("kEpilogueBinaryFns", isa.EPILOGUE_BINARY_FNS)
+    lines += _name_list("kOnePassSwappable",  # (isa.one_pass_binary: b may be y-shaped)
+                        [f for f in isa.EPILOGUE_BINARY_FNS if f in isa.SWAPPED])
     lines += ["}  // namespace nr::isa", ""]
     return "\n".join(lines)

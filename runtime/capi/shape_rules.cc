@@ -100,6 +100,29 @@ using Rule = std::function<TensorType(const In &, const Node &)>;
 
 TensorType one(const In &t, const Node &) { return t[0]; }
 
+bool named_in(const std::string &name, const char *const *names, int count) {
+  return std::find(names, names + count, name) != names + count;
+}
+
+// isa._needs_one_pass: an activation or an addend is a post-op of oneDNN's binary.
+void needs_one_pass(const std::string &what, const char *field, const std::string &fn,
+                    const In &t, const Shape &y, int dtype) {
+  if (dtype != dtype_of("float32") && dtype != dtype_of("bfloat16"))
+    fail(what + " needs a float32 or bfloat16 output, got " +
+         std::string(isa::kDTypes[dtype].name), field);
+  if (!named_in(fn, isa::kEpilogueBinaryFns, isa::kEpilogueBinaryFnsCount)) {
+    std::string names;
+    for (int i = 0; i < isa::kEpilogueBinaryFnsCount; ++i)
+      names += (i ? ", " : "") + std::string(isa::kEpilogueBinaryFns[i]);
+    fail(what + " needs fn one of " + names + ", got " + fn, field);
+  }
+  bool full = t[0].shape == y || (t[1].shape == y && named_in(fn, isa::kOnePassSwappable,
+                                                              isa::kOnePassSwappableCount));
+  if (!full || y.size() > 6)
+    fail(what + " needs y of rank <= 6 and a (or b, for add, mul, maximum, minimum) of y's "
+         "shape", field);
+}
+
 TensorType binary(const In &t, const Node &a) {
   if (t[0].dtype != t[1].dtype) fail("operands have different dtypes; they must match", "in");
   static const std::set<std::string> comparisons = {"greater", "greater_equal", "less", "less_equal",
@@ -108,20 +131,17 @@ TensorType binary(const In &t, const Node &a) {
   int dtype = comparisons.count(fn) ? dtype_of("bool") : t[0].dtype;
   Shape y = broadcast({&t[0].shape, &t[1].shape});
   std::string act = attr_str(a, "activation", "none");
-  if (act != "none") {  // (isa.py: one pass, oneDNN's binary with an eltwise post-op)
-    if (dtype != dtype_of("float32") && dtype != dtype_of("bfloat16"))
-      fail("activation " + act + " needs a float32 or bfloat16 output, got " +
-           std::string(isa::kDTypes[dtype].name), "activation");
-    static const std::set<std::string> epilogue = {"add", "sub", "mul", "div", "maximum",
-                                                   "minimum"};
-    static const std::set<std::string> commutative = {"add", "mul", "maximum", "minimum"};
-    if (!epilogue.count(fn))
-      fail("activation " + act + " needs fn one of add, sub, mul, div, maximum, minimum, got " +
-           fn, "activation");
-    bool full = t[0].shape == y || (t[1].shape == y && commutative.count(fn));
-    if (!full || y.size() > 6)
-      fail("activation " + act + " needs y of rank <= 6 and a (or b, for add, mul, maximum, "
-           "minimum) of y's shape", "activation");
+  if (act != "none") needs_one_pass("activation " + act, "activation", fn, t, y, dtype);
+  if (t.size() == 3) {
+    needs_one_pass("an addend c", "in", fn, t, y, dtype);
+    bool fits = t[2].dtype == t[0].dtype && t[2].shape.size() <= y.size();
+    for (size_t k = 0; fits && k < t[2].shape.size(); ++k) {
+      int64_t d = t[2].shape[t[2].shape.size() - 1 - k];
+      fits = d == 1 || d == y[y.size() - 1 - k];
+    }
+    if (!fits)
+      fail("c must be " + std::string(isa::kDTypes[t[0].dtype].name) + " and broadcast to y, got " +
+           fmt(t[2]), "in");
   }
   return {y, dtype};
 }

@@ -64,6 +64,17 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
             first = (3, 8) if fn in isa.SWAPPED else (2, 3, 8)
             yield f"{fn} activation=relu", [(first, "float32"), ((2, 3, 8), "float32")], {
                 "fn": fn, "activation": "relu"}
+        # An addend c (a BatchNorm's scale and shift): a channel vector, one value and a
+        # full tensor (the engine describes these as [rows, channels]), and one broadcasting
+        # along a middle axis (which it leaves as they are), each with and without relu.
+        for (name, c), d, act in itertools.product(
+                (("c=channels", (8,)), ("c=one", (1,)), ("c=full", (2, 3, 8)),
+                 ("c=rows", (3, 1))), ("float32", "bfloat16"), ("none", "relu")):
+            yield f"mul {name} activation={act}", [((2, 3, 8), d), ((8,), d), (c, d)], {
+                "fn": "mul", "activation": act}
+        for fn in isa.EPILOGUE_BINARY_FNS:
+            yield f"{fn} c=channels", [((2, 3, 8), "float32"), ((2, 3, 8), "float32"),
+                                       ((8,), "float32")], {"fn": fn}
     elif kind == "select":
         for d in _ALL:
             yield "", [((2, 3, 8), "bool"), ((2, 3, 8), d), ((8,), d)], {}

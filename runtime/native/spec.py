@@ -377,7 +377,8 @@ def _generic_unary(fn: str, attrs: dict, x: Ref, y: Ref) -> tuple[list[int], lis
 
 def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
             const: list[bool]) -> tuple[list[int], list[float]] | None:
-    fn, (a, b), y = attrs["fn"], ins, outs[0]
+    fn, (a, b), y = attrs["fn"], ins[:2], outs[0]
+    c = ins[2] if len(ins) == 3 else None  # added before the activation: a binary post-op
     post: list[tuple[int, float, float]] = []
     if fn == "squared_difference":
         fn, post = "sub", [(E_SQUARE, 0.0, 0.0)]
@@ -391,7 +392,7 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
     onednn = fn in BINARY and a.dtype in ("float32", "bfloat16") and len(y.shape) <= 6 and (
         sa == shape_y or (sb == shape_y and fn in SWAPPED))
     if not onednn:  # (oneDNN's binary: float32, only the second operand broadcasting)
-        if act:
+        if act or c is not None:
             return None  # (the loops have no epilogue)
         fn = attrs["fn"]
         takes = fn in _BOOL_LOOP if a.dtype == "bool" else fn not in _LOGICAL
@@ -400,7 +401,10 @@ def _binary(attrs: dict, ins: list[Ref], outs: list[Ref],
         return [OP_G_BINARY, LOOP[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)], []
     if sa != shape_y:
         a, b, sa, sb, fn = b, a, sb, sa, SWAPPED[fn]
-    ints = [OP_BINARY, BINARY[fn], *a.encode(sa), *b.encode(sb), *y.encode(shape_y)]
+    ints = [OP_BINARY, BINARY[fn], int(c is not None), *a.encode(sa), *b.encode(sb)]
+    if c is not None:
+        ints += c.encode(_padded(c.shape, rank))
+    ints += y.encode(shape_y)
     floats: list[float] = []
     _epilogue(post, ints, floats)
     return ints, floats

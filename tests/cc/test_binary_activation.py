@@ -1,8 +1,14 @@
-"""A binary takes the activation that follows it: a pre-activation BatchNorm (x * a + b,
-then ReLU, on a concat or a pool that no weights can absorb: DenseNet's blocks, ResNetV2's)
-loses one pass over its tensor, and the numbers stay TensorFlow's on every engine."""
+"""A binary takes the add and the activation that follow it: a pre-activation BatchNorm
+(x * a + b, then ReLU, on a concat or a pool that no weights can absorb: DenseNet's blocks,
+ResNetV2's) is one pass over its tensor instead of three, and the numbers stay TensorFlow's
+on every engine."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,16 +60,18 @@ def _feeds(seed: int = 0) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("shift", [False, True], ids=["scale", "scale_shift"])
 @pytest.mark.parametrize("activation", ["relu", "relu6", "sigmoid"])
 def test_pre_activation_batchnorm_takes_its_activation(shift: bool, activation: str) -> None:
-    """The activation is an attribute of the BatchNorm's last binary: no unary is left, and
-    both runtimes (every instruction on the native engine) and the numpy reference engine
-    give TensorFlow's numbers."""
+    """The BatchNorm is one binary: the scale's mul, the shift as its addend, and the
+    activation as an attribute; no unary or add is left, and both runtimes (every
+    instruction on the native engine) and the numpy reference engine give TensorFlow's
+    numbers."""
     g = _dense_block(shift, activation)
     graph = _optimized(g)
     assert [n.kind for n in graph.nodes if n.kind == "unary"] == [], format_graph(graph)
     binaries = [n for n in graph.nodes if n.kind == "binary"]
-    assert [(n.attrs["fn"], n.attrs.get("activation", "none")) for n in binaries] == \
-        ([("mul", "none"), ("add", activation)] if shift else [("mul", activation)])
+    assert [(n.attrs["fn"], n.attrs.get("activation", "none"), len(n.inputs))
+            for n in binaries] == [("mul", activation, 3 if shift else 2)], format_graph(graph)
     assert any(activation in o.lower() for o in binaries[-1].origin)  # (names the TF op)
+    assert any(o.lower().endswith("add") for o in binaries[-1].origin) == shift
     exe = compile_graph(g.graph_def, g.io_config)
     feeds = _feeds()
     want = g.reference(feeds)["Identity:0"]
@@ -158,3 +166,94 @@ def test_isa_refuses_an_activation_on_an_integer_or_bool_result() -> None:
     assert rule([vec, full], {"fn": "add", "activation": "relu"})[0].shape == (4, 5)
     with pytest.raises(isa.IsaError, match="of y's shape"):  # c - x: the engine's a is y
         rule([vec, full], {"fn": "sub", "activation": "relu"})
+
+
+def _shift_cases() -> dict[str, tuple[object, list[tf.TensorSpec]]]:
+    rng = np.random.default_rng(3)
+    scale = tf.constant(rng.uniform(0.5, 1.5, 6).astype(np.float32))
+    offset = tf.constant(rng.standard_normal(6).astype(np.float32))
+    image = tf.TensorSpec([2, 5, 5, 6], tf.float32)
+    return {
+        # A BatchNorm that no activation follows (Keras' last one before a pool).
+        "no_activation": (lambda x: x * scale + offset, [image]),
+        # The shift first in the add, and an activation with a slope.
+        "shift_first": (lambda x: tf.nn.leaky_relu(offset + x * scale, 0.3), [image]),
+        # A full tensor computed after the product: the fused binary waits for it.
+        "full_later": (lambda x: tf.nn.relu(x * scale + tf.sin(x)), [image]),
+    }
+
+
+@pytest.mark.parametrize("case", ["no_activation", "shift_first", "full_later"])
+def test_an_add_after_a_one_pass_binary_is_its_addend(case: str) -> None:
+    """fn(a, b) + c becomes one binary with c as its third input, wherever c comes from,
+    and gives TensorFlow's numbers on both runtimes with every instruction native."""
+    fn, specs = _shift_cases()[case]
+    g = trace(fn, *specs)
+    graph = _optimized(g)
+    binaries = [n for n in graph.nodes if n.kind == "binary"]
+    assert [(n.attrs["fn"], len(n.inputs)) for n in binaries] == [("mul", 3)], \
+        format_graph(graph)
+    exe = compile_graph(g.graph_def, g.io_config)
+    feeds = {"x:0": np.random.default_rng(4).standard_normal((2, 5, 5, 6)).astype(np.float32)}
+    want = g.reference(feeds)["Identity:0"]
+    got, left = run_reporting_numpy(exe, feeds)
+    assert left == []
+    np.testing.assert_allclose(got["Identity:0"], want, rtol=1e-5, atol=1e-5)
+    with load(exe) as model:  # the C runtime
+        np.testing.assert_allclose(model.run(feeds)["Identity:0"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_add_that_broadcasts_the_product_stays_apart() -> None:
+    """[4, 1] * [1, 1] + [1, 5] is [4, 5]: the product is not the add's shape, so one pass
+    over the product cannot compute the sum; the add stays an instruction of its own."""
+    kinds = _kept_apart(lambda a, b, c: a * b + c, tf.TensorSpec([4, 1], tf.float32),
+                        tf.TensorSpec([1, 1], tf.float32), tf.TensorSpec([1, 5], tf.float32))
+    assert kinds.count("binary") == 2, kinds
+
+
+_VERBOSE_PROBE = """
+import numpy as np
+from neuronish.runtime import executable, load
+from runtime.program import one_instruction_program
+rng = np.random.default_rng(0)
+arrays = [rng.standard_normal(s).astype(np.float32) for s in ((8, 14, 14, 32), (32,), (32,))]
+program, _ = one_instruction_program("binary", arrays, {"fn": "mul", "activation": "relu"},
+                                     [((8, 14, 14, 32), "float32")])
+with load(executable.to_bytes(program.exe), runtime="python") as model:
+    model.run({f"in{i}": a for i, a in enumerate(arrays)})
+"""
+
+
+def test_a_channel_addend_runs_on_onednns_own_kernel() -> None:
+    """oneDNN 3.2 takes a binary post-op that broadcasts along a 4-D tensor's last dim to
+    its reference code (a DenseNet-sized BatchNorm: 747 ms against 2 ms); the engine
+    describes the operands as [rows, channels], where it is a per-channel post-op that
+    its JIT kernels take. ONEDNN_VERBOSE names the implementation that ran."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1")
+    run = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ran = [line.split(",")[4] for line in run.stdout.splitlines()
+           if line.startswith("onednn_verbose,exec,cpu,binary,") and "binary_add" in line]
+    assert ran and not any(impl.startswith("ref") for impl in ran), run.stdout[-2000:]
+
+
+def test_isa_refuses_an_addend_one_pass_cannot_take() -> None:
+    rule = isa.KINDS["binary"].rule
+    full, vec = isa.Type((4, 5), "float32"), isa.Type((5,), "float32")
+    assert rule([full, vec, vec], {"fn": "mul"})[0].shape == (4, 5)
+    assert rule([vec, full, isa.Type((4, 1), "float32")], {"fn": "mul"})[0].shape == (4, 5)
+    with pytest.raises(isa.IsaError, match="c must be float32 and broadcast to y"):
+        rule([full, vec, isa.Type((4,), "float32")], {"fn": "mul"})  # (4 against 5)
+    with pytest.raises(isa.IsaError, match="c must be float32 and broadcast to y"):
+        rule([full, vec, isa.Type((2, 4, 5), "float32")], {"fn": "mul"})  # (widens y)
+    with pytest.raises(isa.IsaError, match="c must be float32"):
+        rule([full, vec, isa.Type((5,), "bfloat16")], {"fn": "mul"})
+    ints = isa.Type((4, 5), "int32")
+    with pytest.raises(isa.IsaError, match="addend c needs a float32 or bfloat16"):
+        rule([ints, ints, ints], {"fn": "add"})
+    with pytest.raises(isa.IsaError, match="fn one of add, sub"):
+        rule([full, vec, vec], {"fn": "pow"})
+    with pytest.raises(isa.IsaError, match="of y's shape"):  # c - x: the engine's a is y
+        rule([vec, full, vec], {"fn": "sub"})

@@ -173,6 +173,47 @@ def test_a_binarys_activation_is_checked_alike(inspect_c: Path, tmp_path: Path) 
             executable.from_bytes(path.read_bytes())
 
 
+def test_a_binarys_addend_is_checked_alike(inspect_c: Path, tmp_path: Path) -> None:
+    """A binary's third input c holds only where one pass adds it (isa.py's binary): both
+    loaders refuse the rest naming the input, and take the one that is."""
+    import msgpack
+    import numpy as np
+
+    from runtime.program import one_instruction_program
+
+    arrays = [np.ones((2, 3, 8), np.float32), np.ones((8,), np.float32),
+              np.ones((8,), np.float32)]
+    program, _ = one_instruction_program("binary", arrays, {"fn": "mul", "activation": "relu"},
+                                         [((2, 3, 8), "float32")])
+    body = msgpack.unpackb(executable.to_bytes(program.exe)[executable.HEADER_SIZE:],
+                           strict_map_key=False)
+    cases = {"fused": (None, None, None), "pow": ({"fn": "pow"}, None, "fn one of"),
+             "c_too_long": (None, ([3], "float32"), "broadcast to y"),
+             "c_of_another_dtype": (None, ([8], "bfloat16"), "broadcast to y"),
+             "comparison": ({"fn": "less", "activation": "none"}, None,
+                            "float32 or bfloat16 output")}
+    paths = []
+    for name, (change, c_type, _) in cases.items():
+        mutant = msgpack.unpackb(msgpack.packb(body), strict_map_key=False)
+        (ins,) = executable_fuzz._instructions(mutant)
+        ins["attrs"].update(change or {})
+        if c_type:  # (the value and the input signature that declare c)
+            value = mutant["values"][ins["in"][2]]
+            value[1], value[2] = c_type
+            sig = next(i for i in mutant["inputs"] if i["value"] == ins["in"][2])
+            sig["shape"], sig["dtype"] = c_type
+        (tmp_path / name).write_bytes(executable_fuzz.seal(msgpack.packb(mutant)))
+        paths.append(tmp_path / name)
+    for (name, (_, _, needle)), path, line in zip(cases.items(), paths, _run(inspect_c, paths)):
+        if needle is None:
+            assert line.get("status") != "error", line
+            executable.from_bytes(path.read_bytes())
+            continue
+        assert line["status"] == "error" and needle in line["message"], (name, line)
+        with pytest.raises(ExecutableError, match=needle):
+            executable.from_bytes(path.read_bytes())
+
+
 def _accepts(check: object, data: bytes) -> bool:
     try:
         check(data)
