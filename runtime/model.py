@@ -28,7 +28,7 @@ from .errors import (
     DeviceError,
     ExecutableError,
 )
-from .executable import Executable, from_bytes, read_file
+from .executable import Executable, ExecutableFile, from_bytes
 from .native import native_library
 from .program import LoadedProgram, aligned_empty
 
@@ -310,23 +310,25 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     or "python" insists on one (for tests and tools)."""
     if runtime not in (None, "c", "python"):
         raise ValueError(f"runtime must be 'c', 'python' or None, got {runtime!r}")
+    file = None  # a file's bytes were hashed as read: parsed without hashing them again
     if isinstance(source, (str, Path)):
         try:
-            data = read_file(source)
+            file = ExecutableFile.read(source)
         except OSError as e:
             raise DeviceError(f"cannot read executable {source}: {e.strerror}") from None
+        data = file.data
     else:
         data = bytes(source)
     note = "a device was given" if device is not None else ""
     if device is None and runtime != "python":
         from .capi import native_model
 
-        native, note = native_model.load(data, duplicates)
+        native, note = native_model.load(data, duplicates, parse=file.parse if file else None)
         if native is not None:
             return native
         if runtime == "c":
             raise DeviceError(f"cannot load on the C runtime: {note}")
         logging.getLogger(__name__).info("the model runs on the Python runtime: %s", note)
-    model = Model(from_bytes(data), device or get_device(), duplicates)
+    model = Model(file.parse() if file else from_bytes(data), device or get_device(), duplicates)
     model.runtime_note = note or "runtime='python' was asked for"
     return model

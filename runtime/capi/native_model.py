@@ -28,8 +28,8 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from ..errors import (
     OutOfDeviceMemory,
 )
 from ..signature import TensorSignature
+
+if TYPE_CHECKING:
+    from ..executable import Executable
 
 ENV_KERNEL = "NEURONISH_KERNEL"
 
@@ -284,9 +287,11 @@ class Loaded(NamedTuple):
 
 
 def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
-         step_down: bool = False) -> Loaded:
+         step_down: bool = False, parse: Callable[[], Executable] | None = None) -> Loaded:
     """`data` on the C device with `duplicates` copies, or (None, why not): a setting
-    above, the C runtime unusable here, or what it refused.
+    above, the C runtime unusable here, or what it refused. `parse` gives `data` parsed
+    when a profile needs it (a file's ExecutableFile.parse, which does not hash the bytes
+    again); from_bytes otherwise.
 
     runtime.load asks for exactly `duplicates` (its rule); the NeuronOp passes
     `step_down=True` to take as many as fit, down to one, when the C runtime says there
@@ -308,19 +313,22 @@ def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
                 continue
             return Loaded(None, f"the C runtime refused it: {e}")
         if profiler.active():
-            _describe_for_profile(model, blob)
+            _describe_for_profile(model, parse or (lambda: _from_bytes(blob)))
         return Loaded(model, "")
     return Loaded(None, f"duplicates must be at least 1, got {duplicates}")
 
 
-def _describe_for_profile(model: NativeModel, blob: bytes) -> None:
-    """The profile's modelled track of the model's chunks needs its executable's stats,
-    which the C library does not read: parsed here, once, for the profiler."""
-    from ..errors import ExecutableError
+def _from_bytes(blob: bytes) -> Executable:
     from ..executable import from_bytes
 
+    return from_bytes(blob)
+
+
+def _describe_for_profile(model: NativeModel, parse: Callable[[], Executable]) -> None:
+    """The profile's modelled track of the model's chunks needs its executable's stats,
+    which the C library does not read: parsed here, once, for the profiler."""
     try:
-        exe = from_bytes(blob)
+        exe = parse()
     except ExecutableError as e:  # (the C runtime took it: not expected; the track is lost)
         _log.warning("no modelled track in the profile for %s: %s", model, e)
         return
