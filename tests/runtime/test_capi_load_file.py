@@ -159,7 +159,8 @@ def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
     """nr_sha256 (the CPU's SHA extensions where it has them, else portable code) on every
     length around the block and padding edges; and a file of several 1 MiB pieces whose
     header seals its (random) body: the digest of the pieces matches, so the loader goes
-    on to refuse the body itself, as it refuses the same bytes in memory."""
+    on to refuse the body itself, as it refuses the same bytes in memory (naming the
+    file)."""
     import random
 
     lib = binding.load_library()
@@ -177,8 +178,8 @@ def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
     from_file = error.value.decode()
     assert lib.nr_executable_load_bytes(path.read_bytes(), path.stat().st_size, ctypes.byref(exe),
                                         error, 4096) == 3
-    assert from_file == error.value.decode()
-    assert from_file.startswith("executable body is malformed"), from_file
+    assert from_file == f"executable file '{path}': " + error.value.decode()
+    assert error.value.decode().startswith("executable body is malformed"), from_file
 
 
 PYTHON_CHILD = """
