@@ -1,7 +1,8 @@
 /* A profile started and stopped again and again while calls run
  * (tests/runtime/test_capi_profile_toggle.py, under ThreadSanitizer): each model is loaded
  * with its duplicates, four threads call every model in turn, and the main thread starts a
- * recording, lets calls run into it, and takes its spans, until the callers are done. Each
+ * recording, lets calls run into it, and takes its spans, 200 times; the callers go on
+ * until it is done. Each
  * call decides once whether it is timed; the stage that runs it arms or disarms the
  * engine's timing when the call's wish differs from the last one's. A last recording
  * around one call of each model shows that timing still works after all the flips.
@@ -19,7 +20,8 @@
 
 #define MAX_MODELS 4
 #define CALLERS 4
-#define CALLS 60
+#define CALLS 20   /* per caller at least, and on until the toggling is done */
+#define TOGGLES 200
 
 typedef struct {
   nr_model *model;
@@ -28,7 +30,7 @@ typedef struct {
 
 static Loaded models[MAX_MODELS];
 static int num_models;
-static atomic_int failures, callers_left;
+static atomic_int failures, toggling_done;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void call(const Loaded *m) {
@@ -52,8 +54,7 @@ static void call(const Loaded *m) {
 
 static void *caller(void *arg) {
   long t = (long)arg;
-  for (int k = 0; k < CALLS; ++k) call(&models[(t + k) % num_models]);
-  atomic_fetch_sub(&callers_left, 1);
+  for (int k = 0; k < CALLS || !atomic_load(&toggling_done); ++k) call(&models[(t + k) % num_models]);
   return NULL;
 }
 
@@ -83,11 +84,10 @@ int main(int argc, char **argv) {
     nr_executable_tensor(exe, NR_OUTPUT, 0, &m->out);
     call(m); /* untimed: every stage's timing starts disarmed */
   }
-  atomic_store(&callers_left, CALLERS);
   pthread_t threads[CALLERS];
   for (long t = 0; t < CALLERS; ++t) pthread_create(&threads[t], NULL, caller, (void *)t);
   long toggles = 0, executes = 0;
-  while (atomic_load(&callers_left) > 0) {
+  while (toggles < TOGGLES) {
     if (nr_profile_start(err, sizeof err) != NR_OK) { fprintf(stderr, "start: %s\n", err); return 1; }
     for (int k = 0; k < 1 + (int)(toggles % 3); ++k) sched_yield(); /* recordings of a few lengths */
     char *spans = NULL;
@@ -97,6 +97,7 @@ int main(int argc, char **argv) {
     nr_profile_free(spans);
     ++toggles;
   }
+  atomic_store(&toggling_done, 1);
   for (int t = 0; t < CALLERS; ++t) pthread_join(threads[t], NULL);
   if (nr_profile_start(err, sizeof err) != NR_OK) { fprintf(stderr, "start: %s\n", err); return 1; }
   for (int i = 0; i < num_models; ++i) call(&models[i]);
