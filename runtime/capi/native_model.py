@@ -287,11 +287,9 @@ class Loaded(NamedTuple):
 
 
 def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
-         step_down: bool = False, parse: Callable[[], Executable] | None = None) -> Loaded:
+         step_down: bool = False) -> Loaded:
     """`data` on the C device with `duplicates` copies, or (None, why not): a setting
-    above, the C runtime unusable here, or what it refused. `parse` gives `data` parsed
-    when a profile needs it (a file's ExecutableFile.parse, which does not hash the bytes
-    again); from_bytes otherwise.
+    above, the C runtime unusable here, or what it refused.
 
     runtime.load asks for exactly `duplicates` (its rule); the NeuronOp passes
     `step_down=True` to take as many as fit, down to one, when the C runtime says there
@@ -313,15 +311,42 @@ def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
                 continue
             return Loaded(None, f"the C runtime refused it: {e}")
         if profiler.active():
-            _describe_for_profile(model, parse or (lambda: _from_bytes(blob)))
+            _describe_for_profile(model, lambda: _from_bytes(blob))
         return Loaded(model, "")
     return Loaded(None, f"duplicates must be at least 1, got {duplicates}")
+
+
+def load_file(path: str | os.PathLike, duplicates: int, label: str = "") -> Loaded:
+    """The executable file at `path` on the C device with `duplicates` copies, or (None,
+    why not), as `load`: the library reads the file itself (nr_model_load_file), so its
+    body is read and hashed once, in C, and Python holds no copy of it. A file the
+    library refuses is the caller's to read again for Python's error (or runtime)."""
+    from .binding import CRuntimeError, Model
+
+    if (why := why_not()) is not None:
+        return Loaded(None, why)
+    device = shared_device()
+    if device is None:
+        return Loaded(None, f"the C runtime cannot be used in this process ({_unusable})")
+    try:
+        model = NativeModel(Model.from_file(device, path, duplicates), label)
+    except CRuntimeError as e:
+        return Loaded(None, f"the C runtime refused it: {e}")
+    if profiler.active():  # (only then does Python read the file: for the modelled track)
+        _describe_for_profile(model, lambda: _load_file(path))
+    return Loaded(model, "")
 
 
 def _from_bytes(blob: bytes) -> Executable:
     from ..executable import from_bytes
 
     return from_bytes(blob)
+
+
+def _load_file(path: str | os.PathLike) -> Executable:
+    from ..executable import load_file
+
+    return load_file(path)
 
 
 def _describe_for_profile(model: NativeModel, parse: Callable[[], Executable]) -> None:

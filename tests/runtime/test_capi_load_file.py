@@ -130,9 +130,10 @@ def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
         python = None
     except ExecutableError as e:
         python = str(e)
-    with pytest.raises(ExecutableError) if python else contextlib.nullcontext() as raised:
-        runtime.load(path, runtime="python")  # the Python runtime's loader says the same
-    assert python is None or str(raised.value) == python
+    for where in ("python", None):  # runtime.load says the same, the C runtime tried first
+        with pytest.raises(ExecutableError) if python else contextlib.nullcontext() as raised:
+            runtime.load(path, runtime=where).unload()
+        assert python is None or str(raised.value) == python
     lib = binding.load_library()
     exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
     status = lib.nr_executable_load_file(str(path).encode(), ctypes.byref(exe), error, 4096)
@@ -362,3 +363,22 @@ def test_a_file_is_hashed_once_by_pythons_loader(tmp_path: Path,
     file = executable.ExecutableFile.read(path)
     with pytest.raises(AttributeError):
         file.data = _damaged()["checksum"]  # type: ignore[misc]
+
+
+def test_a_file_loaded_on_the_c_runtime_is_read_and_hashed_once_in_c(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.load(path) hands the path to the C library (nr_model_load_file), which reads
+    the file once, hashing it as it lands: Python neither reads nor hashes it (it read and
+    hashed it, then the library hashed its copy of those bytes again)."""
+    import types
+
+    path = _valid_file_of_pieces(tmp_path / "big.neff")
+    runtime.load(path, runtime="c").unload()  # (the device opened: its own reads done)
+    monkeypatch.setattr(executable, "hashlib", types.SimpleNamespace(sha256=_CountingSha256))
+    _CountingSha256.hashed.clear()
+    before, probe = _bytes_read_by_this_thread()
+    model = runtime.load(path, runtime="c")
+    after, _ = _bytes_read_by_this_thread()
+    model.unload()
+    assert _CountingSha256.hashed == []
+    assert after - before - probe == path.stat().st_size
