@@ -19,7 +19,9 @@ import hashlib
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -261,19 +263,75 @@ def read_file(path: str | os.PathLike) -> bytes:
     else (a sparse file) are refused before a byte of the body is read. The body is read
     once, hashed piece by piece as it comes, and the bytes returned are the bytes whose
     digest matched the header's. A refusal of the header, size or checksum is
-    read_header's, preceded by "executable file '<path>': " (the C loader's words)."""
-    with files.open_regular(path, MAX_FILE_BYTES, "executable") as (fd, size):
-        head = os.pread(fd, HEADER_SIZE, 0)
-        try:
-            _, length, sealed = _check_head(head)
-            _check_length(length, size - HEADER_SIZE)
-            data = _read_sealed(fd, head, size, sealed)
-        except ExecutableError as e:
-            raise ExecutableError(f"executable file '{os.fspath(path)}': {e}") from None
-        if data is None:
-            raise MemoryError(f"out of host memory reading executable {os.fspath(path)}: its "
-                              f"body has {length} bytes")
-        return data
+    read_header's, preceded by "executable file '<path>': " (the C loader's words).
+    To parse the file too, `ExecutableFile.read(path).parse()` (or `load_file`) does not
+    hash the bytes a second time, as `from_bytes` of these bytes would."""
+    return ExecutableFile.read(path).data
+
+
+def load_file(path: str | os.PathLike) -> Executable:
+    """The executable in the file at `path`, read and hashed once (`read_file`), parsed
+    and validated (`from_bytes`); every refusal begins "executable file '<path>': "."""
+    return ExecutableFile.read(path).parse()
+
+
+_READER = object()  # what only ExecutableFile.read holds: see ExecutableFile.__init__
+
+
+class ExecutableFile:
+    """An executable file read by `read`: `data`, its bytes, whose body's SHA-256 matched
+    its header's as they were read, and `path`. Bytes are immutable, so the digest still
+    holds when `parse` reads them: it does not hash them again (from_bytes, for bytes of
+    unknown origin, always does). Only `read` makes one, so bytes that were not checked
+    cannot pass for checked ones."""
+
+    __slots__ = ("_data", "_path")
+
+    def __init__(self, path: str, data: bytes, reader: object) -> None:
+        if reader is not _READER:
+            raise TypeError("ExecutableFile is made by ExecutableFile.read(path) only: its "
+                            "bytes are trusted to match their checksum")
+        self._path, self._data = path, data
+
+    # Read-only: bytes swapped in after the check would be parsed unchecked.
+    @property
+    def data(self) -> bytes:
+        return self._data
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> ExecutableFile:
+        """Read the file as `read_file` does (refusals and all)."""
+        where = os.fspath(path)
+        with files.open_regular(path, MAX_FILE_BYTES, "executable") as (fd, size):
+            head = os.pread(fd, HEADER_SIZE, 0)
+            with _naming(where):
+                _, length, sealed = _check_head(head)
+                _check_length(length, size - HEADER_SIZE)
+                data = _read_sealed(fd, head, size, sealed)
+            if data is None:
+                raise MemoryError(f"out of host memory reading executable {where}: its "
+                                  f"body has {length} bytes")
+            return cls(where, data, _READER)
+
+    def parse(self) -> Executable:
+        """The executable, parsed and validated as `from_bytes` does, without hashing
+        its body again; a refusal begins "executable file '<path>': "."""
+        with _naming(self.path):
+            return _parse_checked(self.data)
+
+
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """An ExecutableError raised inside, preceded by "executable file '<path>': " (the C
+    loader's words, nr_executable_load_file)."""
+    try:
+        yield
+    except ExecutableError as e:
+        raise ExecutableError(f"executable file '{path}': {e}") from None
 
 
 def _read_sealed(fd: int, head: bytes, size: int, sealed: bytes) -> bytes | None:
@@ -425,6 +483,12 @@ def from_bytes(data: bytes | bytearray | memoryview | mmap.mmap) -> Executable:
     consistent: runtime/validate.py); raises ExecutableError, never crashes. The
     constants are read-only views of `data` (not copies), which must not change."""
     read_header(data)
+    return _parse_checked(data)
+
+
+def _parse_checked(data: bytes | bytearray | memoryview | mmap.mmap) -> Executable:
+    """from_bytes' parse and validation of bytes whose header, length and checksum were
+    checked (read_header, or ExecutableFile.read as it read them)."""
     try:
         body = _unpack_body(memoryview(data).toreadonly()[HEADER_SIZE:])
         exe = Executable(

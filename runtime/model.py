@@ -28,7 +28,7 @@ from .errors import (
     DeviceError,
     ExecutableError,
 )
-from .executable import Executable, from_bytes, read_file
+from .executable import Executable, ExecutableFile, from_bytes
 from .native import native_library
 from .program import LoadedProgram, aligned_empty
 
@@ -310,23 +310,31 @@ def load(source: str | Path | bytes | bytearray | memoryview, *, duplicates: int
     or "python" insists on one (for tests and tools)."""
     if runtime not in (None, "c", "python"):
         raise ValueError(f"runtime must be 'c', 'python' or None, got {runtime!r}")
+    on_c = device is None and runtime != "python"
+    note = "a device was given" if device is not None else ""
+    if on_c:
+        from .capi import native_model
+    file = None  # a file's bytes were hashed as read: parsed without hashing them again
     if isinstance(source, (str, Path)):
-        try:
-            data = read_file(source)
+        if on_c:  # (the C library reads the file itself: once, and no copy held here)
+            native, note = native_model.load_file(source, duplicates)
+            if native is not None:
+                return native
+        try:  # (after a C refusal too: a damaged file is refused with Python's error)
+            file = ExecutableFile.read(source)
         except OSError as e:
             raise DeviceError(f"cannot read executable {source}: {e.strerror}") from None
+        data = file.data
     else:
         data = bytes(source)
-    note = "a device was given" if device is not None else ""
-    if device is None and runtime != "python":
-        from .capi import native_model
-
-        native, note = native_model.load(data, duplicates)
-        if native is not None:
-            return native
+        if on_c:
+            native, note = native_model.load(data, duplicates)
+            if native is not None:
+                return native
+    if on_c:
         if runtime == "c":
             raise DeviceError(f"cannot load on the C runtime: {note}")
         logging.getLogger(__name__).info("the model runs on the Python runtime: %s", note)
-    model = Model(from_bytes(data), device or get_device(), duplicates)
+    model = Model(file.parse() if file else from_bytes(data), device or get_device(), duplicates)
     model.runtime_note = note or "runtime='python' was asked for"
     return model

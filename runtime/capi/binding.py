@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -82,6 +83,7 @@ def load_library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
         "nr_model_load": ([vp, vp, ctypes.c_uint32, pvp, err, sz], ctypes.c_int),
         "nr_model_load_bytes": ([vp, ctypes.c_char_p, sz, ctypes.c_uint32, pvp, err, sz],
                                 ctypes.c_int),
+        "nr_model_load_file": ([vp, ctypes.c_char_p, ctypes.c_uint32, pvp, err, sz], ctypes.c_int),
         "nr_model_unload": ([vp], None),
         "nr_model_executable": ([vp], vp),
         "nr_model_batch_size": ([vp], ctypes.c_int64),
@@ -223,6 +225,20 @@ class Model:
         _check(lib, lib.nr_model_load_bytes(device.handle, data, len(data), duplicates,
                                             ctypes.byref(self.handle), buf, _ERR), buf)
         self._describe()
+
+    @classmethod
+    def from_file(cls, device: Device, path: str | os.PathLike, duplicates: int = 1) -> Model:
+        """The executable file at `path` loaded onto `device` (nr_model_load_file: the
+        library reads it once and hashes it as it reads; its refusals name the file)."""
+        self = cls.__new__(cls)
+        self.device, self.lib = device, device.lib
+        buf = ctypes.create_string_buffer(_ERR)
+        self.handle = ctypes.c_void_p()
+        self._handle_lock = threading.Lock()
+        _check(self.lib, self.lib.nr_model_load_file(device.handle, os.fsencode(path), duplicates,
+                                                     ctypes.byref(self.handle), buf, _ERR), buf)
+        self._describe()
+        return self
 
     @classmethod
     def load_again(cls, source: Model, duplicates: int) -> Model:

@@ -203,8 +203,9 @@ nr_status nr_executable_load_file(const char *path, nr_executable **out, char *e
   if (!held)
     return report(NR_OUT_OF_MEMORY, "out of host memory reading " + where + ": its body has " +
                   std::to_string(length) + " bytes", error, error_size);
+  // The body's refusals name the file too (a field of a sealed but malformed body).
   return make_executable(out, error, error_size, [&](nr::Executable &exe) {
-    nr::parse_checked_body(version, std::move(body), exe);
+    named_refusal(named, [&] { nr::parse_checked_body(version, std::move(body), exe); });
   });
 }
 

@@ -462,7 +462,7 @@ void TeamHealth::twin_ran(int64_t ns) {
 bool Model::wants_narrow_twin(const CopyProgram &program) const {
   const DeviceConfig &config = device_->config();
   if (program.stages.size() != 1 || config.core_threads < 2 || !config.share_by_width ||
-      config.narrow_twin == DeviceConfig::Twin::off || observe::profiling())
+      config.narrow_twin == DeviceConfig::Twin::off || observe::profiling_always())
     return false;
   const Stage &stage = *program.stages[0];
   return stage.width > 1 && stage.weight_bytes <= kNarrowTwinWeightBytes;

@@ -133,9 +133,10 @@ class Model {
   };
   Slot take_copy(const Cutoff *cutoff);
   // Whether a copy of this program also gets a one-thread twin: a single stage whose team
-  // is wide, reordered weights small enough to hold twice, and no profile recording (a
+  // is wide, reordered weights small enough to hold twice, and no NEURONISH_PROFILE (a
   // timed call runs the program the profile describes, never the twin: under
-  // NEURONISH_PROFILE every call is timed, and a twin would only hold memory).
+  // NEURONISH_PROFILE every call is timed, and a twin would only hold memory). A recording
+  // on demand does not withhold it: it ends, and the model's calls use the twin after it.
   bool wants_narrow_twin(const CopyProgram &program) const;
   int64_t check_call(const nr_tensor *inputs, size_t num_inputs, const nr_tensor *outputs, size_t num_outputs);
   std::shared_ptr<Device> device_;

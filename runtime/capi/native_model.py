@@ -28,8 +28,8 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from ..errors import (
     OutOfDeviceMemory,
 )
 from ..signature import TensorSignature
+
+if TYPE_CHECKING:
+    from ..executable import Executable
 
 ENV_KERNEL = "NEURONISH_KERNEL"
 
@@ -308,19 +311,49 @@ def load(data: bytes | memoryview, duplicates: int, label: str = "", *,
                 continue
             return Loaded(None, f"the C runtime refused it: {e}")
         if profiler.active():
-            _describe_for_profile(model, blob)
+            _describe_for_profile(model, lambda: _from_bytes(blob))
         return Loaded(model, "")
     return Loaded(None, f"duplicates must be at least 1, got {duplicates}")
 
 
-def _describe_for_profile(model: NativeModel, blob: bytes) -> None:
-    """The profile's modelled track of the model's chunks needs its executable's stats,
-    which the C library does not read: parsed here, once, for the profiler."""
-    from ..errors import ExecutableError
+def load_file(path: str | os.PathLike, duplicates: int, label: str = "") -> Loaded:
+    """The executable file at `path` on the C device with `duplicates` copies, or (None,
+    why not), as `load`: the library reads the file itself (nr_model_load_file), so its
+    body is read and hashed once, in C, and Python holds no copy of it. A file the
+    library refuses is the caller's to read again for Python's error (or runtime)."""
+    from .binding import CRuntimeError, Model
+
+    if (why := why_not()) is not None:
+        return Loaded(None, why)
+    device = shared_device()
+    if device is None:
+        return Loaded(None, f"the C runtime cannot be used in this process ({_unusable})")
+    try:
+        model = NativeModel(Model.from_file(device, path, duplicates), label)
+    except CRuntimeError as e:
+        return Loaded(None, f"the C runtime refused it: {e}")
+    if profiler.active():  # (only then does Python read the file: for the modelled track)
+        _describe_for_profile(model, lambda: _load_file(path))
+    return Loaded(model, "")
+
+
+def _from_bytes(blob: bytes) -> Executable:
     from ..executable import from_bytes
 
+    return from_bytes(blob)
+
+
+def _load_file(path: str | os.PathLike) -> Executable:
+    from ..executable import load_file
+
+    return load_file(path)
+
+
+def _describe_for_profile(model: NativeModel, parse: Callable[[], Executable]) -> None:
+    """The profile's modelled track of the model's chunks needs its executable's stats,
+    which the C library does not read: parsed here, once, for the profiler."""
     try:
-        exe = from_bytes(blob)
+        exe = parse()
     except ExecutableError as e:  # (the C runtime took it: not expected; the track is lost)
         _log.warning("no modelled track in the profile for %s: %s", model, e)
         return

@@ -29,6 +29,7 @@ namespace nr {
 namespace observe {
 
 std::atomic<bool> g_profiling{false};
+std::atomic<bool> g_env_profile{false};
 
 namespace {
 
@@ -228,6 +229,7 @@ void write_profile() {
     std::lock_guard<std::mutex> lock(p.mu);
     if (p.mode != Mode::kEnv) return;  // (a host's recording is the host's to take)
     p.mode = Mode::kOff;
+    g_env_profile.store(false);
     g_profiling.store(false);
     if (p.records.empty()) return;  // a program that never ran a model writes nothing
   }
@@ -447,14 +449,18 @@ void host_observes() { g_host.store(true); }
 
 void device_opened() {
   static std::once_flag once;
-  if (g_host.load()) return;
   std::call_once(once, [] {
     const char *dir = std::getenv("NEURONISH_PROFILE");
     if (!dir || !*dir) return;
     struct stat st;
     if (lstat(dir, &st) == 0 && !(S_ISDIR(st.st_mode) || (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)))) {
       // A file, /dev/null or a dangling symlink: the trace could never be written.
-      std::fprintf(stderr, "neuronish: $NEURONISH_PROFILE='%s' is not a directory; not profiling\n", dir);
+      if (!g_host.load())  // (a host that observes says so itself: runtime/profiler.py)
+        std::fprintf(stderr, "neuronish: $NEURONISH_PROFILE='%s' is not a directory; not profiling\n", dir);
+      return;
+    }
+    if (g_host.load()) {  // the host records it, with this library's spans (runtime/profiler.py)
+      g_env_profile.store(true);
       return;
     }
     Profile &p = profile();
@@ -468,6 +474,7 @@ void device_opened() {
     p.t0 = now();
     p.mode = Mode::kEnv;
     register_exit();
+    g_env_profile.store(true);
     g_profiling.store(true);
   });
 }

@@ -40,6 +40,10 @@ struct About {
 
 extern std::atomic<bool> g_profiling;
 inline bool profiling() { return g_profiling.load(std::memory_order_relaxed); }
+// NEURONISH_PROFILE names a directory: every call of this process is timed, from the first
+// device's opening to exit (recorded by this library, or by a host that observes).
+extern std::atomic<bool> g_env_profile;
+inline bool profiling_always() { return g_env_profile.load(std::memory_order_relaxed); }
 double now();  // steady-clock seconds: the engine's instruction times use the same clock
 
 void host_observes();                          // nr_host_observes

@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     if (data) status2 = nr_executable_load_bytes(data, size, &again, error2, sizeof error2);
     else strcpy(error2, error);
     free(data);
-    /* a refusal of the file's header, size or checksum names the file first */
+    /* a refusal of the file (header, size, checksum or body) names the file first */
     char named[1024 + 4096];
     snprintf(named, sizeof named, "executable file '%s': %s", argv[a], error2);
     if (status != status2 || (status != NR_OK && strcmp(error, error2) != 0 &&

@@ -6,13 +6,16 @@ what its header declares, and refuses the files Python's loader refuses in its w
   but whose checksum fails: the loader cannot hold its body, so it hashes the rest a
   piece at a time without keeping it.
 - A valid file is read once: the kernel's count of bytes read is its size.
-- Damaged headers, sizes and checksums: the C message is Python's
-  (`executable.read_file` then `from_bytes`) followed by the field it names; both
-  begin "executable file '<path>': ".
+- Damaged headers, sizes, checksums and sealed bodies with a bad field: the C message
+  is Python's (`executable.load_file`, and runtime.load's on the Python runtime) with
+  the field it names; both begin "executable file '<path>': ".
+- Python's loader hashes a file's body once: read_file hashes it as it reads, and the
+  parse of those bytes (ExecutableFile.parse) does not hash them again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -21,10 +24,12 @@ import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import runtime
 from runtime import executable
 from runtime.capi import binding, library
 from runtime.errors import ExecutableError
@@ -88,10 +93,23 @@ def test_a_sparse_file_with_a_bad_checksum_is_refused_in_bounded_memory(tmp_path
                                     "(field 'header.sha256')")
 
 
+def _sealed_with(change: Callable[[dict], None]) -> bytes:
+    """The golden executable with `change` made to its body, sealed again: it passes the
+    header, size and checksum, so only the body's own checks can refuse it."""
+    import msgpack
+
+    good = executable_fuzz.GOLDEN.read_bytes()
+    body = msgpack.unpackb(good[executable.HEADER_SIZE:], raw=False, strict_map_key=False)
+    change(body)
+    return executable_fuzz.seal(msgpack.packb(body, use_bin_type=True))
+
+
 def _damaged() -> dict[str, bytes]:
     good = executable_fuzz.GOLDEN.read_bytes()
     body = good[executable.HEADER_SIZE:]
     return {
+        "arena": _sealed_with(lambda b: b["memory"].update(arena_bytes=-1)),
+        "no_program": _sealed_with(lambda b: b.update(programs=[])),
         "good": good, "empty": b"", "short": good[:20],
         "magic": b"XXXXXXXX" + good[8:], "magic_bytes": b"NR'\x00\t\xff\\\"" + good[8:],
         "newer": executable_fuzz.seal(body, version=2),
@@ -108,10 +126,14 @@ def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
     path = tmp_path / f"{name}.neff"
     path.write_bytes(_damaged()[name])
     try:
-        executable.from_bytes(executable.read_file(path))
+        executable.load_file(path)
         python = None
     except ExecutableError as e:
         python = str(e)
+    for where in ("python", None):  # runtime.load says the same, the C runtime tried first
+        with pytest.raises(ExecutableError) if python else contextlib.nullcontext() as raised:
+            runtime.load(path, runtime=where).unload()
+        assert python is None or str(raised.value) == python
     lib = binding.load_library()
     exe, error = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
     status = lib.nr_executable_load_file(str(path).encode(), ctypes.byref(exe), error, 4096)
@@ -121,19 +143,25 @@ def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
         return
     message = error.value.decode()
     assert status in (3, 4), message
+    named = f"executable file '{path}': "  # every refusal of a file names it, body's too
+    assert python.startswith(named) and message.startswith(named), (python, message)
     if name == "not_msgpack":  # the body's readers differ (msgpack's words against ours)
-        assert message.startswith("executable body is malformed") and python.startswith(
-            "executable body is malformed")
+        assert message.startswith(named + "executable body is malformed") and python.startswith(
+            named + "executable body is malformed")
         return
-    assert re.fullmatch(r"(.*) \(field '[a-z0-9._]+'\)", message)[1] == python
-    assert python.startswith(f"executable file '{path}': "), python  # a file's refusal names it
+    # The C loader's words are Python's with the field named (at the end, or before the
+    # advice of an inconsistent body).
+    field = re.compile(r" \(field '[a-z0-9._\[\]]+'\)")
+    assert len(field.findall(message)) == 1, message
+    assert field.sub("", message) == python
 
 
 def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
     """nr_sha256 (the CPU's SHA extensions where it has them, else portable code) on every
     length around the block and padding edges; and a file of several 1 MiB pieces whose
     header seals its (random) body: the digest of the pieces matches, so the loader goes
-    on to refuse the body itself, as it refuses the same bytes in memory."""
+    on to refuse the body itself, as it refuses the same bytes in memory (naming the
+    file)."""
     import random
 
     lib = binding.load_library()
@@ -151,12 +179,13 @@ def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
     from_file = error.value.decode()
     assert lib.nr_executable_load_bytes(path.read_bytes(), path.stat().st_size, ctypes.byref(exe),
                                         error, 4096) == 3
-    assert from_file == error.value.decode()
-    assert from_file.startswith("executable body is malformed"), from_file
+    assert from_file == f"executable file '{path}': " + error.value.decode()
+    assert error.value.decode().startswith("executable body is malformed"), from_file
 
 
 PYTHON_CHILD = """
 import resource, sys
+import runtime
 from runtime import executable
 from runtime.errors import ExecutableError
 # Bounded once the imports are done: what is left is the loader's own.
@@ -289,3 +318,67 @@ def test_pythons_file_and_bytes_readers_check_the_digest_in_one_place(
         with pytest.raises(ExecutableError, match="checksum mismatch"):
             load()
     assert seen == [hashlib.sha256(damaged[executable.HEADER_SIZE:]).digest()] * 2
+
+
+class _CountingSha256:
+    """hashlib.sha256 that records how many bytes it was given."""
+
+    hashed: list[int] = []
+
+    def __init__(self, data: bytes | memoryview = b"") -> None:
+        self._digest = hashlib.sha256()
+        self.update(data)
+
+    def update(self, data: bytes | memoryview) -> None:
+        if n := memoryview(data).nbytes:
+            self.hashed.append(n)
+        self._digest.update(data)
+
+    def digest(self) -> bytes:
+        return self._digest.digest()
+
+
+def test_a_file_is_hashed_once_by_pythons_loader(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.load(path) on the Python runtime and executable.load_file hash the body
+    once, as it is read (both hashed it again in from_bytes before); bytes handed to
+    from_bytes, whose origin it cannot know, are still hashed, and an ExecutableFile
+    cannot be made or changed to carry bytes that were not checked."""
+    import types
+
+    path = _valid_file_of_pieces(tmp_path / "big.neff")
+    body = path.stat().st_size - executable.HEADER_SIZE
+    monkeypatch.setattr(executable, "hashlib", types.SimpleNamespace(sha256=_CountingSha256))
+    hashed = _CountingSha256.hashed
+    for load in (lambda: executable.load_file(path),
+                 lambda: runtime.load(path, runtime="python").unload()):
+        hashed.clear()
+        load()
+        assert sum(hashed) == body, hashed
+    hashed.clear()
+    executable.from_bytes(path.read_bytes())
+    assert sum(hashed) == body
+    with pytest.raises(TypeError, match="ExecutableFile.read"):
+        executable.ExecutableFile(str(path), _damaged()["checksum"], object())
+    file = executable.ExecutableFile.read(path)
+    with pytest.raises(AttributeError):
+        file.data = _damaged()["checksum"]  # type: ignore[misc]
+
+
+def test_a_file_loaded_on_the_c_runtime_is_read_and_hashed_once_in_c(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runtime.load(path) hands the path to the C library (nr_model_load_file), which reads
+    the file once, hashing it as it lands: Python neither reads nor hashes it (it read and
+    hashed it, then the library hashed its copy of those bytes again)."""
+    import types
+
+    path = _valid_file_of_pieces(tmp_path / "big.neff")
+    runtime.load(path, runtime="c").unload()  # (the device opened: its own reads done)
+    monkeypatch.setattr(executable, "hashlib", types.SimpleNamespace(sha256=_CountingSha256))
+    _CountingSha256.hashed.clear()
+    before, probe = _bytes_read_by_this_thread()
+    model = runtime.load(path, runtime="c")
+    after, _ = _bytes_read_by_this_thread()
+    model.unload()
+    assert _CountingSha256.hashed == []
+    assert after - before - probe == path.stat().st_size
