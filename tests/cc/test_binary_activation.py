@@ -57,6 +57,18 @@ def _feeds(seed: int = 0) -> dict[str, np.ndarray]:
     return {"x:0": np.random.default_rng(seed).standard_normal((2, 7, 7, 8)).astype(np.float32)}
 
 
+def _runs_as_tensorflow(g: TracedGraph, feeds: dict[str, np.ndarray]) -> None:
+    """Compiled, `g` gives TensorFlow's numbers on both runtimes, every instruction on the
+    native engine."""
+    exe = compile_graph(g.graph_def, g.io_config)
+    want = g.reference(feeds)["Identity:0"]
+    got, left = run_reporting_numpy(exe, feeds)
+    assert left == []
+    np.testing.assert_allclose(got["Identity:0"], want, rtol=1e-5, atol=1e-5)
+    with load(exe) as model:  # the C runtime
+        np.testing.assert_allclose(model.run(feeds)["Identity:0"], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("shift", [False, True], ids=["scale", "scale_shift"])
 @pytest.mark.parametrize("activation", ["relu", "relu6", "sigmoid"])
 def test_pre_activation_batchnorm_takes_its_activation(shift: bool, activation: str) -> None:
@@ -72,14 +84,7 @@ def test_pre_activation_batchnorm_takes_its_activation(shift: bool, activation: 
             for n in binaries] == [("mul", activation, 3 if shift else 2)], format_graph(graph)
     assert any(activation in o.lower() for o in binaries[-1].origin)  # (names the TF op)
     assert any(o.lower().endswith("add") for o in binaries[-1].origin) == shift
-    exe = compile_graph(g.graph_def, g.io_config)
-    feeds = _feeds()
-    want = g.reference(feeds)["Identity:0"]
-    got, left = run_reporting_numpy(exe, feeds)
-    assert left == []
-    np.testing.assert_allclose(got["Identity:0"], want, rtol=1e-5, atol=1e-5)
-    with load(exe) as model:  # the C runtime
-        np.testing.assert_allclose(model.run(feeds)["Identity:0"], want, rtol=1e-5, atol=1e-5)
+    _runs_as_tensorflow(g, _feeds())
 
 
 def test_numpy_engine_applies_a_binarys_activation(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,14 +198,8 @@ def test_an_add_after_a_one_pass_binary_is_its_addend(case: str) -> None:
     binaries = [n for n in graph.nodes if n.kind == "binary"]
     assert [(n.attrs["fn"], len(n.inputs)) for n in binaries] == [("mul", 3)], \
         format_graph(graph)
-    exe = compile_graph(g.graph_def, g.io_config)
-    feeds = {"x:0": np.random.default_rng(4).standard_normal((2, 5, 5, 6)).astype(np.float32)}
-    want = g.reference(feeds)["Identity:0"]
-    got, left = run_reporting_numpy(exe, feeds)
-    assert left == []
-    np.testing.assert_allclose(got["Identity:0"], want, rtol=1e-5, atol=1e-5)
-    with load(exe) as model:  # the C runtime
-        np.testing.assert_allclose(model.run(feeds)["Identity:0"], want, rtol=1e-5, atol=1e-5)
+    _runs_as_tensorflow(g, {
+        "x:0": np.random.default_rng(4).standard_normal((2, 5, 5, 6)).astype(np.float32)})
 
 
 def test_an_add_that_broadcasts_the_product_stays_apart() -> None:

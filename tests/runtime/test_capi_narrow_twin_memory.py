@@ -31,15 +31,21 @@ def _load(data: bytes, monkeypatch: pytest.MonkeyPatch,
     return device, binding.Model(device, data, duplicates=2)
 
 
-def test_the_twin_is_charged_and_dropped_where_it_does_not_fit(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _small_cnn_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """The small CNN, its executable, and the device memory a copy of it holds without a
+    twin (what a copy with one is compared with)."""
     graph = _small_cnn()
     data = compile_graph(tmp_path, "cnn", graph.graph_def, graph.io_config)
-
     device, model = _load(data, monkeypatch, NEURONISH_NARROW_TWIN="off")
     alone = model.copies()[0][1][0]
     model.unload()
     device.close()
+    return graph, data, alone
+
+
+def test_the_twin_is_charged_and_dropped_where_it_does_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, data, alone = _small_cnn_alone(tmp_path, monkeypatch)
 
     device, model = _load(data, monkeypatch)
     try:
@@ -85,12 +91,7 @@ def test_a_model_loaded_while_recording_gets_its_twin(
     to exit, no model gets one."""
     from neuronish.runtime import profiler
 
-    graph = _small_cnn()
-    data = compile_graph(tmp_path, "cnn", graph.graph_def, graph.io_config)
-    device, model = _load(data, monkeypatch, NEURONISH_NARROW_TWIN="off")
-    alone = model.copies()[0][1][0]
-    model.unload()
-    device.close()
+    graph, data, alone = _small_cnn_alone(tmp_path, monkeypatch)
 
     binding.load_library()  # (its recorder joins the profiler's: the C library records too)
     profiler.start()
