@@ -962,12 +962,6 @@ struct Program {
     if (narrow) narrow_into(ins, out, y, plain(y));
   }
 
-  static int64_t product(const memory::dims& d) {
-    int64_t n = 1;
-    for (auto v : d) n *= v;
-    return n;
-  }
-
   // Whether `r` (padded to y's rank) is y-shaped, one value, or a vector over y's last dim.
   static bool channel_like(const Ref& r, const memory::dims& y) {
     if (r.dims == y) return true;
@@ -998,10 +992,10 @@ struct Program {
     // when each is y-shaped, one value or such a vector (a BatchNorm's scale and shift).
     memory::dims rows;
     if (has_c && y.dims.size() > 2 && channel_like(B, y.dims) && channel_like(C, y.dims))
-      rows = {product(y.dims) / y.dims.back(), y.dims.back()};
+      rows = {count(y) / y.dims.back(), y.dims.back()};
     auto md = [&](const Ref& r) {
       if (rows.empty()) return plain(r);
-      int64_t n = product(r.dims);
+      int64_t n = count(r);
       return plain(n == 1 ? memory::dims{1, 1} : n == rows[1] ? memory::dims{1, rows[1]} : rows,
                    r.type);
     };
