@@ -70,6 +70,13 @@ def _calls(model: binding.Model, inputs: list[np.ndarray], callers: int) -> list
     return outs  # type: ignore[return-value]
 
 
+def each_matches_tensorflow(graph: object, x: np.ndarray, outs: list[np.ndarray]) -> None:
+    """Every call's output is TensorFlow's for `x`, whichever program (wide or twin) ran it."""
+    want = graph.fn(tf.constant(x)).numpy()
+    for got in outs:
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def _busy_calls_on_the_team(model: binding.Model, x: np.ndarray) -> list[np.ndarray]:
     """64 calls of `x` by 8 callers on a two-copy model that runs no twin: each copy's
     twin-run counter stays at 0."""
@@ -275,8 +282,7 @@ def test_twin_off_and_bad_values(cnn_executable: tuple[bytes, object],
     finally:
         model.unload()
         device.close()
-    for got in outs:
-        np.testing.assert_allclose(got, graph.fn(tf.constant(x)).numpy(), rtol=1e-4, atol=1e-4)
+    each_matches_tensorflow(graph, x, outs)
     monkeypatch.setenv("NEURONISH_NARROW_TWIN", "sometimes")
     with pytest.raises(binding.CRuntimeError, match="NEURONISH_NARROW_TWIN must be auto, "
                                                     "queued or off, got 'sometimes'"):

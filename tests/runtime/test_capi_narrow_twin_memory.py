@@ -13,11 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from neuronish.runtime.capi import binding
 from tests.runtime.test_capi_execute import compile_graph
-from tests.runtime.test_capi_narrow_twin import ENV, _busy_calls_on_the_team, _calls, _small_cnn
+from tests.runtime.test_capi_narrow_twin import (
+    ENV,
+    _busy_calls_on_the_team,
+    _calls,
+    _small_cnn,
+    each_matches_tensorflow,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None,
                                 reason="g++ is needed to build the C runtime library")
@@ -68,9 +73,7 @@ def test_the_twin_is_charged_and_dropped_where_it_does_not_fit(
     finally:
         model.unload()
         device.close()
-    want = graph.fn(tf.constant(x)).numpy()
-    for got in outs:
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    each_matches_tensorflow(graph, x, outs)
 
 
 TWIN_BYTES_CHILD = """
@@ -108,9 +111,7 @@ def test_a_model_loaded_while_recording_gets_its_twin(
     finally:
         model.unload()
         device.close()
-    want = graph.fn(tf.constant(x)).numpy()
-    for got in outs:
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    each_matches_tensorflow(graph, x, outs)
 
     path = tmp_path / "cnn.neff"
     path.write_bytes(data)
