@@ -36,11 +36,11 @@ def build(name: str, target: str, seed: int = 0) -> int:
     norms = [layer for layer in model.layers
              if isinstance(layer, keras.layers.BatchNormalization)]
     for layer in norms:
-        c = layer.get_weights()[0].shape[0]
-        layer.set_weights([rng.uniform(0.5, 1.5, c).astype(np.float32),    # gamma
-                           rng.normal(0.0, 0.1, c).astype(np.float32),     # beta
-                           rng.normal(0.0, 0.1, c).astype(np.float32),     # moving mean
-                           rng.uniform(0.5, 2.0, c).astype(np.float32)])   # moving variance
+        c = layer.get_weights()[-1].shape[0]
+        weights = ([rng.uniform(0.5, 1.5, c).astype(np.float32)] if layer.scale else []) + \
+            ([rng.normal(0.0, 0.1, c).astype(np.float32)] if layer.center else [])  # gamma, beta
+        layer.set_weights(weights + [rng.normal(0.0, 0.1, c).astype(np.float32),   # mean
+                                     rng.uniform(0.5, 2.0, c).astype(np.float32)])  # variance
     partial = f"{target}.partial-{os.getpid()}"
     model.export(partial, verbose=False)
     os.rename(partial, target)

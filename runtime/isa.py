@@ -1224,7 +1224,16 @@ def _binary_quantize(t: Sequence[HasType], a: dict) -> list[Type]:
         raise IsaError(f"binary_quantize takes two float32 or two bfloat16 operands, got "
                        f"{_fmt(t[0])} and {_fmt(t[1])}", "in")
     _positive(a, "scale")
-    return [Type(broadcast_shapes(t[0].shape, t[1].shape), a["to"])]
+    shape = broadcast_shapes(t[0].shape, t[1].shape)
+    if len(t) == 3:
+        try:
+            fits = t[2].dtype == t[0].dtype and broadcast_shapes(shape, t[2].shape) == shape
+        except IsaError:
+            fits = False
+        if not fits:
+            raise IsaError(f"c must be {t[0].dtype} and broadcast to y {list(shape)}, got "
+                           f"{_fmt(t[2])}", "in")
+    return [Type(shape, a["to"])]
 
 
 def _positive(a: dict, name: str) -> None:
@@ -1296,17 +1305,21 @@ declare(Kind("quantize", ("x",), attrs=(
         "[−128, 127]; NaN gives 0. The edge of an int8 region (docs/int8.md).")))
 # The binary functions whose result, quantized, `binary_quantize` writes in one pass.
 QUANTIZED_BINARY_FNS = ("add", "sub", "mul")
-declare(Kind("binary_quantize", ("a", "b"), attrs=(
+declare(Kind("binary_quantize", ("a", "b"), ("c",), attrs=(
     Attr("fn", Choice(*QUANTIZED_BINARY_FNS), doc="the `binary` function"),
-    Attr("scale", NUM, doc="y's step: y ≈ fn(a, b) / scale"),
+    Attr("activation", Choice("none", "relu"), "none", "applied before quantizing"),
+    Attr("scale", NUM, doc="y's step: y ≈ act(fn(a, b) [+ c]) / scale"),
     Attr("to", DType(QUANTIZED), doc="uint8 or int8")),
     rule=_binary_quantize, doc=(
-        "y = quantize(binary(a, b)), bit for bit: fn(a, b) in float32 with numpy "
-        "broadcasting, rounded once to nearest even when a and b are bfloat16 (the value "
-        "`binary` would store), then `quantize`'s saturate(round-half-even(v · "
+        "y = quantize(binary(a, b [, c], activation)), bit for bit: fn(a, b) in float32 "
+        "with numpy broadcasting, plus c (a's dtype, broadcasting to y) when given, "
+        "rounded once to nearest even when a and b are bfloat16 (the value `binary` would "
+        "store), the activation, then `quantize`'s saturate(round-half-even(v · "
         "float32(1/scale))), NaN giving 0. An element-wise result read only by a "
-        "quantize (EfficientNet's squeeze-excite product before its int8 project "
-        "convolution), written in 8 bits without storing the float one.")))
+        "quantize, written in 8 bits without storing the float one: EfficientNet's "
+        "squeeze-excite product before its int8 project convolution; a trained "
+        "BatchNorm's scale, shift and ReLU after a concat (DenseNet) before the int8 "
+        "convolution that reads it.")))
 declare(Kind("conv2d_int8", ("x", "w", "w_scale"), ("bias", "residual"), attrs=(
     *_WINDOW[:3], Attr("x_scale", NUM, doc="x's quantization step"),
     Attr("depthwise", BOOL, False, "w is [KH,KW,C,M]: each input channel c convolved "

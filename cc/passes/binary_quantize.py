@@ -3,11 +3,12 @@
 `--quantize int8` puts a `quantize` wherever an int8 instruction reads a float value
 (cc/passes/quantize.py). When that value is a `binary`'s result and nothing else reads
 it (EfficientNet's squeeze-excite product, depthwise output x sigmoid gate, before each
-block's int8 project convolution), the pair becomes one `binary_quantize`: one pass
-over the operands writing the 8-bit result, where the pair wrote the bf16/f32 product
-and read it back. The numbers do not change: `binary_quantize` is defined as
-quantize(binary(a, b)) bit for bit (runtime/isa.py), the bfloat16 rounding of the
-product included.
+block's int8 project convolution; a trained BatchNorm's scale, shift and ReLU on a
+concat, before DenseNet's int8 bottleneck convolution), the pair becomes one
+`binary_quantize`: one pass over the operands writing the 8-bit result, where the pair
+wrote the bf16/f32 value and read it back. The numbers do not change: `binary_quantize`
+is defined as quantize(binary(a, b [, c], activation)) bit for bit (runtime/isa.py), the
+bfloat16 rounding of the value included.
 
 Runs after dtype assignment, so the pair's types are final (with `--auto-cast`, the
 product is bf16 and the quantize reads it directly, cc/passes/quantize.py's
@@ -24,14 +25,13 @@ from ..rewrite import Pat, Rule, rewrite
 
 
 def _float_operands(v: Value) -> bool:
-    """The binary reads two float32 or two bfloat16 operands (so its result is of their
-    dtype, as binary_quantize's definition takes it) and has no activation or addend
-    (which binary_quantize does not take)."""
-    if len(v.producer.inputs) != 2:
-        return False
-    a, b = v.producer.inputs
-    return (a.dtype == b.dtype == v.dtype and v.dtype in ("float32", "bfloat16")
-            and v.producer.attrs.get("activation", "none") == "none")
+    """The binary reads float32 or bfloat16 operands, all of its result's dtype (as
+    binary_quantize's definition takes them), and its activation, if any, is the ReLU
+    (the one binary_quantize takes: a clamp at 0 before the 8-bit one)."""
+    binary = v.producer
+    return (all(x.dtype == v.dtype for x in binary.inputs)
+            and v.dtype in ("float32", "bfloat16")
+            and binary.attrs.get("activation", "none") in ("none", "relu"))
 
 
 _PRODUCT = Pat("binary", fn=isa.QUANTIZED_BINARY_FNS, private=True, where=_float_operands,
@@ -41,8 +41,9 @@ _PRODUCT = Pat("binary", fn=isa.QUANTIZED_BINARY_FNS, private=True, where=_float
 def _fuse(graph: Graph, quantize: Node, bound: dict[str, Value]) -> bool:
     binary = bound["result"].producer
     fused = Node("binary_quantize", list(binary.inputs), [],
-                 {"fn": binary.attrs["fn"], "scale": quantize.attrs["scale"],
-                  "to": quantize.attrs["to"]},
+                 {"fn": binary.attrs["fn"],
+                  "activation": binary.attrs.get("activation", "none"),
+                  "scale": quantize.attrs["scale"], "to": quantize.attrs["to"]},
                  binary.origin + tuple(o for o in quantize.origin if o not in binary.origin))
     old = quantize.outputs[0]
     fused.outputs = [Value(old.type, producer=fused, name=old.name)]
@@ -57,5 +58,6 @@ RULES = [Rule("fuse_binary_quantize", Pat("quantize", inputs=(_PRODUCT,)), _fuse
 
 
 def fuse_binary_quantize(graph: Graph) -> Graph:
-    """binary add/sub/mul whose only reader is a quantize -> one binary_quantize."""
+    """binary add/sub/mul (with its addend and ReLU, if any) whose only reader is a
+    quantize -> one binary_quantize."""
     return rewrite(graph, RULES)

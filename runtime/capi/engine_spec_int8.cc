@@ -15,11 +15,11 @@ Out quantize(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref>
 }
 
 Out binary_quantize(const Attrs &a, const std::vector<Ref> &ins, const std::vector<Ref> &outs, const std::vector<bool> &) {
-  const Ref &A = ins[0], &B = ins[1], &y = outs[0];
+  const Ref &y = outs[0];
   size_t rank = std::max<size_t>(y.shape.size(), 1);
   if (rank > 8) return std::nullopt;
-  Ints ints{OP_QBINARY, loop_fn(a.s("fn"))};
-  put(ints, A, padded(A.shape, rank)); put(ints, B, padded(B.shape, rank));
+  Ints ints{OP_QBINARY, loop_fn(a.s("fn")), ins.size() == 3, a.s("activation", "none") == "relu"};
+  for (const Ref &r : ins) put(ints, r, padded(r.shape, rank));
   put(ints, y, padded(y.shape, rank));
   return made(ints, {double(float(1.0 / a.f("scale")))});
 }

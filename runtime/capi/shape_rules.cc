@@ -123,6 +123,18 @@ void needs_one_pass(const std::string &what, const char *field, const std::strin
          "shape", field);
 }
 
+// The addend c of `binary` or `binary_quantize`: a's dtype, broadcasting to y.
+void addend_fits(const In &t, const Shape &y) {
+  bool fits = t[2].dtype == t[0].dtype && t[2].shape.size() <= y.size();
+  for (size_t k = 0; fits && k < t[2].shape.size(); ++k) {
+    int64_t d = t[2].shape[t[2].shape.size() - 1 - k];
+    fits = d == 1 || d == y[y.size() - 1 - k];
+  }
+  if (!fits)
+    fail("c must be " + std::string(isa::kDTypes[t[0].dtype].name) + " and broadcast to y, got " +
+         fmt(t[2]), "in");
+}
+
 TensorType binary(const In &t, const Node &a) {
   if (t[0].dtype != t[1].dtype) fail("operands have different dtypes; they must match", "in");
   static const std::set<std::string> comparisons = {"greater", "greater_equal", "less", "less_equal",
@@ -134,14 +146,7 @@ TensorType binary(const In &t, const Node &a) {
   if (act != "none") needs_one_pass("activation " + act, "activation", fn, t, y, dtype);
   if (t.size() == 3) {
     needs_one_pass("an addend c", "in", fn, t, y, dtype);
-    bool fits = t[2].dtype == t[0].dtype && t[2].shape.size() <= y.size();
-    for (size_t k = 0; fits && k < t[2].shape.size(); ++k) {
-      int64_t d = t[2].shape[t[2].shape.size() - 1 - k];
-      fits = d == 1 || d == y[y.size() - 1 - k];
-    }
-    if (!fits)
-      fail("c must be " + std::string(isa::kDTypes[t[0].dtype].name) + " and broadcast to y, got " +
-           fmt(t[2]), "in");
+    addend_fits(t, y);
   }
   return {y, dtype};
 }
@@ -497,7 +502,9 @@ TensorType binary_quantize(const In &t, const Node &a) {
          " and " + fmt(t[1]), "in");
   double scale = attr_num(a, "scale", 0);
   if (!(std::isfinite(scale) && scale > 0)) fail("scale must be a finite number > 0", "scale");
-  return {broadcast({&t[0].shape, &t[1].shape}), dtype_of(attr_str(a, "to", ""))};
+  Shape y = broadcast({&t[0].shape, &t[1].shape});
+  if (t.size() == 3) addend_fits(t, y);
+  return {y, dtype_of(attr_str(a, "to", ""))};
 }
 
 // conv2d_int8 / matmul_int8 (isa.py's _int8_operands, _float_extras, _positive).

@@ -313,7 +313,8 @@ def _binary_wide(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
         with np.errstate(all="ignore"):
             f(ins[0], ins[1], outs[0])
     if len(ins) == 3:  # the addend c (a BatchNorm's shift after its scale)
-        np.add(outs[0], ins[2], out=outs[0])
+        with np.errstate(all="ignore"):  # (inf + -inf is NaN, as defined)
+            np.add(outs[0], ins[2], out=outs[0])
     activate(outs[0], attrs)  # (bfloat16: still the float32 result, rounded after)
 
 

@@ -52,10 +52,11 @@ def quantize(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
 @kernel("binary_quantize")
 def binary_quantize(ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict,
                     scratch: np.ndarray | None) -> None:
-    """quantize(binary(a, b)) by definition: the binary's result in its operands' dtype
-    (bfloat16 rounded once, as `binary` stores it), then quantized."""
+    """quantize(binary(a, b [, c], activation)) by definition: the binary's result in its
+    operands' dtype (bfloat16 rounded once, as `binary` stores it), then quantized."""
     y = outs[0]
-    v = evaluate("binary", ins, {"fn": attrs["fn"]}, [(y.shape, ins[0].dtype.name)])[0]
+    fn_attrs = {"fn": attrs["fn"], "activation": attrs.get("activation", "none")}
+    v = evaluate("binary", ins, fn_attrs, [(y.shape, ins[0].dtype.name)])[0]
     quantize_into(v, inverse(attrs["scale"]), y)
 
 

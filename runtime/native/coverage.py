@@ -154,6 +154,13 @@ def _cases(kind: str) -> Iterator[tuple[str, list[tuple[tuple[int, ...], str]], 
         for fn, x, to in itertools.product(isa.QUANTIZED_BINARY_FNS, _ALL,
                                            sorted(isa.QUANTIZED)):
             yield fn, [((2, 3, 8), x), ((3, 8), x)], {"fn": fn, "scale": 0.1, "to": to}
+        # a BatchNorm's scale, shift and ReLU: a channel, one value, a full tensor and a
+        # middle-axis addend, with and without the ReLU, each output type
+        addends = {"channel": (8,), "one": (), "full": (2, 3, 8), "middle": (3, 1)}
+        for (where, c), act, x, to in itertools.product(
+                addends.items(), ("none", "relu"), _ALL, sorted(isa.QUANTIZED)):
+            yield f"mul+c {where} {act}", [((2, 3, 8), x), ((8,), x), (c, x)], {
+                "fn": "mul", "activation": act, "scale": 0.05, "to": to}
     elif kind == "conv2d_int8":
         for x, out in itertools.product(sorted(isa.QUANTIZED),
                                         ("float32", "bfloat16", "uint8", "int8")):

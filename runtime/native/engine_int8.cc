@@ -151,13 +151,21 @@ void add_quantize(Program& p, Reader& rd, Instr& ins) {
   });
 }
 
-// --- binary_quantize: y = quantize(binary(a, b)) in one pass (isa.py) ------------------------
+// --- binary_quantize: y = quantize(act(binary(a, b) [+ c])) in one pass (isa.py) ----------
 //
-// The float result is never stored: each element is computed in float32, rounded to bf16
-// (nearest even) when the operands are bf16 -- the value the unfused `binary` stores --
-// and quantized as `quantize` does. Operands broadcast (numpy rules); the dims are first
-// merged where both operands broadcast alike, so a squeeze-excite product a [N, H, W, C]
-// * b [N, 1, 1, C] is N*H*W rows of C elements, b's row fixed for each image.
+// The float result is never stored: each element is computed in float32, plus the addend c
+// when there is one, rounded to bf16 (nearest even) when the operands are bf16 -- the value
+// the unfused `binary` stores -- through the ReLU when asked, and quantized as `quantize`
+// does. Operands broadcast (numpy rules); the dims are first merged where all operands
+// broadcast alike, so a squeeze-excite product a [N, H, W, C] * b [N, 1, 1, C] is N*H*W rows
+// of C elements, b's row fixed for each image, and a BatchNorm's x [N, H, W, C] * scale [C]
+// + shift [C] is N*H*W rows of C, the scale's and the shift's rows the same every time.
+//
+// Without c the loops read a zero of the operands' type, broadcast: adding +0 changes no
+// value that quantizes differently (-0 becomes +0; both give 0), and one loop serves both.
+// The ReLU is max(v, 0) before scaling (relu commutes with the bf16 rounding), written so
+// that a NaN stays NaN (x86's max returns its second operand when either is NaN) and then
+// quantizes to 0, as `quantize` defines.
 
 // float32 -> the nearest bf16 (ties to even), as a float32; NaN stays NaN.
 inline float round_to_bf16(float v) {
@@ -176,104 +184,121 @@ inline float binary_fn(float a, float b) {
   else return a * b;
 }
 
-// The rows of one task: row r reads a at element offset oa[r] and b at ob[r] and writes
-// y[r * n, (r + 1) * n); along a row an operand advances by 1, or by 0 (sa or sb 0: one
-// value broadcast over the row).
+// The rows of one task: row r reads operand k at element offset at[k][r] and writes
+// y[r * n, (r + 1) * n); along a row operand k advances by step[k]: 1, or 0 (one value
+// broadcast over the row). Operands: a, b, c.
 struct QRows {
-  const int64_t *oa, *ob;
-  int64_t rows, first, n, sa, sb;
+  const int64_t* at[3];
+  int64_t step[3];
+  int64_t rows, first, n;
+  bool relu;
 };
 
 // Elements [from, q.n) of one row, one at a time (the scalar loop, and vector loops' tails).
 template <class X, class Y, int64_t Fn>
-void qbinary_row_from(const X* pa, const X* pb, Y* py, int64_t from, const QRows& q,
-                      float inv) {
+void qbinary_row_from(const X* pa, const X* pb, const X* pc, Y* py, int64_t from,
+                      const QRows& q, float inv) {
   for (int64_t j = from; j < q.n; ++j) {
-    float v = binary_fn<Fn>(quantize_load(pa, j * q.sa), quantize_load(pb, j * q.sb));
+    float v = binary_fn<Fn>(quantize_load(pa, j * q.step[0]), quantize_load(pb, j * q.step[1]));
+    v += quantize_load(pc, j * q.step[2]);
     if constexpr (std::is_same<X, uint16_t>::value) v = round_to_bf16(v);
+    if (q.relu) v = std::max(v, 0.f);  // (NaN stays NaN, and quantizes to 0)
     py[j] = saturate_round<Y>(v * inv);
   }
 }
 
 template <class X, class Y, int64_t Fn>
-void qbinary_rows(const X* a, const X* b, Y* y, const QRows& q, float inv) {
+void qbinary_rows(const X* a, const X* b, const X* c, Y* y, const QRows& q, float inv) {
   for (int64_t r = 0; r < q.rows; ++r)
-    qbinary_row_from<X, Y, Fn>(a + q.oa[r], b + q.ob[r], y + (q.first + r) * q.n, 0, q, inv);
+    qbinary_row_from<X, Y, Fn>(a + q.at[0][r], b + q.at[1][r], c + q.at[2][r],
+                               y + (q.first + r) * q.n, 0, q, inv);
 }
 
-
-
-// fn(va, vb) rounded to bf16 when X is, times k, clamped: 16 floats ready to convert. The
-// rounding is integer arithmetic on the float32 bits (round half to even on bit 16). A NaN
-// comes out as NaN or, its payload carrying into the sign, as -0 or +0: each quantizes to 0,
-// as NaN does.
+// fn(va, vb) + vc rounded to bf16 when X is, through the ReLU when `relu`, times k,
+// clamped: 16 floats ready to convert. The rounding is integer arithmetic on the float32
+// bits (round half to even on bit 16). A NaN comes out as NaN, 0 or, its payload carrying
+// into the sign, as -0 or +0: each quantizes to 0, as NaN does.
 template <class X, class Y, int64_t Fn>
-NEURONISH_AVX512 inline __m512 qbinary_value(__m512 va, __m512 vb, __m512 k) {
+NEURONISH_AVX512 inline __m512 qbinary_value(__m512 va, __m512 vb, __m512 vc, __m512 floor,
+                                             __m512 k) {
   const __m512 lo = _mm512_set1_ps(std::is_same<Y, uint8_t>::value ? 0.f : -128.f);
   const __m512 hi = _mm512_set1_ps(std::is_same<Y, uint8_t>::value ? 255.f : 127.f);
   __m512 v;
   if constexpr (Fn == F_ADD) v = _mm512_add_ps(va, vb);
   else if constexpr (Fn == F_SUB) v = _mm512_sub_ps(va, vb);
   else v = _mm512_mul_ps(va, vb);
+  v = _mm512_add_ps(v, vc);
   if constexpr (std::is_same<X, uint16_t>::value) {
     __m512i u = _mm512_castps_si512(v);
     __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i biased = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd));
     v = _mm512_castsi512_ps(_mm512_and_si512(biased, _mm512_set1_epi32(int(0xFFFF0000u))));
   }
+  v = _mm512_max_ps(floor, v);  // the ReLU (floor 0) or nothing (-inf); NaN stays NaN
   return _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, k)));  // (NaN stays NaN)
 }
 
+// The floor `qbinary_value` takes: 0 for the ReLU, -inf (no bound) otherwise.
+inline float relu_floor(bool relu) { return relu ? 0.f : -std::numeric_limits<float>::infinity(); }
+
 // float32 operands: 16 lanes at a time. (cvtps2dq gives NaN INT_MIN, narrowed to 0.)
 template <class Y, int64_t Fn>
-NEURONISH_AVX512 void qbinary_rows_f32(const float* a, const float* b, Y* y, const QRows& q,
-                                       float inv) {
-  const __m512 k = _mm512_set1_ps(inv);
+NEURONISH_AVX512 void qbinary_rows_f32(const float* a, const float* b, const float* c, Y* y,
+                                       const QRows& q, float inv) {
+  const __m512 k = _mm512_set1_ps(inv), floor = _mm512_set1_ps(relu_floor(q.relu));
   const int64_t n = q.n;
   for (int64_t r = 0; r < q.rows; ++r) {
-    const float *pa = a + q.oa[r], *pb = b + q.ob[r];
+    const float *pa = a + q.at[0][r], *pb = b + q.at[1][r], *pc = c + q.at[2][r];
     Y* py = y + (q.first + r) * n;
     for (int64_t j = 0; j < n; j += 16) {
       __mmask16 m = lanes16(n, j);
-      __m512 va = q.sa ? _mm512_maskz_loadu_ps(m, pa + j) : _mm512_set1_ps(pa[0]);
-      __m512 vb = q.sb ? _mm512_maskz_loadu_ps(m, pb + j) : _mm512_set1_ps(pb[0]);
-      __m512 v = qbinary_value<float, Y, Fn>(va, vb, k);
+      __m512 va = q.step[0] ? _mm512_maskz_loadu_ps(m, pa + j) : _mm512_set1_ps(pa[0]);
+      __m512 vb = q.step[1] ? _mm512_maskz_loadu_ps(m, pb + j) : _mm512_set1_ps(pb[0]);
+      __m512 vc = q.step[2] ? _mm512_maskz_loadu_ps(m, pc + j) : _mm512_set1_ps(pc[0]);
+      __m512 v = qbinary_value<float, Y, Fn>(va, vb, vc, floor, k);
       _mm_mask_storeu_epi8(py + j, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
     }
   }
 }
 
-// bf16 operands: 32 at a time, in two halves that need no shuffle: as 16 float32 lanes,
-// the even elements are each lane's low bf16 shifted up, the odd ones its high bf16 as it
-// is; the results go back in order as 32 int16 lanes, narrowed once (vpmovwb). Widening
-// and narrowing by cross-lane shuffles, 16 at a time, took twice as long as the arithmetic
-// (single-thread, 8x56x56x144: 0.82 ms, the unfused pair's time).
+// 32 bf16 values as two halves of 16 float32 lanes that need no shuffle: the even elements
+// are each lane's low bf16 shifted up, the odd ones its high bf16 as it is.
+struct Bf16Halves {
+  __m512 even, odd;
+};
+
+NEURONISH_AVX512 inline Bf16Halves bf16_halves(const uint16_t* p, int64_t step, __mmask32 m,
+                                               __m512 first) {
+  if (!step) return {first, first};
+  __m512i x = _mm512_maskz_loadu_epi16(m, p);
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)),
+          _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int(0xFFFF0000u))))};
+}
+
+// bf16 operands: 32 at a time, in the two halves above; the results go back in order as 32
+// int16 lanes, narrowed once (vpmovwb). Widening and narrowing by cross-lane shuffles, 16 at
+// a time, took twice as long as the arithmetic (single-thread, 8x56x56x144: 0.82 ms, the
+// unfused pair's time).
 template <class Y, int64_t Fn>
-NEURONISH_AVX512 void qbinary_rows_bf16(const uint16_t* a, const uint16_t* b, Y* y,
-                                        const QRows& q, float inv) {
-  const __m512 k = _mm512_set1_ps(inv);
-  const __m512i high = _mm512_set1_epi32(int(0xFFFF0000u));
+NEURONISH_AVX512 void qbinary_rows_bf16(const uint16_t* a, const uint16_t* b,
+                                        const uint16_t* c, Y* y, const QRows& q, float inv) {
+  const __m512 k = _mm512_set1_ps(inv), floor = _mm512_set1_ps(relu_floor(q.relu));
   const int64_t n = q.n;
   for (int64_t r = 0; r < q.rows; ++r) {
-    const uint16_t *pa = a + q.oa[r], *pb = b + q.ob[r];
+    const uint16_t *pa = a + q.at[0][r], *pb = b + q.at[1][r], *pc = c + q.at[2][r];
     Y* py = y + (q.first + r) * n;
     const __m512 a0 = _mm512_set1_ps(quantize_load(pa, 0));
     const __m512 b0 = _mm512_set1_ps(quantize_load(pb, 0));
+    const __m512 c0 = _mm512_set1_ps(quantize_load(pc, 0));
     for (int64_t j = 0; j < n; j += 32) {
       __mmask32 m = n - j >= 32 ? ~__mmask32(0) : (__mmask32(1) << (n - j)) - 1;
-      __m512 ae = a0, ao = a0, be = b0, bo = b0;
-      if (q.sa) {
-        __m512i x = _mm512_maskz_loadu_epi16(m, pa + j);
-        ae = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-        ao = _mm512_castsi512_ps(_mm512_and_si512(x, high));
-      }
-      if (q.sb) {
-        __m512i x = _mm512_maskz_loadu_epi16(m, pb + j);
-        be = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-        bo = _mm512_castsi512_ps(_mm512_and_si512(x, high));
-      }
-      __m512i even = _mm512_cvtps_epi32(qbinary_value<uint16_t, Y, Fn>(ae, be, k));
-      __m512i odd = _mm512_cvtps_epi32(qbinary_value<uint16_t, Y, Fn>(ao, bo, k));
+      Bf16Halves va = bf16_halves(pa + j, q.step[0], m, a0);
+      Bf16Halves vb = bf16_halves(pb + j, q.step[1], m, b0);
+      Bf16Halves vc = bf16_halves(pc + j, q.step[2], m, c0);
+      __m512i even = _mm512_cvtps_epi32(
+          qbinary_value<uint16_t, Y, Fn>(va.even, vb.even, vc.even, floor, k));
+      __m512i odd = _mm512_cvtps_epi32(
+          qbinary_value<uint16_t, Y, Fn>(va.odd, vb.odd, vc.odd, floor, k));
       __m512i words = _mm512_mask_blend_epi16(0xAAAAAAAAu, even, _mm512_slli_epi32(odd, 16));
       _mm256_mask_storeu_epi8(py + j, m, _mm512_cvtepi16_epi8(words));
     }
@@ -282,44 +307,50 @@ NEURONISH_AVX512 void qbinary_rows_bf16(const uint16_t* a, const uint16_t* b, Y*
 
 // AVX2: 8 lanes of either operand type, the tail of each row as the scalar loop does it.
 template <class X, class Y, int64_t Fn>
-NEURONISH_AVX2 void qbinary_rows_avx2(const X* a, const X* b, Y* y, const QRows& q,
+NEURONISH_AVX2 void qbinary_rows_avx2(const X* a, const X* b, const X* c, Y* y, const QRows& q,
                                       float inv) {
-  const __m256 k = _mm256_set1_ps(inv);
+  const __m256 k = _mm256_set1_ps(inv), floor = _mm256_set1_ps(relu_floor(q.relu));
   const int64_t n = q.n, whole = n / 8 * 8;
   for (int64_t r = 0; r < q.rows; ++r) {
-    const X *pa = a + q.oa[r], *pb = b + q.ob[r];
+    const X *pa = a + q.at[0][r], *pb = b + q.at[1][r], *pc = c + q.at[2][r];
     Y* py = y + (q.first + r) * n;
     const __m256 a0 = _mm256_set1_ps(quantize_load(pa, 0));
     const __m256 b0 = _mm256_set1_ps(quantize_load(pb, 0));
+    const __m256 c0 = _mm256_set1_ps(quantize_load(pc, 0));
     for (int64_t j = 0; j < whole; j += 8) {
-      __m256 va = q.sa ? load8_as_f32(pa + j) : a0, vb = q.sb ? load8_as_f32(pb + j) : b0, v;
+      __m256 va = q.step[0] ? load8_as_f32(pa + j) : a0, vb = q.step[1] ? load8_as_f32(pb + j) : b0;
+      __m256 vc = q.step[2] ? load8_as_f32(pc + j) : c0, v;
       if constexpr (Fn == F_ADD) v = _mm256_add_ps(va, vb);
       else if constexpr (Fn == F_SUB) v = _mm256_sub_ps(va, vb);
       else v = _mm256_mul_ps(va, vb);
+      v = _mm256_add_ps(v, vc);
       if constexpr (std::is_same<X, uint16_t>::value) {  // round to bf16 (as qbinary_value)
         __m256i u = _mm256_castps_si256(v);
         __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
         __m256i biased = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd));
         v = _mm256_castsi256_ps(_mm256_and_si256(biased, _mm256_set1_epi32(int(0xFFFF0000u))));
       }
-      store8_quantized<Y>(v, k, py + j);
+      store8_quantized<Y>(_mm256_max_ps(floor, v), k, py + j);  // the ReLU; NaN stays NaN
     }
-    qbinary_row_from<X, Y, Fn>(pa, pb, py, whole, q, inv);
+    qbinary_row_from<X, Y, Fn>(pa, pb, pc, py, whole, q, inv);
   }
 }
 
-using QBinaryRows = void (*)(const void*, const void*, void*, const QRows&, float);
+using QBinaryRows = void (*)(const void*, const void*, const void*, void*, const QRows&, float);
 
 enum class Vector { none, avx2, avx512 };
 
 template <class X, class Y, int64_t Fn, Vector V>
-void qbinary_rows_of(const void* a, const void* b, void* y, const QRows& q, float inv) {
+void qbinary_rows_of(const void* a, const void* b, const void* c, void* y, const QRows& q,
+                     float inv) {
   const X *pa = static_cast<const X*>(a), *pb = static_cast<const X*>(b);
+  const X* pc = static_cast<const X*>(c);
   Y* py = static_cast<Y*>(y);
-  if constexpr (V == Vector::none) qbinary_rows<X, Y, Fn>(pa, pb, py, q, inv);
-  else if constexpr (V == Vector::avx2) qbinary_rows_avx2<X, Y, Fn>(pa, pb, py, q, inv);
-  else if constexpr (std::is_same<X, float>::value) qbinary_rows_f32<Y, Fn>(pa, pb, py, q, inv);
-  else qbinary_rows_bf16<Y, Fn>(pa, pb, py, q, inv);
+  if constexpr (V == Vector::none) qbinary_rows<X, Y, Fn>(pa, pb, pc, py, q, inv);
+  else if constexpr (V == Vector::avx2) qbinary_rows_avx2<X, Y, Fn>(pa, pb, pc, py, q, inv);
+  else if constexpr (std::is_same<X, float>::value)
+    qbinary_rows_f32<Y, Fn>(pa, pb, pc, py, q, inv);
+  else qbinary_rows_bf16<Y, Fn>(pa, pb, pc, py, q, inv);
 }
 
 template <class X, class Y, Vector V>
@@ -329,40 +360,46 @@ QBinaryRows qbinary_rows_for(int64_t code) {
   return qbinary_rows_of<X, Y, F_MUL, V>;
 }
 
-// The dims of y with the operands' element strides, merged where both operands broadcast
+// The dims of y with each operand's element strides, merged where all operands broadcast
 // alike (and dims of 1 dropped): rows of `inner` elements, each row's offsets by an
 // odometer over the outer dims.
 struct MergedBroadcast {
-  std::vector<int64_t> dims, sa, sb;  // outer dims first, the row's dim last
+  std::vector<int64_t> dims;                 // outer dims first, the row's dim last
+  std::vector<std::vector<int64_t>> stride;  // per operand, per dim of `dims`
 
-  MergedBroadcast(const memory::dims& a, const memory::dims& b, const memory::dims& y) {
-    std::vector<int64_t> ea(y.size()), eb(y.size());  // element strides, 0 when broadcast
-    int64_t ta = 1, tb = 1;
+  MergedBroadcast(const std::vector<const memory::dims*>& operands, const memory::dims& y)
+      : stride(operands.size()) {
+    const size_t count = operands.size();
+    std::vector<std::vector<int64_t>> elem(count, std::vector<int64_t>(y.size()));
+    std::vector<int64_t> total(count, 1);  // element strides, 0 where broadcast
     for (size_t k = y.size(); k-- > 0;) {
-      if ((a[k] != y[k] && a[k] != 1) || (b[k] != y[k] && b[k] != 1))
-        throw Error("binary_quantize: operands do not broadcast to the output");
-      ea[k] = a[k] == y[k] ? ta : 0;
-      eb[k] = b[k] == y[k] ? tb : 0;
-      ta *= a[k];
-      tb *= b[k];
+      for (size_t o = 0; o < count; ++o) {
+        int64_t d = (*operands[o])[k];
+        if (d != y[k] && d != 1)
+          throw Error("binary_quantize: operands do not broadcast to the output");
+        elem[o][k] = d == y[k] ? total[o] : 0;
+        total[o] *= d;
+      }
     }
     for (size_t k = 0; k < y.size(); ++k) {
       if (y[k] == 1) continue;
-      bool same = !dims.empty() && (sa.back() == 0) == (ea[k] == 0) &&
-                  (sb.back() == 0) == (eb[k] == 0);
-      if (same) {  // contiguous with the previous dim in both operands (or broadcast)
+      bool same = !dims.empty();
+      for (size_t o = 0; same && o < count; ++o)
+        same = (stride[o].back() == 0) == (elem[o][k] == 0);
+      if (same) {  // contiguous with the previous dim in every operand (or broadcast)
         dims.back() *= y[k];
-        sa.back() = ea[k];
-        sb.back() = eb[k];
+        for (size_t o = 0; o < count; ++o) stride[o].back() = elem[o][k];
       } else {
         dims.push_back(y[k]);
-        sa.push_back(ea[k]);
-        sb.push_back(eb[k]);
+        for (size_t o = 0; o < count; ++o) stride[o].push_back(elem[o][k]);
       }
     }
-    if (dims.empty()) dims = sa = sb = {1};
-    for (auto* s : {&sa, &sb})  // the row's own stride is 0 or 1
-      if (s->back() > 1) throw Error("binary_quantize: internal stride error");
+    if (dims.empty()) {
+      dims = {1};
+      for (auto& s : stride) s = {1};
+    }
+    for (const auto& s : stride)  // the row's own stride is 0 or 1
+      if (s.back() > 1) throw Error("binary_quantize: internal stride error");
   }
   int64_t inner() const { return dims.back(); }
   int64_t rows() const {
@@ -370,21 +407,48 @@ struct MergedBroadcast {
     for (size_t k = 0; k + 1 < dims.size(); ++k) r *= dims[k];
     return r;
   }
+  // Rows [first, first + count): each operand's element offset into `at` (one array each).
+  void offsets(int64_t first, int64_t count, std::vector<std::vector<int64_t>>& at) const {
+    const int64_t outer = int64_t(dims.size()) - 1;
+    std::vector<int64_t> index(outer), now(stride.size(), 0);
+    for (int64_t k = outer, r = first; k-- > 0;) {  // the first row's index over outer dims
+      index[k] = r % dims[k];
+      r /= dims[k];
+      for (size_t o = 0; o < stride.size(); ++o) now[o] += index[k] * stride[o][k];
+    }
+    for (size_t o = 0; o < stride.size(); ++o) at[o].resize(count);
+    for (int64_t r = 0; r < count; ++r) {
+      for (size_t o = 0; o < stride.size(); ++o) at[o][r] = now[o];
+      for (int64_t k = outer; k-- > 0;) {  // the next row
+        for (size_t o = 0; o < stride.size(); ++o) now[o] += stride[o][k];
+        if (++index[k] < dims[k]) break;
+        for (size_t o = 0; o < stride.size(); ++o) now[o] -= index[k] * stride[o][k];
+        index[k] = 0;
+      }
+    }
+  }
 };
 
-// (code, a, b, y padded to one rank, inv)
+// (code, has_c, relu, a, b, [c], y padded to one rank, inv)
 void add_qbinary(Program& p, Reader& rd, Instr& ins) {
   int64_t code = rd.next();
-  Ref a = rd.ref(), b = rd.ref(), y = rd.ref();
+  const bool has_c = rd.next() != 0, relu = rd.next() != 0;
+  Ref a = rd.ref(), b = rd.ref();
+  Ref c = has_c ? rd.ref() : Ref{};
+  Ref y = rd.ref();
   float inv = rd.nextf();
   if ((a.type != dt::f32 && a.type != dt::bf16) || b.type != a.type ||
-      (y.type != dt::u8 && y.type != dt::s8))
-    throw Error("binary_quantize: two f32 or two bf16 operands to u8/s8 only");
+      (has_c && c.type != a.type) || (y.type != dt::u8 && y.type != dt::s8))
+    throw Error("binary_quantize: f32 or bf16 operands, all of one type, to u8/s8 only");
   if (code != F_ADD && code != F_SUB && code != F_MUL)
     throw Error("binary_quantize: add, sub or mul only, got code " + std::to_string(code));
-  if (a.dims.size() != y.dims.size() || b.dims.size() != y.dims.size())
+  if (a.dims.size() != y.dims.size() || b.dims.size() != y.dims.size() ||
+      (has_c && c.dims.size() != y.dims.size()))
     throw Error("binary_quantize: operands not padded to the output's rank");
-  MergedBroadcast mb(a.dims, b.dims, y.dims);
+  // Without c, the loops read one zero of the operands' type (+0.0 in f32 and in bf16).
+  static const float zero = 0.f;
+  const memory::dims one(y.dims.size(), 1);
+  MergedBroadcast mb({&a.dims, &b.dims, has_c ? &c.dims : &one}, y.dims);
   bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
   bool avx2 = __builtin_cpu_supports("avx2");
@@ -401,40 +465,25 @@ void add_qbinary(Program& p, Reader& rd, Instr& ins) {
   Step s;
   p.byte_arg(s, a);
   p.byte_arg(s, b);
+  if (has_c) p.byte_arg(s, c);
   p.byte_arg(s, y);
   p.push_loop(ins, s, "neuronish:binary_quantize", [=](const Step& st, int threads) {
     const void* pa = data<const char>(st, 0);
     const void* pb = data<const char>(st, 1);
-    void* py = data<char>(st, 2);
-    const int64_t n = mb.inner(), rows = mb.rows(), outer = int64_t(mb.dims.size()) - 1;
+    const void* pc = has_c ? data<const char>(st, 2) : static_cast<const void*>(&zero);
+    void* py = data<char>(st, has_c ? 3 : 2);
+    const int64_t n = mb.inner(), rows = mb.rows();
     const int64_t per_task = std::max<int64_t>(1, (1 << 14) / n);  // ~16K elements a task
     const int64_t tasks = (rows + per_task - 1) / per_task;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && tasks > 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t first = t * per_task, last = std::min(rows, first + per_task);
-      // each row's offsets: the first row's index over the outer dims, then an odometer
-      std::vector<int64_t> oa(last - first), ob(last - first), at(outer);
-      int64_t a_at = 0, b_at = 0;
-      for (int64_t k = outer, r = first; k-- > 0;) {
-        at[k] = r % mb.dims[k];
-        r /= mb.dims[k];
-        a_at += at[k] * mb.sa[k];
-        b_at += at[k] * mb.sb[k];
-      }
-      for (int64_t r = 0; r < last - first; ++r) {
-        oa[r] = a_at;
-        ob[r] = b_at;
-        for (int64_t k = outer; k-- > 0;) {  // the next row
-          a_at += mb.sa[k];
-          b_at += mb.sb[k];
-          if (++at[k] < mb.dims[k]) break;
-          a_at -= at[k] * mb.sa[k];
-          b_at -= at[k] * mb.sb[k];
-          at[k] = 0;
-        }
-      }
-      QRows q{oa.data(), ob.data(), last - first, first, n, mb.sa.back(), mb.sb.back()};
-      rows_fn(pa, pb, py, q, inv);
+      std::vector<std::vector<int64_t>> at(3);
+      mb.offsets(first, last - first, at);
+      QRows q{{at[0].data(), at[1].data(), at[2].data()},
+              {mb.stride[0].back(), mb.stride[1].back(), mb.stride[2].back()},
+              last - first, first, n, relu};
+      rows_fn(pa, pb, pc, py, q, inv);
     }
   });
 }

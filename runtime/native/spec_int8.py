@@ -23,14 +23,17 @@ def _quantize(attrs: dict, ins: list[Ref], outs: list[Ref],
 
 def _binary_quantize(attrs: dict, ins: list[Ref], outs: list[Ref],
                      const: list[bool]) -> tuple[list[int], list[float]] | None:
-    """fn's code is OP_G_BINARY's (spec.LOOP); the operands padded to y's rank."""
-    (a, b), y = ins, outs[0]
+    """fn's code is OP_G_BINARY's (spec.LOOP), then whether c is given and whether the
+    activation is relu; the operands padded to y's rank."""
+    y = outs[0]
     rank = max(len(y.shape), 1)
     if rank > 8:
         return None
-    shape = [_padded(r.shape, rank) for r in (a, b, y)]
-    return [OP_QBINARY, LOOP[attrs["fn"]], *a.encode(shape[0]), *b.encode(shape[1]),
-            *y.encode(shape[2])], [float(inverse(attrs["scale"]))]
+    ints = [OP_QBINARY, LOOP[attrs["fn"]], int(len(ins) == 3),
+            int(attrs.get("activation", "none") == "relu")]
+    for r in (*ins, y):
+        ints += r.encode(_padded(r.shape, rank))
+    return ints, [float(inverse(attrs["scale"]))]
 
 
 def _conv2d_int8(attrs: dict, ins: list[Ref], outs: list[Ref],

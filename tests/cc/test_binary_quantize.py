@@ -1,4 +1,5 @@
-"""EfficientNet's squeeze-excite product is quantized by the multiply itself
+"""EfficientNet's squeeze-excite product, and a trained BatchNorm with its ReLU on
+DenseNet's concat, are quantized by the element-wise instruction itself
 (cc/passes/binary_quantize.py).
 
 In an int8 EfficientNet block the project convolution reads depthwise output x sigmoid
@@ -122,6 +123,69 @@ def test_fused_and_unfused_programs_agree_bit_for_bit_on_every_engine(
         # ...and TensorFlow's, within what int8 costs (the other int8 tests' bound)
         err = np.abs(results["fused"][engine] - want).max() / np.abs(want).max()
         assert err < 0.05, (engine, err)
+
+
+def _densenet_block(seed: int = 0, activation: type = tf.keras.layers.ReLU) -> TracedGraph:
+    """A DenseNet layer on trained weights: concat of the input and a 3x3 convolution's
+    features, then BatchNorm (statistics drawn at random, so its shift does not vanish),
+    ReLU, and the 1x1 bottleneck convolution that reads them."""
+    tf.keras.utils.set_random_seed(seed)
+    layers = tf.keras.layers
+    x = inputs = tf.keras.Input(SHAPE[1:])
+    grown = layers.Conv2D(8, 3, padding="same", use_bias=False)(x)
+    x = layers.Concatenate()([x, grown])
+    norm = layers.BatchNormalization()
+    x = activation()(norm(x))
+    outputs = layers.Conv2D(CHANNELS, 1, use_bias=False)(x)
+    model = tf.keras.Model(inputs, outputs)
+    rng = np.random.default_rng(seed)
+    c = CHANNELS + 8
+    norm.set_weights([rng.uniform(0.5, 1.5, c), rng.normal(0, 0.5, c),
+                      rng.normal(0, 0.5, c), rng.uniform(0.5, 2.0, c)])
+    return trace(model, tf.TensorSpec([None, *SHAPE[1:]], tf.float32, name="x"), batch=BATCH)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None,
+                    reason="g++ is needed to build the C runtime library")
+@pytest.mark.parametrize("auto_cast", ["matmult", "none"])
+def test_a_trained_batchnorm_and_relu_are_quantized_in_the_same_pass(
+        auto_cast: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scale, shift and ReLU on the concat (one `binary` since fuse_shift) and the quantize
+    the int8 bottleneck reads become one binary_quantize with the addend and the ReLU,
+    giving the pair's 8-bit values on every engine."""
+    graph = _densenet_block()
+    program = _compile(graph, auto_cast).programs[0]
+    [fused] = [i for i in program if i.kind == "binary_quantize"]
+    assert "binary" not in [i.kind for i in program]
+    assert len(fused.inputs) == 3 and fused.attrs["fn"] == "mul", fused
+    assert fused.attrs["activation"] == "relu" and fused.attrs["to"] == "uint8", fused.attrs
+    assert [i.kind for i in program if fused.outputs[0] in i.inputs] == ["conv2d_int8"]
+    x = np.random.default_rng(5).standard_normal(SHAPE).astype(np.float32)
+    want = next(iter(graph.reference({"x:0": x}).values()))
+    results = {}
+    for name, fuse in (("fused", True), ("pair", False)):
+        data = to_bytes(_compile(graph, auto_cast, fuse))
+        monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
+        with py_runtime.load(data, runtime="python") as model:
+            [numpy_out] = model.run({"x:0": x}).values()
+        monkeypatch.setenv("NEURONISH_ENGINE", "native")
+        native, left = run_reporting_numpy(data, {"x:0": x})
+        assert left == [], left
+        results[name] = [numpy_out, *native.values(), _c_runtime_outputs(data, x)]
+    for fused_out, pair_out in zip(results["fused"], results["pair"], strict=True):
+        np.testing.assert_array_equal(fused_out, pair_out)
+        err = np.abs(fused_out - want).max() / np.abs(want).max()
+        assert err < 0.05, err
+
+
+def test_an_activation_other_than_relu_keeps_the_pair() -> None:
+    """binary_quantize clamps at 0 for the ReLU and takes no other activation: a leaky
+    ReLU stays on the binary, and the quantize after it."""
+    program = _compile(_densenet_block(activation=tf.keras.layers.LeakyReLU), "none").programs[0]
+    [binary] = [i for i in program if i.kind == "binary"]
+    assert binary.attrs["activation"] == "leaky_relu" and len(binary.inputs) == 3
+    assert "binary_quantize" not in [i.kind for i in program]
+    assert [i.kind for i in program if binary.outputs[0] in i.inputs] == ["quantize"]
 
 
 def test_a_product_read_elsewhere_too_stays_a_pair() -> None:

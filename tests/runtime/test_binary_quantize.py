@@ -1,4 +1,5 @@
-"""`binary_quantize` is quantize(binary(a, b)) bit for bit, on every engine (runtime/isa.py).
+"""`binary_quantize` is quantize(binary(a, b [, c], activation)) bit for bit, on every engine
+(runtime/isa.py).
 
 The compiler fuses an add/sub/mul read only by a `quantize` into one `binary_quantize`
 (cc/passes/binary_quantize.py), so the fused instruction must give exactly the 8-bit
@@ -52,28 +53,32 @@ def _operand(shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarray:
     return x.reshape(shape).astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32)
 
 
-def _executable(fused: bool, fn: str, a: np.ndarray, b: np.ndarray, to: str) -> bytes:
-    """in0, in1 -> the fused instruction (output: y), or binary then quantize (outputs:
-    the product, y)."""
-    dtype = a.dtype.name
-    y_shape = isa.broadcast_shapes(a.shape, b.shape)
-    values = {0: (a.shape, dtype), 1: (b.shape, dtype), 2: (y_shape, dtype), 3: (y_shape, to)}
-    if fused:  # (value ids are dense: y is %2)
-        values[2] = values.pop(3)
-        program = [Instruction("binary_quantize", (0, 1), (2,),
-                               {"fn": fn, "scale": SCALE, "to": to}, None, ("test/mul",))]
-        outputs = [2]
+def _executable(fused: bool, fn: str, operands: list[np.ndarray], to: str,
+                activation: str = "none") -> bytes:
+    """in0, in1 [, in2 the addend c] -> the fused instruction (output: y), or binary then
+    quantize (outputs: the binary's value, y)."""
+    dtype = operands[0].dtype.name
+    n = len(operands)
+    y_shape = isa.broadcast_shapes(*(x.shape for x in operands))
+    values = {k: (x.shape, dtype) for k, x in enumerate(operands)}
+    values.update({n: (y_shape, dtype), n + 1: (y_shape, to)})
+    attrs = {"fn": fn, "activation": activation}
+    if fused:  # (value ids are dense: y is %n)
+        values[n] = values.pop(n + 1)
+        program = [Instruction("binary_quantize", tuple(range(n)), (n,),
+                               {**attrs, "scale": SCALE, "to": to}, None, ("test/mul",))]
+        outputs = [n]
     else:
-        program = [Instruction("binary", (0, 1), (2,), {"fn": fn}, None, ("test/mul",)),
-                   Instruction("quantize", (2,), (3,), {"scale": SCALE, "to": to}, None,
+        program = [Instruction("binary", tuple(range(n)), (n,), attrs, None, ("test/mul",)),
+                   Instruction("quantize", (n,), (n + 1,), {"scale": SCALE, "to": to}, None,
                                ("test/q",))]
-        outputs = [2, 3]
+        outputs = [n, n + 1]
     return to_bytes(Executable(
         compiler={"name": "test"},
-        inputs=[TensorSignature(f"in{k}:0", dtype, values[k][0]) for k in (0, 1)],
+        inputs=[TensorSignature(f"in{k}:0", dtype, values[k][0]) for k in range(n)],
         outputs=[TensorSignature(f"out{v}:0", values[v][1], values[v][0]) for v in outputs],
-        input_values=[0, 1], output_values=outputs, constants={},
-        values={v: values[v] for v in (0, 1, *outputs)}, arena_bytes=0, offsets={},
+        input_values=list(range(n)), output_values=outputs, constants={},
+        values={v: values[v] for v in (*range(n), *outputs)}, arena_bytes=0, offsets={},
         programs=[program]))
 
 
@@ -89,7 +94,7 @@ def c_device() -> binding.Device:
 def _run_everywhere(data: bytes, feeds: list[np.ndarray], device: binding.Device,
                     monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray]:
     """The last output (the 8-bit y) on each engine."""
-    named = {"in0:0": feeds[0], "in1:0": feeds[1]}
+    named = {f"in{k}:0": x for k, x in enumerate(feeds)}
     out = {}
     monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
     with load(data, runtime="python") as model:
@@ -113,10 +118,47 @@ def test_fused_equals_the_pair_bit_for_bit(shapes: str, dtype: str, fn: str, to:
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(abs(hash((shapes, dtype, fn, to))) % 2**32)
     a, b = (_operand(s, dtype, rng) for s in SHAPES[shapes])
-    pair = _run_everywhere(_executable(False, fn, a, b, to), [a, b], c_device, monkeypatch)
-    fused = _run_everywhere(_executable(True, fn, a, b, to), [a, b], c_device, monkeypatch)
+    pair = _run_everywhere(_executable(False, fn, [a, b], to), [a, b], c_device, monkeypatch)
+    fused = _run_everywhere(_executable(True, fn, [a, b], to), [a, b], c_device, monkeypatch)
     want = pair["numpy"]
     assert want.dtype == np.dtype(to) and want.shape == isa.broadcast_shapes(a.shape, b.shape)
+    for engine in ("numpy", "native", "c_runtime"):
+        np.testing.assert_array_equal(pair[engine], want, err_msg=f"pair on {engine}")
+        np.testing.assert_array_equal(fused[engine], want, err_msg=f"fused on {engine}")
+
+
+# A BatchNorm's scale, shift and ReLU (cc/passes/fuse.py's fuse_shift, then the fusion
+# with the quantize after it): (a's, b's and c's shapes) with a of y's shape, as `binary`
+# takes an addend; c a channel vector, one value, a full tensor, one broadcast in the
+# middle, and rows long enough for several threads' tasks.
+ADDENDS = {
+    "channel": ((2, 5, 7, 40), (40,), (40,)),
+    "one_value": ((2, 5, 7, 40), (2, 1, 1, 40), ()),
+    "full": ((3, 5, 9), (9,), (3, 5, 9)),
+    "middle": ((4, 5, 6), (4, 1, 6), (5, 1)),
+    "large": ((3, 40011), (40011,), (3, 40011)),
+}
+
+
+@pytest.mark.parametrize("shapes", ADDENDS, ids=list(ADDENDS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fn", isa.QUANTIZED_BINARY_FNS)
+@pytest.mark.parametrize("activation", ["none", "relu"])
+@pytest.mark.parametrize("to", ["int8", "uint8"])
+def test_with_an_addend_and_relu_the_fused_equals_the_pair(
+        shapes: str, dtype: str, fn: str, activation: str, to: str,
+        c_device: binding.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """y = quantize(relu(fn(a, b) + c)): the addend and the ReLU in float32 before the
+    bfloat16 rounding, as `binary` defines them, through NaN, infinities and ties."""
+    rng = np.random.default_rng(abs(hash((shapes, dtype, fn, activation, to))) % 2**32)
+    operands = [_operand(s, dtype, rng) for s in ADDENDS[shapes]]
+    pair = _run_everywhere(_executable(False, fn, operands, to, activation), operands,
+                           c_device, monkeypatch)
+    fused = _run_everywhere(_executable(True, fn, operands, to, activation), operands,
+                            c_device, monkeypatch)
+    want = pair["numpy"]
+    if activation == "relu":  # (so the ReLU is not an accident of uint8's saturation)
+        assert want.min() >= 0
     for engine in ("numpy", "native", "c_runtime"):
         np.testing.assert_array_equal(pair[engine], want, err_msg=f"pair on {engine}")
         np.testing.assert_array_equal(fused[engine], want, err_msg=f"fused on {engine}")
@@ -145,6 +187,10 @@ def test_isa_refuses_what_it_does_not_define() -> None:
     ok = isa.check("binary_quantize", [isa.Type((2, 3), "bfloat16"), isa.Type((3,), "bfloat16")],
                    {"fn": "mul", "scale": 0.1, "to": "uint8"})
     assert ok == [isa.Type((2, 3), "uint8")]
+    with_c = isa.check("binary_quantize", [isa.Type((2, 3), "float32")] * 2 +
+                       [isa.Type((2, 1), "float32")],
+                       {"fn": "mul", "activation": "relu", "scale": 0.1, "to": "int8"})
+    assert with_c == [isa.Type((2, 3), "int8")]
     bad = [
         ([isa.Type((2,), "float32"), isa.Type((2,), "bfloat16")], {"fn": "mul"}, "in"),
         ([isa.Type((2,), "int32"), isa.Type((2,), "int32")], {"fn": "add"}, "in"),
@@ -152,6 +198,15 @@ def test_isa_refuses_what_it_does_not_define() -> None:
         ([isa.Type((2,), "float32")] * 2, {"fn": "div"}, "fn"),
         ([isa.Type((2,), "float32")] * 2, {"fn": "mul", "scale": 0.0}, "scale"),
         ([isa.Type((2,), "float32")] * 2, {"fn": "mul", "to": "int32"}, "to"),
+        ([isa.Type((2,), "float32")] * 2, {"fn": "mul", "activation": "sigmoid"},
+         "activation"),
+        # the addend: a's dtype, broadcasting to y
+        ([isa.Type((2, 3), "float32")] * 2 + [isa.Type((3,), "bfloat16")], {"fn": "add"},
+         "in"),
+        ([isa.Type((2, 3), "float32")] * 2 + [isa.Type((2,), "float32")], {"fn": "add"},
+         "in"),
+        ([isa.Type((2, 3), "float32")] * 2 + [isa.Type((4, 2, 3), "float32")],
+         {"fn": "mul"}, "in"),
     ]
     for types, attrs, field in bad:
         with pytest.raises(isa.IsaError) as e:

@@ -173,25 +173,39 @@ def test_a_binarys_activation_is_checked_alike(inspect_c: Path, tmp_path: Path) 
             executable.from_bytes(path.read_bytes())
 
 
-def test_a_binarys_addend_is_checked_alike(inspect_c: Path, tmp_path: Path) -> None:
-    """A binary's third input c holds only where one pass adds it (isa.py's binary): both
-    loaders refuse the rest naming the input, and take the one that is."""
+# (attrs, output dtype, cases: name -> (attrs changed, c's (shape, dtype), refusal's words))
+_ADDEND_CASES = {
+    "binary": ({"fn": "mul", "activation": "relu"}, "float32", {
+        "fused": (None, None, None), "pow": ({"fn": "pow"}, None, "fn one of"),
+        "c_too_long": (None, ([3], "float32"), "broadcast to y"),
+        "c_of_another_dtype": (None, ([8], "bfloat16"), "broadcast to y"),
+        "comparison": ({"fn": "less", "activation": "none"}, None,
+                       "float32 or bfloat16 output")}),
+    "binary_quantize": ({"fn": "mul", "activation": "relu", "scale": 0.1, "to": "uint8"},
+                        "uint8", {
+        "fused": (None, None, None), "c_of_one_value": (None, ([], "float32"), None),
+        "sigmoid": ({"activation": "sigmoid"}, None, "activation"),
+        "c_too_long": (None, ([3], "float32"), "broadcast to y"),
+        "c_of_another_dtype": (None, ([8], "bfloat16"), "broadcast to y")}),
+}
+
+
+@pytest.mark.parametrize("kind", _ADDEND_CASES)
+def test_an_addend_is_checked_alike(kind: str, inspect_c: Path, tmp_path: Path) -> None:
+    """The third input c of a binary holds only where one pass adds it (isa.py's binary);
+    a binary_quantize's, wherever it broadcasts to y: both loaders refuse the rest naming
+    the input (or the attribute), and take the ones that are."""
     import msgpack
     import numpy as np
 
     from runtime.program import one_instruction_program
 
+    attrs, out_dtype, cases = _ADDEND_CASES[kind]
     arrays = [np.ones((2, 3, 8), np.float32), np.ones((8,), np.float32),
               np.ones((8,), np.float32)]
-    program, _ = one_instruction_program("binary", arrays, {"fn": "mul", "activation": "relu"},
-                                         [((2, 3, 8), "float32")])
+    program, _ = one_instruction_program(kind, arrays, attrs, [((2, 3, 8), out_dtype)])
     body = msgpack.unpackb(executable.to_bytes(program.exe)[executable.HEADER_SIZE:],
                            strict_map_key=False)
-    cases = {"fused": (None, None, None), "pow": ({"fn": "pow"}, None, "fn one of"),
-             "c_too_long": (None, ([3], "float32"), "broadcast to y"),
-             "c_of_another_dtype": (None, ([8], "bfloat16"), "broadcast to y"),
-             "comparison": ({"fn": "less", "activation": "none"}, None,
-                            "float32 or bfloat16 output")}
     paths = []
     for name, (change, c_type, _) in cases.items():
         mutant = msgpack.unpackb(msgpack.packb(body), strict_map_key=False)
@@ -206,7 +220,7 @@ def test_a_binarys_addend_is_checked_alike(inspect_c: Path, tmp_path: Path) -> N
         paths.append(tmp_path / name)
     for (name, (_, _, needle)), path, line in zip(cases.items(), paths, _run(inspect_c, paths)):
         if needle is None:
-            assert line.get("status") != "error", line
+            assert line.get("status") != "error", (name, line)
             executable.from_bytes(path.read_bytes())
             continue
         assert line["status"] == "error" and needle in line["message"], (name, line)
