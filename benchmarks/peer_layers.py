@@ -1,7 +1,7 @@
 """Layer by layer: where neuronish's time differs from OpenVINO's on one model.
 
     python benchmarks/peer_layers.py ResNet50 --batch 8 [--precision fp32|bf16|int8] \
-        [--calls 5] [--top 15] [--calibration 32]
+        [--calls 5] [--top 15] [--calibration 32] [--saved-model DIR]
 
 neuronish side: the model compiled as benchmarks/peers.py compiles it for the precision
 (fp32; bf16 `--auto-cast matmult`; int8 `quantize="int8"` from peers.py's calibration
@@ -248,12 +248,14 @@ def main() -> int:
     p.add_argument("--compiled", help="profile this compiled SavedModel (compiled for the "
                    "same precision and batch) instead of compiling the model")
     p.add_argument("--json", help="also write both sides' raw figures here")
+    p.add_argument("--saved-model", help="measure this SavedModel of MODEL instead of the "
+                   "cached fresh-weights one (e.g. `python -m models.trained_like MODEL DIR`)")
     args = p.parse_args()
     import tensorflow as tf
 
     from models.cache import cached_saved_model
 
-    src = cached_saved_model(args.model)
+    src = args.saved_model or cached_saved_model(args.model)
     calibration = None
     if args.precision == "int8":
         signature = tf.saved_model.load(src).signatures["serving_default"]
