@@ -1370,15 +1370,34 @@ struct Program {
     byte_arg(s, y);
     push_loop(ins, s, "neuronish:pad", [=](const Step& st, int threads) {
       char* py = data<char>(st, 1);
-      if (size == 1) {
-        std::memset(py, (int)(fill & 0xff), total);
-      } else {
-#pragma omp parallel for num_threads(threads) if (threads > 1)
-        for (int64_t i = 0; i < total; ++i) std::memcpy(py + i * size, &fill, size);
-      }
+      fill_elements(py, total, fill, size, threads);
       strided_copy(data<const char>(st, 0), py + y_start * (int64_t)size, t, size, threads,
                    yst);
     });
+  }
+
+  // y[0, total) = the `size`-byte value in fill's low bytes. A memcpy per element (a call:
+  // `size` is not a constant) took 2.6 ns an element, 18.9 ms of ResNet50V2's int8 call
+  // for its stem pool's pad; memset and typed fills run at memory speed.
+  static void fill_elements(char* y, int64_t total, int64_t fill, size_t size, int threads) {
+    const int64_t bytes = total * int64_t(size), chunk = int64_t(1) << 20;
+    const bool zero = (uint64_t(fill) & (size >= 8 ? ~0ull : (1ull << (8 * size)) - 1)) == 0;
+    const int64_t chunks = (bytes + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t from = c * chunk / int64_t(size), to = std::min(total, (c + 1) * chunk / int64_t(size));
+      if (zero || size == 1) {
+        std::memset(y + from * int64_t(size), int(fill & 0xff), size_t(to - from) * size);
+      } else if (size == 2) {
+        std::fill(reinterpret_cast<uint16_t*>(y) + from, reinterpret_cast<uint16_t*>(y) + to,
+                  uint16_t(fill));
+      } else if (size == 4) {
+        std::fill(reinterpret_cast<uint32_t*>(y) + from, reinterpret_cast<uint32_t*>(y) + to,
+                  uint32_t(fill));
+      } else {
+        for (int64_t i = from; i < to; ++i) std::memcpy(y + i * int64_t(size), &fill, size);
+      }
+    }
   }
 
   // Attention's masked softmax over the last axis of x (float32 or bfloat16, computed in
