@@ -1301,10 +1301,28 @@ struct Program {
       char* ys = y + yo * (int64_t)size;
       if (sx == 1 && sy == 1) {
         std::memcpy(ys, xs, n * size);
+      } else if (size == 4) {  // (typed: a memcpy call per element is ~2.5 ns)
+        strided_elements<uint32_t>(xs, ys, n, sx, sy);
+      } else if (size == 2) {
+        strided_elements<uint16_t>(xs, ys, n, sx, sy);
+      } else if (size == 1) {
+        strided_elements<uint8_t>(xs, ys, n, sx, sy);
+      } else if (size == 8) {
+        strided_elements<uint64_t>(xs, ys, n, sx, sy);
       } else {
         for (int64_t j = 0; j < n; ++j)
           std::memcpy(ys + j * sy * (int64_t)size, xs + j * sx * (int64_t)size, size);
       }
+    }
+  }
+
+  // n elements of T, x's every sx-th to y's every sy-th (byte-aligned: memcpy per element).
+  template <class T>
+  static void strided_elements(const char* x, char* y, int64_t n, int64_t sx, int64_t sy) {
+    for (int64_t j = 0; j < n; ++j) {
+      T v;
+      std::memcpy(&v, x + j * sx * int64_t(sizeof(T)), sizeof(T));
+      std::memcpy(y + j * sy * int64_t(sizeof(T)), &v, sizeof(T));
     }
   }
 
