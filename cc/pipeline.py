@@ -29,6 +29,7 @@ from .passes.fuse import absorb_dense_reshapes, fold_scale_shift, fuse_activatio
 from .passes.idioms import (
     recognize_gelu,
     recognize_gelu_tanh,
+    recognize_hard_swish,
     recognize_layer_norm,
     recognize_masked_softmax,
     recognize_swish,
@@ -63,6 +64,7 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("recognize_gelu", recognize_gelu),
         Pass("recognize_gelu_tanh", recognize_gelu_tanh),
         Pass("recognize_swish", recognize_swish),
+        Pass("recognize_hard_swish", recognize_hard_swish),
         Pass("recognize_layer_norm", recognize_layer_norm),
         # Attention's mask, softmax and mask again: one pass over the scores.
         Pass("recognize_masked_softmax", recognize_masked_softmax),

@@ -369,12 +369,13 @@ def window_out(size: int, k: int, stride: int, dilation: int, before: int, after
 UNARY_FNS = ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus",
              "gelu", "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs",
              "neg", "reciprocal", "floor", "sign", "logical_not", "round_bf16", "round_fp16",
-             "sin", "cos", "tan", "atan", "log1p", "expm1", "round", "swish")
+             "sin", "cos", "tan", "atan", "log1p", "expm1", "round", "swish", "hard_sigmoid",
+             "hard_swish")
 # (Not softplus, though an epilogue may hold one: the native engine's epilogues are oneDNN
 # post-ops, whose soft_relu loses TF's relative accuracy for large |x|, so a fused
 # softplus left its whole conv or matmul to the numpy engine. Alone it runs natively.)
 ACTIVATIONS = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
-                         "gelu", "gelu_tanh", "swish"})
+                         "gelu", "gelu_tanh", "swish", "hard_sigmoid", "hard_swish"})
 COMPARISONS = ("greater", "greater_equal", "less", "less_equal", "equal", "not_equal")
 # The dtypes each unary function takes (TF's own: its float-only ops take floats only).
 UNARY_DOMAIN: dict[str, frozenset[str]] = {
@@ -799,7 +800,9 @@ declare(Kind("unary", ("x",), attrs=(Attr("fn", Choice(*UNARY_FNS)), _ALPHA),
              traits=_t("elementwise"), rule=_unary, doc=(
                  "y = fn(x), same dtype. `gelu` is TF's exact GELU, x·erfc(−x/√2)/2; "
                  "`gelu_tanh` its approximate one, x/2·(1 + tanh(√(2/π)·(x + 0.044715·x³))). "
-                 "`swish` is x·sigmoid(x) (Keras' swish / silu). "
+                 "`swish` is x·sigmoid(x) (Keras' swish / silu). `hard_sigmoid` is "
+                 "relu6(x + 3)/6 and `hard_swish` x·hard_sigmoid(x) (Keras' and MobileNetV3's; "
+                 "TF's order of operations). "
                  "`round_bf16`/`round_fp16` round to that precision "
                  "and back (round-to-nearest-even; used by `--auto-cast`). `round` rounds "
                  "half to even (TF's Round). Dtypes (`UNARY_DOMAIN`): relu, relu6, square any "

@@ -37,7 +37,8 @@ BF16 = "bfloat16"
 # What the native engine runs on bfloat16 tensors with oneDNN (runtime/native/spec.py):
 # its element-wise functions, its binary ops with the second operand broadcasting.
 _FOLLOW_UNARY = frozenset({"relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh",
-                           "gelu", "gelu_tanh", "swish", "exp", "sqrt", "rsqrt", "square", "abs",
+                           "gelu", "gelu_tanh", "swish", "hard_sigmoid", "hard_swish", "exp",
+                           "sqrt", "rsqrt", "square", "abs",
                            "neg", "reciprocal"})
 _MOVEMENT = frozenset({"reshape", "copy", "transpose", "concat", "strided_slice"})
 

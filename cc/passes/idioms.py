@@ -13,6 +13,11 @@ epilogue a matmul can take.
 Swish (Keras' `swish`/`silu`, EfficientNet's activation) arrives as x * sigmoid(x): as
 one `unary swish` it is oneDNN's eltwise_swish, again a convolution's epilogue.
 
+Hard swish (Keras' `hard_swish`/`hard_silu`, MobileNetV3's activation) arrives as
+x * (relu6(x + 3) / 6), its gate, hard sigmoid, as relu6(x + 3) / 6: as `unary
+hard_swish` / `unary hard_sigmoid` they are oneDNN's hardswish / hardsigmoid, again a
+convolution's epilogue.
+
 Layer normalization over the last axis (Keras' LayerNormalization, tf.nn.moments with
 tf.nn.batch_normalization) arrives as ten to twelve ops: two means, a squared difference,
 rsqrt(var + eps), then x * inv + (beta - mean * inv) with inv = rsqrt(...) * gamma. As
@@ -187,6 +192,46 @@ SWISH = [Rule("swish", Pat("binary", fn="mul", inputs=(
 def recognize_swish(graph: Graph) -> Graph:
     """x * sigmoid(x) or x * sigmoid(1.0 * x) (either order) becomes `unary swish(x)`."""
     return rewrite(graph, SWISH)  # an unread sigmoid goes in eliminate_dead_code
+
+
+def _hard_sigmoid(graph: Graph, node: Node, m: dict[str, Value]) -> bool:
+    x = m["x"]
+    if node.outputs[0].type != x.type:
+        return False
+    parts = (m["plus3"].producer, m["relu6"].producer, node)
+    _replace_with_unary(graph, node, x, "hard_sigmoid", parts)
+    return True
+
+
+def _hard_swish(graph: Graph, node: Node, m: dict[str, Value]) -> bool:
+    gate = m["gate"].producer
+    if gate.inputs[0] is not m["x"] or node.outputs[0].type != m["x"].type:
+        return False
+    _replace_with_unary(graph, node, m["x"], "hard_swish", (gate, node))
+    return True
+
+
+# relu6(x + 3) / 6 or relu6(x + 3) * (1/6), the relu6 and the add private to the formula:
+# Keras' hard_sigmoid on TensorFlow, and MobileNetV3's own.
+_RELU6_OF_X_PLUS_3 = Pat("unary", fn="relu6", private=True, name="relu6", inputs=(
+    Pat("binary", fn="add", commutative=True, private=True, name="plus3",
+        inputs=(Pat(name="x"), Pat.const(3.0))),))
+HARD_SIGMOID = [
+    Rule("hard_sigmoid", Pat("binary", fn="div", inputs=(_RELU6_OF_X_PLUS_3, Pat.const(6.0))),
+         _hard_sigmoid),
+    Rule("hard_sigmoid", Pat("binary", fn="mul", commutative=True, inputs=(
+        _RELU6_OF_X_PLUS_3, Pat.const(1 / 6))), _hard_sigmoid)]
+# x * hard_sigmoid(x), either order (hard_sigmoid recognized first); the action checks the
+# gate reads x.
+HARD_SWISH = [Rule("hard_swish", Pat("binary", fn="mul", commutative=True, inputs=(
+    Pat(name="x"), Pat("unary", fn="hard_sigmoid", private=True, name="gate"))), _hard_swish)]
+
+
+def recognize_hard_swish(graph: Graph) -> Graph:
+    """relu6(x + 3) / 6 (or * 1/6) becomes `unary hard_sigmoid(x)`, and x times that
+    `unary hard_swish(x)`: one pass, or a convolution's epilogue, for MobileNetV3's
+    activation where it took three."""
+    return rewrite(rewrite(graph, HARD_SIGMOID), HARD_SWISH)
 
 
 def _made_by(v: Value, kind: str, fn: str | None = None) -> Node | None:

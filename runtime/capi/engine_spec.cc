@@ -22,12 +22,13 @@ const std::map<std::string, Chain> kEltwise = {
     {"gelu", {{E_GELU_ERF, 0, 0}}}, {"gelu_tanh", {{E_GELU_TANH, 0, 0}}},
     {"swish", {{E_SWISH, 1, 0}}}, {"sqrt", {{E_SQRT, 0, 0}}}, {"rsqrt", {{E_POW, 1, -0.5}}},
     {"square", {{E_SQUARE, 0, 0}}}, {"abs", {{E_ABS, 0, 0}}}, {"neg", {{E_LINEAR, -1, 0}}},
-    {"reciprocal", {{E_POW, 1, -1}}}};
+    {"reciprocal", {{E_POW, 1, -1}}}, {"hard_sigmoid", {{E_HARDSIGMOID, 1.0 / 6, 0.5}}},
+    {"hard_swish", {{E_HARDSWISH, 1.0 / 6, 0.5}}}};
 const char *const kGUnaryNames[] = {
     "relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus", "gelu",
     "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
     "reciprocal", "floor", "sign", "round_bf16", "round_fp16", "sin", "cos", "tan", "atan",
-    "log1p", "expm1", "round", "swish", "logical_not"};
+    "log1p", "expm1", "round", "swish", "logical_not", "hard_sigmoid", "hard_swish"};
 
 uint16_t bf16_of(float f) {
   uint32_t u;

@@ -35,7 +35,7 @@ enum : int64_t {
 enum : int64_t {
   E_RELU = 1, E_CLIP = 2, E_ELU = 3, E_LOGISTIC = 4, E_TANH = 5, E_EXP = 7, E_SQRT = 9,
   E_SQUARE = 10, E_ABS = 11, E_LINEAR = 12, E_POW = 13, E_GELU_TANH = 15, E_GELU_ERF = 16,
-  E_SWISH = 17,
+  E_SWISH = 17, E_HARDSWISH = 18, E_HARDSIGMOID = 19,
 };
 
 struct Step { int64_t code; double alpha, beta; };

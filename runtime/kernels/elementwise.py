@@ -175,6 +175,20 @@ def _swish(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
     np.multiply(x, s, out=y)
 
 
+def _hard_sigmoid(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
+    # TF's relu6(x + 3) / 6, in its order (Keras 3's hard_sigmoid on TensorFlow).
+    t = np.add(x, x.dtype.type(3.0))
+    _relu6(t, t, alpha)
+    np.divide(t, x.dtype.type(6.0), out=y)
+
+
+def _hard_swish(x: np.ndarray, y: np.ndarray, alpha: float) -> None:
+    # x * hard_sigmoid(x): the numbers of the Keras graph's multiply.
+    s = np.empty_like(y)
+    _hard_sigmoid(x, s, alpha)
+    np.multiply(x, s, out=y)
+
+
 UNARY: dict[str, UnaryFn] = {
     "relu": _relu,
     "relu6": _relu6,
@@ -187,6 +201,8 @@ UNARY: dict[str, UnaryFn] = {
     "gelu": _gelu,
     "gelu_tanh": _gelu_tanh,
     "swish": _swish,
+    "hard_sigmoid": _hard_sigmoid,
+    "hard_swish": _hard_swish,
     "erf": _ufunc(special.erf),
     "erfc": _ufunc(special.erfc),
     "exp": _ufunc(np.exp),

@@ -21,7 +21,7 @@ enum GUnary : int64_t {
   G_SQRT = 15, G_RSQRT = 16, G_SQUARE = 17, G_ABS = 18, G_NEG = 19, G_RECIPROCAL = 20,
   G_FLOOR = 21, G_SIGN = 22, G_ROUND_BF16 = 23, G_ROUND_FP16 = 24, G_SIN = 25, G_COS = 26,
   G_TAN = 27, G_ATAN = 28, G_LOG1P = 29, G_EXPM1 = 30, G_ROUND = 31, G_SWISH = 32,
-  G_LOGICAL_NOT = 33 /* bool only */,
+  G_LOGICAL_NOT = 33 /* bool only */, G_HARD_SIGMOID = 34, G_HARD_SWISH = 35,
 };
 
 template <class T> T int_div(T a, T b) {  // toward zero; x/0 = 0; MIN/-1 wraps
@@ -82,6 +82,14 @@ template <class C, class G> void with_real_unary(int64_t fn, C alpha, G&& g) {
       return C(0.5) * x * (C(1) + t);
     });
     case G_SWISH: return g([](C x) { return x / (C(1) + std::exp(-x)); });
+    case G_HARD_SIGMOID: return g([](C x) {  // relu6(x + 3) / 6, TF's order
+      C t = x + C(3);
+      return t != t ? t : std::min(std::max(t, C(0)), C(6)) / C(6);
+    });
+    case G_HARD_SWISH: return g([](C x) {
+      C t = x + C(3);
+      return t != t ? t : x * (std::min(std::max(t, C(0)), C(6)) / C(6));
+    });
     case G_ERF: return g([](C x) { return std::erf(x); });
     case G_ERFC: return g([](C x) { return std::erfc(x); });
     case G_EXP: return g([](C x) { return std::exp(x); });

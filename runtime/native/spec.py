@@ -37,7 +37,7 @@ DTYPES = {"float32": 0, "bfloat16": 1, "uint8": 2, "int32": 3, "int8": 4, "float
 
 E_RELU, E_CLIP, E_ELU, E_LOGISTIC, E_TANH, E_EXP = 1, 2, 3, 4, 5, 7
 E_SQRT, E_SQUARE, E_ABS, E_LINEAR, E_POW, E_GELU_TANH, E_GELU_ERF = 9, 10, 11, 12, 13, 15, 16
-E_SWISH = 17
+E_SWISH, E_HARDSWISH, E_HARDSIGMOID = 17, 18, 19
 
 # TF function -> oneDNN element-wise chain [(code, alpha, beta)]; `alpha` in the
 # attributes replaces the first alpha where the function takes one (leaky_relu).
@@ -58,6 +58,8 @@ ELTWISE: dict[str, list[tuple[int, float, float]]] = {
     "gelu": [(E_GELU_ERF, 0.0, 0.0)],
     "gelu_tanh": [(E_GELU_TANH, 0.0, 0.0)],
     "swish": [(E_SWISH, 1.0, 0.0)],  # x * sigmoid(alpha * x)
+    "hard_sigmoid": [(E_HARDSIGMOID, 1 / 6, 0.5)],  # max(0, min(1, alpha * x + beta))
+    "hard_swish": [(E_HARDSWISH, 1 / 6, 0.5)],  # x * hard_sigmoid(x)
     "sqrt": [(E_SQRT, 0.0, 0.0)],
     "rsqrt": [(E_POW, 1.0, -0.5)],
     "square": [(E_SQUARE, 0.0, 0.0)],
@@ -89,7 +91,7 @@ G_UNARY = {fn: i + 1 for i, fn in enumerate(
     ("relu", "relu6", "leaky_relu", "elu", "selu", "sigmoid", "tanh", "softplus", "gelu",
      "gelu_tanh", "erf", "erfc", "exp", "log", "sqrt", "rsqrt", "square", "abs", "neg",
      "reciprocal", "floor", "sign", "round_bf16", "round_fp16", "sin", "cos", "tan", "atan",
-     "log1p", "expm1", "round", "swish", "logical_not"))}
+     "log1p", "expm1", "round", "swish", "logical_not", "hard_sigmoid", "hard_swish"))}
 G_UNARY_INT = frozenset({"abs", "neg", "sign", "square", "relu", "relu6"})
 _INTS = ("int8", "uint8", "int16", "int32", "int64")
 _G_FLOATS = ("float32", "float64", "float16", "bfloat16")
