@@ -990,12 +990,19 @@ struct Program {
     // reference code (8x56x56x256 with a [256] addend: 747 ms against 2 ms). A channel
     // vector is per_oc once y is seen as [rows, channels]: every operand is described so
     // when each is y-shaped, one value or such a vector (a BatchNorm's scale and shift).
+    // When no operand is a vector, all are described flat ([elements] or [1]): as [rows, 3]
+    // an RGB image's rescaling (x * s + o, one value each) ran 4.9 ns an element (5.9 ms
+    // for 8x224x224x3) on jit:uni's short rows.
     memory::dims rows;
-    if (has_c && y.dims.size() > 2 && channel_like(B, y.dims) && channel_like(C, y.dims))
+    auto flat = [&](const Ref& r) { return r.dims == y.dims || count(r) == 1; };
+    if (has_c && y.dims.size() > 1 && flat(B) && flat(C))
+      rows = {count(y)};
+    else if (has_c && y.dims.size() > 2 && channel_like(B, y.dims) && channel_like(C, y.dims))
       rows = {count(y) / y.dims.back(), y.dims.back()};
     auto md = [&](const Ref& r) {
       if (rows.empty()) return plain(r);
       int64_t n = count(r);
+      if (rows.size() == 1) return plain(n == 1 ? memory::dims{1} : rows, r.type);
       return plain(n == 1 ? memory::dims{1, 1} : n == rows[1] ? memory::dims{1, rows[1]} : rows,
                    r.type);
     };
