@@ -161,8 +161,8 @@ void add_quantize(Program& p, Reader& rd, Instr& ins) {
 // of C elements, b's row fixed for each image, and a BatchNorm's x [N, H, W, C] * scale [C]
 // + shift [C] is N*H*W rows of C, the scale's and the shift's rows the same every time.
 //
-// Without c the loops read a zero of the operands' type, broadcast: adding +0 changes no
-// value that quantizes differently (-0 becomes +0; both give 0), and one loop serves both.
+// The loops are built with and without c (HasC): adding a zero instead cost the
+// squeeze-excite products 50% (one more load, add and a field re-read per 8 elements).
 // The ReLU is max(v, 0) before scaling (relu commutes with the bf16 rounding), written so
 // that a NaN stays NaN (x86's max returns its second operand when either is NaN) and then
 // quantizes to 0, as `quantize` defines.
@@ -195,30 +195,34 @@ struct QRows {
 };
 
 // Elements [from, q.n) of one row, one at a time (the scalar loop, and vector loops' tails).
-template <class X, class Y, int64_t Fn>
+// (The loops copy QRows' fields to locals: their 8-bit stores may alias anything, so a
+// field read in the loop is read again every iteration.)
+template <class X, class Y, int64_t Fn, bool HasC>
 void qbinary_row_from(const X* pa, const X* pb, const X* pc, Y* py, int64_t from,
                       const QRows& q, float inv) {
-  for (int64_t j = from; j < q.n; ++j) {
-    float v = binary_fn<Fn>(quantize_load(pa, j * q.step[0]), quantize_load(pb, j * q.step[1]));
-    v += quantize_load(pc, j * q.step[2]);
+  const int64_t n = q.n, sa = q.step[0], sb = q.step[1], sc = q.step[2];
+  const bool relu = q.relu;
+  for (int64_t j = from; j < n; ++j) {
+    float v = binary_fn<Fn>(quantize_load(pa, j * sa), quantize_load(pb, j * sb));
+    if constexpr (HasC) v += quantize_load(pc, j * sc);
     if constexpr (std::is_same<X, uint16_t>::value) v = round_to_bf16(v);
-    if (q.relu) v = std::max(v, 0.f);  // (NaN stays NaN, and quantizes to 0)
+    if (relu) v = std::max(v, 0.f);  // (NaN stays NaN, and quantizes to 0)
     py[j] = saturate_round<Y>(v * inv);
   }
 }
 
-template <class X, class Y, int64_t Fn>
+template <class X, class Y, int64_t Fn, bool HasC>
 void qbinary_rows(const X* a, const X* b, const X* c, Y* y, const QRows& q, float inv) {
   for (int64_t r = 0; r < q.rows; ++r)
-    qbinary_row_from<X, Y, Fn>(a + q.at[0][r], b + q.at[1][r], c + q.at[2][r],
-                               y + (q.first + r) * q.n, 0, q, inv);
+    qbinary_row_from<X, Y, Fn, HasC>(a + q.at[0][r], b + q.at[1][r], c + q.at[2][r],
+                                     y + (q.first + r) * q.n, 0, q, inv);
 }
 
 // fn(va, vb) + vc rounded to bf16 when X is, through the ReLU when `relu`, times k,
 // clamped: 16 floats ready to convert. The rounding is integer arithmetic on the float32
 // bits (round half to even on bit 16). A NaN comes out as NaN, 0 or, its payload carrying
 // into the sign, as -0 or +0: each quantizes to 0, as NaN does.
-template <class X, class Y, int64_t Fn>
+template <class X, class Y, int64_t Fn, bool HasC>
 NEURONISH_AVX512 inline __m512 qbinary_value(__m512 va, __m512 vb, __m512 vc, __m512 floor,
                                              __m512 k) {
   const __m512 lo = _mm512_set1_ps(std::is_same<Y, uint8_t>::value ? 0.f : -128.f);
@@ -227,7 +231,7 @@ NEURONISH_AVX512 inline __m512 qbinary_value(__m512 va, __m512 vb, __m512 vc, __
   if constexpr (Fn == F_ADD) v = _mm512_add_ps(va, vb);
   else if constexpr (Fn == F_SUB) v = _mm512_sub_ps(va, vb);
   else v = _mm512_mul_ps(va, vb);
-  v = _mm512_add_ps(v, vc);
+  if constexpr (HasC) v = _mm512_add_ps(v, vc);
   if constexpr (std::is_same<X, uint16_t>::value) {
     __m512i u = _mm512_castps_si512(v);
     __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -242,20 +246,20 @@ NEURONISH_AVX512 inline __m512 qbinary_value(__m512 va, __m512 vb, __m512 vc, __
 inline float relu_floor(bool relu) { return relu ? 0.f : -std::numeric_limits<float>::infinity(); }
 
 // float32 operands: 16 lanes at a time. (cvtps2dq gives NaN INT_MIN, narrowed to 0.)
-template <class Y, int64_t Fn>
+template <class Y, int64_t Fn, bool HasC>
 NEURONISH_AVX512 void qbinary_rows_f32(const float* a, const float* b, const float* c, Y* y,
                                        const QRows& q, float inv) {
   const __m512 k = _mm512_set1_ps(inv), floor = _mm512_set1_ps(relu_floor(q.relu));
-  const int64_t n = q.n;
+  const int64_t n = q.n, sa = q.step[0], sb = q.step[1], sc = q.step[2];
   for (int64_t r = 0; r < q.rows; ++r) {
     const float *pa = a + q.at[0][r], *pb = b + q.at[1][r], *pc = c + q.at[2][r];
     Y* py = y + (q.first + r) * n;
     for (int64_t j = 0; j < n; j += 16) {
       __mmask16 m = lanes16(n, j);
-      __m512 va = q.step[0] ? _mm512_maskz_loadu_ps(m, pa + j) : _mm512_set1_ps(pa[0]);
-      __m512 vb = q.step[1] ? _mm512_maskz_loadu_ps(m, pb + j) : _mm512_set1_ps(pb[0]);
-      __m512 vc = q.step[2] ? _mm512_maskz_loadu_ps(m, pc + j) : _mm512_set1_ps(pc[0]);
-      __m512 v = qbinary_value<float, Y, Fn>(va, vb, vc, floor, k);
+      __m512 va = sa ? _mm512_maskz_loadu_ps(m, pa + j) : _mm512_set1_ps(pa[0]);
+      __m512 vb = sb ? _mm512_maskz_loadu_ps(m, pb + j) : _mm512_set1_ps(pb[0]);
+      __m512 vc = !HasC ? va : sc ? _mm512_maskz_loadu_ps(m, pc + j) : _mm512_set1_ps(pc[0]);
+      __m512 v = qbinary_value<float, Y, Fn, HasC>(va, vb, vc, floor, k);
       _mm_mask_storeu_epi8(py + j, m, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
     }
   }
@@ -279,11 +283,11 @@ NEURONISH_AVX512 inline Bf16Halves bf16_halves(const uint16_t* p, int64_t step, 
 // int16 lanes, narrowed once (vpmovwb). Widening and narrowing by cross-lane shuffles, 16 at
 // a time, took twice as long as the arithmetic (single-thread, 8x56x56x144: 0.82 ms, the
 // unfused pair's time).
-template <class Y, int64_t Fn>
+template <class Y, int64_t Fn, bool HasC>
 NEURONISH_AVX512 void qbinary_rows_bf16(const uint16_t* a, const uint16_t* b,
                                         const uint16_t* c, Y* y, const QRows& q, float inv) {
   const __m512 k = _mm512_set1_ps(inv), floor = _mm512_set1_ps(relu_floor(q.relu));
-  const int64_t n = q.n;
+  const int64_t n = q.n, sa = q.step[0], sb = q.step[1], sc = q.step[2];
   for (int64_t r = 0; r < q.rows; ++r) {
     const uint16_t *pa = a + q.at[0][r], *pb = b + q.at[1][r], *pc = c + q.at[2][r];
     Y* py = y + (q.first + r) * n;
@@ -292,13 +296,13 @@ NEURONISH_AVX512 void qbinary_rows_bf16(const uint16_t* a, const uint16_t* b,
     const __m512 c0 = _mm512_set1_ps(quantize_load(pc, 0));
     for (int64_t j = 0; j < n; j += 32) {
       __mmask32 m = n - j >= 32 ? ~__mmask32(0) : (__mmask32(1) << (n - j)) - 1;
-      Bf16Halves va = bf16_halves(pa + j, q.step[0], m, a0);
-      Bf16Halves vb = bf16_halves(pb + j, q.step[1], m, b0);
-      Bf16Halves vc = bf16_halves(pc + j, q.step[2], m, c0);
+      Bf16Halves va = bf16_halves(pa + j, sa, m, a0);
+      Bf16Halves vb = bf16_halves(pb + j, sb, m, b0);
+      Bf16Halves vc = HasC ? bf16_halves(pc + j, sc, m, c0) : va;
       __m512i even = _mm512_cvtps_epi32(
-          qbinary_value<uint16_t, Y, Fn>(va.even, vb.even, vc.even, floor, k));
+          qbinary_value<uint16_t, Y, Fn, HasC>(va.even, vb.even, vc.even, floor, k));
       __m512i odd = _mm512_cvtps_epi32(
-          qbinary_value<uint16_t, Y, Fn>(va.odd, vb.odd, vc.odd, floor, k));
+          qbinary_value<uint16_t, Y, Fn, HasC>(va.odd, vb.odd, vc.odd, floor, k));
       __m512i words = _mm512_mask_blend_epi16(0xAAAAAAAAu, even, _mm512_slli_epi32(odd, 16));
       _mm256_mask_storeu_epi8(py + j, m, _mm512_cvtepi16_epi8(words));
     }
@@ -306,11 +310,11 @@ NEURONISH_AVX512 void qbinary_rows_bf16(const uint16_t* a, const uint16_t* b,
 }
 
 // AVX2: 8 lanes of either operand type, the tail of each row as the scalar loop does it.
-template <class X, class Y, int64_t Fn>
+template <class X, class Y, int64_t Fn, bool HasC>
 NEURONISH_AVX2 void qbinary_rows_avx2(const X* a, const X* b, const X* c, Y* y, const QRows& q,
                                       float inv) {
   const __m256 k = _mm256_set1_ps(inv), floor = _mm256_set1_ps(relu_floor(q.relu));
-  const int64_t n = q.n, whole = n / 8 * 8;
+  const int64_t n = q.n, whole = n / 8 * 8, sa = q.step[0], sb = q.step[1], sc = q.step[2];
   for (int64_t r = 0; r < q.rows; ++r) {
     const X *pa = a + q.at[0][r], *pb = b + q.at[1][r], *pc = c + q.at[2][r];
     Y* py = y + (q.first + r) * n;
@@ -318,12 +322,11 @@ NEURONISH_AVX2 void qbinary_rows_avx2(const X* a, const X* b, const X* c, Y* y, 
     const __m256 b0 = _mm256_set1_ps(quantize_load(pb, 0));
     const __m256 c0 = _mm256_set1_ps(quantize_load(pc, 0));
     for (int64_t j = 0; j < whole; j += 8) {
-      __m256 va = q.step[0] ? load8_as_f32(pa + j) : a0, vb = q.step[1] ? load8_as_f32(pb + j) : b0;
-      __m256 vc = q.step[2] ? load8_as_f32(pc + j) : c0, v;
+      __m256 va = sa ? load8_as_f32(pa + j) : a0, vb = sb ? load8_as_f32(pb + j) : b0, v;
       if constexpr (Fn == F_ADD) v = _mm256_add_ps(va, vb);
       else if constexpr (Fn == F_SUB) v = _mm256_sub_ps(va, vb);
       else v = _mm256_mul_ps(va, vb);
-      v = _mm256_add_ps(v, vc);
+      if constexpr (HasC) v = _mm256_add_ps(v, sc ? load8_as_f32(pc + j) : c0);
       if constexpr (std::is_same<X, uint16_t>::value) {  // round to bf16 (as qbinary_value)
         __m256i u = _mm256_castps_si256(v);
         __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
@@ -332,7 +335,7 @@ NEURONISH_AVX2 void qbinary_rows_avx2(const X* a, const X* b, const X* c, Y* y, 
       }
       store8_quantized<Y>(_mm256_max_ps(floor, v), k, py + j);  // the ReLU; NaN stays NaN
     }
-    qbinary_row_from<X, Y, Fn>(pa, pb, pc, py, whole, q, inv);
+    qbinary_row_from<X, Y, Fn, HasC>(pa, pb, pc, py, whole, q, inv);
   }
 }
 
@@ -340,24 +343,30 @@ using QBinaryRows = void (*)(const void*, const void*, const void*, void*, const
 
 enum class Vector { none, avx2, avx512 };
 
-template <class X, class Y, int64_t Fn, Vector V>
+template <class X, class Y, int64_t Fn, Vector V, bool HasC>
 void qbinary_rows_of(const void* a, const void* b, const void* c, void* y, const QRows& q,
                      float inv) {
   const X *pa = static_cast<const X*>(a), *pb = static_cast<const X*>(b);
   const X* pc = static_cast<const X*>(c);
   Y* py = static_cast<Y*>(y);
-  if constexpr (V == Vector::none) qbinary_rows<X, Y, Fn>(pa, pb, pc, py, q, inv);
-  else if constexpr (V == Vector::avx2) qbinary_rows_avx2<X, Y, Fn>(pa, pb, pc, py, q, inv);
+  if constexpr (V == Vector::none) qbinary_rows<X, Y, Fn, HasC>(pa, pb, pc, py, q, inv);
+  else if constexpr (V == Vector::avx2)
+    qbinary_rows_avx2<X, Y, Fn, HasC>(pa, pb, pc, py, q, inv);
   else if constexpr (std::is_same<X, float>::value)
-    qbinary_rows_f32<Y, Fn>(pa, pb, pc, py, q, inv);
-  else qbinary_rows_bf16<Y, Fn>(pa, pb, pc, py, q, inv);
+    qbinary_rows_f32<Y, Fn, HasC>(pa, pb, pc, py, q, inv);
+  else qbinary_rows_bf16<Y, Fn, HasC>(pa, pb, pc, py, q, inv);
+}
+
+template <class X, class Y, Vector V, bool HasC>
+QBinaryRows qbinary_rows_for(int64_t code) {
+  if (code == F_ADD) return qbinary_rows_of<X, Y, F_ADD, V, HasC>;
+  if (code == F_SUB) return qbinary_rows_of<X, Y, F_SUB, V, HasC>;
+  return qbinary_rows_of<X, Y, F_MUL, V, HasC>;
 }
 
 template <class X, class Y, Vector V>
-QBinaryRows qbinary_rows_for(int64_t code) {
-  if (code == F_ADD) return qbinary_rows_of<X, Y, F_ADD, V>;
-  if (code == F_SUB) return qbinary_rows_of<X, Y, F_SUB, V>;
-  return qbinary_rows_of<X, Y, F_MUL, V>;
+QBinaryRows qbinary_rows_for(int64_t code, bool has_c) {
+  return has_c ? qbinary_rows_for<X, Y, V, true>(code) : qbinary_rows_for<X, Y, V, false>(code);
 }
 
 // The dims of y with each operand's element strides, merged where all operands broadcast
@@ -407,22 +416,25 @@ struct MergedBroadcast {
     for (size_t k = 0; k + 1 < dims.size(); ++k) r *= dims[k];
     return r;
   }
-  // Rows [first, first + count): each operand's element offset into `at` (one array each).
-  void offsets(int64_t first, int64_t count, std::vector<std::vector<int64_t>>& at) const {
+  // Rows [first, first + count): operand o's element offset of row r into at[o][r], by an
+  // odometer over the outer dims. (Three operands, locals only: per row this runs once for
+  // as few as 8 elements of work.)
+  void offsets(int64_t first, int64_t count, int64_t* const at[3]) const {
     const int64_t outer = int64_t(dims.size()) - 1;
-    std::vector<int64_t> index(outer), now(stride.size(), 0);
+    const int64_t* st[3] = {stride[0].data(), stride[1].data(), stride[2].data()};
+    std::vector<int64_t> index(outer);
+    int64_t now[3] = {0, 0, 0};
     for (int64_t k = outer, r = first; k-- > 0;) {  // the first row's index over outer dims
       index[k] = r % dims[k];
       r /= dims[k];
-      for (size_t o = 0; o < stride.size(); ++o) now[o] += index[k] * stride[o][k];
+      for (int o = 0; o < 3; ++o) now[o] += index[k] * st[o][k];
     }
-    for (size_t o = 0; o < stride.size(); ++o) at[o].resize(count);
     for (int64_t r = 0; r < count; ++r) {
-      for (size_t o = 0; o < stride.size(); ++o) at[o][r] = now[o];
+      for (int o = 0; o < 3; ++o) at[o][r] = now[o];
       for (int64_t k = outer; k-- > 0;) {  // the next row
-        for (size_t o = 0; o < stride.size(); ++o) now[o] += stride[o][k];
+        for (int o = 0; o < 3; ++o) now[o] += st[o][k];
         if (++index[k] < dims[k]) break;
-        for (size_t o = 0; o < stride.size(); ++o) now[o] -= index[k] * stride[o][k];
+        for (int o = 0; o < 3; ++o) now[o] -= index[k] * st[o][k];
         index[k] = 0;
       }
     }
@@ -445,7 +457,7 @@ void add_qbinary(Program& p, Reader& rd, Instr& ins) {
   if (a.dims.size() != y.dims.size() || b.dims.size() != y.dims.size() ||
       (has_c && c.dims.size() != y.dims.size()))
     throw Error("binary_quantize: operands not padded to the output's rank");
-  // Without c, the loops read one zero of the operands' type (+0.0 in f32 and in bf16).
+  // Without c the loops read no c; `zero` keeps the pointer they are given valid.
   static const float zero = 0.f;
   const memory::dims one(y.dims.size(), 1);
   MergedBroadcast mb({&a.dims, &b.dims, has_c ? &c.dims : &one}, y.dims);
@@ -456,9 +468,9 @@ void add_qbinary(Program& p, Reader& rd, Instr& ins) {
   auto pick = [&](auto xt, auto yt) -> QBinaryRows {
     using X = decltype(xt);
     using Y = decltype(yt);
-    return avx512 ? qbinary_rows_for<X, Y, Vector::avx512>(code)
-                  : avx2 ? qbinary_rows_for<X, Y, Vector::avx2>(code)
-                         : qbinary_rows_for<X, Y, Vector::none>(code);
+    return avx512 ? qbinary_rows_for<X, Y, Vector::avx512>(code, has_c)
+                  : avx2 ? qbinary_rows_for<X, Y, Vector::avx2>(code, has_c)
+                         : qbinary_rows_for<X, Y, Vector::none>(code, has_c);
   };
   QBinaryRows rows_fn = bf16 ? (u8 ? pick(uint16_t(), uint8_t()) : pick(uint16_t(), int8_t()))
                              : (u8 ? pick(float(), uint8_t()) : pick(float(), int8_t()));
@@ -478,11 +490,13 @@ void add_qbinary(Program& p, Reader& rd, Instr& ins) {
 #pragma omp parallel for num_threads(threads) if (threads > 1 && tasks > 1)
     for (int64_t t = 0; t < tasks; ++t) {
       const int64_t first = t * per_task, last = std::min(rows, first + per_task);
-      std::vector<std::vector<int64_t>> at(3);
-      mb.offsets(first, last - first, at);
-      QRows q{{at[0].data(), at[1].data(), at[2].data()},
+      const int64_t count = last - first;
+      std::vector<int64_t> buffer(3 * count);
+      int64_t* const at[3] = {buffer.data(), buffer.data() + count, buffer.data() + 2 * count};
+      mb.offsets(first, count, at);
+      QRows q{{at[0], at[1], at[2]},
               {mb.stride[0].back(), mb.stride[1].back(), mb.stride[2].back()},
-              last - first, first, n, relu};
+              count, first, n, relu};
       rows_fn(pa, pb, pc, py, q, inv);
     }
   });
