@@ -45,3 +45,27 @@ def run_reporting_numpy(exe: bytes, feeds: dict) -> tuple[dict, list[str]]:
         left = [program.instructions[i].kind for stage in program.stages if stage.native
                 for i in stage.native.rejected]
     return got, left
+
+
+def one_output_on_every_engine(exe: bytes, feeds: dict[str, np.ndarray],
+                               monkeypatch: object) -> dict[str, np.ndarray]:
+    """The one output of a call on the numpy reference engine, the native engine under the
+    Python host (which must leave nothing to numpy) and the C runtime (g++ needed)."""
+    from neuronish.runtime.capi import binding
+
+    out = {}
+    monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
+    with load(exe, runtime="python") as model:
+        [out["numpy"]] = model.run(feeds).values()
+    monkeypatch.setenv("NEURONISH_ENGINE", "native")
+    native, left = run_reporting_numpy(exe, feeds)
+    assert left == [], f"left to numpy: {left}"
+    [out["native"]] = native.values()
+    device = binding.Device(binding.load_library())
+    try:
+        model = binding.Model(device, exe)
+        [out["c_runtime"]] = model.run(list(feeds.values()))
+        model.unload()
+    finally:
+        device.close()
+    return out

@@ -19,12 +19,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from neuronish import runtime as py_runtime
 from neuronish.cc import compiler
-from neuronish.runtime.capi import binding
 from neuronish.runtime.executable import Executable, to_bytes
 from tests.graphs import TracedGraph, trace
-from tests.helpers import run_reporting_numpy
+from tests.helpers import one_output_on_every_engine
 
 BATCH, SIDE, CHANNELS = 4, 8, 16
 SHAPE = (BATCH, SIDE, SIDE, CHANNELS)
@@ -85,15 +83,20 @@ def test_the_excitation_product_is_written_in_int8_by_one_instruction(
     assert unfused.count("quantize") == 2 and "binary" in unfused
 
 
-def _c_runtime_outputs(data: bytes, x: np.ndarray) -> np.ndarray:
-    device = binding.Device(binding.load_library())
-    try:
-        model = binding.Model(device, data)
-        [out] = model.run([x])
-        model.unload()
-        return out
-    finally:
-        device.close()
+def _assert_fused_equals_the_pair(graph: TracedGraph, auto_cast: str, x: np.ndarray,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused program's outputs are the unfused pair's, bit for bit, on every engine,
+    and TensorFlow's within what int8 costs (the other int8 tests' bound)."""
+    want = next(iter(graph.reference({"x:0": x}).values()))
+    results = {}
+    for name, fused in (("fused", True), ("pair", False)):
+        exe = _compile(graph, auto_cast, fused)
+        assert ("binary_quantize" in {i.kind for i in exe.programs[0]}) == fused
+        results[name] = one_output_on_every_engine(to_bytes(exe), {"x:0": x}, monkeypatch)
+    for engine, got in results["fused"].items():
+        np.testing.assert_array_equal(got, results["pair"][engine], err_msg=engine)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err < 0.05, (engine, err)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None,
@@ -102,27 +105,7 @@ def _c_runtime_outputs(data: bytes, x: np.ndarray) -> np.ndarray:
 def test_fused_and_unfused_programs_agree_bit_for_bit_on_every_engine(
         block: TracedGraph, auto_cast: str, monkeypatch: pytest.MonkeyPatch) -> None:
     x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
-    want = next(iter(block.reference({"x:0": x}).values()))
-    results: dict[str, dict[str, np.ndarray]] = {}
-    for name, fused in (("fused", True), ("pair", False)):
-        exe = _compile(block, auto_cast, fused)
-        assert ("binary_quantize" in {i.kind for i in exe.programs[0]}) == fused
-        data = to_bytes(exe)
-        got = results[name] = {}
-        monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
-        with py_runtime.load(data, runtime="python") as model:
-            [got["numpy"]] = model.run({"x:0": x}).values()
-        monkeypatch.setenv("NEURONISH_ENGINE", "native")
-        native, left = run_reporting_numpy(data, {"x:0": x})
-        assert left == [], left
-        [got["native"]] = native.values()
-        got["c_runtime"] = _c_runtime_outputs(data, x)
-    for engine in ("numpy", "native", "c_runtime"):
-        np.testing.assert_array_equal(results["fused"][engine], results["pair"][engine],
-                                      err_msg=engine)
-        # ...and TensorFlow's, within what int8 costs (the other int8 tests' bound)
-        err = np.abs(results["fused"][engine] - want).max() / np.abs(want).max()
-        assert err < 0.05, (engine, err)
+    _assert_fused_equals_the_pair(block, auto_cast, x, monkeypatch)
 
 
 def _densenet_block(seed: int = 0, activation: type = tf.keras.layers.ReLU) -> TracedGraph:
@@ -161,21 +144,7 @@ def test_a_trained_batchnorm_and_relu_are_quantized_in_the_same_pass(
     assert fused.attrs["activation"] == "relu" and fused.attrs["to"] == "uint8", fused.attrs
     assert [i.kind for i in program if fused.outputs[0] in i.inputs] == ["conv2d_int8"]
     x = np.random.default_rng(5).standard_normal(SHAPE).astype(np.float32)
-    want = next(iter(graph.reference({"x:0": x}).values()))
-    results = {}
-    for name, fuse in (("fused", True), ("pair", False)):
-        data = to_bytes(_compile(graph, auto_cast, fuse))
-        monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
-        with py_runtime.load(data, runtime="python") as model:
-            [numpy_out] = model.run({"x:0": x}).values()
-        monkeypatch.setenv("NEURONISH_ENGINE", "native")
-        native, left = run_reporting_numpy(data, {"x:0": x})
-        assert left == [], left
-        results[name] = [numpy_out, *native.values(), _c_runtime_outputs(data, x)]
-    for fused_out, pair_out in zip(results["fused"], results["pair"], strict=True):
-        np.testing.assert_array_equal(fused_out, pair_out)
-        err = np.abs(fused_out - want).max() / np.abs(want).max()
-        assert err < 0.05, err
+    _assert_fused_equals_the_pair(graph, auto_cast, x, monkeypatch)
 
 
 def test_an_activation_other_than_relu_keeps_the_pair() -> None:

@@ -17,12 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from neuronish import runtime as py_runtime
 from neuronish.cc import compiler
-from neuronish.runtime.capi import binding
 from neuronish.runtime.executable import to_bytes
 from tests.graphs import TracedGraph, trace
-from tests.helpers import run_reporting_numpy
+from tests.helpers import one_output_on_every_engine
 
 SHAPE = (2, 8, 8, 8)
 L = tf.keras.layers
@@ -57,17 +55,6 @@ def block() -> TracedGraph:
     return _block()
 
 
-def _c_runtime_outputs(data: bytes, x: np.ndarray) -> np.ndarray:
-    device = binding.Device(binding.load_library())
-    try:
-        model = binding.Model(device, data)
-        [out] = model.run([x])
-        model.unload()
-        return out
-    finally:
-        device.close()
-
-
 def test_the_activations_are_convolution_epilogues(block: TracedGraph) -> None:
     program = compiler.compile_executable(block.graph_def, block.io_config).programs[0]
     epilogues = [(i.kind, i.attrs.get("activation")) for i in program
@@ -90,15 +77,8 @@ def test_every_engine_gives_tensorflows_numbers(block: TracedGraph, auto_cast: s
     # inputs around the kinks at -3 and 3 as well as beyond them
     x = (np.random.default_rng(4).standard_normal(SHAPE) * 4).astype(np.float32)
     want = next(iter(block.reference({"x:0": x}).values()))
-    monkeypatch.setenv("NEURONISH_ENGINE", "numpy")
-    with py_runtime.load(data, runtime="python") as model:
-        [numpy_out] = model.run({"x:0": x}).values()
-    monkeypatch.setenv("NEURONISH_ENGINE", "native")
-    native, left = run_reporting_numpy(data, {"x:0": x})
-    assert left == [], left
     bound = 2e-6 if auto_cast == "none" else 3e-2  # float32's rounding; bfloat16's
-    for engine, got in (("numpy", numpy_out), ("native", next(iter(native.values()))),
-                        ("c_runtime", _c_runtime_outputs(data, x))):
+    for engine, got in one_output_on_every_engine(data, {"x:0": x}, monkeypatch).items():
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err < bound, (engine, err)
 
