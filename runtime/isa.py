@@ -464,15 +464,19 @@ def _binary(t: Sequence[HasType], a: dict) -> list[Type]:
         _needs_one_pass(f"activation {act}", "activation", fn, t, shape, dtype)
     if len(t) == 3:
         _needs_one_pass("an addend c", "in", fn, t, shape, dtype)
-        c = t[2]
-        try:
-            fits = c.dtype == t[0].dtype and broadcast_shapes(shape, c.shape) == shape
-        except IsaError:
-            fits = False
-        if not fits:
-            raise IsaError(f"c must be {t[0].dtype} and broadcast to y {list(shape)}, got "
-                           f"{_fmt(c)}", "in")
+        _addend_fits(t, shape)
     return [Type(shape, dtype)]
+
+
+def _addend_fits(t: Sequence[HasType], shape: tuple[int, ...]) -> None:
+    """The addend c (t[2]) of `binary` or `binary_quantize`: a's dtype, broadcasting to y."""
+    try:
+        fits = t[2].dtype == t[0].dtype and broadcast_shapes(shape, t[2].shape) == shape
+    except IsaError:
+        fits = False
+    if not fits:
+        raise IsaError(f"c must be {t[0].dtype} and broadcast to y {list(shape)}, got "
+                       f"{_fmt(t[2])}", "in")
 
 
 def _select(t: Sequence[HasType], a: dict) -> list[Type]:
@@ -1229,13 +1233,7 @@ def _binary_quantize(t: Sequence[HasType], a: dict) -> list[Type]:
     _positive(a, "scale")
     shape = broadcast_shapes(t[0].shape, t[1].shape)
     if len(t) == 3:
-        try:
-            fits = t[2].dtype == t[0].dtype and broadcast_shapes(shape, t[2].shape) == shape
-        except IsaError:
-            fits = False
-        if not fits:
-            raise IsaError(f"c must be {t[0].dtype} and broadcast to y {list(shape)}, got "
-                           f"{_fmt(t[2])}", "in")
+        _addend_fits(t, shape)
     return [Type(shape, a["to"])]
 
 

@@ -1419,6 +1419,9 @@ struct Program {
       } else if (size == 4) {
         std::fill(reinterpret_cast<uint32_t*>(y) + from, reinterpret_cast<uint32_t*>(y) + to,
                   uint32_t(fill));
+      } else if (size == 8) {
+        std::fill(reinterpret_cast<uint64_t*>(y) + from, reinterpret_cast<uint64_t*>(y) + to,
+                  uint64_t(fill));
       } else {
         for (int64_t i = from; i < to; ++i) std::memcpy(y + i * int64_t(size), &fill, size);
       }

@@ -60,6 +60,11 @@ template <class C> C softplus_any(C x) {  // TF's thresholds for the type's epsi
   return x < threshold ? e : std::log1p(e);
 }
 
+template <class C> C hard_sigmoid_any(C x) {  // relu6(x + 3) / 6, TF's order; NaN stays NaN
+  C t = x + C(3);
+  return t != t ? t : std::min(std::max(t, C(0)), C(6)) / C(6);
+}
+
 // Calls g(f) with f the element function `fn` of a real type C (float for 16-bit floats):
 // the switch runs once, at load, and each loop is built around one function.
 template <class C, class G> void with_real_unary(int64_t fn, C alpha, G&& g) {
@@ -82,14 +87,8 @@ template <class C, class G> void with_real_unary(int64_t fn, C alpha, G&& g) {
       return C(0.5) * x * (C(1) + t);
     });
     case G_SWISH: return g([](C x) { return x / (C(1) + std::exp(-x)); });
-    case G_HARD_SIGMOID: return g([](C x) {  // relu6(x + 3) / 6, TF's order
-      C t = x + C(3);
-      return t != t ? t : std::min(std::max(t, C(0)), C(6)) / C(6);
-    });
-    case G_HARD_SWISH: return g([](C x) {
-      C t = x + C(3);
-      return t != t ? t : x * (std::min(std::max(t, C(0)), C(6)) / C(6));
-    });
+    case G_HARD_SIGMOID: return g([](C x) { return hard_sigmoid_any(x); });
+    case G_HARD_SWISH: return g([](C x) { return x * hard_sigmoid_any(x); });
     case G_ERF: return g([](C x) { return std::erf(x); });
     case G_ERFC: return g([](C x) { return std::erfc(x); });
     case G_EXP: return g([](C x) { return std::exp(x); });
