@@ -970,6 +970,34 @@ struct Program {
     return r.dims.back() == 1 || r.dims.back() == y.back();
   }
 
+  // Rows of fewer channels than this run short on oneDNN's binary (see add_binary).
+  static constexpr int64_t kShortRow = 16;
+
+  // The k that regroups `rows` rows of `channels` into rows of at least 64 elements: the
+  // smallest divisor of `rows` from there up to 1024, else 1 (left as they are).
+  static int64_t regroup_factor(int64_t rows, int64_t channels) {
+    for (int64_t k = (64 + channels - 1) / channels; k <= 1024 && k <= rows; ++k)
+      if (rows % k == 0) return k;
+    return 1;
+  }
+
+  // `v` (a vector, any dtype) repeated k times into a temporary, by a step before the op.
+  Ref tiled(Instr& ins, const Ref& v, int64_t k, size_t& temp_at) {
+    Ref shape = v;
+    shape.dims = {k * count(v)};
+    Ref t = stand_in(shape, v.type, v.code, temp_at);
+    Step s;
+    byte_arg(s, v);
+    byte_arg(s, t);
+    const size_t bytes = (size_t)count(v) * memory::data_type_size(v.type);
+    push_loop(ins, s, "tile", [bytes, k](const Step& st, int) {
+      const char* from = data<const char>(st, 0);
+      char* to = data<char>(st, 1);
+      for (int64_t j = 0; j < k; ++j) std::memcpy(to + j * bytes, from, bytes);
+    });
+    return t;
+  }
+
   // a has y's dims; b's dims (and the addend c's) are y's or 1 (numpy broadcasting, made
   // explicit by the caller). y = act(fn(a, b) + c): c is a binary-add post-op, so a
   // BatchNorm's scale and shift after a concat stream through memory once.
@@ -993,12 +1021,29 @@ struct Program {
     // When no operand is a vector, all are described flat ([elements] or [1]): as [rows, 3]
     // an RGB image's rescaling (x * s + o, one value each) ran 4.9 ns an element (5.9 ms
     // for 8x224x224x3) on jit:uni's short rows.
+    // A vector over a few channels (Keras' Normalization on an RGB image: x - mean[3],
+    // then / std[3]) makes rows too short for either form: 4.9 ns an element again. Such
+    // rows are regrouped k at a time, [rows / k, k * channels], and each vector operand
+    // tiled k times by a step before the op.
     memory::dims rows;
     auto flat = [&](const Ref& r) { return r.dims == y.dims || count(r) == 1; };
+    auto vector_like = [&](const Ref& r) { return channel_like(r, y.dims) && !flat(r); };
+    const int64_t channels = y.dims.empty() ? 1 : y.dims.back();
+    const bool short_rows = y.dims.size() > 1 && channels < kShortRow &&
+                            (vector_like(B) || (has_c && vector_like(C)));
     if (has_c && y.dims.size() > 1 && flat(B) && flat(C))
       rows = {count(y)};
-    else if (has_c && y.dims.size() > 2 && channel_like(B, y.dims) && channel_like(C, y.dims))
-      rows = {count(y) / y.dims.back(), y.dims.back()};
+    else if ((has_c || short_rows) && y.dims.size() > (short_rows ? 1u : 2u) &&
+             channel_like(B, y.dims) && (!has_c || channel_like(C, y.dims)))
+      rows = {count(y) / channels, channels};
+    if (short_rows && rows.size() == 2) {
+      int64_t k = regroup_factor(rows[0], channels);
+      if (k > 1) {
+        rows = {rows[0] / k, k * channels};
+        if (vector_like(B)) B = tiled(ins, B, k, temp_at);
+        if (has_c && vector_like(C)) C = tiled(ins, C, k, temp_at);
+      }
+    }
     auto md = [&](const Ref& r) {
       if (rows.empty()) return plain(r);
       int64_t n = count(r);
