@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .errors import VerificationError
 from .ir import Graph, format_graph
+from .passes.affine import fold_affine_chains
 from .passes.autocast import auto_cast
 from .passes.binary_quantize import fuse_binary_quantize
 from .passes.fuse import absorb_dense_reshapes, fold_scale_shift, fuse_activation, fuse_residual_add
@@ -77,6 +78,8 @@ def build_pipeline(auto_cast_mode: str = "none", auto_cast_type: str = "bf16",
         Pass("sink_reshapes", sink_reshapes),
         # BatchNorm-style x*a+b after conv/matmul goes into the weights and bias...
         Pass("fold_scale_shift", fold_scale_shift),
+        # ...and what no weights take (an image's Rescaling and Normalization) is one pass.
+        Pass("fold_affine_chains", fold_affine_chains),
         # ...which leaves conv directly followed by its residual add (if any) and
         # conv/matmul by its activation.
         Pass("fuse_residual_add", fuse_residual_add),

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <stdexcept>
 #include <limits>
 #include <string>
@@ -974,10 +975,14 @@ struct Program {
   static constexpr int64_t kShortRow = 16;
 
   // The k that regroups `rows` rows of `channels` into rows of at least 64 elements: the
-  // smallest divisor of `rows` from there up to 1024, else 1 (left as they are).
+  // smallest divisor of `rows` from there up to 1024 that makes whole vectors of 16 (rows
+  // of 84 ran 1.3x slower than rows of 96), else the smallest divisor, else 1 (left as
+  // they are).
   static int64_t regroup_factor(int64_t rows, int64_t channels) {
-    for (int64_t k = (64 + channels - 1) / channels; k <= 1024 && k <= rows; ++k)
-      if (rows % k == 0) return k;
+    const int64_t least = (64 + channels - 1) / channels;
+    for (int64_t whole : {16 / std::gcd<int64_t>(channels, 16), int64_t{1}})
+      for (int64_t k = (least + whole - 1) / whole * whole; k <= 1024 && k <= rows; k += whole)
+        if (rows % k == 0) return k;
     return 1;
   }
 

@@ -269,11 +269,11 @@ def test_one_value_scale_and_shift_run_flat() -> None:
 def test_a_vector_over_three_channels_runs_in_long_rows(fn: str, c: tuple | None) -> None:
     """Keras' Normalization on an RGB image, x - mean[3] and x * s[3] + o[3]: as
     [rows, 3] each pass took 4.9 ms for 8x224x224x3 on oneDNN's three-element rows. The
-    engine regroups the rows k at a time (here k = 24: 4608 rows of 3 become 192 of 72) and
+    engine regroups the rows k at a time (here k = 32: 4608 rows of 3 become 144 of 96) and
     tiles the vectors to match; the shapes ONEDNN_VERBOSE prints say so."""
     ran = _binary_ran((8, 24, 24, 3), (3,), c, fn)
-    shapes = [fields[-2].split(" ") for fields in ran]  # e.g. ["192x72:1x72", "192x72"]
-    assert all(parts[0].split(":")[0] == "192x72" for parts in shapes), shapes
+    shapes = [fields[-2].split(" ") for fields in ran]  # e.g. ["144x96:1x96"]
+    assert all(parts[0].split(":")[0] == "144x96" for parts in shapes), shapes
     assert not any(fields[4].startswith("ref") for fields in ran), ran
 
 

@@ -17,9 +17,10 @@ from runtime.program import one_instruction_program
 from tests.helpers import one_output_on_every_engine
 
 SHAPES = {
-    "rgb_regrouped": (2, 30, 30, 3),   # 1800 rows: k = 24
+    "rgb_whole_vectors": (2, 16, 16, 3),  # 512 rows: k = 32 (rows of 96)
+    "rgb_regrouped": (2, 30, 30, 3),   # 1800 rows: k = 24 (no multiple of 16 divides 1800)
     "five_channels": (3, 7, 7, 5),     # 147 rows: k = 21
-    "twelve_channels": (4, 11, 5, 12),  # 220 rows: k = 10
+    "twelve_channels": (4, 12, 5, 12),  # 240 rows: k = 8 (8 x 12 = 96, whole vectors)
     "no_divisor": (1, 13, 1, 3),       # 13 rows: left as they are
 }
 
