@@ -6,7 +6,9 @@ Fresh weights (`weights=None`) give every BatchNorm gamma 1, beta 0, mean 0 and 
 1: its shift is zero and folds away, so benchmarks on such models never see the shift a
 trained model has after a concat or a pool (DenseNet, ResNetV2). Here gamma, beta, mean
 and variance are drawn at random (seeded) in the ranges trained networks show, and the
-rest is `models.third_party`'s model. Measure it with `benchmarks/peers.py --models NAME
+rest is `models.third_party`'s model. An input Normalization left to `adapt` (EfficientNet's)
+gets ImageNet's mean and variance, as `weights="imagenet"` loads them; with fresh weights
+it is x - 0 / 1 and folds away. Measure it with `benchmarks/peers.py --models NAME
 --saved-model NAME=OUT_DIR`.
 """
 
@@ -17,6 +19,9 @@ import os
 import sys
 
 import numpy as np
+
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 def build(name: str, target: str, seed: int = 0) -> int:
@@ -41,6 +46,11 @@ def build(name: str, target: str, seed: int = 0) -> int:
             ([rng.normal(0.0, 0.1, c).astype(np.float32)] if layer.center else [])  # gamma, beta
         layer.set_weights(weights + [rng.normal(0.0, 0.1, c).astype(np.float32),   # mean
                                      rng.uniform(0.5, 2.0, c).astype(np.float32)])  # variance
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.Normalization) and layer.get_weights():
+            mean, variance, count = layer.get_weights()
+            layer.set_weights([IMAGENET_MEAN.reshape(mean.shape),
+                               (IMAGENET_STD ** 2).reshape(variance.shape), count])
     partial = f"{target}.partial-{os.getpid()}"
     model.export(partial, verbose=False)
     os.rename(partial, target)
