@@ -35,6 +35,11 @@ SHAPES = {
     "middle": ((4, 1, 6), (4, 5, 6)),
     "rows_of_one": ((3, 5, 1), (3, 5, 9)),
     "large": ((3, 40011), (3, 40011)),
+    # rows of a few channels, regrouped into long rows with the vector tiled (engine_int8.cc
+    # regroup_short_rows): either operand the vector; 13 rows have no divisor to regroup by
+    "rgb_vector": ((2, 16, 16, 3), (3,)),
+    "rgb_vector_first": ((5,), (3, 7, 7, 5)),
+    "rgb_no_divisor": ((1, 13, 1, 3), (3,)),
 }
 SCALE = 0.5  # float32(1/scale) = 2 exactly: a product on the quarter grid lands on ties
 
@@ -130,13 +135,17 @@ def test_fused_equals_the_pair_bit_for_bit(shapes: str, dtype: str, fn: str, to:
 # A BatchNorm's scale, shift and ReLU (cc/passes/fuse.py's fuse_shift, then the fusion
 # with the quantize after it): (a's, b's and c's shapes) with a of y's shape, as `binary`
 # takes an addend; c a channel vector, one value, a full tensor, one broadcast in the
-# middle, and rows long enough for several threads' tasks.
+# middle, rows long enough for several threads' tasks, and rows of a few channels.
 ADDENDS = {
     "channel": ((2, 5, 7, 40), (40,), (40,)),
     "one_value": ((2, 5, 7, 40), (2, 1, 1, 40), ()),
     "full": ((3, 5, 9), (9,), (3, 5, 9)),
     "middle": ((4, 5, 6), (4, 1, 6), (5, 1)),
     "large": ((3, 40011), (40011,), (3, 40011)),
+    # an RGB image's Rescaling and Normalization before an int8 stem: x * s[3] + o[3]
+    "rgb_normalization": ((2, 16, 16, 3), (3,), (3,)),
+    "rgb_one_scale": ((2, 30, 30, 3), (), (3,)),
+    "twelve_channels_full_addend": ((4, 12, 5, 12), (12,), (4, 12, 5, 12)),
 }
 
 
