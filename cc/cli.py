@@ -325,6 +325,8 @@ def _inspect(args: argparse.Namespace) -> int:
               (f", {q['weight_bits']}-bit weights" if q.get("weight_bits", 8) != 8 else ""))
         if q.get("note"):
             print(f"  note: {q['note']}")
+    if exe.stats.get("auto_cast", {}).get("note"):
+        print(f"  note: {exe.stats['auto_cast']['note']}")
     if exe.stats.get("tf_ops"):
         print("  TF ops compiled: " + ", ".join(f"{k} x{n}" for k, n in
                                                 exe.stats["tf_ops"].items()))

@@ -19,6 +19,7 @@ from . import __version__
 from .device_model import DeviceDescription, ValueTypes, estimate, load_device
 from .errors import InvalidGraph
 from .graphdef import TFNode, parse_graph_def
+from .host import auto_cast_note
 from .ioconfig import IOConfig, parse_io_config
 from .ir import Graph, Node, TensorType, Value
 from .lower import lower
@@ -291,6 +292,9 @@ def _finish(graph: Graph, options: dict, tf_ops: dict[str, int], device: DeviceD
     if options["auto_cast"] != "none":
         # what auto-cast left in float32, and why (cc/passes/choices.py)
         exe.stats["auto_cast"] = {"float32": kept_float32(graph)}
+        note = auto_cast_note(options["auto_cast_type"])
+        if note:  # (this CPU computes the 16-bit instructions in float32: slower)
+            exe.stats["auto_cast"]["note"] = note
     # Modelled device time per instruction (docs/device-model.md): an optional key.
     exe.stats["device_model"] = estimate(exe, device).to_stats()
     # What the native engine will leave to numpy (slow): the compile report warns of it.

@@ -169,6 +169,8 @@ def format_report(report: dict) -> str:
                          (", ..." if len(kinds) > 6 else ""))
         if op.get("quantization"):
             lines += quantization_lines(op["quantization"])
+        if op.get("auto_cast_note"):
+            lines.append(f"    note: {op['auto_cast_note']}")
     if report["OnTensorFlow"]:
         lines += ["", "left on TensorFlow:"]
         rows = [("op type", "count", "reason")]

@@ -405,6 +405,8 @@ class _Compiled:
         for op, exe in zip(report["NeuronOps"], self.executables, strict=True):
             if "quantization" in exe.stats:  # per instruction: precision and error it adds
                 op["quantization"] = exe.stats["quantization"]
+            if exe.stats.get("auto_cast", {}).get("note"):  # the host runs it slowly
+                op["auto_cast_note"] = exe.stats["auto_cast"]["note"]
             if op.get("name") in self.dynamic:
                 spec = self.dynamic[op["name"]]
                 op["free_dims"] = [{"input": label, "axis": a, "low": b[0], "high": b[1]}

@@ -43,6 +43,7 @@ from neuronish.runtime.kernels import evaluate
 from neuronish.runtime.kernels.quantized import inverse, quantize_into
 
 from ..errors import InvalidGraph
+from ..host import int8_note
 from ..interpret import run_node
 from ..ir import Graph, Node, TensorType, Value, constant
 from .choices import WHY as DECIDES
@@ -65,7 +66,7 @@ class QuantizeReport:
     kept: dict[int, Node] = field(default_factory=dict)  # row -> its float node (for auto-cast)
 
     weight_bits: int = 8
-    note: str | None = None  # about the compiling CPU (host_int8_note)
+    note: str | None = None  # about the compiling CPU (cc/host.py int8_note)
 
     def to_stats(self) -> dict:
         rows = []
@@ -113,22 +114,6 @@ def quantize_weights(w: np.ndarray, axes: tuple[int, ...],
     scale = np.where(amax > 0, amax / top, 1.0).astype(np.float32)
     q = np.clip(np.rint(w / scale), -top, top).astype(np.int8)
     return q, scale
-
-
-def host_int8_note(weight_bits: int) -> str | None:
-    """What a user compiling full 8-bit weights on a CPU without VNNI should know: the
-    native engine computes those instructions in float32 there (exact, at float32 speed)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return None  # not Linux: nothing known
-    if weight_bits != 8 or not flags or flags & {"avx512_vnni", "avx_vnni"}:
-        return None
-    return ("the compiling CPU has no VNNI, where oneDNN's int8 kernels saturate on "
-            "full-range 8-bit weights, so int8 convolutions and matmuls compute in float32 "
-            "there (exact, at float32 speed); --int8-weight-bits 7 lets them run on int8 "
-            "kernels (docs/int8.md)")
 
 
 def quantizable(graph: Graph) -> list[Node]:
@@ -501,7 +486,7 @@ def quantize_int8(graph: Graph, samples: Sequence[Sequence[np.ndarray]] | None,
     if not samples:
         return graph
     report = report if report is not None else QuantizeReport()
-    report.weight_bits, report.note = weight_bits, host_int8_note(weight_bits)
+    report.weight_bits, report.note = weight_bits, int8_note(weight_bits)
     index = {id(n): i for i, n in enumerate(graph.nodes)}
     # every quantizable instruction is calibrated and its cost measured, so the report
     # shows those left in float (`stays_float`) beside the candidates
