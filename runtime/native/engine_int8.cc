@@ -373,12 +373,13 @@ QBinaryRows qbinary_rows_for(int64_t code, bool has_c) {
 // alike (and dims of 1 dropped): rows of `inner` elements, each row's offsets by an
 // odometer over the outer dims.
 struct MergedBroadcast {
-  std::vector<int64_t> dims;                 // outer dims first, the row's dim last
-  std::vector<std::vector<int64_t>> stride;  // per operand, per dim of `dims`
+  static constexpr size_t kOperands = 3;          // a, b and c (one value when absent)
+  std::vector<int64_t> dims;                      // outer dims first, the row's dim last
+  std::array<std::vector<int64_t>, kOperands> stride;  // per operand, per dim of `dims`
 
-  MergedBroadcast(const std::vector<const memory::dims*>& operands, const memory::dims& y)
-      : stride(operands.size()) {
-    const size_t count = operands.size();
+  MergedBroadcast(const std::array<const memory::dims*, kOperands>& operands,
+                  const memory::dims& y) {
+    const size_t count = kOperands;
     std::vector<std::vector<int64_t>> elem(count, std::vector<int64_t>(y.size()));
     std::vector<int64_t> total(count, 1);  // element strides, 0 where broadcast
     for (size_t k = y.size(); k-- > 0;) {
