@@ -27,7 +27,8 @@ NAME=FEEDS.npz`) and batch size, one process loads every contender at once:
   non-quantized layers at OpenVINO's default precision, as a user gets them (bf16 on a
   CPU with AMX), `int8-fp32` with f32 asked for. Like is compared with like: neuronish
   `int8` with OpenVINO `int8`, `int8-fp32` with `int8-fp32`; the "ran as" column says
-  what each contender ran (neuronish's compiler flags, OpenVINO's reported inference
+  what each contender ran (neuronish's compiler flags, and "float32 compute" where this
+  CPU has no kernels for the 16-bit type they ask for; OpenVINO's reported inference
   precision).
 
 The calls alternate: each round calls every contender, in an order rotated from round
@@ -348,9 +349,26 @@ def neuronish_contender(saved_model: str, model: str, workdir: str, batch: int,
         return Contender("neuronish", precision, None, f"compile failed: {_first_line(e)}")
     fn = tf.saved_model.load(dst).signatures["serving_default"]
     args = {k: tf.constant(v) for k, v in feeds.items()}
-    ran = " ".join(["--quantize int8"] * int8 + flags) or "float32"
+    from neuronish.cc.host import cpu_flags as all_cpu_flags
+
     return Contender("neuronish", precision,
-                     lambda: {k: v.numpy() for k, v in fn(**args).items()}, ran)
+                     lambda: {k: v.numpy() for k, v in fn(**args).items()},
+                     neuronish_ran_as(int8, flags, all_cpu_flags()))
+
+
+def neuronish_ran_as(int8: bool, flags: Sequence[str], cpu: set[str]) -> str:
+    """The "ran as" column of a neuronish contender: its compile flags, and where this CPU
+    has no kernels for the 16-bit type they ask for, that it computes in float32 (as the
+    compile report notes; OpenVINO's column says "inference precision f32" there)."""
+    from neuronish.cc.host import auto_cast_note
+
+    ran = " ".join(["--quantize int8"] * int8 + list(flags)) or "float32"
+    if "--auto-cast" in flags:
+        cast_type = flags[flags.index("--auto-cast-type") + 1] \
+            if "--auto-cast-type" in flags else "bf16"
+        if auto_cast_note(cast_type, cpu):
+            ran += f" ({cast_type} values, float32 compute: no {cast_type} kernels here)"
+    return ran
 
 
 def compiled_dir(workdir: str, model: str, precision: str, batch: int) -> str:

@@ -36,6 +36,17 @@ def test_int8_flags_follow_what_the_cpu_computes() -> None:
         assert peers.neuronish_flags(precision, avx2) == peers.NEURONISH_FLAGS[precision]
 
 
+def test_ran_as_says_when_this_cpu_has_no_kernels_for_the_auto_cast_type() -> None:
+    bf16 = peers.NEURONISH_FLAGS["bf16"]
+    avx2, avx512 = {"avx2", "fma"}, {"avx2", "avx512f", "avx512bw"}
+    assert peers.neuronish_ran_as(False, bf16, avx2).endswith(
+        "(bf16 values, float32 compute: no bf16 kernels here)")
+    assert peers.neuronish_ran_as(False, bf16, avx512) == " ".join(bf16)
+    assert peers.neuronish_ran_as(False, [], avx2) == "float32"
+    assert peers.neuronish_ran_as(True, ["--int8-weight-bits", "7"], avx2) == \
+        "--quantize int8 --int8-weight-bits 7"
+
+
 def test_output_errors_are_per_output_and_relative_to_tf() -> None:
     want = {"a": np.array([[1.0, -4.0], [2.0, 0.5]], "float32"), "b": np.ones((2, 3), "float32")}
     got = {"a": want["a"] + np.array([[0.0, 0.0], [0.0, -0.2]], "float32"),
