@@ -244,6 +244,9 @@ struct Arg {
   // Where the data is this run: what our loops read. Only a primitive's args are handed to
   // oneDNN (set_data_handle costs ~15 ns an argument, a fifth of a tiny matmul's loop).
   char* ptr = nullptr;
+  // Bytes from one image to the next, when the instruction runs image by image
+  // (Instr::images > 1) and this argument is one of its batched tensors; else 0.
+  int64_t image_step = 0;
 };
 
 struct Step {
@@ -270,6 +273,9 @@ struct Instr {
   std::vector<Step> steps;
   int threads = 1;  // the OpenMP team it was created for, and runs with
   int64_t main_step = -1;  // the op's own step, when steps follow it (-1: the last)
+  // Its steps run once per image, described for one (Program::by_image): > 1 only for an
+  // instruction computing in float32 on 16-bit operands.
+  int64_t images = 1;
 };
 
 struct Epilogue {
@@ -611,6 +617,56 @@ struct Program {
     arg(s, id, t, want);
   }
 
+  // --- image by image, where an instruction computes in float32 on 16-bit operands ------
+  // Such an instruction widens its inputs into float32 copies and rounds its float32
+  // result back, each a pass of its own over the batch (see in_f32). When a batch's
+  // copies outgrow the cache (MobileNetV2's 8x112x112x96 is 38 MB in float32) those
+  // passes run at memory speed: a bf16 depthwise convolution took 1.3x its float32 time
+  // on AVX2. Run one image at a time, a copy is read again while it is still in the cache
+  // and only the 16-bit tensors travel to memory. The same steps run once per image, so
+  // the numbers are the batch's. Measured on a 32 MiB L3 (docs/performance.md, session
+  // 20): worth it from kBatchMin bytes of float32 input and output per batch; below, the
+  // copies stay in the cache anyway and a primitive per image only costs (a 7x7x1152
+  // convolution rereads its 1.5 MB of weights per image). kImageMin keeps large batches
+  // of small images whole.
+  static constexpr int64_t kBatchMin = 16 << 20, kImageMin = 256 << 10;
+
+  // How many images an instruction reading `x` and writing `y` runs in: their batch (the
+  // first dim) when it converts to or from float32 and its float32 copies are large
+  // enough; else 1 (the whole batch at once).
+  static int64_t images_of(const Ref& x, const Ref& y, bool converts) {
+    const size_t rank = y.dims.size();
+    if (!converts || rank < 2 || x.dims.size() != rank || x.dims[0] != y.dims[0] ||
+        y.dims[0] < 2)
+      return 1;
+    const int64_t bytes = (count(x) + count(y)) * (int64_t)sizeof(float);
+    return bytes >= kBatchMin && bytes / y.dims[0] >= kImageMin ? y.dims[0] : 1;
+  }
+
+  // Whether `r` is batched like `y` (one image per image of y), not broadcast over it.
+  static bool batched_like(const Ref& r, const Ref& y) {
+    return r.slot != -1 && r.dims.size() == y.dims.size() && r.dims[0] == y.dims[0];
+  }
+
+  // `r` described for one of its images.
+  static Ref one_image(Ref r) {
+    r.dims[0] = 1;
+    return r;
+  }
+
+  // Makes `ins`, built for one image of each tensor in `batched`, run `images` times: an
+  // argument bound to one of those tensors steps by its own one-image size each time.
+  // Every other argument (weights, a broadcast operand, the engine's temporaries) stays.
+  static void by_image(Instr& ins, int64_t images, const std::vector<Ref>& batched) {
+    if (images < 2) return;
+    ins.images = images;
+    for (auto& st : ins.steps)
+      for (auto& a : st.args)
+        for (const Ref& r : batched)
+          if (r.slot >= 0 && a.slot == r.slot && a.offset == r.offset)
+            a.image_step = (int64_t)a.mem.get_desc().get_size();
+  }
+
   primitive_attr attr() {
     primitive_attr a;
     a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -704,6 +760,15 @@ struct Program {
     }
     dt cdt = compute_dt(to_dt(compute));  // the dtype the operands are read in
     dt via = to_dt(compute) != cdt ? to_dt(compute) : dt::undef;  // read in, computed wider
+    const std::vector<Ref> batched = has_res ? std::vector<Ref>{x, y, res}
+                                             : std::vector<Ref>{x, y};
+    const int64_t images = images_of(x, y, via != dt::undef || in_f32(x.type) || in_f32(y.type) ||
+                                               (has_res && in_f32(res.type)));
+    if (images > 1) {
+      x = one_image(x);
+      y = one_image(y);
+      if (has_res) res = one_image(res);
+    }
     Step s;
     size_t temp_at = 0;
     memory::desc x_use, res_use;
@@ -751,6 +816,7 @@ struct Program {
     arg(s, DNNL_ARG_DST, out, y_md);
     push<dnnl::convolution_forward>(ins, s, pd);
     if (narrow) narrow_into(ins, out, y, nhwc(y));
+    by_image(ins, images, batched);
   }
 
   // A tensor's element strides, as many as its dims, each within the buffer the caller
@@ -930,6 +996,12 @@ struct Program {
     int64_t is_max = rd.next();
     Ref x = rd.ref(), y = rd.ref();
     memory::dims k = rd.ints(2), st = rd.ints(2), pads = rd.ints(4);
+    const std::vector<Ref> batched{x, y};
+    const int64_t images = images_of(x, y, in_f32(x.type) || in_f32(y.type));
+    if (images > 1) {
+      x = one_image(x);
+      y = one_image(y);
+    }
     Step s;
     size_t temp_at = 0;
     memory::desc x_use;
@@ -943,12 +1015,19 @@ struct Program {
     arg(s, DNNL_ARG_DST, out, nhwc(out));
     push<dnnl::pooling_forward>(ins, s, pd);
     if (narrow) narrow_into(ins, out, y, nhwc(y));
+    by_image(ins, images, batched);
   }
 
   void add_eltwise(Reader& rd, Instr& ins) {
     Ref x = rd.ref(), y = rd.ref();
     Epilogue e = read_epilogue(rd);
     if (e.codes.empty()) throw Error("element-wise op without a function");
+    const std::vector<Ref> batched{x, y};
+    const int64_t images = images_of(x, y, in_f32(x.type) || in_f32(y.type));
+    if (images > 1) {
+      x = one_image(x);
+      y = one_image(y);
+    }
     size_t temp_at = 0;
     Ref in = in_f32(x.type) ? widen(ins, x, plain(x), temp_at) : x;
     bool narrow = in_f32(y.type);
@@ -962,6 +1041,7 @@ struct Program {
                                                     e.alpha[0], e.beta[0], a);
     push_plain<dnnl::eltwise_forward>(ins, pd, in, out);
     if (narrow) narrow_into(ins, out, y, plain(y));
+    by_image(ins, images, batched);
   }
 
   // Whether `r` (padded to y's rank) is y-shaped, one value, or a vector over y's last dim.
@@ -1014,6 +1094,18 @@ struct Program {
     Ref y = rd.ref();
     Epilogue e = read_epilogue(rd);
     if (A.dims != y.dims) throw Error("binary: the first operand must have the output's shape");
+    std::vector<Ref> batched{A, y};
+    const bool b_batched = batched_like(B, y), c_batched = has_c && batched_like(C, y);
+    if (b_batched) batched.push_back(B);
+    if (c_batched) batched.push_back(C);
+    const int64_t images = images_of(A, y, in_f32(A.type) || in_f32(B.type) ||
+                                               (has_c && in_f32(C.type)) || in_f32(y.type));
+    if (images > 1) {
+      A = one_image(A);
+      y = one_image(y);
+      if (b_batched) B = one_image(B);
+      if (c_batched) C = one_image(C);
+    }
     size_t temp_at = 0;
     if (in_f32(A.type)) A = widen(ins, A, plain(A), temp_at);
     if (in_f32(B.type)) B = widen(ins, B, plain(B), temp_at);
@@ -1070,6 +1162,7 @@ struct Program {
     arg(s, DNNL_ARG_DST, out, md(out));
     push<dnnl::binary>(ins, s, pd);
     if (narrow) narrow_into(ins, out, y, plain(y));
+    by_image(ins, images, batched);
   }
 
   void add_softmax(Reader& rd, Instr& ins) {
@@ -2029,23 +2122,25 @@ struct Program {
     for (int64_t k = first; k < last; ++k) {
       if (cancel && *cancel) return STOP_CANCELLED;
       if (deadline > 0 && now() >= deadline) return STOP_DEADLINE;
-      if (instrs[k].threads != current) omp_set_num_threads(current = instrs[k].threads);
-      for (auto& a : instrs[k].steps) {
-        const bool ours = a.loop || a.inner_len;
-        for (auto& arg : a.args)
-          if (arg.slot >= 0) {
-            arg.ptr = slots[arg.slot] + arg.offset;
-            if (!ours) arg.mem.set_data_handle(arg.ptr);
+      Instr& ins = instrs[k];
+      if (ins.threads != current) omp_set_num_threads(current = ins.threads);
+      for (int64_t image = 0; image < ins.images; ++image)
+        for (auto& a : ins.steps) {
+          const bool ours = a.loop || a.inner_len;
+          for (auto& arg : a.args)
+            if (arg.slot >= 0) {
+              arg.ptr = slots[arg.slot] + arg.offset + image * arg.image_step;
+              if (!ours) arg.mem.set_data_handle(arg.ptr);
+            }
+          if (a.loop) {
+            a.loop(a, ins.threads);
+          } else if (a.inner_len) {
+            inner_reduce(a, ins.threads);
+          } else {
+            a.prim.execute(strm, a.map);
+            primitives = true;
           }
-        if (a.loop) {
-          a.loop(a, instrs[k].threads);
-        } else if (a.inner_len) {
-          inner_reduce(a, instrs[k].threads);
-        } else {
-          a.prim.execute(strm, a.map);
-          primitives = true;
         }
-      }
       if (times) {
         times[2 * k] = end;
         times[2 * k + 1] = end = now();

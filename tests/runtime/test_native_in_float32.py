@@ -50,3 +50,17 @@ def test_computed_in_float32_matches_the_reference(path: str) -> None:
     summary = run.stdout.strip().splitlines()[-1]
     passed = int(summary.split(" passed")[0].split()[-1])
     assert passed >= 10, summary
+
+
+def test_bfloat16_image_by_image_matches_the_reference() -> None:
+    """Large batches computed in float32 run image by image (engine.cc `by_image`):
+    tests/runtime/test_native_by_image.py holds that to the reference and to each image
+    run alone; here under the forcing variable, so a CPU with bfloat16 kernels runs it."""
+    env = dict(os.environ, NEURONISH_NATIVE_BF16="float32")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/runtime/test_native_by_image.py"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    summary = run.stdout.strip().splitlines()[-1]
+    assert int(summary.split(" passed")[0].split()[-1]) >= 10, summary

@@ -1,0 +1,167 @@
+"""An instruction that computes in float32 on 16-bit operands (runtime/native/engine.cc
+`in_f32`: bfloat16 on a CPU without bfloat16 kernels) runs image by image once its
+batch's float32 copies outgrow the cache (engine.cc `images_of`, `by_image`): the same
+steps, described for one image, run once per image with the batched operands stepping.
+
+Held here, on the native engine under the Python host and on the C runtime:
+- against the numpy reference (a misplaced or repeated image is off by the values' size);
+- bit for bit against the same instruction run on each image alone (batch 1 is never
+  split), so splitting changes no number;
+- and, through ONEDNN_VERBOSE, that the split happened (`mb1` primitives for a batch of
+  3) where it should and not where the copies are small.
+
+On a CPU with bfloat16 kernels nothing computes in float32 unless
+NEURONISH_NATIVE_BF16=float32 says so: tests/runtime/test_native_in_float32.py runs this
+module under it, and the verbose probe here sets it itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from neuronish.runtime import isa, load
+from neuronish.runtime.executable import to_bytes
+from runtime.program import one_instruction_program
+from tests.helpers import one_output_on_every_engine
+
+BF16 = ml_dtypes.bfloat16
+BATCH = 3
+# Each case: kind, input shapes (x first, batched), which inputs are constants, attrs,
+# input dtypes. Sized so the batch's float32 input and output pass engine.cc's
+# kBatchMin (16 MiB) with BATCH images.
+CASES = {
+    "conv_1x1_bias_relu": (
+        "conv2d", [(BATCH, 96, 96, 80), (1, 1, 80, 80), (80,)], {1, 2},
+        {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "activation": "relu",
+         "compute": "bfloat16"}, ["bfloat16", "bfloat16", "float32"]),
+    "conv_3x3_stride_2": (
+        "conv2d", [(BATCH, 161, 161, 48), (3, 3, 48, 48)], {1},
+        {"strides": [2, 2], "dilations": [1, 1], "pads": [1, 1, 1, 1], "activation": "none",
+         "compute": "bfloat16"}, ["bfloat16", "bfloat16"]),
+    "conv_residual": (
+        "conv2d", [(BATCH, 96, 96, 80), (1, 1, 80, 80), (80,), (BATCH, 96, 96, 80)], {1, 2},
+        {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "activation": "relu",
+         "compute": "bfloat16", "residual": True},
+        ["bfloat16", "bfloat16", "float32", "bfloat16"]),
+    "conv_float32_read_in_bf16": (  # float32 x rounded to bf16 first: y stays float32
+        "conv2d", [(BATCH, 96, 96, 80), (1, 1, 80, 80)], {1},
+        {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "activation": "none",
+         "compute": "bfloat16"}, ["float32", "bfloat16"]),
+    "depthwise_3x3": (
+        "depthwise_conv2d", [(BATCH, 96, 96, 80), (3, 3, 80, 1), (80,)], {1, 2},
+        {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "activation": "relu",
+         "compute": "bfloat16"}, ["bfloat16", "bfloat16", "float32"]),
+    "binary_per_image_vector": (  # a squeeze-excite's x * s[N, 1, 1, C]
+        "binary", [(BATCH, 96, 96, 80), (BATCH, 1, 1, 80)], set(),
+        {"fn": "mul", "activation": "none"}, ["bfloat16", "bfloat16"]),
+    "binary_broadcast_and_addend": (  # x * v[C] + full, v shared by every image
+        "binary", [(BATCH, 96, 96, 80), (80,), (BATCH, 96, 96, 80)], {1},
+        {"fn": "mul", "activation": "relu"}, ["bfloat16", "bfloat16", "bfloat16"]),
+    "max_pool_3x3_stride_2": (
+        "pool", [(BATCH, 161, 161, 64)], set(),
+        {"mode": "max", "ksize": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+        ["bfloat16"]),
+    "unary_swish": (
+        "unary", [(BATCH, 96, 96, 80)], set(), {"fn": "swish"}, ["bfloat16"]),
+}
+
+
+def _arrays(case: str) -> tuple[str, list[np.ndarray], frozenset[int], dict]:
+    kind, shapes, constant, attrs, dtypes = CASES[case]
+    rng = np.random.default_rng(len(case))
+    arrays = []
+    for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        a = rng.standard_normal(shape) * (0.3 if k in constant else 1.0)  # weights smaller
+        arrays.append(a.astype(BF16 if dtype == "bfloat16" else np.float32))
+    return kind, arrays, frozenset(constant), attrs
+
+
+def _exe(kind: str, arrays: list[np.ndarray], constant: frozenset[int], attrs: dict
+         ) -> tuple[bytes, dict[str, np.ndarray]]:
+    [out] = isa.check(kind, [isa.Type(a.shape, a.dtype.name) for a in arrays], attrs)
+    program, feeds = one_instruction_program(kind, arrays, attrs, [(out.shape, out.dtype)],
+                                             constant=constant)
+    return to_bytes(program.exe), {s.name: f for s, f in zip(program.exe.inputs, feeds)}
+
+
+def _image(a: np.ndarray, k: int, batched: bool) -> np.ndarray:
+    return a[k:k + 1] if batched else a
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_by_image_gives_the_batchs_numbers(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kind, arrays, constant, attrs = _arrays(case)
+    exe, feeds = _exe(kind, arrays, constant, attrs)
+    got = one_output_on_every_engine(exe, feeds, monkeypatch)
+    want = got.pop("numpy").astype(np.float32)
+    assert np.abs(want).max() > 0.5
+    for engine, value in got.items():
+        np.testing.assert_allclose(value.astype(np.float32), want, rtol=1.6e-2,
+                                   atol=1.6e-2 * float(np.abs(want).max()), err_msg=engine)
+
+    # Each image alone (a batch of one, never split) on the native engine: the same bits.
+    monkeypatch.setenv("NEURONISH_ENGINE", "native")
+    batched = [k not in constant and a.ndim == 4 and a.shape[0] == BATCH
+               for k, a in enumerate(arrays)]
+    for k in range(BATCH):
+        one = [_image(a, k, b) for a, b in zip(arrays, batched)]
+        one_exe, one_feeds = _exe(kind, one, constant, attrs)
+        with load(one_exe, runtime="python") as model:
+            [alone] = model.run(one_feeds).values()
+        for engine, value in got.items():
+            assert value[k:k + 1].tobytes() == alone.tobytes(), (engine, k)
+
+
+_VERBOSE_PROBE = """
+import sys
+from neuronish.runtime import load
+from tests.runtime.test_native_by_image import _arrays, _exe
+kind, arrays, constant, attrs = _arrays(sys.argv[1])
+if sys.argv[2] == "small":  # a tenth of the height: the batch's copies stay in the cache
+    arrays = [a if k in constant else a[:, : a.shape[1] // 10] for k, a in enumerate(arrays)]
+exe, feeds = _exe(kind, arrays, constant, attrs)
+with load(exe, runtime="python") as model:
+    model.run(feeds)
+"""
+
+
+def _primitive_batches(case: str, size: str) -> list[str]:
+    """The `mbN` of each convolution, pooling, binary and eltwise primitive that ran."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1",
+               NEURONISH_NATIVE_BF16="float32")
+    run = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, case, size], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line.split(",") for line in run.stdout.splitlines()
+             if line.startswith("onednn_verbose,exec,cpu,")
+             and line.split(",")[3] in ("convolution", "pooling", "binary", "eltwise")]
+    assert lines, run.stdout[-2000:]
+    return [fields[-2] for fields in lines]  # the problem description, e.g. "mb1_ic80oc80..."
+
+
+@pytest.mark.parametrize("case", ["conv_1x1_bias_relu", "depthwise_3x3",
+                                  "max_pool_3x3_stride_2"])
+def test_a_large_batch_runs_image_by_image(case: str) -> None:
+    shapes = _primitive_batches(case, "large")
+    assert len(shapes) == BATCH, shapes
+    assert all("mb1" in s for s in shapes), shapes
+
+
+def test_a_binarys_images_are_described_one_at_a_time() -> None:
+    """A binary's description has no `mb`, only its operands' dims: image by image, x
+    [1, 96, 96, 80] times that image's vector [1, 1, 1, 80], once per image."""
+    shapes = _primitive_batches("binary_per_image_vector", "large")
+    assert shapes == ["1x96x96x80:1x1x1x80"] * BATCH, shapes
+
+
+def test_a_small_batch_runs_whole() -> None:
+    shapes = _primitive_batches("depthwise_3x3", "small")
+    assert len(shapes) == 1 and f"mb{BATCH}" in shapes[0], shapes
