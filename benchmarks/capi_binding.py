@@ -389,8 +389,9 @@ def main() -> int:
         p.error(f"--short-chain must be in [1, --chain), got {args.short_chain} with --chain "
                 f"{args.chain}")
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() \
-        else set()
+    from neuronish.cc.host import cpu_flags
+
+    flags = cpu_flags()
     print("cpu flags:", " ".join(sorted(f for f in flags if f.startswith(("avx512f", "amx",
                                                                             "avx512_")))))
     print("cpus:", os.cpu_count(), " load average before:", os.getloadavg())

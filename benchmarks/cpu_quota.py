@@ -66,8 +66,10 @@ def main() -> int:
     args = p.parse_args()
     group = make_group(args.quota)
     cpus = len(os.sched_getaffinity(0))
+    from neuronish.cc.host import cpu_flags
+
     print(f"quota {args.quota} CPUs in {group}; affinity {cpus} CPUs; flags "
-          f"{sorted(set(open('/proc/cpuinfo').read().split()) & {'amx_bf16', 'avx512_bf16'})}")
+          f"{sorted(cpu_flags() & {'amx_bf16', 'avx512_bf16'})}")
     try:
         for _ in range(args.rounds):
             for threads in (None, str(cpus)):  # the quota's team, then the mask's

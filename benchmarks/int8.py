@@ -163,12 +163,10 @@ def main() -> int:
 
 def _flags() -> str:
     wanted = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "?"
-    have = set(next(line for line in text.splitlines() if line.startswith("flags")).split())
-    return " ".join(f for f in wanted if f in have)
+    from neuronish.cc.host import cpu_flags
+
+    have = cpu_flags()
+    return " ".join(f for f in wanted if f in have) if have else "?"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from neuronish.cc import host
 from neuronish.cc.compiler import compile_graph
 from neuronish.runtime import load
 from neuronish.runtime.executable import from_bytes
@@ -19,8 +20,7 @@ def _blocked_kernels() -> bool:
     """Whether oneDNN has real float32 kernels for nChw16c here: AVX-512's. On an AVX2-only
     CPU its convolutions and pools on 16-channel blocks are reference code, so the loader
     keeps every value NHWC (what test_no_blocked_value_... asks of it)."""
-    with open("/proc/cpuinfo") as f:
-        return " avx512f" in f.read()
+    return "avx512f" in host.cpu_flags()
 
 
 def _w(*shape: int) -> tf.Tensor:

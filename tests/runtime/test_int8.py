@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from neuronish.cc import host
 from neuronish.cc.compiler import compile_executable
 from neuronish.runtime import load
 from neuronish.runtime.executable import from_bytes, to_bytes
@@ -344,7 +345,7 @@ def test_seven_bit_weights_stay_in_the_range_int16_sums_hold(tmp_path: Path) -> 
     assert "7-bit weights" in shown.stdout, shown.stdout
     # Full 8-bit weights on a CPU without VNNI: the report says they compute in float32
     # there, and what to do; with 7 bits (or VNNI) it has nothing to say.
-    vnni = bool({"avx512_vnni", "avx_vnni"} & set(Path("/proc/cpuinfo").read_text().split()))
+    vnni = bool({"avx512_vnni", "avx_vnni"} & host.cpu_flags())
     note = eight.stats["quantization"].get("note", "")
     assert ("--int8-weight-bits 7" in note) == (not vnni), note
     assert "note" not in seven.stats["quantization"]

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from neuronish.cc.host import cpu_flags
 from neuronish.runtime.native import library
 from neuronish.runtime.native.coverage import Sample, sample_instructions
 from tests.runtime.test_native_gap import _executable, assert_native_matches_reference
@@ -39,8 +40,7 @@ CASES += [dataclasses.replace(s, dtypes=("int8", *s.dtypes[1:]),
 
 
 def _has_vnni() -> bool:
-    flags = set(Path("/proc/cpuinfo").read_text().split())
-    return bool(flags & {"avx512_vnni", "avx_vnni"})
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni"})
 
 
 def _edge_inputs(s: Sample, low: int, high: int, seed: int) -> list[np.ndarray]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from neuronish.cc.host import cpu_flags
 from neuronish.runtime.native import spec
 from neuronish.runtime.program import one_instruction_program
 from tests.runtime.test_small_matmul import SMALL, matmul, native
@@ -115,14 +116,6 @@ def test_narrow_long_products_stay_on_oneDNN(native: ctypes.CDLL, m: int, n: int
     got, impl = matmul(native, [a, b], {"activation": "none"}, (m, n))
     assert (impl == SMALL) == small, impl
     np.testing.assert_allclose(got, tf.linalg.matmul(a, b), rtol=1e-4, atol=1e-4)
-
-
-def cpu_flags() -> set[str]:
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
 
 
 @pytest.mark.parametrize("variant", ["avx2", "sse"])
