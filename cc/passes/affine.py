@@ -11,6 +11,7 @@ Each op by a constant v is an affine map, and so is the chain:
     x + v, x - v, v - x, x * v, x / v  ->  x * s + o
     (x * s + o) + v = x * s + (o + v)      (x * s + o) * v = x * (s v) + o v
     (x * s + o) - v = x * s + (o - v)      (x * s + o) / v = x * (s / v) + o / v
+    v - (x * s + o) = x * (-s) + (v - o)   (v / (x * s + o) is not affine)
 The folded constants are computed in float64 and rounded once to the tensor's dtype, so
 the result differs from the chain by a few ulps (as folding a BatchNorm into weights
 does). A division by a constant holding a zero stays as written (x / 0 is TF's infinity
@@ -71,13 +72,14 @@ def _as_affine(node: Node) -> tuple[Value, np.ndarray, np.ndarray] | None:
     return None
 
 
-def _then(s: np.ndarray, o: np.ndarray, fn: str, value: np.ndarray
+def _then(s: np.ndarray, o: np.ndarray, fn: str, value: np.ndarray, affine_first: bool
           ) -> tuple[np.ndarray, np.ndarray] | None:
-    """(x * s + o) fn value, as x * s' + o'."""
+    """(x * s + o) fn value (or value fn (x * s + o), when not `affine_first`), as
+    x * s' + o'."""
     if fn == "add":
         return s, o + value
     if fn == "sub":
-        return s, o - value
+        return (s, o - value) if affine_first else (-s, value - o)
     if fn == "mul":
         return s * value, o * value
     if fn == "div" and np.all(value != 0):
@@ -87,7 +89,7 @@ def _then(s: np.ndarray, o: np.ndarray, fn: str, value: np.ndarray
 
 def _fold_next(graph: Graph, node: Node, bound: dict) -> bool:
     """`node` (affine in x) and its sole reader (a constant applied to node's result, the
-    result in front for a sub or div) become one binary x * s + o at node's place."""
+    result in front for a div) become one binary x * s + o at node's place."""
     affine = _as_affine(node)
     user = _sole_reader(graph, node.outputs[0])
     if affine is None or user is None or user.kind != "binary" or len(user.inputs) != 2:
@@ -97,13 +99,13 @@ def _fold_next(graph: Graph, node: Node, bound: dict) -> bool:
     a, b = user.inputs
     if user.attrs.get("activation", "none") != "none" or user.outputs[0].type != y.type:
         return False
-    if fn in ("sub", "div") and a is not y:
+    if fn == "div" and a is not y:
         return False
     other = b if a is y else a
     if other is y or not _fits(other, y.shape):
         return False
     x, s, o = affine
-    folded = _then(s, o, fn, other.data.astype(np.float64))
+    folded = _then(s, o, fn, other.data.astype(np.float64), affine_first=a is y)
     if folded is None:
         return False
     s, o = folded

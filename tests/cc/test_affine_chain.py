@@ -69,6 +69,8 @@ FOLDED = {
     "scale_then_shift_then_scale": (lambda x: (x * V + W) * 2.0, ("mul", 3)),
     "shift_then_divide": (lambda x: (x - W) / V, ("mul", 3)),
     "constant_minus_x_then_scale": (lambda x: (W - x) * V, ("mul", 3)),
+    "constant_minus_a_scaled_x": (lambda x: W - (x * V + 1.5), ("mul", 3)),
+    "constant_minus_a_shifted_x": (lambda x: 2.0 - (x - W), ("mul", 3)),  # -x + (2 + W)
     "two_shifts": (lambda x: x + V - W, ("add", 2)),
     "two_scales": (lambda x: x * V / W, ("mul", 2)),
     "scales_then_shift_constant_first": (lambda x: W + V * x * 3.0, ("mul", 3)),
