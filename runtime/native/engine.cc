@@ -274,7 +274,7 @@ struct Instr {
   int threads = 1;  // the OpenMP team it was created for, and runs with
   int64_t main_step = -1;  // the op's own step, when steps follow it (-1: the last)
   // Its steps run once per image, described for one (Program::by_image): > 1 only for an
-  // instruction computing in float32 on 16-bit operands.
+  // instruction computing in float32 on 16- or 8-bit operands.
   int64_t images = 1;
 };
 
@@ -617,18 +617,18 @@ struct Program {
     arg(s, id, t, want);
   }
 
-  // --- image by image, where an instruction computes in float32 on 16-bit operands ------
-  // Such an instruction widens its inputs into float32 copies and rounds its float32
-  // result back, each a pass of its own over the batch (see in_f32). When a batch's
-  // copies outgrow the cache (MobileNetV2's 8x112x112x96 is 38 MB in float32) those
-  // passes run at memory speed: a bf16 depthwise convolution took 1.3x its float32 time
-  // on AVX2. Run one image at a time, a copy is read again while it is still in the cache
-  // and only the 16-bit tensors travel to memory. The same steps run once per image, so
-  // the numbers are the batch's. Measured on a 32 MiB L3 (docs/performance.md, session
-  // 20): worth it from kBatchMin bytes of float32 input and output per batch; below, the
-  // copies stay in the cache anyway and a primitive per image only costs (a 7x7x1152
-  // convolution rereads its 1.5 MB of weights per image). kImageMin keeps large batches
-  // of small images whole.
+  // --- image by image, where an instruction computes in float32 on narrower operands ----
+  // Such an instruction (bf16 or fp16 where in_f32, int8 where engine_int8.cc's int8_path
+  // is float32) widens its inputs into float32 copies and rounds its float32 result back,
+  // each a pass of its own over the batch. When a batch's copies outgrow the cache
+  // (MobileNetV2's 8x112x112x96 is 38 MB in float32) those passes run at memory speed: a
+  // bf16 depthwise convolution took 1.3x its float32 time on AVX2. Run one image at a
+  // time, a copy is read again while it is still in the cache and only the narrow tensors
+  // travel to memory. The same steps run once per image, so the numbers are the batch's.
+  // Measured on a 32 MiB L3 (docs/performance.md, session 20): worth it from kBatchMin
+  // bytes of float32 input and output per batch; below, the copies stay in the cache
+  // anyway and a primitive per image only costs (a 7x7x1152 convolution rereads its
+  // 1.5 MB of weights per image). kImageMin keeps large batches of small images whole.
   static constexpr int64_t kBatchMin = 16 << 20, kImageMin = 256 << 10;
 
   // How many images an instruction reading `x` and writing `y` runs in: their batch (the

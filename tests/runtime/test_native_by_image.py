@@ -10,9 +10,10 @@ Held here, on the native engine under the Python host and on the C runtime:
 - and, through ONEDNN_VERBOSE, that the split happened (`mb1` primitives for a batch of
   3) where it should and not where the copies are small.
 
-On a CPU with bfloat16 kernels nothing computes in float32 unless
-NEURONISH_NATIVE_BF16=float32 says so: tests/runtime/test_native_in_float32.py runs this
-module under it, and the verbose probe here sets it itself.
+On a CPU with bfloat16 kernels (or VNNI, for int8) nothing computes in float32 unless
+NEURONISH_NATIVE_BF16=float32 (NEURONISH_NATIVE_INT8=float32) says so:
+tests/runtime/test_native_in_float32.py runs this module under both, and the verbose probe
+here sets them itself.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ CASES = {
         ["bfloat16"]),
     "unary_swish": (
         "unary", [(BATCH, 96, 96, 80)], set(), {"fn": "swish"}, ["bfloat16"]),
+    # int8 with full-range weights computes in float32 without VNNI (engine_int8.cc
+    # `int8_path`): 8-bit x widened, y narrowed back to 8 bits.
+    "conv_int8_requantized": (
+        "conv2d_int8", [(BATCH, 96, 96, 80), (1, 1, 80, 80), (80,), (80,)], {1, 2, 3},
+        {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "x_scale": 0.02,
+         "activation": "relu", "out": "uint8", "y_scale": 0.05},
+        ["uint8", "int8", "scale", "float32"]),
+    "conv_int8_depthwise_residual": (
+        "conv2d_int8",
+        [(BATCH, 96, 96, 80), (3, 3, 80, 1), (80,), (80,), (BATCH, 96, 96, 80)], {1, 2, 3},
+        {"strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "x_scale": 0.02,
+         "depthwise": True, "residual": True, "residual_scale": 0.1, "out": "int8",
+         "y_scale": 0.05},
+        ["int8", "int8", "scale", "float32", "int8"]),
 }
 
 
@@ -78,8 +93,14 @@ def _arrays(case: str) -> tuple[str, list[np.ndarray], frozenset[int], dict]:
     rng = np.random.default_rng(len(case))
     arrays = []
     for k, (shape, dtype) in enumerate(zip(shapes, dtypes)):
-        a = rng.standard_normal(shape) * (0.3 if k in constant else 1.0)  # weights smaller
-        arrays.append(a.astype(BF16 if dtype == "bfloat16" else np.float32))
+        if dtype in ("uint8", "int8"):
+            info = np.iinfo(dtype)
+            arrays.append(rng.integers(info.min, info.max + 1, shape).astype(dtype))
+        elif dtype == "scale":  # an int8 weight's step
+            arrays.append(rng.uniform(0.001, 0.003, shape).astype(np.float32))
+        else:
+            a = rng.standard_normal(shape) * (0.3 if k in constant else 1.0)  # weights smaller
+            arrays.append(a.astype(BF16 if dtype == "bfloat16" else np.float32))
     return kind, arrays, frozenset(constant), attrs
 
 
@@ -136,7 +157,7 @@ def _primitive_batches(case: str, size: str) -> list[str]:
     """The `mbN` of each convolution, pooling, binary and eltwise primitive that ran."""
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1",
-               NEURONISH_NATIVE_BF16="float32")
+               NEURONISH_NATIVE_BF16="float32", NEURONISH_NATIVE_INT8="float32")
     run = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, case, size], cwd=root, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -148,7 +169,7 @@ def _primitive_batches(case: str, size: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case", ["conv_1x1_bias_relu", "depthwise_3x3",
-                                  "max_pool_3x3_stride_2"])
+                                  "max_pool_3x3_stride_2", "conv_int8_requantized"])
 def test_a_large_batch_runs_image_by_image(case: str) -> None:
     shapes = _primitive_batches(case, "large")
     assert len(shapes) == BATCH, shapes

@@ -52,11 +52,12 @@ def test_computed_in_float32_matches_the_reference(path: str) -> None:
     assert passed >= 10, summary
 
 
-def test_bfloat16_image_by_image_matches_the_reference() -> None:
+def test_image_by_image_matches_the_reference() -> None:
     """Large batches computed in float32 run image by image (engine.cc `by_image`):
     tests/runtime/test_native_by_image.py holds that to the reference and to each image
-    run alone; here under the forcing variable, so a CPU with bfloat16 kernels runs it."""
-    env = dict(os.environ, NEURONISH_NATIVE_BF16="float32")
+    run alone; here under the forcing variables, so a CPU with bfloat16 kernels and VNNI
+    runs it too."""
+    env = dict(os.environ, NEURONISH_NATIVE_BF16="float32", NEURONISH_NATIVE_INT8="float32")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          "tests/runtime/test_native_by_image.py"],
