@@ -379,11 +379,12 @@ struct MergedBroadcast {
 
   MergedBroadcast(const std::array<const memory::dims*, kOperands>& operands,
                   const memory::dims& y) {
-    const size_t count = kOperands;
-    std::vector<std::vector<int64_t>> elem(count, std::vector<int64_t>(y.size()));
-    std::vector<int64_t> total(count, 1);  // element strides, 0 where broadcast
+    std::array<std::vector<int64_t>, kOperands> elem;  // element strides, 0 where broadcast
+    std::array<int64_t, kOperands> total;
+    elem.fill(std::vector<int64_t>(y.size()));
+    total.fill(1);
     for (size_t k = y.size(); k-- > 0;) {
-      for (size_t o = 0; o < count; ++o) {
+      for (size_t o = 0; o < kOperands; ++o) {
         int64_t d = (*operands[o])[k];
         if (d != y[k] && d != 1)
           throw Error("binary_quantize: operands do not broadcast to the output");
@@ -394,14 +395,14 @@ struct MergedBroadcast {
     for (size_t k = 0; k < y.size(); ++k) {
       if (y[k] == 1) continue;
       bool same = !dims.empty();
-      for (size_t o = 0; same && o < count; ++o)
+      for (size_t o = 0; same && o < kOperands; ++o)
         same = (stride[o].back() == 0) == (elem[o][k] == 0);
       if (same) {  // contiguous with the previous dim in every operand (or broadcast)
         dims.back() *= y[k];
-        for (size_t o = 0; o < count; ++o) stride[o].back() = elem[o][k];
+        for (size_t o = 0; o < kOperands; ++o) stride[o].back() = elem[o][k];
       } else {
         dims.push_back(y[k]);
-        for (size_t o = 0; o < count; ++o) stride[o].push_back(elem[o][k]);
+        for (size_t o = 0; o < kOperands; ++o) stride[o].push_back(elem[o][k]);
       }
     }
     if (dims.empty()) {
@@ -418,24 +419,24 @@ struct MergedBroadcast {
     return r;
   }
   // Rows [first, first + count): operand o's element offset of row r into at[o][r], by an
-  // odometer over the outer dims. (Three operands, locals only: per row this runs once for
-  // as few as 8 elements of work.)
-  void offsets(int64_t first, int64_t count, int64_t* const at[3]) const {
+  // odometer over the outer dims. (Locals only: per row this runs once for as few as 8
+  // elements of work.)
+  void offsets(int64_t first, int64_t count, int64_t* const at[kOperands]) const {
     const int64_t outer = int64_t(dims.size()) - 1;
-    const int64_t* st[3] = {stride[0].data(), stride[1].data(), stride[2].data()};
+    const int64_t* st[kOperands] = {stride[0].data(), stride[1].data(), stride[2].data()};
     std::vector<int64_t> index(outer);
-    int64_t now[3] = {0, 0, 0};
+    int64_t now[kOperands] = {0, 0, 0};
     for (int64_t k = outer, r = first; k-- > 0;) {  // the first row's index over outer dims
       index[k] = r % dims[k];
       r /= dims[k];
-      for (int o = 0; o < 3; ++o) now[o] += index[k] * st[o][k];
+      for (size_t o = 0; o < kOperands; ++o) now[o] += index[k] * st[o][k];
     }
     for (int64_t r = 0; r < count; ++r) {
-      for (int o = 0; o < 3; ++o) at[o][r] = now[o];
+      for (size_t o = 0; o < kOperands; ++o) at[o][r] = now[o];
       for (int64_t k = outer; k-- > 0;) {  // the next row
-        for (int o = 0; o < 3; ++o) now[o] += st[o][k];
+        for (size_t o = 0; o < kOperands; ++o) now[o] += st[o][k];
         if (++index[k] < dims[k]) break;
-        for (int o = 0; o < 3; ++o) now[o] -= index[k] * st[o][k];
+        for (size_t o = 0; o < kOperands; ++o) now[o] -= index[k] * st[o][k];
         index[k] = 0;
       }
     }
@@ -450,25 +451,28 @@ void regroup_short_rows(Program& p, Instr& ins, MergedBroadcast& mb, Ref& a, Ref
                         Ref& y, bool has_c) {
   if (mb.dims.size() != 2 || mb.inner() >= Program::kShortRow) return;
   const int64_t rows = mb.dims[0], n = mb.inner();
-  Ref* operands[3] = {&a, &b, has_c ? &c : nullptr};
-  for (int o = 0; o < 3; ++o) {
+  enum class Form { full, vector, one };  // y-shaped, a vector over the channels, one value
+  std::array<Form, MergedBroadcast::kOperands> form;
+  for (size_t o = 0; o < form.size(); ++o) {
     const auto& st = mb.stride[o];
-    const bool full = st[0] == n && st[1] == 1, vector = st[0] == 0 && st[1] == 1;
-    if (!full && !vector && !(st[0] == 0 && st[1] == 0)) return;
+    if (st[0] == n && st[1] == 1) form[o] = Form::full;
+    else if (st[0] == 0 && st[1] == 1) form[o] = Form::vector;
+    else if (st[0] == 0 && st[1] == 0) form[o] = Form::one;
+    else return;
   }
   const int64_t k = Program::regroup_factor(rows, n);
   if (k == 1) return;
   size_t temp_at = 0;
   const memory::dims regrouped = {rows / k, k * n};
-  for (int o = 0; o < 3; ++o) {
+  Ref* operands[MergedBroadcast::kOperands] = {&a, &b, has_c ? &c : nullptr};
+  for (size_t o = 0; o < form.size(); ++o) {
     if (!operands[o]) continue;
-    const auto& st = mb.stride[o];
     Ref& r = *operands[o];
-    if (st[0] == 0 && st[1] == 1) {
+    if (form[o] == Form::vector) {
       r = p.tiled(ins, r, k, temp_at);
       r.dims = {1, k * n};
     } else {
-      r.dims = st[1] == 1 ? regrouped : memory::dims{1, 1};
+      r.dims = form[o] == Form::full ? regrouped : memory::dims{1, 1};
     }
   }
   y.dims = regrouped;
