@@ -648,21 +648,38 @@ struct Program {
     return r.slot != -1 && r.dims.size() == y.dims.size() && r.dims[0] == y.dims[0];
   }
 
-  // `r` described for one of its images.
-  static Ref one_image(Ref r) {
-    r.dims[0] = 1;
-    return r;
+  // An instruction's split: how many images it runs in, and (when more than one) its
+  // batched operands as the whole batch describes them.
+  struct ImageSplit {
+    int64_t images = 1;
+    std::vector<Ref> whole;
+  };
+
+  // Decides the split of an instruction whose batched operands are `batched`: first the
+  // input x and the output y that images_of weighs, then any others (null ones skipped).
+  // When it splits, each is described for one image from here on.
+  static ImageSplit split_by_image(std::initializer_list<Ref*> batched, bool converts) {
+    const Ref* const* first = batched.begin();
+    ImageSplit split;
+    split.images = images_of(*first[0], *first[1], converts);
+    if (split.images < 2) return split;
+    for (Ref* r : batched)
+      if (r) {
+        split.whole.push_back(*r);
+        r->dims[0] = 1;
+      }
+    return split;
   }
 
-  // Makes `ins`, built for one image of each tensor in `batched`, run `images` times: an
-  // argument bound to one of those tensors steps by its own one-image size each time.
+  // Makes `ins`, built for one image of each batched operand, run `split.images` times: an
+  // argument bound to one of those operands steps by its own one-image size each time.
   // Every other argument (weights, a broadcast operand, the engine's temporaries) stays.
-  static void by_image(Instr& ins, int64_t images, const std::vector<Ref>& batched) {
-    if (images < 2) return;
-    ins.images = images;
+  static void by_image(Instr& ins, const ImageSplit& split) {
+    if (split.images < 2) return;
+    ins.images = split.images;
     for (auto& st : ins.steps)
       for (auto& a : st.args)
-        for (const Ref& r : batched)
+        for (const Ref& r : split.whole)
           if (r.slot >= 0 && a.slot == r.slot && a.offset == r.offset)
             a.image_step = (int64_t)a.mem.get_desc().get_size();
   }
@@ -760,15 +777,9 @@ struct Program {
     }
     dt cdt = compute_dt(to_dt(compute));  // the dtype the operands are read in
     dt via = to_dt(compute) != cdt ? to_dt(compute) : dt::undef;  // read in, computed wider
-    const std::vector<Ref> batched = has_res ? std::vector<Ref>{x, y, res}
-                                             : std::vector<Ref>{x, y};
-    const int64_t images = images_of(x, y, via != dt::undef || in_f32(x.type) || in_f32(y.type) ||
-                                               (has_res && in_f32(res.type)));
-    if (images > 1) {
-      x = one_image(x);
-      y = one_image(y);
-      if (has_res) res = one_image(res);
-    }
+    const ImageSplit split = split_by_image(
+        {&x, &y, has_res ? &res : nullptr},
+        via != dt::undef || in_f32(x.type) || in_f32(y.type) || (has_res && in_f32(res.type)));
     Step s;
     size_t temp_at = 0;
     memory::desc x_use, res_use;
@@ -816,7 +827,7 @@ struct Program {
     arg(s, DNNL_ARG_DST, out, y_md);
     push<dnnl::convolution_forward>(ins, s, pd);
     if (narrow) narrow_into(ins, out, y, nhwc(y));
-    by_image(ins, images, batched);
+    by_image(ins, split);
   }
 
   // A tensor's element strides, as many as its dims, each within the buffer the caller
@@ -996,12 +1007,7 @@ struct Program {
     int64_t is_max = rd.next();
     Ref x = rd.ref(), y = rd.ref();
     memory::dims k = rd.ints(2), st = rd.ints(2), pads = rd.ints(4);
-    const std::vector<Ref> batched{x, y};
-    const int64_t images = images_of(x, y, in_f32(x.type) || in_f32(y.type));
-    if (images > 1) {
-      x = one_image(x);
-      y = one_image(y);
-    }
+    const ImageSplit split = split_by_image({&x, &y}, in_f32(x.type) || in_f32(y.type));
     Step s;
     size_t temp_at = 0;
     memory::desc x_use;
@@ -1015,19 +1021,14 @@ struct Program {
     arg(s, DNNL_ARG_DST, out, nhwc(out));
     push<dnnl::pooling_forward>(ins, s, pd);
     if (narrow) narrow_into(ins, out, y, nhwc(y));
-    by_image(ins, images, batched);
+    by_image(ins, split);
   }
 
   void add_eltwise(Reader& rd, Instr& ins) {
     Ref x = rd.ref(), y = rd.ref();
     Epilogue e = read_epilogue(rd);
     if (e.codes.empty()) throw Error("element-wise op without a function");
-    const std::vector<Ref> batched{x, y};
-    const int64_t images = images_of(x, y, in_f32(x.type) || in_f32(y.type));
-    if (images > 1) {
-      x = one_image(x);
-      y = one_image(y);
-    }
+    const ImageSplit split = split_by_image({&x, &y}, in_f32(x.type) || in_f32(y.type));
     size_t temp_at = 0;
     Ref in = in_f32(x.type) ? widen(ins, x, plain(x), temp_at) : x;
     bool narrow = in_f32(y.type);
@@ -1041,7 +1042,7 @@ struct Program {
                                                     e.alpha[0], e.beta[0], a);
     push_plain<dnnl::eltwise_forward>(ins, pd, in, out);
     if (narrow) narrow_into(ins, out, y, plain(y));
-    by_image(ins, images, batched);
+    by_image(ins, split);
   }
 
   // Whether `r` (padded to y's rank) is y-shaped, one value, or a vector over y's last dim.
@@ -1094,18 +1095,9 @@ struct Program {
     Ref y = rd.ref();
     Epilogue e = read_epilogue(rd);
     if (A.dims != y.dims) throw Error("binary: the first operand must have the output's shape");
-    std::vector<Ref> batched{A, y};
-    const bool b_batched = batched_like(B, y), c_batched = has_c && batched_like(C, y);
-    if (b_batched) batched.push_back(B);
-    if (c_batched) batched.push_back(C);
-    const int64_t images = images_of(A, y, in_f32(A.type) || in_f32(B.type) ||
-                                               (has_c && in_f32(C.type)) || in_f32(y.type));
-    if (images > 1) {
-      A = one_image(A);
-      y = one_image(y);
-      if (b_batched) B = one_image(B);
-      if (c_batched) C = one_image(C);
-    }
+    const ImageSplit split = split_by_image(
+        {&A, &y, batched_like(B, y) ? &B : nullptr, has_c && batched_like(C, y) ? &C : nullptr},
+        in_f32(A.type) || in_f32(B.type) || (has_c && in_f32(C.type)) || in_f32(y.type));
     size_t temp_at = 0;
     if (in_f32(A.type)) A = widen(ins, A, plain(A), temp_at);
     if (in_f32(B.type)) B = widen(ins, B, plain(B), temp_at);
@@ -1162,7 +1154,7 @@ struct Program {
     arg(s, DNNL_ARG_DST, out, md(out));
     push<dnnl::binary>(ins, s, pd);
     if (narrow) narrow_into(ins, out, y, plain(y));
-    by_image(ins, images, batched);
+    by_image(ins, split);
   }
 
   void add_softmax(Reader& rd, Instr& ins) {

@@ -740,15 +740,9 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
   if (path == Int8Path::float32) {
     // (its 8-bit operands widened, its result narrowed: image by image when large, as
     // Program::by_image says)
-    const std::vector<Ref> batched = has_res ? std::vector<Ref>{x, y, res}
-                                             : std::vector<Ref>{x, y};
-    const int64_t images = Program::images_of(
-        x, y, x.type != dt::f32 || y.type != dt::f32 || (has_res && res.type != dt::f32));
-    if (images > 1) {
-      x = Program::one_image(x);
-      y = Program::one_image(y);
-      if (has_res) res = Program::one_image(res);
-    }
+    const Program::ImageSplit split = Program::split_by_image(
+        {&x, &y, has_res ? &res : nullptr},
+        x.type != dt::f32 || y.type != dt::f32 || (has_res && res.type != dt::f32));
     p.bind_image(ins, s, DNNL_ARG_SRC, x, dt::f32, false, temp_at, &x_use);
     float res_step = has_res && res.type != dt::f32 && res.type != dt::bf16 ? res_scale : 0.f;
     const bool scales_const = p.bound_at_load(ws);
@@ -778,7 +772,7 @@ void add_qconv(Program& p, Reader& rd, Instr& ins) {
     p.arg(s, DNNL_ARG_DST, out, nhwc(out));
     p.push<dnnl::convolution_forward>(ins, s, pd);
     if (!direct) p.narrow_into(ins, out, y, nhwc(y));
-    Program::by_image(ins, images, batched);
+    Program::by_image(ins, split);
     return;
   }
   const Ref x_in = path == Int8Path::shifted ? shifted_to_u8(p, ins, x, temp_at) : x;
