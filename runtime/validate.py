@@ -126,7 +126,8 @@ def _check_sig(sig: TensorSignature, value: object, exe: Executable, what: str,
     else:
         raise _fail(f"{where} names value %{value}, which the file does not define")
     if tuple(sig.shape) != tuple(shape) or sig.dtype != dtype:
-        raise _fail(f"{where} is {sig.dtype}{list(sig.shape)} but its value %{value} is "
+        declared = sig.dtype if isinstance(sig.dtype, str) else repr(sig.dtype)
+        raise _fail(f"{where} is {declared}{list(sig.shape)} but its value %{value} is "
                     f"{dtype}{list(shape)}")
     if type(sig.batch_axis) is not int or not -1 <= sig.batch_axis < max(len(shape), 1):
         raise _fail(f"{where} has batch axis {sig.batch_axis!r} for shape {list(shape)}")

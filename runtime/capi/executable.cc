@@ -195,11 +195,14 @@ __int128 nbytes(const std::vector<int64_t> &shape, int dtype) {
   return n;
 }
 
-std::string type_text(const TensorType &t) {
-  std::string s = std::string(isa::kDTypes[t.dtype].name) + "[";
+// A shape as Python prints a list of ints, and a type as validate.py does: float32[2, 3].
+std::string shape_text(const TensorType &t) {
+  std::string s = "[";
   for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
   return s + "]";
 }
+
+std::string type_text(const TensorType &t) { return isa::kDTypes[t.dtype].name + shape_text(t); }
 
 // isa.check_type on a shape (already a sequence of objects) and a dtype object.
 TensorType check_type(const std::vector<const Node *> &shape, const Node &dtype,
@@ -341,16 +344,18 @@ void check_metadata(const Node &compiler, const Node *stats, Executable &exe) {
   if (const Node *v = compiler.get("version")) exe.compiler_version = std::string(v->str());
 }
 
-Signature read_sig(const Node &raw, Body &b, const std::string &field) {
+// `what` is validate.py's word for the signature ("input" or "output"), `field` its place
+// in the body ("inputs[0]"): messages are Python's with the field named.
+Signature read_sig(const Node &raw, Body &b, const std::string &what, const std::string &field) {
   // from_bytes reads every key before validate.py looks at any.
   const Node &name = key(raw, "name", field), &value = key(raw, "value", field);
   const Node &shape = key(raw, "shape", field), &dtype = key(raw, "dtype", field);
   const Node &batch = key(raw, "batch_axis", field);
   b.items(shape, field + ".shape");  // from_bytes's tuple(shape): a TypeError if not a sequence
   Signature s;
-  if (name.type != Type::Str) inconsistent(field + " name " + show(name) + " is not a string (field '" + field + ".name')");
+  if (name.type != Type::Str) inconsistent(what + " name " + show(name) + " is not a string (field '" + field + ".name')");
   s.name = std::string(name.str());
-  if (!is_int(value)) inconsistent(field + " '" + s.name + "' names value " + show(value) +
+  if (!is_int(value)) inconsistent(what + " " + show(name) + " names value " + show(value) +
                                    ", which is not a value id (field '" + field + ".value')");
   s.value = value.integer < 0 ? UINT64_MAX : uint64_t(value.integer);  // negative: never defined
   // The type is compared with its value's in check_sig, once the values are known.
@@ -362,25 +367,38 @@ Signature read_sig(const Node &raw, Body &b, const std::string &field) {
 
 struct RawSig { const Node *raw; std::vector<const Node *> shape; };
 
-void check_sig(Signature &s, const RawSig &raw, const Executable &exe, const std::string &field,
-               bool allow_const) {
-  std::string where = field + " '" + s.name + "'";
+// The type a signature declares, as validate.py prints it: the dtype bare when it is a
+// string (shown as show() shows one, shortened and without control characters, less the
+// quotes), and the list of its dims.
+std::string declared_text(const RawSig &raw) {
+  const Node &dtype = *raw.raw->get("dtype");
+  std::string s = show(dtype);
+  if (dtype.type == Type::Str) s = s.substr(1, s.size() - 2);
+  s += "[";
+  for (size_t i = 0; i < raw.shape.size(); ++i) s += (i ? ", " : "") + show(*raw.shape[i]);
+  return s + "]";
+}
+
+void check_sig(Signature &s, const RawSig &raw, const Executable &exe, const std::string &what,
+               const std::string &field, bool allow_const) {
+  std::string where = what + " " + show(*raw.raw->get("name"));
   const TensorType *t = nullptr;
   if (auto it = exe.values.find(s.value); it != exe.values.end()) t = &it->second;
   else if (auto c = exe.constants.find(s.value); allow_const && c != exe.constants.end()) t = &c->second.type;
   if (!t) inconsistent(where + " names value %" + (s.value == UINT64_MAX ? std::string("<negative>") :
                        std::to_string(s.value)) + ", which the file does not define (field '" + field + ".value')");
   const Node &dtype = *raw.raw->get("dtype");
-  bool same = raw.shape.size() == t->shape.size() && dtype.type == Type::Str &&
-              dtype.str() == isa::kDTypes[t->dtype].name;
-  for (size_t i = 0; same && i < raw.shape.size(); ++i) same = equals_int(*raw.shape[i], t->shape[i]);
-  if (!same) inconsistent(where + " is not the type of its value %" + std::to_string(s.value) + ", " +
-                          type_text(*t) + " (field '" + field + ".shape')");
+  const bool same_dtype = dtype.type == Type::Str && dtype.str() == isa::kDTypes[t->dtype].name;
+  bool same_shape = raw.shape.size() == t->shape.size();
+  for (size_t i = 0; same_shape && i < raw.shape.size(); ++i) same_shape = equals_int(*raw.shape[i], t->shape[i]);
+  if (!same_dtype || !same_shape)
+    inconsistent(where + " is " + declared_text(raw) + " but its value %" + std::to_string(s.value) + " is " +
+                 type_text(*t) + " (field '" + field + (same_dtype ? ".shape')" : ".dtype')"));
   s.type = *t;
   int64_t rank = int64_t(t->shape.size());
   if (s.batch_axis == INT64_MIN || s.batch_axis >= std::max<int64_t>(rank, 1))
     inconsistent(where + " has batch axis " + show(*raw.raw->get("batch_axis")) + " for shape " +
-                 type_text(*t) + " (field '" + field + ".batch_axis')");
+                 shape_text(*t) + " (field '" + field + ".batch_axis')");
 }
 
 // isa.Spec.check for one attribute value.
@@ -650,13 +668,14 @@ void parse_body(const uint8_t *body, size_t size, Executable &exe) {
   const Node *stats = root.get("stats");
 
   std::vector<RawSig> raw_in, raw_out;
-  for (auto [list, raws, sigs, name] : {std::tuple{&inputs, &raw_in, &exe.inputs, "inputs"},
-                                        std::tuple{&outputs, &raw_out, &exe.outputs, "outputs"}}) {
+  for (auto [list, raws, sigs, name, what] :
+       {std::tuple{&inputs, &raw_in, &exe.inputs, "inputs", "input"},
+        std::tuple{&outputs, &raw_out, &exe.outputs, "outputs", "output"}}) {
     auto items = b.items(*list, name);
     for (size_t i = 0; i < items.size(); ++i) {
       std::string field = std::string(name) + "[" + std::to_string(i) + "]";
       const Node &raw = *items[i];
-      sigs->push_back(read_sig(raw, b, field));
+      sigs->push_back(read_sig(raw, b, what, field));
       raws->push_back({&raw, b.items(*raw.get("shape"), field + ".shape")});
     }
   }
@@ -708,8 +727,8 @@ void parse_body(const uint8_t *body, size_t size, Executable &exe) {
   for (auto &[vid, c] : exe.constants) { big = std::max(big, vid); any = true; }
   if (any && big >= limit) inconsistent("value id %" + std::to_string(big) + " is out of range (the file holds " +
                                         std::to_string(limit) + " values) (field 'values')");
-  for (size_t i = 0; i < exe.inputs.size(); ++i) check_sig(exe.inputs[i], raw_in[i], exe, "inputs[" + std::to_string(i) + "]", false);
-  for (size_t i = 0; i < exe.outputs.size(); ++i) check_sig(exe.outputs[i], raw_out[i], exe, "outputs[" + std::to_string(i) + "]", true);
+  for (size_t i = 0; i < exe.inputs.size(); ++i) check_sig(exe.inputs[i], raw_in[i], exe, "input", "inputs[" + std::to_string(i) + "]", false);
+  for (size_t i = 0; i < exe.outputs.size(); ++i) check_sig(exe.outputs[i], raw_out[i], exe, "output", "outputs[" + std::to_string(i) + "]", true);
   std::set<uint64_t> in_ids, out_ids;
   for (auto &s : exe.inputs) in_ids.insert(s.value);
   for (auto &s : exe.outputs) out_ids.insert(s.value);

@@ -110,6 +110,16 @@ def _damaged() -> dict[str, bytes]:
     return {
         "arena": _sealed_with(lambda b: b["memory"].update(arena_bytes=-1)),
         "no_program": _sealed_with(lambda b: b.update(programs=[])),
+        # A signature that disagrees with its value: the dtype, the shape, or both.
+        "input_dtype": _sealed_with(lambda b: b["inputs"][0].update(dtype="float64")),
+        "input_dtype_not_a_name": _sealed_with(lambda b: b["inputs"][0].update(dtype=7)),
+        "output_dtype": _sealed_with(lambda b: b["outputs"][0].update(dtype="bfloat16")),
+        "output_shape": _sealed_with(lambda b: b["outputs"][0].update(shape=[2, 9])),
+        "input_type": _sealed_with(lambda b: b["inputs"][0].update(dtype="int8", shape=[2])),
+        "input_batch_axis": _sealed_with(lambda b: b["inputs"][0].update(batch_axis=4)),
+        "input_value": _sealed_with(lambda b: b["inputs"][0].update(value=99)),
+        "input_value_not_an_id": _sealed_with(lambda b: b["inputs"][0].update(value="x")),
+        "output_name": _sealed_with(lambda b: b["outputs"][0].update(name=5)),
         "good": good, "empty": b"", "short": good[:20],
         "magic": b"XXXXXXXX" + good[8:], "magic_bytes": b"NR'\x00\t\xff\\\"" + good[8:],
         "newer": executable_fuzz.seal(body, version=2),
@@ -119,6 +129,16 @@ def _damaged() -> dict[str, bytes]:
         "checksum": good[:-1] + bytes([good[-1] ^ 1]),
         "not_msgpack": executable_fuzz.seal(b"\xc1"),
     }
+
+
+# The field the C loader names for a signature at odds with its value.
+_SIGNATURE_FIELDS = {
+    "input_dtype": "inputs[0].dtype", "input_dtype_not_a_name": "inputs[0].dtype",
+    "output_dtype": "outputs[0].dtype", "output_shape": "outputs[0].shape",
+    "input_type": "inputs[0].dtype", "input_batch_axis": "inputs[0].batch_axis",
+    "input_value": "inputs[0].value", "input_value_not_an_id": "inputs[0].value",
+    "output_name": "outputs[0].name",
+}
 
 
 @pytest.mark.parametrize("name", list(_damaged()))
@@ -154,6 +174,8 @@ def test_files_are_refused_in_pythons_words(name: str, tmp_path: Path) -> None:
     field = re.compile(r" \(field '[a-z0-9._\[\]]+'\)")
     assert len(field.findall(message)) == 1, message
     assert field.sub("", message) == python
+    if name in _SIGNATURE_FIELDS:
+        assert f"(field '{_SIGNATURE_FIELDS[name]}')" in message, message
 
 
 def test_sha256_agrees_with_hashlib_whole_and_in_pieces(tmp_path: Path) -> None:
