@@ -315,22 +315,31 @@ def load(node_name: str, executable: bytes | memoryview, input_names: Sequence[s
         _LazyBytes(bytes(graph_def), files, node_name), list(input_names), list(output_names),
         [list(s) for s in input_shapes], list(input_batch_axis), list(output_batch_axis))
     op_id = fallback_op_id(node_name, _executable_digest(executable))
+    def check_signatures(inputs: list[TensorSignature], outputs: list[TensorSignature]) -> None:
+        _check_signature("input", inputs, input_names, input_dtypes, input_shapes,
+                         input_batch_axis)
+        _check_signature("output", outputs, output_names, output_dtypes, output_shapes,
+                         output_batch_axis)
+
     try:
         data = external.resolve(executable, files, node_name, "executable")
-        exe = from_bytes(data)
-        _check_signature("input", exe.inputs, input_names, input_dtypes, input_shapes,
-                         input_batch_axis)
-        _check_signature("output", exe.outputs, output_names, output_dtypes, output_shapes,
-                         output_batch_axis)
         if not dynamic_shapes:
             # On the C runtime, when it takes the executable: the kernel then runs every
-            # call there without the GIL. Anything it refuses loads on the Python runtime.
+            # call there without the GIL. It reads, hashes and checks the bytes itself, so
+            # Python parses them only when it refuses (and then in Python's words).
             native, why_not = native_model.load(data, _duplicates_wanted(config), node_name,
                                                 step_down=True)
             if native is not None:
+                try:
+                    check_signatures(native.inputs, native.outputs)
+                except BaseException:
+                    native.unload()
+                    raise
                 return Handle(node_name, native, config, source, op_id)
             logging.getLogger(__name__).debug("NeuronOp '%s' runs on the Python runtime: %s",
                                               node_name, why_not)
+        exe = from_bytes(data)
+        check_signatures(exe.inputs, exe.outputs)
         model = load_model(exe, config)
         model.label = node_name  # how `neuronish ls` / `top` / profiles name it
         if dynamic_shapes:

@@ -273,3 +273,90 @@ def test_tensorflow_giving_up_stops_a_call_on_the_c_runtime(deep, monkeypatch, h
     got = f(tf.constant(rows(5, DEEP_FEATURES)))[0].numpy()  # the op still works afterwards
     np.testing.assert_allclose(got, g.reference({"x:0": rows(5, DEEP_FEATURES)})["Identity:0"],
                                rtol=1e-4, atol=1e-5)
+
+
+def _bridge_columns(exe: bytes, **changed: list) -> dict[str, list]:
+    """The attributes neuron_op_node_def writes for `exe`, as the kernel hands them to
+    kernel_bridge.load (column by column), any of them replaced by `changed`."""
+    from neuronish.runtime.executable import from_bytes
+
+    parsed = from_bytes(exe)
+    columns = {}
+    for kind, sigs in (("input", parsed.inputs), ("output", parsed.outputs)):
+        columns[f"{kind}_names"] = [s.name for s in sigs]
+        columns[f"{kind}_dtypes"] = [s.dtype for s in sigs]
+        columns[f"{kind}_shapes"] = [list(s.shape) for s in sigs]
+        columns[f"{kind}_batch_axis"] = [s.batch_axis for s in sigs]
+    columns.update(changed)
+    return columns
+
+
+def _load_through_the_bridge(node_name: str, exe: bytes, columns: dict[str, list]
+                             ) -> kernel_bridge.Handle:
+    # (no graph_def: a refusal raises instead of falling back to TensorFlow)
+    return kernel_bridge.load(node_name, exe, model_config=[-1, -1, 1, -1, -1], **columns)
+
+
+def test_the_c_runtime_alone_reads_and_hashes_the_executable(dense, monkeypatch) -> None:
+    """The NeuronOp's executable attr (bytes) goes to the C runtime as is: Python neither
+    hashes nor parses it when the C runtime takes it (both did, then C again); on the
+    Python runtime (NEURONISH_KERNEL=python) Python parses it, once."""
+    import types
+
+    from neuronish.runtime import executable as executable_module
+    from tests.runtime.test_capi_load_file import _CountingSha256
+
+    g, exe = dense
+    monkeypatch.delenv("NEURONISH_KERNEL", raising=False)
+    monkeypatch.setattr(executable_module, "hashlib",
+                        types.SimpleNamespace(sha256=_CountingSha256))
+    parsed = []
+    real_from_bytes = kernel_bridge.from_bytes
+    monkeypatch.setattr(kernel_bridge, "from_bytes",
+                        lambda data: parsed.append(1) or real_from_bytes(data))
+    body = len(exe) - executable_module.HEADER_SIZE
+    columns = _bridge_columns(exe)
+    x = rows(4)
+    for kernel, hashed in (("native", 0), ("python", body)):
+        monkeypatch.setenv("NEURONISH_KERNEL", kernel)
+        _CountingSha256.hashed.clear()
+        parsed.clear()
+        handle = _load_through_the_bridge(f"hash_{kernel}", exe, columns)
+        try:
+            assert (handle.native_entry is not None) == (kernel == "native")
+            assert sum(_CountingSha256.hashed) == hashed, (kernel, _CountingSha256.hashed)
+            assert len(parsed) == (kernel == "python")
+            out = handle.model.run({"x:0": x})["Identity:0"]
+            np.testing.assert_allclose(out, g.reference({"x:0": x})["Identity:0"],
+                                       rtol=1e-5, atol=1e-6)
+        finally:
+            kernel_bridge.unload(handle)
+    assert kernel_bridge.wait_for_unloads(timeout=30)
+
+
+@pytest.mark.parametrize("kernel", ["native", "python"])
+def test_attributes_at_odds_with_the_executable_are_refused_alike(dense, monkeypatch,
+                                                                  kernel: str) -> None:
+    """Checked against the model the C runtime loaded (or the parsed executable): the
+    same words on both runtimes, and a refused model leaves nothing on the device."""
+    from neuronish.runtime.errors import InvalidInput
+
+    _, exe = dense
+    monkeypatch.setenv("NEURONISH_KERNEL", kernel)
+    gc.collect()
+    assert kernel_bridge.wait_for_unloads(timeout=30)
+    before = _c_device_used()
+    with pytest.raises(kernel_bridge.AttrMismatch,
+                       match=r"output 0 is 'Identity:0' float32\[4,9\] batch axis 0 in the op's "
+                             r"attributes but 'Identity:0' float32\[4,8\] batch axis 0 in its "
+                             r"executable; rebuild the node"):
+        _load_through_the_bridge("odd_shape", exe, _bridge_columns(exe, output_shapes=[[4, 9]]))
+    with pytest.raises(kernel_bridge.AttrMismatch, match=r"the op has 2 inputs \['x:0', 'y:0'\] "
+                       r"but the executable has 1: \['x:0'\]"):
+        _load_through_the_bridge("odd_count", exe, _bridge_columns(
+            exe, input_names=["x:0", "y:0"], input_dtypes=["float32"] * 2,
+            input_shapes=[[4, 16]] * 2, input_batch_axis=[0, 0]))
+    with pytest.raises(InvalidInput, match="input 'x:0' has dtype float64; the model was "
+                       "compiled for float32. Cast it to float32 before the NeuronOp"):
+        _load_through_the_bridge("odd_dtype", exe, _bridge_columns(exe, input_dtypes=["float64"]))
+    assert _c_device_used() == before
