@@ -195,6 +195,15 @@ __int128 nbytes(const std::vector<int64_t> &shape, int dtype) {
   return n;
 }
 
+// A signature's name as validate.py quotes it (repr of an ordinary str): whole, since
+// graph tensor names run long, with control characters shown as '?' (a NUL would end the
+// message).
+std::string quoted_name(std::string_view name) {
+  std::string s(name);
+  for (char &c : s) if (uint8_t(c) < 0x20) c = '?';
+  return "'" + s + "'";
+}
+
 // A shape as Python prints a list of ints, and a type as validate.py does: float32[2, 3].
 std::string shape_text(const TensorType &t) {
   std::string s = "[";
@@ -355,7 +364,7 @@ Signature read_sig(const Node &raw, Body &b, const std::string &what, const std:
   Signature s;
   if (name.type != Type::Str) inconsistent(what + " name " + show(name) + " is not a string (field '" + field + ".name')");
   s.name = std::string(name.str());
-  if (!is_int(value)) inconsistent(what + " " + show(name) + " names value " + show(value) +
+  if (!is_int(value)) inconsistent(what + " " + quoted_name(name.str()) + " names value " + show(value) +
                                    ", which is not a value id (field '" + field + ".value')");
   s.value = value.integer < 0 ? UINT64_MAX : uint64_t(value.integer);  // negative: never defined
   // The type is compared with its value's in check_sig, once the values are known.
@@ -381,7 +390,7 @@ std::string declared_text(const RawSig &raw) {
 
 void check_sig(Signature &s, const RawSig &raw, const Executable &exe, const std::string &what,
                const std::string &field, bool allow_const) {
-  std::string where = what + " " + show(*raw.raw->get("name"));
+  std::string where = what + " " + quoted_name(s.name);
   const TensorType *t = nullptr;
   if (auto it = exe.values.find(s.value); it != exe.values.end()) t = &it->second;
   else if (auto c = exe.constants.find(s.value); allow_const && c != exe.constants.end()) t = &c->second.type;

@@ -120,6 +120,8 @@ def _damaged() -> dict[str, bytes]:
         "input_value": _sealed_with(lambda b: b["inputs"][0].update(value=99)),
         "input_value_not_an_id": _sealed_with(lambda b: b["inputs"][0].update(value="x")),
         "output_name": _sealed_with(lambda b: b["outputs"][0].update(name=5)),
+        "long_name_dtype": _sealed_with(lambda b: b["outputs"][0].update(
+            name="model/block_16_project_BN/batchnorm/add_1:0", dtype="float16")),
         "good": good, "empty": b"", "short": good[:20],
         "magic": b"XXXXXXXX" + good[8:], "magic_bytes": b"NR'\x00\t\xff\\\"" + good[8:],
         "newer": executable_fuzz.seal(body, version=2),
@@ -137,7 +139,7 @@ _SIGNATURE_FIELDS = {
     "output_dtype": "outputs[0].dtype", "output_shape": "outputs[0].shape",
     "input_type": "inputs[0].dtype", "input_batch_axis": "inputs[0].batch_axis",
     "input_value": "inputs[0].value", "input_value_not_an_id": "inputs[0].value",
-    "output_name": "outputs[0].name",
+    "output_name": "outputs[0].name", "long_name_dtype": "outputs[0].dtype",
 }
 
 
