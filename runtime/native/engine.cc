@@ -1003,10 +1003,41 @@ struct Program {
     return true;
   }
 
+  // A bfloat16 global average pool (x [N, H, W, C] -> y [N, 1, 1, C], no padding:
+  // squeeze-excite's squeeze) where the CPU has no bfloat16 kernels (in_f32), in one pass of
+  // our own (engine_loops.cc bf16_mean_rows: N groups of H*W rows of C) instead of widening
+  // all of x first. (Only float32 values are kept channel-blocked: cc/passes/layout.py.)
+  bool bf16_global_mean_in_one_pass(Instr& ins, int64_t is_max, const Ref& x, const Ref& y,
+                                    const memory::dims& k, const memory::dims& pads) {
+    if (is_max || x.type != dt::bf16 || y.type != dt::bf16 || !in_f32(dt::bf16) || x.blocked ||
+        y.blocked || x.dims.size() != 4 || k != memory::dims{x.dims[1], x.dims[2]} ||
+        std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p != 0; }) ||
+        y.dims != memory::dims{x.dims[0], 1, 1, x.dims[3]} || count(y) == 0 ||
+        !__builtin_cpu_supports("avx2"))
+      return false;
+    const Bf16Mean op{x.dims[1] * x.dims[2], x.dims[3]};
+    const int64_t groups = x.dims[0];
+    Step s;
+    byte_arg(s, x);
+    byte_arg(s, y);
+    push_loop(ins, s, "neuronish:global_mean_bf16", [op, groups, k = bf16_converters()](
+                                                        const Step& st, int threads) {
+      const int64_t pieces = (op.len + 511) / 512, items = groups * pieces;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && items > 1)
+      for (int64_t i = 0; i < items; ++i) {
+        const int64_t from = (i % pieces) * 512;
+        bf16_mean_rows(op, k, data<const uint16_t>(st, 0), data<uint16_t>(st, 1), i / pieces,
+                       from, std::min(op.len, from + 512));
+      }
+    });
+    return true;
+  }
+
   void add_pool(Reader& rd, Instr& ins) {
     int64_t is_max = rd.next();
     Ref x = rd.ref(), y = rd.ref();
     memory::dims k = rd.ints(2), st = rd.ints(2), pads = rd.ints(4);
+    if (bf16_global_mean_in_one_pass(ins, is_max, x, y, k, pads)) return;
     const ImageSplit split = split_by_image({&x, &y}, in_f32(x.type) || in_f32(y.type));
     Step s;
     size_t temp_at = 0;
@@ -1085,6 +1116,45 @@ struct Program {
     return t;
   }
 
+  // y = a op b in bfloat16 where the CPU has no bfloat16 kernels (in_f32), in one pass of
+  // our own (engine_loops.cc bf16_binary_rows) instead of widen, oneDNN's float32 binary,
+  // narrow: for add, subtract, multiply and divide without addend or activation, when b
+  // is a's shape, a vector over the last axis, or one such vector per image
+  // (squeeze-excite's x[N, H, W, C] * s[N, 1, 1, C]).
+  bool bf16_binary_in_one_pass(Instr& ins, int64_t code, const Ref& a, const Ref& b,
+                               const Ref& y) {
+    if (a.type != dt::bf16 || b.type != dt::bf16 || y.type != dt::bf16 || !in_f32(dt::bf16) ||
+        code < B_ADD || code > B_DIV ||
+        a.blocked || b.blocked || y.blocked || y.dims.empty() || count(y) == 0 ||
+        !__builtin_cpu_supports("avx2"))
+      return false;
+    const int64_t len = y.dims.back(), rows = count(y) / len;
+    int64_t rows_per_b;
+    if (b.dims == y.dims)
+      rows_per_b = 1;
+    else if (!b.dims.empty() && b.dims.back() == len && count(b) == len)
+      rows_per_b = rows;  // one vector for every row
+    else if (b.dims.size() == y.dims.size() && b.dims[0] == y.dims[0] && b.dims.back() == len &&
+             count(b) == y.dims[0] * len)
+      rows_per_b = rows / y.dims[0];  // one vector per image
+    else
+      return false;
+    Step s;
+    byte_arg(s, a);
+    byte_arg(s, b);
+    byte_arg(s, y);
+    const Bf16Binary op{code, rows, len, rows_per_b};
+    push_loop(ins, s, "neuronish:binary_bf16", [op, k = bf16_converters()](const Step& st,
+                                                                           int threads) {
+      const int64_t per = std::max<int64_t>(1, 8192 / op.len), chunks = (op.rows + per - 1) / per;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && chunks > 1)
+      for (int64_t c = 0; c < chunks; ++c)
+        bf16_binary_rows(op, k, data<const uint16_t>(st, 0), data<const uint16_t>(st, 1),
+                         data<uint16_t>(st, 2), c * per, std::min(op.rows, (c + 1) * per));
+    });
+    return true;
+  }
+
   // a has y's dims; b's dims (and the addend c's) are y's or 1 (numpy broadcasting, made
   // explicit by the caller). y = act(fn(a, b) + c): c is a binary-add post-op, so a
   // BatchNorm's scale and shift after a concat stream through memory once.
@@ -1095,6 +1165,7 @@ struct Program {
     Ref y = rd.ref();
     Epilogue e = read_epilogue(rd);
     if (A.dims != y.dims) throw Error("binary: the first operand must have the output's shape");
+    if (!has_c && e.codes.empty() && bf16_binary_in_one_pass(ins, code, A, B, y)) return;
     const ImageSplit split = split_by_image(
         {&A, &y, batched_like(B, y) ? &B : nullptr, has_c && batched_like(C, y) ? &C : nullptr},
         in_f32(A.type) || in_f32(B.type) || (has_c && in_f32(C.type)) || in_f32(y.type));

@@ -352,6 +352,66 @@ Bf16Converters bf16_converters() {
   return {widen_bf16_row, narrow_bf16_row};
 }
 
+// A bfloat16 binary where the CPU has no bfloat16 kernels, in one pass: y = round(a op b)
+// over `rows` rows of `len` bfloat16 values, with one row of b for every `rows_per_b` rows
+// of a (a squeeze-excite's x[N, H, W, C] * s[N, 1, 1, C]: one row of s per image). The path it replaces widened a into a float32 copy, ran oneDNN's
+// float32 binary and narrowed the result, three passes over the batch; here each piece is
+// widened, combined and narrowed while in L1, with the same converters, and add, subtract,
+// multiply and divide round once in float32 as oneDNN's do: the same bits.
+struct Bf16Binary {
+  int64_t code;  // B_ADD, B_SUB, B_MUL or B_DIV
+  int64_t rows, len, rows_per_b;
+};
+
+inline void combine_f32(int64_t code, const float* a, const float* b, float* y, int64_t n) {
+  switch (code) {
+    case B_ADD: for (int64_t j = 0; j < n; ++j) y[j] = a[j] + b[j]; break;
+    case B_SUB: for (int64_t j = 0; j < n; ++j) y[j] = a[j] - b[j]; break;
+    case B_MUL: for (int64_t j = 0; j < n; ++j) y[j] = a[j] * b[j]; break;
+    default: for (int64_t j = 0; j < n; ++j) y[j] = a[j] / b[j]; break;
+  }
+}
+
+void bf16_binary_rows(const Bf16Binary& op, const Bf16Converters& k, const uint16_t* a,
+                      const uint16_t* b, uint16_t* y, int64_t first, int64_t last) {
+  constexpr int64_t kPiece = 512;  // three float32 pieces: 6 KiB of L1
+  alignas(64) float wa[kPiece], wb[kPiece], wy[kPiece];
+  for (int64_t r = first; r < last; ++r) {
+    const int64_t b_row = (r / op.rows_per_b) * op.len;
+    for (int64_t j = 0; j < op.len; j += kPiece) {
+      const int64_t n = std::min(kPiece, op.len - j);
+      k.widen(a + r * op.len + j, wa, n);
+      k.widen(b + b_row + j, wb, n);
+      combine_f32(op.code, wa, wb, wy, n);
+      k.narrow(wy, y + r * op.len + j, n);
+    }
+  }
+}
+
+// A bfloat16 mean over rows where the CPU has no bfloat16 kernels, in one pass: x viewed
+// as [groups, middle, len] -> y [groups, len] (a squeeze-excite's global mean). The path it
+// replaces widened all of x into a float32 copy before oneDNN's pooling read it. Here each
+// group's values are summed a piece at a time in float32, in order along the rows, then
+// divided and rounded once.
+struct Bf16Mean {
+  int64_t middle, len;
+};
+
+void bf16_mean_rows(const Bf16Mean& op, const Bf16Converters& k, const uint16_t* x,
+                    uint16_t* y, int64_t group, int64_t from, int64_t to) {
+  constexpr int64_t kPiece = 512;
+  alignas(64) float row[kPiece], sum[kPiece];
+  const int64_t n = to - from;
+  std::fill(sum, sum + n, 0.f);
+  const uint16_t* at = x + group * op.middle * op.len + from;
+  for (int64_t m = 0; m < op.middle; ++m, at += op.len) {
+    k.widen(at, row, n);
+    for (int64_t j = 0; j < n; ++j) sum[j] += row[j];
+  }
+  for (int64_t j = 0; j < n; ++j) sum[j] /= (float)op.middle;
+  k.narrow(sum, y + group * op.len + from, n);
+}
+
 struct MaskedSoftmaxKernels {
   MaskedSoftmaxRow row;
   Bf16Row widen;

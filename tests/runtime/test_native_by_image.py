@@ -177,10 +177,12 @@ def test_a_large_batch_runs_image_by_image(case: str) -> None:
 
 
 def test_a_binarys_images_are_described_one_at_a_time() -> None:
-    """A binary's description has no `mb`, only its operands' dims: image by image, x
-    [1, 96, 96, 80] times that image's vector [1, 1, 1, 80], once per image."""
-    shapes = _primitive_batches("binary_per_image_vector", "large")
-    assert shapes == ["1x96x96x80:1x1x1x80"] * BATCH, shapes
+    """A binary's description has no `mb`, only its operands' dims: image by image, x as
+    [96 * 96, 80] rows times the shared vector (the addend a post-op), once per image. (A
+    binary without addend or activation runs in one pass of the engine's own instead:
+    test_native_bf16_one_pass.py.)"""
+    shapes = _primitive_batches("binary_broadcast_and_addend", "large")
+    assert shapes == ["9216x80:1x80"] * BATCH, shapes
 
 
 def test_a_small_batch_runs_whole() -> None:

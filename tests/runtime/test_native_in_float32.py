@@ -55,12 +55,13 @@ def test_computed_in_float32_matches_the_reference(path: str) -> None:
 def test_image_by_image_matches_the_reference() -> None:
     """Large batches computed in float32 run image by image (engine.cc `by_image`):
     tests/runtime/test_native_by_image.py holds that to the reference and to each image
-    run alone; here under the forcing variables, so a CPU with bfloat16 kernels and VNNI
-    runs it too."""
+    run alone; a bfloat16 binary and global mean run in one pass
+    (test_native_bf16_one_pass.py). Here under the forcing variables, so a CPU with
+    bfloat16 kernels and VNNI runs them too."""
     env = dict(os.environ, NEURONISH_NATIVE_BF16="float32", NEURONISH_NATIVE_INT8="float32")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/runtime/test_native_by_image.py"],
+         "tests/runtime/test_native_by_image.py", "tests/runtime/test_native_bf16_one_pass.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     summary = run.stdout.strip().splitlines()[-1]
