@@ -10,12 +10,13 @@ directory and its spec.py loaded beside this tree's, so each side encodes and ru
 instruction the way its own code does. Each case (1M elements; unary, broadcasting
 binary and cast over float32, int32, int64, float16 and bool; float32 log-softmax and
 int32/bool reductions of a 1024x1024 matrix along either axis; bf16 convolutions, a
-depthwise one and a max pool, and an int8 convolution with full-range weights, at batch 8
-and 112x112, weights constant: the instructions that compute in float32 where the CPU has
-no bf16 kernels or no VNNI) becomes one one-instruction program per side; every round
-times one call of each, the order alternating; printed: both medians, new/old, and the
-geometric mean. Outputs must agree bit for bit (else it
-stops): a speed comparison of two encodings of the same results.
+depthwise one, a max pool, a squeeze-excite's global mean and multiply, and an int8
+convolution with full-range weights, at batch 8 and 112x112, weights constant: the
+instructions that compute in float32 where the CPU has no bf16 kernels or no VNNI) becomes
+one one-instruction program per side; every round times one call of each, the order
+alternating; printed: both medians, new/old, and the geometric mean. Outputs must agree bit
+for bit (else it stops), a bf16 mean within a bf16 step (it may sum in another order): a
+speed comparison of two encodings of the same results.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def windowed_cases(rng: np.random.Generator) -> list[Case]:
     bf16 = ml_dtypes.bfloat16
     x16 = rng.standard_normal((8, 112, 112, 16)).astype(bf16)
     x96 = rng.standard_normal((8, 112, 112, 96)).astype(bf16)
+    x32 = rng.standard_normal((8, 112, 112, 32)).astype(bf16)
     window = {"strides": [1, 1], "dilations": [1, 1], "compute": "bfloat16"}
     u8 = rng.integers(0, 256, (8, 112, 112, 16)).astype(np.uint8)
     return [
@@ -64,6 +66,12 @@ def windowed_cases(rng: np.random.Generator) -> list[Case]:
          [((8, 112, 112, 96), "bfloat16")], frozenset({1, 2})),
         ("pool", {"mode": "max", "ksize": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
          [x96], [((8, 56, 56, 96), "bfloat16")], frozenset()),
+        # EfficientNetB0's first squeeze-excite: the global mean and the gate's multiply.
+        ("reduce", {"fn": "mean", "axes": [1, 2], "keepdims": True}, [x32],
+         [((8, 1, 1, 32), "bfloat16")], frozenset()),
+        ("binary", {"fn": "mul", "activation": "none"},
+         [x32, rng.uniform(0, 1, (8, 1, 1, 32)).astype(bf16)],
+         [((8, 112, 112, 32), "bfloat16")], frozenset()),
         ("conv2d_int8", {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0],
                          "x_scale": 0.02, "activation": "relu", "out": "uint8",
                          "y_scale": 0.05},
@@ -171,7 +179,11 @@ def main() -> int:
             if any(st.native is None or st.native.rejected for st in program.stages):
                 raise SystemExit(f"{label}: not run natively on one side")
             program.execute(call, y)
-        np.testing.assert_array_equal(ys[0][0], ys[1][0], err_msg=label)
+        if kind == "reduce" and outs[0][1] == "bfloat16":  # sums in another order: a step
+            np.testing.assert_allclose(ys[0][0].astype(np.float32), ys[1][0].astype(np.float32),
+                                       rtol=2.0 ** -7, err_msg=label)
+        else:
+            np.testing.assert_array_equal(ys[0][0], ys[1][0], err_msg=label)
         times: list[list[float]] = [[], []]
         for r in range(args.rounds):
             for k in ((0, 1) if r % 2 == 0 else (1, 0)):

@@ -1020,14 +1020,13 @@ struct Program {
     Step s;
     byte_arg(s, x);
     byte_arg(s, y);
-    push_loop(ins, s, "neuronish:global_mean_bf16", [op, groups, k = bf16_converters()](
-                                                        const Step& st, int threads) {
+    push_loop(ins, s, "neuronish:global_mean_bf16", [op, groups](const Step& st, int threads) {
       const int64_t pieces = (op.len + 511) / 512, items = groups * pieces;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && items > 1)
       for (int64_t i = 0; i < items; ++i) {
         const int64_t from = (i % pieces) * 512;
-        bf16_mean_rows(op, k, data<const uint16_t>(st, 0), data<uint16_t>(st, 1), i / pieces,
-                       from, std::min(op.len, from + 512));
+        bf16_mean_rows(op, data<const uint16_t>(st, 0), data<uint16_t>(st, 1), i / pieces, from,
+                       std::min(op.len, from + 512));
       }
     });
     return true;
@@ -1144,12 +1143,11 @@ struct Program {
     byte_arg(s, b);
     byte_arg(s, y);
     const Bf16Binary op{code, rows, len, rows_per_b};
-    push_loop(ins, s, "neuronish:binary_bf16", [op, k = bf16_converters()](const Step& st,
-                                                                           int threads) {
-      const int64_t per = std::max<int64_t>(1, 8192 / op.len), chunks = (op.rows + per - 1) / per;
+    push_loop(ins, s, "neuronish:binary_bf16", [op](const Step& st, int threads) {
+      const int64_t per = std::max<int64_t>(1, 16384 / op.len), chunks = (op.rows + per - 1) / per;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && chunks > 1)
       for (int64_t c = 0; c < chunks; ++c)
-        bf16_binary_rows(op, k, data<const uint16_t>(st, 0), data<const uint16_t>(st, 1),
+        bf16_binary_rows(op, data<const uint16_t>(st, 0), data<const uint16_t>(st, 1),
                          data<uint16_t>(st, 2), c * per, std::min(op.rows, (c + 1) * per));
     });
     return true;

@@ -354,62 +354,108 @@ Bf16Converters bf16_converters() {
 
 // A bfloat16 binary where the CPU has no bfloat16 kernels, in one pass: y = round(a op b)
 // over `rows` rows of `len` bfloat16 values, with one row of b for every `rows_per_b` rows
-// of a (a squeeze-excite's x[N, H, W, C] * s[N, 1, 1, C]: one row of s per image). The path it replaces widened a into a float32 copy, ran oneDNN's
-// float32 binary and narrowed the result, three passes over the batch; here each piece is
-// widened, combined and narrowed while in L1, with the same converters, and add, subtract,
-// multiply and divide round once in float32 as oneDNN's do: the same bits.
+// of a (a squeeze-excite's x[N, H, W, C] * s[N, 1, 1, C]: one row of s per image). The
+// path it replaces widened a into a float32 copy, ran oneDNN's float32 binary and narrowed
+// the result, three passes over the batch; here eight values at a time are widened,
+// combined and narrowed in registers. Add, subtract, multiply and divide round once in
+// float32 as oneDNN's do, and the narrowing is narrow_bf16_row_avx2's: the same bits.
 struct Bf16Binary {
   int64_t code;  // B_ADD, B_SUB, B_MUL or B_DIV
   int64_t rows, len, rows_per_b;
 };
 
-inline void combine_f32(int64_t code, const float* a, const float* b, float* y, int64_t n) {
-  switch (code) {
-    case B_ADD: for (int64_t j = 0; j < n; ++j) y[j] = a[j] + b[j]; break;
-    case B_SUB: for (int64_t j = 0; j < n; ++j) y[j] = a[j] - b[j]; break;
-    case B_MUL: for (int64_t j = 0; j < n; ++j) y[j] = a[j] * b[j]; break;
-    default: for (int64_t j = 0; j < n; ++j) y[j] = a[j] / b[j]; break;
+NEURONISH_AVX2 inline __m256 widen8_bf16(const uint16_t* x) {
+  __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+// Eight floats rounded to bfloat16 (nearest even, a NaN kept a NaN), as narrow_bf16_row_avx2.
+NEURONISH_AVX2 inline void narrow8_bf16(__m256 f, uint16_t* y) {
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff),
+                quiet = _mm256_set1_epi32(0x00400000);
+  __m256i u = _mm256_castps_si256(f);
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half),
+                               _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+  r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(y),
+                   _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+
+template <int64_t Code>
+NEURONISH_AVX2 inline __m256 combine8(__m256 a, __m256 b) {
+  if constexpr (Code == B_ADD) return _mm256_add_ps(a, b);
+  else if constexpr (Code == B_SUB) return _mm256_sub_ps(a, b);
+  else if constexpr (Code == B_MUL) return _mm256_mul_ps(a, b);
+  else return _mm256_div_ps(a, b);
+}
+
+template <int64_t Code>
+inline float combine1(float a, float b) {
+  if constexpr (Code == B_ADD) return a + b;
+  else if constexpr (Code == B_SUB) return a - b;
+  else if constexpr (Code == B_MUL) return a * b;
+  else return a / b;
+}
+
+template <int64_t Code>
+NEURONISH_AVX2 void bf16_binary_rows_avx2(const Bf16Binary& op, const uint16_t* a,
+                                          const uint16_t* b, uint16_t* y, int64_t first,
+                                          int64_t last) {
+  for (int64_t r = first; r < last; ++r) {
+    const uint16_t* pa = a + r * op.len;
+    const uint16_t* pb = b + (r / op.rows_per_b) * op.len;
+    uint16_t* py = y + r * op.len;
+    int64_t j = 0;
+    for (; j + 8 <= op.len; j += 8)
+      narrow8_bf16(combine8<Code>(widen8_bf16(pa + j), widen8_bf16(pb + j)), py + j);
+    for (; j < op.len; ++j) {
+      float fa, fb;
+      widen_bf16_row(pa + j, &fa, 1);
+      widen_bf16_row(pb + j, &fb, 1);
+      const float fy = combine1<Code>(fa, fb);
+      narrow_bf16_row(&fy, py + j, 1);
+    }
   }
 }
 
-void bf16_binary_rows(const Bf16Binary& op, const Bf16Converters& k, const uint16_t* a,
-                      const uint16_t* b, uint16_t* y, int64_t first, int64_t last) {
-  constexpr int64_t kPiece = 512;  // three float32 pieces: 6 KiB of L1
-  alignas(64) float wa[kPiece], wb[kPiece], wy[kPiece];
-  for (int64_t r = first; r < last; ++r) {
-    const int64_t b_row = (r / op.rows_per_b) * op.len;
-    for (int64_t j = 0; j < op.len; j += kPiece) {
-      const int64_t n = std::min(kPiece, op.len - j);
-      k.widen(a + r * op.len + j, wa, n);
-      k.widen(b + b_row + j, wb, n);
-      combine_f32(op.code, wa, wb, wy, n);
-      k.narrow(wy, y + r * op.len + j, n);
-    }
+void bf16_binary_rows(const Bf16Binary& op, const uint16_t* a, const uint16_t* b, uint16_t* y,
+                      int64_t first, int64_t last) {
+  switch (op.code) {
+    case B_ADD: return bf16_binary_rows_avx2<B_ADD>(op, a, b, y, first, last);
+    case B_SUB: return bf16_binary_rows_avx2<B_SUB>(op, a, b, y, first, last);
+    case B_MUL: return bf16_binary_rows_avx2<B_MUL>(op, a, b, y, first, last);
+    default: return bf16_binary_rows_avx2<B_DIV>(op, a, b, y, first, last);
   }
 }
 
 // A bfloat16 mean over rows where the CPU has no bfloat16 kernels, in one pass: x viewed
 // as [groups, middle, len] -> y [groups, len] (a squeeze-excite's global mean). The path it
 // replaces widened all of x into a float32 copy before oneDNN's pooling read it. Here each
-// group's values are summed a piece at a time in float32, in order along the rows, then
-// divided and rounded once.
+// group's values are summed in float32, in order along the rows, a piece of channels at a
+// time in L1, then divided and rounded once.
 struct Bf16Mean {
   int64_t middle, len;
 };
 
-void bf16_mean_rows(const Bf16Mean& op, const Bf16Converters& k, const uint16_t* x,
-                    uint16_t* y, int64_t group, int64_t from, int64_t to) {
+NEURONISH_AVX2 void bf16_mean_rows(const Bf16Mean& op, const uint16_t* x, uint16_t* y,
+                                   int64_t group, int64_t from, int64_t to) {
   constexpr int64_t kPiece = 512;
-  alignas(64) float row[kPiece], sum[kPiece];
-  const int64_t n = to - from;
+  alignas(64) float sum[kPiece];
+  const int64_t n = to - from, whole = n / 8 * 8;
   std::fill(sum, sum + n, 0.f);
   const uint16_t* at = x + group * op.middle * op.len + from;
   for (int64_t m = 0; m < op.middle; ++m, at += op.len) {
-    k.widen(at, row, n);
-    for (int64_t j = 0; j < n; ++j) sum[j] += row[j];
+    for (int64_t j = 0; j < whole; j += 8)
+      _mm256_store_ps(sum + j, _mm256_add_ps(_mm256_load_ps(sum + j), widen8_bf16(at + j)));
+    for (int64_t j = whole; j < n; ++j) {
+      float f;
+      widen_bf16_row(at + j, &f, 1);
+      sum[j] += f;
+    }
   }
   for (int64_t j = 0; j < n; ++j) sum[j] /= (float)op.middle;
-  k.narrow(sum, y + group * op.len + from, n);
+  narrow_bf16_row_avx2(sum, y + group * op.len + from, n);
 }
 
 struct MaskedSoftmaxKernels {
