@@ -1021,12 +1021,13 @@ struct Program {
     byte_arg(s, x);
     byte_arg(s, y);
     push_loop(ins, s, "neuronish:global_mean_bf16", [op, groups](const Step& st, int threads) {
-      const int64_t pieces = (op.len + 511) / 512, items = groups * pieces;
+      constexpr int64_t piece = Bf16Mean::kPiece;
+      const int64_t pieces = (op.len + piece - 1) / piece, items = groups * pieces;
 #pragma omp parallel for num_threads(threads) if (threads > 1 && items > 1)
       for (int64_t i = 0; i < items; ++i) {
-        const int64_t from = (i % pieces) * 512;
+        const int64_t from = (i % pieces) * piece;
         bf16_mean_rows(op, data<const uint16_t>(st, 0), data<uint16_t>(st, 1), i / pieces, from,
-                       std::min(op.len, from + 512));
+                       std::min(op.len, from + piece));
       }
     });
     return true;

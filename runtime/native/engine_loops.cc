@@ -310,30 +310,33 @@ NEURONISH_AVX512 void narrow_bf16_row_avx512(const float* x, uint16_t* y, int64_
 // bfloat16 kernels, every bfloat16 instruction's operands are widened and its results
 // narrowed here (Program::in_f32), so these run once per value a bfloat16 program moves.
 #define NEURONISH_AVX2 __attribute__((target("avx2")))
+NEURONISH_AVX2 inline __m256 widen8_bf16(const uint16_t* x) {
+  __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+// Eight floats rounded to bfloat16 (nearest even, a NaN kept a NaN, as round_bf16).
+NEURONISH_AVX2 inline void narrow8_bf16(__m256 f, uint16_t* y) {
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff),
+                quiet = _mm256_set1_epi32(0x00400000);
+  __m256i u = _mm256_castps_si256(f);
+  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half),
+                               _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+  r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(y),
+                   _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+
 NEURONISH_AVX2 void widen_bf16_row_avx2(const uint16_t* x, float* y, int64_t n) {
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j)));
-    _mm256_storeu_ps(y + j, _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
-  }
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, widen8_bf16(x + j));
   widen_bf16_row(x + j, y + j, n - j);
 }
 
 NEURONISH_AVX2 void narrow_bf16_row_avx2(const float* x, uint16_t* y, int64_t n) {
-  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff),
-                quiet = _mm256_set1_epi32(0x00400000);
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    __m256 f = _mm256_loadu_ps(x + j);
-    __m256i u = _mm256_castps_si256(f);
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half),
-                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan);
-    r = _mm256_srli_epi32(r, 16);  // eight 16-bit values in the low halves of the lanes
-    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j), packed);
-  }
+  for (; j + 8 <= n; j += 8) narrow8_bf16(_mm256_loadu_ps(x + j), y + j);
   narrow_bf16_row(x + j, y + j, n - j);
 }
 
@@ -358,29 +361,12 @@ Bf16Converters bf16_converters() {
 // path it replaces widened a into a float32 copy, ran oneDNN's float32 binary and narrowed
 // the result, three passes over the batch; here eight values at a time are widened,
 // combined and narrowed in registers. Add, subtract, multiply and divide round once in
-// float32 as oneDNN's do, and the narrowing is narrow_bf16_row_avx2's: the same bits.
+// float32 as oneDNN's do, and the narrowing is narrow_bf16_row_avx2's (narrow8_bf16): the
+// same bits.
 struct Bf16Binary {
   int64_t code;  // B_ADD, B_SUB, B_MUL or B_DIV
   int64_t rows, len, rows_per_b;
 };
-
-NEURONISH_AVX2 inline __m256 widen8_bf16(const uint16_t* x) {
-  __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
-}
-
-// Eight floats rounded to bfloat16 (nearest even, a NaN kept a NaN), as narrow_bf16_row_avx2.
-NEURONISH_AVX2 inline void narrow8_bf16(__m256 f, uint16_t* y) {
-  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff),
-                quiet = _mm256_set1_epi32(0x00400000);
-  __m256i u = _mm256_castps_si256(f);
-  __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, half),
-                               _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
-  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-  r = _mm256_srli_epi32(_mm256_blendv_epi8(r, _mm256_or_si256(u, quiet), nan), 16);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(y),
-                   _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
-}
 
 template <int64_t Code>
 NEURONISH_AVX2 inline __m256 combine8(__m256 a, __m256 b) {
@@ -435,13 +421,13 @@ void bf16_binary_rows(const Bf16Binary& op, const uint16_t* a, const uint16_t* b
 // group's values are summed in float32, in order along the rows, a piece of channels at a
 // time in L1, then divided and rounded once.
 struct Bf16Mean {
+  static constexpr int64_t kPiece = 512;  // channels summed at a time: 2 KiB of sums
   int64_t middle, len;
 };
 
 NEURONISH_AVX2 void bf16_mean_rows(const Bf16Mean& op, const uint16_t* x, uint16_t* y,
                                    int64_t group, int64_t from, int64_t to) {
-  constexpr int64_t kPiece = 512;
-  alignas(64) float sum[kPiece];
+  alignas(64) float sum[Bf16Mean::kPiece];
   const int64_t n = to - from, whole = n / 8 * 8;
   std::fill(sum, sum + n, 0.f);
   const uint16_t* at = x + group * op.middle * op.len + from;
