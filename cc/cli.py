@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,17 +71,10 @@ def _write_output(output: Path, exe: Executable) -> int:
     directory it deletes afterwards."""
     from neuronish.common.nogc import paused_gc
     from neuronish.runtime.executable import write
+    from neuronish.runtime.files import replace_atomically
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f, paused_gc():  # packing allocates, frees no cycles
-            size = write(exe, f)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return size
+    with paused_gc():  # packing allocates, frees no cycles
+        return replace_atomically(output, lambda f: write(exe, f), "executable")
 
 
 def _write_errors(workdir: Path | None, error: str, message: str, nodes: list[dict]) -> None:

@@ -30,6 +30,7 @@ def output_file_name(tensor_name: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from neuronish.runtime import DeviceError, load
+    from neuronish.runtime.files import FileRefused, replace_atomically
 
     feeds = {}
     for item in args.input:
@@ -55,9 +56,12 @@ def _run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, value in outputs.items():
         path = out_dir / output_file_name(name)
-        tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, value)
-        tmp.replace(path)
+        try:
+            replace_atomically(path, lambda f, v=value: np.save(f, v), f"output {name!r}",
+                               mode=0o644)
+        except FileRefused as e:
+            print(f"neuronish: error: {e}", file=sys.stderr)
+            return 1
         print(f"{name}: {value.dtype}{list(value.shape)} -> {path}")
     print(f"ran in {seconds * 1000:.1f} ms", file=sys.stderr)
     return 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from tensorflow.core.framework import graph_pb2
 
 from .errors import SavedModelError
 from .graph import control_refs, data_refs, producer
+from .runtime.files import check_write_target, replace_atomically
 
 TENSORFLOW = "TensorFlow"
 _VIEWER = Path(__file__).with_name("graph_picture.js")
@@ -129,6 +129,8 @@ def write_graph(path: str | os.PathLike, graph_def: graph_pb2.GraphDef,
     html_path = given.with_suffix(".html") if given.suffix == ".dot" else given
     dot_path = given.with_suffix(".dot")
     try:
+        for target in (html_path, dot_path):  # both, before either is written
+            check_write_target(target, "picture")
         _write_atomically(html_path, render_html(graph_def, where, title))
         _write_atomically(dot_path, render_dot(graph_def, where))
     except OSError as e:
@@ -156,16 +158,8 @@ def _hsl_to_hex(h: float, s: float, lightness: float) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a picture is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # 0644: mkstemp makes it private; a picture is for sharing.
+    replace_atomically(path, lambda f: f.write(text.encode("utf-8")), "picture", mode=0o644)
 
 
 _PAGE = """<!DOCTYPE html>

@@ -23,6 +23,7 @@ from neuronish.benchmark import (
     parse_input_shapes,
 )
 from neuronish.runtime import profiler
+from neuronish.runtime.files import FileRefused, check_write_target
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.requests < 1 or args.warmup < 0 or args.top < 0:
         print("neuronish: error: --batch-size and --requests must be >= 1, --warmup and "
               "--top >= 0", file=sys.stderr)
+        return 2
+    try:  # before the model runs: a mistake costs nothing
+        check_write_target(args.output, "trace")
+    except FileRefused as e:
+        print(f"neuronish: error: -o {e}", file=sys.stderr)
         return 2
     # Recording from before the model loads: a model is timed if it loads while a profile
     # records (its NeuronOps load at their first call, on the runtime that serves them).
@@ -123,7 +129,7 @@ def check_trace(trace: object) -> str | None:
 
 def read(path: str, top: int) -> int:
     """Print the top instructions of a trace file and what it holds."""
-    from neuronish.runtime.files import FileRefused, read_json
+    from neuronish.runtime.files import read_json
 
     try:
         trace = read_json(path, _MAX_TRACE_BYTES, "trace")

@@ -1,5 +1,5 @@
 """Reading a file that came from outside: a regular file, of a declared size, at most
-so deep when it is JSON.
+so deep when it is JSON; and writing one a user named, whole or not at all.
 
 Every file neuronish reads that a user, another process or a copied directory
 could have put there (SavedModel assets, device models, run-directory records,
@@ -12,6 +12,12 @@ file within `max_bytes`, and only then read, never past `max_bytes`.
 
 `FileRefused` is an OSError, so callers that already report "cannot read X: why"
 report these too, with `strerror` saying what is wrong and what was expected.
+
+A file neuronish writes at a path a user gave (a profile's trace, a partition picture,
+an executable) goes through `replace_atomically`: written beside the path and renamed
+over it, so no reader sees half a file. A rename replaces whatever the path names, so a
+path that exists and is not a regular file is refused first: `neuronish profile -o
+/dev/null` once replaced the machine's null device with a file.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, TypeVar
+
+T = TypeVar("T")
 
 MAX_JSON_DEPTH = 64  # nesting of any JSON neuronish reads; ours nest 4 deep at most
 
@@ -135,3 +146,37 @@ def read_json(path: str | os.PathLike, max_bytes: int, what: str = "file", *,
     """`read_regular` then `parse_json`."""
     return parse_json(read_regular(path, max_bytes, what, follow_symlinks=follow_symlinks),
                       path, what, max_depth)
+
+
+def check_write_target(path: str | os.PathLike, what: str = "file") -> None:
+    """Raises FileRefused when `path` exists (links followed) and is not a regular file:
+    a device, FIFO, socket or directory is never replaced by the file meant for it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(path, f"the {what} would replace {_kind(st.st_mode)}; give the "
+                                f"path of a file to write")
+
+
+def replace_atomically(path: str | os.PathLike, fill: Callable[[BinaryIO], T],
+                       what: str = "file", mode: int | None = None) -> T:
+    """`fill`'s result, after it wrote the bytes of `path` into a temporary file beside it
+    that then replaced `path` (permissions `mode`, else mkstemp's 0600). Nothing is left
+    behind when `fill` or the rename fails. FileRefused (check_write_target) before
+    anything is written."""
+    path = Path(path)
+    check_write_target(path, what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            out = fill(f)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

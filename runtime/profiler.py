@@ -31,18 +31,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import io
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
+from .files import replace_atomically
 from .telemetry import current_group
 
 ENV_VAR = "NEURONISH_PROFILE"
@@ -134,16 +135,14 @@ def stop(path: str | os.PathLike | None = None) -> dict:
 
 
 def _write(trace: dict, path: Path) -> None:
-    """`trace` as JSON at `path`, atomically (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(trace, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`trace` as JSON at `path`, whole or not at all (files.replace_atomically)."""
+    def fill(f: BinaryIO) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8")  # streamed: a trace runs to 100s of MB
+        json.dump(trace, text)
+        text.flush()
+        text.detach()
+
+    replace_atomically(path, fill, "trace")
 
 
 def _room(events: int) -> bool:

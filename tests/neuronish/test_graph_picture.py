@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,18 @@ def test_unwritable_picture_is_a_clear_error(tmp_path: Path) -> None:
     g = _graph(("x", "Placeholder", []))
     with pytest.raises(neuronish.saved_model.SavedModelError, match="partition picture"):
         write_graph(tmp_path / "file" / "p.html", g, placement(g, [], {"x": "input"}))
+
+
+def test_a_picture_never_replaces_what_is_not_a_file(tmp_path: Path) -> None:
+    """A FIFO where the DOT file goes: refused before the page is written (a rename would
+    replace it, as it would a device)."""
+    os.mkfifo(tmp_path / "p.dot")
+    g = _graph(("x", "Placeholder", []))
+    with pytest.raises(neuronish.saved_model.SavedModelError,
+                       match=r"p\.dot: the picture would replace a FIFO"):
+        write_graph(tmp_path / "p.html", g, placement(g, [], {"x": "input"}))
+    assert sorted(os.listdir(tmp_path)) == ["p.dot"]
+    assert stat.S_ISFIFO(os.stat(tmp_path / "p.dot").st_mode)
 
 
 @pytest.fixture(scope="module")
