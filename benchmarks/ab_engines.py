@@ -55,7 +55,14 @@ def windowed_cases(rng: np.random.Generator) -> list[Case]:
     x32 = rng.standard_normal((8, 112, 112, 32)).astype(bf16)
     window = {"strides": [1, 1], "dilations": [1, 1], "compute": "bfloat16"}
     u8 = rng.integers(0, 256, (8, 112, 112, 16)).astype(np.uint8)
+    x256 = rng.standard_normal((8, 14, 14, 256)).astype(bf16)
     return [
+        # ResNet50's conv4 block end: 1x1 to 1024 channels plus the shortcut, then ReLU.
+        ("conv2d", {**window, "pads": [0, 0, 0, 0], "activation": "relu", "residual": True},
+         [x256, (rng.standard_normal((1, 1, 256, 1024)) * 0.1).astype(bf16),
+          rng.standard_normal(1024).astype(np.float32),
+          rng.standard_normal((8, 14, 14, 1024)).astype(bf16)],
+         [((8, 14, 14, 1024), "bfloat16")], frozenset({1, 2})),
         ("conv2d", {**window, "pads": [0, 0, 0, 0], "activation": "relu"},
          [x16, (rng.standard_normal((1, 1, 16, 96)) * 0.3).astype(bf16),
           rng.standard_normal(96).astype(np.float32)],
@@ -72,6 +79,9 @@ def windowed_cases(rng: np.random.Generator) -> list[Case]:
         ("binary", {"fn": "mul", "activation": "none"},
          [x32, rng.uniform(0, 1, (8, 1, 1, 32)).astype(bf16)],
          [((8, 112, 112, 32), "bfloat16")], frozenset()),
+        ("binary", {"fn": "add", "activation": "none"},  # one long row, b of a's shape
+         [x32.reshape(1, -1), x32.reshape(1, -1)], [((1, 8 * 112 * 112 * 32), "bfloat16")],
+         frozenset()),
         ("conv2d_int8", {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0],
                          "x_scale": 0.02, "activation": "relu", "out": "uint8",
                          "y_scale": 0.05},

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 
 from neuronish.cc.compiler import compile_graph
@@ -69,3 +74,18 @@ def one_output_on_every_engine(exe: bytes, feeds: dict[str, np.ndarray],
     finally:
         device.close()
     return out
+
+
+def onednn_exec_lines(probe: str, *args: str, **env: str) -> list[list[str]]:
+    """The comma-separated fields of every ONEDNN_VERBOSE `exec` line printed while Python
+    runs `probe` (a script, with `args`) from the repository's root on the native engine,
+    with `env` added to the environment: which primitives oneDNN ran, on what, with which
+    attributes. A subprocess, as oneDNN reads ONEDNN_VERBOSE once per process."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", probe, *args], cwd=root, capture_output=True,
+                         text=True, timeout=300,
+                         env=dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1",
+                                  **env))
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [line.split(",") for line in run.stdout.splitlines()
+            if line.startswith("onednn_verbose,exec,")]

@@ -786,12 +786,20 @@ struct Program {
     if (via != dt::undef) x = rounded_to(ins, x, nhwc(x), temp_at, via);
     bind_image(ins, s, DNNL_ARG_SRC, x, cdt, y.blocked, temp_at, &x_use);
     bool narrow = in_f32(y.type);
-    bool sum = has_res && in_place(res, y) && !narrow;
+    // Where y is rounded from a float32 stand-in and the residual needs widening anyway
+    // (bf16 where in_f32: ResNet50's block ends), the residual is widened into the stand-in
+    // itself and added by a sum post-op, as an in-place fp32 residual is: a binary post-op
+    // reading a widened copy cost those convolutions 1.3x on AVX2 (docs/performance.md,
+    // session 22), and the copy took a stand-in's worth of temporaries.
+    const bool res_in_out = has_res && narrow && in_f32(res.type) && res.dims == y.dims &&
+                            res.blocked == y.blocked;
+    bool sum = has_res && ((in_place(res, y) && !narrow) || res_in_out);
     if (has_res && !sum)
       bind_image(ins, s, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res,
                  compute_dt(res.type), y.blocked, temp_at, &res_use);
     Ref out = narrow ? f32_stand_in(y, temp_at) : y;
     memory::desc y_md = nhwc(out);
+    if (res_in_out) to_compute(ins, res, nhwc(res), y_md, (size_t)out.offset);
     memory::desc w_any(w_given.get_dims(), cdt, tag::any);
     // oneDNN 3.2 takes its brdgmm kernel for a bf16 depthwise convolution writing bf16 only
     // with a bf16 bias; an f32 one selects jit_dw, 1.45x slower (8x144x56x56 3x3, one
@@ -1143,6 +1151,20 @@ struct Program {
     byte_arg(s, a);
     byte_arg(s, b);
     byte_arg(s, y);
+    if (b.dims == y.dims) {  // element for element: chunks of the flat run, so one long row
+      const int64_t n = count(y);  // ([1, 1M]) still spreads over the team
+      push_loop(ins, s, "neuronish:binary_bf16", [code, n](const Step& st, int threads) {
+        const int64_t chunk = 16384, chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) if (threads > 1 && chunks > 1)
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t at = c * chunk;
+          bf16_binary_rows(Bf16Binary{code, 1, std::min(chunk, n - at), 1},
+                           data<const uint16_t>(st, 0) + at, data<const uint16_t>(st, 1) + at,
+                           data<uint16_t>(st, 2) + at, 0, 1);
+        }
+      });
+      return true;
+    }
     const Bf16Binary op{code, rows, len, rows_per_b};
     push_loop(ins, s, "neuronish:binary_bf16", [op](const Step& st, int threads) {
       const int64_t per = std::max<int64_t>(1, 16384 / op.len), chunks = (op.rows + per - 1) / per;

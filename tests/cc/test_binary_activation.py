@@ -5,11 +5,6 @@ on every engine."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -22,7 +17,7 @@ from neuronish.cc.lower import lower
 from neuronish.cc.pipeline import Dumper, build_pipeline, run_pipeline
 from neuronish.runtime import isa, load
 from tests.graphs import TracedGraph, trace
-from tests.helpers import run_reporting_numpy
+from tests.helpers import onednn_exec_lines, run_reporting_numpy
 
 
 def _dense_block(shift: bool, activation: str = "relu", stem: bool = False) -> TracedGraph:
@@ -229,14 +224,9 @@ with load(executable.to_bytes(program.exe), runtime="python") as model:
 def _binary_ran(y: tuple, b: tuple, c: tuple | None, fn: str = "mul") -> list[list[str]]:
     """ONEDNN_VERBOSE's fields for binary(fn, x[y], b, c) with a ReLU (c None: no addend),
     run once natively."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1")
-    run = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, fn, str(y), str(b), str(c)],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    ran = [line.split(",") for line in run.stdout.splitlines()
-           if line.startswith("onednn_verbose,exec,cpu,binary,")]
-    assert ran, run.stdout[-2000:]
+    ran = [f for f in onednn_exec_lines(_VERBOSE_PROBE, fn, str(y), str(b), str(c))
+           if f[3] == "binary"]
+    assert ran, f"oneDNN logged no binary for {fn} {y} {b} {c}"
     return ran
 
 

@@ -18,11 +18,6 @@ module under it, and the verbose probe sets it itself.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -30,7 +25,7 @@ import pytest
 from neuronish.runtime import isa
 from neuronish.runtime.executable import to_bytes
 from runtime.program import one_instruction_program
-from tests.helpers import one_output_on_every_engine
+from tests.helpers import one_output_on_every_engine, onednn_exec_lines
 
 BF16 = ml_dtypes.bfloat16
 # name: (fn, a's shape, b's shape)
@@ -40,6 +35,7 @@ BINARY = {
     "sub_same_shape": ("sub", (2, 7, 1000), (2, 7, 1000)),
     "div_same_shape": ("div", (5, 300), (5, 300)),
     "mul_shared_vector_long_rows": ("mul", (4, 1100), (1, 1100)),
+    "add_one_long_row": ("add", (1, 100003), (1, 100003)),  # flat chunks, a ragged tail
 }
 
 
@@ -95,15 +91,9 @@ with load(exe, runtime="python") as model:
 
 
 def _primitives(case: str) -> list[str]:
-    """The kind of every oneDNN primitive that ran (ONEDNN_VERBOSE's exec lines)."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1",
-               NEURONISH_NATIVE_BF16="float32")
-    run = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, case], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return [line.split(",")[3] for line in run.stdout.splitlines()
-            if line.startswith("onednn_verbose,exec,cpu,")]
+    """The kind of every oneDNN primitive that ran."""
+    return [fields[3] for fields in onednn_exec_lines(_VERBOSE_PROBE, case,
+                                                      NEURONISH_NATIVE_BF16="float32")]
 
 
 @pytest.mark.parametrize("case", sorted(MEAN))

@@ -18,11 +18,6 @@ here sets them itself.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -30,7 +25,7 @@ import pytest
 from neuronish.runtime import isa, load
 from neuronish.runtime.executable import to_bytes
 from runtime.program import one_instruction_program
-from tests.helpers import one_output_on_every_engine
+from tests.helpers import one_output_on_every_engine, onednn_exec_lines
 
 BF16 = ml_dtypes.bfloat16
 BATCH = 3
@@ -153,19 +148,20 @@ with load(exe, runtime="python") as model:
 """
 
 
+def _primitives(case: str, size: str) -> list[list[str]]:
+    """ONEDNN_VERBOSE's fields of each convolution, pooling, binary and eltwise primitive
+    that ran."""
+    lines = [f for f in onednn_exec_lines(_VERBOSE_PROBE, case, size,
+                                          NEURONISH_NATIVE_BF16="float32",
+                                          NEURONISH_NATIVE_INT8="float32")
+             if f[3] in ("convolution", "pooling", "binary", "eltwise")]
+    assert lines, f"oneDNN logged none of them for {case}"
+    return lines
+
+
 def _primitive_batches(case: str, size: str) -> list[str]:
-    """The `mbN` of each convolution, pooling, binary and eltwise primitive that ran."""
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1",
-               NEURONISH_NATIVE_BF16="float32", NEURONISH_NATIVE_INT8="float32")
-    run = subprocess.run([sys.executable, "-c", _VERBOSE_PROBE, case, size], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = [line.split(",") for line in run.stdout.splitlines()
-             if line.startswith("onednn_verbose,exec,cpu,")
-             and line.split(",")[3] in ("convolution", "pooling", "binary", "eltwise")]
-    assert lines, run.stdout[-2000:]
-    return [fields[-2] for fields in lines]  # the problem description, e.g. "mb1_ic80oc80..."
+    """The `mbN` of each of them."""
+    return [fields[-2] for fields in _primitives(case, size)]  # e.g. "mb1_ic80oc80..."
 
 
 @pytest.mark.parametrize("case", ["conv_1x1_bias_relu", "depthwise_3x3",
@@ -183,6 +179,15 @@ def test_a_binarys_images_are_described_one_at_a_time() -> None:
     test_native_bf16_one_pass.py.)"""
     shapes = _primitive_batches("binary_broadcast_and_addend", "large")
     assert shapes == ["9216x80:1x80"] * BATCH, shapes
+
+
+@pytest.mark.parametrize("size", ["large", "small"])
+def test_a_bf16_residual_is_summed_into_the_float32_result(size: str) -> None:
+    """The residual, widened anyway, is widened into the convolution's float32 result and
+    added by a sum post-op, as an in-place fp32 residual is, not by a binary post-op that
+    reads a copy of its own (engine.cc `res_in_out`): split by image or not."""
+    convs = [f for f in _primitives("conv_residual", size) if f[3] == "convolution"]
+    assert convs and all("post-ops:sum+eltwise_relu" in f[7] for f in convs), convs
 
 
 def test_a_small_batch_runs_whole() -> None:

@@ -14,12 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,9 +23,8 @@ import pytest
 from neuronish.cc.host import cpu_flags
 from neuronish.runtime.native import library
 from neuronish.runtime.native.coverage import Sample, sample_instructions
+from tests.helpers import onednn_exec_lines
 from tests.runtime.test_native_gap import _executable, assert_native_matches_reference
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # conv2d_int8 and matmul_int8 reading uint8 or int8, every output dtype, depthwise and
 # residual (coverage.py samples depthwise from uint8 only: an int8 twin is added).
@@ -84,17 +79,11 @@ with load(exe, runtime="python") as model:
 
 def _kernel_sources(label: str, low: int, high: int) -> list[str]:
     """The source dtypes of the convolution/matmul primitives oneDNN ran for one call."""
-    env = dict(os.environ, NEURONISH_ENGINE="native", ONEDNN_VERBOSE="1")
-    run = subprocess.run([sys.executable, "-c", _PROBE, label, str(low), str(high)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    sources = []
-    for line in run.stdout.splitlines():
-        fields = line.split(",")
-        if len(fields) > 6 and fields[1] == "exec" and fields[3] in ("convolution", "matmul"):
-            sources += re.findall(r"[, ]src_([a-z0-9]+):", line)
+    ran = onednn_exec_lines(_PROBE, label, str(low), str(high))
+    sources = [src for fields in ran if fields[3] in ("convolution", "matmul")
+               for src in re.findall(r"(?:^| )src_([a-z0-9]+):", fields[6])]
     assert sources, "oneDNN logged no convolution or matmul:\n" + json.dumps(
-        run.stdout.splitlines()[-20:], indent=1)
+        [",".join(f) for f in ran[-20:]], indent=1)
     return sources
 
 
