@@ -42,16 +42,22 @@ _HALF_KERNELS = {"bf16": {"avx512bw", "avx512_bf16", "amx_bf16", "avx_ne_convert
 
 def auto_cast_note(cast_type: str, flags: set[str] | None = None) -> str | None:
     """What a user asking for --auto-cast on a CPU without kernels of that type should
-    know: each such instruction computes in float32 there, with a conversion on each side,
-    so the executable runs no faster than the float32 one on this CPU, usually slower."""
+    know: the executable runs no faster than the float32 one there. bfloat16 values
+    inside a one-stage program stay float32 (runtime/native/engine.cc `widened_slot`), so
+    they run at float32's speed with float32's precision between instructions; float16
+    instructions compute in float32 with a conversion on each side, usually slower."""
     flags = cpu_flags() if flags is None else flags
     name = {"bf16": "bfloat16", "fp16": "float16"}[cast_type]
     if not flags or flags & _HALF_KERNELS[cast_type]:
         return None
+    if cast_type == "bf16":
+        how = ("its bfloat16 values stay float32 between instructions (the weights keep "
+               "their bfloat16 rounding; a pipelined program's hand-offs are rounded): on "
+               "this CPU the executable runs at the float32 one's speed, not faster")
+    else:
+        how = ("each float16 instruction computes in float32 here, its operands widened and "
+               "its result rounded by passes of their own: on this CPU the executable runs "
+               "no faster than without --auto-cast, usually slower")
     return (f"the compiling CPU has no {name} kernels (oneDNN has them from AVX-512 or "
-            f"AVX-NE-CONVERT), so each {name} instruction computes in float32 here, its "
-            f"operands widened and its result rounded by passes of their own: on this CPU "
-            f"the executable runs no faster than without --auto-cast, usually slower "
-            f"(batch 8 on AVX2: MobileNetV2 1.05-1.2x, EfficientNetB0 1.03-1.15x the float32 "
-            f"time). Compile without --auto-cast for such a CPU; keep it for one with those "
-            f"kernels (docs/auto-cast.md)")
+            f"AVX-NE-CONVERT), so {how}. Compile without --auto-cast for such a CPU; keep "
+            f"it for one with those kernels (docs/auto-cast.md)")

@@ -144,6 +144,7 @@ class LoadedProgram:
         for stage in self.stages:
             stage.steps = [self.instructions[i] for i in stage.span]
         self.blocked: frozenset[int] = frozenset()  # values the engine keeps nChw16c
+        self.widenable: frozenset[int] = frozenset()  # bf16 values kept in float32
         self._native = native is not None
         if native is not None:
             self._build_native(native, threads, constants)
@@ -195,9 +196,13 @@ class LoadedProgram:
         # Every stage's engine slots: the constants, then a call's arena, inputs, outputs.
         self._first_call_slot = len(constants)
         blocked = self._blockable()
+        widenable = self._widenable()
         while True:
-            built = [self._native_stage(lib, threads, constants, blocked, st)
+            built = [self._native_stage(lib, threads, constants, blocked, widenable, st)
                      for st in self.stages]
+            if widenable and any(prog.rejected for prog, _ in built):
+                widenable = set()  # a numpy kernel reads the arena: every value stays there
+                continue
             # A value stays blocked only if the engine took its producer and every reader,
             # each with a real kernel (oneDNN falls back to its slow reference kernel for
             # layout mixes it has no kernel for).
@@ -215,6 +220,17 @@ class LoadedProgram:
             prog.finalize()
             stage.native, stage.steps = prog, steps
         self.blocked = frozenset(blocked)
+        self.widenable = frozenset(widenable)
+
+    def _widenable(self) -> set[int]:
+        """The bfloat16 values the engine may keep in float32 (engine.cc `widened_slot`):
+        those in the arena of a one-stage program, so only its native instructions touch
+        them (a call's inputs and outputs and a pipeline's hand-offs are left as they are)."""
+        if len(self.stages) != 1:
+            return set()
+        external = {*self.exe.input_values, *self.exe.output_values}
+        return {v for v in self.exe.offsets
+                if v not in external and self.exe.values[v][1] == "bfloat16"}
 
     def _blockable(self) -> set[int]:
         """Values the compiler marked for a channel-blocked layout (docs/isa.md, `layout`)
@@ -233,7 +249,7 @@ class LoadedProgram:
                 and producer.kind in WINDOWED}
 
     def _native_stage(self, lib: ctypes.CDLL, threads: int, constants: dict[int, np.ndarray],
-                      blocked: set[int], stage: _Stage
+                      blocked: set[int], widenable: set[int], stage: _Stage
                       ) -> tuple[NativeProgram, list[_Bound | _NativeRun]]:
         """A stage's native program. Slots: the constants, then per call the arena, the
         call's inputs and its outputs."""
@@ -252,9 +268,10 @@ class LoadedProgram:
             slot, offset = place[vid]
             array = self.slots[vid]
             if array is not None:
-                return Ref(slot, offset, array.dtype.name, tuple(array.shape), vid in blocked)
+                return Ref(slot, offset, array.dtype.name, tuple(array.shape), vid in blocked,
+                           vid in widenable)
             shape, dtype = exe.values[vid]
-            return Ref(slot, offset, dtype, tuple(shape), vid in blocked)
+            return Ref(slot, offset, dtype, tuple(shape), vid in blocked, vid in widenable)
 
         offers = [Offer(index, ins.kind, ins.attrs, tuple(ref(v) for v in ins.inputs),
                         tuple(ref(v) for v in ins.outputs),

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "engine_api.h"
+#include "engine_spec_parts.h"
 
 namespace nr {
 namespace {
@@ -66,8 +67,24 @@ struct Built {
   std::set<size_t> slow;                   // flat indices on oneDNN's reference kernels
 };
 
+// program.py's _widenable: the bfloat16 values in the arena of a one-stage program, which
+// the engine may keep in float32 (engine.cc widened_slot).
+std::set<uint64_t> widenable(const Executable &exe) {
+  std::set<uint64_t> out;
+  if (exe.programs.size() != 1) return out;
+  std::set<uint64_t> external;
+  for (auto &s : exe.inputs) external.insert(s.value);
+  for (auto &s : exe.outputs) external.insert(s.value);
+  for (auto &[vid, offset] : exe.offsets) {
+    auto t = exe.values.find(vid);
+    if (!external.count(vid) && t != exe.values.end() && t->second.dtype == spec::detail::BF16)
+      out.insert(vid);
+  }
+  return out;
+}
+
 Built build_once(const Executable &exe, const DeviceConstants &constants, int threads,
-                 const std::set<uint64_t> &blocked) {
+                 const std::set<uint64_t> &blocked, const std::set<uint64_t> &widened) {
   Built b;
   b.copy = std::make_unique<CopyProgram>();
   CopyProgram &copy = *b.copy;
@@ -87,6 +104,7 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
     r.dtype = t.dtype;
     r.shape = t.shape;
     r.blocked = blocked.count(vid) > 0;
+    r.widenable = widened.count(vid) > 0;
     return r;
   };
   char err[kErr];
@@ -202,12 +220,16 @@ Stage::~Stage() {
 }
 
 std::unique_ptr<CopyProgram> build_copy(const Executable &exe, const DeviceConstants &constants, int threads) {
-  std::set<uint64_t> blocked = blockable(exe);
+  std::set<uint64_t> blocked = blockable(exe), widened = widenable(exe);
   std::vector<const Instruction *> flat;
   for (auto &p : exe.programs)
     for (auto &ins : p) flat.push_back(&ins);
   while (true) {
-    Built b = build_once(exe, constants, threads, blocked);
+    Built b = build_once(exe, constants, threads, blocked, widened);
+    if (!b.rejected.empty() && !widened.empty()) {  // refused for want of a mixed-dtype kernel?
+      widened.clear();
+      continue;
+    }
     std::set<uint64_t> refused;
     std::set<size_t> bad = b.slow;
     for (auto &[i, why] : b.rejected) bad.insert(i);

@@ -78,7 +78,7 @@ Ints dense_strides(const Ints &shape) {
 
 void put(Ints &ints, const Ref &r, const Ints *shape) {
   const Ints &dims = shape ? *shape : r.shape;
-  ints.insert(ints.end(), {r.slot, r.offset, kEngineDType[r.dtype], int64_t(r.blocked),
+  ints.insert(ints.end(), {r.slot, r.offset, kEngineDType[r.dtype], int64_t(r.blocked) | (r.widenable ? 2 : 0),
                            int64_t(dims.size())});
   ints.insert(ints.end(), dims.begin(), dims.end());
 }

@@ -19,6 +19,7 @@ struct Ref {
   int dtype = 0;
   std::vector<int64_t> shape;
   bool blocked = false;  // kept channel-blocked (nChw16c) between windowed instructions
+  bool widenable = false;  // bfloat16 the engine may keep in float32 (spec.py Ref)
 };
 
 struct Spec {

@@ -171,8 +171,14 @@ struct Ref {
   dt type = dt::f32;
   int64_t code = D_F32;  // the spec's dtype code (tells int64 from float64, bool from u8)
   bool blocked = false;  // an NHWC image kept channel-blocked (nChw16c)
+  bool widened = false;  // a bfloat16 value kept in float32 (Program::widened_slot)
   memory::dims dims;
 };
+
+bool cpu_has_bf16_kernels();
+
+// A Ref's flags in the spec (spec.py Ref.encode).
+constexpr int64_t REF_BLOCKED = 1, REF_WIDENABLE = 2;
 
 // Reads a spec front to back.
 struct Reader {
@@ -180,6 +186,8 @@ struct Reader {
   int64_t n, i = 0;
   const float* f;
   int64_t nf, fi = 0;
+  int64_t widened_slot = -1;       // where a widenable bfloat16 value goes (Program's)
+  size_t* widened_bytes = nullptr;  // grown to hold every value put there
   int64_t next() {
     if (i >= n) throw Error("spec too short");
     return p[i++];
@@ -194,7 +202,8 @@ struct Reader {
     r.offset = next();
     r.code = next();
     r.type = to_dt(r.code);
-    r.blocked = next() != 0;
+    const int64_t flags = next();
+    r.blocked = (flags & REF_BLOCKED) != 0;
     int64_t nd = next();
     if (nd < 0 || nd > DNNL_MAX_NDIMS) throw Error("bad rank " + std::to_string(nd));
     for (int64_t k = 0; k < nd; ++k) {
@@ -203,7 +212,24 @@ struct Reader {
       r.dims.push_back(d);
     }
     if (r.dims.empty()) r.dims.push_back(1);  // scalars are one-element vectors
+    if (r.slot == widened_slot) throw Error("slot out of range");  // the engine's own
+    if ((flags & REF_WIDENABLE) && r.code == D_BF16 && widened_bytes && !cpu_has_bf16_kernels())
+      widen_in_place(r);
     return r;
+  }
+  // `r` in float32 at twice its offset in the widened slot: every widenable value keeps
+  // its own bytes there, as in the arena (an offset plan's disjoint ranges stay disjoint
+  // doubled, and a view inside a value stays at the same element).
+  void widen_in_place(Ref& r) {
+    if (r.offset < 0) throw Error("negative offset");
+    int64_t n = 1;
+    for (auto d : r.dims) n *= d;
+    r.slot = widened_slot;
+    r.offset *= 2;
+    r.type = dt::f32;
+    r.code = D_F32;
+    r.widened = true;
+    *widened_bytes = std::max(*widened_bytes, (size_t)(r.offset + n * (int64_t)sizeof(float)));
   }
   memory::dims ints(int64_t count) {
     memory::dims out;
@@ -363,6 +389,17 @@ struct Program {
   std::vector<std::shared_ptr<void>> owned;  // reordered weights
   size_t owned_bytes = 0;
   size_t temp_bytes = 0;               // engine temporaries (bf16 copies), shared
+  // --- bfloat16 values kept in float32, where the CPU has no bfloat16 kernels ----------
+  // Such a CPU computes every bfloat16 instruction in float32 (in_f32): it widens its
+  // operands and narrows its result, two passes over memory per value that cost ResNet50
+  // bf16 18% over fp32 on AVX2 with its convolutions as fast. A loader marks the values
+  // only this program's native instructions write and read (REF_WIDENABLE); the engine
+  // keeps those in float32 in a buffer of its own, the slot after the caller's, and no
+  // instruction converts them. They are then not rounded to bfloat16 between instructions,
+  // as OpenVINO's bf16 runs in float32 on such a CPU (docs/auto-cast.md).
+  int64_t widened_slot = -1;  // slots.size() - 1: bound to `widened` by finalize()
+  size_t widened_bytes = 0;
+  void* widened = nullptr;
   size_t scratch_bytes = 0;            // largest primitive scratchpad, shared
   void* temp = nullptr;
   void* scratch = nullptr;
@@ -372,10 +409,13 @@ struct Program {
   ~Program() {
     std::free(temp);
     std::free(scratch);
+    std::free(widened);
   }
 
+  // A slot the caller binds (not the widened one).
   char* base(int64_t slot) {
-    if (slot < 0 || slot >= (int64_t)slots.size()) throw Error("slot out of range");
+    if (slot < 0 || slot >= (int64_t)slots.size() || slot == widened_slot)
+      throw Error("slot out of range");
     return slots[slot];
   }
 
@@ -588,7 +628,7 @@ struct Program {
   // bfloat16) but computes in float32 here: rounded to `via` by a step before the op (the op
   // then widens it back).
   Ref rounded_to(Instr& ins, const Ref& r, const memory::desc& md, size_t& temp_at, dt via) {
-    if (r.type != dt::f32) return r;
+    if (r.type != dt::f32 || r.widened) return r;  // (a widened value is never rounded)
     return via == dt::bf16 ? widen(ins, r, md, temp_at, dt::bf16, D_BF16)
                            : widen(ins, r, md, temp_at, dt::f16, D_F16);
   }
@@ -779,7 +819,8 @@ struct Program {
     dt via = to_dt(compute) != cdt ? to_dt(compute) : dt::undef;  // read in, computed wider
     const ImageSplit split = split_by_image(
         {&x, &y, has_res ? &res : nullptr},
-        via != dt::undef || in_f32(x.type) || in_f32(y.type) || (has_res && in_f32(res.type)));
+        (via != dt::undef && !x.widened) || in_f32(x.type) || in_f32(y.type) ||
+            (has_res && in_f32(res.type)));
     Step s;
     size_t temp_at = 0;
     memory::desc x_use, res_use;
@@ -2169,8 +2210,10 @@ struct Program {
     if (finalized) return;
     if (temp_bytes) temp = std::aligned_alloc(64, (temp_bytes + 63) / 64 * 64);
     if (scratch_bytes) scratch = std::aligned_alloc(64, (scratch_bytes + 63) / 64 * 64);
-    if ((temp_bytes && !temp) || (scratch_bytes && !scratch))
+    if (widened_bytes) widened = std::aligned_alloc(64, (widened_bytes + 63) / 64 * 64);
+    if ((temp_bytes && !temp) || (scratch_bytes && !scratch) || (widened_bytes && !widened))
       throw Error("out of host memory for the engine's working buffers");
+    slots[widened_slot] = static_cast<char*>(widened);
     for (auto& ins : instrs)
       for (auto& s : ins.steps) {
         for (auto& a : s.args)
@@ -2268,7 +2311,8 @@ NE_API void* ne_create(int64_t n_slots, int64_t threads, char* err, int64_t len)
     if (n_slots < 0 || n_slots > (1 << 24)) throw Error("bad slot count");
     p = new Program();
     p->threads = threads > 0 ? (int)threads : 1;
-    p->slots.assign((size_t)n_slots, nullptr);
+    p->slots.assign((size_t)n_slots + 1, nullptr);  // and the widened values' slot
+    p->widened_slot = n_slots;
     return 0;
   });
   return rc < 0 ? nullptr : p;
@@ -2290,7 +2334,7 @@ NE_API int64_t ne_add(void* p, const int64_t* spec, int64_t n, const float* fs, 
   return guarded(err, len, [&]() -> int64_t {
     Program* prog = static_cast<Program*>(p);
     if (prog->finalized) throw Error("program already finalized");
-    Reader rd{spec, n, 0, fs, nf, 0};
+    Reader rd{spec, n, 0, fs, nf, 0, prog->widened_slot, &prog->widened_bytes};
     prog->add(rd);
     return (int64_t)prog->instrs.size() - 1;
   });
@@ -2320,7 +2364,8 @@ NE_API int64_t ne_finalize(void* p, char* err, int64_t len) {
 // Bytes the program holds besides the arena: reordered weights and working buffers.
 NE_API int64_t ne_bytes(void* p) {
   Program* prog = static_cast<Program*>(p);
-  return (int64_t)(prog->owned_bytes + prog->temp_bytes + prog->scratch_bytes);
+  return (int64_t)(prog->owned_bytes + prog->temp_bytes + prog->scratch_bytes +
+                   prog->widened_bytes);
 }
 
 // Runs instructions [first, last) with per-call slots bound from `ptrs` (slot k gets

@@ -110,10 +110,14 @@ class Ref:
     dtype: str
     shape: tuple[int, ...]
     blocked: bool = False  # kept channel-blocked (nChw16c) between windowed instructions
+    # bfloat16 that only this program's native instructions write and read: kept in
+    # float32 by the engine where the CPU has no bfloat16 kernels (engine.cc widened_slot)
+    widenable: bool = False
 
     def encode(self, shape: Sequence[int] | None = None) -> list[int]:
         dims = list(self.shape if shape is None else shape)
-        return [self.slot, self.offset, DTYPES[self.dtype], int(self.blocked), len(dims), *dims]
+        flags = int(self.blocked) | 2 * int(self.widenable)
+        return [self.slot, self.offset, DTYPES[self.dtype], flags, len(dims), *dims]
 
 
 def _chain(fn: str, alpha: float) -> list[tuple[int, float, float]] | None:
