@@ -95,13 +95,11 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     out = dict(np.load(tmp / "out.npz"))
-    os.environ["NEURONISH_ENGINE"] = "numpy"
-    try:
+    with pytest.MonkeyPatch.context() as env_patch:  # (a module fixture: no monkeypatch)
+        env_patch.setenv("NEURONISH_ENGINE", "numpy")
         for name in ("bf16", "bf16_two_stages"):
             with load(paths[name], runtime="python") as model:
                 [out[name + ":numpy"]] = model.run({"x:0": x}).values()
-    finally:
-        del os.environ["NEURONISH_ENGINE"]
     return out
 
 
