@@ -15,7 +15,7 @@ kernel_bridge, which reads the file the reference names and checks its size and
 hash before the device sees it.
 
 Which attributes go outside (`plan`): every one of at least `threshold` bytes
-(`NEURONISH_EXTERNAL_THRESHOLD`, default 64 MiB), and then, while the graph would
+(`NEURONISH_EXTERNAL_THRESHOLD`, default 1 MiB), and then, while the graph would
 still pass the protobuf limit (less a margin for the rest of the SavedModel),
 the largest of those left. No TensorFlow here: the kernel bridge imports it.
 """
@@ -33,7 +33,12 @@ from neuronish.runtime.config import parse_bytes
 from neuronish.runtime.files import FileRefused, read_regular
 
 ENV_THRESHOLD = "NEURONISH_EXTERNAL_THRESHOLD"
-DEFAULT_THRESHOLD = 64 << 20
+# An attribute in the graph costs a TensorFlow process about 11x its bytes for as long as
+# the model is loaded (the SavedModel proto, the function library, each instantiated graph
+# and grappler's copies all hold it): ResNet50 bf16's 51 MB executable inline held 487 MiB
+# more than the same bytes in assets/, and loaded 1.1 s slower (benchmarks/load_memory.py).
+# Below 1 MiB that is at most ~11 MiB, and a tiny model keeps its one file.
+DEFAULT_THRESHOLD = 1 << 20
 # protobuf's hard limit is 2 GiB - 1; keep room for the rest of saved_model.pb.
 GRAPH_LIMIT = (2 << 30) - (64 << 20)
 PREFIX = b"neuronish-external:v1:"

@@ -153,6 +153,7 @@ def compile(  # noqa: A001, PLR0913 (the name and the arguments users know from 
         (*tfn_compat.compiler_args_tuple(compiler_args), *extras.compiler_args), "compiler_args")
     start = time.perf_counter()
     _check_dirs(model_dir, new_model_dir)
+    external.threshold_from_env()  # a bad value is refused now, not after the compilers ran
     if batch_size < 1:
         raise SavedModelError(f"batch_size must be >= 1, got {batch_size}")
     if quantize not in (None, "none", "int8"):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import neuronish.saved_model
@@ -73,6 +74,31 @@ def test_small_attributes_stay_inline(tmp_path: Path) -> None:
     assert external.parse_reference(exe) is None and external.parse_reference(graph) is None
     ((info, stored),) = _inspect_dir(tmp_path / "out")
     assert stored == "inline" and info["bytes"] == len(exe)
+
+
+def test_a_megabyte_attribute_goes_to_assets_by_default(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default threshold is 1 MiB: a 2 MiB weight's executable and subgraph are files
+    (inline, each would cost a TensorFlow process ~11x its size while loaded)."""
+    monkeypatch.delenv("NEURONISH_EXTERNAL_THRESHOLD", raising=False)
+    assert external.threshold_from_env() == 1 << 20
+    module = tf.Module()
+    module.w = tf.Variable(np.random.default_rng(1).standard_normal((64, 8192)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def serve(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": tf.nn.relu(tf.matmul(x, module.w))}
+
+    src = str(tmp_path / "src")
+    tf.saved_model.save(module, src, signatures={"serving_default": serve})
+    neuronish.saved_model.compile(src, str(tmp_path / "out"), batch_size=2)
+    ((exe_ref, graph_ref, n_external),) = _neuron_op_attrs(tmp_path / "out")
+    assert n_external == 2
+    for ref in (exe_ref, graph_ref):
+        digest, size = external.parse_reference(ref)
+        assert 2 << 20 <= size < 3 << 20
+    assert (tmp_path / "out" / "saved_model.pb").stat().st_size < 1 << 20
+    assert_matches_original(src, tmp_path / "out", tmp_path)
 
 
 def _inspect_dir(model_dir: Path) -> list[tuple[dict, str]]:
@@ -187,4 +213,17 @@ def test_an_interrupted_compile_leaves_nothing(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         neuronish.saved_model.compile(src, str(tmp_path / "out"), progress=interrupt)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_bad_threshold_is_refused_before_the_compile(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Named before any compiler runs (it was read only when the model was written)."""
+    src = small_model(tmp_path / "src")
+    monkeypatch.setenv("NEURONISH_EXTERNAL_THRESHOLD", "lots")
+    ran = tmp_path / "compiler-ran"
+    monkeypatch.setenv("NEURONISH_CC", f"sh -c 'touch {ran}; exit 1'")
+    monkeypatch.setenv("NEURONISH_COMPILE_CACHE", "off")
+    with pytest.raises(ValueError, match="NEURONISH_EXTERNAL_THRESHOLD='lots'"):
+        neuronish.saved_model.compile(src, str(tmp_path / "out"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
