@@ -30,6 +30,7 @@ from .errors import (
 )
 from .executable import Executable, ExecutableFile, from_bytes
 from .native import native_library
+from .native.engine_program import WeightPool
 from .program import LoadedProgram, aligned_empty
 
 if TYPE_CHECKING:
@@ -75,9 +76,14 @@ class Model(Calls):
             self._idle: queue.LifoQueue[LoadedProgram] = queue.LifoQueue()
             lib = native_library()
             self.engine = "native" if lib is not None else "numpy"
-            programs = [LoadedProgram(exe, constants, lib, device.config.core_threads,
-                                      device.host_cpus)
-                        for _ in self._reservations]
+            weights = WeightPool(lib) if lib is not None else None
+            try:  # (the copies hold each reordered weight once)
+                programs = [LoadedProgram(exe, constants, lib, device.config.core_threads,
+                                          device.host_cpus, weights)
+                            for _ in self._reservations]
+            finally:
+                if weights is not None:
+                    weights.close()
             # The native engine's reordered weights and buffers are known only now.
             actual = programs[0].bytes_per_core() if programs else per_core
             if actual != per_core:

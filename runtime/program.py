@@ -39,7 +39,7 @@ from .host import HostCPUs, Slot
 from .isa import MATMUL_LIKE
 from .kernels import KERNELS
 from .kernels.registry import KernelFn
-from .native.engine_program import NativeProgram, Offer
+from .native.engine_program import NativeProgram, Offer, WeightPool
 from .native.spec import WINDOWED, Ref
 from .validate import value_nbytes
 
@@ -121,7 +121,7 @@ class _Stage:
 class LoadedProgram:
     def __init__(self, exe: Executable, constants: dict[int, np.ndarray],
                  native: ctypes.CDLL | None = None, threads: int = 1,
-                 host: HostCPUs | None = None):
+                 host: HostCPUs | None = None, weights: WeightPool | None = None):
         self.exe = exe
         self.instructions = [
             _Bound(KERNELS[i.kind].fn, i.inputs, i.outputs, i.attrs,
@@ -147,7 +147,7 @@ class LoadedProgram:
         self.widenable: frozenset[int] = frozenset()  # bf16 values kept in float32
         self._native = native is not None
         if native is not None:
-            self._build_native(native, threads, constants)
+            self._build_native(native, threads, constants, weights)
         # Decided once here, not on every call:
         if host is not None:
             for stage in self.stages:
@@ -191,14 +191,14 @@ class LoadedProgram:
         return [step for stage in self.stages for step in stage.steps]
 
     # -- the native engine -----------------------------------------------------
-    def _build_native(self, lib: ctypes.CDLL, threads: int,
-                      constants: dict[int, np.ndarray]) -> None:
+    def _build_native(self, lib: ctypes.CDLL, threads: int, constants: dict[int, np.ndarray],
+                      weights: WeightPool | None) -> None:
         # Every stage's engine slots: the constants, then a call's arena, inputs, outputs.
         self._first_call_slot = len(constants)
         blocked = self._blockable()
         widenable = self._widenable()
         while True:
-            built = [self._native_stage(lib, threads, constants, blocked, widenable, st)
+            built = [self._native_stage(lib, threads, constants, blocked, widenable, st, weights)
                      for st in self.stages]
             if widenable and any(prog.rejected for prog, _ in built):
                 widenable = set()  # a numpy kernel reads the arena: every value stays there
@@ -249,7 +249,8 @@ class LoadedProgram:
                 and producer.kind in WINDOWED}
 
     def _native_stage(self, lib: ctypes.CDLL, threads: int, constants: dict[int, np.ndarray],
-                      blocked: set[int], widenable: set[int], stage: _Stage
+                      blocked: set[int], widenable: set[int], stage: _Stage,
+                      weights: WeightPool | None = None
                       ) -> tuple[NativeProgram, list[_Bound | _NativeRun]]:
         """A stage's native program. Slots: the constants, then per call the arena, the
         call's inputs and its outputs."""
@@ -277,7 +278,8 @@ class LoadedProgram:
                         tuple(ref(v) for v in ins.outputs),
                         tuple(v in constants for v in ins.inputs))
                   for index, ins in ((i, self.instructions[i]) for i in stage.span)]
-        prog = NativeProgram(lib, self._first_call_slot + 1 + len(call_ids), threads, offers)
+        prog = NativeProgram(lib, self._first_call_slot + 1 + len(call_ids), threads, offers,
+                             weights)
         for k, vid in enumerate(const_ids):
             prog.bind(k, np.asarray(constants[vid], order="C"))
         steps: list[_Bound | _NativeRun] = []

@@ -11,6 +11,9 @@ extern "C" {
 int64_t ne_version();
 void *ne_create(int64_t n_slots, int64_t threads, char *err, int64_t len);
 void ne_destroy(void *p);
+void *ne_pool_create();
+void ne_pool_destroy(void *pool);
+int64_t ne_use_pool(void *p, void *pool);
 int64_t ne_bind(void *p, int64_t slot, void *ptr, char *err, int64_t len);
 int64_t ne_add(void *p, const int64_t *spec, int64_t n, const float *fs, int64_t nf, char *err, int64_t len);
 int64_t ne_set_threads(void *p, int64_t threads);

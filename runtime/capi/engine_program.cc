@@ -84,7 +84,8 @@ std::set<uint64_t> widenable(const Executable &exe) {
 }
 
 Built build_once(const Executable &exe, const DeviceConstants &constants, int threads,
-                 const std::set<uint64_t> &blocked, const std::set<uint64_t> &widened) {
+                 const std::set<uint64_t> &blocked, const std::set<uint64_t> &widened,
+                 const WeightPool &pool) {
   Built b;
   b.copy = std::make_unique<CopyProgram>();
   CopyProgram &copy = *b.copy;
@@ -113,6 +114,7 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
     auto stage = std::make_unique<Stage>();
     stage->engine = ne_create(first_call + 1 + int64_t(call_ids.size()), threads, err, kErr);
     if (!stage->engine) throw Refused{NR_INTERNAL, std::string("native engine: ") + err};
+    ne_use_pool(stage->engine, pool.get());
     for (size_t k = 0; k < constants.ids.size(); ++k)
       if (ne_bind(stage->engine, int64_t(k), constants.data[k], err, kErr) < 0)
         throw Refused{NR_INTERNAL, std::string("native engine: ") + err};
@@ -219,13 +221,14 @@ Stage::~Stage() {
   if (engine) ne_destroy(engine);
 }
 
-std::unique_ptr<CopyProgram> build_copy(const Executable &exe, const DeviceConstants &constants, int threads) {
+std::unique_ptr<CopyProgram> build_copy(const Executable &exe, const DeviceConstants &constants, int threads,
+                                        const WeightPool &pool) {
   std::set<uint64_t> blocked = blockable(exe), widened = widenable(exe);
   std::vector<const Instruction *> flat;
   for (auto &p : exe.programs)
     for (auto &ins : p) flat.push_back(&ins);
   while (true) {
-    Built b = build_once(exe, constants, threads, blocked, widened);
+    Built b = build_once(exe, constants, threads, blocked, widened, pool);
     if (!b.rejected.empty() && !widened.empty()) {  // refused for want of a mixed-dtype kernel?
       widened.clear();
       continue;

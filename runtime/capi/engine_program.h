@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_api.h"
 #include "engine_spec.h"
 #include "executable.h"
 
@@ -47,10 +48,26 @@ struct CopyProgram {
   std::vector<SpecRecord> specs;
 };
 
-// Builds the engine programs of one copy; throws Refused naming the instruction the
-// engine does not take (NR_UNSUPPORTED) or that oneDNN refused.
+// The engine's pool of reordered weights (engine.cc WeightPool) for the copies of one
+// load: each copy's programs take the weights an earlier one reordered, instead of
+// reordering their own.
+class WeightPool {
+ public:
+  WeightPool() : pool_(ne_pool_create()) {}
+  ~WeightPool() { ne_pool_destroy(pool_); }
+  WeightPool(const WeightPool &) = delete;
+  WeightPool &operator=(const WeightPool &) = delete;
+  void *get() const { return pool_; }
+
+ private:
+  void *pool_;
+};
+
+// Builds the engine programs of one copy, sharing reordered weights through `pool`;
+// throws Refused naming the instruction the engine does not take (NR_UNSUPPORTED) or that
+// oneDNN refused.
 std::unique_ptr<CopyProgram> build_copy(const Executable &exe, const DeviceConstants &constants,
-                                        int threads);
+                                        int threads, const WeightPool &pool);
 
 // Bytes each core of the group holds for one copy (runtime/program.py's bytes_per_core).
 std::vector<uint64_t> bytes_per_core(const Executable &exe, const CopyProgram &copy, size_t arenas);

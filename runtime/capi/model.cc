@@ -149,13 +149,14 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
   auto reservations = device_->reserve(stages, estimate, duplicates);
   try {
     constants_ = place_constants(*exe_);
+    WeightPool pool;  // (the copies' reordered weights: one of each in host memory)
     for (auto &r : reservations) {
       auto copy = std::make_unique<Copy>();
       copy->reservation = r;
       // (on the engine threads: building reorders the weights, in parallel regions)
       EngineThreads::run([&] {
-        copy->program = build_copy(*exe_, *constants_, device_->config().core_threads);
-        if (wants_narrow_twin(*copy->program)) copy->narrow = build_copy(*exe_, *constants_, 1);
+        copy->program = build_copy(*exe_, *constants_, device_->config().core_threads, pool);
+        if (wants_narrow_twin(*copy->program)) copy->narrow = build_copy(*exe_, *constants_, 1, pool);
       });
       // (both read a call's tensors from the same slots; a twin that placed them elsewhere
       // could not take the same calls)

@@ -31,6 +31,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 #include <limits>
@@ -393,6 +394,24 @@ static void* on_huge_pages(size_t bytes) {
   return p;
 }
 
+// Reordered weights the programs of one load share: a model's copies (and their one-thread
+// twins) are built from the same constants, and each reordered every weight for itself:
+// ResNet50's four copies held four of its ~100 MB of reordered weights. A program built
+// with a pool takes a weight another program of the pool reordered from the same bytes
+// into the same layout. Entries are weak: the memory lives as long as a program using it.
+// Each program still counts the bytes as its own (ne_bytes): the device charges every
+// core for its copy, as a real device's cores each hold one.
+struct WeightPool {
+  struct Entry {
+    const void* src;
+    memory::desc given, want;
+    dt via;
+    std::weak_ptr<void> data;
+  };
+  std::mutex m;
+  std::vector<Entry> entries;
+};
+
 struct Program {
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
   dnnl::stream strm{eng};
@@ -402,6 +421,7 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<std::shared_ptr<void>> owned;  // reordered weights
   size_t owned_bytes = 0;
+  std::shared_ptr<WeightPool> pool;    // shared with the other programs of a load, or null
   size_t temp_bytes = 0;               // engine temporaries (bf16 copies), shared
   // --- bfloat16 values kept in float32, where the CPU has no bfloat16 kernels ----------
   // Such a CPU computes every bfloat16 instruction in float32 (in_f32): it widens its
@@ -482,20 +502,70 @@ struct Program {
     push<Prim>(ins, s, pd);
   }
 
+  // `from` converted into `to` by our bfloat16 <-> float32 loops when both are plain and
+  // dense with the same dims and strides (element i to element i); false, untouched, else.
+  static bool convert_dense(const memory& from, const memory& to) {
+    const memory::desc a = from.get_desc(), b = to.get_desc();
+    const dt fa = a.get_data_type(), fb = b.get_data_type();
+    const bool widen = fa == dt::bf16 && fb == dt::f32;
+    if (!widen && !(fa == dt::f32 && fb == dt::bf16)) return false;
+    if (a.get_dims() != b.get_dims() || a.get_strides() != b.get_strides() ||
+        a.get_inner_nblks() != 0 || b.get_inner_nblks() != 0)
+      return false;
+    int64_t n = 1;
+    for (auto d : a.get_dims()) n *= d;
+    if (n <= 0 || a.get_size() != (size_t)n * memory::data_type_size(fa) ||
+        b.get_size() != (size_t)n * memory::data_type_size(fb))
+      return false;  // (a layout with gaps: element i is not at i)
+    const Bf16Converters k = bf16_converters();
+    if (widen)
+      k.widen(static_cast<const uint16_t*>(from.get_data_handle()),
+              static_cast<float*>(to.get_data_handle()), n);
+    else
+      k.narrow(static_cast<const float*>(from.get_data_handle()),
+               static_cast<uint16_t*>(to.get_data_handle()), n);
+    return true;
+  }
+
   // A weight as the primitive wants it: reordered once, now, into engine memory.
   // With `via` (float16 for a float32 weight read in float16 but computed in float32),
   // the weight is rounded to that dtype on the way.
   memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want,
                          dt via = dt::undef) {
     if (!slots[w.slot]) throw Error("weights must be bound before the instruction is added");
-    memory src(given, eng, slots[w.slot] + w.offset);
+    const void* at = slots[w.slot] + w.offset;
+    const size_t n = want.get_size();
+    if (pool) {
+      std::lock_guard<std::mutex> hold(pool->m);
+      for (const WeightPool::Entry& e : pool->entries)
+        if (e.src == at && e.via == via && e.given == given && e.want == want)
+          if (std::shared_ptr<void> done = e.data.lock()) {
+            owned.push_back(done);
+            owned_bytes += n;
+            return memory(want, eng, done.get());
+          }
+    }
+    memory src(given, eng, const_cast<void*>(at));
+    std::shared_ptr<void> widened;  // (freed on return)
     if (via != dt::undef && via != given.get_data_type()) {
       memory rounded(memory::desc(given.get_dims(), via, given.get_strides()), eng);
-      dnnl::reorder(src, rounded).execute(strm, src, rounded);
-      strm.wait();
+      if (!convert_dense(src, rounded)) {
+        dnnl::reorder(src, rounded).execute(strm, src, rounded);
+        strm.wait();
+      }
       src = rounded;
     }
-    size_t n = want.get_size();
+    // A bfloat16 weight computed in float32 (a CPU without bfloat16 kernels) is widened by
+    // our loop first: oneDNN 3.2's bfloat16 -> float32 reorder into a blocked layout is its
+    // reference code, which took about half of ResNet50 bf16's first call (2-3 s) on AVX2.
+    if (src.get_desc().get_data_type() == dt::bf16 && want.get_data_type() == dt::f32) {
+      memory::desc f32_md(src.get_desc().get_dims(), dt::f32, src.get_desc().get_strides());
+      const size_t bytes = f32_md.get_size();
+      widened.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
+      if (!widened) throw Error("out of host memory for reordered weights");
+      memory wide(f32_md, eng, widened.get());
+      if (convert_dense(src, wide)) src = wide;
+    }
     void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
     if (!p) throw Error("out of host memory for reordered weights");
     owned.emplace_back(p, std::free);
@@ -503,6 +573,10 @@ struct Program {
     memory dst(want, eng, p);
     dnnl::reorder(src, dst).execute(strm, src, dst);
     strm.wait();
+    if (pool) {
+      std::lock_guard<std::mutex> hold(pool->m);
+      pool->entries.push_back({at, given, want, via, owned.back()});
+    }
     return dst;
   }
 
@@ -2333,6 +2407,17 @@ NE_API void* ne_create(int64_t n_slots, int64_t threads, char* err, int64_t len)
 }
 
 NE_API void ne_destroy(void* p) { delete static_cast<Program*>(p); }
+
+// A pool of reordered weights for the programs of one load (WeightPool): create it, give
+// it to each program before its instructions are added, destroy it when the load is done
+// (the programs keep what they took).
+NE_API void* ne_pool_create() { return new std::shared_ptr<WeightPool>(new WeightPool()); }
+NE_API void ne_pool_destroy(void* pool) { delete static_cast<std::shared_ptr<WeightPool>*>(pool); }
+NE_API int64_t ne_use_pool(void* p, void* pool) {
+  static_cast<Program*>(p)->pool = pool ? *static_cast<std::shared_ptr<WeightPool>*>(pool)
+                                        : std::shared_ptr<WeightPool>();
+  return 0;
+}
 
 NE_API int64_t ne_bind(void* p, int64_t slot, void* ptr, char* err, int64_t len) {
   return guarded(err, len, [&]() -> int64_t {

@@ -108,14 +108,34 @@ class Offer:
         return work(self.kind, self.attrs, self.ins, self.outs)
 
 
+class WeightPool:
+    """The engine's pool of reordered weights (engine.cc `WeightPool`) for the copies of one
+    load: a program built with it takes each weight another one already reordered from the
+    same bytes into the same layout, so a model's copies hold their weights once."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._lib = lib
+        self.handle = lib.ne_pool_create()
+
+    def close(self) -> None:
+        """Done loading (the programs keep the weights they took)."""
+        if self.handle:
+            self._lib.ne_pool_destroy(self.handle)
+            self.handle = None
+
+
 class NativeProgram:
-    def __init__(self, lib: ctypes.CDLL, n_slots: int, threads: int, stage: Sequence[Offer]):
-        """A program for `stage`'s instructions (offered one by one with `add`)."""
+    def __init__(self, lib: ctypes.CDLL, n_slots: int, threads: int, stage: Sequence[Offer],
+                 pool: WeightPool | None = None):
+        """A program for `stage`'s instructions (offered one by one with `add`), sharing
+        reordered weights through `pool` if given."""
         self._lib = lib
         self._err = ctypes.create_string_buffer(_ERR)
         self._handle = lib.ne_create(n_slots, threads, self._err, _ERR)
         if not self._handle:
             raise ExecutionError(f"native engine: {self._err.value.decode()}")
+        if pool is not None and pool.handle:
+            lib.ne_use_pool(self._handle, pool.handle)
         self._keep: list[np.ndarray] = []  # arrays whose memory fixed slots point into
         self.rejected: dict[int, str] = {}  # instruction index -> why numpy runs it
         self.weight_bytes: dict[int, int] = {}  # instruction index -> reordered weights held

@@ -34,6 +34,7 @@ import tensorflow as tf
 from neuronish.cc.compiler import compile_graph
 from neuronish.runtime import load
 from tests.graphs import trace
+from tests.helpers import onednn_exec_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(5)
@@ -125,3 +126,27 @@ def test_a_pipelines_values_are_rounded_as_the_reference_rounds_them(ran: dict) 
     got, fp32 = ran["bf16_two_stages:python"], ran["fp32:python"]
     assert _off(got, fp32) > 1e-4
     assert _off(got, ran["bf16_two_stages:numpy"]) < 1e-2
+
+
+_LOAD_PROBE = """
+import sys
+import numpy as np
+from neuronish.runtime import load
+with load(sys.argv[1], runtime=sys.argv[2]) as model:
+    model.run({"x:0": np.ones((4, 12, 12, 8), np.float32)})
+"""
+
+
+@pytest.mark.parametrize("runtime", ["python", "c"])
+def test_bf16_weights_are_widened_before_their_reorder(runtime: str, tmp_path: Path) -> None:
+    """oneDNN 3.2 reorders bfloat16 into a blocked float32 layout with its reference code
+    (half of ResNet50 bf16's first call on AVX2): the engine widens a bfloat16 weight by
+    its own loop, so the only weight reorders left are float32 to float32."""
+    g = trace(_cnn, tf.TensorSpec([4, 12, 12, 8], tf.float32, name="x"))
+    path = tmp_path / "bf16.neff"
+    path.write_bytes(compile_graph(g.graph_def, g.io_config, auto_cast="matmult"))
+    reorders = [fields[6] for fields in onednn_exec_lines(_LOAD_PROBE, str(path), runtime,
+                                                          NEURONISH_NATIVE_BF16="float32")
+                if fields[3] == "reorder"]
+    assert any("src_f32" in r and "dst_f32" in r for r in reorders), reorders
+    assert not any("src_bf16" in r and "dst_f32" in r for r in reorders), reorders

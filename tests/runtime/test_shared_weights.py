@@ -1,0 +1,82 @@
+"""A model's copies share their reordered weights in host memory (engine.cc `WeightPool`,
+used by runtime/model.py and runtime/capi/model.cc for the copies of one load): a
+NeuronOp loads four copies, and each used to reorder every weight for itself (ResNet50:
+four times ~100 MB). The device still charges each core for its copy.
+
+Held by the memory a load adds to a fresh process: a model of two 16 MiB matmul weights
+loaded with four copies grows the process, on each runtime, by less than half those
+weights more than with one copy (three more reordered sets would be 96 MiB); and each copy
+computes the same numbers as numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from neuronish.cc.compiler import compile_graph
+from tests.graphs import trace
+
+ROOT = Path(__file__).resolve().parents[2]
+RNG = np.random.default_rng(11)
+W1 = RNG.standard_normal((1024, 4096)).astype(np.float32) / 32
+W2 = RNG.standard_normal((4096, 1024)).astype(np.float32) / 64
+WEIGHT_MIB = (W1.nbytes + W2.nbytes) / 2**20  # 32 MiB
+
+_PROBE = """
+import json, sys
+import numpy as np
+from neuronish.runtime import load, get_device
+
+def resident_mib():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024
+
+x = np.load(sys.argv[2])
+before = resident_mib()
+with load(sys.argv[1], duplicates=int(sys.argv[4]), runtime=sys.argv[3]) as model:
+    grown = resident_mib() - before
+    ys = [next(iter(model.run({"x:0": x}).values())) for _ in range(4)]
+    charged = sum(c["used"] for c in get_device().memory_report().values()) / 2**20
+print(json.dumps({"grown": grown, "charged": charged, "y": [y.tolist() for y in ys]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("shared")
+    g = trace(lambda x: tf.matmul(tf.nn.relu(tf.matmul(x, W1)), W2),
+              tf.TensorSpec([8, 1024], tf.float32, name="x"))
+    path = tmp / "two_matmuls.neff"
+    path.write_bytes(compile_graph(g.graph_def, g.io_config))
+    np.save(tmp / "x.npy", RNG.standard_normal((8, 1024)).astype(np.float32))
+    return path, tmp / "x.npy"
+
+
+@pytest.mark.parametrize("runtime", ["python", "c"])
+def test_four_copies_hold_their_reordered_weights_once(runtime: str, exe: tuple[Path, Path]
+                                                       ) -> None:
+    path, x_file = exe
+    got = {}
+    for copies in (1, 4):  # each in a fresh process: no memory freed by one reused by other
+        run = subprocess.run([sys.executable, "-c", _PROBE, str(path), str(x_file), runtime,
+                              str(copies)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=300, env=dict(os.environ, NEURONISH_ENGINE="native"))
+        assert run.returncode == 0, run.stderr[-3000:]
+        got[copies] = json.loads(run.stdout.strip().splitlines()[-1])
+    x = np.load(x_file)
+    want = np.maximum(x @ W1, 0) @ W2
+    for y in got[4]["y"]:
+        np.testing.assert_allclose(np.array(y), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    more = got[4]["grown"] - got[1]["grown"]
+    assert more < WEIGHT_MIB / 2, (got[1]["grown"], got[4]["grown"])
+    # Each core is still charged for a whole copy: the device's ledger is as before.
+    assert got[4]["charged"] >= 4 * WEIGHT_MIB > got[1]["charged"], \
+        (got[1]["charged"], got[4]["charged"])
