@@ -5,9 +5,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <utility>
 
 #include "engine_api.h"
 #include "engine_spec_parts.h"
+#include "sha256.h"
 
 namespace nr {
 namespace {
@@ -199,22 +202,54 @@ Built build_once(const Executable &exe, const DeviceConstants &constants, int th
 
 }  // namespace
 
-DeviceConstants::~DeviceConstants() {
-  for (void *p : data) std::free(p);
+namespace {
+
+// The process's shared constants, by (SHA-256, size); expired entries are dropped as new
+// ones come.
+std::mutex shared_constants_mu;
+std::map<std::pair<std::string, size_t>, std::weak_ptr<void>> shared_constants;
+
+std::shared_ptr<void> new_block(const uint8_t *bytes, size_t size) {
+  void *p = std::aligned_alloc(64, (std::max<size_t>(size, 1) + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  std::memcpy(p, bytes, size);
+  return std::shared_ptr<void>(p, std::free);
 }
+
+std::shared_ptr<void> shared_block(const uint8_t *bytes, size_t size) {
+  uint8_t digest[32];
+  sha256(bytes, size, digest);
+  const auto key = std::make_pair(std::string(reinterpret_cast<char *>(digest), 32), size);
+  std::lock_guard<std::mutex> hold(shared_constants_mu);
+  auto it = shared_constants.find(key);
+  if (it != shared_constants.end())
+    if (std::shared_ptr<void> block = it->second.lock()) return block;
+  for (auto e = shared_constants.begin(); e != shared_constants.end();)
+    e = e->second.expired() ? shared_constants.erase(e) : std::next(e);
+  std::shared_ptr<void> block = new_block(bytes, size);
+  shared_constants[key] = block;
+  return block;
+}
+
+}  // namespace
 
 std::shared_ptr<DeviceConstants> place_constants(const Executable &exe) {
   auto out = std::make_shared<DeviceConstants>();
   for (auto &[vid, c] : exe.constants) {  // std::map: sorted ids, as program.py sorts them
-    size_t size = std::max<size_t>(c.data_bytes, 1);
-    void *p = std::aligned_alloc(64, (size + 63) / 64 * 64);
-    if (!p) throw std::bad_alloc();
-    std::memcpy(p, exe.body.data() + c.data_offset, c.data_bytes);
+    const uint8_t *bytes = exe.body.data() + c.data_offset;
+    std::shared_ptr<void> block = c.data_bytes >= kShareConstantBytes ? shared_block(bytes, c.data_bytes)
+                                                                       : new_block(bytes, c.data_bytes);
     out->ids.push_back(vid);
-    out->data.push_back(p);
+    out->data.push_back(block.get());
     out->bytes.push_back(c.data_bytes);
+    out->held.push_back(std::move(block));
   }
   return out;
+}
+
+const WeightPool &process_weight_pool() {
+  static const WeightPool *pool = new WeightPool();  // (never destroyed: no exit-order question)
+  return *pool;
 }
 
 Stage::~Stage() {

@@ -16,12 +16,17 @@
 namespace nr {
 
 // Constants placed in (simulated) device memory: 64-byte aligned copies, shared by a
-// model's copies, read-only.
+// model's copies, read-only. One of at least kShareConstantBytes is kept once per process
+// by content (SHA-256), whichever executables hold it: a NeuronOp with free dimensions
+// loads an executable per shape, a model server two versions of one model while it swaps
+// them, each with the same weights. Loads that share a constant share the weights the
+// engine reorders from it too (process_weight_pool keys them by address).
+constexpr size_t kShareConstantBytes = size_t(64) << 10;
 struct DeviceConstants {
   std::vector<uint64_t> ids;        // sorted value ids: constant k is engine slot k
   std::vector<void *> data;
   std::vector<uint64_t> bytes;
-  ~DeviceConstants();
+  std::vector<std::shared_ptr<void>> held;  // the memory `data` points into
 };
 std::shared_ptr<DeviceConstants> place_constants(const Executable &exe);
 
@@ -62,6 +67,11 @@ class WeightPool {
  private:
   void *pool_;
 };
+
+// The pool the C runtime's loads share: its entries are weak and keyed by a constant's
+// address, which holds the same bytes for as long as a program holding the entry's
+// weights lives (that program's model holds the constant).
+const WeightPool &process_weight_pool();
 
 // Builds the engine programs of one copy, sharing reordered weights through `pool`;
 // throws Refused naming the instruction the engine does not take (NR_UNSUPPORTED) or that

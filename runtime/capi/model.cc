@@ -149,7 +149,7 @@ Model::Model(std::shared_ptr<Device> device, std::shared_ptr<const Executable> e
   auto reservations = device_->reserve(stages, estimate, duplicates);
   try {
     constants_ = place_constants(*exe_);
-    WeightPool pool;  // (the copies' reordered weights: one of each in host memory)
+    const WeightPool &pool = process_weight_pool();  // (each reordered weight once in host memory)
     for (auto &r : reservations) {
       auto copy = std::make_unique<Copy>();
       copy->reservation = r;

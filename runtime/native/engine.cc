@@ -575,7 +575,10 @@ struct Program {
     strm.wait();
     if (pool) {
       std::lock_guard<std::mutex> hold(pool->m);
-      pool->entries.push_back({at, given, want, via, owned.back()});
+      auto& e = pool->entries;  // (a process's pool outlives loads: drop what they freed)
+      e.erase(std::remove_if(e.begin(), e.end(), [](const WeightPool::Entry& x) { return x.data.expired(); }),
+              e.end());
+      e.push_back({at, given, want, via, owned.back()});
     }
     return dst;
   }

@@ -3,6 +3,10 @@ used by runtime/model.py and runtime/capi/model.cc for the copies of one load): 
 NeuronOp loads four copies, and each used to reorder every weight for itself (ResNet50:
 four times ~100 MB). The device still charges each core for its copy.
 
+On the C runtime a constant of 64 KiB or more is also kept once per process by content
+(runtime/capi/engine_program.cc `shared_block`), with the weights reordered from it: a
+NeuronOp with free dimensions loads one executable per shape, each with the same weights.
+
 Held by the memory a load adds to a fresh process: a model of two 16 MiB matmul weights
 loaded with four copies grows the process, on each runtime, by less than half those
 weights more than with one copy (three more reordered sets would be 96 MiB); and each copy
@@ -80,3 +84,54 @@ def test_four_copies_hold_their_reordered_weights_once(runtime: str, exe: tuple[
     # Each core is still charged for a whole copy: the device's ledger is as before.
     assert got[4]["charged"] >= 4 * WEIGHT_MIB > got[1]["charged"], \
         (got[1]["charged"], got[4]["charged"])
+
+
+_TWO_LOADS_PROBE = """
+import json, sys
+import numpy as np
+from neuronish.runtime import load
+
+def resident_mib():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024
+
+out = {"grown": [], "y": []}
+models = []
+for path, x_file in zip(sys.argv[1::2], sys.argv[2::2]):
+    before = resident_mib()
+    models.append(load(path, runtime="c"))
+    out["grown"].append(resident_mib() - before)
+    out["y"].append(next(iter(models[-1].run({"x:0": np.load(x_file)}).values())).tolist())
+print(json.dumps(out))
+"""
+
+
+def _two_matmuls(tmp: Path, name: str, w1: np.ndarray, w2: np.ndarray, batch: int
+                 ) -> tuple[str, str, np.ndarray]:
+    g = trace(lambda x: tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2),
+              tf.TensorSpec([batch, 1024], tf.float32, name="x"))
+    (tmp / f"{name}.neff").write_bytes(compile_graph(g.graph_def, g.io_config))
+    x = RNG.standard_normal((batch, 1024)).astype(np.float32)
+    np.save(tmp / f"{name}.npy", x)
+    return str(tmp / f"{name}.neff"), str(tmp / f"{name}.npy"), np.maximum(x @ w1, 0) @ w2
+
+
+def test_executables_with_the_same_weights_share_them_and_others_do_not(
+        tmp_path: Path) -> None:
+    """The same weights compiled at batch 8 and at batch 3 (two shapes of a NeuronOp), then
+    weights of the same sizes with other values: each computes its own numbers, and the
+    second load adds two sets of weights fewer than the third (the placed constants and
+    their reordered copy; each load still holds its executable's bytes)."""
+    other1, other2 = W1[::-1].copy(), W2[:, ::-1].copy()
+    runs = [_two_matmuls(tmp_path, "b8", W1, W2, 8), _two_matmuls(tmp_path, "b3", W1, W2, 3),
+            _two_matmuls(tmp_path, "other", other1, other2, 8)]
+    args = [a for path, x_file, _ in runs for a in (path, x_file)]
+    run = subprocess.run([sys.executable, "-c", _TWO_LOADS_PROBE, *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, NEURONISH_ENGINE="native"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for y, (_, _, want) in zip(got["y"], runs, strict=True):
+        np.testing.assert_allclose(np.array(y), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    _, same, other = got["grown"]
+    assert other - same > 1.5 * WEIGHT_MIB, got["grown"]
