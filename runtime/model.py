@@ -8,11 +8,14 @@ model's duplicates, and the outputs are assembled and trimmed.
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import logging
 import math
 import queue
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,12 +40,43 @@ if TYPE_CHECKING:
     from .capi.native_model import NativeModel
 
 
+# A constant of at least this many bytes is placed once per process, by content, as the C
+# runtime places it (engine_program.cc `shared_block`): a NeuronOp's shapes and a server's
+# versions of one model load the same weights. Loads that share a constant share the
+# weights the engine reorders from it too (_process_weight_pool keys them by address,
+# which holds the same bytes while a program holding them lives: it keeps its arrays).
+SHARE_CONSTANT_BYTES = 64 << 10
+_shared_constants: weakref.WeakValueDictionary[tuple, np.ndarray] = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
+_weight_pool: WeightPool | None = None
+
+
 def _device_copy(a: np.ndarray) -> np.ndarray:
     """Place a constant in (simulated) device memory: aligned, read-only."""
+    key = None
+    if a.nbytes >= SHARE_CONSTANT_BYTES:
+        digest = hashlib.sha256(np.ascontiguousarray(a).reshape(-1).view(np.uint8)).digest()
+        key = (digest, a.dtype.name, a.shape)
+        with _shared_lock:
+            found = _shared_constants.get(key)
+        if found is not None:
+            return found
     out = aligned_empty(a.nbytes).view(a.dtype).reshape(a.shape)
     out[...] = a
     out.flags.writeable = False
+    if key is not None:
+        with _shared_lock:
+            return _shared_constants.setdefault(key, out)
     return out
+
+
+def _process_weight_pool(lib: ctypes.CDLL) -> WeightPool:
+    """The engine's pool of reordered weights every load of this process shares."""
+    global _weight_pool
+    with _shared_lock:
+        if _weight_pool is None:
+            _weight_pool = WeightPool(lib)
+        return _weight_pool
 
 
 class Model(Calls):
@@ -76,14 +110,10 @@ class Model(Calls):
             self._idle: queue.LifoQueue[LoadedProgram] = queue.LifoQueue()
             lib = native_library()
             self.engine = "native" if lib is not None else "numpy"
-            weights = WeightPool(lib) if lib is not None else None
-            try:  # (the copies hold each reordered weight once)
-                programs = [LoadedProgram(exe, constants, lib, device.config.core_threads,
-                                          device.host_cpus, weights)
-                            for _ in self._reservations]
-            finally:
-                if weights is not None:
-                    weights.close()
+            weights = _process_weight_pool(lib) if lib is not None else None
+            programs = [LoadedProgram(exe, constants, lib, device.config.core_threads,
+                                      device.host_cpus, weights)  # (weights held once)
+                        for _ in self._reservations]
             # The native engine's reordered weights and buffers are known only now.
             actual = programs[0].bytes_per_core() if programs else per_core
             if actual != per_core:

@@ -3,9 +3,10 @@ used by runtime/model.py and runtime/capi/model.cc for the copies of one load): 
 NeuronOp loads four copies, and each used to reorder every weight for itself (ResNet50:
 four times ~100 MB). The device still charges each core for its copy.
 
-On the C runtime a constant of 64 KiB or more is also kept once per process by content
-(runtime/capi/engine_program.cc `shared_block`), with the weights reordered from it: a
-NeuronOp with free dimensions loads one executable per shape, each with the same weights.
+A constant of 64 KiB or more is also kept once per process by content (runtime/capi/
+engine_program.cc `shared_block`, runtime/model.py `_device_copy`), with the weights
+reordered from it: a NeuronOp with free dimensions loads one executable per shape, each
+with the same weights.
 
 Held by the memory a load adds to a fresh process: a model of two 16 MiB matmul weights
 loaded with four copies grows the process, on each runtime, by less than half those
@@ -97,9 +98,9 @@ def resident_mib():
 
 out = {"grown": [], "y": []}
 models = []
-for path, x_file in zip(sys.argv[1::2], sys.argv[2::2]):
+for path, x_file in zip(sys.argv[2::2], sys.argv[3::2]):
     before = resident_mib()
-    models.append(load(path, runtime="c"))
+    models.append(load(path, runtime=sys.argv[1]))
     out["grown"].append(resident_mib() - before)
     out["y"].append(next(iter(models[-1].run({"x:0": np.load(x_file)}).values())).tolist())
 print(json.dumps(out))
@@ -116,8 +117,9 @@ def _two_matmuls(tmp: Path, name: str, w1: np.ndarray, w2: np.ndarray, batch: in
     return str(tmp / f"{name}.neff"), str(tmp / f"{name}.npy"), np.maximum(x @ w1, 0) @ w2
 
 
+@pytest.mark.parametrize("runtime", ["python", "c"])
 def test_executables_with_the_same_weights_share_them_and_others_do_not(
-        tmp_path: Path) -> None:
+        runtime: str, tmp_path: Path) -> None:
     """The same weights compiled at batch 8 and at batch 3 (two shapes of a NeuronOp), then
     weights of the same sizes with other values: each computes its own numbers, and the
     second load adds two sets of weights fewer than the third (the placed constants and
@@ -126,7 +128,7 @@ def test_executables_with_the_same_weights_share_them_and_others_do_not(
     runs = [_two_matmuls(tmp_path, "b8", W1, W2, 8), _two_matmuls(tmp_path, "b3", W1, W2, 3),
             _two_matmuls(tmp_path, "other", other1, other2, 8)]
     args = [a for path, x_file, _ in runs for a in (path, x_file)]
-    run = subprocess.run([sys.executable, "-c", _TWO_LOADS_PROBE, *args], cwd=ROOT,
+    run = subprocess.run([sys.executable, "-c", _TWO_LOADS_PROBE, runtime, *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, NEURONISH_ENGINE="native"))
     assert run.returncode == 0, run.stderr[-3000:]
