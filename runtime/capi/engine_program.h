@@ -53,9 +53,9 @@ struct CopyProgram {
   std::vector<SpecRecord> specs;
 };
 
-// The engine's pool of reordered weights (engine.cc WeightPool) for the copies of one
-// load: each copy's programs take the weights an earlier one reordered, instead of
-// reordering their own.
+// A pool of the engine's reordered weights (engine.cc WeightPool): a program built with
+// it takes the weights another one reordered from the same constant, instead of
+// reordering its own.
 class WeightPool {
  public:
   WeightPool() : pool_(ne_pool_create()) {}

@@ -394,11 +394,13 @@ static void* on_huge_pages(size_t bytes) {
   return p;
 }
 
-// Reordered weights the programs of one load share: a model's copies (and their one-thread
-// twins) are built from the same constants, and each reordered every weight for itself:
-// ResNet50's four copies held four of its ~100 MB of reordered weights. A program built
-// with a pool takes a weight another program of the pool reordered from the same bytes
-// into the same layout. Entries are weak: the memory lives as long as a program using it.
+// Reordered weights programs share: a model's copies (and their one-thread twins) are
+// built from the same constants, and each reordered every weight for itself: ResNet50's
+// four copies held four of its ~100 MB of reordered weights. A program built with a pool
+// takes a weight another program of the pool reordered from the same bytes (the same
+// address) into the same layout. Both runtimes put every load of the process in one pool,
+// placing equal constants once. Entries are weak: the memory lives as long as a program
+// using it, and with it the constant it was made from (its model holds that).
 // Each program still counts the bytes as its own (ne_bytes): the device charges every
 // core for its copy, as a real device's cores each hold one.
 struct WeightPool {
@@ -421,7 +423,7 @@ struct Program {
   std::vector<Instr> instrs;
   std::vector<std::shared_ptr<void>> owned;  // reordered weights
   size_t owned_bytes = 0;
-  std::shared_ptr<WeightPool> pool;    // shared with the other programs of a load, or null
+  std::shared_ptr<WeightPool> pool;    // shared with other programs, or null
   size_t temp_bytes = 0;               // engine temporaries (bf16 copies), shared
   // --- bfloat16 values kept in float32, where the CPU has no bfloat16 kernels ----------
   // Such a CPU computes every bfloat16 instruction in float32 (in_f32): it widens its
@@ -2411,9 +2413,8 @@ NE_API void* ne_create(int64_t n_slots, int64_t threads, char* err, int64_t len)
 
 NE_API void ne_destroy(void* p) { delete static_cast<Program*>(p); }
 
-// A pool of reordered weights for the programs of one load (WeightPool): create it, give
-// it to each program before its instructions are added, destroy it when the load is done
-// (the programs keep what they took).
+// A pool of reordered weights (WeightPool): create it, give it to each program before its
+// instructions are added; destroying it leaves the programs what they took.
 NE_API void* ne_pool_create() { return new std::shared_ptr<WeightPool>(new WeightPool()); }
 NE_API void ne_pool_destroy(void* pool) { delete static_cast<std::shared_ptr<WeightPool>*>(pool); }
 NE_API int64_t ne_use_pool(void* p, void* pool) {

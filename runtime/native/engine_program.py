@@ -109,19 +109,13 @@ class Offer:
 
 
 class WeightPool:
-    """The engine's pool of reordered weights (engine.cc `WeightPool`) for the copies of one
-    load: a program built with it takes each weight another one already reordered from the
-    same bytes into the same layout, so a model's copies hold their weights once."""
+    """A pool of the engine's reordered weights (engine.cc `WeightPool`): a program built
+    with it takes each weight another one already reordered from the same constant into
+    the same layout, so a model's copies (and loads of equal constants) hold it once."""
 
     def __init__(self, lib: ctypes.CDLL):
-        self._lib = lib
+        # (never destroyed: runtime/model.py keeps one for the process, as the C runtime does)
         self.handle = lib.ne_pool_create()
-
-    def close(self) -> None:
-        """Done loading (the programs keep the weights they took)."""
-        if self.handle:
-            self._lib.ne_pool_destroy(self.handle)
-            self.handle = None
 
 
 class NativeProgram:

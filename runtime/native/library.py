@@ -97,8 +97,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ne_destroy.restype = None
     lib.ne_pool_create.argtypes = []
     lib.ne_pool_create.restype = vp
-    lib.ne_pool_destroy.argtypes = [vp]
-    lib.ne_pool_destroy.restype = None
     lib.ne_use_pool.argtypes = [vp, vp]
     lib.ne_use_pool.restype = i64
     lib.ne_bind.argtypes = [vp, i64, vp, cp, i64]
