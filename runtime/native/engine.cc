@@ -330,6 +330,7 @@ void append_eltwise(dnnl::post_ops& po, const Epilogue& e, size_t from = 0) {
 
 // Small float32 matmuls on our own loop (y = act(a @ b + bias + res)).
 #include "engine_small_matmul.cc"
+#include "engine_winograd.cc"
 
 // int8 instructions (docs/int8.md), defined in engine_int8.cc (included below).
 enum OpInt8 : int64_t { OP_QUANTIZE = 40, OP_QCONV = 41, OP_QMATMUL = 42, OP_QBINARY = 43 };
@@ -534,6 +535,38 @@ struct Program {
   // the weight is rounded to that dtype on the way.
   memory reorder_weights(const Ref& w, const memory::desc& given, const memory::desc& want,
                          dt via = dt::undef) {
+    return made_weights(w, given, want, via, [&](const void* at, memory dst) {
+      memory src(given, eng, const_cast<void*>(at));
+      std::shared_ptr<void> widened;  // (freed on return)
+      if (via != dt::undef && via != given.get_data_type()) {
+        memory rounded(memory::desc(given.get_dims(), via, given.get_strides()), eng);
+        if (!convert_dense(src, rounded)) {
+          dnnl::reorder(src, rounded).execute(strm, src, rounded);
+          strm.wait();
+        }
+        src = rounded;
+      }
+      // A bfloat16 weight computed in float32 (a CPU without bfloat16 kernels) is widened by
+      // our loop first: oneDNN 3.2's bfloat16 -> float32 reorder into a blocked layout is its
+      // reference code, which took about half of ResNet50 bf16's first call (2-3 s) on AVX2.
+      if (src.get_desc().get_data_type() == dt::bf16 && want.get_data_type() == dt::f32) {
+        memory::desc f32_md(src.get_desc().get_dims(), dt::f32, src.get_desc().get_strides());
+        const size_t bytes = f32_md.get_size();
+        widened.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
+        if (!widened) throw Error("out of host memory for reordered weights");
+        memory wide(f32_md, eng, widened.get());
+        if (convert_dense(src, wide)) src = wide;
+      }
+      dnnl::reorder(src, dst).execute(strm, src, dst);
+      strm.wait();
+    });
+  }
+
+  // Engine memory described by `want`, made once from the constant `w` (described by
+  // `given`) by `make(w's bytes, the memory)`; or, when a program sharing this one's pool
+  // made the same from the same bytes, that one.
+  memory made_weights(const Ref& w, const memory::desc& given, const memory::desc& want, dt via,
+                      const std::function<void(const void*, memory)>& make) {
     if (!slots[w.slot]) throw Error("weights must be bound before the instruction is added");
     const void* at = slots[w.slot] + w.offset;
     const size_t n = want.get_size();
@@ -547,34 +580,12 @@ struct Program {
             return memory(want, eng, done.get());
           }
     }
-    memory src(given, eng, const_cast<void*>(at));
-    std::shared_ptr<void> widened;  // (freed on return)
-    if (via != dt::undef && via != given.get_data_type()) {
-      memory rounded(memory::desc(given.get_dims(), via, given.get_strides()), eng);
-      if (!convert_dense(src, rounded)) {
-        dnnl::reorder(src, rounded).execute(strm, src, rounded);
-        strm.wait();
-      }
-      src = rounded;
-    }
-    // A bfloat16 weight computed in float32 (a CPU without bfloat16 kernels) is widened by
-    // our loop first: oneDNN 3.2's bfloat16 -> float32 reorder into a blocked layout is its
-    // reference code, which took about half of ResNet50 bf16's first call (2-3 s) on AVX2.
-    if (src.get_desc().get_data_type() == dt::bf16 && want.get_data_type() == dt::f32) {
-      memory::desc f32_md(src.get_desc().get_dims(), dt::f32, src.get_desc().get_strides());
-      const size_t bytes = f32_md.get_size();
-      widened.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
-      if (!widened) throw Error("out of host memory for reordered weights");
-      memory wide(f32_md, eng, widened.get());
-      if (convert_dense(src, wide)) src = wide;
-    }
     void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
     if (!p) throw Error("out of host memory for reordered weights");
     owned.emplace_back(p, std::free);
     owned_bytes += n;
     memory dst(want, eng, p);
-    dnnl::reorder(src, dst).execute(strm, src, dst);
-    strm.wait();
+    make(at, dst);
     if (pool) {
       std::lock_guard<std::mutex> hold(pool->m);
       auto& e = pool->entries;  // (a process's pool outlives loads: drop what they freed)
@@ -899,6 +910,10 @@ struct Program {
     for (auto& d : dil) d -= 1;  // oneDNN counts dilation from 0
     if (w.dims.size() != 4) throw Error("conv weights must be 4-D");
     int64_t kh = w.dims[0], kw = w.dims[1], ci = w.dims[2], co = w.dims[3];
+    if (!depthwise && groups == 1 && w_const &&
+        add_winograd_conv(ins, x, w, has_bias ? &b : nullptr, has_res ? &res : nullptr, y,
+                          strides, dil, pads, act, compute))
+      return;
     memory::desc w_given;
     if (depthwise) {  // groups = C, M outputs per group
       groups = ci;
@@ -1141,6 +1156,91 @@ struct Program {
       const float* pbias = g.bias ? data<const float>(st, k++) : nullptr;
       const float* pres = g.res ? data<const float>(st, k++) : nullptr;
       run(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres, data<float>(st, k));
+    });
+    return true;
+  }
+
+  // A float32 3x3 convolution at stride 1 by Winograd's F(2x2, 3x3) on loops of our own
+  // (engine_winograd.cc), its weights transformed once, now; false, adding nothing, where
+  // it does not fit (winograd_fits) or NEURONISH_NATIVE_WINOGRAD turns it off. `dil` counts
+  // from 0, as oneDNN's; `pads` are top, bottom, left, right.
+  bool add_winograd_conv(Instr& ins, const Ref& x, const Ref& w, const Ref* bias,
+                         const Ref* res, const Ref& y,
+                         const memory::dims& strides, const memory::dims& dil,
+                         const memory::dims& pads, const Epilogue& act, int64_t compute) {
+    // float32, or bfloat16 computed in float32 where the CPU has no bfloat16 kernels, its
+    // values kept in float32 (widened): then, as oneDNN's path does, the weights are
+    // rounded to bfloat16 and x is read as it is (a widened value is never rounded).
+    const bool bf16_in_f32 = compute == D_BF16 && in_f32(dt::bf16);
+    auto plain_f32 = [](const Ref* t) { return !t || (t->type == dt::f32 && !t->blocked); };
+    if ((compute != D_F32 && !(bf16_in_f32 && x.widened)) || !plain_f32(&x) ||
+        (w.type != dt::f32 && w.type != dt::bf16) || !plain_f32(bias) || !plain_f32(&y) ||
+        x.dims.size() != 4 || y.dims.size() != 4 ||
+        w.dims != memory::dims{3, 3, x.dims[3], y.dims[3]} || x.dims[0] != y.dims[0] ||
+        strides != memory::dims{1, 1} || dil != memory::dims{0, 0} ||
+        (bias && count(*bias) != y.dims[3]) || !plain_f32(res) || (res && res->dims != y.dims) ||
+        !small_matmul_takes(act))
+      return false;
+    // (the loop reads x's windows after writing earlier tiles of y, and a residual's pixel
+    // just before writing y's: x must be apart from y, a residual apart or y itself)
+    auto apart = [](const Ref& a, const Ref& b) {
+      const int64_t a_end = a.offset + 4 * count(a), b_end = b.offset + 4 * count(b);
+      return a.slot != b.slot || a_end <= b.offset || b_end <= a.offset;
+    };
+    if (!apart(x, y) || (res && !apart(*res, y) && res->offset != y.offset)) return false;
+    if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p < 0 || p > 2; }) ||
+        y.dims[1] != x.dims[1] + pads[0] + pads[1] - 2 ||
+        y.dims[2] != x.dims[2] + pads[2] + pads[3] - 2 ||
+        !winograd_fits(x.dims[3], y.dims[3], y.dims[1], y.dims[2]) || !winograd_enabled())
+      return false;
+    Winograd g;
+    g.H = x.dims[1];
+    g.W = x.dims[2];
+    g.IC = x.dims[3];
+    g.OC = y.dims[3];
+    g.OH = y.dims[1];
+    g.OW = y.dims[2];
+    g.pad_top = pads[0];
+    g.pad_left = pads[2];
+    g.tiles_y = (g.OH + 1) / 2;
+    g.tiles_x = (g.OW + 1) / 2;
+    g.tiles = x.dims[0] * g.tiles_y * g.tiles_x;
+    g.chunk = std::clamp<int64_t>(kWinoChunkBytes / (16 * (g.IC + g.OC) * 4), 6, g.tiles);
+    g.bias = bias != nullptr;
+    g.res = res != nullptr;
+    g.act = act;
+    const memory::desc given({g.OC, g.IC, 3, 3}, w.type, tag::hwio);
+    const memory::desc want({16, g.OC / kWinoPanel, g.IC, kWinoPanel}, dt::f32, tag::abcd);
+    const dt via = bf16_in_f32 ? dt::bf16 : dt::undef;
+    Step s;
+    byte_arg(s, x);
+    own_arg(s, (int)s.args.size(),
+            made_weights(w, given, want, via, [&g, &w, via](const void* at, memory dst) {
+              std::vector<float> k(9 * g.IC * g.OC);  // w in float32, rounded as it is read
+              for (size_t i = 0; i < k.size(); ++i) {
+                float v;
+                if (w.type == dt::bf16) {
+                  const uint32_t bits = uint32_t(static_cast<const uint16_t*>(at)[i]) << 16;
+                  std::memcpy(&v, &bits, 4);
+                } else {
+                  v = static_cast<const float*>(at)[i];
+                  if (via == dt::bf16) v = round_bf16(v);
+                }
+                k[i] = v;
+              }
+              winograd_weights(g, k.data(), static_cast<float*>(dst.get_data_handle()));
+            }));
+    byte_arg(s, y);
+    const memory::desc work({16 * g.chunk * (g.IC + g.OC)}, dt::f32, tag::a);
+    temp_arg(s, (int)s.args.size(), work, 0);
+    temp_bytes = std::max(temp_bytes, work.get_size());
+    if (bias) byte_arg(s, *bias);
+    if (res) byte_arg(s, *res);
+    push_loop(ins, s, "neuronish:winograd_conv", [g](const Step& st, int threads) {
+      const float* pbias = g.bias ? data<const float>(st, 4) : nullptr;
+      const float* pres = g.res ? data<const float>(st, g.bias ? 5 : 4) : nullptr;
+      winograd_conv(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres,
+                    data<float>(st, 2), data<float>(st, 3), threads);
     });
     return true;
   }

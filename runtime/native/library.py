@@ -35,7 +35,7 @@ from ..buildcache import BuildError, Cache
 
 SOURCE = Path(__file__).resolve().parent / "engine.cc"
 SOURCES = (SOURCE, *(SOURCE.parent / f"engine_{part}.cc" for part in (
-    "loops", "small_matmul", "int8", "any_dtype")))
+    "loops", "small_matmul", "winograd", "int8", "any_dtype")))
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _why_not: str | None = None
