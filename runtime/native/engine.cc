@@ -1160,10 +1160,11 @@ struct Program {
     return true;
   }
 
-  // A float32 3x3 convolution at stride 1 by Winograd's F(2x2, 3x3) on loops of our own
-  // (engine_winograd.cc), its weights transformed once, now; false, adding nothing, where
-  // it does not fit (winograd_fits) or NEURONISH_NATIVE_WINOGRAD turns it off. `dil` counts
-  // from 0, as oneDNN's; `pads` are top, bottom, left, right.
+  // A float32 3x3 convolution at stride 1 (or a bfloat16 one computed in float32) by
+  // Winograd's F(2x2, 3x3) on loops of our own (engine_winograd.cc), its weights
+  // transformed once, now; false, adding nothing, where it does not fit (winograd_fits) or
+  // NEURONISH_NATIVE_WINOGRAD turns it off. `dil` counts from 0, as oneDNN's; `pads` are
+  // top, bottom, left, right.
   bool add_winograd_conv(Instr& ins, const Ref& x, const Ref& w, const Ref* bias,
                          const Ref* res, const Ref& y,
                          const memory::dims& strides, const memory::dims& dil,
@@ -1205,7 +1206,7 @@ struct Program {
     g.tiles_y = (g.OH + 1) / 2;
     g.tiles_x = (g.OW + 1) / 2;
     g.tiles = x.dims[0] * g.tiles_y * g.tiles_x;
-    g.chunk = std::clamp<int64_t>(kWinoChunkBytes / (16 * (g.IC + g.OC) * 4), 6, g.tiles);
+    winograd_plan(g);
     g.bias = bias != nullptr;
     g.res = res != nullptr;
     g.act = act;
@@ -1231,16 +1232,17 @@ struct Program {
               winograd_weights(g, k.data(), static_cast<float*>(dst.get_data_handle()));
             }));
     byte_arg(s, y);
-    const memory::desc work({16 * g.chunk * (g.IC + g.OC)}, dt::f32, tag::a);
+    const int team = ins.threads;  // (the most the loop is run with)
+    const memory::desc work({winograd_work(g, team)}, dt::f32, tag::a);
     temp_arg(s, (int)s.args.size(), work, 0);
     temp_bytes = std::max(temp_bytes, work.get_size());
     if (bias) byte_arg(s, *bias);
     if (res) byte_arg(s, *res);
-    push_loop(ins, s, "neuronish:winograd_conv", [g](const Step& st, int threads) {
+    push_loop(ins, s, "neuronish:winograd_conv", [g, team](const Step& st, int threads) {
       const float* pbias = g.bias ? data<const float>(st, 4) : nullptr;
       const float* pres = g.res ? data<const float>(st, g.bias ? 5 : 4) : nullptr;
       winograd_conv(g, data<const float>(st, 0), data<const float>(st, 1), pbias, pres,
-                    data<float>(st, 2), data<float>(st, 3), threads);
+                    data<float>(st, 2), data<float>(st, 3), std::min(threads, team));
     });
     return true;
   }
