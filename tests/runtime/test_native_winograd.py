@@ -9,6 +9,8 @@
   still give TensorFlow's numbers, and the Python runtime names which kernel each ran;
 - NEURONISH_NATIVE_WINOGRAD=off leaves every convolution to oneDNN, and a value other
   than auto, on or off is refused with the variable's name;
+- bfloat16 computed in float32 (a CPU without bfloat16 kernels) takes it too, its weights
+  rounded to bfloat16 as oneDNN's path rounds them;
 - a small Keras ResNet-style model (3x3 convs with batch norms folded, residual adds that
   the loop adds before the activation) matches TensorFlow with the loop on.
 
@@ -18,7 +20,12 @@ only where it was measured to pay: AVX2 without AVX-512).
 """
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +37,7 @@ from neuronish.runtime import load
 from neuronish.runtime.native import library
 from tests.graphs import TracedGraph, trace
 
+ROOT = Path(__file__).resolve().parents[2]
 WINOGRAD = "neuronish:winograd_conv"
 RNG = np.random.default_rng(11)
 
@@ -180,3 +188,70 @@ def test_a_keras_resnet_block_matches_tensorflow(runtime: str,
             impls = [impl for kind, impl in _kinds_and_impls(model) if kind == "conv2d"]
             assert impls == [WINOGRAD] * 5  # (two with the residual added)
         _check(graph, model, (4, 3))
+
+
+_BF16_PROBE = """
+import json, sys
+import numpy as np
+from neuronish.runtime import load
+paths, x = json.loads(sys.argv[1]), np.load(sys.argv[2])
+out = {}
+for name, path in paths.items():
+    for runtime in ("python", "c"):
+        with load(path, runtime=runtime) as model:
+            [out[f"{name}:{runtime}"]] = model.run({"x:0": x}).values()
+            if runtime == "python":
+                program = model._idle.get()
+                model._idle.put(program)
+                impls = program.implementations()
+                out[name + ":winograd"] = np.array(sum(
+                    impls[i] == "neuronish:winograd_conv"
+                    for i, ins in enumerate(program.instructions) if ins.kind == "conv2d"))
+np.savez(sys.argv[3], **out)
+"""
+
+
+def test_bf16_computed_in_float32_takes_the_loop_with_weights_rounded(
+        tmp_path: Path) -> None:
+    """`--auto-cast matmult` on a CPU without bfloat16 kernels (forced here by
+    NEURONISH_NATIVE_BF16=float32): the convolutions, whose values stay float32, take the
+    loop, with their float32 weights rounded to bfloat16 first as oneDNN's path rounds
+    them. So the loop's numbers are the direct path's to float32 rounding, and a
+    bfloat16 weight's error away from the fp32 program's (which would fail were the
+    weights not rounded)."""
+    w1, w2 = (_const(3, 3, 64, 64, scale=1 / 24) for _ in range(2))
+    b1 = _const(64)
+
+    def fn(x: tf.Tensor) -> tf.Tensor:
+        h = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME") + b1)
+        return tf.nn.relu(tf.nn.conv2d(h, w2, 1, "SAME") + x)
+
+    g = trace(fn, tf.TensorSpec([2, 10, 10, 64], tf.float32, name="x"))
+    paths = {}
+    for name, options in {"fp32": {}, "bf16": {"auto_cast": "matmult"}}.items():
+        paths[name] = str(tmp_path / f"{name}.neff")
+        Path(paths[name]).write_bytes(compile_graph(g.graph_def, g.io_config, **options))
+    x = RNG.standard_normal((2, 10, 10, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = {}
+    for setting in ("on", "off"):
+        env = dict(os.environ, NEURONISH_ENGINE="native", NEURONISH_NATIVE_BF16="float32",
+                   NEURONISH_NATIVE_WINOGRAD=setting)
+        run = subprocess.run([sys.executable, "-c", _BF16_PROBE, json.dumps(paths),
+                              str(tmp_path / "x.npy"), str(tmp_path / f"{setting}.npz")],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        out.update({f"{k}:{setting}": v for k, v in np.load(tmp_path / f"{setting}.npz").items()})
+
+    def off(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.abs(a - b).max() / np.abs(b).max())
+
+    assert int(out["bf16:winograd:on"]) == 2 and int(out["bf16:winograd:off"]) == 0
+    assert int(out["fp32:winograd:on"]) == 2
+    for runtime in runtimes():
+        on, direct = out[f"bf16:{runtime}:on"], out[f"bf16:{runtime}:off"]
+        assert off(on, direct) < 1e-5, runtime
+        assert off(on, out[f"fp32:{runtime}:on"]) > 1e-4, runtime
+        assert off(out[f"fp32:{runtime}:on"], fn(x).numpy()) < 1e-5, runtime
+    if "c" in runtimes():
+        assert out["bf16:python:on"].tobytes() == out["bf16:c:on"].tobytes()
