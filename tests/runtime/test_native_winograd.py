@@ -120,25 +120,26 @@ LEFT = [
 ]
 
 
-@pytest.mark.parametrize("case", LEFT, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
-def test_convolutions_the_loop_does_not_fit_stay_on_onednn(
-        case: dict, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEURONISH_NATIVE_WINOGRAD", "on")
-    graph = conv_graph(padding="SAME", bias=True, act="relu", **case)
-    with load(compile_graph(graph.graph_def, graph.io_config), runtime="python") as model:
-        convs = [impl for kind, impl in _kinds_and_impls(model) if kind == "conv2d"]
-        assert convs and WINOGRAD not in convs
-        _check(graph, model, (2,))
-
-
-def test_off_leaves_every_convolution_to_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    graph = conv_graph(*TAKEN[0])
+def _left_to_onednn(graph: TracedGraph, setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded under NEURONISH_NATIVE_WINOGRAD=`setting`, no convolution of `graph` takes
+    the loop, and the model still gives TensorFlow's numbers."""
     executable = compile_graph(graph.graph_def, graph.io_config)
-    monkeypatch.setenv("NEURONISH_NATIVE_WINOGRAD", "off")
+    monkeypatch.setenv("NEURONISH_NATIVE_WINOGRAD", setting)
     with load(executable, runtime="python") as model:
         convs = [impl for kind, impl in _kinds_and_impls(model) if kind == "conv2d"]
         assert convs and WINOGRAD not in convs
         _check(graph, model, (2,))
+
+
+@pytest.mark.parametrize("case", LEFT, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_convolutions_the_loop_does_not_fit_stay_on_onednn(
+        case: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    _left_to_onednn(conv_graph(padding="SAME", bias=True, act="relu", **case), "on",
+                    monkeypatch)
+
+
+def test_off_leaves_every_convolution_to_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    _left_to_onednn(conv_graph(*TAKEN[0]), "off", monkeypatch)
 
 
 def test_a_bad_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
