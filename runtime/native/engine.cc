@@ -1218,16 +1218,12 @@ struct Program {
     own_arg(s, (int)s.args.size(),
             made_weights(w, given, want, via, [&g, &w, via](const void* at, memory dst) {
               std::vector<float> k(9 * g.IC * g.OC);  // w in float32, rounded as it is read
-              for (size_t i = 0; i < k.size(); ++i) {
-                float v;
-                if (w.type == dt::bf16) {
-                  const uint32_t bits = uint32_t(static_cast<const uint16_t*>(at)[i]) << 16;
-                  std::memcpy(&v, &bits, 4);
-                } else {
-                  v = static_cast<const float*>(at)[i];
-                  if (via == dt::bf16) v = round_bf16(v);
-                }
-                k[i] = v;
+              if (w.type == dt::bf16) {
+                widen_bf16_row(static_cast<const uint16_t*>(at), k.data(), (int64_t)k.size());
+              } else {
+                std::memcpy(k.data(), at, k.size() * sizeof(float));
+                if (via == dt::bf16)
+                  for (float& v : k) v = round_bf16(v);
               }
               winograd_weights(g, k.data(), static_cast<float*>(dst.get_data_handle()));
             }));
